@@ -1,0 +1,86 @@
+"""Compares policies on one identical workload: `python -m experiments.compare`.
+
+Each policy runs on the same requests (built once from the seed) and the same
+bucket set; results go to one subfolder per policy under --out_dir, with a
+table (comparison.txt, comparison.json) and, with matplotlib installed, a figure
+(comparison.png).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import defaultdict
+
+from absl import app, flags
+
+import policies
+from experiments import flags as run_flags
+from orca_jax.experiment import build_workload, run_policy
+from orca_jax.metrics import format_table
+
+flags.DEFINE_list("policies", ["static", "orca"], "Policies to compare (names or plugin paths).")
+
+
+def _options_by_policy(text: str, names: list[str]) -> dict[str, dict[str, str]]:
+    by_policy: dict[str, dict[str, str]] = defaultdict(dict)
+    for key, value in policies.parse_options(text).items():
+        name, dot, option = key.rpartition(".")
+        if not dot or name not in names:
+            raise flags.ValidationError(
+                f"--policy_opts: {key!r} must be policy.key with policy one of {names}")
+        by_policy[name][option] = value
+    return by_policy
+
+
+def _plot(summaries: list[dict], path: str) -> bool:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    metrics = [("throughput_tok_s", "output tokens/s"), ("latency_p50_s", "latency p50 (s)"),
+               ("normalized_latency_mean_s", "normalized latency (s/token)"),
+               ("ttft_p99_s", "TTFT p99 (s)")]
+    fig, axes = plt.subplots(1, len(metrics), figsize=(4 * len(metrics), 3.2))
+    names = [s["policy_label"] for s in summaries]
+    for ax, (key, label) in zip(axes, metrics):
+        ax.bar(names, [s.get(key) or 0.0 for s in summaries], color="tab:blue")
+        ax.set_title(label, fontsize=10)
+        ax.tick_params(axis="x", rotation=30)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def main(argv: list[str]) -> None:
+    del argv
+    spec = run_flags.spec_from_flags()
+    names = list(run_flags.FLAGS.policies)
+    options = _options_by_policy(run_flags.FLAGS.policy_opts, names)
+    requests = build_workload(spec)
+    summaries = []
+    for name in names:
+        label = os.path.splitext(os.path.basename(name.rpartition(":")[2] or name))[0]
+        summary, _ = run_policy(spec, name, options.get(name),
+                                out_dir=os.path.join(run_flags.FLAGS.out_dir,
+                                                     label.replace("/", "_")),
+                                requests=requests)
+        summary["policy_label"] = label
+        summaries.append(summary)
+    table = format_table(summaries, list(run_flags.TABLE_COLUMNS))
+    print(table)
+    out = run_flags.FLAGS.out_dir
+    with open(os.path.join(out, "comparison.txt"), "w") as f:
+        f.write(table + "\n")
+    with open(os.path.join(out, "comparison.json"), "w") as f:
+        json.dump(summaries, f, indent=2)
+    if _plot(summaries, os.path.join(out, "comparison.png")):
+        print(f"figure: {os.path.join(out, 'comparison.png')}")
+    print(f"results in {out}")
+
+
+if __name__ == "__main__":
+    app.run(main)

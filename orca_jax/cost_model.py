@@ -1,0 +1,391 @@
+"""Step-time cost model of the simulated engine: hardware and model presets, and a roofline.
+
+Three modes (`CostModelConfig.mode`):
+
+* `roofline` (default). From what the step descriptor really holds — the real
+  sequences `i < num_seqs`, with query length `q_i = cu_q_lens[i+1] - cu_q_lens[i]`
+  and attended length `k_i = kv_lens[i]`; padding rows and padded sequences
+  are ignored — with `N = sum q_i` tokens, `S = num_seqs`, model dtype bytes `b`,
+  `L` layers, `H` query heads, `d` head_dim, `D` d_model, `V` vocab:
+
+      bytes   = weight_bytes + sum_i k_i * kv_bytes_per_token
+      flops   = 2 * non_embedding_params * N            (projections, MLP, norms)
+              + 2 * D * V * S                           (LM head, sampled token only)
+              + 4 * L * H * d * sum_i q_i * (k_i - (q_i - 1) / 2)   (QK^T and PV)
+      allreduce = 2 * L * (2 * (tp - 1) / tp * N * D * b / link_bytes_per_s
+                           + allreduce_latency_s)       (0 when tp == 1)
+      step_s  = max(bytes / (hbm_bytes_per_s * hbm_efficiency * tp),
+                    flops / (peak_flops * flops_efficiency * tp))
+              + allreduce + step_overhead_s
+
+  `weight_bytes` is every weight matrix read once per step: the layers, the
+  final norm and the LM head (`V x D`); the input embedding is a row gather of
+  N rows, which is noise next to the matrices, so it is not counted (with tied
+  embeddings the LM head is the embedding table, read once). `kv_bytes_per_token`
+  is `2 (K and V) * L * kv_heads * d * b`. Query j of a chunk of q_i tokens
+  attends to `k_i - q_i + j + 1` tokens (causal inside the chunk), whose mean over
+  the chunk is `k_i - (q_i - 1) / 2`; each attended key costs 2 FLOPs per head
+  dim for QK^T and 2 for PV. Tensor parallelism splits weights, KV and FLOPs
+  evenly over `tp` GPUs and adds two all-reduces of the `[N, D]` activations per
+  layer (after attention and after the MLP), costed as a ring all-reduce.
+  Activation traffic and kernel fusion are not modelled; the efficiency factors
+  absorb them.
+* `fixed`: `step_time_s` per step, whatever the step holds (didactic examples).
+* `fitted`: `fitted_step_s[bucket.num_tokens]`, seconds measured per bucket on a
+  real engine.
+
+Nothing here imports jax: the simulator runs paper-scale workloads on a laptop.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+from typing import Mapping, Optional, Union
+
+import numpy as np
+from numpy.typing import NDArray
+
+from orca_jax.engine_api import StepInputs
+
+GIB = 1 << 30
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class HardwareSpec:
+    """One accelerator, as its datasheet gives it."""
+
+    name: str
+    hbm_bytes: int  # HBM capacity
+    hbm_bytes_per_s: float  # peak HBM bandwidth
+    peak_flops: float  # dense bf16 tensor-core FLOP/s (no sparsity)
+    link_bytes_per_s: float  # NVLink bandwidth per GPU, one direction (a ring sends one way)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModelSpec:
+    """A decoder-only transformer's shape, as its published config gives it."""
+
+    name: str
+    num_layers: int
+    d_model: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    ffn_dim: int
+    vocab_size: int
+    gated_mlp: bool  # SwiGLU (3 matrices) or a plain 2-matrix MLP
+    max_context: int
+    tied_embeddings: bool = False  # LM head shares the input embedding table
+    dtype_bytes: int = 2
+
+    def __post_init__(self) -> None:
+        for field in ("num_layers", "d_model", "num_heads", "num_kv_heads", "head_dim",
+                      "ffn_dim", "vocab_size", "max_context", "dtype_bytes"):
+            value = getattr(self, field)
+            if not isinstance(value, (int, np.integer)) or value < 1:
+                raise ValueError(f"ModelSpec {self.name!r}: {field} must be an integer >= 1, "
+                                 f"got {value!r}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"ModelSpec {self.name!r}: num_heads={self.num_heads} is not a "
+                             f"multiple of num_kv_heads={self.num_kv_heads}")
+
+    @property
+    def params_per_layer(self) -> int:
+        """Weights of one decoder layer: attention, MLP and its two norms (biases ignored)."""
+        q_out = self.num_heads * self.head_dim
+        kv_out = self.num_kv_heads * self.head_dim
+        attention = self.d_model * (2 * q_out + 2 * kv_out)  # Wq, Wo, Wk, Wv
+        mlp = (3 if self.gated_mlp else 2) * self.d_model * self.ffn_dim
+        return attention + mlp + 2 * self.d_model
+
+    @property
+    def non_embedding_params(self) -> int:
+        """Weights every token goes through: all layers and the final norm."""
+        return self.num_layers * self.params_per_layer + self.d_model
+
+    @property
+    def num_params(self) -> int:
+        """All weights: layers, final norm, input embedding, and an untied LM head."""
+        num_tables = 1 if self.tied_embeddings else 2
+        return self.non_embedding_params + num_tables * self.vocab_size * self.d_model
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of all weights (what must fit in HBM)."""
+        return self.num_params * self.dtype_bytes
+
+    @property
+    def step_weight_bytes(self) -> int:
+        """Bytes one step reads: the layers, final norm and LM head (not the embedding gather)."""
+        return (self.non_embedding_params + self.vocab_size * self.d_model) * self.dtype_bytes
+
+
+# Datasheet numbers (SXM parts). HBM capacity as the driver reports it for the
+# 40/80 GB parts (GiB); H200 is sold as 141 GB.
+HARDWARE_PRESETS: dict[str, HardwareSpec] = {
+    "a100-40gb": HardwareSpec(name="a100-40gb", hbm_bytes=40 * GIB, hbm_bytes_per_s=1.555e12,
+                              peak_flops=312e12, link_bytes_per_s=300e9),  # NVLink3 600 GB/s bidir
+    "a100-80gb": HardwareSpec(name="a100-80gb", hbm_bytes=80 * GIB, hbm_bytes_per_s=2.039e12,
+                              peak_flops=312e12, link_bytes_per_s=300e9),
+    "h100-sxm": HardwareSpec(name="h100-sxm", hbm_bytes=80 * GIB, hbm_bytes_per_s=3.35e12,
+                             peak_flops=989e12, link_bytes_per_s=450e9),  # NVLink4 900 GB/s bidir
+    "h200": HardwareSpec(name="h200", hbm_bytes=141 * 10**9, hbm_bytes_per_s=4.8e12,
+                         peak_flops=989e12, link_bytes_per_s=450e9),
+}
+HARDWARE_ALIASES: dict[str, str] = {"a100": "a100-80gb", "h100": "h100-sxm"}
+
+MODEL_PRESETS: dict[str, ModelSpec] = {
+    "tiny": ModelSpec(name="tiny", num_layers=2, d_model=128, num_heads=4, num_kv_heads=2,
+                      head_dim=32, ffn_dim=256, vocab_size=512, gated_mlp=True, max_context=1024),
+    "small": ModelSpec(name="small", num_layers=4, d_model=256, num_heads=8, num_kv_heads=4,
+                       head_dim=32, ffn_dim=688, vocab_size=2048, gated_mlp=True,
+                       max_context=2048),
+    "llama3-8b": ModelSpec(name="llama3-8b", num_layers=32, d_model=4096, num_heads=32,
+                           num_kv_heads=8, head_dim=128, ffn_dim=14336, vocab_size=128256,
+                           gated_mlp=True, max_context=8192),
+    "llama2-7b": ModelSpec(name="llama2-7b", num_layers=32, d_model=4096, num_heads=32,
+                           num_kv_heads=32, head_dim=128, ffn_dim=11008, vocab_size=32000,
+                           gated_mlp=True, max_context=4096),
+    "mistral-7b": ModelSpec(name="mistral-7b", num_layers=32, d_model=4096, num_heads=32,
+                            num_kv_heads=8, head_dim=128, ffn_dim=14336, vocab_size=32000,
+                            gated_mlp=True, max_context=32768),
+    "opt-13b": ModelSpec(name="opt-13b", num_layers=40, d_model=5120, num_heads=40,
+                         num_kv_heads=40, head_dim=128, ffn_dim=20480, vocab_size=50272,
+                         gated_mlp=False, max_context=2048, tied_embeddings=True),
+    "gpt3-175b": ModelSpec(name="gpt3-175b", num_layers=96, d_model=12288, num_heads=96,
+                           num_kv_heads=96, head_dim=128, ffn_dim=49152, vocab_size=50257,
+                           gated_mlp=False, max_context=2048, tied_embeddings=True),
+}
+
+
+def get_hardware(name: str) -> HardwareSpec:
+    """Looks up a hardware preset by name or alias (`a100` is the 80 GB part)."""
+    key = HARDWARE_ALIASES.get(name, name)
+    if key not in HARDWARE_PRESETS:
+        valid = sorted([*HARDWARE_PRESETS, *HARDWARE_ALIASES])
+        raise ValueError(f"unknown hardware preset {name!r}; valid names: {', '.join(valid)}")
+    return HARDWARE_PRESETS[key]
+
+
+def get_model(name: str) -> ModelSpec:
+    """Looks up a model preset by name."""
+    if name not in MODEL_PRESETS:
+        raise ValueError(f"unknown model preset {name!r}; valid names: "
+                         f"{', '.join(sorted(MODEL_PRESETS))}")
+    return MODEL_PRESETS[name]
+
+
+def kv_bytes_per_token(model: ModelSpec) -> int:
+    """KV-cache bytes one token holds over the whole model: K and V, every layer."""
+    return 2 * model.num_layers * model.num_kv_heads * model.head_dim * model.dtype_bytes
+
+
+def num_kv_pages_for_memory(model: ModelSpec, hardware: HardwareSpec, tp: int, page_size: int,
+                            kv_memory_gb: Optional[float] = None,
+                            gpu_memory_utilization: float = 0.9) -> int:
+    """Number of KV pages the pool of a `tp`-GPU replica holds.
+
+    Each GPU keeps `ceil(kv_heads / tp)` KV heads (heads are replicated when
+    `tp > kv_heads`) and `1/tp` of the weights. The pool is `kv_memory_gb`
+    (decimal GB over the whole replica) when given, else what is left of
+    `gpu_memory_utilization x HBM` on each GPU once its weight shard is loaded.
+
+    Raises:
+      ValueError: bad arguments, the weights do not fit, or not even one page fits.
+    """
+    if tp < 1 or page_size < 1:
+        raise ValueError(f"tp and page_size must be >= 1, got tp={tp}, page_size={page_size}")
+    if not 0.0 < gpu_memory_utilization <= 1.0:
+        raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
+    heads_per_gpu = -(-model.num_kv_heads // tp)
+    page_bytes_per_gpu = (page_size * 2 * model.num_layers * heads_per_gpu * model.head_dim
+                          * model.dtype_bytes)
+    if kv_memory_gb is not None:
+        if not kv_memory_gb > 0:
+            raise ValueError(f"kv_memory_gb must be > 0, got {kv_memory_gb}")
+        kv_bytes_per_gpu = kv_memory_gb * 1e9 / tp
+    else:
+        usable = gpu_memory_utilization * hardware.hbm_bytes
+        weights_per_gpu = model.weight_bytes / tp
+        if weights_per_gpu >= usable:
+            raise ValueError(
+                f"model {model.name} ({model.weight_bytes / 1e9:.1f} GB of weights) does not fit "
+                f"on {tp} x {hardware.name} at gpu_memory_utilization={gpu_memory_utilization}: "
+                f"{weights_per_gpu / 1e9:.1f} GB per GPU > {usable / 1e9:.1f} GB usable")
+        kv_bytes_per_gpu = usable - weights_per_gpu
+    num_pages = int(kv_bytes_per_gpu // page_bytes_per_gpu)
+    if num_pages < 1:
+        raise ValueError(f"model {model.name} on {tp} x {hardware.name}: KV memory of "
+                         f"{kv_bytes_per_gpu:.3g} B per GPU holds no page of {page_size} tokens")
+    return num_pages
+
+
+COST_MODES = ("roofline", "fixed", "fitted")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CostModelConfig:
+    """How the simulated engine prices a step. `model`/`hardware` may be preset names.
+
+    Attributes:
+      mode: `roofline`, `fixed` or `fitted` (see the module docstring).
+      model: the model (its vocab also sizes the placeholder tokens in every mode).
+      hardware: one GPU of the replica.
+      tp: tensor-parallel degree (GPUs per replica).
+      hbm_efficiency: achievable fraction of peak HBM bandwidth. Streaming reads
+        (decode GEMV, paged KV) reach 80-90% of peak in microbenchmarks; 0.8 leaves
+        room for the small kernels of a real step.
+      flops_efficiency: achievable fraction of dense peak FLOPs. Large bf16 GEMMs
+        reach 70-80% of peak, a whole prefill step with attention and
+        elementwise kernels about 50-60% (reported MFU of serving prefill); 0.6.
+      allreduce_latency_s: fixed cost of one NVLink all-reduce of small messages
+        (~10 us on 8 GPUs); it dominates decode all-reduces.
+      step_overhead_s: per-step cost outside the kernels' roofline: launch gaps,
+        sampling, the device-to-host copy of the sampled tokens.
+      step_time_s: seconds per step in `fixed` mode (only there).
+      fitted_step_s: `{bucket num_tokens: seconds}` in `fitted` mode (only there).
+    """
+
+    mode: str = "roofline"
+    model: Union[ModelSpec, str] = "llama3-8b"
+    hardware: Union[HardwareSpec, str] = "a100"
+    tp: int = 1
+    hbm_efficiency: float = 0.8
+    flops_efficiency: float = 0.6
+    allreduce_latency_s: float = 10e-6
+    step_overhead_s: float = 300e-6
+    step_time_s: Optional[float] = None
+    fitted_step_s: Optional[Mapping[int, float]] = None
+
+    def __post_init__(self) -> None:
+        if self.mode not in COST_MODES:
+            raise ValueError(f"CostModelConfig.mode must be one of {COST_MODES}, got {self.mode!r}")
+        if isinstance(self.model, str):
+            object.__setattr__(self, "model", get_model(self.model))
+        if isinstance(self.hardware, str):
+            object.__setattr__(self, "hardware", get_hardware(self.hardware))
+        if not isinstance(self.tp, int) or self.tp < 1:
+            raise ValueError(f"CostModelConfig.tp must be an integer >= 1, got {self.tp!r}")
+        for field in ("hbm_efficiency", "flops_efficiency"):
+            value = getattr(self, field)
+            if not 0.0 < value <= 1.0:
+                raise ValueError(f"CostModelConfig.{field} must be in (0, 1], got {value!r}")
+        for field in ("allreduce_latency_s", "step_overhead_s"):
+            value = getattr(self, field)
+            if not (math.isfinite(value) and value >= 0.0):
+                raise ValueError(f"CostModelConfig.{field} must be finite and >= 0, got {value!r}")
+        if (self.step_time_s is not None) != (self.mode == "fixed"):
+            raise ValueError(f"CostModelConfig.step_time_s is required in fixed mode and only "
+                             f"there; mode={self.mode!r}, step_time_s={self.step_time_s!r}")
+        if self.step_time_s is not None and not (math.isfinite(self.step_time_s)
+                                                 and self.step_time_s > 0):
+            raise ValueError(f"CostModelConfig.step_time_s must be finite and > 0, "
+                             f"got {self.step_time_s!r}")
+        if (self.fitted_step_s is not None) != (self.mode == "fitted"):
+            raise ValueError(f"CostModelConfig.fitted_step_s is required in fitted mode and "
+                             f"only there; mode={self.mode!r}")
+        if self.fitted_step_s is not None:
+            object.__setattr__(self, "fitted_step_s", _checked_table(self.fitted_step_s))
+
+    @property
+    def model_spec(self) -> ModelSpec:
+        """The resolved model (typed accessor: `model` holds a ModelSpec after init)."""
+        assert isinstance(self.model, ModelSpec)
+        return self.model
+
+    @property
+    def hardware_spec(self) -> HardwareSpec:
+        """The resolved hardware."""
+        assert isinstance(self.hardware, HardwareSpec)
+        return self.hardware
+
+
+def _checked_table(table: Mapping[int, float]) -> Mapping[int, float]:
+    if not table:
+        raise ValueError("CostModelConfig.fitted_step_s is empty")
+    checked: dict[int, float] = {}
+    for num_tokens, seconds in table.items():
+        if int(num_tokens) != num_tokens or num_tokens < 1:
+            raise ValueError(f"CostModelConfig.fitted_step_s: bucket num_tokens must be an "
+                             f"integer >= 1, got {num_tokens!r}")
+        if not (math.isfinite(seconds) and seconds > 0):
+            raise ValueError(f"CostModelConfig.fitted_step_s[{num_tokens}] must be finite and "
+                             f"> 0, got {seconds!r}")
+        checked[int(num_tokens)] = float(seconds)
+    return types.MappingProxyType(checked)
+
+
+@dataclasses.dataclass(frozen=True)
+class StepCost:
+    """The roofline's parts for one step (seconds include the efficiency factors)."""
+
+    num_bytes: float  # HBM bytes read, whole replica
+    num_flops: float  # FLOPs, whole replica
+    memory_s: float
+    compute_s: float
+    allreduce_s: float
+    overhead_s: float
+
+    @property
+    def step_s(self) -> float:
+        return max(self.memory_s, self.compute_s) + self.allreduce_s + self.overhead_s
+
+    @property
+    def is_memory_bound(self) -> bool:
+        return self.memory_s >= self.compute_s
+
+
+def roofline_cost(config: CostModelConfig, q_lens: NDArray[np.int64],
+                  kv_lens: NDArray[np.int64]) -> StepCost:
+    """Prices a step of real sequences with the roofline of the module docstring.
+
+    Args:
+      config: a config (any mode; its model, hardware and factors are used).
+      q_lens: `[num_seqs]` new tokens of each real sequence.
+      kv_lens: `[num_seqs]` tokens each sequence attends to (cache after the writes).
+    """
+    model, hw, tp = config.model_spec, config.hardware_spec, config.tp
+    q = np.asarray(q_lens, dtype=np.float64)
+    k = np.asarray(kv_lens, dtype=np.float64)
+    num_tokens = float(q.sum())
+    num_bytes = model.step_weight_bytes + float(k.sum()) * kv_bytes_per_token(model)
+    linear_flops = (2.0 * model.non_embedding_params * num_tokens
+                    + 2.0 * model.d_model * model.vocab_size * q.shape[0])
+    attended = float(np.dot(q, k - (q - 1.0) / 2.0))
+    attention_flops = 4.0 * model.num_layers * model.num_heads * model.head_dim * attended
+    num_flops = linear_flops + attention_flops
+    allreduce_s = 0.0
+    if tp > 1:
+        message_bytes = num_tokens * model.d_model * model.dtype_bytes
+        one = 2.0 * (tp - 1) / tp * message_bytes / hw.link_bytes_per_s + config.allreduce_latency_s
+        allreduce_s = 2 * model.num_layers * one
+    return StepCost(
+        num_bytes=num_bytes, num_flops=num_flops,
+        memory_s=num_bytes / (hw.hbm_bytes_per_s * config.hbm_efficiency * tp),
+        compute_s=num_flops / (hw.peak_flops * config.flops_efficiency * tp),
+        allreduce_s=allreduce_s, overhead_s=config.step_overhead_s)
+
+
+def real_lengths(inputs: StepInputs) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    """The `(q_lens, kv_lens)` of the real sequences of a descriptor, each `[num_seqs]`."""
+    num_seqs = inputs.num_real_seqs
+    cu = inputs.cu_q_lens.astype(np.int64)
+    return np.diff(cu[:num_seqs + 1]), inputs.kv_lens[:num_seqs].astype(np.int64)
+
+
+def step_seconds(config: CostModelConfig, inputs: StepInputs) -> float:
+    """Seconds one step takes under `config` (dispatches on the mode)."""
+    if config.mode == "fixed":
+        assert config.step_time_s is not None
+        return config.step_time_s
+    if config.mode == "fitted":
+        assert config.fitted_step_s is not None
+        num_tokens = inputs.bucket.num_tokens
+        if num_tokens not in config.fitted_step_s:
+            raise ValueError(f"fitted cost model has no time for bucket num_tokens={num_tokens}; "
+                           f"fitted buckets: {sorted(config.fitted_step_s)}")
+        return config.fitted_step_s[num_tokens]
+    q_lens, kv_lens = real_lengths(inputs)
+    return roofline_cost(config, q_lens, kv_lens).step_s

@@ -1,0 +1,188 @@
+"""One experiment run from its plumbing: workload, engine, limits, policy → results.
+
+`RunSpec` is what the command-line flags resolve to (the experiment entry
+points only parse flags into it). `run_policy` builds the workload, the engine
+and the scheduler, runs one policy, writes the results and returns the summary.
+Comparing policies is calling it once per policy with the same spec: the same
+seed gives the same workload, and the same bucket set gives the same steps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+import time
+from typing import Any, Mapping, Optional
+
+from orca_jax import cost_model
+from orca_jax.engine_api import Engine
+from orca_jax.policy import make_policy
+from orca_jax.request import Request
+from orca_jax.results import summarize, write_results
+from orca_jax.scheduler import Scheduler, SchedulerConfig
+from orca_jax.sim_engine import SimEngine
+from orca_jax.traces import load_trace
+from orca_jax.workload import synthetic_workload, with_prompt_tokens
+
+WORKLOADS = ("poisson", "gamma", "burst", "trace")
+ENGINES = ("sim", "jax")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RunSpec:
+    """Everything but the policy that defines a run (the flags, resolved)."""
+
+    engine: str = "sim"
+    model: str = "llama3-8b"
+    hardware: str = "a100"
+    tp: int = 1
+    step_time_ms: Optional[float] = None  # fixed step time of the simulator
+    workload: str = "poisson"
+    trace: Optional[str] = None
+    num_requests: int = 200
+    rate: float = 4.0
+    cv: float = 1.0
+    prompt_len: str = "uniform:32:512"
+    output_len: str = "uniform:1:128"
+    max_batch_size: int = 64
+    token_budget: int = 2048
+    num_kv_pages: Optional[int] = None
+    kv_memory_gb: Optional[float] = None
+    page_size: int = 16
+    max_model_len: Optional[int] = None  # default: the model's context
+    token_buckets: Optional[tuple[int, ...]] = None
+    ttft_slo_s: Optional[float] = None
+    tpot_slo_s: Optional[float] = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.engine not in ENGINES:
+            raise ValueError(f"engine must be one of {ENGINES}, got {self.engine!r}")
+        if self.workload not in WORKLOADS:
+            raise ValueError(f"workload must be one of {WORKLOADS}, got {self.workload!r}")
+        if self.workload == "trace" and not self.trace:
+            raise ValueError("workload 'trace' needs a trace file (--trace)")
+        if self.num_requests < 1:
+            raise ValueError(f"num_requests must be >= 1, got {self.num_requests}")
+
+
+def _vocab_size(spec: RunSpec) -> int:
+    return cost_model.get_model(spec.model).vocab_size
+
+
+def build_workload(spec: RunSpec) -> list[Request]:
+    """The run's requests (synthetic from the seed, or a trace file)."""
+    vocab = _vocab_size(spec) if spec.engine == "jax" else None
+    if spec.workload == "trace":
+        requests = load_trace(spec.trace, max_requests=spec.num_requests)
+        return with_prompt_tokens(requests, vocab, spec.seed) if vocab else requests
+    return synthetic_workload(
+        num_requests=spec.num_requests, arrival=spec.workload,
+        rate=None if spec.workload == "burst" else spec.rate, cv=spec.cv,
+        prompt_len=spec.prompt_len, output_len=spec.output_len, seed=spec.seed,
+        vocab_size=vocab)
+
+
+def max_model_len(spec: RunSpec) -> int:
+    """The context limit of the run."""
+    return spec.max_model_len or cost_model.get_model(spec.model).max_context
+
+
+def scheduler_config(spec: RunSpec) -> SchedulerConfig:
+    """The scheduler's limits; the KV pool from a page count, a memory budget or the GPU."""
+    if spec.num_kv_pages is not None:
+        pages = spec.num_kv_pages
+    else:
+        pages = cost_model.num_kv_pages_for_memory(
+            cost_model.get_model(spec.model), cost_model.get_hardware(spec.hardware), spec.tp,
+            spec.page_size, kv_memory_gb=spec.kv_memory_gb)
+    return SchedulerConfig(max_batch_size=spec.max_batch_size, token_budget=spec.token_budget,
+                           num_kv_pages=pages, page_size=spec.page_size,
+                           max_model_len=max_model_len(spec), token_buckets=spec.token_buckets,
+                           seed=spec.seed)
+
+
+def build_engine(spec: RunSpec, config: SchedulerConfig) -> Engine:
+    """The engine of the run (one per run: a real engine owns its KV cache)."""
+    if spec.engine == "sim":
+        if spec.step_time_ms is not None:
+            cost = cost_model.CostModelConfig(mode="fixed", model=spec.model,
+                                              hardware=spec.hardware, tp=spec.tp,
+                                              step_time_s=spec.step_time_ms / 1e3)
+        else:
+            cost = cost_model.CostModelConfig(model=spec.model, hardware=spec.hardware,
+                                              tp=spec.tp)
+        return SimEngine(cost)
+    raise ValueError(f"engine {spec.engine!r} is not available in this build")
+
+
+class _Progress:
+    """Prints a one-line progress bar to stderr once a run has taken a few seconds."""
+
+    def __init__(self, label: str, total: int, after_s: float = 3.0) -> None:
+        self.label, self.total, self.after_s = label, total, after_s
+        self.start = time.perf_counter()
+        self.last = self.start
+        self.shown = False
+
+    def __call__(self, scheduler: Scheduler) -> None:
+        now = time.perf_counter()
+        if now - self.start < self.after_s or (now - self.last < 0.5 and not scheduler.done):
+            return
+        self.last = now
+        done = int((scheduler.table.state >= 3).sum())
+        width = 30
+        filled = int(width * done / self.total)
+        sys.stderr.write(f"\r{self.label}: [{'#' * filled}{'.' * (width - filled)}] "
+                         f"{done}/{self.total} requests, {scheduler.num_steps} steps, "
+                         f"{now - self.start:.0f}s")
+        self.shown = True
+        if scheduler.done:
+            sys.stderr.write("\n")
+        sys.stderr.flush()
+
+
+def run_policy(spec: RunSpec, policy_spec: str, policy_options: Optional[Mapping[str, str]] = None,
+               *, out_dir: Optional[str] = None, requests: Optional[list[Request]] = None,
+               progress: bool = True) -> tuple[dict[str, Any], Scheduler]:
+    """Runs one policy on the spec's workload; writes results if `out_dir` is given.
+
+    Args:
+      spec: the run's plumbing.
+      policy_spec: registered name, `package.module:Class` or `file.py:Class`.
+      policy_options: the policy's knobs as text (`--policy_opts`).
+      out_dir: where to write config.json, requests.jsonl, steps.jsonl, summary.json.
+      requests: the workload, if already built (compare builds it once).
+      progress: show a progress bar on runs longer than a few seconds.
+
+    Returns:
+      The summary dict and the finished scheduler.
+    """
+    policy = make_policy(policy_spec, policy_options)
+    config = scheduler_config(spec)
+    workload = requests if requests is not None else build_workload(spec)
+    engine = build_engine(spec, config)
+    scheduler = Scheduler(workload, policy, engine, config)
+    scheduler.run(progress=_Progress(policy.name, len(workload)) if progress else None)
+    summary = summarize(scheduler, ttft_slo_s=spec.ttft_slo_s, tpot_slo_s=spec.tpot_slo_s)
+    if out_dir is not None:
+        resolved = {
+            "run": dataclasses.asdict(spec),
+            "policy": {"spec": policy_spec, "name": policy.name,
+                       **({f.name: _jsonable(getattr(policy, f.name))
+                           for f in dataclasses.fields(policy) if f.init}
+                          if dataclasses.is_dataclass(policy) else {})},
+            "scheduler": dataclasses.asdict(config),
+            "engine": engine.name,
+        }
+        write_results(out_dir, scheduler, summary, resolved)
+    return summary, scheduler
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    return repr(value)

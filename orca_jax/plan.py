@@ -1,0 +1,106 @@
+"""StepPlan: what a policy says for one iteration, and the error a bad plan gets.
+
+A plan names, per request, how many tokens to compute this step (a whole
+prompt, a prefill chunk, or one decode token: the core does not distinguish),
+which running requests to preempt (by recompute) before the step, and which
+finished requests to hand back to their clients (only for policies that hold
+answers until a batch is done, like request-level static batching). Nothing
+else: admission is implied by scheduling a waiting request, and KV pages are the
+core's business.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Iterable, Mapping, Optional
+
+import numpy as np
+from numpy.typing import NDArray
+
+_EMPTY = np.zeros(0, dtype=np.int64)
+_EMPTY.setflags(write=False)
+
+
+def _as_index_array(values: Optional[Iterable[int]], field: str) -> NDArray[np.int64]:
+    if values is None:
+        return _EMPTY
+    array = np.asarray(values if isinstance(values, np.ndarray) else list(values))
+    if array.size == 0:
+        return _EMPTY
+    if array.ndim != 1 or not np.issubdtype(array.dtype, np.integer):
+        raise TypeError(f"StepPlan.{field} must be a 1-D sequence of integers, got {array.dtype} "
+                        f"with shape {array.shape}")
+    return array.astype(np.int64, copy=False)
+
+
+@dataclasses.dataclass(frozen=True, init=False)
+class StepPlan:
+    """One iteration's decision.
+
+    Attributes:
+      request_ids: `[n]` request indices to run this step, in the order their
+        tokens are packed. A waiting request listed here is admitted.
+      num_tokens: `[n]` tokens to compute for each, >= 1 and at most the
+        request's uncomputed tokens (its prompt or chunk, or 1 to decode).
+      preempt: `[m]` running request indices to preempt by recompute before
+        the step (their KV pages are freed and they go back to waiting).
+      release: `[r]` finished request indices whose answers go back to their
+        clients now (only for policies with `defer_release = True`).
+    """
+
+    request_ids: NDArray[np.int64]  # [n]
+    num_tokens: NDArray[np.int64]  # [n]
+    preempt: NDArray[np.int64]  # [m]
+    release: NDArray[np.int64]  # [r]
+
+    def __init__(self, request_ids: Iterable[int] = (), num_tokens: Iterable[int] = (),
+                 preempt: Iterable[int] = (), release: Iterable[int] = ()) -> None:
+        ids = _as_index_array(request_ids, "request_ids")
+        tokens = _as_index_array(num_tokens, "num_tokens")
+        if ids.shape != tokens.shape:
+            raise ValueError(f"StepPlan: {ids.size} request_ids but {tokens.size} num_tokens")
+        object.__setattr__(self, "request_ids", ids)
+        object.__setattr__(self, "num_tokens", tokens)
+        object.__setattr__(self, "preempt", _as_index_array(preempt, "preempt"))
+        object.__setattr__(self, "release", _as_index_array(release, "release"))
+
+    @classmethod
+    def from_dict(cls, tokens_by_request: Mapping[int, int], preempt: Iterable[int] = (),
+                  release: Iterable[int] = ()) -> "StepPlan":
+        """Builds a plan from `{request index: num tokens}` (insertion order is pack order)."""
+        return cls(list(tokens_by_request.keys()), list(tokens_by_request.values()),
+                   preempt, release)
+
+    @property
+    def num_seqs(self) -> int:
+        return int(self.request_ids.size)
+
+    @property
+    def total_tokens(self) -> int:
+        return int(self.num_tokens.sum()) if self.num_tokens.size else 0
+
+    def is_empty(self) -> bool:
+        return not (self.request_ids.size or self.preempt.size or self.release.size)
+
+    def as_dict(self) -> dict[int, int]:
+        """`{request index: num tokens}`, for tests and debugging."""
+        return dict(zip(self.request_ids.tolist(), self.num_tokens.tolist()))
+
+
+class PlanError(ValueError):
+    """A plan broke a rule. Names the policy and the rule; scheduler state is unchanged.
+
+    Attributes:
+      policy: the policy's registered name.
+      rule: a short stable name of the broken rule (`token_budget`, `batch_cap`,
+        `kv_pages`, `kv_watermark`, `unknown_request`, `not_arrived`,
+        `finished_request`, `duplicate_request`, `nonpositive_tokens`,
+        `decode_before_prefill_done`, `preempt_not_running`,
+        `preempt_and_schedule`, `release_not_finished`, `no_progress`).
+    """
+
+    def __init__(self, policy: str, rule: str, detail: str) -> None:
+        self.policy = policy
+        self.rule = rule
+        self.detail = detail
+        super().__init__(f"policy '{policy}' broke rule '{rule}': {detail}")

@@ -1,0 +1,61 @@
+"""Request-level (static) batching: the FasterTransformer baseline that Orca compares with.
+
+A batch of up to `max_batch_size` waiting requests is formed; it runs until its
+longest member is done, and nobody joins mid-batch. Answers go back to their
+clients together when the whole batch is done (`defer_release`), as a
+request-level serving system returns a batch. Each member reserves its maximum
+context, like Orca, so the comparison isolates the scheduling granularity.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import numpy as np
+
+from orca_jax import RequestState, SchedulerView, StepPlan
+from orca_jax.policy import Policy, register
+
+
+@register("static")
+@dataclasses.dataclass(kw_only=True)
+class Static(Policy):
+    """Static batching.
+
+    Attributes:
+      max_batch_size: requests per batch (None: the scheduler's batch cap).
+      kv_reservation: as Orca's (`max`).
+    """
+
+    max_batch_size: Optional[int] = None
+    kv_reservation: str = "max"
+    defer_release: bool = dataclasses.field(default=True, init=False)
+    _batch: np.ndarray = dataclasses.field(  # request indices of the current batch
+        default_factory=lambda: np.zeros(0, np.int64), init=False, repr=False)
+
+    def schedule(self, view: SchedulerView) -> StepPlan:
+        release = np.zeros(0, np.int64)
+        states = view.requests.state[self._batch]
+        if self._batch.size and (states == RequestState.FINISHED).all():
+            release, self._batch = self._batch, np.zeros(0, np.int64)
+        if self._batch.size == 0:
+            self._batch = self._form_batch(view)
+        members = self._batch[view.requests.state[self._batch] != RequestState.FINISHED]
+        tokens = view.requests.num_uncomputed(members)
+        # Prefills that do not fit the step's budget together wait for the next step.
+        keep = np.cumsum(tokens) <= view.token_budget
+        return StepPlan(members[keep], tokens[keep], release=release)
+
+    def _form_batch(self, view: SchedulerView) -> np.ndarray:
+        cap = min(self.max_batch_size or view.max_batch_size, view.max_batch_size)
+        free_pages = view.num_free_pages - view.watermark_pages
+        batch: list[int] = []
+        for request in view.waiting[:cap].tolist():
+            prompt = min(int(view.requests.num_uncomputed([request])[0]), view.token_budget)
+            pages = int(view.pages_needed([request], [prompt])[0])
+            if pages > free_pages:
+                break
+            batch.append(request)
+            free_pages -= pages
+        return np.asarray(batch, dtype=np.int64)

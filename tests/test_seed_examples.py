@@ -1,0 +1,26 @@
+"""The seed figures of continuous vs static batching, exactly."""
+
+import pytest
+
+from experiments.reproduce import seed_examples
+
+
+def test_example_a_static_returns_every_answer_when_the_longest_is_done():
+    answers = seed_examples.example_a()
+    assert answers["static"] == pytest.approx([5.0, 5.0, 5.0, 5.0], abs=1e-9)
+
+
+def test_example_a_continuous_returns_each_answer_when_it_is_done():
+    answers = seed_examples.example_a()
+    assert answers["orca"] == pytest.approx([0.5, 1.0, 1.5, 5.0], abs=1e-9)
+
+
+def test_example_b_step_counts_and_waiting():
+    rows = {row["policy"]: row for row in seed_examples.example_b()}
+    # Static: three batches of four, each as long as its longest member: 8 + 7 + 8.
+    assert rows["static"]["num_steps"] == 23
+    # Batch 2 waits 8 steps, batch 3 waits 15: (0 * 4 + 8 * 4 + 15 * 4) / 12.
+    assert rows["static"]["mean_wait_steps"] == pytest.approx(23 / 3, abs=1e-6)
+    assert rows["orca"]["num_steps"] == 16
+    assert rows["orca"]["mean_wait_steps"] == pytest.approx(50 / 12, abs=1e-6)
+    assert rows["orca"]["num_steps"] < rows["static"]["num_steps"]
