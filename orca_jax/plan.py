@@ -96,7 +96,7 @@ class PlanError(ValueError):
         `kv_pages`, `kv_watermark`, `unknown_request`, `not_arrived`,
         `finished_request`, `duplicate_request`, `nonpositive_tokens`,
         `decode_before_prefill_done`, `preempt_not_running`,
-        `preempt_and_schedule`, `release_not_finished`, `no_progress`).
+        `preempt_and_schedule`, `release_not_finished`, `no_progress`, `not_a_plan`).
     """
 
     def __init__(self, policy: str, rule: str, detail: str) -> None:

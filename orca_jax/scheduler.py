@@ -92,6 +92,12 @@ def _reservation_tokens(mode: str, table: RequestTable, max_model_len: int) -> N
     return np.full(len(table), max_model_len, dtype=np.int64)  # "max"
 
 
+def _frozen(array: NDArray[np.int64]) -> NDArray[np.int64]:
+    """Marks a queue array read-only: the view hands it to policies as it is."""
+    array.setflags(write=False)
+    return array
+
+
 class Scheduler:
     """Runs `policy` over `requests` on `engine`. One instance per run.
 
@@ -136,10 +142,8 @@ class Scheduler:
         self.now_s = 0.0
         self.num_steps = 0
         self._next_arrival = 0
-        self.waiting = np.zeros(0, dtype=np.int64)
-        self.running = np.zeros(0, dtype=np.int64)
-        self.unreleased = np.zeros(0, dtype=np.int64)
-        self.last_finished = np.zeros(0, dtype=np.int64)
+        self._empty = _frozen(np.zeros(0, dtype=np.int64))
+        self.waiting = self.running = self.unreleased = self.last_finished = self._empty
         self._num_done = 0
         self.record = RunRecord(num_requests=n)
         self._reject_impossible()
@@ -151,12 +155,16 @@ class Scheduler:
         table, config = self.table, self.config
         total = table.prompt_len + table.output_len
         pages = self.kv.pages_for_tokens(np.maximum(total, self._reserve_tokens))
-        for i in np.flatnonzero((total > config.max_model_len) | (pages > config.num_kv_pages)):
+        # A reservation is taken whole at admission, which must leave the watermark free.
+        usable = config.num_kv_pages - (config.watermark_pages if self.kv_reservation != "none"
+                                        else 0)
+        for i in np.flatnonzero((total > config.max_model_len) | (pages > usable)):
             if total[i] > config.max_model_len:
                 reason = (f"prompt {table.prompt_len[i]} + output {table.output_len[i]} tokens "
                           f"exceed the context of {config.max_model_len}")
             else:
-                reason = (f"needs {pages[i]} KV pages, the pool has {config.num_kv_pages}")
+                reason = (f"needs {pages[i]} KV pages, the pool has {usable}"
+                          + (" beside the watermark" if usable < config.num_kv_pages else ""))
             table.state[i] = RequestState.REJECTED
             table.reject_reason[int(i)] = reason
             self._num_done += 1
@@ -208,6 +216,7 @@ class Scheduler:
             raise PlanError(self.policy.name, "not_a_plan",
                             f"schedule() returned {type(plan).__name__}, not a StepPlan")
         needed = check_plan(self, plan)
+        self.last_finished = self._empty  # "finished since the previous schedule() call"
         self._apply_release(plan.release)
         self._apply_preemption(plan.preempt)
         if plan.request_ids.size == 0:
@@ -268,14 +277,14 @@ class Scheduler:
         arrived = np.arange(first, end)
         arrived = arrived[self.table.state[arrived] == _PENDING]
         self.table.state[arrived] = _WAITING
-        self.waiting = np.concatenate([self.waiting, arrived])
+        self.waiting = _frozen(np.concatenate([self.waiting, arrived]))
         self._next_arrival = end
 
     def _apply_release(self, release: NDArray[np.int64]) -> None:
         if release.size == 0:
             return
         self.table.finish_s[release] = self.now_s
-        self.unreleased = self.unreleased[~np.isin(self.unreleased, release)]
+        self.unreleased = _frozen(self.unreleased[~np.isin(self.unreleased, release)])
         self._num_done += int(release.size)
 
     def _apply_preemption(self, preempt: NDArray[np.int64]) -> None:
@@ -286,8 +295,8 @@ class Scheduler:
         table.state[preempt] = _WAITING
         table.num_computed[preempt] = 0
         table.num_preemptions[preempt] += 1
-        self.running = self.running[table.state[self.running] == _RUNNING]
-        self.waiting = np.sort(np.concatenate([self.waiting, preempt]))
+        self.running = _frozen(self.running[table.state[self.running] == _RUNNING])
+        self.waiting = _frozen(np.sort(np.concatenate([self.waiting, preempt])))
         self.record.num_preemptions += int(preempt.size)
 
     def _admit(self, ids: NDArray[np.int64]) -> None:
@@ -299,8 +308,8 @@ class Scheduler:
         table.admitted_s[admitted] = self.now_s
         first_time = admitted[np.isnan(table.first_scheduled_s[admitted])]
         table.first_scheduled_s[first_time] = self.now_s
-        self.running = np.concatenate([self.running, admitted])
-        self.waiting = self.waiting[table.state[self.waiting] == _WAITING]
+        self.running = _frozen(np.concatenate([self.running, admitted]))
+        self.waiting = _frozen(self.waiting[table.state[self.waiting] == _WAITING])
         if self.kv_reservation != "none":
             self.kv.allocate(admitted, np.maximum(table.num_computed[admitted],
                                                   self._reserve_tokens[admitted]))
@@ -328,7 +337,6 @@ class Scheduler:
         table.num_computed[ids] = computed
         sampled_mask = computed == table.prompt_len[ids] + table.num_generated[ids]
         sampled = ids[sampled_mask]
-        self.last_finished = sampled[:0]
         if sampled.size == 0:
             return
         new_tokens = output.sampled_tokens[:ids.size][sampled_mask]
@@ -346,10 +354,10 @@ class Scheduler:
             return
         table.state[finished] = _FINISHED
         self.kv.free(finished)
-        self.running = self.running[table.state[self.running] == _RUNNING]
-        self.last_finished = finished
+        self.running = _frozen(self.running[table.state[self.running] == _RUNNING])
+        self.last_finished = _frozen(finished)
         if self.policy.defer_release:
-            self.unreleased = np.concatenate([self.unreleased, finished])
+            self.unreleased = _frozen(np.concatenate([self.unreleased, finished]))
         else:
             table.finish_s[finished] = end_s
             self._num_done += int(finished.size)

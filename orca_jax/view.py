@@ -74,7 +74,7 @@ class SchedulerView:
 
     @property
     def last_finished(self) -> NDArray[np.int64]:
-        """`[f]` requests that finished in the previous step."""
+        """`[f]` requests that finished since the previous `schedule()` call."""
         return self._scheduler.last_finished
 
     @property

@@ -13,10 +13,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
-import numpy as np
-
 from orca_jax import SchedulerView, StepPlan
 from orca_jax.policy import Policy, register
+from orca_jax.policy_helpers import fit_to_budget
 
 
 @register("orca")
@@ -37,10 +36,9 @@ class Orca(Policy):
         cap = min(self.max_batch_size or view.max_batch_size, view.max_batch_size)
         budget = view.token_budget
         running = view.running
-        tokens = view.requests.num_uncomputed(running)
-        if int(tokens.sum()) > budget:  # only when prompts outgrow the budget: keep FCFS order
-            keep = int(np.searchsorted(np.cumsum(tokens), budget, side="right"))
-            running, tokens = running[:keep], tokens[:keep]
+        # Each running request gets its whole rest (a prompt, or 1 decode token); only a
+        # prompt longer than the budget is chunked, in FCFS order.
+        running, tokens = fit_to_budget(running, view.requests.num_uncomputed(running), budget)
         ids, counts = running.tolist(), tokens.tolist()
         budget -= int(tokens.sum())
         free_pages = view.num_free_pages - view.watermark_pages

@@ -16,6 +16,7 @@ import numpy as np
 
 from orca_jax import RequestState, SchedulerView, StepPlan
 from orca_jax.policy import Policy, register
+from orca_jax.policy_helpers import fit_to_budget
 
 
 @register("static")
@@ -42,10 +43,11 @@ class Static(Policy):
         if self._batch.size == 0:
             self._batch = self._form_batch(view)
         members = self._batch[view.requests.state[self._batch] != RequestState.FINISHED]
-        tokens = view.requests.num_uncomputed(members)
-        # Prefills that do not fit the step's budget together wait for the next step.
-        keep = np.cumsum(tokens) <= view.token_budget
-        return StepPlan(members[keep], tokens[keep], release=release)
+        # Prefills that do not fit the step's budget together wait for the next step
+        # (a prompt longer than the whole budget is chunked).
+        members, tokens = fit_to_budget(members, view.requests.num_uncomputed(members),
+                                        view.token_budget)
+        return StepPlan(members, tokens, release=release)
 
     def _form_batch(self, view: SchedulerView) -> np.ndarray:
         cap = min(self.max_batch_size or view.max_batch_size, view.max_batch_size)
