@@ -16,7 +16,7 @@ from absl import app, flags
 
 import policies
 from experiments import flags as run_flags
-from orca_jax.experiment import build_workload, run_policy
+from orca_jax.experiment import build_engine, build_workload, run_policy, scheduler_config
 from orca_jax.metrics import format_table
 
 flags.DEFINE_list("policies", ["static", "orca"], "Policies to compare (names or plugin paths).")
@@ -57,17 +57,25 @@ def _plot(summaries: list[dict], path: str) -> bool:
 
 def main(argv: list[str]) -> None:
     del argv
+    with run_flags.clean_errors():
+        _main()
+
+
+def _main() -> None:
     spec = run_flags.spec_from_flags()
     names = list(run_flags.FLAGS.policies)
     options = _options_by_policy(run_flags.FLAGS.policy_opts, names)
     requests = build_workload(spec)
+    # One engine for every policy: the very same compiled steps (and the same KV cache
+    # buffers) serve each of them.
+    engine = build_engine(spec, scheduler_config(spec))
     summaries = []
     for name in names:
         label = os.path.splitext(os.path.basename(name.rpartition(":")[2] or name))[0]
         summary, _ = run_policy(spec, name, options.get(name),
                                 out_dir=os.path.join(run_flags.FLAGS.out_dir,
                                                      label.replace("/", "_")),
-                                requests=requests)
+                                requests=requests, engine=engine)
         summary["policy_label"] = label
         summaries.append(summary)
     table = format_table(summaries, list(run_flags.TABLE_COLUMNS))

@@ -7,17 +7,31 @@ an `orca_jax.experiment.RunSpec`.
 
 from __future__ import annotations
 
-from typing import Optional
+import contextlib
+import sys
+from typing import Iterator, Optional
 
-from absl import flags
+from absl import app, flags
 
-from orca_jax.experiment import ENGINES, WORKLOADS, RunSpec
+from orca_jax.plan import PlanError
+from orca_jax.policy import PolicyLoadError
+from orca_jax.traces import TraceError
+from orca_jax.experiment import ATTENTIONS, DTYPES, ENGINES, WORKLOADS, RunSpec
 from orca_jax.workload import parse_length_spec
 
-flags.DEFINE_enum("engine", "sim", list(ENGINES), "Engine: the cost-model simulator or the real "
-                  "JAX model.")
-flags.DEFINE_string("model", None, "Model preset (sim: llama3-8b, llama2-7b, mistral-7b, opt-13b, "
-                    "gpt3-175b, tiny, small). Default: llama3-8b on sim, tiny on jax.")
+flags.DEFINE_enum("engine", "jax", list(ENGINES), "Engine: the real JAX model (jax) or the "
+                  "cost-model simulator (sim).")
+flags.DEFINE_string("model", None, "Model preset. jax: tiny, small, llama3-8b, llama2-7b; sim: "
+                    "llama3-8b, llama2-7b, mistral-7b, opt-13b, gpt3-175b, tiny, small. "
+                    "Default: tiny on jax, llama3-8b on sim.")
+flags.DEFINE_string("checkpoint", None, "jax: an orbax checkpoint directory or a LLaMA-format "
+                    "folder (config.json + *.safetensors); default: seeded random weights.")
+flags.DEFINE_enum("dtype", "float32", list(DTYPES), "jax: parameter, activation and KV dtype.")
+flags.DEFINE_enum("attention", "auto", list(ATTENTIONS), "jax: attention op (auto: the Pallas "
+                  "kernel on a GPU, the jnp reference elsewhere).")
+flags.DEFINE_string("sampling", "greedy", "jax: greedy, or temperature:T[:TOP_K[:TOP_P]].")
+flags.DEFINE_enum("clock", "profiled", ["profiled", "wall"], "jax: advance the virtual clock by "
+                  "each bucket's warm-up median (repeatable) or by measured wall time.")
 flags.DEFINE_string("hardware", "a100", "Hardware preset of the simulator: a100 (80GB), a100-40gb, "
                     "h100, h200.")
 flags.DEFINE_integer("tp", 1, "Tensor-parallel degree of the simulated replica.", lower_bound=1)
@@ -25,19 +39,24 @@ flags.DEFINE_float("step_time_ms", None, "Fixed simulator step time in ms (inste
                    "roofline cost model).", lower_bound=0.0)
 flags.DEFINE_enum("workload", "poisson", list(WORKLOADS), "Arrival process, or a trace file.")
 flags.DEFINE_string("trace", None, "Trace file (JSONL or CSV) for --workload=trace.")
-flags.DEFINE_integer("num_requests", 200, "Requests in the workload (the first N of a trace).",
-                     lower_bound=1)
-flags.DEFINE_float("rate", 4.0, "Arrival rate in requests/s (poisson, gamma).", lower_bound=0.0)
+flags.DEFINE_integer("num_requests", None, "Requests in the workload (the first N of a trace). "
+                     "Default: 64 on jax, 1000 on sim.", lower_bound=1)
+flags.DEFINE_float("rate", None, "Arrival rate in requests/s (poisson, gamma). Default: 40 on "
+                   "jax (tiny on a CPU), 32 on sim.", lower_bound=0.0)
 flags.DEFINE_float("cv", 1.0, "Coefficient of variation of gamma inter-arrival gaps.",
                    lower_bound=0.0)
-flags.DEFINE_string("prompt_len", "uniform:32:512", "Prompt length distribution: fixed:N, "
-                    "uniform:LO:HI, lognormal:MEAN:SIGMA, zipf:A:MAX, empirical:PATH[:COLUMN].")
-flags.DEFINE_string("output_len", "uniform:1:128", "Output length distribution (as --prompt_len).")
-flags.DEFINE_integer("max_batch_size", 64, "Batch cap: most sequences in one step.", lower_bound=1)
-flags.DEFINE_integer("token_budget", 2048, "Most tokens in one step (the largest bucket).",
-                     lower_bound=1)
+flags.DEFINE_string("prompt_len", None, "Prompt length distribution: fixed:N, uniform:LO:HI, "
+                    "lognormal:MEAN:SIGMA, zipf:A:MAX, empirical:PATH[:COLUMN]. Default: "
+                    "uniform:16:128 on jax, uniform:32:512 on sim.")
+flags.DEFINE_string("output_len", None, "Output length distribution (as --prompt_len). Default: "
+                    "uniform:16:64 on jax, uniform:1:128 on sim.")
+flags.DEFINE_integer("max_batch_size", None, "Batch cap: most sequences in one step. Default: 16 "
+                     "on jax, 64 on sim.", lower_bound=1)
+flags.DEFINE_integer("token_budget", None, "Most tokens in one step (the largest bucket). "
+                     "Default: 256 on jax, 2048 on sim.", lower_bound=1)
 flags.DEFINE_integer("num_kv_pages", None, "KV pool size in pages (default: from --kv_memory_gb, "
-                     "else what the GPU holds beside the weights).", lower_bound=1)
+                     "else what the GPU holds beside the weights; jax: a full batch of full "
+                     "contexts).", lower_bound=1)
 flags.DEFINE_float("kv_memory_gb", None, "KV pool size in GB (decimal) over the replica.")
 flags.DEFINE_integer("page_size", 16, "Tokens per KV page.", lower_bound=1)
 flags.DEFINE_integer("max_model_len", None, "Context limit (default: the model's).", lower_bound=2)
@@ -55,13 +74,24 @@ TABLE_COLUMNS = ("policy", "num_finished", "num_rejected", "num_steps", "duratio
                  "tpot_p50_s", "tpot_p99_s", "latency_p50_s", "latency_p99_s",
                  "normalized_latency_mean_s", "num_preemptions", "padding_fraction")
 
+# The embedded defaults: a small workload the tiny real model serves in seconds on a
+# laptop CPU, and a GPU-scale one for the simulator.
+ENGINE_DEFAULTS = {
+    "jax": dict(model="tiny", num_requests=64, rate=40.0, prompt_len="uniform:16:128",
+                output_len="uniform:16:64", max_batch_size=16, token_budget=256),
+    "sim": dict(model="llama3-8b", num_requests=1000, rate=32.0, prompt_len="uniform:32:512",
+                output_len="uniform:1:128", max_batch_size=64, token_budget=2048),
+}
+
 FLAGS = flags.FLAGS
 
 
 def _validate_length(name: str) -> None:
-    def check(value: str) -> bool:
+    def check(value: Optional[str]) -> bool:
+        if value is None:
+            return True
         try:
-            parse_length_spec(value, default_column=None if value.startswith("empirical") else None)
+            parse_length_spec(value)
         except (ValueError, OSError) as e:
             raise flags.ValidationError(str(e)) from e
         return True
@@ -82,15 +112,37 @@ def _buckets() -> Optional[tuple[int, ...]]:
             from None
 
 
+@contextlib.contextmanager
+def clean_errors() -> Iterator[None]:
+    """Turns the errors a user can cause (a bad policy, trace or plan) into one clear line."""
+    try:
+        yield
+    except (PolicyLoadError, TraceError) as e:
+        raise app.UsageError(str(e)) from None
+    except PlanError as e:
+        sys.exit(f"error: {e}")
+
+
 def spec_from_flags() -> RunSpec:
-    """The RunSpec the flags describe."""
-    model = FLAGS.model or ("tiny" if FLAGS.engine == "jax" else "llama3-8b")
-    return RunSpec(
-        engine=FLAGS.engine, model=model, hardware=FLAGS.hardware, tp=FLAGS.tp,
-        step_time_ms=FLAGS.step_time_ms, workload=FLAGS.workload, trace=FLAGS.trace,
-        num_requests=FLAGS.num_requests, rate=FLAGS.rate, cv=FLAGS.cv,
-        prompt_len=FLAGS.prompt_len, output_len=FLAGS.output_len,
-        max_batch_size=FLAGS.max_batch_size, token_budget=FLAGS.token_budget,
-        num_kv_pages=FLAGS.num_kv_pages, kv_memory_gb=FLAGS.kv_memory_gb,
-        page_size=FLAGS.page_size, max_model_len=FLAGS.max_model_len, token_buckets=_buckets(),
-        ttft_slo_s=FLAGS.ttft_slo_s, tpot_slo_s=FLAGS.tpot_slo_s, seed=FLAGS.seed)
+    """The RunSpec the flags describe (unset flags take the engine's defaults)."""
+    defaults = ENGINE_DEFAULTS[FLAGS.engine]
+
+    def pick(name: str):
+        value = getattr(FLAGS, name)
+        return defaults[name] if value is None else value
+
+    try:
+        return RunSpec(
+            engine=FLAGS.engine, model=pick("model"), checkpoint=FLAGS.checkpoint,
+            dtype=FLAGS.dtype, attention=FLAGS.attention, sampling=FLAGS.sampling,
+            clock=FLAGS.clock, hardware=FLAGS.hardware, tp=FLAGS.tp,
+            step_time_ms=FLAGS.step_time_ms, workload=FLAGS.workload, trace=FLAGS.trace,
+            num_requests=pick("num_requests"), rate=pick("rate"), cv=FLAGS.cv,
+            prompt_len=pick("prompt_len"), output_len=pick("output_len"),
+            max_batch_size=pick("max_batch_size"), token_budget=pick("token_budget"),
+            num_kv_pages=FLAGS.num_kv_pages, kv_memory_gb=FLAGS.kv_memory_gb,
+            page_size=FLAGS.page_size, max_model_len=FLAGS.max_model_len,
+            token_buckets=_buckets(), ttft_slo_s=FLAGS.ttft_slo_s, tpot_slo_s=FLAGS.tpot_slo_s,
+            seed=FLAGS.seed)
+    except ValueError as e:
+        raise app.UsageError(str(e)) from e

@@ -10,7 +10,9 @@ seed gives the same workload, and the same bucket set gives the same steps.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import os
 import sys
 import time
 from typing import Any, Mapping, Optional
@@ -27,6 +29,28 @@ from orca_jax.workload import synthetic_workload, with_prompt_tokens
 
 WORKLOADS = ("poisson", "gamma", "burst", "trace")
 ENGINES = ("sim", "jax")
+DTYPES = ("float32", "bfloat16")
+ATTENTIONS = ("auto", "reference", "pallas", "pallas_interpret")
+
+
+def sampling_params(text: str) -> tuple[float, int, float]:
+    """Parses `greedy` or `temperature:T[:top_k[:top_p]]` into (temperature, top_k, top_p)."""
+    if text == "greedy":
+        return 0.0, 0, 1.0
+    kind, _, rest = text.partition(":")
+    parts = rest.split(":") if rest else []
+    try:
+        if kind != "temperature" or not 1 <= len(parts) <= 3:
+            raise ValueError
+        temperature = float(parts[0])
+        top_k = int(parts[1]) if len(parts) > 1 else 0
+        top_p = float(parts[2]) if len(parts) > 2 else 1.0
+        if temperature < 0 or top_k < 0 or not 0 < top_p <= 1:
+            raise ValueError
+    except ValueError:
+        raise ValueError(f"sampling {text!r}: expected greedy or temperature:T[:TOP_K[:TOP_P]] "
+                         "with T >= 0, TOP_K >= 0, 0 < TOP_P <= 1") from None
+    return temperature, top_k, top_p
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -35,6 +59,11 @@ class RunSpec:
 
     engine: str = "sim"
     model: str = "llama3-8b"
+    checkpoint: Optional[str] = None  # jax: an orbax directory or a LLaMA-format folder
+    dtype: str = "float32"  # jax: float32 or bfloat16
+    attention: str = "auto"  # jax: auto (pallas on GPU, reference elsewhere), reference, pallas
+    sampling: str = "greedy"  # jax: greedy, or temperature:T[:top_k[:top_p]]
+    clock: str = "profiled"  # jax: profiled (warm-up bucket medians) or wall
     hardware: str = "a100"
     tp: int = 1
     step_time_ms: Optional[float] = None  # fixed step time of the simulator
@@ -65,15 +94,36 @@ class RunSpec:
             raise ValueError("workload 'trace' needs a trace file (--trace)")
         if self.num_requests < 1:
             raise ValueError(f"num_requests must be >= 1, got {self.num_requests}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.attention not in ATTENTIONS:
+            raise ValueError(f"attention must be one of {ATTENTIONS}, got {self.attention!r}")
+        if self.clock not in ("profiled", "wall"):
+            raise ValueError(f"clock must be profiled or wall, got {self.clock!r}")
+        sampling_params(self.sampling)  # fails early, naming the value
 
 
-def _vocab_size(spec: RunSpec) -> int:
-    return cost_model.get_model(spec.model).vocab_size
+def _model_facts(spec: RunSpec) -> tuple[int, int]:
+    """(vocab size, context length) of the run's model."""
+    if spec.engine == "jax":
+        config = model_config(spec)
+        return config.vocab_size, config.max_context
+    model = cost_model.get_model(spec.model)
+    return model.vocab_size, model.max_context
+
+
+def model_config(spec: RunSpec):  # -> orca_jax.model_config.ModelConfig
+    """The real model's config: from the checkpoint folder's config.json, or the preset."""
+    from orca_jax import model_config as model_config_lib
+    if spec.checkpoint and os.path.isfile(os.path.join(spec.checkpoint, "config.json")):
+        with open(os.path.join(spec.checkpoint, "config.json")) as f:
+            return model_config_lib.from_hf_config(json.load(f), name=spec.model)
+    return model_config_lib.get_model_config(spec.model)
 
 
 def build_workload(spec: RunSpec) -> list[Request]:
     """The run's requests (synthetic from the seed, or a trace file)."""
-    vocab = _vocab_size(spec) if spec.engine == "jax" else None
+    vocab = _model_facts(spec)[0] if spec.engine == "jax" else None
     if spec.workload == "trace":
         requests = load_trace(spec.trace, max_requests=spec.num_requests)
         return with_prompt_tokens(requests, vocab, spec.seed) if vocab else requests
@@ -86,21 +136,26 @@ def build_workload(spec: RunSpec) -> list[Request]:
 
 def max_model_len(spec: RunSpec) -> int:
     """The context limit of the run."""
-    return spec.max_model_len or cost_model.get_model(spec.model).max_context
+    return spec.max_model_len or _model_facts(spec)[1]
 
 
 def scheduler_config(spec: RunSpec) -> SchedulerConfig:
     """The scheduler's limits; the KV pool from a page count, a memory budget or the GPU."""
+    temperature, top_k, top_p = sampling_params(spec.sampling)
+    context = max_model_len(spec)
     if spec.num_kv_pages is not None:
         pages = spec.num_kv_pages
+    elif spec.engine == "jax":
+        # A real cache on this machine: room for a full batch of full contexts.
+        pages = spec.max_batch_size * -(-context // spec.page_size)
     else:
         pages = cost_model.num_kv_pages_for_memory(
             cost_model.get_model(spec.model), cost_model.get_hardware(spec.hardware), spec.tp,
             spec.page_size, kv_memory_gb=spec.kv_memory_gb)
     return SchedulerConfig(max_batch_size=spec.max_batch_size, token_budget=spec.token_budget,
                            num_kv_pages=pages, page_size=spec.page_size,
-                           max_model_len=max_model_len(spec), token_buckets=spec.token_buckets,
-                           seed=spec.seed)
+                           max_model_len=context, token_buckets=spec.token_buckets,
+                           temperature=temperature, top_k=top_k, top_p=top_p, seed=spec.seed)
 
 
 def build_engine(spec: RunSpec, config: SchedulerConfig) -> Engine:
@@ -114,7 +169,29 @@ def build_engine(spec: RunSpec, config: SchedulerConfig) -> Engine:
             cost = cost_model.CostModelConfig(model=spec.model, hardware=spec.hardware,
                                               tp=spec.tp)
         return SimEngine(cost)
-    raise ValueError(f"engine {spec.engine!r} is not available in this build")
+    return _jax_engine(spec, config)
+
+
+def _jax_engine(spec: RunSpec, config: SchedulerConfig) -> Engine:
+    import jax
+    import jax.numpy as jnp
+
+    from orca_jax import weights
+    from orca_jax.jax_engine import JaxEngine
+
+    model = model_config(spec)
+    dtype = jnp.dtype(spec.dtype)
+    if spec.checkpoint:  # a LLaMA folder brings its own config
+        model, params = weights.load_params(spec.checkpoint, model, dtype=dtype)
+    else:
+        params = weights.init_params(model, seed=spec.seed, dtype=dtype)
+    attention = spec.attention
+    if attention == "auto":
+        attention = "pallas" if jax.default_backend() == "gpu" else "reference"
+    return JaxEngine(model, params, num_pages=config.num_kv_pages + 1,  # + the null page
+                     page_size=config.page_size,
+                     pages_per_seq=-(-config.max_model_len // config.page_size), dtype=dtype,
+                     attention=attention, clock=spec.clock)
 
 
 class _Progress:
@@ -145,6 +222,7 @@ class _Progress:
 
 def run_policy(spec: RunSpec, policy_spec: str, policy_options: Optional[Mapping[str, str]] = None,
                *, out_dir: Optional[str] = None, requests: Optional[list[Request]] = None,
+               engine: Optional[Engine] = None,
                progress: bool = True) -> tuple[dict[str, Any], Scheduler]:
     """Runs one policy on the spec's workload; writes results if `out_dir` is given.
 
@@ -154,6 +232,8 @@ def run_policy(spec: RunSpec, policy_spec: str, policy_options: Optional[Mapping
       policy_options: the policy's knobs as text (`--policy_opts`).
       out_dir: where to write config.json, requests.jsonl, steps.jsonl, summary.json.
       requests: the workload, if already built (compare builds it once).
+      engine: the engine, if already built (compare shares one between policies,
+        so every policy runs the very same compiled steps).
       progress: show a progress bar on runs longer than a few seconds.
 
     Returns:
@@ -162,10 +242,15 @@ def run_policy(spec: RunSpec, policy_spec: str, policy_options: Optional[Mapping
     policy = make_policy(policy_spec, policy_options)
     config = scheduler_config(spec)
     workload = requests if requests is not None else build_workload(spec)
-    engine = build_engine(spec, config)
+    engine = engine if engine is not None else build_engine(spec, config)
     scheduler = Scheduler(workload, policy, engine, config)
     scheduler.run(progress=_Progress(policy.name, len(workload)) if progress else None)
     summary = summarize(scheduler, ttft_slo_s=spec.ttft_slo_s, tpot_slo_s=spec.tpot_slo_s)
+    if hasattr(engine, "fingerprints"):
+        summary["num_compiles"] = engine.num_compiles
+        summary["compiled_fingerprints"] = {
+            str(b.num_tokens): h for b, h in sorted(engine.fingerprints().items(),
+                                                     key=lambda item: item[0].num_tokens)}
     if out_dir is not None:
         resolved = {
             "run": dataclasses.asdict(spec),

@@ -47,7 +47,10 @@ class RequestTable:
         self.first_token_s = nan.copy()  # [N] end of the step that sampled its first token
         self.last_token_s = nan.copy()  # [N] end of the step that sampled its last token
         self.finish_s = nan.copy()  # [N] when its answer went back to the client
-        self.last_token = np.zeros(n, dtype=np.int64)  # [N] newest known token id
+        # [N] newest known token id: the prompt's last until a token is generated, so the
+        # token at position `known - 1` is always this one (the decode fast path of packing).
+        self.last_token = np.array([0 if r.prompt_tokens is None else int(r.prompt_tokens[-1])
+                                    for r in requests], dtype=np.int64)
         self.reject_reason: dict[int, str] = {}
 
     def __len__(self) -> int:

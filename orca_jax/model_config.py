@@ -1,0 +1,188 @@
+"""Shapes and hyper-parameters of the LLaMA-style decoder, with named presets.
+
+`ModelConfig` is host-only (no jax import) so the simulator, the cost model and
+the CLI can read model shapes without touching a device.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping, Optional
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RopeScaling:
+    """LLaMA-3 frequency-dependent rotary scaling (HF `rope_type: "llama3"`).
+
+    Wavelengths shorter than `original_max_position / high_freq_factor` keep their
+    frequency, longer than `original_max_position / low_freq_factor` are divided by
+    `factor`, and the band between is interpolated smoothly.
+    """
+
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position: int
+
+    def __post_init__(self) -> None:
+        if self.factor < 1.0:
+            raise ValueError(f"RopeScaling.factor must be >= 1, got {self.factor}")
+        if not 0 < self.low_freq_factor < self.high_freq_factor:
+            raise ValueError(
+                "RopeScaling needs 0 < low_freq_factor < high_freq_factor, got "
+                f"low_freq_factor={self.low_freq_factor}, high_freq_factor={self.high_freq_factor}")
+        if self.original_max_position <= 0:
+            raise ValueError("RopeScaling.original_max_position must be positive, got "
+                             f"{self.original_max_position}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    """A LLaMA-style decoder's shapes.
+
+    Attributes:
+      name: preset name or a label (written to results).
+      vocab_size: number of token ids.
+      d_model: residual stream width.
+      num_layers: decoder blocks.
+      num_q_heads: query heads.
+      num_kv_heads: key/value heads (grouped-query attention; divides num_q_heads).
+      head_dim: width of one head.
+      ffn_dim: SwiGLU hidden width.
+      rope_theta: rotary base.
+      rope_scaling: LLaMA-3 rotary scaling, or None.
+      rms_norm_eps: RMSNorm epsilon.
+      tie_embeddings: whether the LM head reuses the embedding matrix.
+      max_context: longest sequence (prompt + output) the model accepts.
+    """
+
+    name: str = "custom"
+    vocab_size: int
+    d_model: int
+    num_layers: int
+    num_q_heads: int
+    num_kv_heads: int
+    head_dim: int
+    ffn_dim: int
+    rope_theta: float = 10000.0
+    rope_scaling: Optional[RopeScaling] = None
+    rms_norm_eps: float = 1e-5
+    tie_embeddings: bool = False
+    max_context: int = 2048
+
+    def __post_init__(self) -> None:
+        for field in ("vocab_size", "d_model", "num_layers", "num_q_heads", "num_kv_heads",
+                      "head_dim", "ffn_dim", "max_context"):
+            value = getattr(self, field)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"ModelConfig {self.name!r}: {field} must be a positive int, "
+                                 f"got {value!r}")
+        if self.num_q_heads % self.num_kv_heads:
+            raise ValueError(f"ModelConfig {self.name!r}: num_kv_heads={self.num_kv_heads} must "
+                             f"divide num_q_heads={self.num_q_heads}")
+        if self.head_dim % 2:
+            raise ValueError(f"ModelConfig {self.name!r}: head_dim must be even for rotary "
+                             f"embeddings, got {self.head_dim}")
+        if self.rope_theta <= 0 or self.rms_norm_eps <= 0:
+            raise ValueError(f"ModelConfig {self.name!r}: rope_theta and rms_norm_eps must be "
+                             f"positive, got {self.rope_theta}, {self.rms_norm_eps}")
+
+    @property
+    def num_params(self) -> int:
+        """Number of weights (embedding, blocks, final norm, head)."""
+        attn = self.d_model * self.head_dim * (2 * self.num_q_heads + 2 * self.num_kv_heads)
+        block = attn + 3 * self.d_model * self.ffn_dim + 2 * self.d_model
+        head = 0 if self.tie_embeddings else self.vocab_size * self.d_model
+        return self.vocab_size * self.d_model + self.num_layers * block + self.d_model + head
+
+
+_LLAMA3_SCALING = RopeScaling(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                              original_max_position=8192)
+
+PRESETS: dict[str, ModelConfig] = {
+    "tiny": ModelConfig(name="tiny", vocab_size=512, d_model=128, num_layers=2, num_q_heads=4,
+                        num_kv_heads=2, head_dim=32, ffn_dim=256, max_context=1024),
+    "small": ModelConfig(name="small", vocab_size=2048, d_model=256, num_layers=4,
+                         num_q_heads=8, num_kv_heads=4, head_dim=32, ffn_dim=688,
+                         max_context=2048),
+    # Meta-Llama-3-8B as published (no rope scaling, 8k context).
+    "llama3-8b": ModelConfig(name="llama3-8b", vocab_size=128256, d_model=4096, num_layers=32,
+                             num_q_heads=32, num_kv_heads=8, head_dim=128, ffn_dim=14336,
+                             rope_theta=500000.0, max_context=8192),
+    # Llama-3.1-8B: the same shapes with LLaMA-3 rope scaling to 128k.
+    "llama3.1-8b": ModelConfig(name="llama3.1-8b", vocab_size=128256, d_model=4096,
+                               num_layers=32, num_q_heads=32, num_kv_heads=8, head_dim=128,
+                               ffn_dim=14336, rope_theta=500000.0, rope_scaling=_LLAMA3_SCALING,
+                               max_context=131072),
+    "llama2-7b": ModelConfig(name="llama2-7b", vocab_size=32000, d_model=4096, num_layers=32,
+                             num_q_heads=32, num_kv_heads=32, head_dim=128, ffn_dim=11008,
+                             max_context=4096),
+}
+
+
+def get_model_config(name: str) -> ModelConfig:
+    """Returns the preset called `name`.
+
+    Raises:
+      KeyError: naming the unknown preset and listing the known ones.
+    """
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise KeyError(f"unknown model {name!r}; known models: {', '.join(sorted(PRESETS))}"
+                       ) from None
+
+
+def from_hf_config(hf: Mapping[str, Any], *, name: str = "hf") -> ModelConfig:
+    """Reads a LLaMA `config.json` (as a dict) into a ModelConfig.
+
+    Raises:
+      ValueError: naming a missing key or an unsupported `rope_scaling` type.
+    """
+    def need(key: str) -> Any:
+        if key not in hf:
+            raise ValueError(f"config.json: missing required key {key!r}")
+        return hf[key]
+
+    num_q_heads = int(need("num_attention_heads"))
+    d_model = int(need("hidden_size"))
+    scaling = hf.get("rope_scaling")
+    rope_scaling = None
+    if scaling is not None:
+        kind = scaling.get("rope_type", scaling.get("type"))
+        if kind != "llama3":
+            raise ValueError(f"config.json: rope_scaling type {kind!r} is not supported "
+                             "(only 'llama3')")
+        rope_scaling = RopeScaling(
+            factor=float(scaling["factor"]), low_freq_factor=float(scaling["low_freq_factor"]),
+            high_freq_factor=float(scaling["high_freq_factor"]),
+            original_max_position=int(scaling["original_max_position_embeddings"]))
+    return ModelConfig(
+        name=name, vocab_size=int(need("vocab_size")), d_model=d_model,
+        num_layers=int(need("num_hidden_layers")), num_q_heads=num_q_heads,
+        num_kv_heads=int(hf.get("num_key_value_heads") or num_q_heads),
+        head_dim=int(hf.get("head_dim") or d_model // num_q_heads),
+        ffn_dim=int(need("intermediate_size")), rope_theta=float(hf.get("rope_theta", 10000.0)),
+        rope_scaling=rope_scaling, rms_norm_eps=float(hf.get("rms_norm_eps", 1e-5)),
+        tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        max_context=int(hf.get("max_position_embeddings", 2048)))
+
+
+def to_hf_config(config: ModelConfig) -> dict[str, Any]:
+    """The LLaMA `config.json` dict of `config` (the inverse of `from_hf_config`)."""
+    hf: dict[str, Any] = {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+        "vocab_size": config.vocab_size, "hidden_size": config.d_model,
+        "num_hidden_layers": config.num_layers, "num_attention_heads": config.num_q_heads,
+        "num_key_value_heads": config.num_kv_heads, "head_dim": config.head_dim,
+        "intermediate_size": config.ffn_dim, "rope_theta": config.rope_theta,
+        "rms_norm_eps": config.rms_norm_eps, "tie_word_embeddings": config.tie_embeddings,
+        "max_position_embeddings": config.max_context, "rope_scaling": None,
+    }
+    if config.rope_scaling is not None:
+        s = config.rope_scaling
+        hf["rope_scaling"] = {"rope_type": "llama3", "factor": s.factor,
+                              "low_freq_factor": s.low_freq_factor,
+                              "high_freq_factor": s.high_freq_factor,
+                              "original_max_position_embeddings": s.original_max_position}
+    return hf

@@ -1,0 +1,92 @@
+"""The command lines researchers script against: flags, output files and their fields."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SUMMARY_KEYS = {"policy", "engine", "num_requests", "num_finished", "num_rejected", "num_steps",
+                "duration_s", "throughput_req_s", "throughput_tok_s", "ttft_p50_s", "ttft_p99_s",
+                "tpot_p50_s", "tpot_p99_s", "latency_p50_s", "latency_p99_s",
+                "normalized_latency_mean_s", "padding_fraction", "num_preemptions"}
+REQUEST_KEYS = {"id", "arrival_s", "first_scheduled_s", "first_token_s", "finish_s", "prompt_len",
+                "output_len", "num_preemptions", "status"}
+STEP_KEYS = {"step", "start_s", "num_seqs", "num_tokens", "num_padded_tokens", "bucket", "host_s",
+             "step_s"}
+
+
+def _run(*args, check=True):
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    result = subprocess.run([sys.executable, "-m", *args], cwd=REPO, env=env,
+                            capture_output=True, text=True, timeout=300)
+    if check and result.returncode != 0:
+        raise AssertionError(result.stderr[-3000:])
+    return result
+
+
+def _jsonl(path):
+    return [json.loads(line) for line in Path(path).read_text().splitlines()]
+
+
+def test_run_writes_the_result_contract(tmp_path):
+    out = tmp_path / "run"
+    result = _run("experiments.run", "--policy=orca", "--engine=sim", "--num_requests=30",
+                  "--rate=50", "--max_model_len=700", "--max_batch_size=8", "--num_kv_pages=200",
+                  f"--out_dir={out}")
+    assert "orca" in result.stdout
+    summary = json.loads((out / "summary.json").read_text())
+    assert SUMMARY_KEYS <= set(summary)
+    assert summary["num_requests"] == 30 and summary["engine"] == "sim"
+    requests = _jsonl(out / "requests.jsonl")
+    assert len(requests) == 30 and all(REQUEST_KEYS <= set(r) for r in requests)
+    steps = _jsonl(out / "steps.jsonl")
+    assert len(steps) == summary["num_steps"] and all(STEP_KEYS <= set(s) for s in steps)
+    assert all(s["num_seqs"] <= 8 for s in steps)
+    config = json.loads((out / "config.json").read_text())
+    assert config["scheduler"]["num_kv_pages"] == 200 and config["policy"]["name"] == "orca"
+    assert sum(r["status"] == "finished" for r in requests) == summary["num_finished"]
+
+
+def test_compare_writes_one_folder_per_policy_on_the_same_workload(tmp_path):
+    out = tmp_path / "cmp"
+    _run("experiments.compare", "--policies=static,orca", "--engine=sim", "--num_requests=40",
+         "--rate=100", "--policy_opts=static.max_batch_size=4", f"--out_dir={out}")
+    arrivals = {}
+    for name in ("static", "orca"):
+        requests = _jsonl(out / name / "requests.jsonl")
+        arrivals[name] = [(r["id"], r["arrival_s"], r["prompt_len"], r["output_len"])
+                          for r in requests]
+    assert arrivals["static"] == arrivals["orca"]
+    assert json.loads((out / "static" / "config.json").read_text())["policy"]["max_batch_size"] == 4
+    table = (out / "comparison.txt").read_text()
+    assert "static" in table and "orca" in table
+
+
+def test_jax_engine_run_records_tokens_and_compiles(tmp_path):
+    out = tmp_path / "jax"
+    _run("experiments.run", "--policy=orca", "--engine=jax", "--num_requests=6",
+         "--prompt_len=uniform:4:20", "--output_len=fixed:5", "--token_budget=32",
+         f"--out_dir={out}")
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["engine"] == "jax"
+    assert sorted(summary["compiled_fingerprints"], key=int) == ["16", "32"]
+    assert summary["num_compiles"] == 2
+    requests = _jsonl(out / "requests.jsonl")
+    assert all(len(r["output_tokens"]) == 5 for r in requests)
+
+
+@pytest.mark.parametrize("flag, words", [
+    ("--prompt_len=uniform:9", "uniform"),
+    ("--rate=-3", "--rate"),
+    ("--policy=nope", "unknown policy 'nope'"),
+    ("--policy=tests/plugins/missing.py:Foo", "does not exist"),
+])
+def test_bad_flags_fail_with_a_clear_message(flag, words):
+    result = _run("experiments.run", "--engine=sim", "--num_requests=5", flag, check=False)
+    assert result.returncode != 0
+    assert words in result.stderr
+    assert "Traceback" not in result.stderr
