@@ -90,6 +90,7 @@ def pack(*, bucket_config: BucketConfig,
          page_size: int,
          sampling: SamplingArrays,
          token_ids: Optional[NDArray[np.int32]] = None,  # [sum(num_tokens)] or None
+         min_bucket_tokens: int = 0,
          ) -> StepInputs:
     """Packs one step's requests into StepInputs padded to the smallest fitting bucket.
 
@@ -103,13 +104,14 @@ def pack(*, bucket_config: BucketConfig,
       sampling: per-request sampling parameters (indexed by request index).
       token_ids: the flat ids of the tokens to compute, or None (zeros) for an
         engine that needs none.
+      min_bucket_tokens: pad to a bucket of at least this many tokens.
 
     Returns:
       The padded StepInputs.
     """
     num_seqs = int(request_ids.size)
     total = int(num_tokens.sum())
-    bucket = bucket_config.select(total)
+    bucket = bucket_config.select(max(total, min_bucket_tokens))
     t, s, p = bucket.num_tokens, bucket.num_seqs, bucket_config.pages_per_seq
 
     cu_q_lens = np.empty(s + 1, dtype=np.int32)

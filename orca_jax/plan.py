@@ -46,15 +46,21 @@ class StepPlan:
         the step (their KV pages are freed and they go back to waiting).
       release: `[r]` finished request indices whose answers go back to their
         clients now (only for policies with `defer_release = True`).
+      min_bucket_tokens: pad the step to a bucket of at least this many tokens
+        (0: the smallest that fits). Request-level batching keeps its batch's
+        shape until the batch is done, finished members included, as
+        FasterTransformer does; this is how such a policy pays for it.
     """
 
     request_ids: NDArray[np.int64]  # [n]
     num_tokens: NDArray[np.int64]  # [n]
     preempt: NDArray[np.int64]  # [m]
     release: NDArray[np.int64]  # [r]
+    min_bucket_tokens: int
 
     def __init__(self, request_ids: Iterable[int] = (), num_tokens: Iterable[int] = (),
-                 preempt: Iterable[int] = (), release: Iterable[int] = ()) -> None:
+                 preempt: Iterable[int] = (), release: Iterable[int] = (),
+                 min_bucket_tokens: int = 0) -> None:
         ids = _as_index_array(request_ids, "request_ids")
         tokens = _as_index_array(num_tokens, "num_tokens")
         if ids.shape != tokens.shape:
@@ -63,6 +69,7 @@ class StepPlan:
         object.__setattr__(self, "num_tokens", tokens)
         object.__setattr__(self, "preempt", _as_index_array(preempt, "preempt"))
         object.__setattr__(self, "release", _as_index_array(release, "release"))
+        object.__setattr__(self, "min_bucket_tokens", int(min_bucket_tokens))
 
     @classmethod
     def from_dict(cls, tokens_by_request: Mapping[int, int], preempt: Iterable[int] = (),

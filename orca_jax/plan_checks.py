@@ -119,6 +119,9 @@ def check_plan(scheduler: "Scheduler", plan: StepPlan) -> NDArray[np.int64]:
     budget = scheduler.bucket_config.max_num_tokens
     if total > budget:
         raise PlanError(name, "token_budget", f"{total} tokens > budget {budget}")
+    if plan.min_bucket_tokens > budget:
+        raise PlanError(name, "token_budget",
+                        f"min_bucket_tokens {plan.min_bucket_tokens} > budget {budget}")
     cap = scheduler.config.max_batch_size
     if ids.size > cap:
         raise PlanError(name, "batch_cap", f"{ids.size} sequences > batch cap {cap}")

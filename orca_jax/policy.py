@@ -32,6 +32,7 @@ from typing import Any, Callable, ClassVar, Mapping, TypeVar, Union
 from orca_jax.plan import StepPlan
 
 KV_RESERVATIONS = ("none", "max", "pow2", "exact")
+BUILTIN_POLICY_PACKAGE = "policies"
 
 _REGISTRY: dict[str, type["Policy"]] = {}
 P = TypeVar("P", bound=type)
@@ -115,6 +116,10 @@ def _import_from_file(path: str, spec: str) -> types.ModuleType:
 def resolve_policy_class(spec: str) -> type[Policy]:
     """Finds the policy class for a registered name, `module:Class` or `file.py:Class`."""
     if ":" not in spec:
+        if spec not in _REGISTRY:
+            # The built-in policies register themselves when their package is imported;
+            # discover them by name so that orca_jax never imports `policies` statically.
+            importlib.import_module(BUILTIN_POLICY_PACKAGE)
         if spec in _REGISTRY:
             return _REGISTRY[spec]
         known = ", ".join(sorted(_REGISTRY)) or "(none registered: import policies)"

@@ -230,7 +230,8 @@ class Scheduler:
                       num_computed=self.table.num_computed[ids],
                       page_rows=self.kv.page_table[self.kv.row_of[ids]],
                       page_size=self.config.page_size, sampling=self.sampling,
-                      token_ids=self._token_ids(ids, tokens))
+                      token_ids=self._token_ids(ids, tokens),
+                      min_bucket_tokens=plan.min_bucket_tokens)
         host_s = time.perf_counter() - host_start
         output = self.engine.step(inputs)
         update_start = time.perf_counter()

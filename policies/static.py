@@ -27,9 +27,14 @@ class Static(Policy):
     Attributes:
       max_batch_size: requests per batch (None: the scheduler's batch cap).
       kv_reservation: as Orca's (`max`).
+      hold_batch_shape: pad every step of a batch to a bucket holding the whole
+        batch, so finished members keep costing their rows until the batch is
+        done (FasterTransformer's request-level batching). False lets the
+        step shrink as members finish.
     """
 
     max_batch_size: Optional[int] = None
+    hold_batch_shape: bool = True
     kv_reservation: str = "max"
     defer_release: bool = dataclasses.field(default=True, init=False)
     _batch: np.ndarray = dataclasses.field(  # request indices of the current batch
@@ -47,7 +52,10 @@ class Static(Policy):
         # (a prompt longer than the whole budget is chunked).
         members, tokens = fit_to_budget(members, view.requests.num_uncomputed(members),
                                         view.token_budget)
-        return StepPlan(members, tokens, release=release)
+        # The batch keeps its shape until its longest member is done: finished members
+        # still occupy (and cost) their rows, as in FasterTransformer.
+        shape = min(int(self._batch.size), view.token_budget) if self.hold_batch_shape else 0
+        return StepPlan(members, tokens, release=release, min_bucket_tokens=shape)
 
     def _form_batch(self, view: SchedulerView) -> np.ndarray:
         cap = min(self.max_batch_size or view.max_batch_size, view.max_batch_size)
