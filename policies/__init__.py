@@ -7,7 +7,8 @@ loads any of them by name, or a plugin by `package.module:Class` or
 
 from orca_jax.policy import (Policy, PolicyLoadError, make_policy, parse_options, register,
                              registered_policies)
-from policies import orca, static  # noqa: F401  (registers the built-ins)
+from policies import (edf, mlfq, orca, priority, sarathi, sjf, srpt, static,  # noqa: F401
+                      vllm, vtc)  # (registers the built-ins)
 
 __all__ = ["Policy", "PolicyLoadError", "make_policy", "parse_options", "register",
            "registered_policies"]

@@ -1,0 +1,79 @@
+"""Earliest deadline first, with a knob for requests that can no longer meet theirs.
+
+A request's deadline is its own `deadline_s` (a completion deadline) or, when
+`ttft_slo_s` is set and it has none, `arrival_s + ttft_slo_s` (a first-token
+deadline). Requests without either go last. Every step, running and waiting
+requests are ranked by deadline (ties by arrival) and the best `max_batch_size`
+run; the others are paused (running ones keep their KV). When pages run out,
+the lowest-ranked running requests are preempted by recompute.
+
+Feasibility is estimated with one number, `time_per_token_s`, the seconds one
+output token takes (one decode step): a request is infeasible when
+`now + tokens_left * time_per_token_s > deadline`, where `tokens_left` is its
+remaining output for a completion deadline, and 1 (0 once its first token is
+out) for a first-token deadline. The core cannot drop a request, so
+`infeasible="deprioritize"` moves infeasible requests after every feasible one
+(requests without a deadline count as feasible: they cannot miss it), keeping
+deadline order among them; `infeasible="ignore"` is plain EDF.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal, Optional
+
+import numpy as np
+from numpy.typing import NDArray
+
+from orca_jax import SchedulerView, StepPlan
+from orca_jax.policy import Policy, register
+from policies._common import candidates, plan_in_order
+
+
+@register("edf")
+@dataclasses.dataclass(kw_only=True)
+class EDF(Policy):
+    """Preemptive (by pausing) earliest deadline first.
+
+    Attributes:
+      ttft_slo_s: first-token SLO giving a deadline to requests without one (None: none).
+      infeasible: `deprioritize` or `ignore` requests that can no longer meet theirs.
+      time_per_token_s: estimated seconds per output token, for feasibility.
+    """
+
+    ttft_slo_s: Optional[float] = None
+    infeasible: Literal["deprioritize", "ignore"] = "deprioritize"
+    time_per_token_s: float = 0.02
+
+    def __post_init__(self) -> None:
+        if self.infeasible not in ("deprioritize", "ignore"):
+            raise ValueError(f"infeasible must be 'deprioritize' or 'ignore', got "
+                             f"{self.infeasible!r}")
+        if self.ttft_slo_s is not None and not self.ttft_slo_s > 0:
+            raise ValueError(f"ttft_slo_s must be > 0, got {self.ttft_slo_s}")
+        if not self.time_per_token_s >= 0:
+            raise ValueError(f"time_per_token_s must be >= 0, got {self.time_per_token_s}")
+
+    def deadlines(self, view: SchedulerView, ids: NDArray[np.int64]
+                  ) -> tuple[NDArray[np.float64], NDArray[np.int64]]:
+        """`([n] deadline, [n] output tokens due by it)` of each request (inf: none)."""
+        requests = view.requests
+        deadline = requests.deadline_s[ids]
+        tokens_left = requests.remaining_output(ids)
+        if self.ttft_slo_s is not None:
+            by_slo = np.isinf(deadline)
+            deadline = np.where(by_slo, requests.arrival_s[ids] + self.ttft_slo_s, deadline)
+            first_due = np.isnan(requests.first_token_s[ids]).astype(np.int64)
+            tokens_left = np.where(by_slo, first_due, tokens_left)
+        return deadline, tokens_left
+
+    def schedule(self, view: SchedulerView) -> StepPlan:
+        ids = candidates(view)
+        deadline, tokens_left = self.deadlines(view, ids)
+        late = np.zeros(ids.size, dtype=bool)
+        if self.infeasible == "deprioritize":
+            # A first-token deadline already met (nothing due) cannot be missed any more.
+            late = (tokens_left > 0) & (view.now_s + tokens_left * self.time_per_token_s
+                                        > deadline)
+        order = ids[np.lexsort((ids, deadline, late))]
+        return plan_in_order(view, order)

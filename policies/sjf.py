@@ -1,0 +1,59 @@
+"""Shortest job first: admit the waiting request with the least predicted total work.
+
+A request's work is `prompt_token_weight * prompt_len + predicted output_len`,
+with the output length from a pluggable predictor (`oracle`: the trace's true
+length; learned predictors register in `orca_jax.length_predictor`). SJF is
+non-preemptive: running requests always run first, in admission order; the
+free places of the batch go to the waiting requests with the least work.
+Pages are allocated on demand; when they run out, the most recently admitted
+running request is preempted by recompute (the policy's own order: running
+requests before the queue). A waiting request older than `starvation_s` is
+promoted ahead of the shortest ones (oldest first), so long jobs cannot starve.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from orca_jax import SchedulerView, StepPlan
+from orca_jax.policy import Policy, register
+from policies._common import PredictionCache, plan_in_order
+
+
+@register("sjf")
+@dataclasses.dataclass(kw_only=True)
+class SJF(Policy):
+    """Non-preemptive shortest job first.
+
+    Attributes:
+      predictor: name of the output-length predictor (`oracle`, or a registered one).
+      prompt_token_weight: work of one prompt token relative to one output token
+        (1: the issue's "prompt + predicted output"; lower it to weigh that a
+        prompt token is computed in a batch and costs less time than a decode).
+      starvation_s: a request waiting this long since its arrival is promoted to
+        the front of the queue (inf: never).
+    """
+
+    predictor: str = "oracle"
+    prompt_token_weight: float = 1.0
+    starvation_s: float = math.inf
+    _lengths: PredictionCache = dataclasses.field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.prompt_token_weight >= 0:
+            raise ValueError(f"prompt_token_weight must be >= 0, got {self.prompt_token_weight}")
+        if not self.starvation_s > 0:
+            raise ValueError(f"starvation_s must be > 0, got {self.starvation_s}")
+        self._lengths = PredictionCache(self.predictor)
+
+    def schedule(self, view: SchedulerView) -> StepPlan:
+        waiting, requests = view.waiting, view.requests
+        work = (self.prompt_token_weight * requests.prompt_len[waiting]
+                + self._lengths.output_len(view, waiting))
+        arrival = requests.arrival_s[waiting]
+        overdue = view.now_s - arrival >= self.starvation_s
+        queue = waiting[np.lexsort((waiting, np.where(overdue, arrival, work), ~overdue))]
+        return plan_in_order(view, np.concatenate([view.running, queue]))

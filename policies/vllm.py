@@ -1,0 +1,195 @@
+"""vLLM v1's scheduler (vllm/v1/core/sched/scheduler.py, release 0.33) as a policy.
+
+There is no prefill or decode phase: every request has tokens it knows (prompt
+plus generated) and tokens whose K/V are computed, and each step hands out
+`min(tokens left to compute, budget left)` per request, so a long prompt is
+split across steps by whatever budget is left (chunked prefill).
+
+One step, in vLLM's order:
+  1. Running requests, in admission order, while budget is left. Each gets its
+     pages on demand; when the pool cannot supply them, the most recently
+     admitted running request (`priority`: the running request with the largest
+     (priority, arrival time); request index breaks ties, where vLLM's arrival
+     times, taken from the wall clock, never tie) is preempted by recompute and
+     the allocation retried. A request that ends up preempting itself stops
+     the pass (FCFS), or is skipped (`priority`: later ones outrank it and may
+     still fit); a victim already scheduled this step (`priority` only) hands
+     its tokens back to the budget.
+  2. Waiting requests, only if nothing was preempted this step, in FCFS order
+     (`priority`: by (priority, arrival)), while budget is left and fewer than
+     `max_num_seqs` requests run. A request is admitted only if the pages of
+     its whole known sequence fit the free pool (vLLM's default
+     `scheduler_reserve_full_isl`), though only its first chunk's pages are
+     taken; with chunked prefill off it is admitted only if it fits the budget
+     left whole. The first that does not fit stops admission (no skipping).
+
+Preempted requests rejoin waiting at the front (FCFS) or by rank (priority).
+vLLM's FCFS queue stays in arrival order under that rule (running requests are
+always older than never-admitted ones), which is the order of `view.waiting`.
+
+Not modelled: vLLM's clamp of a chunk to `max_model_len - num_computed - 1`
+never binds here (the core rejects requests longer than the context), and
+prefix caching, speculative decoding, LoRA, encoders and KV connectors are
+outside this framework. vLLM's KV pool of N blocks holds N - 1 usable blocks
+(block 0 is its null block): compare with `num_kv_pages = N - 1`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+from numpy.typing import NDArray
+
+from orca_jax import SchedulerView, StepPlan
+from orca_jax.policy import Policy, register
+
+
+@register("vllm")
+@dataclasses.dataclass(kw_only=True)
+class VLLM(Policy):
+    """vLLM v1's FCFS (or priority) scheduler; pages on demand (`kv_reservation` none).
+
+    Attributes:
+      max_num_seqs: most running requests (also capped by the scheduler's batch cap).
+      max_num_batched_tokens: tokens per step (also capped by the scheduler's budget).
+      enable_chunked_prefill: False admits a waiting request only if all its
+        uncomputed tokens fit the budget left.
+      long_prefill_token_threshold: when > 0 and more than one request is running
+        or waiting, no request gets more than this many tokens in a step.
+      priority: order waiting by (priority, arrival) and preempt the running
+        request of the largest (priority, arrival), as vLLM's `--scheduling-policy
+        priority` (lower value = more urgent).
+    """
+
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    enable_chunked_prefill: bool = True
+    long_prefill_token_threshold: int = 0
+    priority: bool = False
+
+    def __post_init__(self) -> None:
+        for field in ("max_num_seqs", "max_num_batched_tokens"):
+            if getattr(self, field) < 1:
+                raise ValueError(f"{field} must be >= 1, got {getattr(self, field)}")
+        if self.long_prefill_token_threshold < 0:
+            raise ValueError("long_prefill_token_threshold must be >= 0, got "
+                             f"{self.long_prefill_token_threshold}")
+
+    def schedule(self, view: SchedulerView) -> StepPlan:
+        budget = min(self.max_num_batched_tokens, view.token_budget)
+        running = view.running
+        threshold = self.long_prefill_token_threshold
+        if running.size + view.waiting.size <= 1:
+            threshold = 0  # a lone request has nobody to starve
+        want = view.requests.num_uncomputed(running)  # [r]
+        if threshold:
+            want = np.minimum(want, threshold)
+        # min(want, budget left) in order; the budget runs out on a prefix of running.
+        tokens = np.clip(budget - (np.cumsum(want) - want), 0, want)  # [r]
+        num_scheduled = int(np.count_nonzero(tokens))
+        ids, tokens = running[:num_scheduled], tokens[:num_scheduled]
+        needed = view.pages_needed(ids, tokens)  # [s]
+        free = view.num_free_pages
+        if int(needed.sum()) > free:
+            return self._schedule_with_preemption(view, budget, want, threshold)
+        budget -= int(tokens.sum())
+        free -= int(needed.sum())
+        new_ids, new_tokens = self._admit(view, budget, free, int(running.size), threshold)
+        if new_ids.size:
+            ids, tokens = np.concatenate([ids, new_ids]), np.concatenate([tokens, new_tokens])
+        return StepPlan(ids, tokens)
+
+    def _schedule_with_preemption(self, view: SchedulerView, budget: int,
+                                  want: NDArray[np.int64],  # [r]
+                                  threshold: int) -> StepPlan:
+        """The running pass one request at a time, preempting when pages run out."""
+        requests = view.requests
+        alive = view.running.tolist()
+        want_of = dict(zip(alive, want.tolist()))
+        held_of = dict(zip(alive, view.pages_held(view.running).tolist()))
+        rank_of = dict(zip(alive, zip(requests.priority[view.running].tolist(),
+                                      requests.arrival_s[view.running].tolist(), alive)))
+        free = view.num_free_pages
+        scheduled: dict[int, tuple[int, int]] = {}  # request -> (tokens, new pages)
+        preempted: list[int] = []
+        i = 0
+        while i < len(alive) and budget > 0:
+            request = alive[i]
+            count = min(want_of[request], budget)
+            pages = int(view.pages_needed(np.array([request]), np.array([count]))[0])
+            while pages > free:
+                if self.priority:
+                    victim = max(alive, key=rank_of.__getitem__)
+                else:
+                    victim = alive[-1]
+                position = alive.index(victim)
+                del alive[position]
+                if position < i:
+                    i -= 1
+                preempted.append(victim)
+                free += held_of[victim]
+                if victim in scheduled:  # only under priority: hand its share back
+                    victim_tokens, victim_pages = scheduled.pop(victim)
+                    budget += victim_tokens
+                    free += victim_pages
+                if victim == request:
+                    break
+            if preempted and preempted[-1] == request:
+                if self.priority:
+                    continue  # `i` already points at the next request
+                break
+            scheduled[request] = (count, pages)
+            budget -= count
+            free -= pages
+            i += 1
+        ids = list(scheduled)
+        tokens = [t for t, _ in scheduled.values()]
+        if not preempted:  # the whole pass fitted after all: admit as usual
+            new_ids, new_tokens = self._admit(view, budget, free, len(alive), threshold)
+            ids += new_ids.tolist()
+            tokens += new_tokens.tolist()
+        return StepPlan(ids, tokens, preempt=preempted)
+
+    def _admit(self, view: SchedulerView, budget: int, free: int, num_running: int,
+               threshold: int) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+        """Waiting requests to admit after the running pass: ids `[a]` and tokens `[a]`."""
+        cap = min(self.max_num_seqs, view.max_batch_size)
+        waiting = view.waiting
+        if budget <= 0 or num_running >= cap or waiting.size == 0:
+            return waiting[:0], waiting[:0]
+        requests = view.requests
+        if self.priority:
+            waiting = waiting[np.lexsort((waiting, requests.arrival_s[waiting],
+                                          requests.priority[waiting]))]
+        # Each admission takes >= 1 token and one seat: only a prefix can get in.
+        candidates = waiting[:min(cap - num_running, budget)]  # [c]
+        want = requests.num_uncomputed(candidates)  # [c]
+        if threshold:
+            want = np.minimum(want, threshold)
+        before = np.cumsum(want) - want  # [c] tokens taken by earlier admissions
+        fits = before < budget
+        if not self.enable_chunked_prefill:
+            step_budget = min(self.max_num_batched_tokens, view.token_budget)
+            if want[0] > step_budget:  # it would block the queue forever
+                raise ValueError(
+                    f"policy {self.name!r}: request {int(candidates[0])} needs {int(want[0])} "
+                    f"tokens in one step, but enable_chunked_prefill is off and the budget is "
+                    f"{step_budget} (max_num_batched_tokens={self.max_num_batched_tokens}, "
+                    f"scheduler token_budget={view.token_budget})")
+            fits &= want <= budget - before
+        tokens = np.minimum(want, budget - before)  # [c]
+        full_pages = -(-requests.num_known(candidates) // view.page_size)  # [c]
+        pages = view.pages_needed(candidates, np.maximum(tokens, 1))  # [c]
+        free_before = free - (np.cumsum(pages) - pages)  # [c]
+        fits &= full_pages + view.watermark_pages <= free_before
+        num_admitted = int(np.argmin(fits)) if not fits.all() else int(fits.size)
+        return candidates[:num_admitted], tokens[:num_admitted]
+
+
+@register("vllm-priority")
+@dataclasses.dataclass(kw_only=True)
+class VLLMPriority(VLLM):
+    """vLLM v1's priority scheduler: `vllm` with `priority=True` (lower value first)."""
+
+    priority: bool = True
