@@ -10,28 +10,13 @@ from __future__ import annotations
 
 import json
 import os
-from collections import defaultdict
 
-from absl import app, flags
+from absl import app
 
-import policies
 from experiments import flags as run_flags
+from experiments.policy_flags import options_by_policy, policy_label
 from orca_jax.experiment import build_engine, build_workload, run_policy, scheduler_config
 from orca_jax.metrics import format_table
-
-flags.DEFINE_list("policies", ["static", "orca"], "Policies to compare (names or plugin paths).")
-
-
-def _options_by_policy(text: str, names: list[str]) -> dict[str, dict[str, str]]:
-    by_policy: dict[str, dict[str, str]] = defaultdict(dict)
-    for key, value in policies.parse_options(text).items():
-        name, dot, option = key.rpartition(".")
-        if not dot or name not in names:
-            raise flags.ValidationError(
-                f"--policy_opts: {key!r} must be policy.key with policy one of {names}")
-        by_policy[name][option] = value
-    return by_policy
-
 
 def _plot(summaries: list[dict], path: str) -> bool:
     try:
@@ -64,14 +49,14 @@ def main(argv: list[str]) -> None:
 def _main() -> None:
     spec = run_flags.spec_from_flags()
     names = list(run_flags.FLAGS.policies)
-    options = _options_by_policy(run_flags.FLAGS.policy_opts, names)
+    options = options_by_policy(run_flags.FLAGS.policy_opts, names)
     requests = build_workload(spec)
     # One engine for every policy: the very same compiled steps (and the same KV cache
     # buffers) serve each of them.
     engine = build_engine(spec, scheduler_config(spec))
     summaries = []
     for name in names:
-        label = os.path.splitext(os.path.basename(name.rpartition(":")[2] or name))[0]
+        label = policy_label(name)
         summary, _ = run_policy(spec, name, options.get(name),
                                 out_dir=os.path.join(run_flags.FLAGS.out_dir,
                                                      label.replace("/", "_")),

@@ -112,7 +112,8 @@ def check_plan(scheduler: "Scheduler", plan: StepPlan) -> NDArray[np.int64]:
         request = int(ids[i])
         raise PlanError(name, "decode_before_prefill_done",
                         f"request {request} is given {int(tokens[i])} tokens but has "
-                        f"{int(uncomputed[i])} uncomputed (prompt {int(table.prompt_len[request])}, "
+                        f"{int(uncomputed[i])} uncomputed "
+                        f"(prompt {int(table.prompt_len[request])}, "
                         f"computed {int(table.num_computed[request])}, "
                         f"generated {int(table.num_generated[request])})")
     total = int(tokens.sum())

@@ -81,7 +81,8 @@ class Request:
             tokens.setflags(write=False)
             object.__setattr__(self, "prompt_tokens", tokens)
         if self.deadline_s is not None and not math.isfinite(self.deadline_s):
-            raise ValueError(f"request {self.id}: deadline_s must be finite, got {self.deadline_s!r}")
+            raise ValueError(f"request {self.id}: deadline_s must be finite, "
+                             f"got {self.deadline_s!r}")
 
     def _key(self) -> tuple:
         tokens = None if self.prompt_tokens is None else self.prompt_tokens.tobytes()

@@ -74,7 +74,8 @@ class SchedulerConfig:
         for field in ("max_batch_size", "token_budget", "num_kv_pages", "page_size",
                       "max_model_len"):
             if getattr(self, field) < 1:
-                raise ValueError(f"SchedulerConfig.{field} must be >= 1, got {getattr(self, field)}")
+                raise ValueError(f"SchedulerConfig.{field} must be >= 1, "
+                                 f"got {getattr(self, field)}")
         if self.watermark_pages < 0 or self.watermark_pages >= self.num_kv_pages:
             raise ValueError(f"SchedulerConfig.watermark_pages must be in [0, num_kv_pages), "
                              f"got {self.watermark_pages}")

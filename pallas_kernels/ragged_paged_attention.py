@@ -153,7 +153,8 @@ def _reference_impl(q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, num_s
     group = num_q_heads // num_kv_heads
     # A decode-heavy bucket (few tokens per sequence) gets small query blocks, so a
     # one-token sequence does not pay for 15 padded rows.
-    block_q = min(_REFERENCE_BLOCK_Q, pl.next_power_of_2(pl.cdiv(num_tokens, page_indices.shape[0])))
+    block_q = min(_REFERENCE_BLOCK_Q,
+                  pl.next_power_of_2(pl.cdiv(num_tokens, page_indices.shape[0])))
     pages_per_block = max(1, _REFERENCE_BLOCK_KV // page_size)
     block_kv = pages_per_block * page_size
     pages = _pad_page_columns(page_indices, page_size, block_kv)

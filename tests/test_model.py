@@ -56,7 +56,7 @@ def attention_oracle(q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, num_
                      sm_scale):
     """Per-token dense attention over the token's own pages: independent of the kernel file."""
     t = q.shape[0]
-    page_size, num_kv = k_pages.shape[1], k_pages.shape[2]
+    num_kv = k_pages.shape[2]
     group = q.shape[1] // num_kv
     rows = jnp.arange(t)
     seq = jnp.clip(jnp.searchsorted(cu_q_lens, rows, side="right") - 1, 0, kv_lens.shape[0] - 1)

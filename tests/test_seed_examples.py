@@ -24,3 +24,15 @@ def test_example_b_step_counts_and_waiting():
     assert rows["orca"]["num_steps"] == 16
     assert rows["orca"]["mean_wait_steps"] == pytest.approx(50 / 12, abs=1e-6)
     assert rows["orca"]["num_steps"] < rows["static"]["num_steps"]
+
+
+def test_timeline_figure_of_example_b(tmp_path):
+    path = tmp_path / "figures" / "seed_timeline.png"
+    timelines, drawn = seed_examples.write_timeline(str(path))
+    steps = {row["policy"]: row["num_steps"] for row in seed_examples.example_b()}
+    assert {p: t.num_steps for p, t in timelines.items()} == steps
+    # Continuous batching: request 4 takes slot 3 the step after request 3 (2 tokens) is done.
+    assert timelines["orca"].request_id_at(2, 3) == 4
+    assert timelines["static"].request_id_at(2, 3) == 3
+    if drawn:
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -7,13 +7,15 @@
 (b) Four slots and twelve requests of mixed lengths, all at t=0: static
     batching runs three batches, each as long as its longest member; continuous
     batching refills a slot the step after it frees, so it needs fewer steps
-    and requests wait less to start.
+    and requests wait less to start. The slot timeline of (b) is drawn to
+    docs/figures/seed_timeline.png (static above, continuous below).
 
     python -m experiments.reproduce.seed_examples
 """
 
 from __future__ import annotations
 
+import os
 from typing import Sequence
 
 import numpy as np
@@ -23,6 +25,7 @@ import policies
 from orca_jax import Request, Scheduler, SchedulerConfig
 from orca_jax.cost_model import CostModelConfig
 from orca_jax.metrics import format_table
+from orca_jax.plots import SlotTimeline, plot_slot_timelines, slot_timeline
 from orca_jax.sim_engine import SimEngine
 
 STEP_S = 0.005
@@ -30,15 +33,20 @@ EXAMPLE_A_OUTPUTS = (100, 200, 300, 1000)
 # Twelve requests for four slots: long and short ones interleaved, as in the usual figure.
 EXAMPLE_B_OUTPUTS = (8, 3, 5, 2, 7, 4, 1, 6, 3, 8, 2, 5)
 PROMPT_LEN = 4
+TIMELINE_PATH = "docs/figures/seed_timeline.png"
 
 
-def _run(policy: str, outputs: Sequence[int], slots: int) -> Scheduler:
+def _scheduler(policy: str, outputs: Sequence[int], slots: int) -> Scheduler:
     requests = [Request(id=i, arrival_s=0.0, prompt_len=PROMPT_LEN, output_len=n)
                 for i, n in enumerate(outputs)]
     config = SchedulerConfig(max_batch_size=slots, token_budget=64, num_kv_pages=4 * 2048 // 16,
                              page_size=16, max_model_len=2048)
     engine = SimEngine(CostModelConfig(mode="fixed", model="tiny", step_time_s=STEP_S))
-    scheduler = Scheduler(requests, policies.make_policy(policy), engine, config)
+    return Scheduler(requests, policies.make_policy(policy), engine, config)
+
+
+def _run(policy: str, outputs: Sequence[int], slots: int) -> Scheduler:
+    scheduler = _scheduler(policy, outputs, slots)
     scheduler.run()
     return scheduler
 
@@ -65,6 +73,22 @@ def example_b() -> list[dict[str, object]]:
     return rows
 
 
+def write_timeline(path: str = TIMELINE_PATH) -> tuple[dict[str, SlotTimeline], bool]:
+    """Slot timelines of example (b), static above continuous, drawn to `path`.
+
+    Returns:
+      The timelines by policy, and whether the figure was written (False
+      without matplotlib).
+    """
+    timelines = {policy: slot_timeline(_scheduler(policy, EXAMPLE_B_OUTPUTS, 4))
+                 for policy in ("static", "orca")}
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    drawn = plot_slot_timelines(
+        [timelines["static"], timelines["orca"]], path,
+        ["static batching (request-level)", "continuous batching (orca, iteration-level)"])
+    return timelines, drawn
+
+
 def main(argv: list[str]) -> None:
     del argv
     answers = example_a()
@@ -75,6 +99,9 @@ def main(argv: list[str]) -> None:
     print(f"\n(b) 4 slots, 12 requests with outputs {EXAMPLE_B_OUTPUTS} tokens:")
     print(format_table(example_b(), ["policy", "num_steps", "mean_wait_steps",
                                      "mean_latency_steps", "mean_batch_size"]))
+    _, drawn = write_timeline()
+    print(f"\nslot timeline: {TIMELINE_PATH}" if drawn
+          else "\nmatplotlib is not installed: no slot timeline figure")
 
 
 if __name__ == "__main__":

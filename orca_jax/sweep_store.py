@@ -1,0 +1,263 @@
+"""A sweep's results on disk, resumable: one JSON line per finished point.
+
+A sweep runs every policy x rate x seed. Each finished point is appended to
+`points.jsonl` in the sweep's folder as one line holding its key (policy,
+rate, seed), the run's summary, and where it came from (`session`, the id of
+the process that ran it, and `finished_at`). Rerunning the sweep reads the
+file and runs only the missing points.
+
+Why a crash cannot break a resume: a line is written with a single
+`os.write` of the whole line on a file opened with `O_APPEND`, then
+`fsync`ed, so a kill leaves either the whole line or a prefix of it with no
+final newline. Loading drops (and truncates away) such a trailing partial line:
+its point simply runs again. A malformed line *followed* by others is not a
+crash artifact; loading refuses it, naming the file and line.
+
+The workload a sweep ran on is fixed in `sweep.json` (the run plumbing except
+the swept rate and seed, and each policy's spec and options). Opening the
+folder with a different workload, or with different options for a policy
+already in it, raises `SweepConfigError` naming the fields that differ; new
+policies, rates and seeds may be added to an existing sweep.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Iterable, Mapping, NamedTuple, Optional, Sequence
+
+import numpy as np
+
+POINTS_FILE = "points.jsonl"
+CONFIG_FILE = "sweep.json"
+CONFIG_VERSION = 1
+
+
+class SweepConfigError(ValueError):
+    """The sweep folder holds results of a different configuration."""
+
+
+class PointKey(NamedTuple):
+    """One point of the sweep grid."""
+
+    policy: str  # the policy's label in the sweep
+    rate: float  # requests per second
+    seed: int
+
+
+def _canonical(obj: Any) -> Any:
+    """The JSON value of `obj` as it reads back (tuples become lists, and so on)."""
+    return json.loads(json.dumps(obj, sort_keys=True))
+
+
+def _differences(stored: Any, requested: Any, where: str) -> list[str]:
+    if isinstance(stored, dict) and isinstance(requested, dict):
+        found = []
+        for key in sorted(set(stored) | set(requested)):
+            found += _differences(stored.get(key), requested.get(key), f"{where}.{key}")
+        return found
+    return [] if stored == requested else [f"{where}: stored {stored!r}, now {requested!r}"]
+
+
+def _write_json_atomic(path: Path, obj: Mapping[str, Any]) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=2, sort_keys=True)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, (float, np.floating)):
+        return float(value) if math.isfinite(value) else None
+    return value
+
+
+class SweepStore:
+    """The results folder of one sweep.
+
+    Args:
+      out_dir: the sweep's folder (created if missing).
+      run_config: the workload and engine plumbing shared by every point (JSON
+        values; the swept rate and seed left out).
+      policies: label -> {"spec": ..., "options": {...}} of the policies run now.
+
+    Raises:
+      SweepConfigError: the folder holds a sweep of another `run_config`, or a
+        policy label already in it with another spec or options.
+    """
+
+    def __init__(self, out_dir: os.PathLike | str, run_config: Mapping[str, Any],
+                 policies: Mapping[str, Mapping[str, Any]]) -> None:
+        self.out_dir = Path(out_dir)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.points_path = self.out_dir / POINTS_FILE
+        self.config_path = self.out_dir / CONFIG_FILE
+        self.session = uuid.uuid4().hex[:12]  # which process ran a point (resume tests read it)
+        self._check_and_record_config(_canonical(dict(run_config)), _canonical(dict(policies)))
+
+    def _check_and_record_config(self, run: dict[str, Any],
+                                 policies: dict[str, Any]) -> None:
+        if self.config_path.exists():
+            try:
+                stored = json.loads(self.config_path.read_text())
+            except json.JSONDecodeError as e:
+                raise SweepConfigError(f"{self.config_path}: not valid JSON ({e}); remove the "
+                                       "folder or choose another --out_dir") from None
+            diffs = _differences(stored.get("run"), run, "run")
+            stored_policies = stored.get("policies", {})
+            for label, policy in policies.items():
+                if label in stored_policies:
+                    diffs += _differences(stored_policies[label], policy, f"policies.{label}")
+            if diffs:
+                raise SweepConfigError(
+                    f"{self.out_dir} holds a sweep of another configuration ({self.config_path} "
+                    f"differs in: {'; '.join(diffs)}). Use another --out_dir, or rerun with the "
+                    "stored settings to resume it.")
+            merged = {**stored_policies, **policies}
+        else:
+            stored, merged = None, dict(policies)
+        if stored is None or merged != stored_policies:
+            _write_json_atomic(self.config_path, {"version": CONFIG_VERSION, "run": run,
+                                                  "policies": merged})
+
+    # ------------------------------------------------------------- reading
+    def load(self) -> list[dict[str, Any]]:
+        """Every finished point, in the order written (a repeated key keeps its first line).
+
+        A trailing line without its newline (a write cut short by a kill) is
+        dropped and truncated from the file, so the next append starts clean.
+
+        Raises:
+          ValueError: a malformed line that is not the file's last, naming file and line.
+        """
+        if not self.points_path.exists():
+            return []
+        data = self.points_path.read_bytes()
+        complete_end = data.rfind(b"\n") + 1  # bytes up to the last newline
+        if complete_end < len(data):
+            with open(self.points_path, "r+b") as f:
+                f.truncate(complete_end)
+                f.flush()
+                os.fsync(f.fileno())
+            data = data[:complete_end]
+        points, seen = [], set()
+        for number, line in enumerate(data.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                point = json.loads(line)
+                key = PointKey(str(point["policy"]), float(point["rate"]), int(point["seed"]))
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+                raise ValueError(f"{self.points_path}:{number}: not a sweep point "
+                                 f"({type(e).__name__}: {e})") from None
+            if key not in seen:
+                seen.add(key)
+                points.append(point)
+        return points
+
+    def finished_keys(self) -> set[PointKey]:
+        """The keys of the points already in the store."""
+        return {point_key(p) for p in self.load()}
+
+    # ------------------------------------------------------------- writing
+    def append(self, key: PointKey, summary: Mapping[str, Any],
+               extra: Optional[Mapping[str, Any]] = None) -> dict[str, Any]:
+        """Appends one finished point durably (single write, then fsync).
+
+        Args:
+          key: the point.
+          summary: the run's summary (JSON values).
+          extra: more fields for the line (e.g. `wall_s`, `run_dir`).
+
+        Returns:
+          The line's content.
+        """
+        point = {"policy": key.policy, "rate": float(key.rate), "seed": int(key.seed),
+                 "session": self.session, "finished_at": time.time(), **(extra or {}),
+                 "summary": {k: _jsonable(v) for k, v in summary.items()}}
+        line = (json.dumps(point, sort_keys=True) + "\n").encode()
+        fd = os.open(self.points_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            written = os.write(fd, line)
+            if written != len(line):  # a short write on a regular file: disk full
+                raise OSError(f"{self.points_path}: wrote {written} of {len(line)} bytes")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return point
+
+
+def point_key(point: Mapping[str, Any]) -> PointKey:
+    """The key of a loaded point."""
+    return PointKey(str(point["policy"]), float(point["rate"]), int(point["seed"]))
+
+
+def grid(policies: Sequence[str], rates: Sequence[float],
+         seeds: Sequence[int]) -> list[PointKey]:
+    """Every point, policy-major then rate then seed (the order a sweep runs them)."""
+    return [PointKey(p, float(r), int(s)) for p in policies for r in rates for s in seeds]
+
+
+@dataclasses.dataclass(frozen=True)
+class Curve:
+    """One policy's points over rates, aggregated over seeds (a plotted curve)."""
+
+    policy: str
+    rates: np.ndarray  # [R] rates with at least one finished seed, ascending
+    x_mean: np.ndarray  # [R] throughput, mean over seeds
+    y_mean: np.ndarray  # [R] metric, mean over seeds
+    y_low: np.ndarray  # [R] band's lower edge over seeds
+    y_high: np.ndarray  # [R] band's upper edge over seeds
+    num_seeds: np.ndarray  # [R] seeds with a value at each rate
+
+
+def aggregate(points: Iterable[Mapping[str, Any]], keys: Iterable[PointKey], x_field: str,
+              y_field: str, band: str = "minmax") -> list[Curve]:
+    """Curves of `y_field` against `x_field` per policy, mean over seeds with a band.
+
+    Args:
+      points: loaded points (`SweepStore.load()`).
+      keys: the grid to draw (points outside it are ignored).
+      x_field, y_field: summary fields (e.g. `throughput_req_s`, `ttft_p99_s`).
+      band: `minmax` (lowest to highest seed) or `std` (mean ± one standard deviation).
+
+    Returns:
+      One curve per policy, in the order policies first appear in `keys`.
+      A point whose summary lacks either value (nothing finished) is skipped.
+    """
+    if band not in ("minmax", "std"):
+        raise ValueError(f"band must be 'minmax' or 'std', got {band!r}")
+    wanted = list(keys)
+    by_key = {point_key(p): p["summary"] for p in points}
+    order = list(dict.fromkeys(k.policy for k in wanted))
+    curves = []
+    for policy in order:
+        rates = sorted({k.rate for k in wanted if k.policy == policy})
+        rows = []
+        for rate in rates:
+            values = [(by_key[k].get(x_field), by_key[k].get(y_field)) for k in wanted
+                      if k.policy == policy and k.rate == rate and k in by_key]
+            values = [(x, y) for x, y in values if x is not None and y is not None]
+            if not values:
+                continue
+            xs, ys = np.asarray(values, dtype=np.float64).T  # [num_seeds] each
+            if band == "minmax":
+                low, high = ys.min(), ys.max()
+            else:
+                low, high = ys.mean() - ys.std(), ys.mean() + ys.std()
+            rows.append((rate, xs.mean(), ys.mean(), low, high, len(ys)))
+        table = np.asarray(rows, dtype=np.float64).reshape(-1, 6)  # [R, 6]
+        curves.append(Curve(policy=policy, rates=table[:, 0], x_mean=table[:, 1],
+                            y_mean=table[:, 2], y_low=table[:, 3], y_high=table[:, 4],
+                            num_seeds=table[:, 5].astype(np.int64)))
+    return curves

@@ -1,0 +1,95 @@
+"""Slot timelines (exact cells of the 4-slot, 12-request example) and the figures."""
+
+import numpy as np
+import pytest
+
+import policies
+from orca_jax import Request, Scheduler, SchedulerConfig
+from orca_jax.cost_model import CostModelConfig
+from orca_jax.plots import EMPTY, plot_slot_timeline, plot_sweep, slot_timeline
+from orca_jax.sim_engine import SimEngine
+from orca_jax.sweep_store import aggregate, grid
+from orca_jax.workload import synthetic_workload
+
+OUTPUTS = (8, 3, 5, 2, 7, 4, 1, 6, 3, 8, 2, 5)  # the seed example (b)
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _scheduler(policy, requests, slots=4, num_kv_pages=512, **options):
+    config = SchedulerConfig(max_batch_size=slots, token_budget=64, num_kv_pages=num_kv_pages,
+                             page_size=16, max_model_len=2048)
+    engine = SimEngine(CostModelConfig(mode="fixed", model="tiny", step_time_s=0.005))
+    return Scheduler(requests, policies.make_policy(policy, options), engine, config)
+
+
+def _example(policy):
+    # Ids 100.. so a mix-up of request index and request id shows.
+    requests = [Request(id=100 + i, arrival_s=0.0, prompt_len=4, output_len=n)
+                for i, n in enumerate(OUTPUTS)]
+    return slot_timeline(_scheduler(policy, requests))
+
+
+def test_static_batches_hold_their_slots_until_the_longest_member_is_done():
+    timeline = _example("static")
+    assert timeline.num_steps == 23 and timeline.num_slots == 4
+    assert [timeline.request_id_at(0, s) for s in range(4)] == [100, 101, 102, 103]
+    # Request 3 (2 tokens) is done after step 1 but keeps slot 3, idle, until step 7.
+    assert timeline.request_id_at(7, 3) == 103 and not timeline.computing[7, 3]
+    assert timeline.computing[1, 3]
+    # The second batch (requests 4..7) starts at step 8, the third (8..11) at 15.
+    assert [timeline.request_id_at(8, s) for s in range(4)] == [104, 105, 106, 107]
+    assert [timeline.request_id_at(15, s) for s in range(4)] == [108, 109, 110, 111]
+    assert timeline.request_id_at(22, 1) == 109 and timeline.computing[22, 1]
+    assert timeline.request_id_at(22, 0) == 108 and not timeline.computing[22, 0]
+
+
+def test_continuous_batching_refills_a_slot_the_step_after_it_frees():
+    timeline = _example("orca")
+    assert timeline.num_steps == 16
+    assert timeline.request_id_at(1, 3) == 103
+    assert timeline.request_id_at(2, 3) == 104  # 103 finished at step 1
+    assert timeline.request_id_at(5, 2) == 106  # a one-token request: one step
+    assert timeline.request_id_at(6, 2) == 107
+    assert timeline.request_id_at(7, 1) == 108
+    assert timeline.request_id_at(8, 0) == 109
+    assert timeline.request_id_at(15, 0) == 109
+    assert timeline.request_id_at(15, 1) is None
+    assert timeline.computing[timeline.holder != EMPTY].all()  # nobody holds a slot idle
+
+
+def test_timeline_matches_the_step_log_under_preemption():
+    requests = synthetic_workload(num_requests=24, arrival="poisson", rate=200.0,
+                                  prompt_len="uniform:8:40", output_len="uniform:4:40", seed=1)
+    scheduler = _scheduler("vllm", requests, slots=8, num_kv_pages=12)
+    timeline = slot_timeline(scheduler)
+    assert scheduler.done and scheduler.record.num_preemptions > 0
+    np.testing.assert_array_equal(timeline.computing.sum(axis=1),
+                                  scheduler.record.step_array("num_seqs"))
+    for step in range(timeline.num_steps):
+        held = timeline.holder[step][timeline.holder[step] != EMPTY]
+        assert len(set(held.tolist())) == held.size  # no request in two slots
+
+
+def test_timeline_needs_a_fresh_scheduler():
+    requests = [Request(id=0, arrival_s=0.0, prompt_len=4, output_len=2)]
+    scheduler = _scheduler("orca", requests)
+    scheduler.step()
+    with pytest.raises(ValueError, match="fresh scheduler"):
+        slot_timeline(scheduler)
+
+
+def test_figures_are_written(tmp_path):
+    pytest.importorskip("matplotlib")
+    requests = [Request(id=i, arrival_s=0.0, prompt_len=4, output_len=n)
+                for i, n in enumerate(OUTPUTS)]
+    timeline = plot_slot_timeline(_scheduler("orca", requests), str(tmp_path / "t.png"), "orca")
+    assert timeline is not None and timeline.num_steps == 16
+    assert (tmp_path / "t.png").read_bytes()[:8] == PNG_MAGIC
+    points = [{"policy": p, "rate": r, "seed": 0,
+               "summary": {"throughput_req_s": r * 0.9, "ttft_p99_s": r / 10}}
+              for p in ("static", "orca") for r in (2.0, 4.0)]
+    curves = aggregate(points, grid(["static", "orca"], [2.0, 4.0], [0]),
+                       "throughput_req_s", "ttft_p99_s")
+    assert plot_sweep(curves, str(tmp_path / "s.png"), x_field="throughput_req_s",
+                      y_field="ttft_p99_s")
+    assert (tmp_path / "s.png").read_bytes()[:8] == PNG_MAGIC

@@ -1,0 +1,139 @@
+"""The sweep: resumable after a kill, refuses a changed workload, aggregates seeds right."""
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from experiments import sweep
+from orca_jax.experiment import RunSpec, build_workload
+from orca_jax.sweep_store import PointKey, SweepConfigError, SweepStore, aggregate, grid
+
+REPO = Path(__file__).resolve().parents[1]
+# 2 policies x 2 rates x 2 seeds = 8 points of 12 requests at a fixed 5 ms step.
+ARGS = ["--engine=sim", "--policies=static,orca", "--rates=2,8", "--seeds=0,1", "--num_requests=12",
+        "--model=tiny", "--step_time_ms=5", "--max_batch_size=4", "--prompt_len=uniform:8:64",
+        "--output_len=uniform:1:24"]
+
+
+def _sweep(out_dir: Path, *extra: str, exit_after: int = 0) -> subprocess.CompletedProcess:
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    env.pop(sweep.EXIT_AFTER_ENV, None)
+    if exit_after:
+        env[sweep.EXIT_AFTER_ENV] = str(exit_after)
+    return subprocess.run([sys.executable, "-m", "experiments.sweep", *ARGS, *extra,
+                           f"--out_dir={out_dir}"], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
+def _lines(out_dir: Path) -> list[bytes]:
+    return (out_dir / "points.jsonl").read_bytes().splitlines(keepends=True)
+
+
+def test_killed_sweep_reruns_only_the_missing_points(tmp_path):
+    out = tmp_path / "sweep"
+    killed = _sweep(out, exit_after=3)
+    assert killed.returncode == 3, killed.stderr
+    before = _lines(out)
+    assert len(before) == 3
+    assert not (out / "sweep.png").exists()
+    # A kill in the middle of a write leaves a line without its newline.
+    with open(out / "points.jsonl", "ab") as f:
+        f.write(b'{"policy": "orca", "rate": 8.0, "seed": 1, "sess')
+
+    rerun = _sweep(out)
+    assert rerun.returncode == 0, rerun.stderr
+    after = _lines(out)
+    assert after[:3] == before  # finished points untouched, byte for byte
+    assert all(line.endswith(b"\n") for line in after)
+    points = [json.loads(line) for line in after]
+    keys = [(p["policy"], p["rate"], p["seed"]) for p in points]
+    assert sorted(keys) == sorted(grid(["static", "orca"], [2.0, 8.0], [0, 1]))
+    assert len(set(keys)) == 8  # nothing ran twice
+    first_session = {p["session"] for p in points[:3]}
+    second_session = {p["session"] for p in points[3:]}
+    assert len(first_session) == 1 and len(second_session) == 1
+    assert first_session != second_session  # exactly the 5 missing points ran in the rerun
+    # The grid order: the killed run did static's first three points.
+    assert keys[:3] == [("static", 2.0, 0), ("static", 2.0, 1), ("static", 8.0, 0)]
+    assert "3 resumed" in rerun.stderr
+    png = (out / "sweep.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+
+    again = _sweep(out)  # everything done: nothing runs, nothing is appended
+    assert again.returncode == 0, again.stderr
+    assert _lines(out) == after
+
+
+def test_rerun_with_another_workload_is_refused(tmp_path):
+    out = tmp_path / "sweep"
+    assert _sweep(out, exit_after=1).returncode == 3
+    before = _lines(out)
+    refused = _sweep(out, "--output_len=uniform:1:25")
+    assert refused.returncode != 0
+    assert "run.output_len: stored 'uniform:1:24', now 'uniform:1:25'" in refused.stderr
+    assert _lines(out) == before
+
+
+def test_store_refuses_changed_policy_options_but_accepts_a_new_policy(tmp_path):
+    run = {"num_requests": 10}
+    SweepStore(tmp_path, run, {"orca": {"spec": "orca", "options": {}}})
+    with pytest.raises(SweepConfigError, match=r"policies\.orca\.options\.max_batch_size"):
+        SweepStore(tmp_path, run, {"orca": {"spec": "orca", "options": {"max_batch_size": "2"}}})
+    SweepStore(tmp_path, run, {"static": {"spec": "static", "options": {}}})
+    stored = json.loads((tmp_path / "sweep.json").read_text())
+    assert sorted(stored["policies"]) == ["orca", "static"]
+
+
+def test_store_drops_a_trailing_partial_line_and_rejects_a_corrupt_middle_line(tmp_path):
+    store = SweepStore(tmp_path, {}, {})
+    store.append(PointKey("orca", 2.0, 0), {"ttft_p99_s": 0.5})
+    with open(store.points_path, "ab") as f:
+        f.write(b'{"policy": "orca", "ra')
+    assert [p["summary"] for p in store.load()] == [{"ttft_p99_s": 0.5}]
+    store.append(PointKey("orca", 4.0, 0), {"ttft_p99_s": 0.7})
+    assert store.finished_keys() == {PointKey("orca", 2.0, 0), PointKey("orca", 4.0, 0)}
+    lines = store.points_path.read_bytes().splitlines(keepends=True)
+    store.points_path.write_bytes(lines[0] + b"{not json}\n" + lines[1])
+    with pytest.raises(ValueError, match=r"points\.jsonl:2: not a sweep point"):
+        store.load()
+
+
+def test_aggregate_means_and_bands_over_seeds():
+    points = [{"policy": "orca", "rate": 2.0, "seed": s,
+               "summary": {"throughput_req_s": x, "ttft_p99_s": y}}
+              for s, x, y in [(0, 1.0, 0.1), (1, 3.0, 0.4), (2, 2.0, 0.4), (3, 9.0, None)]]
+    points.append({"policy": "orca", "rate": 4.0, "seed": 0,
+                   "summary": {"throughput_req_s": 4.0, "ttft_p99_s": 0.9}})
+    points.append({"policy": "orca", "rate": 4.0, "seed": 7,  # outside the grid: ignored
+                   "summary": {"throughput_req_s": 99.0, "ttft_p99_s": 99.0}})
+    keys = grid(["orca"], [2.0, 4.0], [0, 1, 2, 3])
+    (curve,) = aggregate(points, keys, "throughput_req_s", "ttft_p99_s")
+    np.testing.assert_allclose(curve.rates, [2.0, 4.0])
+    np.testing.assert_allclose(curve.x_mean, [2.0, 4.0])  # seed 3 has no TTFT: left out
+    np.testing.assert_allclose(curve.y_mean, [0.3, 0.9])
+    np.testing.assert_allclose(curve.y_low, [0.1, 0.9])
+    np.testing.assert_allclose(curve.y_high, [0.4, 0.9])
+    np.testing.assert_array_equal(curve.num_seeds, [3, 1])
+    (std,) = aggregate(points, keys, "throughput_req_s", "ttft_p99_s", band="std")
+    spread = np.sqrt((0.2**2 + 0.1**2 + 0.1**2) / 3)  # population std of 0.1, 0.4, 0.4
+    np.testing.assert_allclose(std.y_low, [0.3 - spread, 0.9])
+    np.testing.assert_allclose(std.y_high, [0.3 + spread, 0.9])
+
+
+def test_a_rate_only_rescales_the_seed_workload():
+    spec = RunSpec(model="tiny", num_requests=20, prompt_len="uniform:8:64",
+                   output_len="uniform:1:24", seed=3)
+    base = build_workload(dataclasses.replace(spec, rate=1.0))
+    scaled = sweep.workload_at(spec, base, 8.0)
+    direct = build_workload(dataclasses.replace(spec, rate=8.0))
+    assert [(r.prompt_len, r.output_len) for r in scaled] == \
+        [(r.prompt_len, r.output_len) for r in direct]
+    np.testing.assert_allclose([r.arrival_s for r in scaled], [r.arrival_s for r in direct],
+                               rtol=1e-12)
+    assert direct[-1].arrival_s < base[-1].arrival_s / 4
