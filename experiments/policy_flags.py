@@ -11,8 +11,6 @@ from collections import defaultdict
 
 from absl import flags
 
-import policies
-
 flags.DEFINE_list("policies", ["static", "orca"], "Policies to compare (names or plugin paths).")
 
 
@@ -22,12 +20,21 @@ def policy_label(spec: str) -> str:
 
 
 def options_by_policy(text: str, names: list[str]) -> dict[str, dict[str, str]]:
-    """Splits `policy.key=value,...` into each policy's own options."""
+    """Splits `policy.key=value,...` into each policy's own options.
+
+    `policy` is a spec as given in `--policies` or its label (`policy_label`), so
+    a plugin loaded by path takes `Class.key=value`. Returns options by spec.
+    """
+    spec_of = {policy_label(name): name for name in names}
+    spec_of.update({name: name for name in names})
     by_policy: dict[str, dict[str, str]] = defaultdict(dict)
-    for key, value in policies.parse_options(text).items():
-        name, dot, option = key.rpartition(".")
-        if not dot or name not in names:
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, sep, value = item.partition("=")
+        # The key's last dot splits policy from option; a path spec may hold dots itself.
+        name, dot, option = key.strip().rpartition(".")
+        if not sep or not dot or name not in spec_of:
             raise flags.ValidationError(
-                f"--policy_opts: {key!r} must be policy.key with policy one of {names}")
-        by_policy[name][option] = value
+                f"--policy_opts: {item!r} must be policy.key=value with policy one of "
+                f"{sorted(set(spec_of))}")
+        by_policy[spec_of[name]][option] = value.strip()
     return by_policy

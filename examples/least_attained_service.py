@@ -1,0 +1,34 @@
+"""Least attained service: each step runs the requests that have generated the fewest tokens."""
+
+import dataclasses
+
+import numpy as np
+
+from orca_jax import SchedulerView, StepPlan
+from orca_jax.policy import Policy, register
+
+
+@register("las")
+@dataclasses.dataclass(kw_only=True)
+class LeastAttainedService(Policy):
+    """Ranks requests by tokens generated so far (then arrival); the top ones run."""
+
+    max_running: int = 32  # requests that may hold KV pages at once
+    kv_reservation: str = "max"  # pages reserved at admission: a paused request never runs dry
+
+    def schedule(self, view: SchedulerView) -> StepPlan:
+        requests = view.requests
+        room = max(self.max_running - view.running.size, 0)
+        order = np.concatenate([view.running, view.waiting[:room]])
+        order = order[np.lexsort((requests.arrival_s[order], requests.num_generated[order]))]
+        ids, counts = [], []
+        budget, free = view.token_budget, view.num_free_pages - view.watermark_pages
+        for request in order[:view.max_batch_size].tolist():
+            count = min(int(requests.num_uncomputed([request])[0]), budget)
+            pages = int(view.pages_needed([request], [count])[0])
+            if count < 1 or pages > free:
+                continue  # paused this step (a running request keeps its pages)
+            ids.append(request)
+            counts.append(count)
+            budget, free = budget - count, free - pages
+        return StepPlan(ids, counts)
