@@ -36,16 +36,20 @@ class NullEngine:
         return StepOutput(sampled_tokens=inputs.kv_lens, step_s=0.01)
 
 
-def measure(policy: str, num_running: int, num_steps: int) -> dict[str, float]:
+def measure(policy: str, num_running: int, num_steps: int,
+            options: dict[str, str]) -> dict[str, float]:
     """Median host µs per iteration with `num_running` requests in steady decode."""
     # A 2,048-token context (128 pages of 16 per sequence), every request reserving it.
     requests = [Request(id=i, arrival_s=0.0, prompt_len=64, output_len=2048 - 64)
                 for i in range(num_running)]
     config = SchedulerConfig(max_batch_size=num_running, token_budget=max(2048, num_running * 64),
                              num_kv_pages=num_running * 128, page_size=16, max_model_len=2048)
-    scheduler = Scheduler(requests, policies.make_policy(policy), NullEngine(), config)
+    scheduler = Scheduler(requests, policies.make_policy(policy, options), NullEngine(), config)
     scheduler.engine.warmup(scheduler.bucket_config.buckets())
-    for _ in range(3):  # prefill and a few decodes, then steady state
+    everyone = np.arange(num_running)
+    while not scheduler.view.requests.prefill_done(everyone).all():  # until all decode
+        scheduler.step()
+    for _ in range(3):
         scheduler.step()
     first = len(scheduler.record.steps)
     for _ in range(num_steps):
@@ -63,13 +67,16 @@ def main() -> None:
     parser.add_argument("--policy", default="orca")
     parser.add_argument("--steps", type=int, default=400, help="at most 1,900")
     parser.add_argument("--batch", type=int, nargs="+", default=[32, 128, 256, 512])
+    parser.add_argument("--policy_opts", default="",
+                        help="policy knobs key=value,... (e.g. max_num_seqs=512 for vllm)")
     args = parser.parse_args()
+    options = policies.parse_options(args.policy_opts)
     print(f"scheduler host overhead, policy={args.policy}, steady decode, "
           f"{args.steps} iterations each; python {platform.python_version()}, "
           f"numpy {np.__version__}")
     print(f"{'running':>8} {'us/iter (median)':>17} {'us/iter (p90)':>14} {'us/request':>11}")
     for batch in args.batch:
-        row = measure(args.policy, batch, args.steps)
+        row = measure(args.policy, batch, args.steps, options)
         print(f"{row['running']:>8} {row['us_per_iter']:>17.1f} {row['p90_us_per_iter']:>14.1f} "
               f"{row['us_per_request']:>11.3f}")
 
