@@ -49,18 +49,26 @@ def register_predictor(name: str) -> Callable[[Callable[[], LengthPredictor]],
     return wrap
 
 
+LTR_PREFIX = "ltr:"  # `ltr:DIR` names the ranker saved in DIR (orca_jax.ranker)
+
+
 def registered_predictors() -> list[str]:
     """Names of the registered predictors, sorted."""
     return sorted(_PREDICTORS)
 
 
 def get_predictor(name: str) -> LengthPredictor:
-    """A new predictor of the registered name.
+    """A new predictor of the registered name, or `ltr:DIR` for a ranker saved in DIR.
 
     Raises:
       ValueError: no predictor has that name (the message lists those that do).
     """
     factory = _PREDICTORS.get(name)
+    if factory is None and name.startswith(LTR_PREFIX):
+        # A saved learned ranker, named by its directory: restoring it needs jax, so its
+        # module is imported only when such a predictor is asked for.
+        from orca_jax import ranker
+        factory = _PREDICTORS[ranker.register_ltr_predictor(name[len(LTR_PREFIX):])]
     if factory is None:
         raise ValueError(f"unknown length predictor {name!r}; registered: "
                          f"{', '.join(registered_predictors())}")

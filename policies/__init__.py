@@ -7,7 +7,7 @@ loads any of them by name, or a plugin by `package.module:Class` or
 
 from orca_jax.policy import (Policy, PolicyLoadError, make_policy, parse_options, register,
                              registered_policies)
-from policies import (edf, mlfq, orca, priority, sarathi, sjf, srpt, static,  # noqa: F401
+from policies import (edf, ltr, mlfq, orca, priority, sarathi, sjf, srpt, static,  # noqa: F401
                       vllm, vtc)  # (registers the built-ins)
 
 __all__ = ["Policy", "PolicyLoadError", "make_policy", "parse_options", "register",
