@@ -37,6 +37,9 @@ flags.DEFINE_string("hardware", "a100", "Hardware preset of the simulator: a100 
 flags.DEFINE_integer("tp", 1, "Tensor-parallel degree of the simulated replica.", lower_bound=1)
 flags.DEFINE_float("step_time_ms", None, "Fixed simulator step time in ms (instead of the "
                    "roofline cost model).", lower_bound=0.0)
+flags.DEFINE_string("cost_fit", None, "sim: step times from a cost fit JSON written by "
+                    "experiments.calibrate (instead of the roofline); use the fitted model's "
+                    "--model and the same --buckets.")
 flags.DEFINE_enum("workload", "poisson", list(WORKLOADS), "Arrival process, or a trace file.")
 flags.DEFINE_string("trace", None, "Trace file (JSONL or CSV) for --workload=trace.")
 flags.DEFINE_integer("num_requests", None, "Requests in the workload (the first N of a trace). "
@@ -136,7 +139,8 @@ def spec_from_flags() -> RunSpec:
             engine=FLAGS.engine, model=pick("model"), checkpoint=FLAGS.checkpoint,
             dtype=FLAGS.dtype, attention=FLAGS.attention, sampling=FLAGS.sampling,
             clock=FLAGS.clock, hardware=FLAGS.hardware, tp=FLAGS.tp,
-            step_time_ms=FLAGS.step_time_ms, workload=FLAGS.workload, trace=FLAGS.trace,
+            step_time_ms=FLAGS.step_time_ms, cost_fit=FLAGS.cost_fit, workload=FLAGS.workload,
+            trace=FLAGS.trace,
             num_requests=pick("num_requests"), rate=pick("rate"), cv=FLAGS.cv,
             prompt_len=pick("prompt_len"), output_len=pick("output_len"),
             max_batch_size=pick("max_batch_size"), token_budget=pick("token_budget"),

@@ -31,8 +31,23 @@ Three modes (`CostModelConfig.mode`):
   Activation traffic and kernel fusion are not modelled; the efficiency factors
   absorb them.
 * `fixed`: `step_time_s` per step, whatever the step holds (didactic examples).
-* `fitted`: `fitted_step_s[bucket.num_tokens]`, seconds measured per bucket on a
-  real engine.
+* `fitted`: `fitted_step_s[bucket.num_tokens]`, fitted to a real engine. Each
+  bucket's entry is either a constant (seconds measured per bucket) or a
+  `LinearStepTime`, which follows what the step holds (written by
+  `orca_jax.calibration`):
+
+      step_s = base_s + per_seq_s * S + per_tile_s * tiles
+      tiles  = sum_i sum_{j < ceil(q_i / Qt)} ceil(min(k_i, k_i - q_i + (j + 1) * Qt) / Kt)
+
+  `tiles` counts the (query tile, KV tile) pairs a tiled attention kernel
+  visits: sequence i's `q_i` queries in tiles of `Qt = q_tile` rows, each tile
+  reading the KV tiles of `Kt = kv_tile` tokens up to its last query's
+  position (causal). A decode step of S sequences has `sum_i ceil(k_i / Kt)`
+  tiles. The per-bucket `base_s` holds everything sized by the padded bucket
+  (projections, MLP, LM head), `per_seq_s` the per-sequence loop and sampling
+  work, `per_tile_s` one tile's attention (its cost depends on `Qt`, hence
+  per bucket). On a CPU attention dominates long-context steps, so a
+  bucket-only constant is not enough.
 
 Nothing here imports jax: the simulator runs paper-scale workloads on a laptop.
 """
@@ -226,6 +241,61 @@ COST_MODES = ("roofline", "fixed", "fitted")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class LinearStepTime:
+    """One bucket's fitted step time: `base_s + per_seq_s * S + per_tile_s * tiles`.
+
+    Attributes:
+      base_s: seconds of the bucket's fixed work (everything sized by its padded shape).
+      per_seq_s: seconds per real sequence.
+      per_tile_s: seconds per (query tile, KV tile) pair of attention.
+      q_tile: query rows per attention tile in this bucket.
+      kv_tile: KV tokens per attention tile.
+    """
+
+    base_s: float
+    per_seq_s: float
+    per_tile_s: float
+    q_tile: int
+    kv_tile: int
+
+    def __post_init__(self) -> None:
+        for field in ("base_s", "per_seq_s", "per_tile_s"):
+            value = getattr(self, field)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0.0):
+                raise ValueError(f"LinearStepTime.{field} must be finite and >= 0, got {value!r}")
+        for field in ("q_tile", "kv_tile"):
+            value = getattr(self, field)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"LinearStepTime.{field} must be an integer >= 1, got {value!r}")
+        if self.base_s + self.per_seq_s + self.per_tile_s <= 0.0:
+            raise ValueError("LinearStepTime: base_s, per_seq_s and per_tile_s are all 0")
+
+    def seconds(self, q_lens: NDArray[np.int64], kv_lens: NDArray[np.int64]) -> float:
+        """Step seconds for real sequences `q_lens` `[num_seqs]`, `kv_lens` `[num_seqs]`."""
+        tiles = attention_tiles(q_lens, kv_lens, q_tile=self.q_tile, kv_tile=self.kv_tile)
+        return self.base_s + self.per_seq_s * len(q_lens) + self.per_tile_s * tiles
+
+
+def attention_tiles(q_lens: NDArray[np.int64], kv_lens: NDArray[np.int64], *, q_tile: int,
+                    kv_tile: int) -> int:
+    """(query tile, KV tile) pairs a causal tiled attention visits (the module docstring's sum).
+
+    Args:
+      q_lens: `[num_seqs]` new tokens of each sequence.
+      kv_lens: `[num_seqs]` tokens each sequence attends to (this step's included).
+      q_tile: query rows per tile.
+      kv_tile: KV tokens per tile.
+    """
+    total = 0
+    for q, k in zip(np.asarray(q_lens, np.int64).tolist(), np.asarray(kv_lens, np.int64).tolist()):
+        if q <= 0:
+            continue
+        ends = np.minimum(k, k - q + q_tile * np.arange(1, -(-q // q_tile) + 1))  # last key + 1
+        total += int(np.sum(-(-ends // kv_tile)))
+    return total
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class CostModelConfig:
     """How the simulated engine prices a step. `model`/`hardware` may be preset names.
 
@@ -245,7 +315,8 @@ class CostModelConfig:
       step_overhead_s: per-step cost outside the kernels' roofline: launch gaps,
         sampling, the device-to-host copy of the sampled tokens.
       step_time_s: seconds per step in `fixed` mode (only there).
-      fitted_step_s: `{bucket num_tokens: seconds}` in `fitted` mode (only there).
+      fitted_step_s: `{bucket num_tokens: seconds or LinearStepTime}` in `fitted`
+        mode (only there).
     """
 
     mode: str = "roofline"
@@ -257,7 +328,7 @@ class CostModelConfig:
     allreduce_latency_s: float = 10e-6
     step_overhead_s: float = 300e-6
     step_time_s: Optional[float] = None
-    fitted_step_s: Optional[Mapping[int, float]] = None
+    fitted_step_s: Optional[Mapping[int, Union[float, LinearStepTime]]] = None
 
     def __post_init__(self) -> None:
         if self.mode not in COST_MODES:
@@ -302,15 +373,19 @@ class CostModelConfig:
         return self.hardware
 
 
-def _checked_table(table: Mapping[int, float]) -> Mapping[int, float]:
+def _checked_table(table: Mapping[int, Union[float, LinearStepTime]]
+                   ) -> Mapping[int, Union[float, LinearStepTime]]:
     if not table:
         raise ValueError("CostModelConfig.fitted_step_s is empty")
-    checked: dict[int, float] = {}
+    checked: dict[int, Union[float, LinearStepTime]] = {}
     for num_tokens, seconds in table.items():
         if int(num_tokens) != num_tokens or num_tokens < 1:
             raise ValueError(f"CostModelConfig.fitted_step_s: bucket num_tokens must be an "
                              f"integer >= 1, got {num_tokens!r}")
-        if not (math.isfinite(seconds) and seconds > 0):
+        if isinstance(seconds, LinearStepTime):
+            checked[int(num_tokens)] = seconds
+            continue
+        if not (isinstance(seconds, (int, float)) and math.isfinite(seconds) and seconds > 0):
             raise ValueError(f"CostModelConfig.fitted_step_s[{num_tokens}] must be finite and "
                              f"> 0, got {seconds!r}")
         checked[int(num_tokens)] = float(seconds)
@@ -386,6 +461,9 @@ def step_seconds(config: CostModelConfig, inputs: StepInputs) -> float:
         if num_tokens not in config.fitted_step_s:
             raise ValueError(f"fitted cost model has no time for bucket num_tokens={num_tokens}; "
                            f"fitted buckets: {sorted(config.fitted_step_s)}")
-        return config.fitted_step_s[num_tokens]
+        entry = config.fitted_step_s[num_tokens]
+        if isinstance(entry, LinearStepTime):
+            return entry.seconds(*real_lengths(inputs))
+        return entry
     q_lens, kv_lens = real_lengths(inputs)
     return roofline_cost(config, q_lens, kv_lens).step_s

@@ -67,6 +67,7 @@ class RunSpec:
     hardware: str = "a100"
     tp: int = 1
     step_time_ms: Optional[float] = None  # fixed step time of the simulator
+    cost_fit: Optional[str] = None  # sim: a cost fit JSON written by experiments.calibrate
     workload: str = "poisson"
     trace: Optional[str] = None
     num_requests: int = 200
@@ -101,6 +102,8 @@ class RunSpec:
         if self.clock not in ("profiled", "wall"):
             raise ValueError(f"clock must be profiled or wall, got {self.clock!r}")
         sampling_params(self.sampling)  # fails early, naming the value
+        if self.cost_fit is not None and self.step_time_ms is not None:
+            raise ValueError("cost_fit and step_time_ms both set; choose one step-time model")
 
 
 def _model_facts(spec: RunSpec) -> tuple[int, int]:
@@ -161,6 +164,9 @@ def scheduler_config(spec: RunSpec) -> SchedulerConfig:
 def build_engine(spec: RunSpec, config: SchedulerConfig) -> Engine:
     """The engine of the run (one per run: a real engine owns its KV cache)."""
     if spec.engine == "sim":
+        if spec.cost_fit is not None:
+            from orca_jax.calibration import cost_config_from_fit
+            return SimEngine(cost_config_from_fit(spec.cost_fit, spec.model))
         if spec.step_time_ms is not None:
             cost = cost_model.CostModelConfig(mode="fixed", model=spec.model,
                                               hardware=spec.hardware, tp=spec.tp,
