@@ -237,11 +237,13 @@ class Scheduler:
         output = self.engine.step(inputs)
         update_start = time.perf_counter()
         start_s = self.now_s
-        end_s = start_s + output.step_s
+        # With count_host_time the engine starts only once the host has planned the step.
+        end_s = start_s + output.step_s + (host_s if self.config.count_host_time else 0.0)
         self._update(ids, tokens, output, end_s)
-        host_s += time.perf_counter() - update_start
+        update_s = time.perf_counter() - update_start
+        host_s += update_s
         if self.config.count_host_time:
-            end_s += host_s
+            end_s += update_s
         self.record.log_step(StepLog(
             step=self.num_steps, start_s=start_s, num_seqs=int(ids.size),
             num_tokens=int(inputs.num_real_tokens), num_padded_tokens=inputs.bucket.num_tokens,

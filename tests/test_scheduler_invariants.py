@@ -8,7 +8,10 @@ and a preempting policy loses nothing and recomputes what it dropped.
 """
 
 import dataclasses
+import functools
 import json
+import os
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +33,25 @@ MAX_STEPS = 20_000  # far above any run here; a stuck scheduler fails instead of
 # Every policy shipped in policies/ (plugins and test policies registered elsewhere are not).
 BUILTIN_POLICIES = sorted(name for name, cls in policies.registered_policies().items()
                           if cls.__module__.startswith("policies."))
+
+
+@functools.lru_cache(maxsize=None)
+def _ranker_dir() -> str:
+    """A small learned ranker for `ltr`, trained once per test session."""
+    from orca_jax.ranker import RankerConfig, synthetic_ranking_workload, train_ranker
+    directory = os.path.join(tempfile.mkdtemp(prefix="orca_jax_ltr_"), "ranker")
+    train_ranker(synthetic_ranking_workload(200, seed=0), RankerConfig(num_steps=30)).save(
+        directory)
+    return directory
+
+
+def policy_options(name: str) -> dict[str, str]:
+    """What a built-in policy needs beyond its defaults (ltr: a trained ranker)."""
+    return {"ranker_dir": _ranker_dir()} if name == "ltr" else {}
+
+
+def make_builtin(name: str) -> Policy:
+    return make_policy(name, policy_options(name))
 
 
 def sim_engine() -> SimEngine:
@@ -133,7 +155,7 @@ def workloads(draw):
 
 
 def build_policy(name: str) -> Policy:
-    return PreemptNewest() if name == PreemptNewest.name else make_policy(name)
+    return PreemptNewest() if name == PreemptNewest.name else make_builtin(name)
 
 
 @pytest.mark.parametrize("policy_name", BUILTIN_POLICIES + ["test_preempt_newest"])
@@ -152,7 +174,7 @@ def test_impossible_requests_are_rejected_with_reasons(policy_name):
                                   prompt_len="uniform:1:120", output_len="uniform:1:40", seed=3)
     config = SchedulerConfig(max_batch_size=4, token_budget=128, num_kv_pages=40, page_size=8,
                              max_model_len=100)
-    scheduler = Scheduler(requests, make_policy(policy_name), sim_engine(), config)
+    scheduler = Scheduler(requests, make_builtin(policy_name), sim_engine(), config)
     too_long = np.array([r.total_len > 100 for r in requests])
     assert too_long.any() and not too_long.all()  # the seed gives both kinds
     rejected = scheduler.table.state == RequestState.REJECTED
@@ -170,7 +192,7 @@ def test_prompts_longer_than_the_token_budget_are_chunked(policy_name):
                 Request(id=1, arrival_s=0.0, prompt_len=5, output_len=2)]
     config = SchedulerConfig(max_batch_size=4, token_budget=16, num_kv_pages=32, page_size=4,
                              max_model_len=64)
-    scheduler = Scheduler(requests, make_policy(policy_name), sim_engine(), config)
+    scheduler = Scheduler(requests, make_builtin(policy_name), sim_engine(), config)
     run_checked(scheduler)
     check_outcome(scheduler)
     assert (scheduler.table.state == RequestState.FINISHED).all()
@@ -187,7 +209,7 @@ def test_watermark_never_strands_a_request(policy_name):
                 Request(id=1, arrival_s=0.0, prompt_len=8, output_len=4)]
     config = SchedulerConfig(max_batch_size=4, token_budget=64, num_kv_pages=16, page_size=4,
                              max_model_len=64, watermark_pages=1)
-    scheduler = Scheduler(requests, make_policy(policy_name), sim_engine(), config)
+    scheduler = Scheduler(requests, make_builtin(policy_name), sim_engine(), config)
     run_checked(scheduler)
     check_outcome(scheduler)
     if scheduler.kv_reservation == "max":
@@ -232,7 +254,7 @@ def test_finished_requests_leave_running_in_their_step(policy_name):
                                   prompt_len="fixed:4", output_len="uniform:1:6", seed=5)
     config = SchedulerConfig(max_batch_size=8, token_budget=64, num_kv_pages=64, page_size=4,
                              max_model_len=32)
-    scheduler = Scheduler(requests, make_policy(policy_name), sim_engine(), config)
+    scheduler = Scheduler(requests, make_builtin(policy_name), sim_engine(), config)
     scheduler.engine.warmup(scheduler.bucket_config.buckets())
     table = scheduler.table
     while not scheduler.done:
@@ -270,14 +292,17 @@ def test_same_seed_reruns_are_bit_identical(policy_name, step_time_ms, tmp_path)
                    prompt_len="lognormal:60:0.8", output_len="uniform:1:50", max_batch_size=8,
                    token_budget=256, num_kv_pages=60, page_size=8, max_model_len=256,
                    step_time_ms=step_time_ms, seed=11)
-    first, _ = run_policy(spec, policy_name, out_dir=str(tmp_path / "a"), progress=False)
-    second, _ = run_policy(spec, policy_name, out_dir=str(tmp_path / "b"), progress=False)
+    options = policy_options(policy_name)
+    first, _ = run_policy(spec, policy_name, options, out_dir=str(tmp_path / "a"),
+                          progress=False)
+    second, _ = run_policy(spec, policy_name, options, out_dir=str(tmp_path / "b"),
+                           progress=False)
     a, b = _results(tmp_path / "a"), _results(tmp_path / "b")
     assert a == b
     assert a["summary"]["num_finished"] + a["summary"]["num_rejected"] == 40
     assert a["summary"]["num_finished"] > 0
     # A different seed is a different run: the comparison above can fail.
-    other, _ = run_policy(dataclasses.replace(spec, seed=12), policy_name,
+    other, _ = run_policy(dataclasses.replace(spec, seed=12), policy_name, options,
                           out_dir=str(tmp_path / "c"), progress=False)
     assert _results(tmp_path / "c")["requests"] != a["requests"]
 
