@@ -1,0 +1,290 @@
+"""Orca (OSDI'22), GPT-3 175B: iteration-level vs request-level batching, latency vs throughput.
+
+    python -m experiments.reproduce.orca
+
+The paper serves GPT-3 175B on 16 A100-40GB GPUs (tensor parallel 8 inside a
+node x pipeline parallel 2 across two nodes) with Poisson arrivals, prompts of
+U[32, 512] tokens and outputs of U[1, 128] tokens, and draws median normalized
+latency (latency / output tokens) against throughput for FasterTransformer
+(request-level batching) and Orca at several max batch sizes.
+
+What is modelled here: the same model and workload on the roofline simulator
+with **tensor parallel 16** over 16 A100-40GB (the simulator has no pipeline
+parallelism; 175B in fp16 does not fit tp=8 on 40 GB parts). `static` (the
+FasterTransformer baseline: a batch runs until its longest member is done,
+every step padded to the batch, answers returned together) at max batch sizes
+1, 8, 16 and 32, against `orca` at 8, 16 and 32. Both reserve the model's
+full 2,048-token context per request, which caps either at 27 requests in the
+KV pool beside the weights. The ratio of throughputs at equal median
+normalized latency is read off the curves (`throughput_at_bound`).
+
+The grid runner and the bound reader below are shared with the other
+reproductions (`vllm_memory`, `sarathi`), which import them from here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import time
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+import numpy as np
+
+import policies  # noqa: F401  (registers the built-in policies)
+from orca_jax import metrics
+from orca_jax.experiment import RunSpec, build_engine, build_workload, run_policy, scheduler_config
+from orca_jax.metrics import format_table
+from orca_jax.plots import plot_sweep
+from orca_jax.request import Request
+from orca_jax.scheduler import Scheduler
+from orca_jax.sweep_store import Curve, PointKey, SweepStore, aggregate
+
+FIGURE = "docs/figures/orca_gpt3_175b_latency_throughput.png"
+LATENCY = "normalized_latency_p50_s"
+THROUGHPUT = "throughput_req_s"
+
+
+# ------------------------------------------------------------------ shared by the reproductions
+@dataclasses.dataclass(frozen=True)
+class PolicyRun:
+    """One curve of a reproduction: a policy with its knobs, under a label."""
+
+    label: str
+    spec: str  # registered policy name
+    options: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+
+def request_percentiles(scheduler: Scheduler) -> dict[str, Optional[float]]:
+    """Medians the run summary lacks: normalized latency (Orca's metric) and queueing delay."""
+    table = scheduler.table
+    token_req, token_time = scheduler.record.token_log()
+    per_request = metrics.request_metrics(table.arrival_s, table.first_scheduled_s,
+                                          table.first_token_s, table.finish_s, table.output_len,
+                                          token_req, token_time)
+    finished = np.isfinite(table.finish_s)
+    out: dict[str, Optional[float]] = {}
+    for name, field in (("normalized_latency_p50_s", "normalized_latency_s"),
+                        ("queueing_delay_p50_s", "queueing_delay_s")):
+        values = per_request[field][finished]
+        out[name] = float(np.median(values)) if values.size else None
+    return out
+
+
+def run_grid(spec: RunSpec, runs: Sequence[PolicyRun], rates: Sequence[float],
+             seeds: Sequence[int], out_dir: str, *,
+             saturated: Optional[Callable[[float, Mapping[str, Any]], bool]] = None
+             ) -> tuple[list[dict[str, Any]], list[PointKey]]:
+    """Runs every policy over ascending rates and seeds, into a resumable `SweepStore`.
+
+    Each policy's rates run in ascending order and stop after the first rate at
+    which `saturated(rate, summary)` holds for every seed (default
+    `falls_behind`): past saturation the queue only grows, and an overloaded run
+    of a slow policy costs the most steps.
+    Points already in `out_dir/points.jsonl` are not run again.
+
+    Args:
+      spec: the workload and engine plumbing (its rate and seed are replaced per point).
+      runs: the curves to draw.
+      rates: request rates (req/s).
+      seeds: workload seeds.
+      out_dir: the store's folder.
+      saturated: whether a point (its rate, its summary) is past the policy's capacity.
+
+    Returns:
+      The store's points and the keys that were run or found (the grid to aggregate).
+    """
+    saturated = saturated or falls_behind
+    store = SweepStore(out_dir, {k: v for k, v in dataclasses.asdict(spec).items()
+                                 if k not in ("rate", "seed")},
+                       {r.label: {"spec": r.spec, "options": dict(r.options)} for r in runs})
+    by_key = {PointKey(p["policy"], float(p["rate"]), int(p["seed"])): p for p in store.load()}
+    engine = build_engine(spec, scheduler_config(spec))  # stateless: shared by every point
+    workloads: dict[tuple[float, int], list[Request]] = {}
+    keys: list[PointKey] = []
+    for run in runs:
+        for rate in sorted(float(r) for r in rates):
+            summaries = []
+            for seed in seeds:
+                key = PointKey(run.label, rate, int(seed))
+                keys.append(key)
+                if key not in by_key:
+                    point_spec = dataclasses.replace(spec, rate=rate, seed=int(seed))
+                    if (rate, seed) not in workloads:  # the seed fixes lengths, the rate arrivals
+                        workloads[rate, seed] = build_workload(point_spec)
+                    start = time.perf_counter()
+                    summary, scheduler = run_policy(point_spec, run.spec, dict(run.options),
+                                                    requests=workloads[rate, seed],
+                                                    engine=engine, progress=False)
+                    summary.update(request_percentiles(scheduler))
+                    by_key[key] = store.append(key, summary,
+                                               {"wall_s": time.perf_counter() - start})
+                summaries.append(by_key[key]["summary"])
+            if all(saturated(rate, s) for s in summaries):
+                break
+    return store.load(), keys
+
+
+def falls_behind(rate: float, summary: Mapping[str, Any]) -> bool:
+    """Whether a run served less than 80% of its offered rate (its queue kept growing)."""
+    return not (summary.get(THROUGHPUT) or 0.0) >= 0.8 * rate
+
+
+def throughput_at_bound(curve: Curve, bound: float) -> Optional[float]:
+    """Throughput at which a latency curve first rises past `bound` (linear between points).
+
+    Returns None when the curve's first point is already above the bound, and the
+    last point's throughput when it never rises past it (a lower bound of the
+    true value: the sweep stopped first).
+    """
+    y, x = curve.y_mean, curve.x_mean  # [R] each, ascending rate
+    if y.size == 0 or not y[0] <= bound:
+        return None
+    above = np.flatnonzero(~(y <= bound))
+    if above.size == 0:
+        return float(x[-1])
+    i = int(above[0])
+    fraction = (bound - y[i - 1]) / (y[i] - y[i - 1])
+    return float(x[i - 1] + fraction * (x[i] - x[i - 1]))
+
+
+def clipped(curves: Sequence[Curve], max_y: float) -> list[Curve]:
+    """The curves without their points above `max_y` (so a plot keeps a readable y range)."""
+    out = []
+    for c in curves:
+        keep = c.y_mean <= max_y
+        out.append(Curve(policy=c.policy, rates=c.rates[keep], x_mean=c.x_mean[keep],
+                         y_mean=c.y_mean[keep], y_low=c.y_low[keep], y_high=c.y_high[keep],
+                         num_seeds=c.num_seeds[keep]))
+    return out
+
+
+def write_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str], out_dir: str,
+                name: str, extra: Optional[Mapping[str, Any]] = None) -> str:
+    """Prints nothing; writes `name.txt` (aligned text) and `name.json` (rows + extra)."""
+    table = format_table(list(rows), list(columns))
+    with open(os.path.join(out_dir, f"{name}.txt"), "w") as f:
+        f.write(table + "\n")
+    with open(os.path.join(out_dir, f"{name}.json"), "w") as f:
+        json.dump({"rows": list(rows), **(extra or {})}, f, indent=2, default=_json_number)
+        f.write("\n")
+    return table
+
+
+def _json_number(value: Any) -> Any:
+    if isinstance(value, (np.integer, np.floating)):
+        return value.item()
+    raise TypeError(f"not JSON serializable: {value!r}")
+
+
+def parse_rates(text: str) -> tuple[float, ...]:
+    """`0.5,1,2` -> (0.5, 1.0, 2.0); every rate > 0."""
+    try:
+        rates = tuple(float(r) for r in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--rates={text}: expected comma-separated numbers")
+    if not rates or any(not r > 0 for r in rates):
+        raise argparse.ArgumentTypeError(f"--rates={text}: every rate must be > 0")
+    return rates
+
+
+# ------------------------------------------------------------------ the Orca reproduction
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class OrcaSetup:
+    """The experiment (defaults: the documented figure)."""
+
+    num_requests: int = 500
+    rates: tuple[float, ...] = (0.25, 0.5, 0.75, 1, 1.5, 2, 3, 4, 5, 6, 8, 10, 12, 14, 16)
+    seeds: tuple[int, ...] = (0,)
+    static_batch_sizes: tuple[int, ...] = (1, 8, 16, 32)
+    orca_batch_sizes: tuple[int, ...] = (8, 16, 32)
+    tp: int = 16
+    hardware: str = "a100-40gb"
+    # Median normalized latencies (s/token) at which the throughputs are compared.
+    latency_bounds_s: tuple[float, ...] = (0.022, 0.025, 0.03, 0.04, 0.05, 0.1, 0.2)
+    plot_max_s: float = 0.3
+
+    def run_spec(self) -> RunSpec:
+        """The workload and engine plumbing shared by every point."""
+        cap = max(self.static_batch_sizes + self.orca_batch_sizes)
+        # Orca (and FasterTransformer) put whole prompts in a step: a budget for a full
+        # batch of the longest prompts never chunks one.
+        return RunSpec(model="gpt3-175b", hardware=self.hardware, tp=self.tp,
+                       num_requests=self.num_requests, prompt_len="uniform:32:512",
+                       output_len="uniform:1:128", max_batch_size=cap, token_budget=cap * 512)
+
+    def policy_runs(self) -> list[PolicyRun]:
+        """The curves: static and orca at each max batch size."""
+        return ([PolicyRun(f"static bs={b}", "static", {"max_batch_size": str(b)})
+                 for b in self.static_batch_sizes]
+                + [PolicyRun(f"orca bs={b}", "orca", {"max_batch_size": str(b)})
+                   for b in self.orca_batch_sizes])
+
+
+@dataclasses.dataclass(frozen=True)
+class OrcaResult:
+    """The sweep's curves, its points and the throughput ratios."""
+
+    curves: list[Curve]
+    rows: list[dict[str, Any]]  # one per point: label, rate, throughput, latency, batch
+    ratios: list[dict[str, Any]]  # one per latency bound: best static and orca, ratio
+
+
+def run(setup: OrcaSetup, out_dir: str) -> OrcaResult:
+    """Runs the sweep and reads the throughput ratio at each latency bound."""
+    points, keys = run_grid(setup.run_spec(), setup.policy_runs(), setup.rates, setup.seeds,
+                            out_dir)
+    curves = aggregate(points, keys, THROUGHPUT, LATENCY)
+    by_key = {PointKey(p["policy"], float(p["rate"]), int(p["seed"])): p["summary"]
+              for p in points}
+    rows = [{"policy": k.policy, "rate": k.rate, "seed": k.seed,
+             THROUGHPUT: by_key[k][THROUGHPUT], LATENCY: by_key[k][LATENCY],
+             "mean_batch_size": by_key[k]["mean_batch_size"]} for k in keys]
+    ratios = []
+    for bound in setup.latency_bounds_s:
+        best = {"static": (None, 0.0), "orca": (None, 0.0)}
+        for curve in curves:
+            kind = curve.policy.split()[0]
+            x = throughput_at_bound(curve, bound)
+            if x is not None and x > best[kind][1]:
+                best[kind] = (curve.policy, x)
+        static_x, orca_x = best["static"][1], best["orca"][1]
+        ratios.append({"latency_bound_s": bound, "best_static": best["static"][0],
+                       "static_req_s": static_x or None, "best_orca": best["orca"][0],
+                       "orca_req_s": orca_x or None,
+                       "ratio": orca_x / static_x if static_x and orca_x else None})
+    return OrcaResult(curves=curves, rows=rows, ratios=ratios)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    """The command: parse flags, run the sweep, print and write the tables and the figure."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out_dir", default="runs/reproduce/orca",
+                        help="points.jsonl (resumable) and the tables")
+    parser.add_argument("--figure", default=FIGURE, help="the PNG to write")
+    parser.add_argument("--num_requests", type=int, default=OrcaSetup.num_requests)
+    parser.add_argument("--rates", type=parse_rates, default=OrcaSetup.rates)
+    args = parser.parse_args(argv)
+    setup = OrcaSetup(num_requests=args.num_requests, rates=args.rates)
+    os.makedirs(args.out_dir, exist_ok=True)
+    start = time.perf_counter()
+    result = run(setup, args.out_dir)
+    print(write_table(result.rows, ["policy", "rate", THROUGHPUT, LATENCY, "mean_batch_size"],
+                      args.out_dir, "curves"))
+    print("\nthroughput (req/s) at equal median normalized latency:")
+    print(write_table(result.ratios, ["latency_bound_s", "best_static", "static_req_s",
+                                      "best_orca", "orca_req_s", "ratio"], args.out_dir,
+                      "ratios", {"setup": dataclasses.asdict(setup)}))
+    os.makedirs(os.path.dirname(args.figure) or ".", exist_ok=True)
+    if plot_sweep(clipped(result.curves, setup.plot_max_s), args.figure, x_field=THROUGHPUT,
+                  y_field=LATENCY, title="GPT-3 175B, 16 x A100-40GB (tp=16, simulated): "
+                                         "median normalized latency"):
+        print(f"figure: {args.figure}")
+    print(f"tables: {args.out_dir}/curves.txt, {args.out_dir}/ratios.txt "
+          f"({time.perf_counter() - start:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()

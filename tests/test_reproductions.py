@@ -1,0 +1,89 @@
+"""The paper reproductions on tiny configurations: structure and the papers' orderings."""
+
+import json
+
+import numpy as np
+import pytest
+
+from experiments.reproduce import orca, sarathi, vllm_memory
+from orca_jax import cost_model
+from orca_jax.sweep_store import Curve
+
+
+def _curve(x, y):
+    n = len(x)
+    return Curve(policy="p", rates=np.arange(1.0, n + 1), x_mean=np.asarray(x, float),
+                 y_mean=np.asarray(y, float), y_low=np.asarray(y, float),
+                 y_high=np.asarray(y, float), num_seeds=np.ones(n, np.int64))
+
+
+def test_throughput_at_bound_interpolates_the_crossing():
+    curve = _curve([1.0, 2.0, 3.0], [0.1, 0.2, 0.4])
+    assert orca.throughput_at_bound(curve, 0.3) == pytest.approx(2.5)
+    assert orca.throughput_at_bound(curve, 0.2) == pytest.approx(2.0)
+    assert orca.throughput_at_bound(curve, 0.05) is None  # never that fast
+    assert orca.throughput_at_bound(curve, 1.0) == pytest.approx(3.0)  # never crossed: last x
+
+
+def test_clipped_drops_points_above_the_cap():
+    (curve,) = orca.clipped([_curve([1.0, 2.0, 3.0], [0.1, 0.5, 0.2])], 0.3)
+    assert curve.x_mean.tolist() == [1.0, 3.0]
+    assert curve.num_seeds.tolist() == [1, 1]
+
+
+def test_orca_beats_static_at_equal_latency(tmp_path):
+    setup = orca.OrcaSetup(num_requests=40, rates=(1.0, 4.0), static_batch_sizes=(8,),
+                           orca_batch_sizes=(8,), latency_bounds_s=(0.03, 0.05))
+    result = orca.run(setup, str(tmp_path))
+    latency = {(r["policy"], r["rate"]): r[orca.LATENCY] for r in result.rows}
+    assert sorted(latency) == [("orca bs=8", 1.0), ("orca bs=8", 4.0),
+                               ("static bs=8", 1.0), ("static bs=8", 4.0)]
+    # A static batch returns its answers when its longest member is done.
+    assert latency["orca bs=8", 4.0] < latency["static bs=8", 4.0]
+    assert [r["latency_bound_s"] for r in result.ratios] == [0.03, 0.05]
+    for row in result.ratios:
+        assert row["best_orca"] == "orca bs=8"
+        assert row["static_req_s"] is None or row["orca_req_s"] > row["static_req_s"]
+    assert any(row["ratio"] is not None and row["ratio"] > 1 for row in result.ratios)
+
+
+def test_orca_command_writes_figure_and_tables_and_resumes(tmp_path, capsys):
+    args = [f"--out_dir={tmp_path / 'out'}", f"--figure={tmp_path / 'fig.png'}",
+            "--num_requests=12", "--rates=2"]
+    orca.main(args)
+    printed = capsys.readouterr().out
+    assert "throughput (req/s) at equal median normalized latency" in printed
+    ratios = json.loads((tmp_path / "out" / "ratios.json").read_text())
+    assert len(ratios["rows"]) == len(orca.OrcaSetup().latency_bounds_s)
+    points = (tmp_path / "out" / "points.jsonl").read_text().splitlines()
+    assert len(points) == 7  # 4 static and 3 orca batch sizes at one rate
+    if (tmp_path / "fig.png").exists():
+        assert (tmp_path / "fig.png").read_bytes()[:4] == b"\x89PNG"
+    orca.main(args)  # a rerun finds every point done
+    assert (tmp_path / "out" / "points.jsonl").read_text().splitlines() == points
+
+
+def test_vllm_batches_more_than_orca_max(tmp_path):
+    # 80 ShareGPT-like requests in 8 s: every policy's batch is as large as its KV allows.
+    setup = vllm_memory.VLLMSetup(num_requests=80, rates=(10.0,), batch_rate=10.0)
+    result = vllm_memory.run(setup, str(tmp_path))
+    batch = {row["policy"]: row["batch_at_rate"] for row in result.summary}
+    assert list(batch) == ["Orca (Max)", "Orca (Pow2)", "Orca (Oracle)", "vLLM"]
+    # Orca (Max) reserves the 2,048-token context per request: the pool holds only that many.
+    pages = cost_model.num_kv_pages_for_memory(cost_model.get_model("opt-13b"),
+                                               cost_model.get_hardware("a100-40gb"), 1, 16)
+    assert batch["Orca (Max)"] <= pages * 16 // 2048
+    assert batch["vLLM"] > batch["Orca (Oracle)"] > batch["Orca (Pow2)"] > batch["Orca (Max)"]
+    assert batch["vLLM"] > 2 * batch["Orca (Max)"]
+
+
+def test_sarathi_tail_tbt_is_lower_than_vllm_at_the_same_load(tmp_path):
+    setup = sarathi.SarathiSetup(num_requests=40, rates=(4.0,), budgets=(512,))
+    result = sarathi.run(setup, str(tmp_path))
+    tbt = {row["policy"]: row[sarathi.TBT] for row in result.rows}
+    assert list(tbt) == ["vLLM (no chunking)", "Sarathi 512"]
+    # A whole prompt of ~1,500 tokens stalls every decode for ~0.1 s; a 512-token step less.
+    assert tbt["Sarathi 512"] < 0.6 * tbt["vLLM (no chunking)"]
+    assert [(r["tbt_slo_s"], r["policy"]) for r in result.capacity] == [
+        (0.1, "vLLM (no chunking)"), (0.1, "Sarathi 512"),
+        (0.5, "vLLM (no chunking)"), (0.5, "Sarathi 512")]
