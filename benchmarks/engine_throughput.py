@@ -6,7 +6,8 @@ lengths through the very same compiled steps. Printed per policy: output
 tokens/s, p50 and p99 latency, under the profiled clock (each step advances
 the virtual clock by its bucket's warm-up median: repeatable) and the wall
 clock (the measured time of each step); then orca's throughput ratio over
-static's.
+static's. Then a rate sweep under the profiled clock compares the two at equal or
+lower p50 latency, as Orca's paper does.
 
     python benchmarks/engine_throughput.py [--models tiny small] [--num_requests 128]
 """
@@ -14,6 +15,7 @@ static's.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import platform
 import time
 
@@ -31,6 +33,11 @@ def main() -> None:
     parser.add_argument("--output_len", default="uniform:1:256")
     parser.add_argument("--max_batch_size", type=int, default=16)
     parser.add_argument("--token_budget", type=int, default=512)
+    parser.add_argument("--sweep_load", type=float, nargs="*",
+                        default=[0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0],
+                        help="rates of the equal-latency sweep, as multiples of static's "
+                             "measured capacity (none: skip the sweep)")
+    parser.add_argument("--sweep_requests", type=int, default=128)
     args = parser.parse_args()
     print(f"engine throughput on {jax.devices()[0].device_kind} ({jax.default_backend()}), "
           f"jax {jax.__version__}, python {platform.python_version()}")
@@ -62,6 +69,41 @@ def main() -> None:
             ratio = rows["orca"]["throughput_tok_s"] / rows["static"]["throughput_tok_s"]
             p50 = rows["orca"]["latency_p50_s"] / rows["static"]["latency_p50_s"]
             print(f"orca/static: throughput x{ratio:.2f}, p50 latency x{p50:.2f}")
+            if clock == "profiled":
+                capacity = rows["static"]["throughput_req_s"]  # requests/s at saturation
+        if args.sweep_load:
+            equal_latency_table(model, args, [round(capacity * x, 3) for x in args.sweep_load])
+
+
+def equal_latency_table(model: str, args: argparse.Namespace, rates: list[float]) -> None:
+    """Sweeps the rate (profiled clock) and compares throughput at equal or lower p50 latency.
+
+    For each static point (rate r: throughput T_s, p50 latency L_s) it finds the
+    highest throughput orca reaches at any swept rate with p50 <= L_s, as Orca's
+    paper compares the systems at equal latency. The rates are multiples of static's
+    capacity measured above, so the sweep spans both systems' saturation on any machine.
+    """
+    spec = RunSpec(engine="jax", model=model, clock="profiled", num_requests=args.sweep_requests,
+                   rate=rates[0], prompt_len=args.prompt_len, output_len=args.output_len,
+                   max_batch_size=args.max_batch_size, token_budget=args.token_budget)
+    engine = build_engine(spec, scheduler_config(spec))
+    engine.warmup(scheduler_config_buckets(spec))
+    points: dict[str, list[tuple[float, float, float]]] = {"static": [], "orca": []}
+    for rate in rates:
+        rate_spec = dataclasses.replace(spec, rate=rate)
+        requests = build_workload(rate_spec)
+        for policy in points:
+            summary, _ = run_policy(rate_spec, policy, requests=requests, engine=engine,
+                                    progress=False)
+            points[policy].append((rate, summary["throughput_tok_s"], summary["latency_p50_s"]))
+    print(f"\nmodel={model}, profiled clock, rate sweep: throughput at equal or lower p50 latency")
+    print(f"{'rate':>6} {'static tok/s':>13} {'static p50':>11} {'orca tok/s':>11} "
+          f"{'orca p50':>9} {'orca best at <= static p50':>27} {'ratio':>6}")
+    for (rate, s_tok, s_p50), (_, o_tok, o_p50) in zip(points["static"], points["orca"]):
+        feasible = [tok for _, tok, p50 in points["orca"] if p50 <= s_p50]
+        best = max(feasible) if feasible else float("nan")
+        print(f"{rate:>6g} {s_tok:>13.1f} {s_p50:>11.3f} {o_tok:>11.1f} {o_p50:>9.3f} "
+              f"{best:>27.1f} {best / s_tok:>6.2f}")
 
 
 def scheduler_config_buckets(spec: RunSpec):

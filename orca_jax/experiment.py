@@ -192,8 +192,11 @@ def _jax_engine(spec: RunSpec, config: SchedulerConfig) -> Engine:
     else:
         params = weights.init_params(model, seed=spec.seed, dtype=dtype)
     attention = spec.attention
+    on_gpu = jax.default_backend() == "gpu"
     if attention == "auto":
-        attention = "pallas" if jax.default_backend() == "gpu" else "reference"
+        attention = "pallas" if on_gpu else "reference"
+    elif attention == "pallas" and not on_gpu:
+        attention = "pallas_interpret"  # the same kernel, run by the Pallas interpreter
     return JaxEngine(model, params, num_pages=config.num_kv_pages + 1,  # + the null page
                      page_size=config.page_size,
                      pages_per_seq=-(-config.max_model_len // config.page_size), dtype=dtype,

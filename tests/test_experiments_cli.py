@@ -90,3 +90,18 @@ def test_bad_flags_fail_with_a_clear_message(flag, words):
     assert result.returncode != 0
     assert words in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_pallas_attention_runs_end_to_end_with_the_reference_tokens(tmp_path):
+    # Off a GPU, --attention=pallas runs the same kernel in interpret mode.
+    tokens = {}
+    for attention in ("pallas", "reference"):
+        out = tmp_path / attention
+        _run("experiments.run", "--policy=orca", "--engine=jax", f"--attention={attention}",
+             "--num_requests=4", "--prompt_len=uniform:3:9", "--output_len=fixed:4",
+             "--token_budget=16", "--max_model_len=64", f"--out_dir={out}")
+        config = json.loads((out / "config.json").read_text())
+        assert config["run"]["attention"] == attention
+        tokens[attention] = [r["output_tokens"] for r in _jsonl(out / "requests.jsonl")]
+    assert tokens["pallas"] == tokens["reference"]
+    assert all(len(t) == 4 for t in tokens["pallas"])
