@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from experiments.reproduce import orca, sarathi, vllm_memory
+from experiments.reproduce import common, orca, sarathi, vllm_memory
 from orca_jax import cost_model
 from orca_jax.sweep_store import Curve
 
@@ -19,14 +19,14 @@ def _curve(x, y):
 
 def test_throughput_at_bound_interpolates_the_crossing():
     curve = _curve([1.0, 2.0, 3.0], [0.1, 0.2, 0.4])
-    assert orca.throughput_at_bound(curve, 0.3) == pytest.approx(2.5)
-    assert orca.throughput_at_bound(curve, 0.2) == pytest.approx(2.0)
-    assert orca.throughput_at_bound(curve, 0.05) is None  # never that fast
-    assert orca.throughput_at_bound(curve, 1.0) == pytest.approx(3.0)  # never crossed: last x
+    assert common.throughput_at_bound(curve, 0.3) == pytest.approx(2.5)
+    assert common.throughput_at_bound(curve, 0.2) == pytest.approx(2.0)
+    assert common.throughput_at_bound(curve, 0.05) is None  # never that fast
+    assert common.throughput_at_bound(curve, 1.0) == pytest.approx(3.0)  # never crossed: last x
 
 
 def test_clipped_drops_points_above_the_cap():
-    (curve,) = orca.clipped([_curve([1.0, 2.0, 3.0], [0.1, 0.5, 0.2])], 0.3)
+    (curve,) = common.clipped([_curve([1.0, 2.0, 3.0], [0.1, 0.5, 0.2])], 0.3)
     assert curve.x_mean.tolist() == [1.0, 3.0]
     assert curve.num_seeds.tolist() == [1, 1]
 

@@ -35,7 +35,7 @@ import os
 import time
 from typing import Any, Optional, Sequence
 
-from experiments.reproduce.orca import (PolicyRun, clipped, parse_rates, run_grid,
+from experiments.reproduce.common import (PolicyRun, clipped, parse_rates, run_grid,
                                         throughput_at_bound, write_table)
 from orca_jax.experiment import RunSpec
 from orca_jax.plots import plot_sweep
