@@ -29,7 +29,11 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as plgpu
+try:  # The Triton backend's helpers; a jax without them still has the jnp reference.
+    from jax.experimental.pallas import triton as plgpu
+except ImportError as _triton_import_error:  # pragma: no cover - depends on the jax build
+    plgpu = None
+    _PLGPU_ERROR = _triton_import_error
 
 # Finite, so a fully masked tile gives exp(0) instead of NaN; the masked
 # probabilities are zeroed explicitly as well.
@@ -346,6 +350,10 @@ def ragged_paged_attention(
         16 rows per tile).
     """
     _check_inputs(q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, num_seqs)
+    if plgpu is None:
+        raise ImportError("ragged_paged_attention needs jax.experimental.pallas.triton, which "
+                          f"this jax ({jax.__version__}) lacks: {_PLGPU_ERROR}; use "
+                          "ragged_paged_attention_reference (--attention=reference)")
     config = config or RaggedAttentionConfig()
     num_q_heads, head_dim = q.shape[1:]
     group = num_q_heads // k_pages.shape[2]
