@@ -13,6 +13,8 @@ preempted by recompute (their pages freed) until it fits.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from typing import Optional, Sequence
 
 import numpy as np
@@ -20,6 +22,7 @@ from numpy.typing import NDArray
 
 from orca_jax import RequestState, SchedulerView, StepPlan
 from orca_jax.length_predictor import checked_predictions, get_predictor
+from orca_jax.policy import Policy
 
 
 def plan_in_order(view: SchedulerView, order: NDArray[np.int64],  # [k]
@@ -145,3 +148,26 @@ class PredictionCache:
 def candidates(view: SchedulerView) -> NDArray[np.int64]:
     """`[k]` every request a policy may schedule now: running, then waiting."""
     return np.concatenate([view.running, view.waiting])
+
+
+@dataclasses.dataclass(kw_only=True)
+class LengthRanked(Policy):
+    """The knobs and prediction cache that length-ranking policies (sjf, srpt) share.
+
+    Attributes:
+      predictor: name of the output-length predictor (`oracle`, or a registered one).
+      prompt_token_weight: work of one prompt token relative to one output token.
+      starvation_s: how long a request may wait before it is promoted (inf: never).
+    """
+
+    predictor: str = "oracle"
+    prompt_token_weight: float = 1.0
+    starvation_s: float = math.inf
+    _lengths: PredictionCache = dataclasses.field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.prompt_token_weight >= 0:
+            raise ValueError(f"prompt_token_weight must be >= 0, got {self.prompt_token_weight}")
+        if not self.starvation_s > 0:
+            raise ValueError(f"starvation_s must be > 0, got {self.starvation_s}")
+        self._lengths = PredictionCache(self.predictor)

@@ -14,18 +14,17 @@ promoted ahead of the shortest ones (oldest first), so long jobs cannot starve.
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import numpy as np
 
 from orca_jax import SchedulerView, StepPlan
-from orca_jax.policy import Policy, register
-from policies._common import PredictionCache, plan_in_order
+from orca_jax.policy import register
+from policies._common import LengthRanked, plan_in_order
 
 
 @register("sjf")
 @dataclasses.dataclass(kw_only=True)
-class SJF(Policy):
+class SJF(LengthRanked):
     """Non-preemptive shortest job first.
 
     Attributes:
@@ -37,17 +36,6 @@ class SJF(Policy):
         the front of the queue (inf: never).
     """
 
-    predictor: str = "oracle"
-    prompt_token_weight: float = 1.0
-    starvation_s: float = math.inf
-    _lengths: PredictionCache = dataclasses.field(init=False, repr=False)
-
-    def __post_init__(self) -> None:
-        if not self.prompt_token_weight >= 0:
-            raise ValueError(f"prompt_token_weight must be >= 0, got {self.prompt_token_weight}")
-        if not self.starvation_s > 0:
-            raise ValueError(f"starvation_s must be > 0, got {self.starvation_s}")
-        self._lengths = PredictionCache(self.predictor)
 
     def schedule(self, view: SchedulerView) -> StepPlan:
         waiting, requests = view.waiting, view.requests

@@ -15,20 +15,19 @@ requests finish even under a stream of short ones.
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Optional
 
 import numpy as np
 from numpy.typing import NDArray
 
 from orca_jax import SchedulerView, StepPlan
-from orca_jax.policy import Policy, register
-from policies._common import LastScheduled, PredictionCache, candidates, plan_in_order
+from orca_jax.policy import register
+from policies._common import LastScheduled, LengthRanked, candidates, plan_in_order
 
 
 @register("srpt")
 @dataclasses.dataclass(kw_only=True)
-class SRPT(Policy):
+class SRPT(LengthRanked):
     """Preemptive (by pausing) shortest remaining predicted processing time.
 
     Attributes:
@@ -37,21 +36,10 @@ class SRPT(Policy):
       starvation_s: a request not scheduled for this long is promoted (inf: never).
     """
 
-    predictor: str = "oracle"
-    prompt_token_weight: float = 1.0
-    starvation_s: float = math.inf
-    _lengths: PredictionCache = dataclasses.field(init=False, repr=False)
     _last: LastScheduled = dataclasses.field(default_factory=LastScheduled, init=False,
                                              repr=False)
     _promoted_s: Optional[NDArray[np.float64]] = dataclasses.field(  # [N] inf: not promoted
         default=None, init=False, repr=False)
-
-    def __post_init__(self) -> None:
-        if not self.prompt_token_weight >= 0:
-            raise ValueError(f"prompt_token_weight must be >= 0, got {self.prompt_token_weight}")
-        if not self.starvation_s > 0:
-            raise ValueError(f"starvation_s must be > 0, got {self.starvation_s}")
-        self._lengths = PredictionCache(self.predictor)
 
     def remaining_work(self, view: SchedulerView, ids: NDArray[np.int64]) -> NDArray[np.float64]:
         """`[n]` predicted remaining work of `ids`, in output-token units."""
