@@ -40,13 +40,9 @@ def _plot(summaries: list[dict], path: str) -> bool:
     return True
 
 
+@run_flags.clean_errors()
 def main(argv: list[str]) -> None:
     del argv
-    with run_flags.clean_errors():
-        _main()
-
-
-def _main() -> None:
     spec = run_flags.spec_from_flags()
     names = list(run_flags.FLAGS.policies)
     options = options_by_policy(run_flags.FLAGS.policy_opts, names)

@@ -118,7 +118,10 @@ def _buckets() -> Optional[tuple[int, ...]]:
 
 @contextlib.contextmanager
 def clean_errors() -> Iterator[None]:
-    """Turns the errors a user can cause (a bad policy, trace or plan) into one clear line."""
+    """Turns the errors a user can cause (a bad policy, trace or plan) into one clear line.
+
+    A context manager, and so also a decorator of an entry point's `main`.
+    """
     try:
         yield
     except (PolicyLoadError, TraceError) as e:

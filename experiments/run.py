@@ -17,13 +17,9 @@ flags.DEFINE_string("policy", "orca", "Policy: a registered name, package.module
                     "path/to/file.py:Class.")
 
 
+@run_flags.clean_errors()
 def main(argv: list[str]) -> None:
     del argv
-    with run_flags.clean_errors():
-        _main()
-
-
-def _main() -> None:
     spec = run_flags.spec_from_flags()
     options = policies.parse_options(run_flags.FLAGS.policy_opts)
     summary, _ = run_policy(spec, run_flags.FLAGS.policy, options,

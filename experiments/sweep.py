@@ -167,13 +167,9 @@ def run_sweep(spec: RunSpec, policy_specs: Sequence[str], options: dict[str, dic
     return store, keys
 
 
+@run_flags.clean_errors()
 def main(argv: list[str]) -> None:
     del argv
-    with run_flags.clean_errors():
-        _main()
-
-
-def _main() -> None:
     spec = run_flags.spec_from_flags()
     if spec.workload == "burst":
         raise app.UsageError("--workload=burst has every request at t=0: there is no rate to "
