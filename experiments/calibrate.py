@@ -27,13 +27,9 @@ run_flags.FLAGS.set_default("out_dir", "runs/calibration")
 run_flags.FLAGS.set_default("policies", ["orca", "static"])
 
 
+@run_flags.clean_errors()
 def main(argv: list[str]) -> None:
     del argv
-    with run_flags.clean_errors():
-        _main()
-
-
-def _main() -> None:
     if run_flags.FLAGS.engine != "jax":
         raise app.UsageError(f"--engine={run_flags.FLAGS.engine}: calibrate measures the real "
                              "engine; use --engine=jax")

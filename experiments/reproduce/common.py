@@ -157,6 +157,25 @@ def _json_number(value: Any) -> Any:
     raise TypeError(f"not JSON serializable: {value!r}")
 
 
+def reproduction_parser(doc: str, name: str, figure: str,
+                        setup_defaults: Any) -> argparse.ArgumentParser:
+    """The flags every reproduction takes: --out_dir, --figure, --num_requests, --rates.
+
+    Args:
+      doc: the module docstring (its first line describes the command).
+      name: the reproduction's name (its default output folder).
+      figure: the PNG it writes by default.
+      setup_defaults: its setup class, whose `num_requests` and `rates` are the defaults.
+    """
+    parser = argparse.ArgumentParser(description=doc.split("\n")[0])
+    parser.add_argument("--out_dir", default=f"runs/reproduce/{name}",
+                        help="points.jsonl (resumable) and the tables")
+    parser.add_argument("--figure", default=figure, help="the PNG to write")
+    parser.add_argument("--num_requests", type=int, default=setup_defaults.num_requests)
+    parser.add_argument("--rates", type=parse_rates, default=setup_defaults.rates)
+    return parser
+
+
 def parse_rates(text: str) -> tuple[float, ...]:
     """`0.5,1,2` -> (0.5, 1.0, 2.0); every rate > 0."""
     try:

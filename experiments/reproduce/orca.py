@@ -24,13 +24,12 @@ The grid runner and the bound reader are shared with the other reproductions
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
 import time
 from typing import Any, Optional, Sequence
 
-from experiments.reproduce.common import (PolicyRun, clipped, parse_rates, run_grid,
+from experiments.reproduce.common import (PolicyRun, clipped, reproduction_parser, run_grid,
                                           throughput_at_bound, write_table)
 from orca_jax.experiment import RunSpec
 from orca_jax.plots import plot_sweep
@@ -110,12 +109,7 @@ def run(setup: OrcaSetup, out_dir: str) -> OrcaResult:
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
     """The command: parse flags, run the sweep, print and write the tables and the figure."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out_dir", default="runs/reproduce/orca",
-                        help="points.jsonl (resumable) and the tables")
-    parser.add_argument("--figure", default=FIGURE, help="the PNG to write")
-    parser.add_argument("--num_requests", type=int, default=OrcaSetup.num_requests)
-    parser.add_argument("--rates", type=parse_rates, default=OrcaSetup.rates)
+    parser = reproduction_parser(__doc__, "orca", FIGURE, OrcaSetup)
     args = parser.parse_args(argv)
     setup = OrcaSetup(num_requests=args.num_requests, rates=args.rates)
     os.makedirs(args.out_dir, exist_ok=True)

@@ -28,14 +28,13 @@ first (linear between swept rates). SLOs: 0.1 s (strict) and 0.5 s (relaxed).
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import math
 import os
 import time
 from typing import Any, Optional, Sequence
 
-from experiments.reproduce.common import (PolicyRun, clipped, parse_rates, run_grid,
+from experiments.reproduce.common import (PolicyRun, clipped, reproduction_parser, run_grid,
                                         throughput_at_bound, write_table)
 from orca_jax.experiment import RunSpec
 from orca_jax.plots import plot_sweep
@@ -135,12 +134,7 @@ def run(setup: SarathiSetup, out_dir: str) -> SarathiResult:
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
     """The command: parse flags, run the sweep, print and write the tables and the figure."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out_dir", default="runs/reproduce/sarathi",
-                        help="points.jsonl (resumable) and the tables")
-    parser.add_argument("--figure", default=FIGURE, help="the PNG to write")
-    parser.add_argument("--num_requests", type=int, default=SarathiSetup.num_requests)
-    parser.add_argument("--rates", type=parse_rates, default=SarathiSetup.rates)
+    parser = reproduction_parser(__doc__, "sarathi", FIGURE, SarathiSetup)
     args = parser.parse_args(argv)
     setup = SarathiSetup(num_requests=args.num_requests, rates=args.rates)
     os.makedirs(args.out_dir, exist_ok=True)

@@ -23,14 +23,13 @@ is the request rate at which its mean normalized latency crosses
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import math
 import os
 import time
 from typing import Any, Optional, Sequence
 
-from experiments.reproduce.common import (PolicyRun, clipped, parse_rates, run_grid,
+from experiments.reproduce.common import (PolicyRun, clipped, reproduction_parser, run_grid,
                                         throughput_at_bound, write_table)
 from orca_jax.experiment import RunSpec
 from orca_jax.plots import plot_sweep
@@ -115,12 +114,7 @@ def run(setup: VLLMSetup, out_dir: str) -> VLLMResult:
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
     """The command: parse flags, run the sweep, print and write the tables and the figure."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out_dir", default="runs/reproduce/vllm_memory",
-                        help="points.jsonl (resumable) and the tables")
-    parser.add_argument("--figure", default=FIGURE, help="the PNG to write")
-    parser.add_argument("--num_requests", type=int, default=VLLMSetup.num_requests)
-    parser.add_argument("--rates", type=parse_rates, default=VLLMSetup.rates)
+    parser = reproduction_parser(__doc__, "vllm_memory", FIGURE, VLLMSetup)
     parser.add_argument("--latency_bound_s", type=float, default=VLLMSetup.latency_bound_s)
     args = parser.parse_args(argv)
     setup = VLLMSetup(num_requests=args.num_requests, rates=args.rates,
