@@ -1,41 +1,14 @@
 """The `sarathi` policy: stall-free batching under a token budget."""
 
-import dataclasses
 
 import numpy as np
 import pytest
 
 import policies
-from orca_jax import Policy, Request, RequestState, Scheduler, SchedulerConfig
+from orca_jax import Request, RequestState, Scheduler, SchedulerConfig
 from orca_jax.cost_model import CostModelConfig
 from orca_jax.sim_engine import SimEngine
-
-
-@dataclasses.dataclass
-class Step:
-    """One recorded decision, and which running requests were decoding when it was made."""
-
-    tokens: dict  # request index -> tokens
-    preempt: list
-    decoding: list = dataclasses.field(default_factory=list, compare=False)
-
-
-class Recorder(Policy):
-    """Delegates to a policy and keeps every plan it returns."""
-
-    def __init__(self, inner: Policy) -> None:
-        self.inner = inner
-        self.name = inner.name
-        self.kv_reservation = inner.kv_reservation
-        self.steps: list[Step] = []
-
-    def schedule(self, view):
-        running = view.running
-        decoding = running[view.requests.prefill_done(running)].tolist()
-        plan = self.inner.schedule(view)
-        if plan.request_ids.size or plan.preempt.size:
-            self.steps.append(Step(plan.as_dict(), plan.preempt.tolist(), decoding))
-        return plan
+from policy_recorder import Recorder, Step
 
 
 def run(requests, *, budget, scheduler_budget=64, num_kv_pages=64, max_batch_size=8,
