@@ -274,6 +274,34 @@ def _tenant_summary(tenants: Sequence[Any], finished: NDArray[np.bool_],
     }
 
 
+def static_batching_ceiling(output_len: ArrayLike, batch_size: int) -> float:
+    """The most any scheduler's decode throughput can exceed static batching's, at saturation.
+
+    Static (request-level) batching runs batches of `batch_size` requests in
+    arrival order, each for as many decode steps as its longest member; iteration-
+    level scheduling at best keeps all `batch_size` slots busy, so it needs
+    `sum(output_len) / batch_size` steps. Their ratio bounds the saturated
+    throughput ratio when steps cost the same (prefill ignored). For outputs
+    uniform on [1, L] it is about 2B / (B + 1), under 2 for every B.
+
+    Args:
+      output_len: `[N]` output tokens of each request, in arrival order (all >= 1).
+      batch_size: requests per static batch, >= 1.
+
+    Returns:
+      Static's decode steps over the fully packed continuous-batching steps.
+    """
+    lens = np.asarray(output_len, dtype=np.int64)
+    if lens.ndim != 1 or lens.size == 0 or (lens < 1).any():
+        raise ValueError(f"output_len must be a non-empty 1-D array of lengths >= 1, got "
+                         f"shape {lens.shape}" + (f" with min {lens.min()}" if lens.size else ""))
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    padded = np.pad(lens, (0, -lens.size % batch_size))  # zeros never set a batch's max
+    static_steps = padded.reshape(-1, batch_size).max(axis=1).sum()
+    return float(static_steps * batch_size / lens.sum())
+
+
 def format_table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> str:
     """A plain aligned text table, one row per dict (e.g. per policy).
 

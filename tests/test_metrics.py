@@ -144,3 +144,25 @@ def test_format_table_aligns_text_left_and_numbers_right():
         "fcfs          0.1235            10",
         "sjf-long           -             9",
     ])
+
+
+def test_static_batching_ceiling_counts_each_batch_at_its_longest_member():
+    # Batches of 2 in arrival order: (1, 4) runs 4 steps, (3, 2) runs 3; packed
+    # continuous batching needs 10 / 2 = 5 steps.
+    assert metrics.static_batching_ceiling([1, 4, 3, 2], 2) == pytest.approx(7 / 5)
+    # A short last batch still runs for its longest member: (5, 1) 5, (2,) 2 -> 7 / (8 / 2).
+    assert metrics.static_batching_ceiling([5, 1, 2], 2) == pytest.approx(7 / 4)
+    assert metrics.static_batching_ceiling([7, 7, 7, 7], 4) == 1.0
+    assert metrics.static_batching_ceiling([3, 9], 1) == 1.0
+
+
+def test_static_batching_ceiling_of_uniform_lengths_is_under_two():
+    lens = np.random.default_rng(0).integers(1, 257, size=16 * 4000)
+    # 2B / (B + 1) for B = 16, up to the discreteness of [1, 256].
+    assert metrics.static_batching_ceiling(lens, 16) == pytest.approx(32 / 17, rel=0.01)
+
+
+@pytest.mark.parametrize("lens, batch", [([], 2), ([3, 0], 2), ([[1, 2]], 2), ([1, 2], 0)])
+def test_static_batching_ceiling_rejects_bad_input(lens, batch):
+    with pytest.raises(ValueError, match="output_len|batch_size"):
+        metrics.static_batching_ceiling(lens, batch)
