@@ -13,6 +13,7 @@ from typing import Iterator, Optional
 
 from absl import app, flags
 
+from orca_jax.engine_api import EngineConfigError
 from orca_jax.plan import PlanError
 from orca_jax.policy import PolicyLoadError
 from orca_jax.traces import TraceError
@@ -35,7 +36,9 @@ flags.DEFINE_enum("clock", "profiled", ["profiled", "wall"], "jax: advance the v
                   "each bucket's warm-up median (repeatable) or by measured wall time.")
 flags.DEFINE_string("hardware", "a100", "Hardware preset of the simulator: a100 (80GB), a100-40gb, "
                     "h100, h200.")
-flags.DEFINE_integer("tp", 1, "Tensor-parallel degree of the simulated replica.", lower_bound=1)
+flags.DEFINE_integer("tp", 1, "Tensor-parallel degree: of the simulated replica (sim), or the "
+                     "number of local devices the jax engine splits weights, KV cache and "
+                     "attention over.", lower_bound=1)
 flags.DEFINE_float("step_time_ms", None, "Fixed simulator step time in ms (instead of the "
                    "roofline cost model).", lower_bound=0.0)
 flags.DEFINE_string("cost_fit", None, "sim: step times from a cost fit JSON written by "
@@ -118,13 +121,14 @@ def _buckets() -> Optional[tuple[int, ...]]:
 
 @contextlib.contextmanager
 def clean_errors() -> Iterator[None]:
-    """Turns the errors a user can cause (a bad policy, trace or plan) into one clear line.
+    """Turns the errors a user can cause (a bad policy, trace, engine setting or plan) into
+    one clear line.
 
     A context manager, and so also a decorator of an entry point's `main`.
     """
     try:
         yield
-    except (PolicyLoadError, TraceError) as e:
+    except (PolicyLoadError, TraceError, EngineConfigError) as e:
         raise app.UsageError(str(e)) from None
     except PlanError as e:
         sys.exit(f"error: {e}")

@@ -30,6 +30,10 @@ from numpy.typing import NDArray
 NULL_PAGE = 0  # page 0 is the padding target; the KV manager never allocates it
 
 
+class EngineConfigError(ValueError):
+    """The engine cannot be built as configured; the message names the setting (e.g. `tp`)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Bucket:
     """A compiled step shape: at most `num_tokens` tokens of at most `num_seqs` sequences."""

@@ -65,7 +65,7 @@ class RunSpec:
     sampling: str = "greedy"  # jax: greedy, or temperature:T[:top_k[:top_p]]
     clock: str = "profiled"  # jax: profiled (warm-up bucket medians) or wall
     hardware: str = "a100"
-    tp: int = 1
+    tp: int = 1  # sim: the replica's tensor-parallel degree; jax: devices the step is split over
     step_time_ms: Optional[float] = None  # fixed step time of the simulator
     cost_fit: Optional[str] = None  # sim: a cost fit JSON written by experiments.calibrate
     workload: str = "poisson"
@@ -182,7 +182,7 @@ def _jax_engine(spec: RunSpec, config: SchedulerConfig) -> Engine:
     import jax
     import jax.numpy as jnp
 
-    from orca_jax import weights
+    from orca_jax import sharding, weights
     from orca_jax.jax_engine import JaxEngine
 
     model = model_config(spec)
@@ -197,10 +197,11 @@ def _jax_engine(spec: RunSpec, config: SchedulerConfig) -> Engine:
         attention = "pallas" if on_gpu else "reference"
     elif attention == "pallas" and not on_gpu:
         attention = "pallas_interpret"  # the same kernel, run by the Pallas interpreter
+    mesh = sharding.make_mesh(spec.tp, model) if spec.tp > 1 else None
     return JaxEngine(model, params, num_pages=config.num_kv_pages + 1,  # + the null page
                      page_size=config.page_size,
                      pages_per_seq=-(-config.max_model_len // config.page_size), dtype=dtype,
-                     attention=attention, clock=spec.clock)
+                     attention=attention, clock=spec.clock, mesh=mesh)
 
 
 class _Progress:
@@ -260,6 +261,8 @@ def run_policy(spec: RunSpec, policy_spec: str, policy_options: Optional[Mapping
         summary["compiled_fingerprints"] = {
             str(b.num_tokens): h for b, h in sorted(engine.fingerprints().items(),
                                                      key=lambda item: item[0].num_tokens)}
+        summary["tp"] = engine.tp
+        summary["kv_cache_bytes_per_device"] = engine.kv_cache_bytes_per_device
     if out_dir is not None:
         resolved = {
             "run": dataclasses.asdict(spec),

@@ -24,7 +24,8 @@ import numpy as np
 from flax import nnx
 
 from orca_jax import model as model_lib
-from orca_jax.engine_api import (NULL_PAGE, Bucket, StepInputs, StepOutput,
+from orca_jax import sharding
+from orca_jax.engine_api import (NULL_PAGE, Bucket, EngineConfigError, StepInputs, StepOutput,
                                  bucket_arrays_are_consistent)
 from orca_jax.model_config import ModelConfig
 
@@ -91,12 +92,15 @@ class JaxEngine:
       num_timed_runs: timed warm-up runs per bucket (the median is kept).
       warmup_kv_len: context length of the warm-up's dummy sequences; None means
         the full page-table width, the bucket's worst case.
+      mesh: a `tp` mesh (`sharding.make_mesh`) to split the weights, the KV cache
+        and attention over (tensor parallelism); None runs on the default device.
     """
 
     def __init__(self, model_config: ModelConfig, params: nnx.State, *, num_pages: int,
                  page_size: int, pages_per_seq: int, dtype: jnp.dtype = jnp.float32,
                  attention: str = "reference", clock: str = "wall", num_timed_runs: int = 3,
-                 warmup_kv_len: Optional[int] = None) -> None:
+                 warmup_kv_len: Optional[int] = None,
+                 mesh: Optional[jax.sharding.Mesh] = None) -> None:
         if clock not in CLOCKS:
             raise ValueError(f"JaxEngine: clock={clock!r}, choose one of {CLOCKS}")
         if num_pages < 2 or page_size < 1 or pages_per_seq < 1:
@@ -107,21 +111,37 @@ class JaxEngine:
         max_len = pages_per_seq * page_size
         if warmup_kv_len is not None and not 1 <= warmup_kv_len <= max_len:
             raise ValueError(f"JaxEngine: warmup_kv_len={warmup_kv_len} must be in [1, {max_len}]")
-        model_lib.attention_op(attention)  # fails early on an unknown op name
+        attend = model_lib.attention_op(attention)  # fails early on an unknown op name
+        if mesh is not None:
+            if tuple(mesh.axis_names) != (sharding.TP_AXIS,):
+                raise EngineConfigError(f"JaxEngine: mesh axes {mesh.axis_names} must be "
+                                 f"({sharding.TP_AXIS!r},); build it with sharding.make_mesh")
+            sharding.make_mesh(mesh.size, model_config, list(mesh.devices.flat))  # divisibility
+            attend = sharding.shard_attention(attend, mesh)
         self.model_config = model_config
         self.num_pages, self.page_size, self.pages_per_seq = num_pages, page_size, pages_per_seq
         self.dtype = jnp.dtype(dtype)
         self.attention = attention
+        self.mesh = mesh
         self.clock = clock
         self.num_timed_runs = num_timed_runs
         self.warmup_kv_len = warmup_kv_len if warmup_kv_len is not None else max_len
         graphdef, abstract = model_lib.abstract_model(model_config, self.dtype)
         self._check_params(abstract, params)
-        self._params = jax.device_put(jax.tree.map(
-            lambda a: a.astype(self.dtype) if jnp.issubdtype(a.dtype, jnp.floating) else a, params))
-        self._cache = model_lib.init_kv_cache(model_config, num_pages=num_pages,
-                                              page_size=page_size, dtype=self.dtype)
-        self._jitted = jax.jit(functools.partial(model_lib.step, graphdef, attention=attention),
+        params = jax.tree.map(
+            lambda a: a.astype(self.dtype) if jnp.issubdtype(a.dtype, jnp.floating) else a, params)
+        new_cache = functools.partial(model_lib.init_kv_cache, model_config, num_pages=num_pages,
+                                      page_size=page_size, dtype=self.dtype)
+        if mesh is None:
+            self._params = jax.device_put(params)
+            self._cache = new_cache()
+            self._inputs_sharding = None
+        else:
+            self._params = jax.device_put(params, sharding.param_shardings(params, mesh))
+            # Built in place, split: the whole cache never sits on one device.
+            self._cache = jax.jit(new_cache, out_shardings=sharding.kv_cache_sharding(mesh))()
+            self._inputs_sharding = sharding.replicated(mesh)
+        self._jitted = jax.jit(functools.partial(model_lib.step, graphdef, attention=attend),
                                donate_argnums=1)
         self._compiled: dict[Bucket, jax.stages.Compiled] = {}
         self._fingerprints: dict[Bucket, str] = {}
@@ -151,6 +171,17 @@ class JaxEngine:
     @property
     def vocab_size(self) -> int:
         return self.model_config.vocab_size
+
+    @property
+    def tp(self) -> int:
+        """Tensor-parallel degree (devices the step is split over)."""
+        return 1 if self.mesh is None else self.mesh.size
+
+    @property
+    def kv_cache_bytes_per_device(self) -> int:
+        """Bytes of the paged KV cache on each device (1/tp of it under a mesh)."""
+        return sum(buffer.addressable_shards[0].data.nbytes
+                   for buffer in (*self._cache.k, *self._cache.v))
 
     @property
     def num_compiles(self) -> int:
@@ -183,7 +214,8 @@ class JaxEngine:
             if bucket in self._compiled:
                 continue
             dummy = self._dummy_inputs(bucket)
-            shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), dummy)
+            shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(
+                a.shape, a.dtype, sharding=self._inputs_sharding), dummy)
             before = backend_compiles()
             compiled = self._jitted.lower(self._params, self._cache, shapes).compile()
             self._num_compiles += backend_compiles() - before
@@ -218,8 +250,8 @@ class JaxEngine:
     def _run(self, bucket: Bucket, arrays: model_lib.StepArrays) -> tuple[np.ndarray, float]:
         before = backend_compiles()
         start = time.perf_counter()
-        self._cache, result = self._compiled[bucket](self._params, self._cache,
-                                                     jax.device_put(arrays))
+        self._cache, result = self._compiled[bucket](
+            self._params, self._cache, jax.device_put(arrays, self._inputs_sharding))
         tokens = np.asarray(result.tokens.block_until_ready())  # [S]
         elapsed = time.perf_counter() - start
         self._num_compiles += backend_compiles() - before

@@ -1,0 +1,116 @@
+"""Tensor parallelism: the Megatron layout, its errors, and tp=2 runs on two forced CPU devices.
+
+The test process has one CPU device (JAX is started by then), so runs over two
+devices go through the command line in a subprocess started with
+`--xla_force_host_platform_device_count=2`.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
+
+from orca_jax import model as model_lib
+from orca_jax import sharding, weights
+from orca_jax.jax_engine import JaxEngine
+from orca_jax.model_config import get_model_config
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = get_model_config("tiny")
+
+
+def _specs_by_name(config, tp):
+    _, abstract = model_lib.abstract_model(config)
+    specs = sharding.param_specs(abstract, tp)
+    return {jax.tree_util.keystr(path): spec for path, spec in
+            jax.tree_util.tree_leaves_with_path(specs, is_leaf=lambda x: isinstance(x, P))}
+
+
+def test_param_specs_follow_the_megatron_layout():
+    specs = _specs_by_name(TINY, 2)
+    layer = "['layers'][1]"
+    for column in ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"):  # [in, out]
+        assert specs[f"{layer}['{column}']['kernel'].value"] == P(None, "tp"), column
+    for row in ("o_proj", "down_proj"):
+        assert specs[f"{layer}['{row}']['kernel'].value"] == P("tp", None), row
+    assert specs["['embed_tokens']['embedding'].value"] == P()
+    assert specs[f"{layer}['input_layernorm']['weight'].value"] == P()
+    assert specs["['norm']['weight'].value"] == P()
+
+
+def test_lm_head_splits_its_vocabulary_only_when_it_divides():
+    untied = TINY.__class__(**{**TINY.__dict__, "tie_embeddings": False, "vocab_size": 510})
+    assert _specs_by_name(untied, 2)["['lm_head']['kernel'].value"] == P(None, "tp")
+    assert _specs_by_name(untied, 4)["['lm_head']['kernel'].value"] == P()
+
+
+def test_make_mesh_names_what_is_missing():
+    with pytest.raises(ValueError, match="tp=4 needs 4 devices, JAX sees 1 .*"
+                                         "xla_force_host_platform_device_count=4"):
+        sharding.make_mesh(4, TINY)
+    # Enough (repeated) devices, but 3 does not divide tiny's 4 query heads.
+    with pytest.raises(ValueError, match="tp=3 must divide model 'tiny''s num_q_heads=4"):
+        sharding.make_mesh(3, TINY, devices=jax.devices() * 3)
+    with pytest.raises(ValueError, match="tp=0"):
+        sharding.make_mesh(0, TINY)
+    mesh = sharding.make_mesh(1, TINY)
+    assert mesh.axis_names == ("tp",) and mesh.size == 1
+
+
+def test_engine_rejects_a_mesh_without_the_tp_axis():
+    params = weights.init_params(TINY, seed=0)
+    mesh = Mesh(np.asarray(jax.devices()[:1]), ("data",))
+    with pytest.raises(ValueError, match="mesh axes .*'data'.* must be \\('tp',\\)"):
+        JaxEngine(TINY, params, num_pages=8, page_size=16, pages_per_seq=2, mesh=mesh)
+
+
+def _run(out_dir, *flags, devices=2):
+    env = dict(os.environ, JAX_PLATFORMS="cpu",
+               XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+    result = subprocess.run(
+        [sys.executable, "-m", "experiments.run", "--engine=jax", "--model=tiny",
+         "--policy=orca", "--num_requests=12", "--rate=50", "--prompt_len=uniform:4:40",
+         "--output_len=uniform:1:24", "--max_batch_size=4", "--token_budget=64",
+         "--buckets=16,64", f"--out_dir={out_dir}", *flags],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    return result
+
+
+def _outputs(out_dir):
+    rows = [json.loads(line) for line in (out_dir / "requests.jsonl").read_text().splitlines()]
+    summary = json.loads((out_dir / "summary.json").read_text())
+    return {row["id"]: row["output_tokens"] for row in rows}, summary
+
+
+def test_tp2_generates_the_same_tokens_with_half_the_cache_per_device(tmp_path):
+    runs = {}
+    for name, flags in {"tp1": ["--tp=1"], "tp2": ["--tp=2"],
+                        "tp2_pallas": ["--tp=2", "--attention=pallas"]}.items():
+        result = _run(tmp_path / name, *flags)
+        assert result.returncode == 0, result.stderr[-3000:]
+        runs[name] = _outputs(tmp_path / name)
+    tokens, summary = runs["tp1"]
+    assert sum(map(len, tokens.values())) > 100
+    for name in ("tp2", "tp2_pallas"):
+        split_tokens, split = runs[name]
+        assert split_tokens == tokens, name  # greedy, fp32: identical tokens
+        assert split["tp"] == 2
+        assert split["kv_cache_bytes_per_device"] * 2 == summary["kv_cache_bytes_per_device"]
+        assert split["num_compiles"] == 2  # the two buckets, none after warm-up
+    assert summary["tp"] == 1
+    # A split step is a different program from the one-device step.
+    assert runs["tp2"][1]["compiled_fingerprints"] != summary["compiled_fingerprints"]
+
+
+def test_tp_beyond_the_devices_is_a_clean_error(tmp_path):
+    result = _run(tmp_path / "run", "--tp=2", devices=1)
+    assert result.returncode != 0
+    assert "tp=2 needs 2 devices, JAX sees 1" in result.stderr
+    assert "Traceback" not in result.stderr
