@@ -127,7 +127,8 @@ def run_sweep(spec: RunSpec, policy_specs: Sequence[str], options: dict[str, dic
                              f"label {labels}; the sweep keys its points by label")
     store = SweepStore(out_dir, run_config(spec),
                        {label: {"spec": p, "options": options.get(p, {})}
-                        for label, p in zip(labels, policy_specs)})
+                        for label, p in zip(labels, policy_specs)},
+                       run_defaults=dataclasses.asdict(RunSpec()))
     keys = grid(labels, rates, seeds)
     finished = store.finished_keys()
     spec_of = dict(zip(labels, policy_specs))

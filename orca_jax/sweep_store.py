@@ -90,6 +90,9 @@ class SweepStore:
       run_config: the workload and engine plumbing shared by every point (JSON
         values; the swept rate and seed left out).
       policies: label -> {"spec": ..., "options": {...}} of the policies run now.
+      run_defaults: the default of each `run_config` setting. A stored sweep that
+        lacks a setting (recorded before it existed) ran with its default, so it
+        still resumes when the setting is left at that default.
 
     Raises:
       SweepConfigError: the folder holds a sweep of another `run_config`, or a
@@ -97,12 +100,14 @@ class SweepStore:
     """
 
     def __init__(self, out_dir: os.PathLike | str, run_config: Mapping[str, Any],
-                 policies: Mapping[str, Mapping[str, Any]]) -> None:
+                 policies: Mapping[str, Mapping[str, Any]],
+                 run_defaults: Optional[Mapping[str, Any]] = None) -> None:
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.points_path = self.out_dir / POINTS_FILE
         self.config_path = self.out_dir / CONFIG_FILE
         self.session = uuid.uuid4().hex[:12]  # which process ran a point (resume tests read it)
+        self._run_defaults = _canonical(dict(run_defaults or {}))
         self._check_and_record_config(_canonical(dict(run_config)), _canonical(dict(policies)))
 
     def _check_and_record_config(self, run: dict[str, Any],
@@ -113,7 +118,11 @@ class SweepStore:
             except json.JSONDecodeError as e:
                 raise SweepConfigError(f"{self.config_path}: not valid JSON ({e}); remove the "
                                        "folder or choose another --out_dir") from None
-            diffs = _differences(stored.get("run"), run, "run")
+            stored_run = stored.get("run")
+            if isinstance(stored_run, dict):
+                stored_run = {**{k: v for k, v in self._run_defaults.items() if k in run},
+                              **stored_run}
+            diffs = _differences(stored_run, run, "run")
             stored_policies = stored.get("policies", {})
             for label, policy in policies.items():
                 if label in stored_policies:

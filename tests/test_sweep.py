@@ -137,3 +137,17 @@ def test_a_rate_only_rescales_the_seed_workload():
     np.testing.assert_allclose([r.arrival_s for r in scaled], [r.arrival_s for r in direct],
                                rtol=1e-12)
     assert direct[-1].arrival_s < base[-1].arrival_s / 4
+
+
+def test_a_sweep_recorded_before_a_setting_existed_resumes_at_its_default(tmp_path):
+    policies = {"orca": {"spec": "orca", "options": {}}}
+    SweepStore(tmp_path, {"engine": "sim", "num_requests": 50}, policies)  # the older sweep
+    defaults = {"engine": "jax", "num_requests": 200, "num_replicas": 1}
+    SweepStore(tmp_path, {"engine": "sim", "num_requests": 50, "num_replicas": 1}, policies,
+               run_defaults=defaults)
+    with pytest.raises(SweepConfigError, match="run.num_replicas: stored 1, now 2"):
+        SweepStore(tmp_path, {"engine": "sim", "num_requests": 50, "num_replicas": 2}, policies,
+                   run_defaults=defaults)
+    # Without defaults a missing setting is a difference, as before.
+    with pytest.raises(SweepConfigError, match="run.num_replicas: stored None, now 1"):
+        SweepStore(tmp_path, {"engine": "sim", "num_requests": 50, "num_replicas": 1}, policies)
