@@ -17,6 +17,7 @@ from orca_jax.engine_api import EngineConfigError
 from orca_jax.plan import PlanError
 from orca_jax.policy import PolicyLoadError
 from orca_jax.traces import TraceError
+from orca_jax.cluster import ROUTERS
 from orca_jax.experiment import ATTENTIONS, DTYPES, ENGINES, WORKLOADS, RunSpec
 from orca_jax.workload import parse_length_spec
 
@@ -46,6 +47,8 @@ flags.DEFINE_string("cost_fit", None, "sim: step times from a cost fit JSON writ
                     "--model and the same --buckets.")
 flags.DEFINE_enum("workload", "poisson", list(WORKLOADS), "Arrival process, or a trace file.")
 flags.DEFINE_string("trace", None, "Trace file (JSONL or CSV) for --workload=trace.")
+flags.DEFINE_float("trace_time_scale", 1.0, "Multiplies the trace's arrival times (and "
+                   "deadlines): 0.5 replays it at twice its request rate.")
 flags.DEFINE_integer("num_requests", None, "Requests in the workload (the first N of a trace). "
                      "Default: 64 on jax, 1000 on sim.", lower_bound=1)
 flags.DEFINE_float("rate", None, "Arrival rate in requests/s (poisson, gamma). Default: 40 on "
@@ -72,6 +75,10 @@ flags.DEFINE_list("buckets", None, "Step token sizes to pad to (default: powers 
 flags.DEFINE_float("ttft_slo_s", None, "TTFT SLO for goodput, seconds.")
 flags.DEFINE_float("tpot_slo_s", None, "TPOT SLO for goodput, seconds.")
 flags.DEFINE_integer("seed", 0, "Workload and sampling seed.", lower_bound=0)
+flags.DEFINE_integer("num_replicas", 1, "sim: replicas behind a global router, each with its own "
+                     "scheduler, KV pool and engine.", lower_bound=1)
+flags.DEFINE_enum("router", "round_robin", list(ROUTERS), "How --num_replicas > 1 replicas share "
+                  "the arrivals: round_robin, or least_outstanding (fewest requests not yet done).")
 flags.DEFINE_string("out_dir", "runs/latest", "Output directory.")
 flags.DEFINE_string("policy_opts", "", "Policy knobs: key=value,... (in compare and sweep: "
                     "policy.key=value, policy as named in --policies).")
@@ -148,13 +155,13 @@ def spec_from_flags() -> RunSpec:
             dtype=FLAGS.dtype, attention=FLAGS.attention, sampling=FLAGS.sampling,
             clock=FLAGS.clock, hardware=FLAGS.hardware, tp=FLAGS.tp,
             step_time_ms=FLAGS.step_time_ms, cost_fit=FLAGS.cost_fit, workload=FLAGS.workload,
-            trace=FLAGS.trace,
+            trace=FLAGS.trace, trace_time_scale=FLAGS.trace_time_scale,
             num_requests=pick("num_requests"), rate=pick("rate"), cv=FLAGS.cv,
             prompt_len=pick("prompt_len"), output_len=pick("output_len"),
             max_batch_size=pick("max_batch_size"), token_budget=pick("token_budget"),
             num_kv_pages=FLAGS.num_kv_pages, kv_memory_gb=FLAGS.kv_memory_gb,
             page_size=FLAGS.page_size, max_model_len=FLAGS.max_model_len,
             token_buckets=_buckets(), ttft_slo_s=FLAGS.ttft_slo_s, tpot_slo_s=FLAGS.tpot_slo_s,
-            seed=FLAGS.seed)
+            seed=FLAGS.seed, num_replicas=FLAGS.num_replicas, router=FLAGS.router)
     except ValueError as e:
         raise app.UsageError(str(e)) from e

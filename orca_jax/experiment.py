@@ -15,9 +15,10 @@ import math
 import os
 import sys
 import time
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Union
 
 from orca_jax import cost_model
+from orca_jax.cluster import ROUTERS, Cluster, cluster_summary, write_cluster_results
 from orca_jax.engine_api import Engine
 from orca_jax.policy import make_policy
 from orca_jax.request import Request
@@ -70,6 +71,7 @@ class RunSpec:
     cost_fit: Optional[str] = None  # sim: a cost fit JSON written by experiments.calibrate
     workload: str = "poisson"
     trace: Optional[str] = None
+    trace_time_scale: float = 1.0  # multiplies a trace's arrival times (0.5: twice the rate)
     num_requests: int = 200
     rate: float = 4.0
     cv: float = 1.0
@@ -85,6 +87,8 @@ class RunSpec:
     ttft_slo_s: Optional[float] = None
     tpot_slo_s: Optional[float] = None
     seed: int = 0
+    num_replicas: int = 1  # sim: replicas behind a global router (orca_jax.cluster)
+    router: str = "round_robin"  # round_robin | least_outstanding
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
@@ -104,6 +108,16 @@ class RunSpec:
         sampling_params(self.sampling)  # fails early, naming the value
         if self.cost_fit is not None and self.step_time_ms is not None:
             raise ValueError("cost_fit and step_time_ms both set; choose one step-time model")
+        if not (math.isfinite(self.trace_time_scale) and self.trace_time_scale > 0):
+            raise ValueError(f"trace_time_scale must be a finite number > 0, got "
+                             f"{self.trace_time_scale}")
+        if self.num_replicas < 1:
+            raise ValueError(f"num_replicas must be >= 1, got {self.num_replicas}")
+        if self.num_replicas > 1 and self.engine != "sim":
+            raise ValueError(f"num_replicas={self.num_replicas} needs engine 'sim' (the real "
+                             f"engine runs one replica per process), got {self.engine!r}")
+        if self.router not in ROUTERS:
+            raise ValueError(f"router must be one of {ROUTERS}, got {self.router!r}")
 
 
 def _model_facts(spec: RunSpec) -> tuple[int, int]:
@@ -128,7 +142,8 @@ def build_workload(spec: RunSpec) -> list[Request]:
     """The run's requests (synthetic from the seed, or a trace file)."""
     vocab = _model_facts(spec)[0] if spec.engine == "jax" else None
     if spec.workload == "trace":
-        requests = load_trace(spec.trace, max_requests=spec.num_requests)
+        requests = load_trace(spec.trace, time_scale=spec.trace_time_scale,
+                              max_requests=spec.num_requests)
         return with_prompt_tokens(requests, vocab, spec.seed) if vocab else requests
     return synthetic_workload(
         num_requests=spec.num_requests, arrival=spec.workload,
@@ -233,7 +248,7 @@ class _Progress:
 def run_policy(spec: RunSpec, policy_spec: str, policy_options: Optional[Mapping[str, str]] = None,
                *, out_dir: Optional[str] = None, requests: Optional[list[Request]] = None,
                engine: Optional[Engine] = None,
-               progress: bool = True) -> tuple[dict[str, Any], Scheduler]:
+               progress: bool = True) -> tuple[dict[str, Any], Union[Scheduler, Cluster]]:
     """Runs one policy on the spec's workload; writes results if `out_dir` is given.
 
     Args:
@@ -247,11 +262,13 @@ def run_policy(spec: RunSpec, policy_spec: str, policy_options: Optional[Mapping
       progress: show a progress bar on runs longer than a few seconds.
 
     Returns:
-      The summary dict and the finished scheduler.
+      The summary dict and the finished scheduler (the cluster, with several replicas).
     """
     policy = make_policy(policy_spec, policy_options)
     config = scheduler_config(spec)
     workload = requests if requests is not None else build_workload(spec)
+    if spec.num_replicas > 1:
+        return _run_cluster(spec, policy_spec, policy_options, config, workload, out_dir)
     engine = engine if engine is not None else build_engine(spec, config)
     scheduler = Scheduler(workload, policy, engine, config)
     scheduler.run(progress=_Progress(policy.name, len(workload)) if progress else None)
@@ -264,17 +281,39 @@ def run_policy(spec: RunSpec, policy_spec: str, policy_options: Optional[Mapping
         summary["tp"] = engine.tp
         summary["kv_cache_bytes_per_device"] = engine.kv_cache_bytes_per_device
     if out_dir is not None:
-        resolved = {
-            "run": dataclasses.asdict(spec),
-            "policy": {"spec": policy_spec, "name": policy.name,
-                       **({f.name: _jsonable(getattr(policy, f.name))
-                           for f in dataclasses.fields(policy) if f.init}
-                          if dataclasses.is_dataclass(policy) else {})},
-            "scheduler": dataclasses.asdict(config),
-            "engine": engine.name,
-        }
-        write_results(out_dir, scheduler, summary, resolved)
+        write_results(out_dir, scheduler, summary,
+                      _resolved_config(spec, policy_spec, policy, config, engine))
     return summary, scheduler
+
+
+def _run_cluster(spec: RunSpec, policy_spec: str, policy_options: Optional[Mapping[str, str]],
+                 config: SchedulerConfig, workload: list[Request],
+                 out_dir: Optional[str]) -> tuple[dict[str, Any], Cluster]:
+    """`spec.num_replicas` simulated replicas behind `spec.router`."""
+    cluster = Cluster(workload, num_replicas=spec.num_replicas, router=spec.router,
+                      make_policy=lambda: make_policy(policy_spec, policy_options),
+                      make_engine=lambda: build_engine(spec, config), config=config)
+    cluster.run()
+    summary = cluster_summary(cluster, ttft_slo_s=spec.ttft_slo_s, tpot_slo_s=spec.tpot_slo_s)
+    if out_dir is not None:
+        first = cluster.replicas[0]
+        write_cluster_results(out_dir, cluster, summary, _resolved_config(
+            spec, policy_spec, first.policy, config, first.engine))
+    return summary, cluster
+
+
+def _resolved_config(spec: RunSpec, policy_spec: str, policy: Any, config: SchedulerConfig,
+                     engine: Engine) -> dict[str, Any]:
+    """config.json: the run, the policy's knobs, the scheduler's limits, the engine."""
+    return {
+        "run": dataclasses.asdict(spec),
+        "policy": {"spec": policy_spec, "name": policy.name,
+                   **({f.name: _jsonable(getattr(policy, f.name))
+                       for f in dataclasses.fields(policy) if f.init}
+                      if dataclasses.is_dataclass(policy) else {})},
+        "scheduler": dataclasses.asdict(config),
+        "engine": engine.name,
+    }
 
 
 def _jsonable(value: Any) -> Any:

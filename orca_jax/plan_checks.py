@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 _PENDING, _WAITING, _RUNNING = int(RequestState.PENDING), int(RequestState.WAITING), int(
     RequestState.RUNNING)
 _FINISHED, _REJECTED = int(RequestState.FINISHED), int(RequestState.REJECTED)
+_ROUTED_AWAY = int(RequestState.ROUTED_AWAY)
 
 
 def _first(ids: NDArray[np.int64], mask: NDArray[np.bool_]) -> int:
@@ -95,7 +96,7 @@ def check_plan(scheduler: "Scheduler", plan: StepPlan) -> NDArray[np.int64]:
         raise PlanError(name, "not_arrived",
                         f"request {request} arrives at {table.arrival_s[request]:.6f} s, "
                         f"now is {scheduler.now_s:.6f} s")
-    done = (states == _FINISHED) | (states == _REJECTED)
+    done = (states == _FINISHED) | (states == _REJECTED) | (states == _ROUTED_AWAY)
     if done.any():
         request = _first(ids, done)
         raise PlanError(name, "finished_request",

@@ -34,6 +34,7 @@ class RequestState(enum.IntEnum):
     RUNNING = 2  # admitted: holds KV pages, may be scheduled
     FINISHED = 3  # generated its whole output
     REJECTED = 4  # can never run (too long for the context or the KV pool)
+    ROUTED_AWAY = 5  # a cluster's router sent it to another replica (orca_jax.cluster)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, eq=False)

@@ -19,7 +19,7 @@ from orca_jax.request import RequestState
 from orca_jax.scheduler import Scheduler
 
 
-def _clean(value: Any) -> Any:
+def json_value(value: Any) -> Any:
     """JSON-ready: numpy scalars to Python, NaN and inf to None."""
     if isinstance(value, (np.integer,)):
         return int(value)
@@ -57,7 +57,7 @@ def summarize(scheduler: Scheduler, *, ttft_slo_s: Optional[float] = None,
         "host_us_per_step_median": float(np.median(host) * 1e6),
         "engine_s_total": float(sum(s.step_s for s in steps)),
     })
-    return {k: _clean(v) for k, v in summary.items()}
+    return {k: json_value(v) for k, v in summary.items()}
 
 
 def request_rows(scheduler: Scheduler) -> list[dict[str, Any]]:
@@ -83,11 +83,12 @@ def request_rows(scheduler: Scheduler) -> list[dict[str, Any]]:
             row["reason"] = table.reject_reason[i]
         if with_tokens:
             row["output_tokens"] = scheduler.generated_tokens(i)
-        rows.append({k: _clean(v) for k, v in row.items()})
+        rows.append({k: json_value(v) for k, v in row.items()})
     return rows
 
 
-def _write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
+def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
+    """Writes one JSON object per line, atomically (a reader never sees half a file)."""
     tmp = path.with_suffix(path.suffix + ".tmp")
     with open(tmp, "w") as f:
         for row in rows:
@@ -110,8 +111,8 @@ def write_results(out_dir: os.PathLike, scheduler: Scheduler, summary: Mapping[s
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "config.json", config)
-    _write_jsonl(out / "requests.jsonl", request_rows(scheduler))
-    _write_jsonl(out / "steps.jsonl", [{k: _clean(v) for k, v in s._asdict().items()}
+    write_jsonl(out / "requests.jsonl", request_rows(scheduler))
+    write_jsonl(out / "steps.jsonl", [{k: json_value(v) for k, v in s._asdict().items()}
                                        for s in scheduler.record.steps])
     write_json(out / "summary.json", summary)
     return out

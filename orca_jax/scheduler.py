@@ -193,8 +193,43 @@ class Scheduler:
 
     @property
     def done(self) -> bool:
-        """Every request finished and released, or rejected."""
+        """Every request finished and released, rejected, or routed away."""
         return self._num_done == len(self.table)
+
+    @property
+    def num_done(self) -> int:
+        """Requests finished and released, rejected, or routed away."""
+        return self._num_done
+
+    def has_work(self, before_s: float) -> bool:
+        """Whether an iteration now would do something before `before_s` arrives.
+
+        True while requests wait, run or await release, or one arrives before
+        `before_s`: a cluster steps its replicas up to each arrival with this.
+        """
+        if self.waiting.size or self.running.size or self.unreleased.size:
+            return True
+        upcoming = self.next_arrival_s()
+        return upcoming is not None and upcoming < before_s
+
+    def withdraw(self, ids: Sequence[int]) -> None:
+        """Takes requests that have not arrived yet out of this run.
+
+        A cluster's router calls this on every replica but the one it sends a
+        request to; withdrawn requests count as done and have no results here.
+
+        Raises:
+          ValueError: a request has already arrived (or is done); nothing changes.
+        """
+        ids = np.asarray(ids, dtype=np.int64)
+        states = self.table.state[ids]
+        if (states != _PENDING).any():
+            first = int(np.argmax(states != _PENDING))
+            raise ValueError(f"withdraw: request {int(ids[first])} is "
+                             f"{RequestState(states[first]).name}; only requests that have not "
+                             "arrived can be routed away")
+        self.table.state[ids] = RequestState.ROUTED_AWAY
+        self._num_done += int(ids.size)
 
     # ------------------------------------------------------------- the loop
     def run(self, progress: Optional[Callable[["Scheduler"], None]] = None) -> RunRecord:

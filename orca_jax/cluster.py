@@ -1,0 +1,168 @@
+"""Several replicas behind a global router, on one virtual clock (simulator first).
+
+Each replica is a whole `Scheduler` (its own policy, engine, KV pool and
+clock) over the full workload. Requests are routed one at a time, in arrival
+order: before routing a request that arrives at time `a`, every replica runs
+its iterations up to `a` (`Scheduler.has_work`), so the router sees each
+replica's state at the moment the request arrives. The chosen replica keeps
+the request; every other one withdraws it (`Scheduler.withdraw`). Once all
+requests are routed, each replica runs to the end on its own.
+
+Routers: `round_robin` (request k goes to replica k mod R) and
+`least_outstanding` (the replica with the fewest requests routed to it and
+not yet done: waiting, running, finished but unreleased, or not yet
+admitted), as load balancers in front of serving replicas do. Its ties go
+round robin (the first tied replica after the last one chosen), so idle
+replicas share a light load evenly.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+import numpy as np
+
+from orca_jax import metrics
+from orca_jax.engine_api import Engine
+from orca_jax.policy import Policy
+from orca_jax.request import Request, RequestState
+from orca_jax.results import json_value, request_rows, write_json, write_jsonl
+from orca_jax.scheduler import Scheduler, SchedulerConfig
+
+ROUTERS = ("round_robin", "least_outstanding")
+
+
+class Cluster:
+    """`num_replicas` schedulers behind one router.
+
+    Args:
+      requests: the workload.
+      num_replicas: replicas (>= 1).
+      router: one of `ROUTERS`.
+      make_policy: a fresh policy per replica (policies keep bookkeeping).
+      make_engine: a fresh engine per replica.
+      config: every replica's limits.
+    """
+
+    def __init__(self, requests: Sequence[Request], *, num_replicas: int, router: str,
+                 make_policy: Callable[[], Policy], make_engine: Callable[[], Engine],
+                 config: SchedulerConfig) -> None:
+        if num_replicas < 1:
+            raise ValueError(f"num_replicas must be >= 1, got {num_replicas}")
+        if router not in ROUTERS:
+            raise ValueError(f"router must be one of {ROUTERS}, got {router!r}")
+        self.router = router
+        self.replicas = [Scheduler(requests, make_policy(), make_engine(), config)
+                         for _ in range(num_replicas)]
+        table = self.replicas[0].table
+        # replica[i]: the replica serving request i (arrival order); -1: rejected up front.
+        self.replica = np.full(len(table), -1, dtype=np.int64)
+        self._num_rejected = int(np.count_nonzero(table.state == RequestState.REJECTED))
+        self._routed = np.zeros(num_replicas, dtype=np.int64)
+        self._withdrawn = np.zeros(num_replicas, dtype=np.int64)
+        self._last = -1  # the replica least_outstanding chose last
+
+    @property
+    def num_replicas(self) -> int:
+        return len(self.replicas)
+
+    def outstanding(self) -> np.ndarray:  # [R] int64
+        """Requests routed to each replica and not yet done there."""
+        done = np.array([r.num_done for r in self.replicas]) - self._withdrawn - self._num_rejected
+        return self._routed - done
+
+    def run(self) -> None:
+        """Routes every request at its arrival, then runs each replica to the end."""
+        for replica in self.replicas:
+            replica.engine.warmup(replica.bucket_config.buckets())
+        table = self.replicas[0].table
+        for count, request in enumerate(np.flatnonzero(table.state == RequestState.PENDING)):
+            arrival = float(table.arrival_s[request])
+            for replica in self.replicas:
+                while replica.now_s < arrival and replica.has_work(arrival):
+                    replica.step()
+            target = self._choose(count)
+            self.replica[request] = target
+            self._routed[target] += 1
+            for index, replica in enumerate(self.replicas):
+                if index != target:
+                    replica.withdraw([request])
+                    self._withdrawn[index] += 1
+        for replica in self.replicas:
+            while not replica.done:
+                replica.step()
+
+    def _choose(self, count: int) -> int:
+        if self.router == "round_robin":
+            return count % self.num_replicas
+        outstanding = self.outstanding()
+        # Scan from the replica after the last choice: the first least loaded wins.
+        order = (self._last + 1 + np.arange(self.num_replicas)) % self.num_replicas
+        self._last = int(order[np.argmin(outstanding[order])])
+        return self._last
+
+    def token_log(self) -> tuple[np.ndarray, np.ndarray]:  # [K] int64, [K] float64
+        """Every replica's generated tokens (request index, time), merged in time order."""
+        logs = [r.record.token_log() for r in self.replicas]
+        req = np.concatenate([np.asarray(q, np.int64) for q, _ in logs])
+        time = np.concatenate([np.asarray(t, np.float64) for _, t in logs])
+        order = np.argsort(time, kind="stable")
+        return req[order], time[order]
+
+    def served(self, field: str) -> np.ndarray:  # [N]
+        """`field` of each request's table row on the replica that served it."""
+        stacked = np.stack([getattr(r.table, field) for r in self.replicas])  # [R, N]
+        return stacked[np.maximum(self.replica, 0), np.arange(stacked.shape[1])]
+
+
+def cluster_summary(cluster: Cluster, *, ttft_slo_s: Optional[float] = None,
+                    tpot_slo_s: Optional[float] = None) -> dict[str, Any]:
+    """The cluster's summary.json: metrics over all requests, and each replica's share."""
+    first = cluster.replicas[0]
+    table = first.table
+    token_req, token_time = cluster.token_log()
+    summary: dict[str, Any] = {"policy": first.policy.name, "engine": first.engine.name,
+                               "num_replicas": cluster.num_replicas, "router": cluster.router}
+    summary.update(metrics.run_summary(
+        table.arrival_s, cluster.served("first_scheduled_s"), cluster.served("first_token_s"),
+        cluster.served("finish_s"), table.output_len, token_req, token_time,
+        rejected=table.state == RequestState.REJECTED, ttft_slo_s=ttft_slo_s,
+        tpot_slo_s=tpot_slo_s))
+    steps = [step for replica in cluster.replicas for step in replica.record.steps]
+    real = sum(step.num_tokens for step in steps)
+    padded = sum(step.num_padded_tokens for step in steps)
+    routed_tokens = np.array([table.output_len[cluster.replica == r].sum()
+                              for r in range(cluster.num_replicas)], dtype=np.float64)
+    summary.update({
+        "num_steps": len(steps),
+        "padding_fraction": (padded - real) / padded if padded else 0.0,
+        "engine_s_total": float(sum(step.step_s for step in steps)),
+        "num_preemptions": sum(r.record.num_preemptions for r in cluster.replicas),
+        "virtual_end_s": max(r.now_s for r in cluster.replicas),
+        "replica_num_requests": [int(np.count_nonzero(cluster.replica == r))
+                                 for r in range(cluster.num_replicas)],
+        "replica_num_steps": [len(r.record.steps) for r in cluster.replicas],
+        # Most output tokens routed to one replica over the mean: 1.0 is perfect balance.
+        "load_imbalance": (float(routed_tokens.max() / routed_tokens.mean())
+                           if routed_tokens.sum() else 1.0),
+    })
+    return {k: json_value(v) for k, v in summary.items()}
+
+
+def write_cluster_results(out_dir: os.PathLike, cluster: Cluster, summary: Mapping[str, Any],
+                          config: Mapping[str, Any]) -> Path:
+    """Writes config.json, summary.json, and requests.jsonl / steps.jsonl with a `replica` field."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / "config.json", config)
+    per_replica = [request_rows(r) for r in cluster.replicas]
+    rows = [{**per_replica[max(int(r), 0)][i], "replica": int(r)}
+            for i, r in enumerate(cluster.replica)]
+    write_jsonl(out / "requests.jsonl", rows)
+    write_jsonl(out / "steps.jsonl", [
+        {"replica": index, **{k: json_value(v) for k, v in step._asdict().items()}}
+        for index, replica in enumerate(cluster.replicas) for step in replica.record.steps])
+    write_json(out / "summary.json", summary)
+    return out

@@ -1,0 +1,162 @@
+"""Replicas behind a router: routing decisions, and that co-simulation changes no replica."""
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import policies
+from orca_jax import Request, Scheduler, SchedulerConfig
+from orca_jax.cluster import Cluster, cluster_summary
+from orca_jax.cost_model import CostModelConfig
+from orca_jax.experiment import RunSpec
+from orca_jax.request import RequestState
+from orca_jax.sim_engine import SimEngine
+from orca_jax.workload import synthetic_workload
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIG = SchedulerConfig(max_batch_size=8, token_budget=256, num_kv_pages=120, page_size=16,
+                         max_model_len=512)
+
+
+def _engine():
+    return SimEngine(CostModelConfig(mode="fixed", model="tiny", step_time_s=0.01))
+
+
+def _workload(n=60, rate=150.0, seed=3):
+    return synthetic_workload(num_requests=n, arrival="poisson", rate=rate,
+                              prompt_len="uniform:8:120", output_len="uniform:1:60", seed=seed)
+
+
+def _cluster(requests, num_replicas, router, policy="orca", config=CONFIG):
+    cluster = Cluster(requests, num_replicas=num_replicas, router=router,
+                      make_policy=lambda: policies.make_policy(policy), make_engine=_engine,
+                      config=config)
+    cluster.run()
+    return cluster
+
+
+def _alone(requests, policy="orca", config=CONFIG):
+    scheduler = Scheduler(requests, policies.make_policy(policy), _engine(), config)
+    scheduler.run()
+    return scheduler
+
+
+FIELDS = ("first_scheduled_s", "first_token_s", "finish_s", "num_preemptions")
+
+
+@pytest.mark.parametrize("policy", ["orca", "static", "vllm"])
+def test_a_one_replica_cluster_is_the_plain_scheduler(policy):
+    requests = _workload()
+    cluster, alone = _cluster(requests, 1, "least_outstanding", policy), _alone(requests, policy)
+    for field in FIELDS:
+        np.testing.assert_array_equal(cluster.served(field), getattr(alone.table, field), field)
+    assert len(cluster.replicas[0].record.steps) == len(alone.record.steps)
+
+
+@pytest.mark.parametrize("router", ["round_robin", "least_outstanding"])
+def test_each_replica_serves_its_share_as_if_alone(router):
+    # Under KV pressure (vllm preempts), so stepping replicas up to each arrival
+    # must not change what any of them does with the requests it was sent.
+    tight = dataclasses.replace(CONFIG, num_kv_pages=30)
+    requests = _workload(n=90, rate=400.0)
+    cluster = _cluster(requests, 3, router, "vllm", tight)
+    by_id = {spec.id: i for i, spec in enumerate(cluster.replicas[0].table.specs)}
+    for r in range(3):
+        mine = [q for q in requests if cluster.replica[by_id[q.id]] == r]
+        alone = _alone(mine, "vllm", tight)
+        rows = [by_id[spec.id] for spec in alone.table.specs]
+        for field in FIELDS:
+            np.testing.assert_array_equal(cluster.served(field)[rows],
+                                          getattr(alone.table, field), f"replica {r} {field}")
+    assert sum(r.record.num_preemptions for r in cluster.replicas) > 0
+
+
+def test_round_robin_deals_requests_in_arrival_order():
+    cluster = _cluster(_workload(n=10), 3, "round_robin")
+    np.testing.assert_array_equal(cluster.replica, np.arange(10) % 3)
+    summary = cluster_summary(cluster)
+    assert summary["replica_num_requests"] == [4, 3, 3]
+    assert summary["num_finished"] == 10
+
+
+def test_least_outstanding_sends_work_to_the_replica_that_freed_up():
+    # Replica 0 gets the long request, replica 1 the short one. At 0.5 s the short
+    # one is done, so the third goes to replica 1, where round robin would send it
+    # to replica 0 behind the long one.
+    requests = [Request(id=0, arrival_s=0.0, prompt_len=4, output_len=100),
+                Request(id=1, arrival_s=0.0, prompt_len=4, output_len=5),
+                Request(id=2, arrival_s=0.5, prompt_len=4, output_len=5)]
+    assert _cluster(requests, 2, "least_outstanding").replica.tolist() == [0, 1, 1]
+    assert _cluster(requests, 2, "round_robin").replica.tolist() == [0, 1, 0]
+
+
+def test_least_outstanding_counts_requests_not_yet_admitted():
+    # A burst: nobody has stepped yet, so only the routed counts tell replicas apart.
+    requests = [Request(id=i, arrival_s=0.0, prompt_len=4, output_len=10) for i in range(6)]
+    assert _cluster(requests, 3, "least_outstanding").replica.tolist() == [0, 1, 2, 0, 1, 2]
+
+
+def test_least_outstanding_breaks_ties_round_robin():
+    # Each request is done long before the next arrives: every choice is a 3-way tie.
+    requests = [Request(id=i, arrival_s=10.0 * i, prompt_len=4, output_len=2) for i in range(5)]
+    assert _cluster(requests, 3, "least_outstanding").replica.tolist() == [0, 1, 2, 0, 1]
+
+
+def test_every_request_finishes_once_across_replicas():
+    requests = _workload(n=80, rate=300.0) + [
+        Request(id=999, arrival_s=0.01, prompt_len=500, output_len=100)]  # over the context
+    cluster = _cluster(requests, 4, "least_outstanding", "sarathi")
+    token_req, _ = cluster.token_log()
+    counts = np.bincount(token_req, minlength=len(requests))
+    table = cluster.replicas[0].table
+    rejected = table.state == RequestState.REJECTED
+    assert rejected.sum() == 1 and cluster.replica[rejected].tolist() == [-1]
+    np.testing.assert_array_equal(counts[~rejected], table.output_len[~rejected])
+    summary = cluster_summary(cluster)
+    assert summary["num_finished"] == 80 and summary["num_rejected"] == 1
+    assert sum(summary["replica_num_requests"]) == 80
+    assert summary["load_imbalance"] >= 1.0
+
+
+def test_withdraw_refuses_an_arrived_request_and_changes_nothing():
+    requests = [Request(id=i, arrival_s=float(i), prompt_len=4, output_len=3) for i in range(3)]
+    scheduler = Scheduler(requests, policies.make_policy("orca"), _engine(), CONFIG)
+    scheduler.step()  # request 0 arrives and runs
+    before = (scheduler.table.state.copy(), scheduler.num_done)
+    with pytest.raises(ValueError, match="request 0 is RUNNING; only requests that have not"):
+        scheduler.withdraw([2, 0])
+    np.testing.assert_array_equal(scheduler.table.state, before[0])
+    assert scheduler.num_done == before[1]
+
+
+def test_cluster_rejects_bad_settings():
+    with pytest.raises(ValueError, match="router must be one of"):
+        Cluster(_workload(n=2), num_replicas=2, router="random", make_policy=lambda: None,
+                make_engine=_engine, config=CONFIG)
+    with pytest.raises(ValueError, match="num_replicas=2 needs engine 'sim'"):
+        RunSpec(engine="jax", num_replicas=2)
+
+
+def test_run_cli_writes_each_request_s_replica(tmp_path):
+    out = tmp_path / "run"
+    result = subprocess.run(
+        [sys.executable, "-m", "experiments.run", "--engine=sim", "--model=llama3-8b",
+         "--policy=orca", "--num_requests=40", "--rate=40", "--num_replicas=2",
+         "--router=least_outstanding", f"--out_dir={out}"],
+        cwd=REPO, env=dict(os.environ, JAX_PLATFORMS="cpu"), capture_output=True, text=True,
+        timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    rows = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
+    steps = [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
+    assert summary["num_replicas"] == 2 and summary["router"] == "least_outstanding"
+    assert [sum(r["replica"] == k for r in rows) for k in (0, 1)] == summary["replica_num_requests"]
+    assert {s["replica"] for s in steps} == {0, 1}
+    assert len(steps) == summary["num_steps"]
+    assert all(r["status"] == "finished" for r in rows)
