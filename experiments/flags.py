@@ -13,11 +13,11 @@ from typing import Iterator, Optional
 
 from absl import app, flags
 
+from orca_jax.cluster import ROUTERS
 from orca_jax.engine_api import EngineConfigError
 from orca_jax.plan import PlanError
 from orca_jax.policy import PolicyLoadError
 from orca_jax.traces import TraceError
-from orca_jax.cluster import ROUTERS
 from orca_jax.experiment import ATTENTIONS, DTYPES, ENGINES, WORKLOADS, RunSpec
 from orca_jax.workload import parse_length_spec
 

@@ -264,11 +264,11 @@ def run_policy(spec: RunSpec, policy_spec: str, policy_options: Optional[Mapping
     Returns:
       The summary dict and the finished scheduler (the cluster, with several replicas).
     """
-    policy = make_policy(policy_spec, policy_options)
     config = scheduler_config(spec)
     workload = requests if requests is not None else build_workload(spec)
     if spec.num_replicas > 1:
         return _run_cluster(spec, policy_spec, policy_options, config, workload, out_dir)
+    policy = make_policy(policy_spec, policy_options)
     engine = engine if engine is not None else build_engine(spec, config)
     scheduler = Scheduler(workload, policy, engine, config)
     scheduler.run(progress=_Progress(policy.name, len(workload)) if progress else None)

@@ -115,7 +115,8 @@ class JaxEngine:
         if mesh is not None:
             if tuple(mesh.axis_names) != (sharding.TP_AXIS,):
                 raise EngineConfigError(f"JaxEngine: mesh axes {mesh.axis_names} must be "
-                                 f"({sharding.TP_AXIS!r},); build it with sharding.make_mesh")
+                                        f"({sharding.TP_AXIS!r},); build it with "
+                                        "sharding.make_mesh")
             sharding.make_mesh(mesh.size, model_config, list(mesh.devices.flat))  # divisibility
             attend = sharding.shard_attention(attend, mesh)
         self.model_config = model_config
