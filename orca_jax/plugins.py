@@ -1,0 +1,153 @@
+"""Loading decision plugins (policies, routers) by name, `module:Class` or `file.py:Class`.
+
+A plugin kind has a registry (name -> class, filled by its `register`
+decorator), a base class, and a built-in package that registers the built-ins
+when imported (`policies`), so `orca_jax` never imports that package
+statically. Knobs are dataclass fields, set from text options (`key=value`)
+converted to each field's type.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.util
+import os
+import sys
+import types
+import typing
+from typing import Any, Mapping, Optional, Union
+
+BUILTIN_PACKAGE = "policies"  # registers the built-in policies and routers when imported
+
+
+class PolicyLoadError(ValueError):
+    """A policy or router spec or option could not be resolved; the message names it."""
+
+
+def _import_from_file(path: str, spec: str, kind: str) -> types.ModuleType:
+    if not os.path.isfile(path):
+        raise PolicyLoadError(f"{kind} {spec!r}: file {path!r} does not exist")
+    module_name = "orca_jax_plugin_" + os.path.splitext(os.path.basename(path))[0]
+    module_spec = importlib.util.spec_from_file_location(module_name, path)
+    if module_spec is None or module_spec.loader is None:
+        raise PolicyLoadError(f"{kind} {spec!r}: cannot import {path!r} as a Python module")
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[module_name] = module
+    try:
+        module_spec.loader.exec_module(module)
+    except Exception as e:
+        del sys.modules[module_name]
+        raise PolicyLoadError(f"{kind} {spec!r}: importing {path!r} failed: "
+                              f"{type(e).__name__}: {e}") from e
+    return module
+
+
+def resolve_class(spec: str, *, kind: str, plural: str, registry: Mapping[str, type],
+                  base: type) -> type:
+    """Finds the class for a registered name, `module:Class` or `file.py:Class`.
+
+    Args:
+      spec: what the user wrote.
+      kind, plural: the plugin kind for messages (`policy`, `policies`).
+      registry: registered name -> class of this kind.
+      base: the class every plugin of this kind subclasses.
+
+    Raises:
+      PolicyLoadError: the spec does not resolve to a subclass of `base`.
+    """
+    if ":" not in spec:
+        if spec not in registry:
+            importlib.import_module(BUILTIN_PACKAGE)  # the built-ins register on import
+        if spec in registry:
+            return registry[spec]
+        known = ", ".join(sorted(registry)) or f"(none registered: import {BUILTIN_PACKAGE})"
+        raise PolicyLoadError(f"unknown {kind} {spec!r}; registered {plural}: {known}; "
+                              "or give package.module:Class or path/to/file.py:Class")
+    where, _, class_name = spec.rpartition(":")
+    if where.endswith(".py") or os.sep in where or "/" in where:
+        module = _import_from_file(where, spec, kind)
+    else:
+        try:
+            module = importlib.import_module(where)
+        except ImportError as e:
+            raise PolicyLoadError(f"{kind} {spec!r}: cannot import module {where!r}: {e}") from e
+    cls = getattr(module, class_name, None)
+    if cls is None:
+        raise PolicyLoadError(f"{kind} {spec!r}: {where!r} has no attribute {class_name!r}")
+    if not (isinstance(cls, type) and issubclass(cls, base)):
+        raise PolicyLoadError(f"{kind} {spec!r}: {class_name!r} is not an orca_jax "
+                              f"{base.__name__} subclass")
+    if not cls.name:
+        cls.name = class_name.lower()
+    return cls
+
+
+def _convert(value: str, hint: Any, where: str) -> Any:
+    origin = typing.get_origin(hint)
+    if origin is Union or (hasattr(types, "UnionType") and isinstance(hint, types.UnionType)):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        if value.lower() == "none" and len(args) < len(typing.get_args(hint)):
+            return None
+        errors = []
+        for arg in args:
+            try:
+                return _convert(value, arg, where)
+            except PolicyLoadError as e:
+                errors.append(str(e))
+        raise PolicyLoadError("; ".join(errors))
+    if origin is typing.Literal:
+        choices = typing.get_args(hint)
+        for choice in choices:
+            if str(choice) == value:
+                return choice
+        raise PolicyLoadError(f"{where}: {value!r} is not one of {list(choices)}")
+    if hint is bool:
+        if value.lower() in ("1", "true", "yes", "on"):
+            return True
+        if value.lower() in ("0", "false", "no", "off"):
+            return False
+        raise PolicyLoadError(f"{where}: expected true/false, got {value!r}")
+    if hint in (int, float, str):
+        try:
+            return hint(value)
+        except ValueError:
+            raise PolicyLoadError(f"{where}: expected {hint.__name__}, got {value!r}") from None
+    raise PolicyLoadError(f"{where}: fields of type {hint!r} cannot be set from the command line")
+
+
+def build(cls: type, options: Optional[Mapping[str, str]], kind: str) -> Any:
+    """An instance of `cls` with its dataclass fields set from text `options`.
+
+    Raises:
+      PolicyLoadError: an option names no field, or has a value of the wrong type,
+        or the constructor refuses it (the message names the plugin and option).
+    """
+    options = dict(options or {})
+    kwargs: dict[str, Any] = {}
+    if options:
+        if not dataclasses.is_dataclass(cls):
+            raise PolicyLoadError(f"{kind} {cls.name!r} has no options (it is not a dataclass), "
+                                  f"got {sorted(options)}")
+        hints = typing.get_type_hints(cls)
+        settable = {f.name for f in dataclasses.fields(cls) if f.init}
+        for key, value in options.items():
+            if key not in settable:
+                raise PolicyLoadError(f"{kind} {cls.name!r} has no option {key!r}; "
+                                      f"options: {', '.join(sorted(settable)) or '(none)'}")
+            kwargs[key] = _convert(value, hints[key], f"{kind} {cls.name!r} option {key!r}")
+    try:
+        return cls(**kwargs)
+    except (TypeError, ValueError) as e:
+        raise PolicyLoadError(f"{kind} {cls.name!r}: {e}") from e
+
+
+def parse_options(text: str) -> dict[str, str]:
+    """Parses `key=value,key=value` (the `--policy_opts` syntax)."""
+    options: dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise PolicyLoadError(f"option {item!r} is not key=value")
+        options[key.strip()] = value.strip()
+    return options
