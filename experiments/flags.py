@@ -13,7 +13,6 @@ from typing import Iterator, Optional
 
 from absl import app, flags
 
-from orca_jax.cluster import ROUTERS
 from orca_jax.engine_api import EngineConfigError
 from orca_jax.plan import PlanError
 from orca_jax.policy import PolicyLoadError
@@ -77,8 +76,11 @@ flags.DEFINE_float("tpot_slo_s", None, "TPOT SLO for goodput, seconds.")
 flags.DEFINE_integer("seed", 0, "Workload and sampling seed.", lower_bound=0)
 flags.DEFINE_integer("num_replicas", 1, "sim: replicas behind a global router, each with its own "
                      "scheduler, KV pool and engine.", lower_bound=1)
-flags.DEFINE_enum("router", "round_robin", list(ROUTERS), "How --num_replicas > 1 replicas share "
-                  "the arrivals: round_robin, or least_outstanding (fewest requests not yet done).")
+flags.DEFINE_string("router", "round_robin", "How --num_replicas > 1 replicas share the "
+                    "arrivals: round_robin, least_outstanding (fewest requests not yet done), "
+                    "least_work (fewest tokens left: an oracle), or a plugin as "
+                    "package.module:Class or path/to/file.py:Class.")
+flags.DEFINE_string("router_opts", "", "Router knobs: key=value,...")
 flags.DEFINE_string("out_dir", "runs/latest", "Output directory.")
 flags.DEFINE_string("policy_opts", "", "Policy knobs: key=value,... (in compare and sweep: "
                     "policy.key=value, policy as named in --policies).")
@@ -162,6 +164,7 @@ def spec_from_flags() -> RunSpec:
             num_kv_pages=FLAGS.num_kv_pages, kv_memory_gb=FLAGS.kv_memory_gb,
             page_size=FLAGS.page_size, max_model_len=FLAGS.max_model_len,
             token_buckets=_buckets(), ttft_slo_s=FLAGS.ttft_slo_s, tpot_slo_s=FLAGS.tpot_slo_s,
-            seed=FLAGS.seed, num_replicas=FLAGS.num_replicas, router=FLAGS.router)
+            seed=FLAGS.seed, num_replicas=FLAGS.num_replicas, router=FLAGS.router,
+            router_opts=FLAGS.router_opts)
     except ValueError as e:
         raise app.UsageError(str(e)) from e

@@ -8,30 +8,26 @@ replica's state at the moment the request arrives. The chosen replica keeps
 the request; every other one withdraws it (`Scheduler.withdraw`). Once all
 requests are routed, each replica runs to the end on its own.
 
-Routers: `round_robin` (request k goes to replica k mod R) and
-`least_outstanding` (the replica with the fewest requests routed to it and
-not yet done: waiting, running, finished but unreleased, or not yet
-admitted), as load balancers in front of serving replicas do. Its ties go
-round robin (the first tied replica after the last one chosen), so idle
-replicas share a light load evenly.
+The router is a plugin (`orca_jax.routing.Router`; built-ins `round_robin`,
+`least_outstanding`, `least_work` in `policies/routers.py`).
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
 from orca_jax import metrics
 from orca_jax.engine_api import Engine
+from orca_jax.plan import PlanError
 from orca_jax.policy import Policy
 from orca_jax.request import Request, RequestState
 from orca_jax.results import json_value, request_rows, write_json, write_jsonl
+from orca_jax.routing import ClusterView, Router, make_router
 from orca_jax.scheduler import Scheduler, SchedulerConfig
-
-ROUTERS = ("round_robin", "least_outstanding")
 
 
 class Cluster:
@@ -40,29 +36,32 @@ class Cluster:
     Args:
       requests: the workload.
       num_replicas: replicas (>= 1).
-      router: one of `ROUTERS`.
+      router: a `Router`, or its spec (registered name, `module:Class`, `file.py:Class`).
       make_policy: a fresh policy per replica (policies keep bookkeeping).
       make_engine: a fresh engine per replica.
       config: every replica's limits.
+      router_options: the router's knobs as text, when `router` is a spec.
     """
 
-    def __init__(self, requests: Sequence[Request], *, num_replicas: int, router: str,
-                 make_policy: Callable[[], Policy], make_engine: Callable[[], Engine],
-                 config: SchedulerConfig) -> None:
+    def __init__(self, requests: Sequence[Request], *, num_replicas: int,
+                 router: Union[Router, str], make_policy: Callable[[], Policy],
+                 make_engine: Callable[[], Engine], config: SchedulerConfig,
+                 router_options: Optional[Mapping[str, str]] = None) -> None:
         if num_replicas < 1:
             raise ValueError(f"num_replicas must be >= 1, got {num_replicas}")
-        if router not in ROUTERS:
-            raise ValueError(f"router must be one of {ROUTERS}, got {router!r}")
-        self.router = router
+        self.router = router if isinstance(router, Router) else make_router(router,
+                                                                             router_options)
         self.replicas = [Scheduler(requests, make_policy(), make_engine(), config)
                          for _ in range(num_replicas)]
         table = self.replicas[0].table
         # replica[i]: the replica serving request i (arrival order); -1: rejected up front.
         self.replica = np.full(len(table), -1, dtype=np.int64)
+        self.now_s = 0.0  # the arrival being routed
         self._num_rejected = int(np.count_nonzero(table.state == RequestState.REJECTED))
         self._routed = np.zeros(num_replicas, dtype=np.int64)
         self._withdrawn = np.zeros(num_replicas, dtype=np.int64)
-        self._last = -1  # the replica least_outstanding chose last
+        self._not_admitted: list[list[int]] = [[] for _ in range(num_replicas)]
+        self.view = ClusterView(self)
 
     @property
     def num_replicas(self) -> int:
@@ -73,19 +72,34 @@ class Cluster:
         done = np.array([r.num_done for r in self.replicas]) - self._withdrawn - self._num_rejected
         return self._routed - done
 
+    def outstanding_ids(self, replica: int) -> np.ndarray:  # [n] int64
+        """Requests routed to `replica` and not yet done (see `ClusterView`)."""
+        scheduler = self.replicas[replica]
+        state = scheduler.table.state
+        pending = [i for i in self._not_admitted[replica] if state[i] == RequestState.PENDING]
+        self._not_admitted[replica] = pending
+        return np.concatenate([np.asarray(pending, dtype=np.int64), scheduler.waiting,
+                               scheduler.running, scheduler.unreleased])
+
     def run(self) -> None:
         """Routes every request at its arrival, then runs each replica to the end."""
         for replica in self.replicas:
             replica.engine.warmup(replica.bucket_config.buckets())
         table = self.replicas[0].table
-        for count, request in enumerate(np.flatnonzero(table.state == RequestState.PENDING)):
-            arrival = float(table.arrival_s[request])
+        for request in np.flatnonzero(table.state == RequestState.PENDING).tolist():
+            self.now_s = float(table.arrival_s[request])
             for replica in self.replicas:
-                while replica.now_s < arrival and replica.has_work(arrival):
+                while replica.now_s < self.now_s and replica.has_work(self.now_s):
                     replica.step()
-            target = self._choose(count)
+            target = self.router.route(self.view, request)
+            if not (isinstance(target, (int, np.integer)) and 0 <= target < self.num_replicas):
+                raise PlanError(self.router.name, "replica_out_of_range",
+                                f"route() returned {target!r} for request {request}; replicas "
+                                f"are 0..{self.num_replicas - 1}")
+            target = int(target)
             self.replica[request] = target
             self._routed[target] += 1
+            self._not_admitted[target].append(request)
             for index, replica in enumerate(self.replicas):
                 if index != target:
                     replica.withdraw([request])
@@ -93,15 +107,6 @@ class Cluster:
         for replica in self.replicas:
             while not replica.done:
                 replica.step()
-
-    def _choose(self, count: int) -> int:
-        if self.router == "round_robin":
-            return count % self.num_replicas
-        outstanding = self.outstanding()
-        # Scan from the replica after the last choice: the first least loaded wins.
-        order = (self._last + 1 + np.arange(self.num_replicas)) % self.num_replicas
-        self._last = int(order[np.argmin(outstanding[order])])
-        return self._last
 
     def token_log(self) -> tuple[np.ndarray, np.ndarray]:  # [K] int64, [K] float64
         """Every replica's generated tokens (request index, time), merged in time order."""
@@ -124,7 +129,8 @@ def cluster_summary(cluster: Cluster, *, ttft_slo_s: Optional[float] = None,
     table = first.table
     token_req, token_time = cluster.token_log()
     summary: dict[str, Any] = {"policy": first.policy.name, "engine": first.engine.name,
-                               "num_replicas": cluster.num_replicas, "router": cluster.router}
+                               "num_replicas": cluster.num_replicas,
+                               "router": cluster.router.name}
     summary.update(metrics.run_summary(
         table.arrival_s, cluster.served("first_scheduled_s"), cluster.served("first_token_s"),
         cluster.served("finish_s"), table.output_len, token_req, token_time,

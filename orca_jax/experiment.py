@@ -18,9 +18,9 @@ import time
 from typing import Any, Mapping, Optional, Union
 
 from orca_jax import cost_model
-from orca_jax.cluster import ROUTERS, Cluster, cluster_summary, write_cluster_results
+from orca_jax.cluster import Cluster, cluster_summary, write_cluster_results
 from orca_jax.engine_api import Engine
-from orca_jax.policy import make_policy
+from orca_jax.policy import make_policy, parse_options
 from orca_jax.request import Request
 from orca_jax.results import summarize, write_results
 from orca_jax.scheduler import Scheduler, SchedulerConfig
@@ -88,7 +88,8 @@ class RunSpec:
     tpot_slo_s: Optional[float] = None
     seed: int = 0
     num_replicas: int = 1  # sim: replicas behind a global router (orca_jax.cluster)
-    router: str = "round_robin"  # round_robin | least_outstanding
+    router: str = "round_robin"  # sim: a registered router, module:Class or file.py:Class
+    router_opts: str = ""  # the router's knobs, key=value,...
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
@@ -116,8 +117,6 @@ class RunSpec:
         if self.num_replicas > 1 and self.engine != "sim":
             raise ValueError(f"num_replicas={self.num_replicas} needs engine 'sim' (the real "
                              f"engine runs one replica per process), got {self.engine!r}")
-        if self.router not in ROUTERS:
-            raise ValueError(f"router must be one of {ROUTERS}, got {self.router!r}")
 
 
 def _model_facts(spec: RunSpec) -> tuple[int, int]:
@@ -291,6 +290,7 @@ def _run_cluster(spec: RunSpec, policy_spec: str, policy_options: Optional[Mappi
                  out_dir: Optional[str]) -> tuple[dict[str, Any], Cluster]:
     """`spec.num_replicas` simulated replicas behind `spec.router`."""
     cluster = Cluster(workload, num_replicas=spec.num_replicas, router=spec.router,
+                      router_options=parse_options(spec.router_opts),
                       make_policy=lambda: make_policy(policy_spec, policy_options),
                       make_engine=lambda: build_engine(spec, config), config=config)
     cluster.run()

@@ -1,4 +1,4 @@
-"""Scheduling policies, one module each, registered by name.
+"""Scheduling policies, one module each, registered by name (and the cluster routers).
 
 Importing this package registers the built-in policies; `make_policy` then
 loads any of them by name, or a plugin by `package.module:Class` or
@@ -7,8 +7,8 @@ loads any of them by name, or a plugin by `package.module:Class` or
 
 from orca_jax.policy import (Policy, PolicyLoadError, make_policy, parse_options, register,
                              registered_policies)
-from policies import (edf, ltr, mlfq, orca, priority, sarathi, sjf, srpt, static,  # noqa: F401
-                      vllm, vtc)  # (registers the built-ins)
+from policies import (edf, ltr, mlfq, orca, priority, routers, sarathi, sjf,  # noqa: F401
+                      srpt, static, vllm, vtc)  # (registers the built-ins)
 
 __all__ = ["Policy", "PolicyLoadError", "make_policy", "parse_options", "register",
            "registered_policies"]

@@ -14,6 +14,8 @@ import policies
 from orca_jax import Request, Scheduler, SchedulerConfig
 from orca_jax.cluster import Cluster, cluster_summary
 from orca_jax.cost_model import CostModelConfig
+from orca_jax.plan import PlanError
+from orca_jax.policy import PolicyLoadError
 from orca_jax.experiment import RunSpec
 from orca_jax.request import RequestState
 from orca_jax.sim_engine import SimEngine
@@ -136,9 +138,13 @@ def test_withdraw_refuses_an_arrived_request_and_changes_nothing():
 
 
 def test_cluster_rejects_bad_settings():
-    with pytest.raises(ValueError, match="router must be one of"):
+    with pytest.raises(PolicyLoadError, match="unknown router 'random'; registered routers: "
+                                              "least_outstanding, least_work, round_robin"):
         Cluster(_workload(n=2), num_replicas=2, router="random", make_policy=lambda: None,
                 make_engine=_engine, config=CONFIG)
+    with pytest.raises(PolicyLoadError, match="router 'round_robin' has no option 'x'"):
+        Cluster(_workload(n=2), num_replicas=2, router="round_robin", router_options={"x": "1"},
+                make_policy=lambda: None, make_engine=_engine, config=CONFIG)
     with pytest.raises(ValueError, match="num_replicas=2 needs engine 'sim'"):
         RunSpec(engine="jax", num_replicas=2)
 
@@ -160,3 +166,45 @@ def test_run_cli_writes_each_request_s_replica(tmp_path):
     assert {s["replica"] for s in steps} == {0, 1}
     assert len(steps) == summary["num_steps"]
     assert all(r["status"] == "finished" for r in rows)
+
+
+def test_least_work_weighs_tokens_left_not_requests():
+    # After a long request on replica 0 and a short one on replica 1, both hold one
+    # request: least_outstanding breaks the tie to replica 0, behind 200 tokens;
+    # least_work sends the next two short ones to replica 1.
+    requests = [Request(id=0, arrival_s=0.0, prompt_len=4, output_len=200),
+                Request(id=1, arrival_s=0.0, prompt_len=4, output_len=20),
+                Request(id=2, arrival_s=0.0, prompt_len=4, output_len=20),
+                Request(id=3, arrival_s=0.05, prompt_len=4, output_len=5)]
+    assert _cluster(requests, 2, "least_outstanding").replica.tolist() == [0, 1, 0, 1]
+    assert _cluster(requests, 2, "least_work").replica.tolist() == [0, 1, 1, 1]
+
+
+PLUGIN = """
+import dataclasses
+from orca_jax.routing import Router
+
+@dataclasses.dataclass
+class ToLast(Router):
+    offset: int = 0
+
+    def route(self, view, request):
+        return view.num_replicas - 1 - self.offset
+"""
+
+
+def test_a_router_plugin_loads_from_a_file_with_options(tmp_path):
+    path = tmp_path / "to_last.py"
+    path.write_text(PLUGIN)
+    requests = _workload(n=6)
+    cluster = Cluster(requests, num_replicas=3, router=f"{path}:ToLast",
+                      router_options={"offset": "1"}, make_engine=_engine, config=CONFIG,
+                      make_policy=lambda: policies.make_policy("orca"))
+    cluster.run()
+    assert cluster.replica.tolist() == [1] * 6
+    assert cluster_summary(cluster)["router"] == "tolast"
+    broken = Cluster(requests, num_replicas=3, router=f"{path}:ToLast",
+                     router_options={"offset": "-1"}, make_engine=_engine, config=CONFIG,
+                     make_policy=lambda: policies.make_policy("orca"))
+    with pytest.raises(PlanError, match="tolast.*replica_out_of_range.*returned 3 for request 0"):
+        broken.run()
