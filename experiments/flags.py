@@ -81,6 +81,8 @@ flags.DEFINE_string("router", "round_robin", "How --num_replicas > 1 replicas sh
                     "least_work (fewest tokens left: an oracle), or a plugin as "
                     "package.module:Class or path/to/file.py:Class.")
 flags.DEFINE_string("router_opts", "", "Router knobs: key=value,...")
+flags.DEFINE_bool("log_step_requests", False, "Write each step's request ids and token counts "
+                  "to steps.jsonl (request_ids, request_tokens).")
 flags.DEFINE_string("out_dir", "runs/latest", "Output directory.")
 flags.DEFINE_string("policy_opts", "", "Policy knobs: key=value,... (in compare and sweep: "
                     "policy.key=value, policy as named in --policies).")
@@ -165,6 +167,6 @@ def spec_from_flags() -> RunSpec:
             page_size=FLAGS.page_size, max_model_len=FLAGS.max_model_len,
             token_buckets=_buckets(), ttft_slo_s=FLAGS.ttft_slo_s, tpot_slo_s=FLAGS.tpot_slo_s,
             seed=FLAGS.seed, num_replicas=FLAGS.num_replicas, router=FLAGS.router,
-            router_opts=FLAGS.router_opts)
+            router_opts=FLAGS.router_opts, log_step_requests=FLAGS.log_step_requests)
     except ValueError as e:
         raise app.UsageError(str(e)) from e

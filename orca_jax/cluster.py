@@ -25,7 +25,7 @@ from orca_jax.engine_api import Engine
 from orca_jax.plan import PlanError
 from orca_jax.policy import Policy
 from orca_jax.request import Request, RequestState
-from orca_jax.results import json_value, request_rows, write_json, write_jsonl
+from orca_jax.results import json_value, request_rows, step_rows, write_json, write_jsonl
 from orca_jax.routing import ClusterView, Router, make_router
 from orca_jax.scheduler import Scheduler, SchedulerConfig
 
@@ -167,8 +167,8 @@ def write_cluster_results(out_dir: os.PathLike, cluster: Cluster, summary: Mappi
     rows = [{**per_replica[max(int(r), 0)][i], "replica": int(r)}
             for i, r in enumerate(cluster.replica)]
     write_jsonl(out / "requests.jsonl", rows)
-    write_jsonl(out / "steps.jsonl", [
-        {"replica": index, **{k: json_value(v) for k, v in step._asdict().items()}}
-        for index, replica in enumerate(cluster.replicas) for step in replica.record.steps])
+    write_jsonl(out / "steps.jsonl", [{"replica": index, **row}
+                                      for index, replica in enumerate(cluster.replicas)
+                                      for row in step_rows(replica)])
     write_json(out / "summary.json", summary)
     return out

@@ -90,6 +90,7 @@ class RunSpec:
     num_replicas: int = 1  # sim: replicas behind a global router (orca_jax.cluster)
     router: str = "round_robin"  # sim: a registered router, module:Class or file.py:Class
     router_opts: str = ""  # the router's knobs, key=value,...
+    log_step_requests: bool = False  # steps.jsonl: each step's request ids and tokens
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
@@ -172,7 +173,8 @@ def scheduler_config(spec: RunSpec) -> SchedulerConfig:
     return SchedulerConfig(max_batch_size=spec.max_batch_size, token_budget=spec.token_budget,
                            num_kv_pages=pages, page_size=spec.page_size,
                            max_model_len=context, token_buckets=spec.token_buckets,
-                           temperature=temperature, top_k=top_k, top_p=top_p, seed=spec.seed)
+                           temperature=temperature, top_k=top_k, top_p=top_p, seed=spec.seed,
+                           log_step_requests=spec.log_step_requests)
 
 
 def build_engine(spec: RunSpec, config: SchedulerConfig) -> Engine:

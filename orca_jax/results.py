@@ -87,6 +87,18 @@ def request_rows(scheduler: Scheduler) -> list[dict[str, Any]]:
     return rows
 
 
+def step_rows(scheduler: Scheduler) -> list[dict[str, Any]]:
+    """One dict per step (steps.jsonl); with `log_step_requests`, also the step's
+    `request_ids` (the requests' ids, as in requests.jsonl) and `request_tokens`."""
+    record, specs = scheduler.record, scheduler.table.specs
+    rows = [{k: json_value(v) for k, v in s._asdict().items()} for s in record.steps]
+    if record.step_requests:
+        for row, (requests, tokens) in zip(rows, record.step_requests):
+            row["request_ids"] = [specs[i].id for i in requests.tolist()]
+            row["request_tokens"] = tokens.tolist()
+    return rows
+
+
 def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
     """Writes one JSON object per line, atomically (a reader never sees half a file)."""
     tmp = path.with_suffix(path.suffix + ".tmp")
@@ -112,7 +124,6 @@ def write_results(out_dir: os.PathLike, scheduler: Scheduler, summary: Mapping[s
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "config.json", config)
     write_jsonl(out / "requests.jsonl", request_rows(scheduler))
-    write_jsonl(out / "steps.jsonl", [{k: json_value(v) for k, v in s._asdict().items()}
-                                       for s in scheduler.record.steps])
+    write_jsonl(out / "steps.jsonl", step_rows(scheduler))
     write_json(out / "summary.json", summary)
     return out

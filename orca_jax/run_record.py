@@ -41,9 +41,17 @@ class RunRecord:
     _token_time: list[float] = dataclasses.field(default_factory=list)
     _token_count: list[int] = dataclasses.field(default_factory=list)
     _token_ids: list[NDArray[np.int32]] = dataclasses.field(default_factory=list)
+    # (request indices [n], tokens [n]) of each step, when the scheduler logs them.
+    step_requests: list[tuple[NDArray[np.int64], NDArray[np.int64]]] = dataclasses.field(
+        default_factory=list)
 
     def log_step(self, entry: StepLog) -> None:
         self.steps.append(entry)
+
+    def log_step_requests(self, requests: NDArray[np.int64],  # [n]
+                          num_tokens: NDArray[np.int64]) -> None:  # [n]
+        """Records the requests the step just logged computed, and their token counts."""
+        self.step_requests.append((np.array(requests, np.int64), np.array(num_tokens, np.int64)))
 
     def log_tokens(self, requests: NDArray[np.int64],  # [k]
                    time_s: float, token_ids: Optional[NDArray[np.int32]]) -> None:  # [k]

@@ -53,6 +53,8 @@ class SchedulerConfig:
       watermark_pages: free pages an admission must leave (vLLM v0's watermark).
       count_host_time: add measured host time to the virtual clock (then runs
         are no longer bit-for-bit repeatable).
+      log_step_requests: record which requests each step computed and how many
+        tokens each (`RunRecord.step_requests`; memory grows with steps x batch).
       temperature, top_k, top_p: sampling parameters of every request (greedy default).
       seed: mixed into every request's sampling seed.
     """
@@ -65,6 +67,7 @@ class SchedulerConfig:
     token_buckets: Optional[tuple[int, ...]] = None
     watermark_pages: int = 0
     count_host_time: bool = False
+    log_step_requests: bool = False
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
@@ -285,6 +288,8 @@ class Scheduler:
             bucket=inputs.bucket.num_tokens, host_s=host_s, step_s=output.step_s,
             num_running=int(self.running.size), num_waiting=int(self.waiting.size),
             num_free_pages=self.kv.num_free))
+        if self.config.log_step_requests:
+            self.record.log_step_requests(ids, tokens)
         self.num_steps += 1
         self.now_s = end_s
         return True

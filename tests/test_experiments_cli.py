@@ -51,6 +51,26 @@ def test_run_writes_the_result_contract(tmp_path):
     assert sum(r["status"] == "finished" for r in requests) == summary["num_finished"]
 
 
+def test_step_requests_log_accounts_for_every_token_computed(tmp_path):
+    out = tmp_path / "run"
+    _run("experiments.run", "--policy=sarathi", "--engine=sim", "--num_requests=30", "--rate=80",
+         "--max_batch_size=8", "--token_budget=128", "--log_step_requests", f"--out_dir={out}")
+    requests = {r["id"]: r for r in _jsonl(out / "requests.jsonl")}
+    steps = _jsonl(out / "steps.jsonl")
+    computed = dict.fromkeys(requests, 0)
+    for step in steps:
+        assert len(step["request_ids"]) == step["num_seqs"]
+        assert sum(step["request_tokens"]) == step["num_tokens"]
+        for request, tokens in zip(step["request_ids"], step["request_tokens"]):
+            computed[request] += tokens
+    # Chunked prefills and decodes add up to the prompt and every output token but
+    # the last (sampled, never fed back); no preemption here.
+    assert all(r["num_preemptions"] == 0 for r in requests.values())
+    assert computed == {i: r["prompt_len"] + r["output_len"] - 1 for i, r in requests.items()}
+    # Prefill chunks shared steps with other requests.
+    assert any(len(s["request_ids"]) > 1 and max(s["request_tokens"]) > 1 for s in steps)
+
+
 def test_compare_writes_one_folder_per_policy_on_the_same_workload(tmp_path):
     out = tmp_path / "cmp"
     _run("experiments.compare", "--policies=static,orca", "--engine=sim", "--num_requests=40",
