@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from orca_jax import calibration as cal
+from orca_jax import step_profile as prof
 from orca_jax import cost_model as cm
 from orca_jax.engine_api import Bucket, StepOutput
 from orca_jax.experiment import RunSpec, run_policy
@@ -30,11 +31,11 @@ def test_attention_tiles_counts_causal_query_and_kv_tiles():
 
 
 def test_reference_tiles_follow_tokens_per_sequence_of_the_bucket():
-    assert cal.reference_tiles(Bucket(16, 16), page_size=16) == (1, 128)
-    assert cal.reference_tiles(Bucket(64, 16), page_size=16) == (4, 128)
-    assert cal.reference_tiles(Bucket(48, 16), page_size=16) == (4, 128)  # 3 per seq -> 4
-    assert cal.reference_tiles(Bucket(1024, 16), page_size=16) == (16, 128)
-    assert cal.reference_tiles(Bucket(16, 16), page_size=48) == (1, 96)  # whole pages
+    assert prof.reference_tiles(Bucket(16, 16), page_size=16) == (1, 128)
+    assert prof.reference_tiles(Bucket(64, 16), page_size=16) == (4, 128)
+    assert prof.reference_tiles(Bucket(48, 16), page_size=16) == (4, 128)  # 3 per seq -> 4
+    assert prof.reference_tiles(Bucket(1024, 16), page_size=16) == (16, 128)
+    assert prof.reference_tiles(Bucket(16, 16), page_size=48) == (1, 96)  # whole pages
 
 
 class _SyntheticEngine:
@@ -63,7 +64,7 @@ def _truth():
 
 
 def _measure(engine, repeats=3):
-    return cal.measure_step_times(engine, [Bucket(16, 16), Bucket(64, 16)], max_model_len=1024,
+    return prof.measure_step_times(engine, [Bucket(16, 16), Bucket(64, 16)], max_model_len=1024,
                                   page_size=16, pages_per_seq=64, num_pages=1025,
                                   num_repeats=repeats)
 
@@ -91,7 +92,7 @@ def test_fit_of_noisy_timings_takes_medians_and_stays_close():
 
 
 def test_fit_needs_three_samples_per_bucket():
-    sample = cal.StepSample(Bucket(16, 16), (1,), (10,), 1e-3, 0.0, 1e-3)
+    sample = prof.StepSample(Bucket(16, 16), (1,), (10,), 1e-3, 0.0, 1e-3)
     with pytest.raises(ValueError, match="bucket Bucket\\(num_tokens=16.*2 samples"):
         cal.fit_linear([sample, sample], page_size=16)
     with pytest.raises(ValueError, match="statistic='p90'"):
@@ -106,7 +107,7 @@ def test_saved_fit_round_trips_and_drives_the_simulator(tmp_path):
     assert loaded == fit and metadata == {"model": "tiny"}
     engine = SimEngine(cal.cost_config_from_fit(path, "tiny"))
     engine.warmup([Bucket(16, 16), Bucket(64, 16)])
-    inputs = cal.step_inputs(Bucket(16, 16), [1, 1], [100, 300], page_size=16,
+    inputs = prof.step_inputs(Bucket(16, 16), [1, 1], [100, 300], page_size=16,
                              pages_per_seq=64, num_pages=100)
     # 2 sequences, 1 + 3 KV tiles.
     assert engine.step(inputs).step_s == pytest.approx(2e-3 + 2 * 1e-4 + 4 * 3e-4)
@@ -149,7 +150,7 @@ def test_relative_errors_are_signed_fractions_of_the_real_value():
 
 
 def test_step_inputs_lay_out_positions_slots_and_distinct_pages():
-    inputs = cal.step_inputs(Bucket(16, 4), [3, 1], [3, 20], page_size=16, pages_per_seq=4,
+    inputs = prof.step_inputs(Bucket(16, 4), [3, 1], [3, 20], page_size=16, pages_per_seq=4,
                              num_pages=10)
     assert list(inputs.cu_q_lens) == [0, 3, 4, 4, 4]
     assert list(inputs.positions[:4]) == [0, 1, 2, 19]
@@ -157,7 +158,7 @@ def test_step_inputs_lay_out_positions_slots_and_distinct_pages():
     assert inputs.slot_mapping[3] == 3 * 16 + 3  # position 19: page 3, offset 3
     assert list(inputs.sample_indices[:2]) == [2, 3]
     with pytest.raises(ValueError, match="do not fit bucket"):
-        cal.step_inputs(Bucket(4, 4), [3, 3], [3, 3], page_size=16, pages_per_seq=4,
+        prof.step_inputs(Bucket(4, 4), [3, 3], [3, 3], page_size=16, pages_per_seq=4,
                         num_pages=10)
 
 
