@@ -16,13 +16,41 @@ import os
 import sys
 import types
 import typing
-from typing import Any, Mapping, Optional, Union
+from typing import Any, Callable, Mapping, MutableMapping, Optional, TypeVar, Union
 
 BUILTIN_PACKAGE = "policies"  # registers the built-in policies and routers when imported
+C = TypeVar("C", bound=type)
 
 
 class PolicyLoadError(ValueError):
     """A policy or router spec or option could not be resolved; the message names it."""
+
+
+def registrar(registry: MutableMapping[str, type], base: type, *, kind: str,
+              decorator: str) -> Callable[[str], Callable[[C], C]]:
+    """The `@decorator(name)` class decorator that registers a `base` subclass in `registry`.
+
+    It sets the class's `name`; registering another class under a taken name is
+    an error (the same class again, e.g. on a module reload, is not).
+    """
+
+    def register(name: str) -> Callable[[C], C]:
+        def wrap(cls: C) -> C:
+            if not (isinstance(cls, type) and issubclass(cls, base)):
+                raise TypeError(f"@{decorator}({name!r}) expects a {base.__name__} subclass, "
+                                f"got {cls!r}")
+            existing = registry.get(name)
+            if existing is not None and existing.__qualname__ != cls.__qualname__:
+                raise ValueError(f"{kind} name {name!r} is already registered by "
+                                 f"{existing.__module__}.{existing.__qualname__}")
+            cls.name = name
+            registry[name] = cls
+            return cls
+
+        return wrap
+
+    register.__doc__ = f"Class decorator registering a {kind} under `name`."
+    return register
 
 
 def _import_from_file(path: str, spec: str, kind: str) -> types.ModuleType:

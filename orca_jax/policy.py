@@ -20,7 +20,7 @@ Policies never import jax: decisions are plain Python and numpy.
 from __future__ import annotations
 
 import abc
-from typing import Any, Callable, ClassVar, Mapping, TypeVar
+from typing import Any, ClassVar, Mapping
 
 from orca_jax import plugins
 from orca_jax.plan import StepPlan
@@ -29,7 +29,6 @@ from orca_jax.plugins import PolicyLoadError, parse_options  # noqa: F401  (the 
 KV_RESERVATIONS = ("none", "max", "pow2", "exact")
 
 _REGISTRY: dict[str, type["Policy"]] = {}
-P = TypeVar("P", bound=type)
 
 
 class Policy(abc.ABC):
@@ -63,21 +62,7 @@ class Policy(abc.ABC):
         """
 
 
-def register(name: str) -> Callable[[P], P]:
-    """Class decorator registering a policy under `name`."""
-
-    def wrap(cls: P) -> P:
-        if not (isinstance(cls, type) and issubclass(cls, Policy)):
-            raise TypeError(f"@register({name!r}) expects a Policy subclass, got {cls!r}")
-        existing = _REGISTRY.get(name)
-        if existing is not None and existing.__qualname__ != cls.__qualname__:
-            raise ValueError(f"policy name {name!r} is already registered by "
-                             f"{existing.__module__}.{existing.__qualname__}")
-        cls.name = name
-        _REGISTRY[name] = cls
-        return cls
-
-    return wrap
+register = plugins.registrar(_REGISTRY, Policy, kind="policy", decorator="register")
 
 
 def registered_policies() -> dict[str, type[Policy]]:

@@ -15,7 +15,7 @@ It is loaded by registered name, `package.module:Class` or `file.py:Class`
 from __future__ import annotations
 
 import abc
-from typing import TYPE_CHECKING, Callable, ClassVar, Mapping, Optional, TypeVar
+from typing import TYPE_CHECKING, ClassVar, Mapping, Optional
 
 import numpy as np
 from numpy.typing import NDArray
@@ -28,7 +28,6 @@ if TYPE_CHECKING:
     from orca_jax.cluster import Cluster
 
 _ROUTERS: dict[str, type["Router"]] = {}
-R = TypeVar("R", bound=type)
 
 
 class ClusterView:
@@ -80,21 +79,8 @@ class Router(abc.ABC):
         """
 
 
-def register_router(name: str) -> Callable[[R], R]:
-    """Class decorator registering a router under `name`."""
-
-    def wrap(cls: R) -> R:
-        if not (isinstance(cls, type) and issubclass(cls, Router)):
-            raise TypeError(f"@register_router({name!r}) expects a Router subclass, got {cls!r}")
-        existing = _ROUTERS.get(name)
-        if existing is not None and existing.__qualname__ != cls.__qualname__:
-            raise ValueError(f"router name {name!r} is already registered by "
-                             f"{existing.__module__}.{existing.__qualname__}")
-        cls.name = name
-        _ROUTERS[name] = cls
-        return cls
-
-    return wrap
+register_router = plugins.registrar(_ROUTERS, Router, kind="router",
+                                    decorator="register_router")
 
 
 def registered_routers() -> dict[str, type[Router]]:

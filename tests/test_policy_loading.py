@@ -225,3 +225,29 @@ def test_import_scanner_sees_every_import_form(tmp_path):
     path.write_text("import os, jax.numpy as jnp\nfrom flax import nnx\n"
                     "def f():\n    import optax\n")
     assert {_top(m) for m in _imported_modules(path)} == {"os", "jax", "flax", "optax"}
+
+
+def test_register_refuses_a_non_policy_and_a_taken_name():
+    from orca_jax.policy import register
+    from orca_jax.routing import Router, register_router
+
+    with pytest.raises(TypeError, match=r"@register\('x'\) expects a Policy subclass"):
+        register("x")(object)
+    with pytest.raises(TypeError, match=r"@register_router\('x'\) expects a Router subclass"):
+        register_router("x")(object)
+
+    class Other(Policy):
+        def schedule(self, view):
+            raise NotImplementedError
+
+    make_policy("orca")  # the built-ins are registered
+    with pytest.raises(ValueError, match="policy name 'orca' is already registered by "
+                                         "policies.orca.Orca"):
+        register("orca")(Other)
+
+    class Elsewhere(Router):
+        def route(self, view, request):
+            return 0
+
+    with pytest.raises(ValueError, match="router name 'round_robin' is already registered"):
+        register_router("round_robin")(Elsewhere)
