@@ -110,10 +110,17 @@ def test_least_outstanding_breaks_ties_round_robin():
     assert _cluster(requests, 3, "least_outstanding").replica.tolist() == [0, 1, 2, 0, 1]
 
 
-def test_every_request_finishes_once_across_replicas():
+# Every built-in policy but ltr, which needs a trained ranker (test_scheduler_invariants
+# trains one; on a cluster it decides as srpt does, with learned scores).
+POLICIES = sorted(name for name, cls in policies.registered_policies().items()
+                  if cls.__module__.startswith("policies.") and name != "ltr")
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_every_request_finishes_once_across_replicas(policy):
     requests = _workload(n=80, rate=300.0) + [
         Request(id=999, arrival_s=0.01, prompt_len=500, output_len=100)]  # over the context
-    cluster = _cluster(requests, 4, "least_outstanding", "sarathi")
+    cluster = _cluster(requests, 4, "least_outstanding", policy)
     token_req, _ = cluster.token_log()
     counts = np.bincount(token_req, minlength=len(requests))
     table = cluster.replicas[0].table
