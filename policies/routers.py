@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 
 import numpy as np
@@ -35,34 +36,40 @@ class RoundRobin(Router):
         return choice
 
 
-def _least_from_last(load: np.ndarray, last: int) -> int:
-    """Index of the least `load`; ties go to the first one after `last` (cyclically)."""
-    order = (last + 1 + np.arange(load.size)) % load.size
-    return int(order[np.argmin(load[order])])
+@dataclasses.dataclass
+class LeastLoaded(Router):
+    """Routes to the replica with the least `load`; ties go round robin, from the
+    replica after the last one chosen. Subclasses define `load`."""
+
+    _last: int = dataclasses.field(default=-1, init=False, repr=False)
+
+    @abc.abstractmethod
+    def load(self, view: ClusterView) -> np.ndarray:  # [R]
+        """Each replica's load (lower is better)."""
+
+    def route(self, view: ClusterView, request: int) -> int:
+        del request
+        load = self.load(view)
+        order = (self._last + 1 + np.arange(load.size)) % load.size
+        self._last = int(order[np.argmin(load[order])])
+        return self._last
 
 
 @register_router("least_outstanding")
 @dataclasses.dataclass
-class LeastOutstanding(Router):
-    """Fewest requests not yet done; ties round robin."""
+class LeastOutstanding(LeastLoaded):
+    """Fewest requests not yet done."""
 
-    _last: int = dataclasses.field(default=-1, init=False, repr=False)
-
-    def route(self, view: ClusterView, request: int) -> int:
-        del request
-        self._last = _least_from_last(view.outstanding(), self._last)
-        return self._last
+    def load(self, view: ClusterView) -> np.ndarray:
+        return view.outstanding()
 
 
 @register_router("least_work")
 @dataclasses.dataclass
-class LeastWork(Router):
-    """Fewest tokens left to compute (an output-length oracle); ties round robin."""
+class LeastWork(LeastLoaded):
+    """Fewest tokens left to compute (an output-length oracle)."""
 
-    _last: int = dataclasses.field(default=-1, init=False, repr=False)
-
-    def route(self, view: ClusterView, request: int) -> int:
-        del request
+    def load(self, view: ClusterView) -> np.ndarray:
         work = np.zeros(view.num_replicas, dtype=np.int64)
         for r, replica in enumerate(view.replicas):
             table = replica.requests
@@ -70,5 +77,4 @@ class LeastWork(Router):
             ids = ids[table.state[ids] != RequestState.FINISHED]  # unreleased: no work left
             work[r] = int((table.prompt_len[ids] + table.output_len[ids]
                            - table.num_computed[ids]).sum())
-        self._last = _least_from_last(work, self._last)
-        return self._last
+        return work
