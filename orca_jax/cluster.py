@@ -163,9 +163,12 @@ def write_cluster_results(out_dir: os.PathLike, cluster: Cluster, summary: Mappi
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "config.json", config)
-    per_replica = [request_rows(r) for r in cluster.replicas]
-    rows = [{**per_replica[max(int(r), 0)][i], "replica": int(r)}
-            for i, r in enumerate(cluster.replica)]
+    rows: list[dict[str, Any]] = [{} for _ in cluster.replica]
+    serving = np.maximum(cluster.replica, 0)  # rejected requests: replica 0's rows
+    for index, replica in enumerate(cluster.replicas):
+        mine = np.flatnonzero(serving == index).tolist()
+        for i, row in zip(mine, request_rows(replica, mine)):
+            rows[i] = {**row, "replica": int(cluster.replica[i])}
     write_jsonl(out / "requests.jsonl", rows)
     write_jsonl(out / "steps.jsonl", [{"replica": index, **row}
                                       for index, replica in enumerate(cluster.replicas)

@@ -10,7 +10,7 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -60,12 +60,14 @@ def summarize(scheduler: Scheduler, *, ttft_slo_s: Optional[float] = None,
     return {k: json_value(v) for k, v in summary.items()}
 
 
-def request_rows(scheduler: Scheduler) -> list[dict[str, Any]]:
-    """One dict per request, in arrival order (requests.jsonl)."""
+def request_rows(scheduler: Scheduler,
+                 indices: Optional[Sequence[int]] = None) -> list[dict[str, Any]]:
+    """One dict per request (requests.jsonl): all in arrival order, or those of `indices`."""
     table = scheduler.table
     rows = []
     with_tokens = scheduler.engine.needs_token_ids
-    for i, spec in enumerate(table.specs):
+    for i in range(len(table)) if indices is None else indices:
+        spec = table.specs[i]
         state = RequestState(table.state[i])
         row = {
             "id": spec.id, "arrival_s": table.arrival_s[i],
