@@ -114,3 +114,31 @@ def test_tp_beyond_the_devices_is_a_clean_error(tmp_path):
     assert result.returncode != 0
     assert "tp=2 needs 2 devices, JAX sees 1" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_split_pallas_attention_lowers_for_cuda_with_each_device_s_heads():
+    # An abstract 2-device mesh: lowering needs no devices. Each shard's Triton program
+    # covers its own 4 of llama3-8b's 8 KV heads (grid_x), the full work list (grid_y).
+    import functools
+    import re
+
+    import jax.numpy as jnp
+    from jax.sharding import AbstractMesh
+
+    from pallas_kernels.ragged_paged_attention import (RaggedAttentionConfig,
+                                                       ragged_paged_attention)
+
+    mesh = AbstractMesh(axis_sizes=(2,), axis_names=("tp",))
+    attend = sharding.shard_attention(functools.partial(
+        ragged_paged_attention, config=RaggedAttentionConfig(block_q=16, block_kv=64)), mesh)
+    tokens, slots, pages = 256, 32, (1025, 16, 8, 128)
+    args = (jax.ShapeDtypeStruct((tokens, 32, 128), jnp.bfloat16),
+            jax.ShapeDtypeStruct(pages, jnp.bfloat16), jax.ShapeDtypeStruct(pages, jnp.bfloat16),
+            jax.ShapeDtypeStruct((slots,), jnp.int32),
+            jax.ShapeDtypeStruct((slots, 64), jnp.int32),
+            jax.ShapeDtypeStruct((slots + 1,), jnp.int32), jax.ShapeDtypeStruct((1,), jnp.int32))
+    text = jax.jit(functools.partial(attend, sm_scale=128 ** -0.5)).trace(*args).lower(
+        lowering_platforms=("cuda",)).as_text()
+    assert text.count("stablehlo.custom_call @__gpu$xla.gpu.triton") == 1
+    grid = re.search(r"grid_x = (\d+) : i32, grid_y = (\d+) : i32", text)
+    assert grid is not None and tuple(map(int, grid.groups())) == (4, (tokens + slots * 15) // 16)
