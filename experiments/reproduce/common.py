@@ -21,6 +21,7 @@ import policies  # noqa: F401  (registers the built-in policies)
 from orca_jax import metrics
 from orca_jax.experiment import RunSpec, build_engine, build_workload, run_policy, scheduler_config
 from orca_jax.metrics import format_table
+from orca_jax.plots import plot_sweep
 from orca_jax.request import Request
 from orca_jax.scheduler import Scheduler
 from orca_jax.sweep_store import Curve, PointKey, SweepStore
@@ -149,6 +150,19 @@ def write_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str], out_d
         json.dump({"rows": list(rows), **(extra or {})}, f, indent=2, default=_json_number)
         f.write("\n")
     return table
+
+
+def write_figure_and_report(curves: Sequence[Curve], args: argparse.Namespace, *,
+                            max_y: float, x_field: str, y_field: str, title: str,
+                            tables: Sequence[str], start: float) -> None:
+    """Draws the curves (clipped at `max_y`) to `--figure`, then says where the figure
+    and the `tables` went and how long the reproduction took since `start`."""
+    os.makedirs(os.path.dirname(args.figure) or ".", exist_ok=True)
+    if plot_sweep(clipped(curves, max_y), args.figure, x_field=x_field, y_field=y_field,
+                  title=title):
+        print(f"figure: {args.figure}")
+    print(f"tables: {', '.join(f'{args.out_dir}/{name}.txt' for name in tables)} "
+          f"({time.perf_counter() - start:.0f} s)")
 
 
 def _json_number(value: Any) -> Any:

@@ -29,10 +29,10 @@ import os
 import time
 from typing import Any, Optional, Sequence
 
-from experiments.reproduce.common import (PolicyRun, clipped, reproduction_parser, run_grid,
-                                          throughput_at_bound, write_table)
+from experiments.reproduce.common import (PolicyRun, reproduction_parser, run_grid,
+                                          throughput_at_bound, write_figure_and_report,
+                                          write_table)
 from orca_jax.experiment import RunSpec
-from orca_jax.plots import plot_sweep
 from orca_jax.sweep_store import Curve, PointKey, aggregate
 
 FIGURE = "docs/figures/orca_gpt3_175b_latency_throughput.png"
@@ -121,13 +121,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     print(write_table(result.ratios, ["latency_bound_s", "best_static", "static_req_s",
                                       "best_orca", "orca_req_s", "ratio"], args.out_dir,
                       "ratios", {"setup": dataclasses.asdict(setup)}))
-    os.makedirs(os.path.dirname(args.figure) or ".", exist_ok=True)
-    if plot_sweep(clipped(result.curves, setup.plot_max_s), args.figure, x_field=THROUGHPUT,
-                  y_field=LATENCY, title="GPT-3 175B, 16 x A100-40GB (tp=16, simulated): "
-                                         "median normalized latency"):
-        print(f"figure: {args.figure}")
-    print(f"tables: {args.out_dir}/curves.txt, {args.out_dir}/ratios.txt "
-          f"({time.perf_counter() - start:.0f} s)")
+    write_figure_and_report(result.curves, args, max_y=setup.plot_max_s, x_field=THROUGHPUT,
+                            y_field=LATENCY, title="GPT-3 175B, 16 x A100-40GB (tp=16, "
+                                                   "simulated): median normalized latency",
+                            tables=["curves", "ratios"], start=start)
 
 
 if __name__ == "__main__":

@@ -34,10 +34,10 @@ import os
 import time
 from typing import Any, Optional, Sequence
 
-from experiments.reproduce.common import (PolicyRun, clipped, reproduction_parser, run_grid,
-                                        throughput_at_bound, write_table)
+from experiments.reproduce.common import (PolicyRun, reproduction_parser, run_grid,
+                                          throughput_at_bound, write_figure_and_report,
+                                          write_table)
 from orca_jax.experiment import RunSpec
-from orca_jax.plots import plot_sweep
 from orca_jax.sweep_store import Curve, PointKey, aggregate
 
 FIGURE = "docs/figures/sarathi_mistral7b_tbt.png"
@@ -147,13 +147,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
           f"delay reaches {setup.max_queueing_s:g} s:")
     print(write_table(result.capacity, ["tbt_slo_s", "policy", "capacity_req_s", "over_vllm"],
                       args.out_dir, "capacity", {"setup": dataclasses.asdict(setup)}))
-    os.makedirs(os.path.dirname(args.figure) or ".", exist_ok=True)
-    if plot_sweep(clipped(result.curves, setup.plot_max_s), args.figure, x_field=RATE,
-                  y_field=TBT, title="Mistral-7B, 1 x A100-80GB (simulated): p99 time "
-                                     "between tokens"):
-        print(f"figure: {args.figure}")
-    print(f"tables: {args.out_dir}/curves.txt, {args.out_dir}/capacity.txt "
-          f"({time.perf_counter() - start:.0f} s)")
+    write_figure_and_report(result.curves, args, max_y=setup.plot_max_s, x_field=RATE,
+                            y_field=TBT, title="Mistral-7B, 1 x A100-80GB (simulated): p99 "
+                                               "time between tokens",
+                            tables=["curves", "capacity"], start=start)
 
 
 if __name__ == "__main__":

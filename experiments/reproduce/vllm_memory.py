@@ -29,10 +29,10 @@ import os
 import time
 from typing import Any, Optional, Sequence
 
-from experiments.reproduce.common import (PolicyRun, clipped, reproduction_parser, run_grid,
-                                        throughput_at_bound, write_table)
+from experiments.reproduce.common import (PolicyRun, reproduction_parser, run_grid,
+                                          throughput_at_bound, write_figure_and_report,
+                                          write_table)
 from orca_jax.experiment import RunSpec
-from orca_jax.plots import plot_sweep
 from orca_jax.sweep_store import Curve, PointKey, aggregate
 
 FIGURE = "docs/figures/vllm_opt13b_sharegpt.png"
@@ -131,13 +131,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                                        "capacity_req_s",
                                        "vllm_over_this"], args.out_dir, "summary",
                       {"setup": dataclasses.asdict(setup)}))
-    os.makedirs(os.path.dirname(args.figure) or ".", exist_ok=True)
-    if plot_sweep(clipped(result.curves, setup.plot_max_s), args.figure, x_field=RATE,
-                  y_field=LATENCY, title="OPT-13B, 1 x A100-40GB (simulated), ShareGPT-like "
-                                         "lognormal lengths"):
-        print(f"figure: {args.figure}")
-    print(f"tables: {args.out_dir}/curves.txt, {args.out_dir}/summary.txt "
-          f"({time.perf_counter() - start:.0f} s)")
+    write_figure_and_report(result.curves, args, max_y=setup.plot_max_s, x_field=RATE,
+                            y_field=LATENCY, title="OPT-13B, 1 x A100-40GB (simulated), "
+                                                   "ShareGPT-like lognormal lengths",
+                            tables=["curves", "summary"], start=start)
 
 
 if __name__ == "__main__":
