@@ -22,8 +22,7 @@ if TYPE_CHECKING:
 # Plain ints: IntEnum attribute lookups cost a microsecond each on the hot path.
 _PENDING, _WAITING, _RUNNING = int(RequestState.PENDING), int(RequestState.WAITING), int(
     RequestState.RUNNING)
-_FINISHED, _REJECTED = int(RequestState.FINISHED), int(RequestState.REJECTED)
-_ROUTED_AWAY = int(RequestState.ROUTED_AWAY)
+_FINISHED = int(RequestState.FINISHED)
 
 
 def _first(ids: NDArray[np.int64], mask: NDArray[np.bool_]) -> int:
@@ -96,7 +95,7 @@ def check_plan(scheduler: "Scheduler", plan: StepPlan) -> NDArray[np.int64]:
         raise PlanError(name, "not_arrived",
                         f"request {request} arrives at {table.arrival_s[request]:.6f} s, "
                         f"now is {scheduler.now_s:.6f} s")
-    done = (states == _FINISHED) | (states == _REJECTED) | (states == _ROUTED_AWAY)
+    done = states >= _FINISHED  # finished, rejected or routed away: the terminal states
     if done.any():
         request = _first(ids, done)
         raise PlanError(name, "finished_request",

@@ -27,7 +27,10 @@ from numpy.typing import NDArray
 
 
 class RequestState(enum.IntEnum):
-    """Where a request is in its life. Stored as int8 in the request table."""
+    """Where a request is in its life. Stored as int8 in the request table.
+
+    The terminal states come last: `state >= FINISHED` means the request is done here.
+    """
 
     PENDING = 0  # not arrived yet (arrival time is in the future)
     WAITING = 1  # arrived, not running: new, or back after a preemption
