@@ -28,8 +28,9 @@ import time
 
 import jax
 
-from orca_jax.experiment import RunSpec, build_engine, build_workload, run_policy, scheduler_config
-from orca_jax.metrics import static_batching_ceiling
+from orca_jax.runner.experiment import (RunSpec, build_engine, build_workload, run_policy,
+                                        scheduler_config)
+from orca_jax.results.metrics import static_batching_ceiling
 
 
 def main() -> None:
@@ -139,7 +140,7 @@ def equal_latency_table(model: str, args: argparse.Namespace, rates: list[float]
 
 def scheduler_config_buckets(spec: RunSpec):
     """The buckets a run of `spec` uses (warm-up happens before timing)."""
-    from orca_jax.packing import bucket_config_for
+    from orca_jax.core.packing import bucket_config_for
     config = scheduler_config(spec)
     return bucket_config_for(token_budget=config.token_budget,
                              max_num_seqs=config.max_batch_size,

@@ -4,8 +4,7 @@ import dataclasses
 
 import numpy as np
 
-from orca_jax import SchedulerView, StepPlan
-from orca_jax.policy import Policy, register
+from orca_jax import Policy, SchedulerView, StepPlan, register
 
 
 @register("las")

@@ -10,11 +10,169 @@ total time, mean TTFT and mean TPOT (calibration.txt, calibration.json).
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import os
+import statistics
+from typing import Any, Mapping, Optional, Sequence
+
+import numpy as np
 from absl import app, flags
 
 from experiments import flags as run_flags
 from experiments.policy_flags import options_by_policy
-from orca_jax.calibration import run_calibration
+from orca_jax.core.packing import bucket_config_for
+from orca_jax.results import metrics
+from orca_jax.runner import experiment
+from orca_jax.sim.calibration import (COMPARED_METRICS, RecordingEngine, busy_time_ratio,
+                                      fit_linear, predict, relative_errors, save_fit)
+from orca_jax.sim.step_profile import profile_grid, samples_from_times, time_grid
+
+
+def mean_latencies(scheduler: Any) -> dict[str, Optional[float]]:
+    """Mean TTFT and mean TPOT over a finished run's finished requests (a `Scheduler`)."""
+    table = scheduler.table
+    per_request = metrics.request_metrics(table.arrival_s, table.first_scheduled_s,
+                                          table.first_token_s, table.finish_s, table.output_len,
+                                          *scheduler.record.token_log())
+    out = {}
+    for name in ("ttft", "tpot"):
+        values = per_request[f"{name}_s"]
+        values = values[np.isfinite(values)]
+        out[f"{name}_mean_s"] = float(values.mean()) if values.size else None
+    return out
+
+
+def _format_table(rows: Sequence[Mapping[str, Any]]) -> str:
+    header = (f"{'policy':<10} {'metric':<12} {'real (each run)':<28} {'real':>9} {'sim':>9} "
+              f"{'error':>8}")
+    lines = [header, "-" * len(header)]
+    for row in rows:
+        runs = ", ".join(f"{v:.4f}" for v in row["real_runs"])
+        error = "n/a" if row["error"] is None else f"{100 * row['error']:+.1f}%"
+        lines.append(f"{row['policy']:<10} {row['metric']:<12} {runs:<28} {row['real']:>9.4f} "
+                     f"{row['sim']:>9.4f} {error:>8}")
+    return "\n".join(lines)
+
+
+def run_calibration(spec: Any, policies: Sequence[str], out_dir: str, *,
+                    policy_options: Optional[Mapping[str, Mapping[str, str]]] = None,
+                    num_repeats: int = 5, num_real_runs: int = 2, statistic: str = "median",
+                    log: Any = print) -> dict[str, Any]:
+    """Profiles the real engine, runs each policy on it, fits, then runs each on the fit.
+
+    Profiling is `num_repeats` passes over the grid before the real runs and one
+    more after each real run, so the fit samples the machine's load over the
+    same minutes as the runs it is compared with; it never sees those runs.
+
+    Args:
+      spec: an `experiment.RunSpec` with `engine="jax"` (its clock is forced to `wall`).
+      policies: policy specs evaluated on the spec's workload, real and simulated.
+      policy_options: each policy's knobs as text, by policy spec.
+      out_dir: gets cost_fit.json, profile.jsonl, calibration.txt, calibration.json and
+        one results folder per run (real/POLICY/runN, sim/POLICY).
+      num_repeats: timed passes over the grid before the first real run.
+      num_real_runs: real runs per policy; the reference value is their median.
+      statistic: what the fit follows per composition (`fit_linear`).
+      log: where progress lines go.
+
+    Returns:
+      The calibration.json content: fit quality, noise, and the error rows.
+    """
+    if spec.engine != "jax":
+        raise ValueError(f"run_calibration: spec.engine={spec.engine!r}, needs 'jax'")
+    if num_real_runs < 1:
+        raise ValueError(f"run_calibration: num_real_runs={num_real_runs} must be >= 1")
+    spec = dataclasses.replace(spec, clock="wall")
+    config = experiment.scheduler_config(spec)
+    engine = experiment.build_engine(spec, config)
+    buckets = bucket_config_for(token_budget=config.token_budget,
+                                max_num_seqs=config.max_batch_size,
+                                max_model_len=config.max_model_len, page_size=config.page_size,
+                                token_sizes=config.token_buckets).buckets()
+    os.makedirs(out_dir, exist_ok=True)
+    load_before = os.getloadavg()[0]
+    engine.warmup(buckets)
+    grid = profile_grid(buckets, max_model_len=config.max_model_len, page_size=config.page_size,
+                        pages_per_seq=engine.pages_per_seq, num_pages=engine.num_pages)
+    time_grid(engine, grid, 1)
+    times = time_grid(engine, grid, num_repeats)
+    requests = experiment.build_workload(spec)
+    options = policy_options or {}
+    real_runs: dict[str, list[dict[str, Any]]] = {}
+    recorders: dict[str, list[RecordingEngine]] = {}
+    for policy in policies:
+        label = policy.replace("/", "_").replace(":", "_")
+        for index in range(num_real_runs):
+            recorder = RecordingEngine(engine)
+            summary, scheduler = experiment.run_policy(
+                spec, policy, options.get(policy),
+                out_dir=os.path.join(out_dir, "real", label, f"run{index}"),
+                requests=requests, engine=recorder, progress=False)
+            real_runs.setdefault(policy, []).append(
+                {**summary, **mean_latencies(scheduler), "load_average_1m": os.getloadavg()[0]})
+            recorders.setdefault(policy, []).append(recorder)
+            # One more profiling pass after every real run: the fit samples the
+            # machine's load over the same minutes as the runs it is compared with.
+            times += time_grid(engine, grid, 1)
+            log(f"{policy} real run {index}: load {os.getloadavg()[0]:.2f}")
+
+    samples = samples_from_times(grid, times)
+    fit = fit_linear(samples, config.page_size, statistic)
+    residuals = [predict(fit, s) / (s.seconds if statistic == "median" else s.mean_s) - 1
+                 for s in samples]
+    quality = {"num_samples": len(samples), "num_passes": len(times),
+               "fit_abs_error_median": float(np.median(np.abs(residuals))),
+               "fit_abs_error_max": float(np.max(np.abs(residuals))),
+               "repeat_spread_median": float(np.median([s.spread for s in samples])),
+               "load_average_1m": [load_before, os.getloadavg()[0]]}
+    with open(os.path.join(out_dir, "profile.jsonl"), "w") as f:
+        for sample, residual in zip(samples, residuals):
+            f.write(json.dumps({"bucket": sample.bucket.num_tokens, "q_lens": sample.q_lens,
+                                "kv_lens": sample.kv_lens, "seconds": sample.seconds,
+                                "mean_s": sample.mean_s, "spread": sample.spread,
+                                "fit_error": residual}) + "\n")
+    fit_path = os.path.join(out_dir, "cost_fit.json")
+    save_fit(fit_path, fit, {"model": spec.model, "dtype": spec.dtype, "attention":
+                             engine.attention, "page_size": config.page_size,
+                             "statistic": statistic, **quality})
+    log(f"fit: {len(samples)} compositions x {len(times)} passes, median |error| "
+        f"{100 * quality['fit_abs_error_median']:.1f}%, repeat spread "
+        f"{100 * quality['repeat_spread_median']:.1f}% -> {fit_path}")
+
+    sim_spec = dataclasses.replace(spec, engine="sim", cost_fit=fit_path,
+                                   num_kv_pages=config.num_kv_pages,
+                                   max_model_len=config.max_model_len)
+    rows = []
+    for policy in policies:
+        label = policy.replace("/", "_").replace(":", "_")
+        summary, scheduler = experiment.run_policy(
+            sim_spec, policy, options.get(policy), out_dir=os.path.join(out_dir, "sim", label),
+            requests=requests, progress=False)
+        simulated = {**summary, **mean_latencies(scheduler)}
+        runs = real_runs[policy]
+        real = {key: statistics.median(run[key] for run in runs) for key in COMPARED_METRICS}
+        errors = relative_errors(real, simulated)
+        on_own_steps = [busy_time_ratio(fit, r.steps) for r in recorders[policy]]
+        for key in COMPARED_METRICS:
+            rows.append({"policy": policy, "metric": key,
+                         "real_load_average_1m": [run["load_average_1m"] for run in runs],
+                         "fit_on_real_steps": on_own_steps,
+                         "real_runs": [run[key] for run in runs], "real": real[key],
+                         "sim": simulated[key], "error": errors[key]})
+        log(f"{policy}: fit on the real runs' own steps {on_own_steps}")
+        log(f"{policy}: " + ", ".join(f"{k} {100 * e:+.1f}%" for k, e in errors.items()
+                                      if e is not None))
+    table = _format_table(rows)
+    result = {"model": spec.model, "fit_path": fit_path, "fit_quality": quality,
+              "load_average_1m_end": os.getloadavg()[0], "rows": rows}
+    with open(os.path.join(out_dir, "calibration.txt"), "w") as f:
+        f.write(table + "\n")
+    with open(os.path.join(out_dir, "calibration.json"), "w") as f:
+        json.dump(result, f, indent=2)
+    log(table)
+    return result
+
 
 flags.DEFINE_integer("num_repeats", 5, "Timed repeats of each profiled step composition.",
                      lower_bound=1)

@@ -15,8 +15,8 @@ from absl import app
 
 from experiments import flags as run_flags
 from experiments.policy_flags import options_by_policy, policy_label
-from orca_jax.experiment import build_engine, build_workload, run_policy, scheduler_config
-from orca_jax.metrics import format_table
+from orca_jax.runner.experiment import build_engine, build_workload, run_policy, scheduler_config
+from orca_jax.results.metrics import format_table
 
 def _plot(summaries: list[dict], path: str) -> bool:
     try:

@@ -2,7 +2,7 @@
 
 Flags are plumbing only (engine, model, workload, limits, output); experiment
 knobs live on policies (`--policy_opts`). `spec_from_flags()` resolves them into
-an `orca_jax.experiment.RunSpec`.
+an `orca_jax.runner.experiment.RunSpec`.
 """
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ from typing import Iterator, Optional
 
 from absl import app, flags
 
-from orca_jax.engine_api import EngineConfigError
-from orca_jax.plan import PlanError
-from orca_jax.policy import PolicyLoadError
-from orca_jax.traces import TraceError
-from orca_jax.experiment import ATTENTIONS, DTYPES, ENGINES, WORKLOADS, RunSpec
-from orca_jax.workload import parse_length_spec
+from orca_jax.core.engine_api import EngineConfigError
+from orca_jax.core.plan import PlanError
+from orca_jax.core.policy import PolicyLoadError
+from orca_jax.workloads.traces import TraceError
+from orca_jax.runner.experiment import ATTENTIONS, DTYPES, ENGINES, WORKLOADS, RunSpec
+from orca_jax.workloads.synthetic import parse_length_spec
 
 flags.DEFINE_enum("engine", "jax", list(ENGINES), "Engine: the real JAX model (jax) or the "
                   "cost-model simulator (sim).")

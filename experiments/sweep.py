@@ -6,7 +6,7 @@
 Every point runs on the same workload for its seed (a seed fixes the lengths;
 a rate only compresses the arrivals), with the shared run flags (`--rate` and
 `--seed` are replaced by `--rates` and `--seeds`). Each finished point is
-appended to `points.jsonl` in --out_dir (see `orca_jax.sweep_store`), so a
+appended to `points.jsonl` in --out_dir (see `orca_jax.results.sweep_store`), so a
 killed sweep rerun with the same command runs only the missing points; a
 rerun with another workload into the same folder is refused. Then sweep.png:
 the chosen latency metric against throughput, one curve per policy, mean over
@@ -26,13 +26,13 @@ from absl import app, flags
 
 from experiments import flags as run_flags
 from experiments.policy_flags import options_by_policy, policy_label
-from orca_jax.engine_api import Engine
-from orca_jax.experiment import (RunSpec, build_engine, build_workload, run_policy,
+from orca_jax.core.engine_api import Engine
+from orca_jax.runner.experiment import (RunSpec, build_engine, build_workload, run_policy,
                                  scheduler_config)
-from orca_jax.metrics import format_table
-from orca_jax.plots import METRIC_LABELS, plot_sweep
-from orca_jax.request import Request
-from orca_jax.sweep_store import PointKey, SweepConfigError, SweepStore, aggregate, grid
+from orca_jax.results.metrics import format_table
+from orca_jax.results.plots import METRIC_LABELS, plot_sweep
+from orca_jax.core.request import Request
+from orca_jax.results.sweep_store import PointKey, SweepConfigError, SweepStore, aggregate, grid
 
 METRICS = {"normalized_latency": "normalized_latency_mean_s", "ttft_p99": "ttft_p99_s",
            "tpot_p99": "tpot_p99_s"}

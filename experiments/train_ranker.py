@@ -1,7 +1,7 @@
 """Trains the `ltr` policy's ranker: `python -m experiments.train_ranker --out_dir=DIR`.
 
 Splits a trace (--trace, JSONL or CSV) or the synthetic ranking workload (task
-tokens decide the output length; `orca_jax.ranker.synthetic_ranking_workload`)
+tokens decide the output length; `orca_jax.learned.ranker.synthetic_ranking_workload`)
 in arrival order: the first --train_fraction trains the ranker, the rest is
 held out. Saves the ranker with orbax to --out_dir and prints Kendall's tau
 between its order and the true output-length order on the held-out requests,
@@ -13,8 +13,8 @@ from __future__ import annotations
 import numpy as np
 from absl import app, flags, logging
 
-from orca_jax import ranker as ranker_lib
-from orca_jax.traces import TraceError, load_trace
+from orca_jax.learned import ranker as ranker_lib
+from orca_jax.workloads.traces import TraceError, load_trace
 
 flags.DEFINE_string("out_dir", None, "Directory to save the trained ranker in (orbax).",
                     required=True)

@@ -1,19 +1,37 @@
 """orca_jax: iteration-level scheduling of LLM serving, for research on policies.
 
-This package's top level is host-side only (numpy, no jax), so that policies
-and the simulator import without jax; the model and the jitted engine live in
-`orca_jax.model` and `orca_jax.jax_engine`.
+The package face is the plugin API: what a policy or router module imports.
+It is host-side only (numpy, no jax), so policies and the simulator import
+without jax. The parts live in subpackages, in layers that only look down:
+
+    core/       requests, plans and their checks, the view, the scheduler, KV pages,
+                packing, the engine contract, the policy API and plugin loading, RunResult
+    specs/      model shapes and hardware datasheets (one preset table each)
+    model/      the Flax decoder and the jitted engine (jax lives here)
+    sim/        the cost-model engine, step profiles and the fit to a real engine
+    workloads/  synthetic workloads and trace files
+    learned/    length predictors and the learned ranker
+    cluster/    replicas behind a router
+    results/    metrics, summaries, results files, the sweep store, plots
+    runner/     a run assembled from its spec: workload, engine, policy -> results
+
+Each subpackage's `__init__.py` says what it owns and what it may import;
+`tests/test_architecture.py` holds those rules.
 """
 
-from orca_jax.engine_api import Bucket, Engine, StepInputs, StepOutput
-from orca_jax.plan import PlanError, StepPlan
-from orca_jax.policy import Policy, make_policy, register
-from orca_jax.request import Request, RequestState
-from orca_jax.scheduler import Scheduler, SchedulerConfig
-from orca_jax.view import SchedulerView
+from orca_jax import _legacy
+from orca_jax.core.engine_api import Bucket, Engine, StepInputs, StepOutput
+from orca_jax.core.plan import PlanError, StepPlan
+from orca_jax.core.plugins import PolicyLoadError, parse_options
+from orca_jax.core.policy import Policy, make_policy, register, registered_policies
+from orca_jax.core.request import Request, RequestState
+from orca_jax.core.scheduler import Scheduler, SchedulerConfig
+from orca_jax.core.view import SchedulerView
+
+_legacy.install()
 
 __all__ = [
-    "Bucket", "Engine", "PlanError", "Policy", "Request", "RequestState", "Scheduler",
-    "SchedulerConfig", "SchedulerView", "StepInputs", "StepOutput", "StepPlan", "make_policy",
-    "register",
+    "Bucket", "Engine", "PlanError", "Policy", "PolicyLoadError", "Request", "RequestState",
+    "Scheduler", "SchedulerConfig", "SchedulerView", "StepInputs", "StepOutput", "StepPlan",
+    "make_policy", "parse_options", "register", "registered_policies",
 ]

@@ -5,8 +5,8 @@ loads any of them by name, or a plugin by `package.module:Class` or
 `path/to/file.py:Class`. Nothing here imports jax.
 """
 
-from orca_jax.policy import (Policy, PolicyLoadError, make_policy, parse_options, register,
-                             registered_policies)
+from orca_jax import (Policy, PolicyLoadError, make_policy, parse_options, register,
+                      registered_policies)
 from policies import (edf, ltr, mlfq, orca, priority, routers, sarathi, sjf,  # noqa: F401
                       srpt, static, vllm, vtc)  # (registers the built-ins)
 

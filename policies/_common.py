@@ -20,9 +20,8 @@ from typing import Optional, Sequence
 import numpy as np
 from numpy.typing import NDArray
 
-from orca_jax import RequestState, SchedulerView, StepPlan
-from orca_jax.length_predictor import checked_predictions, get_predictor
-from orca_jax.policy import Policy
+from orca_jax import Policy, RequestState, SchedulerView, StepPlan
+from orca_jax.learned.length_predictor import checked_predictions, get_predictor
 
 
 def plan_in_order(view: SchedulerView, order: NDArray[np.int64],  # [k]

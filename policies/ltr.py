@@ -1,6 +1,6 @@
 """Learning to rank (Fu et al., NeurIPS'24): SJF or SRPT ordered by a trained ranker's score.
 
-The ranker (`orca_jax.ranker`, trained by `python -m experiments.train_ranker`)
+The ranker (`orca_jax.learned.ranker`, trained by `python -m experiments.train_ranker`)
 scores each request's prompt once, when the request is first seen, and its
 score is mapped to output-token units by a monotone calibration fitted on its
 training set; `sjf` (`preemptive=false`) or `srpt` (`preemptive=true`) then
@@ -18,8 +18,7 @@ import dataclasses
 import importlib
 import math
 
-from orca_jax import SchedulerView, StepPlan
-from orca_jax.policy import Policy, register
+from orca_jax import Policy, SchedulerView, StepPlan, register
 from policies.sjf import SJF
 from policies.srpt import SRPT
 
@@ -49,9 +48,9 @@ class LTR(Policy):
             raise ValueError("policy 'ltr' needs a trained ranker: set the option ranker_dir "
                              "(--policy_opts ranker_dir=DIR; train one with python -m "
                              "experiments.train_ranker --out_dir=DIR)")
-        # orca_jax.ranker imports jax (orbax restores the ranker); importing it here, when
+        # orca_jax.learned.ranker imports jax (orbax restores the ranker); importing it here, when
         # an ltr policy is built, keeps `import policies` free of jax.
-        ranker = importlib.import_module("orca_jax.ranker")
+        ranker = importlib.import_module("orca_jax.learned.ranker")
         name = ranker.register_ltr_predictor(self.ranker_dir)
         ordering = SRPT if self.preemptive else SJF
         try:  # the ordering's PredictionCache restores the ranker now, once

@@ -13,9 +13,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
-from orca_jax import SchedulerView, StepPlan
-from orca_jax.policy import Policy, register
-from orca_jax.policy_helpers import fit_to_budget
+from orca_jax import Policy, SchedulerView, StepPlan, register
+from orca_jax.core.policy_helpers import fit_to_budget
 
 
 @register("orca")

@@ -18,8 +18,8 @@ import dataclasses
 
 import numpy as np
 
-from orca_jax.request import RequestState
-from orca_jax.routing import ClusterView, Router, register_router
+from orca_jax.core.request import RequestState
+from orca_jax.cluster.routing import ClusterView, Router, register_router
 
 
 @register_router("round_robin")

@@ -28,8 +28,7 @@ from typing import Optional
 import numpy as np
 from numpy.typing import NDArray
 
-from orca_jax import SchedulerView, StepPlan
-from orca_jax.policy import Policy, register
+from orca_jax import Policy, SchedulerView, StepPlan, register
 
 
 @register("sarathi")

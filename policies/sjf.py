@@ -2,7 +2,7 @@
 
 A request's work is `prompt_token_weight * prompt_len + predicted output_len`,
 with the output length from a pluggable predictor (`oracle`: the trace's true
-length; learned predictors register in `orca_jax.length_predictor`). SJF is
+length; learned predictors register in `orca_jax.learned.length_predictor`). SJF is
 non-preemptive: running requests always run first, in admission order; the
 free places of the batch go to the waiting requests with the least work.
 Pages are allocated on demand; when they run out, the most recently admitted
@@ -17,8 +17,7 @@ import dataclasses
 
 import numpy as np
 
-from orca_jax import SchedulerView, StepPlan
-from orca_jax.policy import register
+from orca_jax import SchedulerView, StepPlan, register
 from policies._common import LengthRanked, plan_in_order
 
 

@@ -20,8 +20,7 @@ from typing import Optional
 import numpy as np
 from numpy.typing import NDArray
 
-from orca_jax import SchedulerView, StepPlan
-from orca_jax.policy import register
+from orca_jax import SchedulerView, StepPlan, register
 from policies._common import LastScheduled, LengthRanked, candidates, plan_in_order
 
 

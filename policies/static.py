@@ -14,9 +14,8 @@ from typing import Optional
 
 import numpy as np
 
-from orca_jax import RequestState, SchedulerView, StepPlan
-from orca_jax.policy import Policy, register
-from orca_jax.policy_helpers import fit_to_budget
+from orca_jax import Policy, RequestState, SchedulerView, StepPlan, register
+from orca_jax.core.policy_helpers import fit_to_budget
 
 
 @register("static")

@@ -41,8 +41,7 @@ import dataclasses
 import numpy as np
 from numpy.typing import NDArray
 
-from orca_jax import SchedulerView, StepPlan
-from orca_jax.policy import Policy, register
+from orca_jax import Policy, SchedulerView, StepPlan, register
 
 
 @register("vllm")

@@ -12,14 +12,14 @@ import pytest
 
 import policies
 from orca_jax import Request, Scheduler, SchedulerConfig
-from orca_jax.cluster import Cluster, cluster_summary
-from orca_jax.cost_model import CostModelConfig
-from orca_jax.plan import PlanError
-from orca_jax.policy import PolicyLoadError
-from orca_jax.experiment import RunSpec
-from orca_jax.request import RequestState
-from orca_jax.sim_engine import SimEngine
-from orca_jax.workload import synthetic_workload
+from orca_jax.cluster.replicas import Cluster, cluster_summary
+from orca_jax.sim.cost_model import CostModelConfig
+from orca_jax.core.plan import PlanError
+from orca_jax.core.policy import PolicyLoadError
+from orca_jax.runner.experiment import RunSpec
+from orca_jax.core.request import RequestState
+from orca_jax.sim.engine import SimEngine
+from orca_jax.workloads.synthetic import synthetic_workload
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = SchedulerConfig(max_batch_size=8, token_budget=256, num_kv_pages=120, page_size=16,
@@ -189,7 +189,7 @@ def test_least_work_weighs_tokens_left_not_requests():
 
 PLUGIN = """
 import dataclasses
-from orca_jax.routing import Router
+from orca_jax.cluster.routing import Router
 
 @dataclasses.dataclass
 class ToLast(Router):

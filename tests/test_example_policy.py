@@ -5,8 +5,8 @@ from pathlib import Path
 import numpy as np
 
 from orca_jax import Request, RequestState, Scheduler, SchedulerConfig, make_policy
-from orca_jax.cost_model import CostModelConfig
-from orca_jax.sim_engine import SimEngine
+from orca_jax.sim.cost_model import CostModelConfig
+from orca_jax.sim.engine import SimEngine
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "least_attained_service.py"
 

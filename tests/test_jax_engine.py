@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from orca_jax import jax_engine, weights
-from orca_jax import model as model_lib
-from orca_jax.engine_api import Bucket, StepInputs
-from orca_jax.model_config import get_model_config
+from orca_jax.model import engine as jax_engine
+from orca_jax.model import weights
+from orca_jax.model import llama as model_lib
+from orca_jax.core.engine_api import Bucket, StepInputs
+from orca_jax.specs.model_config import get_model_config
 
 PAGE_SIZE, PAGES_PER_SEQ, NUM_PAGES = 4, 8, 40
 SMALL, LARGE = Bucket(num_tokens=16, num_seqs=2), Bucket(num_tokens=32, num_seqs=4)

@@ -5,9 +5,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orca_jax.engine_api import NULL_PAGE, Bucket, bucket_arrays_are_consistent
-from orca_jax.kv_cache import KVPageManager
-from orca_jax.packing import (BucketConfig, SamplingArrays, bucket_config_for,
+from orca_jax.core.engine_api import NULL_PAGE, Bucket, bucket_arrays_are_consistent
+from orca_jax.core.kv_pages import KVPageManager
+from orca_jax.core.packing import (BucketConfig, SamplingArrays, bucket_config_for,
                               default_token_sizes, pack)
 
 

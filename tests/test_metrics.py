@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from orca_jax import metrics
+from orca_jax.results import metrics
 
 NAN = math.nan
 

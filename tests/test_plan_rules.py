@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from orca_jax import PlanError, Request, Scheduler, SchedulerConfig, StepPlan
-from orca_jax.cost_model import CostModelConfig
-from orca_jax.policy import Policy
-from orca_jax.sim_engine import SimEngine
+from orca_jax.sim.cost_model import CostModelConfig
+from orca_jax.core.policy import Policy
+from orca_jax.sim.engine import SimEngine
 from policies.orca import Orca
 
 BadPlan = Callable[[Any], Any]  # view -> the bad plan (or a non-plan)

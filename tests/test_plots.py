@@ -5,11 +5,11 @@ import pytest
 
 import policies
 from orca_jax import Request, Scheduler, SchedulerConfig
-from orca_jax.cost_model import CostModelConfig
-from orca_jax.plots import EMPTY, plot_slot_timeline, plot_sweep, slot_timeline
-from orca_jax.sim_engine import SimEngine
-from orca_jax.sweep_store import aggregate, grid
-from orca_jax.workload import synthetic_workload
+from orca_jax.sim.cost_model import CostModelConfig
+from orca_jax.results.plots import EMPTY, plot_slot_timeline, plot_sweep, slot_timeline
+from orca_jax.sim.engine import SimEngine
+from orca_jax.results.sweep_store import aggregate, grid
+from orca_jax.workloads.synthetic import synthetic_workload
 
 OUTPUTS = (8, 3, 5, 2, 7, 4, 1, 6, 3, 8, 2, 5)  # the seed example (b)
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

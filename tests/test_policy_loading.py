@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 import policies
-from orca_jax.experiment import RunSpec, run_policy
-from orca_jax.policy import (Policy, PolicyLoadError, make_policy, parse_options,
+from orca_jax.runner.experiment import RunSpec, run_policy
+from orca_jax.core.policy import (Policy, PolicyLoadError, make_policy, parse_options,
                              resolve_policy_class)
 from policies.orca import Orca
 from policies.static import Static
@@ -58,7 +58,7 @@ def test_unregistered_plugin_class_gets_its_lowercase_name(tmp_path):
     path = tmp_path / "my_policy.py"
     path.write_text(textwrap.dedent("""
         from orca_jax import StepPlan
-        from orca_jax.policy import Policy
+        from orca_jax.core.policy import Policy
 
         class RunNothing(Policy):
             def schedule(self, view):
@@ -133,7 +133,7 @@ def test_unknown_name_lists_registered_policies():
     (f"{PLUGIN}:NoSuchClass", ["example_policy.py", "NoSuchClass"]),
     ("policies.orca:NoSuchClass", ["policies.orca", "NoSuchClass"]),
     ("policies.no_such_module:Orca", ["policies.no_such_module", "cannot import"]),
-    ("orca_jax.plan:StepPlan", ["StepPlan", "not an orca_jax Policy subclass"]),
+    ("orca_jax.core.plan:StepPlan", ["StepPlan", "not an orca_jax Policy subclass"]),
     ("policies.orca:fit_to_budget", ["'fit_to_budget'", "not an orca_jax Policy subclass"]),
 ])
 def test_load_errors_name_what_is_wrong(spec, words):
@@ -228,8 +228,8 @@ def test_import_scanner_sees_every_import_form(tmp_path):
 
 
 def test_register_refuses_a_non_policy_and_a_taken_name():
-    from orca_jax.policy import register
-    from orca_jax.routing import Router, register_router
+    from orca_jax.core.policy import register
+    from orca_jax.cluster.routing import Router, register_router
 
     with pytest.raises(TypeError, match=r"@register\('x'\) expects a Policy subclass"):
         register("x")(object)

@@ -5,10 +5,10 @@ import pytest
 
 import policies  # noqa: F401  (registers the built-in policies)
 from orca_jax import Request, RequestState, Scheduler, SchedulerConfig, make_policy
-from orca_jax.cost_model import CostModelConfig
-from orca_jax.policy import PolicyLoadError
-from orca_jax.ranker import Ranker, RankerConfig, synthetic_ranking_workload, train_ranker
-from orca_jax.sim_engine import SimEngine
+from orca_jax.sim.cost_model import CostModelConfig
+from orca_jax.core.policy import PolicyLoadError
+from orca_jax.learned.ranker import Ranker, RankerConfig, synthetic_ranking_workload, train_ranker
+from orca_jax.sim.engine import SimEngine
 
 
 @pytest.fixture(scope="module")
@@ -128,7 +128,7 @@ def test_bad_options_say_what_is_wrong(options, words):
 
 
 def test_a_saved_ranker_is_a_predictor_for_any_ranking_policy(ranker_dir, burst):
-    # `ltr:DIR` resolves without importing orca_jax.ranker first: srpt ranks by it.
+    # `ltr:DIR` resolves without importing orca_jax.learned.ranker first: srpt ranks by it.
     learned = run(burst, "srpt", {"predictor": f"ltr:{ranker_dir}"}).table
     fcfs = run(burst, "orca").table
     assert np.mean(learned.finish_s - learned.arrival_s) < 0.7 * np.mean(

@@ -4,8 +4,8 @@ import numpy as np
 
 import policies  # noqa: F401  (registers the built-in policies)
 from orca_jax import Request, Scheduler, SchedulerConfig, make_policy
-from orca_jax.cost_model import CostModelConfig
-from orca_jax.sim_engine import SimEngine
+from orca_jax.sim.cost_model import CostModelConfig
+from orca_jax.sim.engine import SimEngine
 
 # Quanta 4, 8, 16, 32, ... work units; a prompt token costs 0.5, a decode step 1.
 KNOBS = {"base_quantum": "4", "prompt_token_weight": "0.5"}

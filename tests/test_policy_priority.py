@@ -4,8 +4,8 @@ import numpy as np
 
 import policies  # noqa: F401  (registers the built-in policies)
 from orca_jax import Request, Scheduler, SchedulerConfig, make_policy
-from orca_jax.cost_model import CostModelConfig
-from orca_jax.sim_engine import SimEngine
+from orca_jax.sim.cost_model import CostModelConfig
+from orca_jax.sim.engine import SimEngine
 
 
 def run(requests, policy, cap, num_kv_pages=256):

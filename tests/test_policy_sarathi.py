@@ -6,8 +6,8 @@ import pytest
 
 import policies
 from orca_jax import Request, RequestState, Scheduler, SchedulerConfig
-from orca_jax.cost_model import CostModelConfig
-from orca_jax.sim_engine import SimEngine
+from orca_jax.sim.cost_model import CostModelConfig
+from orca_jax.sim.engine import SimEngine
 from policy_recorder import Recorder, Step
 
 

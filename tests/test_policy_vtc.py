@@ -21,8 +21,8 @@ import numpy as np
 
 import policies  # noqa: F401  (registers the built-in policies)
 from orca_jax import Request, RequestState, Scheduler, SchedulerConfig, make_policy
-from orca_jax.cost_model import CostModelConfig
-from orca_jax.sim_engine import SimEngine
+from orca_jax.sim.cost_model import CostModelConfig
+from orca_jax.sim.engine import SimEngine
 
 W_IN, W_OUT, CAP = 1.0, 2.0, 2
 

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from orca_jax import Request
-from orca_jax.length_predictor import get_predictor
-from orca_jax.ranker import (Ranker, RankerConfig, kendall_tau, listmle_loss, ranknet_loss,
+from orca_jax.learned.length_predictor import get_predictor
+from orca_jax.learned.ranker import (Ranker, RankerConfig, kendall_tau, listmle_loss, ranknet_loss,
                              register_ltr_predictor, request_features,
                              synthetic_ranking_workload, train_ranker)
 

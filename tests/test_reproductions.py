@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from experiments.reproduce import common, orca, sarathi, vllm_memory
-from orca_jax import cost_model
-from orca_jax.sweep_store import Curve
+from orca_jax.sim import cost_model
+from orca_jax.results.sweep_store import Curve
 
 
 def _curve(x, y):

@@ -21,11 +21,11 @@ from hypothesis import strategies as st
 
 import policies
 from orca_jax import Request, RequestState, Scheduler, SchedulerConfig, SchedulerView, StepPlan
-from orca_jax.cost_model import CostModelConfig
-from orca_jax.experiment import RunSpec, run_policy
-from orca_jax.policy import Policy, make_policy
-from orca_jax.sim_engine import SimEngine
-from orca_jax.workload import synthetic_workload
+from orca_jax.sim.cost_model import CostModelConfig
+from orca_jax.runner.experiment import RunSpec, run_policy
+from orca_jax.core.policy import Policy, make_policy
+from orca_jax.sim.engine import SimEngine
+from orca_jax.workloads.synthetic import synthetic_workload
 
 STEP_S = 0.01
 MAX_STEPS = 20_000  # far above any run here; a stuck scheduler fails instead of hanging
@@ -38,7 +38,7 @@ BUILTIN_POLICIES = sorted(name for name, cls in policies.registered_policies().i
 @functools.lru_cache(maxsize=None)
 def _ranker_dir() -> str:
     """A small learned ranker for `ltr`, trained once per test session."""
-    from orca_jax.ranker import RankerConfig, synthetic_ranking_workload, train_ranker
+    from orca_jax.learned.ranker import RankerConfig, synthetic_ranking_workload, train_ranker
     directory = os.path.join(tempfile.mkdtemp(prefix="orca_jax_ltr_"), "ranker")
     train_ranker(synthetic_ranking_workload(200, seed=0), RankerConfig(num_steps=30)).save(
         directory)

@@ -6,9 +6,9 @@ import sys
 import numpy as np
 import pytest
 
-from orca_jax import cost_model as cm
-from orca_jax.engine_api import Bucket, StepInputs
-from orca_jax.sim_engine import SimEngine
+from orca_jax.sim import cost_model as cm
+from orca_jax.core.engine_api import Bucket, StepInputs
+from orca_jax.sim.engine import SimEngine
 
 
 def make_inputs(q_lens, kv_lens, num_tokens, num_seqs, pages_per_seq=4, pad_kv_lens=0):
@@ -198,6 +198,6 @@ def test_kv_pages_for_memory():
 
 
 def test_host_modules_do_not_import_jax():
-    code = ("import sys, orca_jax.sim_engine, orca_jax.metrics; "
+    code = ("import sys, orca_jax.sim.engine, orca_jax.results.metrics; "
             "assert 'jax' not in sys.modules, 'jax imported'")
     subprocess.run([sys.executable, "-c", code], check=True)

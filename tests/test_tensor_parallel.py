@@ -17,10 +17,11 @@ import pytest
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from orca_jax import model as model_lib
-from orca_jax import sharding, weights
-from orca_jax.jax_engine import JaxEngine
-from orca_jax.model_config import get_model_config
+from orca_jax.model import llama as model_lib
+from orca_jax.model import sharding
+from orca_jax.model import weights
+from orca_jax.model.engine import JaxEngine
+from orca_jax.specs.model_config import get_model_config
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = get_model_config("tiny")

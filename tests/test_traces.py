@@ -7,9 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from orca_jax.request import Request
-from orca_jax.traces import TraceError, load_trace, write_trace
-from orca_jax.workload import synthetic_workload, with_prompt_tokens
+from orca_jax.core.request import Request
+from orca_jax.workloads.traces import TraceError, load_trace, write_trace
+from orca_jax.workloads.synthetic import synthetic_workload, with_prompt_tokens
 
 TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 
@@ -182,7 +182,7 @@ def test_lengths_only_file_suggests_empirical():
 
 
 def test_run_spec_replays_a_trace_at_a_scaled_rate(tmp_path):
-    from orca_jax.experiment import RunSpec, build_workload
+    from orca_jax.runner.experiment import RunSpec, build_workload
     path = tmp_path / "t.csv"
     path.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n"
                     "0.0,10,4\n4.0,12,5\n10.0,8,3\n")

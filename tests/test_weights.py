@@ -13,9 +13,9 @@ import pytest
 from flax import nnx
 from safetensors.numpy import save_file
 
-from orca_jax import model as model_lib
-from orca_jax import weights
-from orca_jax.model_config import RopeScaling, get_model_config
+from orca_jax.model import llama as model_lib
+from orca_jax.model import weights
+from orca_jax.specs.model_config import RopeScaling, get_model_config
 
 # tiny, with rope scaling whose bands fall inside head_dim 32 at theta 1e4.
 CONFIG = dataclasses.replace(get_model_config("tiny"), rope_scaling=RopeScaling(

@@ -18,13 +18,14 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import numpy as np
 
 import policies  # noqa: F401  (registers the built-in policies)
-from orca_jax import metrics
-from orca_jax.experiment import RunSpec, build_engine, build_workload, run_policy, scheduler_config
-from orca_jax.metrics import format_table
-from orca_jax.plots import plot_sweep
-from orca_jax.request import Request
-from orca_jax.scheduler import Scheduler
-from orca_jax.sweep_store import Curve, PointKey, SweepStore
+from orca_jax.results import metrics
+from orca_jax.runner.experiment import (RunSpec, build_engine, build_workload, run_policy,
+                                        scheduler_config)
+from orca_jax.results.metrics import format_table
+from orca_jax.results.plots import plot_sweep
+from orca_jax.core.request import Request
+from orca_jax.core.scheduler import Scheduler
+from orca_jax.results.sweep_store import Curve, PointKey, SweepStore
 
 
 @dataclasses.dataclass(frozen=True)

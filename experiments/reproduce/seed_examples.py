@@ -23,10 +23,10 @@ from absl import app
 
 import policies
 from orca_jax import Request, Scheduler, SchedulerConfig
-from orca_jax.cost_model import CostModelConfig
-from orca_jax.metrics import format_table
-from orca_jax.plots import SlotTimeline, plot_slot_timelines, slot_timeline
-from orca_jax.sim_engine import SimEngine
+from orca_jax.sim.cost_model import CostModelConfig
+from orca_jax.results.metrics import format_table
+from orca_jax.results.plots import SlotTimeline, plot_slot_timelines, slot_timeline
+from orca_jax.sim.engine import SimEngine
 
 STEP_S = 0.005
 EXAMPLE_A_OUTPUTS = (100, 200, 300, 1000)

@@ -32,8 +32,8 @@ from typing import Any, Optional, Sequence
 from experiments.reproduce.common import (PolicyRun, reproduction_parser, run_grid,
                                           throughput_at_bound, write_figure_and_report,
                                           write_table)
-from orca_jax.experiment import RunSpec
-from orca_jax.sweep_store import Curve, PointKey, aggregate
+from orca_jax.runner.experiment import RunSpec
+from orca_jax.results.sweep_store import Curve, PointKey, aggregate
 
 FIGURE = "docs/figures/vllm_opt13b_sharegpt.png"
 LATENCY = "normalized_latency_mean_s"

@@ -1,0 +1,170 @@
+"""Buckets and `pack()`: from a checked StepPlan to fixed-shape StepInputs.
+
+A bucket is a compiled step shape `(T tokens, S sequences)`. The configured
+token sizes are the only shapes an engine ever sees; a step is padded to the
+smallest that holds its real tokens, with `S = min(T, max_num_seqs)` (a step
+never has more sequences than tokens, so that S always fits). Dynamic counts
+travel as arrays, never as Python ints, so they never trigger a compile.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional, Sequence
+
+import numpy as np
+from numpy.typing import NDArray
+
+from orca_jax.core.engine_api import NULL_PAGE, Bucket, StepInputs
+
+
+def default_token_sizes(max_num_tokens: int, smallest: int = 16) -> tuple[int, ...]:
+    """Powers of two from `smallest` up to and including `max_num_tokens`."""
+    sizes = []
+    size = smallest
+    while size < max_num_tokens:
+        sizes.append(size)
+        size *= 2
+    sizes.append(max_num_tokens)
+    return tuple(sizes)
+
+
+@dataclasses.dataclass(frozen=True)
+class BucketConfig:
+    """The set of step shapes.
+
+    Attributes:
+      token_sizes: ascending T values; the largest is the per-step token budget.
+      max_num_seqs: the largest S (the batch cap).
+      pages_per_seq: page-table width P of every bucket.
+    """
+
+    token_sizes: tuple[int, ...]
+    max_num_seqs: int
+    pages_per_seq: int
+
+    def __post_init__(self) -> None:
+        sizes = tuple(int(s) for s in self.token_sizes)
+        if not sizes or any(s < 1 for s in sizes) or list(sizes) != sorted(set(sizes)):
+            raise ValueError(f"bucket token sizes must be distinct, ascending and >= 1, "
+                             f"got {self.token_sizes}")
+        if self.max_num_seqs < 1 or self.pages_per_seq < 1:
+            raise ValueError(f"max_num_seqs and pages_per_seq must be >= 1, got "
+                             f"{self.max_num_seqs}, {self.pages_per_seq}")
+        object.__setattr__(self, "token_sizes", sizes)
+        object.__setattr__(self, "_sizes_array", np.asarray(sizes, dtype=np.int64))
+
+    @property
+    def max_num_tokens(self) -> int:
+        return self.token_sizes[-1]
+
+    def buckets(self) -> list[Bucket]:
+        """Every configured bucket, smallest first."""
+        return [Bucket(t, min(t, self.max_num_seqs)) for t in self.token_sizes]
+
+    def select(self, num_tokens: int) -> Bucket:
+        """The smallest bucket holding `num_tokens` tokens."""
+        index = int(np.searchsorted(self._sizes_array, num_tokens))
+        if index == len(self.token_sizes):
+            raise ValueError(f"{num_tokens} tokens exceed the largest bucket "
+                             f"({self.max_num_tokens})")
+        t = self.token_sizes[index]
+        return Bucket(t, min(t, self.max_num_seqs))
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingArrays:
+    """Per-request sampling parameters, indexed by request index."""
+
+    temperature: NDArray[np.float32]  # [N]
+    top_k: NDArray[np.int32]  # [N]
+    top_p: NDArray[np.float32]  # [N]
+    rng_seeds: NDArray[np.uint32]  # [N]
+
+
+def pack(*, bucket_config: BucketConfig,
+         request_ids: NDArray[np.int64],  # [n] in pack order
+         num_tokens: NDArray[np.int64],  # [n] tokens to compute for each
+         num_computed: NDArray[np.int64],  # [n] tokens already in each one's KV cache
+         page_rows: NDArray[np.int32],  # [n, P] each request's page-table row
+         page_size: int,
+         sampling: SamplingArrays,
+         token_ids: Optional[NDArray[np.int32]] = None,  # [sum(num_tokens)] or None
+         min_bucket_tokens: int = 0,
+         ) -> StepInputs:
+    """Packs one step's requests into StepInputs padded to the smallest fitting bucket.
+
+    Args:
+      bucket_config: the configured step shapes.
+      request_ids: the plan's requests, in the order their tokens are stacked.
+      num_tokens: tokens each computes this step (>= 1).
+      num_computed: tokens each has in its KV cache before the step.
+      page_rows: each request's pages (the core allocated enough for this step).
+      page_size: tokens per KV page.
+      sampling: per-request sampling parameters (indexed by request index).
+      token_ids: the flat ids of the tokens to compute, or None (zeros) for an
+        engine that needs none.
+      min_bucket_tokens: pad to a bucket of at least this many tokens.
+
+    Returns:
+      The padded StepInputs.
+    """
+    num_seqs = int(request_ids.size)
+    total = int(num_tokens.sum())
+    bucket = bucket_config.select(max(total, min_bucket_tokens))
+    t, s, p = bucket.num_tokens, bucket.num_seqs, bucket_config.pages_per_seq
+
+    cu_q_lens = np.empty(s + 1, dtype=np.int32)
+    cu_q_lens[0] = 0
+    np.cumsum(num_tokens, out=cu_q_lens[1:num_seqs + 1])
+    cu_q_lens[num_seqs + 1:] = total
+
+    kv_lens = np.zeros(s, dtype=np.int32)
+    kv_lens[:num_seqs] = num_computed + num_tokens
+
+    positions = np.zeros(t, dtype=np.int32)
+    slot_mapping = np.full(t, NULL_PAGE * page_size, dtype=np.int32)
+    if total == num_seqs:  # all decodes: one token each, no repeats needed
+        real_positions = num_computed
+        seq_of_token = np.arange(num_seqs)
+    else:
+        seq_of_token = np.repeat(np.arange(num_seqs), num_tokens)
+        offsets = np.arange(total) - np.repeat(cu_q_lens[:num_seqs], num_tokens)
+        real_positions = np.repeat(num_computed, num_tokens) + offsets
+    positions[:total] = real_positions
+    slot_mapping[:total] = (page_rows[seq_of_token, real_positions // page_size] * page_size
+                            + real_positions % page_size)
+
+    page_indices = np.zeros((s, p), dtype=np.int32)
+    page_indices[:num_seqs] = page_rows
+
+    sample_indices = np.zeros(s, dtype=np.int32)
+    sample_indices[:num_seqs] = cu_q_lens[1:num_seqs + 1] - 1
+
+    tokens = np.zeros(t, dtype=np.int32)
+    if token_ids is not None:
+        tokens[:total] = token_ids
+
+    def per_seq(values: np.ndarray, fill: float) -> np.ndarray:
+        out = np.full(s, fill, dtype=values.dtype)
+        out[:num_seqs] = values[request_ids]
+        return out
+
+    return StepInputs(
+        bucket=bucket, token_ids=tokens, positions=positions, cu_q_lens=cu_q_lens,
+        kv_lens=kv_lens, page_indices=page_indices, slot_mapping=slot_mapping,
+        sample_indices=sample_indices, num_seqs=np.array([num_seqs], dtype=np.int32),
+        temperature=per_seq(sampling.temperature, 0.0), top_k=per_seq(sampling.top_k, 0),
+        top_p=per_seq(sampling.top_p, 1.0), rng_seeds=per_seq(sampling.rng_seeds, 0))
+
+
+def bucket_config_for(*, token_budget: int, max_num_seqs: int, max_model_len: int,
+                      page_size: int,
+                      token_sizes: Optional[Sequence[int]] = None) -> BucketConfig:
+    """Builds the bucket set for a scheduler configuration (default: powers of two)."""
+    sizes = tuple(token_sizes) if token_sizes else default_token_sizes(token_budget)
+    if sizes[-1] != token_budget:
+        raise ValueError(f"the largest bucket ({sizes[-1]}) must equal the token budget "
+                         f"({token_budget})")
+    return BucketConfig(token_sizes=sizes, max_num_seqs=max_num_seqs,
+                        pages_per_seq=-(-max_model_len // page_size))

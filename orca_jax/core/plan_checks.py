@@ -1,0 +1,143 @@
+"""Checks a StepPlan against the scheduler's rules before anything is changed.
+
+Every check reads state and raises `PlanError(policy, rule, detail)`; none
+writes, so a rejected plan leaves the scheduler exactly as it was. The checks
+are whole-array numpy expressions: they run every iteration on every scheduled
+request, and the hot path must not grow a Python loop per request.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+from numpy.typing import NDArray
+
+from orca_jax.core.plan import PlanError, StepPlan
+from orca_jax.core.request import RequestState
+
+if TYPE_CHECKING:
+    from orca_jax.core.scheduler import Scheduler
+
+# Plain ints: IntEnum attribute lookups cost a microsecond each on the hot path.
+_PENDING, _WAITING, _RUNNING = int(RequestState.PENDING), int(RequestState.WAITING), int(
+    RequestState.RUNNING)
+_FINISHED = int(RequestState.FINISHED)
+
+
+def _first(ids: NDArray[np.int64], mask: NDArray[np.bool_]) -> int:
+    return int(ids[np.flatnonzero(mask)[0]])
+
+
+def _check_indices(name: str, field: str, ids: NDArray[np.int64], num_requests: int) -> None:
+    bad = (ids < 0) | (ids >= num_requests)
+    if bad.any():
+        raise PlanError(name, "unknown_request",
+                        f"{field} names request index {_first(ids, bad)}, but there are "
+                        f"{num_requests} requests")
+    if ids.size > 1:
+        ordered = np.sort(ids)
+        dup = ordered[1:] == ordered[:-1]
+        if dup.any():
+            raise PlanError(name, "duplicate_request",
+                            f"{field} names request {int(ordered[1:][dup][0])} more than once")
+
+
+def check_plan(scheduler: "Scheduler", plan: StepPlan) -> NDArray[np.int64]:
+    """Raises PlanError if `plan` breaks a rule; returns the new pages each request needs.
+
+    Args:
+      scheduler: the scheduler (read only here).
+      plan: the policy's plan for this iteration.
+
+    Returns:
+      `[n]` pages to allocate to each of `plan.request_ids` (0 for most decodes).
+    """
+    name = scheduler.policy.name
+    table = scheduler.table
+    n_requests = len(table)
+    ids, tokens = plan.request_ids, plan.num_tokens
+    _check_indices(name, "request_ids", ids, n_requests)
+    _check_indices(name, "preempt", plan.preempt, n_requests)
+    _check_indices(name, "release", plan.release, n_requests)
+
+    if plan.release.size:
+        if not scheduler.policy.defer_release:
+            raise PlanError(name, "release_not_finished",
+                            "the plan releases requests but the policy does not defer release")
+        unreleased = (table.state[plan.release] == _FINISHED) & np.isnan(
+            table.finish_s[plan.release])
+        if not unreleased.all():
+            raise PlanError(name, "release_not_finished",
+                            f"request {_first(plan.release, ~unreleased)} is not a finished "
+                            "request awaiting release")
+
+    if plan.preempt.size:
+        not_running = table.state[plan.preempt] != _RUNNING
+        if not_running.any():
+            request = _first(plan.preempt, not_running)
+            raise PlanError(name, "preempt_not_running",
+                            f"request {request} is {RequestState(table.state[request]).name}, "
+                            "only running requests can be preempted")
+        if ids.size:
+            both = np.isin(ids, plan.preempt)
+            if both.any():
+                raise PlanError(name, "preempt_and_schedule",
+                                f"request {_first(ids, both)} is both preempted and scheduled")
+
+    if ids.size == 0:
+        return np.zeros(0, dtype=np.int64)
+
+    states = table.state[ids]
+    pending = states == _PENDING
+    if pending.any():
+        request = _first(ids, pending)
+        raise PlanError(name, "not_arrived",
+                        f"request {request} arrives at {table.arrival_s[request]:.6f} s, "
+                        f"now is {scheduler.now_s:.6f} s")
+    done = states >= _FINISHED  # finished, rejected or routed away: the terminal states
+    if done.any():
+        request = _first(ids, done)
+        raise PlanError(name, "finished_request",
+                        f"request {request} is {RequestState(table.state[request]).name}")
+    if (tokens < 1).any():
+        bad = tokens < 1
+        raise PlanError(name, "nonpositive_tokens",
+                        f"request {_first(ids, bad)} is given {int(tokens[bad][0])} tokens")
+    # A preempted-and-waiting request recomputes from 0 (its counters were reset).
+    uncomputed = table.num_uncomputed(ids)
+    over = tokens > uncomputed
+    if over.any():
+        i = int(np.flatnonzero(over)[0])
+        request = int(ids[i])
+        raise PlanError(name, "decode_before_prefill_done",
+                        f"request {request} is given {int(tokens[i])} tokens but has "
+                        f"{int(uncomputed[i])} uncomputed "
+                        f"(prompt {int(table.prompt_len[request])}, "
+                        f"computed {int(table.num_computed[request])}, "
+                        f"generated {int(table.num_generated[request])})")
+    total = int(tokens.sum())
+    budget = scheduler.bucket_config.max_num_tokens
+    if total > budget:
+        raise PlanError(name, "token_budget", f"{total} tokens > budget {budget}")
+    if plan.min_bucket_tokens > budget:
+        raise PlanError(name, "token_budget",
+                        f"min_bucket_tokens {plan.min_bucket_tokens} > budget {budget}")
+    cap = scheduler.config.max_batch_size
+    if ids.size > cap:
+        raise PlanError(name, "batch_cap", f"{ids.size} sequences > batch cap {cap}")
+
+    needed = scheduler.pages_needed(ids, tokens)
+    freed = int(scheduler.kv.num_held[plan.preempt].sum()) if plan.preempt.size else 0
+    available = scheduler.kv.num_free + freed
+    total_needed = int(needed.sum())
+    if total_needed > available:
+        raise PlanError(name, "kv_pages",
+                        f"the plan needs {total_needed} new KV pages, {available} are free"
+                        + (f" (counting {freed} freed by preemption)" if freed else ""))
+    watermark = scheduler.config.watermark_pages
+    if watermark and (states == _WAITING).any() and available - total_needed < watermark:
+        raise PlanError(name, "kv_watermark",
+                        f"admitting leaves {available - total_needed} free pages, below the "
+                        f"watermark of {watermark}")
+    return needed

@@ -1,0 +1,98 @@
+"""The policy API and its registry.
+
+A policy is one small class in one file (gemma's sampler shape): its knobs are
+dataclass fields, its own bookkeeping (queues, counters, predictions) lives in
+fields with `init=False`, and it has one method, `schedule(view) -> StepPlan`.
+
+    @register("fcfs")
+    @dataclasses.dataclass(kw_only=True)
+    class FCFS(Policy):
+        max_running: int = 64
+
+        def schedule(self, view: SchedulerView) -> StepPlan:
+            ...
+
+Policies are loaded by registered name (`orca`), by `package.module:Class`, or
+by `path/to/file.py:Class`; `--policy_opts key=value,...` set their fields.
+Policies never import jax: decisions are plain Python and numpy.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Any, ClassVar, Mapping
+
+from orca_jax.core import plugins
+from orca_jax.core.plan import StepPlan
+from orca_jax.core.plugins import PolicyLoadError, parse_options  # noqa: F401  (the policy API)
+
+KV_RESERVATIONS = ("none", "max", "pow2", "exact")
+
+_REGISTRY: dict[str, type["Policy"]] = {}
+
+
+class Policy(abc.ABC):
+    """Base class of every scheduling policy.
+
+    Class attributes a policy may override (as plain class attributes or as
+    dataclass fields, to make them knobs):
+      name: the registered name (set by `register`).
+      kv_reservation: how the core allocates KV pages for this policy:
+        `none` (on demand, page by page, as vLLM), `max` (a request's whole
+        context, max_model_len, at admission, as Orca), `pow2` (prompt + output
+        rounded up to a power of two), `exact` (prompt + output: an oracle).
+      defer_release: when True, finished requests are handed back to their
+        clients only when the policy lists them in `StepPlan.release` (as
+        request-level batching returns a whole batch at once).
+    """
+
+    name: ClassVar[str] = ""
+    kv_reservation: str = "none"
+    defer_release: bool = False
+
+    @abc.abstractmethod
+    def schedule(self, view: Any) -> StepPlan:
+        """Decides one iteration.
+
+        Args:
+          view: a read-only `orca_jax.core.view.SchedulerView` of the scheduler.
+
+        Returns:
+          The step's plan.
+        """
+
+
+register = plugins.registrar(_REGISTRY, Policy, kind="policy", decorator="register")
+
+
+def registered_policies() -> dict[str, type[Policy]]:
+    """The registered policies by name (a copy)."""
+    return dict(_REGISTRY)
+
+
+def resolve_policy_class(spec: str) -> type[Policy]:
+    """Finds the policy class for a registered name, `module:Class` or `file.py:Class`."""
+    return plugins.resolve_class(spec, kind="policy", plural="policies", registry=_REGISTRY,
+                                 base=Policy)
+
+
+def make_policy(spec: str, options: Mapping[str, str] | None = None) -> Policy:
+    """Builds a policy from its spec and string options (`--policy_opts`).
+
+    Args:
+      spec: a registered name, `package.module:Class`, or `path/to/file.py:Class`.
+      options: field name → value as text; converted to the field's type.
+
+    Returns:
+      A new policy instance.
+
+    Raises:
+      PolicyLoadError: the spec does not resolve, or an option names no field
+        or has a value of the wrong type (the message names policy and option).
+    """
+    cls = resolve_policy_class(spec)
+    policy = plugins.build(cls, options, "policy")
+    if policy.kv_reservation not in KV_RESERVATIONS:
+        raise PolicyLoadError(f"policy {cls.name!r}: kv_reservation {policy.kv_reservation!r} "
+                              f"is not one of {KV_RESERVATIONS}")
+    return policy

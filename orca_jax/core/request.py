@@ -1,0 +1,111 @@
+"""Requests: what a client asked for, and the states a request moves through.
+
+A `Request` is immutable: it is the workload's description of one request. Its
+mutable progress (tokens computed, tokens generated, KV pages, timestamps) lives
+in the scheduler's `RequestTable`, a struct of numpy arrays indexed by the
+request's *index* (its position in arrival order), so that the per-step hot
+path works on whole arrays instead of on Python objects.
+
+Token accounting follows vLLM v1, with no prefill or decode phase: a request
+*knows* `prompt_len + num_generated` tokens and has *computed* (written K/V for)
+`num_computed` of them. A step computes `n` of the uncomputed tokens; when a
+step brings `num_computed` up to the number known, the engine samples one new
+token. A decode is the case `known - computed == 1`; after a recompute
+preemption `num_computed` is reset to 0 and the prompt and the tokens generated
+so far are computed again before the next token is sampled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+from typing import Optional, Sequence
+
+import numpy as np
+from numpy.typing import NDArray
+
+
+class RequestState(enum.IntEnum):
+    """Where a request is in its life. Stored as int8 in the request table.
+
+    The terminal states come last: `state >= FINISHED` means the request is done here.
+    """
+
+    PENDING = 0  # not arrived yet (arrival time is in the future)
+    WAITING = 1  # arrived, not running: new, or back after a preemption
+    RUNNING = 2  # admitted: holds KV pages, may be scheduled
+    FINISHED = 3  # generated its whole output
+    REJECTED = 4  # can never run (too long for the context or the KV pool)
+    ROUTED_AWAY = 5  # a cluster's router sent it to another replica (orca_jax.cluster.replicas)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
+class Request:
+    """One request of a workload.
+
+    Attributes:
+      id: the caller's id for the request (written to results as is).
+      arrival_s: arrival time in seconds from the start of the run.
+      prompt_len: number of prompt tokens.
+      output_len: number of tokens to generate (the request ends there; EOS is
+        ignored, as serving benchmarks do).
+      prompt_tokens: the prompt's token ids, `[prompt_len]` int32, or None when
+        only the length is known (the simulator needs no ids).
+      priority: smaller is more urgent (0 is the default).
+      tenant: the client or tenant the request belongs to, for fairness policies.
+      deadline_s: absolute completion deadline in seconds, or None.
+    """
+
+    id: int
+    arrival_s: float
+    prompt_len: int
+    output_len: int
+    prompt_tokens: Optional[NDArray[np.int32]] = None  # [prompt_len]
+    priority: int = 0
+    tenant: str = "default"
+    deadline_s: Optional[float] = None
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.arrival_s, (int, float)) and math.isfinite(self.arrival_s)
+                and self.arrival_s >= 0):
+            raise ValueError(f"request {self.id}: arrival_s must be a finite number >= 0, "
+                             f"got {self.arrival_s!r}")
+        if int(self.prompt_len) != self.prompt_len or self.prompt_len < 1:
+            raise ValueError(f"request {self.id}: prompt_len must be an integer >= 1, "
+                             f"got {self.prompt_len!r}")
+        if int(self.output_len) != self.output_len or self.output_len < 1:
+            raise ValueError(f"request {self.id}: output_len must be an integer >= 1, "
+                             f"got {self.output_len!r}")
+        if self.prompt_tokens is not None:
+            tokens = np.asarray(self.prompt_tokens, dtype=np.int32)
+            if tokens.ndim != 1 or tokens.shape[0] != self.prompt_len:
+                raise ValueError(f"request {self.id}: prompt_tokens has shape {tokens.shape}, "
+                                 f"expected ({self.prompt_len},)")
+            tokens.setflags(write=False)
+            object.__setattr__(self, "prompt_tokens", tokens)
+        if self.deadline_s is not None and not math.isfinite(self.deadline_s):
+            raise ValueError(f"request {self.id}: deadline_s must be finite, "
+                             f"got {self.deadline_s!r}")
+
+    def _key(self) -> tuple:
+        tokens = None if self.prompt_tokens is None else self.prompt_tokens.tobytes()
+        return (self.id, self.arrival_s, self.prompt_len, self.output_len, tokens,
+                self.priority, self.tenant, self.deadline_s)
+
+    def __eq__(self, other: object) -> bool:
+        # The generated __eq__ would compare the token arrays elementwise and fail.
+        return isinstance(other, Request) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    @property
+    def total_len(self) -> int:
+        """Prompt plus output tokens: the KV this request holds at its end."""
+        return self.prompt_len + self.output_len
+
+
+def sort_by_arrival(requests: Sequence[Request]) -> list[Request]:
+    """Returns the requests in arrival order; ties keep their given order."""
+    return sorted(requests, key=lambda r: r.arrival_s)

@@ -1,0 +1,111 @@
+"""The request table: every request's progress as a struct of numpy arrays.
+
+Row i is the request with index i (arrival order). The scheduler writes it;
+policies read it through `RequestTableView`, whose arrays are read-only views,
+so a policy can compute over all running requests with one numpy expression
+instead of a Python loop per request.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+from numpy.typing import NDArray
+
+from orca_jax.core.request import Request, RequestState
+
+_FIELDS = (
+    "arrival_s", "prompt_len", "output_len", "priority", "tenant", "deadline_s", "state",
+    "num_computed", "num_generated", "num_preemptions", "first_scheduled_s",
+    "admitted_s", "first_token_s", "last_token_s", "finish_s", "last_token",
+)
+
+
+class RequestTable:
+    """Mutable per-request arrays, indexed by request index. Owned by the scheduler."""
+
+    def __init__(self, requests: Sequence[Request]) -> None:
+        n = len(requests)
+        self.specs: tuple[Request, ...] = tuple(requests)
+        self.tenant_names: tuple[str, ...] = tuple(dict.fromkeys(r.tenant for r in requests))
+        tenant_index = {name: i for i, name in enumerate(self.tenant_names)}
+        nan = np.full(n, np.nan)
+        self.arrival_s = np.array([r.arrival_s for r in requests], dtype=np.float64)  # [N]
+        self.prompt_len = np.array([r.prompt_len for r in requests], dtype=np.int64)  # [N]
+        self.output_len = np.array([r.output_len for r in requests], dtype=np.int64)  # [N]
+        self.priority = np.array([r.priority for r in requests], dtype=np.int64)  # [N]
+        self.tenant = np.array([tenant_index[r.tenant] for r in requests], dtype=np.int64)  # [N]
+        self.deadline_s = np.array(  # [N] inf when none
+            [np.inf if r.deadline_s is None else r.deadline_s for r in requests], dtype=np.float64)
+        self.state = np.full(n, RequestState.PENDING, dtype=np.int8)  # [N]
+        self.num_computed = np.zeros(n, dtype=np.int64)  # [N] tokens whose K/V are cached
+        self.num_generated = np.zeros(n, dtype=np.int64)  # [N] output tokens sampled so far
+        self.num_preemptions = np.zeros(n, dtype=np.int64)  # [N]
+        self.first_scheduled_s = nan.copy()  # [N] start of its first step
+        self.admitted_s = nan.copy()  # [N] start of its latest admission
+        self.first_token_s = nan.copy()  # [N] end of the step that sampled its first token
+        self.last_token_s = nan.copy()  # [N] end of the step that sampled its last token
+        self.finish_s = nan.copy()  # [N] when its answer went back to the client
+        # [N] newest known token id: the prompt's last until a token is generated, so the
+        # token at position `known - 1` is always this one (the decode fast path of packing).
+        self.last_token = np.array([0 if r.prompt_tokens is None else int(r.prompt_tokens[-1])
+                                    for r in requests], dtype=np.int64)
+        self.reject_reason: dict[int, str] = {}
+
+    def __len__(self) -> int:
+        return len(self.specs)
+
+    def num_known(self, ids: NDArray[np.int64]) -> NDArray[np.int64]:  # [n] -> [n]
+        """Tokens each request knows: its prompt and what it generated so far."""
+        return self.prompt_len[ids] + self.num_generated[ids]
+
+    def num_uncomputed(self, ids: NDArray[np.int64]) -> NDArray[np.int64]:  # [n] -> [n]
+        """Tokens each request could compute now (1 for a decode)."""
+        return self.prompt_len[ids] + self.num_generated[ids] - self.num_computed[ids]
+
+    def snapshot(self) -> dict[str, NDArray]:
+        """Copies of every array (tests compare these before and after a rejected plan)."""
+        return {name: getattr(self, name).copy() for name in _FIELDS}
+
+
+class RequestTableView:
+    """Read-only access to a RequestTable (what policies see).
+
+    Attributes are read-only numpy views `[N]` indexed by request index:
+    `arrival_s`, `prompt_len`, `output_len`, `priority`, `tenant` (index into
+    `tenant_names`), `deadline_s` (inf when none), `state` (RequestState codes),
+    `num_computed`, `num_generated`, `num_preemptions`, `first_scheduled_s`,
+    `admitted_s`, `first_token_s`, `last_token_s`, `finish_s` (NaN until set).
+    """
+
+    def __init__(self, table: RequestTable) -> None:
+        self._table = table
+        for name in _FIELDS:
+            view = getattr(table, name).view()
+            view.flags.writeable = False
+            setattr(self, name, view)
+        self.tenant_names = table.tenant_names
+
+    def __len__(self) -> int:
+        return len(self._table)
+
+    def spec(self, index: int) -> Request:
+        """The immutable Request of index `index` (its prompt tokens, tenant name, ...)."""
+        return self._table.specs[index]
+
+    def num_known(self, ids: NDArray[np.int64]) -> NDArray[np.int64]:  # [n] -> [n]
+        """Tokens each request knows: prompt plus generated so far."""
+        return self._table.num_known(ids)
+
+    def num_uncomputed(self, ids: NDArray[np.int64]) -> NDArray[np.int64]:  # [n] -> [n]
+        """Tokens each request could compute now: a prompt (or its rest), or 1 to decode."""
+        return self._table.num_uncomputed(ids)
+
+    def prefill_done(self, ids: NDArray[np.int64]) -> NDArray[np.bool_]:  # [n] -> [n]
+        """Whether each request is decoding: its prompt (and any recomputed output) is cached."""
+        return (self._table.num_generated[ids] > 0) & (self._table.num_uncomputed(ids) == 1)
+
+    def remaining_output(self, ids: NDArray[np.int64]) -> NDArray[np.int64]:  # [n] -> [n]
+        """Output tokens each request has still to generate."""
+        return self._table.output_len[ids] - self._table.num_generated[ids]

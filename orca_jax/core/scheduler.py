@@ -1,0 +1,413 @@
+"""The iteration-level scheduler (Orca's loop) over a virtual clock.
+
+Each iteration: requests whose arrival time has come join the waiting queue;
+the policy reads a `SchedulerView` and returns a `StepPlan`; the plan is checked
+(`plan_checks`, which changes nothing); finished answers are released,
+preemptions free their pages, admissions and growth get pages; `pack()` builds
+the padded StepInputs; the engine runs one step; the requests' counters and
+timestamps are updated and finished requests leave at once, their pages freed.
+The clock advances by the step's seconds; when nothing can run it jumps to the
+next arrival instead of sleeping.
+
+All per-request state is in the `RequestTable`'s arrays and every per-step
+operation is a whole-array numpy expression, so the host cost per iteration
+stays a few microseconds per running request.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+from numpy.typing import NDArray
+
+from orca_jax.core.engine_api import Engine, StepOutput
+from orca_jax.core.kv_pages import KVPageManager
+from orca_jax.core.packing import SamplingArrays, bucket_config_for, pack
+from orca_jax.core.plan import PlanError, StepPlan
+from orca_jax.core.plan_checks import check_plan
+from orca_jax.core.policy import Policy
+from orca_jax.core.request import Request, RequestState, sort_by_arrival
+from orca_jax.core.request_table import RequestTable
+from orca_jax.core.run_record import RunRecord, StepLog
+from orca_jax.core.view import SchedulerView
+
+# Plain ints: IntEnum attribute lookups cost a microsecond each on the hot path.
+_PENDING, _WAITING, _RUNNING, _FINISHED = (int(RequestState.PENDING), int(RequestState.WAITING),
+                                           int(RequestState.RUNNING), int(RequestState.FINISHED))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SchedulerConfig:
+    """The mechanism's limits (policy knobs live on the policy).
+
+    Attributes:
+      max_batch_size: most sequences in one step (the batch cap).
+      token_budget: most tokens computed in one step (the largest bucket).
+      num_kv_pages: usable KV pages in the pool.
+      page_size: tokens per KV page.
+      max_model_len: context limit: prompt + output of any request.
+      token_buckets: step sizes T to pad to (default: powers of two up to the budget).
+      watermark_pages: free pages an admission must leave (vLLM v0's watermark).
+      count_host_time: add measured host time to the virtual clock (then runs
+        are no longer bit-for-bit repeatable).
+      log_step_requests: record which requests each step computed and how many
+        tokens each (`RunRecord.step_requests`; memory grows with steps x batch).
+      temperature, top_k, top_p: sampling parameters of every request (greedy default).
+      seed: mixed into every request's sampling seed.
+    """
+
+    max_batch_size: int = 256
+    token_budget: int = 2048
+    num_kv_pages: int = 4096
+    page_size: int = 16
+    max_model_len: int = 2048
+    token_buckets: Optional[tuple[int, ...]] = None
+    watermark_pages: int = 0
+    count_host_time: bool = False
+    log_step_requests: bool = False
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for field in ("max_batch_size", "token_budget", "num_kv_pages", "page_size",
+                      "max_model_len"):
+            if getattr(self, field) < 1:
+                raise ValueError(f"SchedulerConfig.{field} must be >= 1, "
+                                 f"got {getattr(self, field)}")
+        if self.watermark_pages < 0 or self.watermark_pages >= self.num_kv_pages:
+            raise ValueError(f"SchedulerConfig.watermark_pages must be in [0, num_kv_pages), "
+                             f"got {self.watermark_pages}")
+
+
+def _reservation_tokens(mode: str, table: RequestTable, max_model_len: int) -> NDArray[np.int64]:
+    total = table.prompt_len + table.output_len
+    if mode == "none":
+        return np.zeros(len(table), dtype=np.int64)
+    if mode == "exact":
+        return total
+    if mode == "pow2":
+        return np.minimum(2 ** np.ceil(np.log2(np.maximum(total, 1))).astype(np.int64),
+                          max_model_len)
+    return np.full(len(table), max_model_len, dtype=np.int64)  # "max"
+
+
+def _frozen(array: NDArray[np.int64]) -> NDArray[np.int64]:
+    """Marks a queue array read-only: the view hands it to policies as it is."""
+    array.setflags(write=False)
+    return array
+
+
+class Scheduler:
+    """Runs `policy` over `requests` on `engine`. One instance per run.
+
+    Args:
+      requests: the workload (any order; indexed by arrival order).
+      policy: the scheduling policy (fresh: policies keep bookkeeping).
+      engine: a JaxEngine or SimEngine.
+      config: the mechanism's limits.
+    """
+
+    def __init__(self, requests: Sequence[Request], policy: Policy, engine: Engine,
+                 config: SchedulerConfig) -> None:
+        if not requests:
+            raise ValueError("the workload has no requests")
+        self.config = config
+        self.policy = policy
+        self.engine = engine
+        self.kv_reservation = policy.kv_reservation
+        ordered = sort_by_arrival(requests)
+        self.table = RequestTable(ordered)
+        n = len(ordered)
+        self.bucket_config = bucket_config_for(
+            token_budget=config.token_budget, max_num_seqs=config.max_batch_size,
+            max_model_len=config.max_model_len, page_size=config.page_size,
+            token_sizes=config.token_buckets)
+        self.kv = KVPageManager(num_pages=config.num_kv_pages, page_size=config.page_size,
+                                max_pages_per_seq=self.bucket_config.pages_per_seq,
+                                num_requests=n)
+        self._reserve_tokens = _reservation_tokens(self.kv_reservation, self.table,
+                                                   config.max_model_len)
+        seeds = (np.arange(n, dtype=np.uint64) * np.uint64(0x9E3779B1)
+                 + np.uint64(config.seed)) & np.uint64(0xFFFFFFFF)
+        self.sampling = SamplingArrays(
+            temperature=np.full(n, config.temperature, np.float32),
+            top_k=np.full(n, config.top_k, np.int32), top_p=np.full(n, config.top_p, np.float32),
+            rng_seeds=seeds.astype(np.uint32))
+        self._generated: Optional[list[list[int]]] = (
+            [[] for _ in range(n)] if engine.needs_token_ids else None)
+        if engine.needs_token_ids and any(r.prompt_tokens is None for r in ordered):
+            raise ValueError(f"engine {engine.name!r} needs prompt token ids; the workload has "
+                             "requests with lengths only (give the workload a vocabulary size)")
+        self.now_s = 0.0
+        self.num_steps = 0
+        self._next_arrival = 0
+        self._empty = _frozen(np.zeros(0, dtype=np.int64))
+        self.waiting = self.running = self.unreleased = self.last_finished = self._empty
+        self._num_done = 0
+        self.record = RunRecord(num_requests=n)
+        self._reject_impossible()
+        self.view = SchedulerView(self)
+
+    # ----------------------------------------------------------------- set-up
+    def _reject_impossible(self) -> None:
+        """Rejects, with a reason, requests that can never fit the context or the pool."""
+        table, config = self.table, self.config
+        total = table.prompt_len + table.output_len
+        pages = self.kv.pages_for_tokens(np.maximum(total, self._reserve_tokens))
+        # A reservation is taken whole at admission, which must leave the watermark free.
+        usable = config.num_kv_pages - (config.watermark_pages if self.kv_reservation != "none"
+                                        else 0)
+        for i in np.flatnonzero((total > config.max_model_len) | (pages > usable)):
+            if total[i] > config.max_model_len:
+                reason = (f"prompt {table.prompt_len[i]} + output {table.output_len[i]} tokens "
+                          f"exceed the context of {config.max_model_len}")
+            else:
+                reason = (f"needs {pages[i]} KV pages, the pool has {usable}"
+                          + (" beside the watermark" if usable < config.num_kv_pages else ""))
+            table.state[i] = RequestState.REJECTED
+            table.reject_reason[int(i)] = reason
+            self._num_done += 1
+
+    # ------------------------------------------------------------- queries
+    def next_arrival_s(self) -> Optional[float]:
+        pending = self._next_pending()
+        return None if pending is None else float(self.table.arrival_s[pending])
+
+    def _next_pending(self) -> Optional[int]:
+        state = self.table.state
+        i = self._next_arrival
+        while i < len(self.table) and state[i] != _PENDING:
+            i += 1
+        self._next_arrival = i
+        return i if i < len(self.table) else None
+
+    def pages_needed(self, ids: NDArray[np.int64], tokens: NDArray[np.int64]) -> NDArray[np.int64]:
+        """New pages to run `tokens` of each request now (admissions reserve first)."""
+        target = self.table.num_computed[ids] + tokens
+        if self.kv_reservation != "none":
+            admitting = self.table.state[ids] == _WAITING
+            target = np.where(admitting, np.maximum(target, self._reserve_tokens[ids]), target)
+        return self.kv.pages_needed(ids, target)
+
+    @property
+    def done(self) -> bool:
+        """Every request finished and released, rejected, or routed away."""
+        return self._num_done == len(self.table)
+
+    @property
+    def num_done(self) -> int:
+        """Requests finished and released, rejected, or routed away."""
+        return self._num_done
+
+    def has_work(self, before_s: float) -> bool:
+        """Whether an iteration now would do something before `before_s` arrives.
+
+        True while requests wait, run or await release, or one arrives before
+        `before_s`: a cluster steps its replicas up to each arrival with this.
+        """
+        if self.waiting.size or self.running.size or self.unreleased.size:
+            return True
+        upcoming = self.next_arrival_s()
+        return upcoming is not None and upcoming < before_s
+
+    def withdraw(self, ids: Sequence[int]) -> None:
+        """Takes requests that have not arrived yet out of this run.
+
+        A cluster's router calls this on every replica but the one it sends a
+        request to; withdrawn requests count as done and have no results here.
+
+        Raises:
+          ValueError: a request has already arrived (or is done); nothing changes.
+        """
+        ids = np.asarray(ids, dtype=np.int64)
+        states = self.table.state[ids]
+        if (states != _PENDING).any():
+            first = int(np.argmax(states != _PENDING))
+            raise ValueError(f"withdraw: request {int(ids[first])} is "
+                             f"{RequestState(states[first]).name}; only requests that have not "
+                             "arrived can be routed away")
+        self.table.state[ids] = RequestState.ROUTED_AWAY
+        self._num_done += int(ids.size)
+
+    # ------------------------------------------------------------- the loop
+    def run(self, progress: Optional[Callable[["Scheduler"], None]] = None) -> RunRecord:
+        """Runs iterations until every request is done; returns the run's record."""
+        self.engine.warmup(self.bucket_config.buckets())
+        while not self.done:
+            self.step()
+            if progress is not None:
+                progress(self)
+        return self.record
+
+    def step(self) -> bool:
+        """Runs one iteration. Returns False when there was nothing left to do."""
+        host_start = time.perf_counter()
+        self._admit_arrivals()
+        if self.done:
+            return False
+        plan = self.policy.schedule(self.view)
+        if not isinstance(plan, StepPlan):
+            raise PlanError(self.policy.name, "not_a_plan",
+                            f"schedule() returned {type(plan).__name__}, not a StepPlan")
+        needed = check_plan(self, plan)
+        self.last_finished = self._empty  # "finished since the previous schedule() call"
+        self._apply_release(plan.release)
+        self._apply_preemption(plan.preempt)
+        if plan.request_ids.size == 0:
+            self._idle(plan)
+            return True
+        ids, tokens = plan.request_ids, plan.num_tokens
+        self._admit(ids)
+        if needed.any():
+            self.kv.allocate(ids, self.table.num_computed[ids] + tokens)
+        inputs = pack(bucket_config=self.bucket_config, request_ids=ids, num_tokens=tokens,
+                      num_computed=self.table.num_computed[ids],
+                      page_rows=self.kv.page_table[self.kv.row_of[ids]],
+                      page_size=self.config.page_size, sampling=self.sampling,
+                      token_ids=self._token_ids(ids, tokens),
+                      min_bucket_tokens=plan.min_bucket_tokens)
+        host_s = time.perf_counter() - host_start
+        output = self.engine.step(inputs)
+        update_start = time.perf_counter()
+        start_s = self.now_s
+        # With count_host_time the engine starts only once the host has planned the step.
+        end_s = start_s + output.step_s + (host_s if self.config.count_host_time else 0.0)
+        self._update(ids, tokens, output, end_s)
+        update_s = time.perf_counter() - update_start
+        host_s += update_s
+        if self.config.count_host_time:
+            end_s += update_s
+        self.record.log_step(StepLog(
+            step=self.num_steps, start_s=start_s, num_seqs=int(ids.size),
+            num_tokens=int(inputs.num_real_tokens), num_padded_tokens=inputs.bucket.num_tokens,
+            bucket=inputs.bucket.num_tokens, host_s=host_s, step_s=output.step_s,
+            num_running=int(self.running.size), num_waiting=int(self.waiting.size),
+            num_free_pages=self.kv.num_free))
+        if self.config.log_step_requests:
+            self.record.log_step_requests(ids, tokens)
+        self.num_steps += 1
+        self.now_s = end_s
+        return True
+
+    def _idle(self, plan: StepPlan) -> None:
+        """An iteration that runs nothing: jump to the next arrival, or fail if stuck."""
+        if plan.release.size or plan.preempt.size:
+            return  # the plan changed state; let the policy look again
+        if self.done:
+            return
+        upcoming = self.next_arrival_s()
+        if upcoming is None:
+            raise PlanError(self.policy.name, "no_progress",
+                            f"the plan runs nothing at {self.now_s:.6f} s with "
+                            f"{self.waiting.size} waiting, {self.running.size} running, "
+                            f"{self.unreleased.size} unreleased and no arrivals to come")
+        self.now_s = max(self.now_s, upcoming)
+
+    # ------------------------------------------------------ state changes
+    def _admit_arrivals(self) -> None:
+        first = self._next_pending()
+        if first is None:
+            return
+        if self.waiting.size == 0 and self.running.size == 0 and self.unreleased.size == 0:
+            self.now_s = max(self.now_s, float(self.table.arrival_s[first]))  # idle gap
+        end = int(np.searchsorted(self.table.arrival_s, self.now_s, side="right"))
+        if end <= first:
+            return
+        arrived = np.arange(first, end)
+        arrived = arrived[self.table.state[arrived] == _PENDING]
+        self.table.state[arrived] = _WAITING
+        self.waiting = _frozen(np.concatenate([self.waiting, arrived]))
+        self._next_arrival = end
+
+    def _apply_release(self, release: NDArray[np.int64]) -> None:
+        if release.size == 0:
+            return
+        self.table.finish_s[release] = self.now_s
+        self.unreleased = _frozen(self.unreleased[~np.isin(self.unreleased, release)])
+        self._num_done += int(release.size)
+
+    def _apply_preemption(self, preempt: NDArray[np.int64]) -> None:
+        if preempt.size == 0:
+            return
+        table = self.table
+        self.kv.free(preempt)
+        table.state[preempt] = _WAITING
+        table.num_computed[preempt] = 0
+        table.num_preemptions[preempt] += 1
+        self.running = _frozen(self.running[table.state[self.running] == _RUNNING])
+        self.waiting = _frozen(np.sort(np.concatenate([self.waiting, preempt])))
+        self.record.num_preemptions += int(preempt.size)
+
+    def _admit(self, ids: NDArray[np.int64]) -> None:
+        table = self.table
+        admitted = ids[table.state[ids] == _WAITING]
+        if admitted.size == 0:
+            return
+        table.state[admitted] = _RUNNING
+        table.admitted_s[admitted] = self.now_s
+        first_time = admitted[np.isnan(table.first_scheduled_s[admitted])]
+        table.first_scheduled_s[first_time] = self.now_s
+        self.running = _frozen(np.concatenate([self.running, admitted]))
+        self.waiting = _frozen(self.waiting[table.state[self.waiting] == _WAITING])
+        if self.kv_reservation != "none":
+            self.kv.allocate(admitted, np.maximum(table.num_computed[admitted],
+                                                  self._reserve_tokens[admitted]))
+
+    def _token_ids(self, ids: NDArray[np.int64], tokens: NDArray[np.int64]
+                   ) -> Optional[NDArray[np.int32]]:
+        if self._generated is None:
+            return None
+        table = self.table
+        computed = table.num_computed[ids]
+        if int(tokens.sum()) == ids.size and bool((table.num_uncomputed(ids) == 1).all()):
+            return table.last_token[ids].astype(np.int32)  # all decodes: the newest tokens
+        pieces = []
+        for request, start, count in zip(ids.tolist(), computed.tolist(), tokens.tolist()):
+            spec = table.specs[request]
+            known = np.concatenate([spec.prompt_tokens,
+                                    np.asarray(self._generated[request], dtype=np.int32)])
+            pieces.append(known[start:start + count])
+        return np.concatenate(pieces).astype(np.int32)
+
+    def _update(self, ids: NDArray[np.int64], tokens: NDArray[np.int64], output: StepOutput,
+                end_s: float) -> None:
+        table = self.table
+        computed = table.num_computed[ids] + tokens
+        table.num_computed[ids] = computed
+        sampled_mask = computed == table.prompt_len[ids] + table.num_generated[ids]
+        sampled = ids[sampled_mask]
+        if sampled.size == 0:
+            return
+        new_tokens = output.sampled_tokens[:ids.size][sampled_mask]
+        table.num_generated[sampled] += 1
+        table.last_token[sampled] = new_tokens
+        table.last_token_s[sampled] = end_s
+        first = sampled[np.isnan(table.first_token_s[sampled])]
+        table.first_token_s[first] = end_s
+        self.record.log_tokens(sampled, end_s, new_tokens if self._generated is not None else None)
+        if self._generated is not None:
+            for request, token in zip(sampled.tolist(), new_tokens.tolist()):
+                self._generated[request].append(token)
+        finished = sampled[table.num_generated[sampled] == table.output_len[sampled]]
+        if finished.size == 0:
+            return
+        table.state[finished] = _FINISHED
+        self.kv.free(finished)
+        self.running = _frozen(self.running[table.state[self.running] == _RUNNING])
+        self.last_finished = _frozen(finished)
+        if self.policy.defer_release:
+            self.unreleased = _frozen(np.concatenate([self.unreleased, finished]))
+        else:
+            table.finish_s[finished] = end_s
+            self._num_done += int(finished.size)
+
+    def generated_tokens(self, index: int) -> list[int]:
+        """The tokens request `index` generated (needs an engine with token ids)."""
+        if self._generated is None:
+            raise ValueError(f"engine {self.engine.name!r} produces no token ids")
+        return list(self._generated[index])

@@ -1,0 +1,102 @@
+"""SchedulerView: the read-only window a policy decides through.
+
+Everything a policy may know is here: the time, the waiting and running
+requests (as arrays of request indices), every request's progress (a read-only
+`RequestTableView`), the KV pool, and the step limits. Arrays are read-only; a
+policy keeps its own bookkeeping in its own fields.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Optional
+
+import numpy as np
+from numpy.typing import NDArray
+
+from orca_jax.core.request_table import RequestTableView
+
+if TYPE_CHECKING:
+    from orca_jax.core.scheduler import Scheduler
+
+
+class SchedulerView:
+    """What `Policy.schedule` sees. Created once per scheduler; reads its live state.
+
+    Attributes:
+      requests: read-only per-request arrays (`RequestTableView`).
+      page_size: tokens per KV page.
+      num_total_pages: usable KV pages in the pool.
+      token_budget: most tokens a step may compute (the largest bucket).
+      max_batch_size: most sequences a step may hold.
+      bucket_token_sizes: the configured step sizes (T of each bucket).
+      max_model_len: the context limit (prompt + output) of every request.
+      kv_reservation: this run's KV allocation mode (see `Policy.kv_reservation`).
+      watermark_pages: free pages an admission must leave untouched.
+    """
+
+    def __init__(self, scheduler: "Scheduler") -> None:
+        self._scheduler = scheduler
+        config = scheduler.config
+        self.requests = RequestTableView(scheduler.table)
+        self.page_size = config.page_size
+        self.num_total_pages = config.num_kv_pages
+        self.token_budget = scheduler.bucket_config.max_num_tokens
+        self.max_batch_size = config.max_batch_size
+        self.bucket_token_sizes = scheduler.bucket_config.token_sizes
+        self.max_model_len = config.max_model_len
+        self.kv_reservation = scheduler.kv_reservation
+        self.watermark_pages = config.watermark_pages
+
+    @property
+    def now_s(self) -> float:
+        """Virtual time at the start of this iteration."""
+        return self._scheduler.now_s
+
+    @property
+    def step_index(self) -> int:
+        """Number of steps run so far."""
+        return self._scheduler.num_steps
+
+    @property
+    def waiting(self) -> NDArray[np.int64]:
+        """`[w]` arrived requests not running, in arrival order (preempted ones included)."""
+        return self._scheduler.waiting
+
+    @property
+    def running(self) -> NDArray[np.int64]:
+        """`[r]` admitted requests holding KV, in admission order."""
+        return self._scheduler.running
+
+    @property
+    def unreleased(self) -> NDArray[np.int64]:
+        """`[u]` finished requests whose answers a `defer_release` policy still holds."""
+        return self._scheduler.unreleased
+
+    @property
+    def last_finished(self) -> NDArray[np.int64]:
+        """`[f]` requests that finished since the previous `schedule()` call."""
+        return self._scheduler.last_finished
+
+    @property
+    def num_free_pages(self) -> int:
+        """Free KV pages right now."""
+        return self._scheduler.kv.num_free
+
+    @property
+    def next_arrival_s(self) -> Optional[float]:
+        """Arrival time of the next request still to come, or None."""
+        return self._scheduler.next_arrival_s()
+
+    def pages_needed(self, ids: NDArray[np.int64],  # [n]
+                     num_tokens: NDArray[np.int64]) -> NDArray[np.int64]:  # [n]
+        """New KV pages the core would allocate to run `num_tokens` of each request now.
+
+        Includes the reservation made when a waiting request is admitted under a
+        reserving `kv_reservation` mode. Returns `[n]`.
+        """
+        ids = np.asarray(ids, dtype=np.int64)
+        return self._scheduler.pages_needed(ids, np.asarray(num_tokens, dtype=np.int64))
+
+    def pages_held(self, ids: NDArray[np.int64]) -> NDArray[np.int64]:  # [n] -> [n]
+        """KV pages each request holds (freed if it is preempted)."""
+        return self._scheduler.kv.num_held[np.asarray(ids, dtype=np.int64)].copy()

@@ -1,0 +1,8 @@
+"""Learned parts that hand policies plain numbers: length predictors and the ranker.
+
+Owns the length-predictor registry (`length_predictor`, jax-free, which loads
+a trained ranker on demand) and the learning-to-rank model trained with optax
+and saved with orbax (`ranker`).
+
+May import: `orca_jax.core`, and jax/optax/orbax in `ranker` only.
+"""

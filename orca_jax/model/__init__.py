@@ -1,0 +1,11 @@
+"""The real model and the jitted engine: the only part of `orca_jax` that imports jax.
+
+Owns the Flax LLaMA-style decoder and its paged step (`llama`), sampling,
+weights (random, orbax, LLaMA safetensors), tensor-parallel sharding, and
+`JaxEngine`, which compiles one step per bucket.
+
+May import: jax, flax, orbax, safetensors, `pallas_kernels`, `orca_jax.core`,
+`orca_jax.specs`.
+"""
+
+from orca_jax.model.llama import *  # noqa: F401,F403  (the old `orca_jax.model` module's names)

@@ -1,0 +1,278 @@
+"""The real engine: the Flax decoder's paged step, compiled once per bucket.
+
+`JaxEngine` owns the parameters and the paged KV cache on device. `warmup()`
+compiles every bucket ahead of time (`jit(...).lower(...).compile()`, the cache
+donated so each step updates it in place) and times a few runs of each; `step()`
+only ever calls those compiled executables, so a run compiles exactly its
+buckets. Compilations are counted from XLA's own compile events (a
+`jax.monitoring` listener), not from Python calls, so an accidental recompile
+would show in `num_compiles`.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import re
+import statistics
+import time
+from typing import Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from orca_jax.model import llama as model_lib
+from orca_jax.model import sharding
+from orca_jax.core.engine_api import (NULL_PAGE, Bucket, EngineConfigError, StepInputs, StepOutput,
+                                 bucket_arrays_are_consistent)
+from orca_jax.specs.model_config import ModelConfig
+
+CLOCKS = ("wall", "profiled")
+_BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+_backend_compiles = 0  # process-wide count of XLA compilations seen by the listener
+_listening = False
+
+
+def _on_duration_event(event: str, duration_secs: float, **kwargs: object) -> None:
+    global _backend_compiles
+    if event == _BACKEND_COMPILE_EVENT:
+        _backend_compiles += 1
+
+
+def backend_compiles() -> int:
+    """XLA compilations in this process since the first call (installs the listener once)."""
+    global _listening
+    if not _listening:
+        jax.monitoring.register_event_duration_secs_listener(_on_duration_event)
+        _listening = True
+    return _backend_compiles
+
+
+def hlo_fingerprint(compiled: jax.stages.Compiled) -> str:
+    """sha256 of the optimized HLO in XLA's canonical print, without metadata.
+
+    `compiled.as_text()` carries source locations down to the caller's frame, so
+    the same step compiled from two call sites would hash differently.
+    """
+    try:
+        # jaxlib's HLO printer is not re-exported under a public jax name.
+        from jaxlib import _hlo
+
+        options = _hlo.HloPrintOptions.canonical()  # no metadata, canonical names
+        options.print_large_constants = True  # constants are part of the program
+        text = "\n".join(module.to_string(options)
+                         for module in compiled.runtime_executable().hlo_modules())
+    except (ImportError, AttributeError):
+        # Another jaxlib: the public text, with the source-location metadata cut out.
+        text = re.sub(r",?\s*metadata=\{[^}]*\}", "", compiled.as_text())
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _bucket_key(bucket: Bucket) -> tuple[int, int]:
+    return bucket.num_tokens, bucket.num_seqs
+
+
+class JaxEngine:
+    """An `Engine` running the LLaMA-style model's paged ragged step.
+
+    Args:
+      model_config: the model's shapes.
+      params: the model's parameter state (`nnx.split(model)[1]`, `weights.init_params`,
+        `weights.restore_params` or `weights.load_llama_folder`); cast to `dtype`.
+      num_pages: pages in the KV cache, the null page 0 included (a page manager
+        with N usable pages needs N + 1).
+      page_size: tokens per page.
+      pages_per_seq: page-table width P of every bucket.
+      dtype: parameter, activation and KV cache dtype.
+      attention: `reference` | `pallas` | `pallas_interpret` (see `model.attention_op`).
+      clock: `wall` (step_s is the measured time) or `profiled` (step_s is the
+        bucket's median warm-up time, so runs are repeatable on a noisy machine).
+      num_timed_runs: timed warm-up runs per bucket (the median is kept).
+      warmup_kv_len: context length of the warm-up's dummy sequences; None means
+        the full page-table width, the bucket's worst case.
+      mesh: a `tp` mesh (`sharding.make_mesh`) to split the weights, the KV cache
+        and attention over (tensor parallelism); None runs on the default device.
+    """
+
+    def __init__(self, model_config: ModelConfig, params: nnx.State, *, num_pages: int,
+                 page_size: int, pages_per_seq: int, dtype: jnp.dtype = jnp.float32,
+                 attention: str = "reference", clock: str = "wall", num_timed_runs: int = 3,
+                 warmup_kv_len: Optional[int] = None,
+                 mesh: Optional[jax.sharding.Mesh] = None) -> None:
+        if clock not in CLOCKS:
+            raise ValueError(f"JaxEngine: clock={clock!r}, choose one of {CLOCKS}")
+        if num_pages < 2 or page_size < 1 or pages_per_seq < 1:
+            raise ValueError(f"JaxEngine: needs num_pages >= 2 (null page + one), page_size >= 1, "
+                             f"pages_per_seq >= 1; got {num_pages}, {page_size}, {pages_per_seq}")
+        if clock == "profiled" and num_timed_runs < 1:
+            raise ValueError("JaxEngine: clock='profiled' needs num_timed_runs >= 1")
+        max_len = pages_per_seq * page_size
+        if warmup_kv_len is not None and not 1 <= warmup_kv_len <= max_len:
+            raise ValueError(f"JaxEngine: warmup_kv_len={warmup_kv_len} must be in [1, {max_len}]")
+        attend = model_lib.attention_op(attention)  # fails early on an unknown op name
+        if mesh is not None:
+            if tuple(mesh.axis_names) != (sharding.TP_AXIS,):
+                raise EngineConfigError(f"JaxEngine: mesh axes {mesh.axis_names} must be "
+                                        f"({sharding.TP_AXIS!r},); build it with "
+                                        "sharding.make_mesh")
+            sharding.make_mesh(mesh.size, model_config, list(mesh.devices.flat))  # divisibility
+            attend = sharding.shard_attention(attend, mesh)
+        self.model_config = model_config
+        self.num_pages, self.page_size, self.pages_per_seq = num_pages, page_size, pages_per_seq
+        self.dtype = jnp.dtype(dtype)
+        self.attention = attention
+        self.mesh = mesh
+        self.clock = clock
+        self.num_timed_runs = num_timed_runs
+        self.warmup_kv_len = warmup_kv_len if warmup_kv_len is not None else max_len
+        graphdef, abstract = model_lib.abstract_model(model_config, self.dtype)
+        self._check_params(abstract, params)
+        params = jax.tree.map(
+            lambda a: a.astype(self.dtype) if jnp.issubdtype(a.dtype, jnp.floating) else a, params)
+        new_cache = functools.partial(model_lib.init_kv_cache, model_config, num_pages=num_pages,
+                                      page_size=page_size, dtype=self.dtype)
+        if mesh is None:
+            self._params = jax.device_put(params)
+            self._cache = new_cache()
+            self._inputs_sharding = None
+        else:
+            self._params = jax.device_put(params, sharding.param_shardings(params, mesh))
+            # Built in place, split: the whole cache never sits on one device.
+            self._cache = jax.jit(new_cache, out_shardings=sharding.kv_cache_sharding(mesh))()
+            self._inputs_sharding = sharding.replicated(mesh)
+        self._jitted = jax.jit(functools.partial(model_lib.step, graphdef, attention=attend),
+                               donate_argnums=1)
+        self._compiled: dict[Bucket, jax.stages.Compiled] = {}
+        self._fingerprints: dict[Bucket, str] = {}
+        self._profiled_s: dict[Bucket, float] = {}
+        self._num_compiles = 0
+
+    @staticmethod
+    def _check_params(abstract: nnx.State, params: nnx.State) -> None:
+        want = dict(jax.tree_util.tree_leaves_with_path(abstract))
+        got = dict(jax.tree_util.tree_leaves_with_path(params))
+        for path, leaf in want.items():
+            name = jax.tree_util.keystr(path)
+            if path not in got:
+                raise ValueError(f"JaxEngine: params lack {name} (expected shape {leaf.shape})")
+            if got[path].shape != leaf.shape:
+                raise ValueError(f"JaxEngine: params {name} has shape {got[path].shape}, "
+                                 f"expected {leaf.shape}")
+
+    @property
+    def name(self) -> str:
+        return "jax"
+
+    @property
+    def needs_token_ids(self) -> bool:
+        return True
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model_config.vocab_size
+
+    @property
+    def tp(self) -> int:
+        """Tensor-parallel degree (devices the step is split over)."""
+        return 1 if self.mesh is None else self.mesh.size
+
+    @property
+    def kv_cache_bytes_per_device(self) -> int:
+        """Bytes of the paged KV cache on each device (1/tp of it under a mesh)."""
+        return sum(buffer.addressable_shards[0].data.nbytes
+                   for buffer in (*self._cache.k, *self._cache.v))
+
+    @property
+    def num_compiles(self) -> int:
+        """XLA compilations this engine triggered (warm-up and steps)."""
+        return self._num_compiles
+
+    @property
+    def profiled_step_s(self) -> dict[Bucket, float]:
+        """Median warm-up step seconds of each warmed bucket."""
+        return dict(self._profiled_s)
+
+    def fingerprints(self) -> dict[Bucket, str]:
+        """sha256 of each compiled step's optimized HLO text, by bucket."""
+        return dict(self._fingerprints)
+
+    def warmup(self, buckets: Sequence[Bucket]) -> None:
+        """Compiles every bucket not yet compiled, then times `num_timed_runs` dummy steps of each.
+
+        Raises:
+          ValueError: a bucket is malformed.
+        """
+        buckets = list(buckets)
+        if not buckets:
+            raise ValueError("JaxEngine.warmup: no buckets given")
+        for index, bucket in enumerate(buckets):
+            if not isinstance(bucket, Bucket) or bucket.num_tokens < 1 or bucket.num_seqs < 1:
+                raise ValueError(f"JaxEngine.warmup: buckets[{index}] = {bucket!r} needs "
+                                 "num_tokens >= 1 and num_seqs >= 1")
+        for bucket in buckets:
+            if bucket in self._compiled:
+                continue
+            dummy = self._dummy_inputs(bucket)
+            shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(
+                a.shape, a.dtype, sharding=self._inputs_sharding), dummy)
+            before = backend_compiles()
+            compiled = self._jitted.lower(self._params, self._cache, shapes).compile()
+            self._num_compiles += backend_compiles() - before
+            self._compiled[bucket] = compiled
+            self._fingerprints[bucket] = hlo_fingerprint(compiled)
+            self._run(bucket, dummy)  # first run pays one-off allocation costs
+            times = [self._run(bucket, dummy)[1] for _ in range(self.num_timed_runs)]
+            if times:
+                self._profiled_s[bucket] = statistics.median(times)
+
+    def step(self, inputs: StepInputs) -> StepOutput:
+        """Runs one compiled step; `step_s` is wall or profiled time per `clock`.
+
+        Raises:
+          ValueError: the bucket was not warmed up (it would compile), or the
+            arrays do not match the bucket or this engine's page-table width.
+        """
+        bucket = inputs.bucket
+        if bucket not in self._compiled:
+            raise ValueError(f"JaxEngine.step: bucket {bucket} was not warmed up; warm buckets: "
+                             f"{sorted(self._compiled, key=_bucket_key)}")
+        if not bucket_arrays_are_consistent(inputs):
+            raise ValueError(f"JaxEngine.step: StepInputs arrays do not match bucket {bucket}")
+        if inputs.page_indices.shape[1] != self.pages_per_seq:
+            raise ValueError(f"JaxEngine.step: page_indices has {inputs.page_indices.shape[1]} "
+                             f"columns, the engine was built with pages_per_seq="
+                             f"{self.pages_per_seq}")
+        tokens, elapsed = self._run(bucket, model_lib.StepArrays.from_inputs(inputs))
+        step_s = elapsed if self.clock == "wall" else self._profiled_s[bucket]
+        return StepOutput(sampled_tokens=tokens, step_s=step_s)
+
+    def _run(self, bucket: Bucket, arrays: model_lib.StepArrays) -> tuple[np.ndarray, float]:
+        before = backend_compiles()
+        start = time.perf_counter()
+        self._cache, result = self._compiled[bucket](
+            self._params, self._cache, jax.device_put(arrays, self._inputs_sharding))
+        tokens = np.asarray(result.tokens.block_until_ready())  # [S]
+        elapsed = time.perf_counter() - start
+        self._num_compiles += backend_compiles() - before
+        return tokens, elapsed
+
+    def _dummy_inputs(self, bucket: Bucket) -> model_lib.StepArrays:
+        """A full bucket: S sequences sharing T tokens, each at the end of a
+        `warmup_kv_len`-token context, all reading and writing the null page."""
+        t, s = bucket.num_tokens, bucket.num_seqs
+        q_lens = np.minimum(t // s + (np.arange(s) < t % s), self.warmup_kv_len)
+        cu = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+        kv_lens = np.where(q_lens > 0, self.warmup_kv_len, 0).astype(np.int32)
+        positions = np.zeros(t, np.int32)
+        for i in range(s):
+            positions[cu[i]:cu[i + 1]] = np.arange(kv_lens[i] - q_lens[i], kv_lens[i])
+        return model_lib.StepArrays(
+            token_ids=np.zeros(t, np.int32), positions=positions, cu_q_lens=cu, kv_lens=kv_lens,
+            page_indices=np.full((s, self.pages_per_seq), NULL_PAGE, np.int32),
+            slot_mapping=(NULL_PAGE * self.page_size + positions % self.page_size).astype(np.int32),
+            sample_indices=np.maximum(cu[1:] - 1, 0).astype(np.int32),
+            num_seqs=np.array([np.count_nonzero(q_lens)], np.int32),
+            temperature=np.zeros(s, np.float32), top_k=np.zeros(s, np.int32),
+            top_p=np.ones(s, np.float32), rng_seeds=np.zeros(s, np.uint32))

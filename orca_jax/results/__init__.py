@@ -1,0 +1,11 @@
+"""What a finished run says: metrics, summaries, results files, sweeps and plots.
+
+Owns the serving metrics (`metrics`), a run's summary and its files
+(`summary`), the resumable sweep store (`sweep_store`) and the figures
+(`plots`). Everything here reads a finished run's value, never a live
+scheduler.
+
+May import: numpy, `orca_jax.core`, and matplotlib lazily (inside the drawing functions).
+"""
+
+from orca_jax.results.summary import *  # noqa: F401,F403  (the old `orca_jax.results` module's names)

@@ -1,0 +1,299 @@
+"""Step-time cost model of the simulated engine (presets in `orca_jax.specs.hardware`).
+
+Three modes (`CostModelConfig.mode`):
+
+* `roofline` (default). From what the step descriptor really holds — the real
+  sequences `i < num_seqs`, with query length `q_i = cu_q_lens[i+1] - cu_q_lens[i]`
+  and attended length `k_i = kv_lens[i]`; padding rows and padded sequences
+  are ignored — with `N = sum q_i` tokens, `S = num_seqs`, model dtype bytes `b`,
+  `L` layers, `H` query heads, `d` head_dim, `D` d_model, `V` vocab:
+
+      bytes   = weight_bytes + sum_i k_i * kv_bytes_per_token
+      flops   = 2 * non_embedding_params * N            (projections, MLP, norms)
+              + 2 * D * V * S                           (LM head, sampled token only)
+              + 4 * L * H * d * sum_i q_i * (k_i - (q_i - 1) / 2)   (QK^T and PV)
+      allreduce = 2 * L * (2 * (tp - 1) / tp * N * D * b / link_bytes_per_s
+                           + allreduce_latency_s)       (0 when tp == 1)
+      step_s  = max(bytes / (hbm_bytes_per_s * hbm_efficiency * tp),
+                    flops / (peak_flops * flops_efficiency * tp))
+              + allreduce + step_overhead_s
+
+  `weight_bytes` is every weight matrix read once per step: the layers, the
+  final norm and the LM head (`V x D`); the input embedding is a row gather of
+  N rows, which is noise next to the matrices, so it is not counted (with tied
+  embeddings the LM head is the embedding table, read once). `kv_bytes_per_token`
+  is `2 (K and V) * L * kv_heads * d * b`. Query j of a chunk of q_i tokens
+  attends to `k_i - q_i + j + 1` tokens (causal inside the chunk), whose mean over
+  the chunk is `k_i - (q_i - 1) / 2`; each attended key costs 2 FLOPs per head
+  dim for QK^T and 2 for PV. Tensor parallelism splits weights, KV and FLOPs
+  evenly over `tp` GPUs and adds two all-reduces of the `[N, D]` activations per
+  layer (after attention and after the MLP), costed as a ring all-reduce.
+  Activation traffic and kernel fusion are not modelled; the efficiency factors
+  absorb them.
+* `fixed`: `step_time_s` per step, whatever the step holds (didactic examples).
+* `fitted`: `fitted_step_s[bucket.num_tokens]`, fitted to a real engine. Each
+  bucket's entry is either a constant (seconds measured per bucket) or a
+  `LinearStepTime`, which follows what the step holds (written by
+  `orca_jax.sim.calibration`):
+
+      step_s = base_s + per_seq_s * S + per_tile_s * tiles
+      tiles  = sum_i sum_{j < ceil(q_i / Qt)} ceil(min(k_i, k_i - q_i + (j + 1) * Qt) / Kt)
+
+  `tiles` counts the (query tile, KV tile) pairs a tiled attention kernel
+  visits: sequence i's `q_i` queries in tiles of `Qt = q_tile` rows, each tile
+  reading the KV tiles of `Kt = kv_tile` tokens up to its last query's
+  position (causal). A decode step of S sequences has `sum_i ceil(k_i / Kt)`
+  tiles. The per-bucket `base_s` holds everything sized by the padded bucket
+  (projections, MLP, LM head), `per_seq_s` the per-sequence loop and sampling
+  work, `per_tile_s` one tile's attention (its cost depends on `Qt`, hence
+  per bucket). On a CPU attention dominates long-context steps, so a
+  bucket-only constant is not enough.
+
+Nothing here imports jax: the simulator runs paper-scale workloads on a laptop.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+from typing import Mapping, Optional, Union
+
+import numpy as np
+from numpy.typing import NDArray
+
+from orca_jax.core.engine_api import StepInputs
+from orca_jax.specs.hardware import (GIB, HARDWARE_ALIASES, HARDWARE_PRESETS,  # noqa: F401
+                                       MODEL_PRESETS, HardwareSpec, ModelSpec, get_hardware,
+                                       get_model, kv_bytes_per_token, num_kv_pages_for_memory)
+
+COST_MODES = ("roofline", "fixed", "fitted")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LinearStepTime:
+    """One bucket's fitted step time: `base_s + per_seq_s * S + per_tile_s * tiles`.
+
+    Attributes:
+      base_s: seconds of the bucket's fixed work (everything sized by its padded shape).
+      per_seq_s: seconds per real sequence.
+      per_tile_s: seconds per (query tile, KV tile) pair of attention.
+      q_tile: query rows per attention tile in this bucket.
+      kv_tile: KV tokens per attention tile.
+    """
+
+    base_s: float
+    per_seq_s: float
+    per_tile_s: float
+    q_tile: int
+    kv_tile: int
+
+    def __post_init__(self) -> None:
+        for field in ("base_s", "per_seq_s", "per_tile_s"):
+            value = getattr(self, field)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0.0):
+                raise ValueError(f"LinearStepTime.{field} must be finite and >= 0, got {value!r}")
+        for field in ("q_tile", "kv_tile"):
+            value = getattr(self, field)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"LinearStepTime.{field} must be an integer >= 1, got {value!r}")
+        if self.base_s + self.per_seq_s + self.per_tile_s <= 0.0:
+            raise ValueError("LinearStepTime: base_s, per_seq_s and per_tile_s are all 0")
+
+    def seconds(self, q_lens: NDArray[np.int64], kv_lens: NDArray[np.int64]) -> float:
+        """Step seconds for real sequences `q_lens` `[num_seqs]`, `kv_lens` `[num_seqs]`."""
+        tiles = attention_tiles(q_lens, kv_lens, q_tile=self.q_tile, kv_tile=self.kv_tile)
+        return self.base_s + self.per_seq_s * len(q_lens) + self.per_tile_s * tiles
+
+
+def attention_tiles(q_lens: NDArray[np.int64], kv_lens: NDArray[np.int64], *, q_tile: int,
+                    kv_tile: int) -> int:
+    """(query tile, KV tile) pairs a causal tiled attention visits (the module docstring's sum).
+
+    Args:
+      q_lens: `[num_seqs]` new tokens of each sequence.
+      kv_lens: `[num_seqs]` tokens each sequence attends to (this step's included).
+      q_tile: query rows per tile.
+      kv_tile: KV tokens per tile.
+    """
+    total = 0
+    for q, k in zip(np.asarray(q_lens, np.int64).tolist(), np.asarray(kv_lens, np.int64).tolist()):
+        if q <= 0:
+            continue
+        ends = np.minimum(k, k - q + q_tile * np.arange(1, -(-q // q_tile) + 1))  # last key + 1
+        total += int(np.sum(-(-ends // kv_tile)))
+    return total
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CostModelConfig:
+    """How the simulated engine prices a step. `model`/`hardware` may be preset names.
+
+    Attributes:
+      mode: `roofline`, `fixed` or `fitted` (see the module docstring).
+      model: the model (its vocab also sizes the placeholder tokens in every mode).
+      hardware: one GPU of the replica.
+      tp: tensor-parallel degree (GPUs per replica).
+      hbm_efficiency: achievable fraction of peak HBM bandwidth. Streaming reads
+        (decode GEMV, paged KV) reach 80-90% of peak in microbenchmarks; 0.8 leaves
+        room for the small kernels of a real step.
+      flops_efficiency: achievable fraction of dense peak FLOPs. Large bf16 GEMMs
+        reach 70-80% of peak, a whole prefill step with attention and
+        elementwise kernels about 50-60% (reported MFU of serving prefill); 0.6.
+      allreduce_latency_s: fixed cost of one NVLink all-reduce of small messages
+        (~10 us on 8 GPUs); it dominates decode all-reduces.
+      step_overhead_s: per-step cost outside the kernels' roofline: launch gaps,
+        sampling, the device-to-host copy of the sampled tokens.
+      step_time_s: seconds per step in `fixed` mode (only there).
+      fitted_step_s: `{bucket num_tokens: seconds or LinearStepTime}` in `fitted`
+        mode (only there).
+    """
+
+    mode: str = "roofline"
+    model: Union[ModelSpec, str] = "llama3-8b"
+    hardware: Union[HardwareSpec, str] = "a100"
+    tp: int = 1
+    hbm_efficiency: float = 0.8
+    flops_efficiency: float = 0.6
+    allreduce_latency_s: float = 10e-6
+    step_overhead_s: float = 300e-6
+    step_time_s: Optional[float] = None
+    fitted_step_s: Optional[Mapping[int, Union[float, LinearStepTime]]] = None
+
+    def __post_init__(self) -> None:
+        if self.mode not in COST_MODES:
+            raise ValueError(f"CostModelConfig.mode must be one of {COST_MODES}, got {self.mode!r}")
+        if isinstance(self.model, str):
+            object.__setattr__(self, "model", get_model(self.model))
+        if isinstance(self.hardware, str):
+            object.__setattr__(self, "hardware", get_hardware(self.hardware))
+        if not isinstance(self.tp, int) or self.tp < 1:
+            raise ValueError(f"CostModelConfig.tp must be an integer >= 1, got {self.tp!r}")
+        for field in ("hbm_efficiency", "flops_efficiency"):
+            value = getattr(self, field)
+            if not 0.0 < value <= 1.0:
+                raise ValueError(f"CostModelConfig.{field} must be in (0, 1], got {value!r}")
+        for field in ("allreduce_latency_s", "step_overhead_s"):
+            value = getattr(self, field)
+            if not (math.isfinite(value) and value >= 0.0):
+                raise ValueError(f"CostModelConfig.{field} must be finite and >= 0, got {value!r}")
+        if (self.step_time_s is not None) != (self.mode == "fixed"):
+            raise ValueError(f"CostModelConfig.step_time_s is required in fixed mode and only "
+                             f"there; mode={self.mode!r}, step_time_s={self.step_time_s!r}")
+        if self.step_time_s is not None and not (math.isfinite(self.step_time_s)
+                                                 and self.step_time_s > 0):
+            raise ValueError(f"CostModelConfig.step_time_s must be finite and > 0, "
+                             f"got {self.step_time_s!r}")
+        if (self.fitted_step_s is not None) != (self.mode == "fitted"):
+            raise ValueError(f"CostModelConfig.fitted_step_s is required in fitted mode and "
+                             f"only there; mode={self.mode!r}")
+        if self.fitted_step_s is not None:
+            object.__setattr__(self, "fitted_step_s", _checked_table(self.fitted_step_s))
+
+    @property
+    def model_spec(self) -> ModelSpec:
+        """The resolved model (typed accessor: `model` holds a ModelSpec after init)."""
+        assert isinstance(self.model, ModelSpec)
+        return self.model
+
+    @property
+    def hardware_spec(self) -> HardwareSpec:
+        """The resolved hardware."""
+        assert isinstance(self.hardware, HardwareSpec)
+        return self.hardware
+
+
+def _checked_table(table: Mapping[int, Union[float, LinearStepTime]]
+                   ) -> Mapping[int, Union[float, LinearStepTime]]:
+    if not table:
+        raise ValueError("CostModelConfig.fitted_step_s is empty")
+    checked: dict[int, Union[float, LinearStepTime]] = {}
+    for num_tokens, seconds in table.items():
+        if int(num_tokens) != num_tokens or num_tokens < 1:
+            raise ValueError(f"CostModelConfig.fitted_step_s: bucket num_tokens must be an "
+                             f"integer >= 1, got {num_tokens!r}")
+        if isinstance(seconds, LinearStepTime):
+            checked[int(num_tokens)] = seconds
+            continue
+        if not (isinstance(seconds, (int, float)) and math.isfinite(seconds) and seconds > 0):
+            raise ValueError(f"CostModelConfig.fitted_step_s[{num_tokens}] must be finite and "
+                             f"> 0, got {seconds!r}")
+        checked[int(num_tokens)] = float(seconds)
+    return types.MappingProxyType(checked)
+
+
+@dataclasses.dataclass(frozen=True)
+class StepCost:
+    """The roofline's parts for one step (seconds include the efficiency factors)."""
+
+    num_bytes: float  # HBM bytes read, whole replica
+    num_flops: float  # FLOPs, whole replica
+    memory_s: float
+    compute_s: float
+    allreduce_s: float
+    overhead_s: float
+
+    @property
+    def step_s(self) -> float:
+        return max(self.memory_s, self.compute_s) + self.allreduce_s + self.overhead_s
+
+    @property
+    def is_memory_bound(self) -> bool:
+        return self.memory_s >= self.compute_s
+
+
+def roofline_cost(config: CostModelConfig, q_lens: NDArray[np.int64],
+                  kv_lens: NDArray[np.int64]) -> StepCost:
+    """Prices a step of real sequences with the roofline of the module docstring.
+
+    Args:
+      config: a config (any mode; its model, hardware and factors are used).
+      q_lens: `[num_seqs]` new tokens of each real sequence.
+      kv_lens: `[num_seqs]` tokens each sequence attends to (cache after the writes).
+    """
+    model, hw, tp = config.model_spec, config.hardware_spec, config.tp
+    q = np.asarray(q_lens, dtype=np.float64)
+    k = np.asarray(kv_lens, dtype=np.float64)
+    num_tokens = float(q.sum())
+    num_bytes = model.step_weight_bytes + float(k.sum()) * kv_bytes_per_token(model)
+    linear_flops = (2.0 * model.non_embedding_params * num_tokens
+                    + 2.0 * model.d_model * model.vocab_size * q.shape[0])
+    attended = float(np.dot(q, k - (q - 1.0) / 2.0))
+    attention_flops = 4.0 * model.num_layers * model.num_heads * model.head_dim * attended
+    num_flops = linear_flops + attention_flops
+    allreduce_s = 0.0
+    if tp > 1:
+        message_bytes = num_tokens * model.d_model * model.dtype_bytes
+        one = 2.0 * (tp - 1) / tp * message_bytes / hw.link_bytes_per_s + config.allreduce_latency_s
+        allreduce_s = 2 * model.num_layers * one
+    return StepCost(
+        num_bytes=num_bytes, num_flops=num_flops,
+        memory_s=num_bytes / (hw.hbm_bytes_per_s * config.hbm_efficiency * tp),
+        compute_s=num_flops / (hw.peak_flops * config.flops_efficiency * tp),
+        allreduce_s=allreduce_s, overhead_s=config.step_overhead_s)
+
+
+def real_lengths(inputs: StepInputs) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    """The `(q_lens, kv_lens)` of the real sequences of a descriptor, each `[num_seqs]`."""
+    num_seqs = inputs.num_real_seqs
+    cu = inputs.cu_q_lens.astype(np.int64)
+    return np.diff(cu[:num_seqs + 1]), inputs.kv_lens[:num_seqs].astype(np.int64)
+
+
+def step_seconds(config: CostModelConfig, inputs: StepInputs) -> float:
+    """Seconds one step takes under `config` (dispatches on the mode)."""
+    if config.mode == "fixed":
+        assert config.step_time_s is not None
+        return config.step_time_s
+    if config.mode == "fitted":
+        assert config.fitted_step_s is not None
+        num_tokens = inputs.bucket.num_tokens
+        if num_tokens not in config.fitted_step_s:
+            raise ValueError(f"fitted cost model has no time for bucket num_tokens={num_tokens}; "
+                           f"fitted buckets: {sorted(config.fitted_step_s)}")
+        entry = config.fitted_step_s[num_tokens]
+        if isinstance(entry, LinearStepTime):
+            return entry.seconds(*real_lengths(inputs))
+        return entry
+    q_lens, kv_lens = real_lengths(inputs)
+    return roofline_cost(config, q_lens, kv_lens).step_s

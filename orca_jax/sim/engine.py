@@ -1,0 +1,107 @@
+"""A simulated engine: the real step descriptors in, placeholder tokens and a modelled time out.
+
+`SimEngine` takes the same `StepInputs` as the JAX engine, so a policy drives
+it through the same scheduler, packing and buckets. It runs no model: the
+token it samples for sequence i is `kv_lens[i] % vocab_size` (arithmetic a test
+can predict, as in JetStream's mock engine), and the step's seconds come from
+`orca_jax.sim.cost_model`. No jax: paper-scale runs fit on a laptop.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import numpy as np
+
+from orca_jax.sim.cost_model import CostModelConfig, real_lengths, step_seconds
+from orca_jax.core.engine_api import (Bucket, StepInputs, StepOutput,
+                                 bucket_arrays_are_consistent)
+
+
+class SimEngine:
+    """An `Engine` whose step time is a cost model's and whose tokens are placeholders."""
+
+    def __init__(self, config: Optional[CostModelConfig] = None) -> None:
+        self.config = config if config is not None else CostModelConfig()
+        self._warm_buckets: Optional[frozenset[Bucket]] = None
+
+    @property
+    def name(self) -> str:
+        return "sim"
+
+    @property
+    def needs_token_ids(self) -> bool:
+        return False
+
+    @property
+    def vocab_size(self) -> int:
+        return self.config.model_spec.vocab_size
+
+    def warmup(self, buckets: Sequence[Bucket]) -> None:
+        """Checks the buckets; afterwards a step in any other bucket is an error.
+
+        A real engine compiles each bucket here and would compile again on an
+        unknown one; the simulator rejects it, so a run that passes on the
+        simulator keeps the no-compile-after-warm-up invariant.
+
+        Raises:
+          ValueError: a bucket is malformed, or (fitted mode) has no fitted time.
+        """
+        buckets = list(buckets)
+        if not buckets:
+            raise ValueError("SimEngine.warmup: no buckets given")
+        for index, bucket in enumerate(buckets):
+            if not isinstance(bucket, Bucket):
+                raise ValueError(f"SimEngine.warmup: buckets[{index}] is {bucket!r}, not a Bucket")
+            if bucket.num_tokens < 1 or bucket.num_seqs < 1:
+                raise ValueError(f"SimEngine.warmup: buckets[{index}] = {bucket} needs "
+                                 f"num_tokens >= 1 and num_seqs >= 1")
+            table = self.config.fitted_step_s
+            if table is not None and bucket.num_tokens not in table:
+                raise ValueError(f"SimEngine.warmup: bucket num_tokens={bucket.num_tokens} has no "
+                                 f"fitted step time; fitted buckets: {sorted(table)}")
+        self._warm_buckets = frozenset(buckets)
+
+    def step(self, inputs: StepInputs) -> StepOutput:
+        """Prices one step and samples `kv_lens[i] % vocab_size` for every sequence i.
+
+        Raises:
+          ValueError: the descriptor is inconsistent, or its bucket was not warmed up.
+        """
+        _check_inputs(inputs)
+        if self._warm_buckets is not None and inputs.bucket not in self._warm_buckets:
+            raise ValueError(f"SimEngine.step: bucket {inputs.bucket} was not warmed up; "
+                             f"warm buckets: {sorted(self._warm_buckets, key=_bucket_key)}")
+        sampled = (inputs.kv_lens.astype(np.int64) % self.vocab_size).astype(np.int32)
+        return StepOutput(sampled_tokens=sampled, step_s=step_seconds(self.config, inputs))
+
+
+def _bucket_key(bucket: Bucket) -> tuple[int, int]:
+    return bucket.num_tokens, bucket.num_seqs
+
+
+def _check_inputs(inputs: StepInputs) -> None:
+    """Rejects descriptors the cost model would misprice (and a real engine misrun)."""
+    if not bucket_arrays_are_consistent(inputs):
+        raise ValueError(f"SimEngine.step: array shapes do not match bucket {inputs.bucket} "
+                         f"(token_ids {inputs.token_ids.shape}, cu_q_lens "
+                         f"{inputs.cu_q_lens.shape}, kv_lens {inputs.kv_lens.shape}, "
+                         f"num_seqs {inputs.num_seqs.shape})")
+    num_seqs = int(inputs.num_seqs[0])
+    if not 0 <= num_seqs <= inputs.bucket.num_seqs:
+        raise ValueError(f"SimEngine.step: num_seqs={num_seqs} outside [0, "
+                         f"{inputs.bucket.num_seqs}] of bucket {inputs.bucket}")
+    cu = inputs.cu_q_lens
+    if cu[0] != 0 or cu[num_seqs] > inputs.bucket.num_tokens:
+        raise ValueError(f"SimEngine.step: cu_q_lens must start at 0 and end within "
+                         f"{inputs.bucket.num_tokens} tokens, got cu_q_lens[0]={cu[0]}, "
+                         f"cu_q_lens[num_seqs]={cu[num_seqs]}")
+    q_lens, kv_lens = real_lengths(inputs)
+    if np.any(q_lens < 0):
+        raise ValueError(f"SimEngine.step: cu_q_lens decreases at sequence "
+                         f"{int(np.argmax(q_lens < 0))}")
+    short = kv_lens < q_lens
+    if np.any(short):
+        i = int(np.argmax(short))
+        raise ValueError(f"SimEngine.step: kv_lens[{i}]={kv_lens[i]} is less than the "
+                         f"sequence's {q_lens[i]} new tokens (kv_lens counts them)")
