@@ -110,8 +110,7 @@ def run_our_side(args: argparse.Namespace, workload: list[list[int]], arrivals: 
         return plan
 
     policy.schedule = recording_schedule  # type: ignore[method-assign]
-    scheduler.run()
-    return log, scheduler.record.num_preemptions
+    return log, scheduler.run().total_preemptions
 
 
 def describe(step: dict[str, Any], limit: int = 12) -> str:

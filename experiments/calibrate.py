@@ -11,7 +11,6 @@ total time, mean TTFT and mean TPOT (calibration.txt, calibration.json).
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import statistics
 from typing import Any, Mapping, Optional, Sequence
@@ -21,7 +20,9 @@ from absl import app, flags
 
 from experiments import flags as run_flags
 from experiments.policy_flags import options_by_policy
+from orca_jax.core.json_files import to_json_value, write_json_atomic, write_jsonl_atomic
 from orca_jax.core.packing import bucket_config_for
+from orca_jax.core.run_result import RunResult
 from orca_jax.results import metrics
 from orca_jax.runner import experiment
 from orca_jax.sim.calibration import (COMPARED_METRICS, RecordingEngine, busy_time_ratio,
@@ -29,12 +30,12 @@ from orca_jax.sim.calibration import (COMPARED_METRICS, RecordingEngine, busy_ti
 from orca_jax.sim.step_profile import profile_grid, samples_from_times, time_grid
 
 
-def mean_latencies(scheduler: Any) -> dict[str, Optional[float]]:
-    """Mean TTFT and mean TPOT over a finished run's finished requests (a `Scheduler`)."""
-    table = scheduler.table
-    per_request = metrics.request_metrics(table.arrival_s, table.first_scheduled_s,
-                                          table.first_token_s, table.finish_s, table.output_len,
-                                          *scheduler.record.token_log())
+def mean_latencies(result: RunResult) -> dict[str, Optional[float]]:
+    """Mean TTFT and mean TPOT over a finished run's finished requests."""
+    per_request = metrics.request_metrics(result.arrival_s, result.first_scheduled_s,
+                                          result.first_token_s, result.finish_s,
+                                          result.output_len, result.token_req,
+                                          result.token_time_s)
     out = {}
     for name in ("ttft", "tpot"):
         values = per_request[f"{name}_s"]
@@ -105,12 +106,12 @@ def run_calibration(spec: Any, policies: Sequence[str], out_dir: str, *,
         label = policy.replace("/", "_").replace(":", "_")
         for index in range(num_real_runs):
             recorder = RecordingEngine(engine)
-            summary, scheduler = experiment.run_policy(
+            summary, run_result = experiment.run_policy(
                 spec, policy, options.get(policy),
                 out_dir=os.path.join(out_dir, "real", label, f"run{index}"),
                 requests=requests, engine=recorder, progress=False)
             real_runs.setdefault(policy, []).append(
-                {**summary, **mean_latencies(scheduler), "load_average_1m": os.getloadavg()[0]})
+                {**summary, **mean_latencies(run_result), "load_average_1m": os.getloadavg()[0]})
             recorders.setdefault(policy, []).append(recorder)
             # One more profiling pass after every real run: the fit samples the
             # machine's load over the same minutes as the runs it is compared with.
@@ -126,12 +127,10 @@ def run_calibration(spec: Any, policies: Sequence[str], out_dir: str, *,
                "fit_abs_error_max": float(np.max(np.abs(residuals))),
                "repeat_spread_median": float(np.median([s.spread for s in samples])),
                "load_average_1m": [load_before, os.getloadavg()[0]]}
-    with open(os.path.join(out_dir, "profile.jsonl"), "w") as f:
-        for sample, residual in zip(samples, residuals):
-            f.write(json.dumps({"bucket": sample.bucket.num_tokens, "q_lens": sample.q_lens,
-                                "kv_lens": sample.kv_lens, "seconds": sample.seconds,
-                                "mean_s": sample.mean_s, "spread": sample.spread,
-                                "fit_error": residual}) + "\n")
+    write_jsonl_atomic(os.path.join(out_dir, "profile.jsonl"), (
+        {"bucket": sample.bucket.num_tokens, "q_lens": sample.q_lens, "kv_lens": sample.kv_lens,
+         "seconds": sample.seconds, "mean_s": sample.mean_s, "spread": sample.spread,
+         "fit_error": residual} for sample, residual in zip(samples, residuals)))
     fit_path = os.path.join(out_dir, "cost_fit.json")
     save_fit(fit_path, fit, {"model": spec.model, "dtype": spec.dtype, "attention":
                              engine.attention, "page_size": config.page_size,
@@ -146,10 +145,10 @@ def run_calibration(spec: Any, policies: Sequence[str], out_dir: str, *,
     rows = []
     for policy in policies:
         label = policy.replace("/", "_").replace(":", "_")
-        summary, scheduler = experiment.run_policy(
+        summary, run_result = experiment.run_policy(
             sim_spec, policy, options.get(policy), out_dir=os.path.join(out_dir, "sim", label),
             requests=requests, progress=False)
-        simulated = {**summary, **mean_latencies(scheduler)}
+        simulated = {**summary, **mean_latencies(run_result)}
         runs = real_runs[policy]
         real = {key: statistics.median(run[key] for run in runs) for key in COMPARED_METRICS}
         errors = relative_errors(real, simulated)
@@ -168,8 +167,8 @@ def run_calibration(spec: Any, policies: Sequence[str], out_dir: str, *,
               "load_average_1m_end": os.getloadavg()[0], "rows": rows}
     with open(os.path.join(out_dir, "calibration.txt"), "w") as f:
         f.write(table + "\n")
-    with open(os.path.join(out_dir, "calibration.json"), "w") as f:
-        json.dump(result, f, indent=2)
+    write_json_atomic(os.path.join(out_dir, "calibration.json"), to_json_value(result),
+                      sort_keys=False)
     log(table)
     return result
 

@@ -8,13 +8,13 @@ table (comparison.txt, comparison.json) and, with matplotlib installed, a figure
 
 from __future__ import annotations
 
-import json
 import os
 
 from absl import app
 
 from experiments import flags as run_flags
 from experiments.policy_flags import options_by_policy, policy_label
+from orca_jax.core.json_files import to_json_value, write_json_atomic
 from orca_jax.runner.experiment import build_engine, build_workload, run_policy, scheduler_config
 from orca_jax.results.metrics import format_table
 
@@ -64,8 +64,8 @@ def main(argv: list[str]) -> None:
     out = run_flags.FLAGS.out_dir
     with open(os.path.join(out, "comparison.txt"), "w") as f:
         f.write(table + "\n")
-    with open(os.path.join(out, "comparison.json"), "w") as f:
-        json.dump(summaries, f, indent=2)
+    write_json_atomic(os.path.join(out, "comparison.json"), to_json_value(summaries),
+                      sort_keys=False)
     if _plot(summaries, os.path.join(out, "comparison.png")):
         print(f"figure: {os.path.join(out, 'comparison.png')}")
     print(f"results in {out}")

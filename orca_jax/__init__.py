@@ -24,6 +24,7 @@ from orca_jax.core.engine_api import Bucket, Engine, StepInputs, StepOutput
 from orca_jax.core.plan import PlanError, StepPlan
 from orca_jax.core.plugins import PolicyLoadError, parse_options
 from orca_jax.core.policy import Policy, make_policy, register, registered_policies
+from orca_jax.core.policy_helpers import fit_to_budget, plan_in_order
 from orca_jax.core.request import Request, RequestState
 from orca_jax.core.scheduler import Scheduler, SchedulerConfig
 from orca_jax.core.view import SchedulerView
@@ -33,5 +34,6 @@ _legacy.install()
 __all__ = [
     "Bucket", "Engine", "PlanError", "Policy", "PolicyLoadError", "Request", "RequestState",
     "Scheduler", "SchedulerConfig", "SchedulerView", "StepInputs", "StepOutput", "StepPlan",
-    "make_policy", "parse_options", "register", "registered_policies",
+    "fit_to_budget", "make_policy", "parse_options", "plan_in_order", "register",
+    "registered_policies",
 ]

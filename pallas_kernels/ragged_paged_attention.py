@@ -35,11 +35,11 @@ except ImportError as _triton_import_error:  # pragma: no cover - depends on the
     plgpu = None
     _PLGPU_ERROR = _triton_import_error
 
+from pallas_kernels.reference_tiling import reference_blocks
+
 # Finite, so a fully masked tile gives exp(0) instead of NaN; the masked
 # probabilities are zeroed explicitly as well.
 _MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
-_REFERENCE_BLOCK_Q = 16  # query tokens the reference handles per inner step
-_REFERENCE_BLOCK_KV = 128  # KV tokens the reference gathers per inner step
 
 
 def _is_power_of_two(n: int) -> bool:
@@ -155,12 +155,9 @@ def _reference_impl(q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, num_s
     num_tokens, num_q_heads, head_dim = q.shape
     _, page_size, num_kv_heads, _ = k_pages.shape
     group = num_q_heads // num_kv_heads
-    # A decode-heavy bucket (few tokens per sequence) gets small query blocks, so a
-    # one-token sequence does not pay for 15 padded rows.
-    block_q = min(_REFERENCE_BLOCK_Q,
-                  pl.next_power_of_2(pl.cdiv(num_tokens, page_indices.shape[0])))
-    pages_per_block = max(1, _REFERENCE_BLOCK_KV // page_size)
-    block_kv = pages_per_block * page_size
+    # The simulator's cost fit counts these same tiles (reference_tiling, jax-free).
+    block_q, block_kv = reference_blocks(num_tokens, page_indices.shape[0], page_size)
+    pages_per_block = block_kv // page_size
     pages = _pad_page_columns(page_indices, page_size, block_kv)
     # Spare rows let the last block of the last sequence be sliced whole.
     q_rows = jnp.pad(q.astype(jnp.float32).reshape(num_tokens, num_kv_heads, group, head_dim),

@@ -25,8 +25,8 @@ from typing import Literal, Optional
 import numpy as np
 from numpy.typing import NDArray
 
-from orca_jax import Policy, SchedulerView, StepPlan, register
-from policies._common import candidates, plan_in_order
+from orca_jax import Policy, SchedulerView, StepPlan, plan_in_order, register
+from policies._common import candidates
 
 
 @register("edf")

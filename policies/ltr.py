@@ -15,10 +15,10 @@ alone; raise it to count prefill work as well.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import math
 
 from orca_jax import Policy, SchedulerView, StepPlan, register
+from orca_jax.learned.length_predictor import register_ltr_predictor
 from policies.sjf import SJF
 from policies.srpt import SRPT
 
@@ -48,10 +48,9 @@ class LTR(Policy):
             raise ValueError("policy 'ltr' needs a trained ranker: set the option ranker_dir "
                              "(--policy_opts ranker_dir=DIR; train one with python -m "
                              "experiments.train_ranker --out_dir=DIR)")
-        # orca_jax.learned.ranker imports jax (orbax restores the ranker); importing it here, when
-        # an ltr policy is built, keeps `import policies` free of jax.
-        ranker = importlib.import_module("orca_jax.learned.ranker")
-        name = ranker.register_ltr_predictor(self.ranker_dir)
+        # The predictor registry imports the ranker (and jax) only when it restores it, below,
+        # so `import policies` stays free of jax.
+        name = register_ltr_predictor(self.ranker_dir)
         ordering = SRPT if self.preemptive else SJF
         try:  # the ordering's PredictionCache restores the ranker now, once
             self._ordering = ordering(predictor=name, prompt_token_weight=self.prompt_token_weight,

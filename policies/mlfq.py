@@ -28,8 +28,8 @@ from typing import Optional
 import numpy as np
 from numpy.typing import NDArray
 
-from orca_jax import Policy, SchedulerView, StepPlan, register
-from policies._common import LastScheduled, candidates, plan_in_order
+from orca_jax import Policy, SchedulerView, StepPlan, plan_in_order, register
+from policies._common import LastScheduled, candidates
 
 
 @register("mlfq")

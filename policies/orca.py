@@ -13,8 +13,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
-from orca_jax import Policy, SchedulerView, StepPlan, register
-from orca_jax.core.policy_helpers import fit_to_budget
+from orca_jax import Policy, SchedulerView, StepPlan, fit_to_budget, register
 
 
 @register("orca")

@@ -17,8 +17,8 @@ import dataclasses
 
 import numpy as np
 
-from orca_jax import Policy, SchedulerView, StepPlan, register
-from policies._common import candidates, plan_in_order
+from orca_jax import Policy, SchedulerView, StepPlan, plan_in_order, register
+from policies._common import candidates
 
 
 @register("priority")

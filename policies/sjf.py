@@ -17,8 +17,8 @@ import dataclasses
 
 import numpy as np
 
-from orca_jax import SchedulerView, StepPlan, register
-from policies._common import LengthRanked, plan_in_order
+from orca_jax import SchedulerView, StepPlan, plan_in_order, register
+from policies._common import LengthRanked
 
 
 @register("sjf")

@@ -20,8 +20,8 @@ from typing import Optional
 import numpy as np
 from numpy.typing import NDArray
 
-from orca_jax import SchedulerView, StepPlan, register
-from policies._common import LastScheduled, LengthRanked, candidates, plan_in_order
+from orca_jax import SchedulerView, StepPlan, plan_in_order, register
+from policies._common import LastScheduled, LengthRanked, candidates
 
 
 @register("srpt")

@@ -14,8 +14,8 @@ from typing import Optional
 
 import numpy as np
 
-from orca_jax import Policy, RequestState, SchedulerView, StepPlan, register
-from orca_jax.core.policy_helpers import fit_to_budget
+from orca_jax import (Policy, RequestState, SchedulerView, StepPlan, fit_to_budget,
+                      register)
 
 
 @register("static")

@@ -26,8 +26,7 @@ from typing import Optional
 import numpy as np
 from numpy.typing import NDArray
 
-from orca_jax import Policy, SchedulerView, StepPlan, register
-from policies._common import plan_in_order
+from orca_jax import Policy, SchedulerView, StepPlan, plan_in_order, register
 
 
 @register("vtc")

@@ -117,8 +117,8 @@ def test_saved_fit_round_trips_and_drives_the_simulator(tmp_path):
     spec = RunSpec(engine="sim", model="tiny", cost_fit=path, num_requests=20, rate=50.0,
                    prompt_len="uniform:8:40", output_len="uniform:2:10", max_batch_size=16,
                    token_budget=64, token_buckets=(16, 64), num_kv_pages=256, max_model_len=256)
-    summary, scheduler = run_policy(spec, "orca", progress=False)
-    steps = scheduler.record.steps
+    summary, result = run_policy(spec, "orca", progress=False)
+    steps = result.steps
     assert summary["num_finished"] == 20
     assert summary["engine_s_total"] == pytest.approx(sum(s.step_s for s in steps))
     assert {s.bucket for s in steps} <= {16, 64} and min(s.step_s for s in steps) >= 2e-3

@@ -12,12 +12,14 @@ import pytest
 
 import policies
 from orca_jax import Request, Scheduler, SchedulerConfig
-from orca_jax.cluster.replicas import Cluster, cluster_summary
+from orca_jax.cluster.replicas import Cluster
 from orca_jax.sim.cost_model import CostModelConfig
 from orca_jax.core.plan import PlanError
 from orca_jax.core.policy import PolicyLoadError
 from orca_jax.runner.experiment import RunSpec
 from orca_jax.core.request import RequestState
+from orca_jax.core.run_result import RunResult
+from orca_jax.results.summary import summarize
 from orca_jax.sim.engine import SimEngine
 from orca_jax.workloads.synthetic import synthetic_workload
 
@@ -39,14 +41,11 @@ def _cluster(requests, num_replicas, router, policy="orca", config=CONFIG):
     cluster = Cluster(requests, num_replicas=num_replicas, router=router,
                       make_policy=lambda: policies.make_policy(policy), make_engine=_engine,
                       config=config)
-    cluster.run()
-    return cluster
+    return cluster.run()
 
 
 def _alone(requests, policy="orca", config=CONFIG):
-    scheduler = Scheduler(requests, policies.make_policy(policy), _engine(), config)
-    scheduler.run()
-    return scheduler
+    return Scheduler(requests, policies.make_policy(policy), _engine(), config).run()
 
 
 FIELDS = ("first_scheduled_s", "first_token_s", "finish_s", "num_preemptions")
@@ -57,8 +56,8 @@ def test_a_one_replica_cluster_is_the_plain_scheduler(policy):
     requests = _workload()
     cluster, alone = _cluster(requests, 1, "least_outstanding", policy), _alone(requests, policy)
     for field in FIELDS:
-        np.testing.assert_array_equal(cluster.served(field), getattr(alone.table, field), field)
-    assert len(cluster.replicas[0].record.steps) == len(alone.record.steps)
+        np.testing.assert_array_equal(getattr(cluster, field), getattr(alone, field), field)
+    assert np.count_nonzero(cluster.step_replica == 0) == alone.num_steps
 
 
 @pytest.mark.parametrize("router", ["round_robin", "least_outstanding"])
@@ -68,21 +67,21 @@ def test_each_replica_serves_its_share_as_if_alone(router):
     tight = dataclasses.replace(CONFIG, num_kv_pages=30)
     requests = _workload(n=90, rate=400.0)
     cluster = _cluster(requests, 3, router, "vllm", tight)
-    by_id = {spec.id: i for i, spec in enumerate(cluster.replicas[0].table.specs)}
+    by_id = {request_id: i for i, request_id in enumerate(cluster.request_ids)}
     for r in range(3):
         mine = [q for q in requests if cluster.replica[by_id[q.id]] == r]
         alone = _alone(mine, "vllm", tight)
-        rows = [by_id[spec.id] for spec in alone.table.specs]
+        rows = [by_id[request_id] for request_id in alone.request_ids]
         for field in FIELDS:
-            np.testing.assert_array_equal(cluster.served(field)[rows],
-                                          getattr(alone.table, field), f"replica {r} {field}")
-    assert sum(r.record.num_preemptions for r in cluster.replicas) > 0
+            np.testing.assert_array_equal(getattr(cluster, field)[rows],
+                                          getattr(alone, field), f"replica {r} {field}")
+    assert cluster.total_preemptions > 0
 
 
 def test_round_robin_deals_requests_in_arrival_order():
     cluster = _cluster(_workload(n=10), 3, "round_robin")
     np.testing.assert_array_equal(cluster.replica, np.arange(10) % 3)
-    summary = cluster_summary(cluster)
+    summary = summarize(cluster)
     assert summary["replica_num_requests"] == [4, 3, 3]
     assert summary["num_finished"] == 10
 
@@ -121,16 +120,40 @@ def test_every_request_finishes_once_across_replicas(policy):
     requests = _workload(n=80, rate=300.0) + [
         Request(id=999, arrival_s=0.01, prompt_len=500, output_len=100)]  # over the context
     cluster = _cluster(requests, 4, "least_outstanding", policy)
-    token_req, _ = cluster.token_log()
-    counts = np.bincount(token_req, minlength=len(requests))
-    table = cluster.replicas[0].table
-    rejected = table.state == RequestState.REJECTED
+    counts = np.bincount(cluster.token_req, minlength=len(requests))
+    rejected = cluster.state == RequestState.REJECTED
     assert rejected.sum() == 1 and cluster.replica[rejected].tolist() == [-1]
-    np.testing.assert_array_equal(counts[~rejected], table.output_len[~rejected])
-    summary = cluster_summary(cluster)
+    np.testing.assert_array_equal(counts[~rejected], cluster.output_len[~rejected])
+    summary = summarize(cluster)
     assert summary["num_finished"] == 80 and summary["num_rejected"] == 1
     assert sum(summary["replica_num_requests"]) == 80
     assert summary["load_imbalance"] >= 1.0
+
+
+CLUSTER_KEYS = {"num_replicas", "router", "replica_num_requests", "replica_num_steps",
+                "load_imbalance"}
+
+
+def test_a_cluster_summary_has_every_key_of_a_single_run_and_its_own():
+    # Two tenants, so the fairness keys (once missing from the cluster's summary) show.
+    requests = [dataclasses.replace(q, tenant=f"t{q.id % 2}") for q in _workload(n=30)]
+    single = summarize(_alone(requests))
+    one_replica = summarize(_cluster(requests, 1, "round_robin"))
+    two_replicas = summarize(_cluster(requests, 2, "round_robin"))
+    assert "fairness_jain_tokens" in single and "mean_batch_size" in single
+    assert CLUSTER_KEYS.isdisjoint(single) and one_replica.keys() == single.keys()
+    assert two_replicas.keys() == single.keys() | CLUSTER_KEYS
+    assert two_replicas["num_steps"] == sum(two_replicas["replica_num_steps"])
+
+
+def test_concat_needs_every_request_routed_to_one_replica():
+    requests = _workload(n=4)
+    fresh = [Scheduler(requests, policies.make_policy("orca"), _engine(), CONFIG).result()
+             for _ in range(2)]
+    with pytest.raises(ValueError, match="request 0 is on replicas \\[0, 1\\]"):
+        RunResult.concat(fresh, router="round_robin")
+    with pytest.raises(ValueError, match="result 1 is of another workload"):
+        RunResult.concat([fresh[0], _alone(requests[:2])], router="round_robin")
 
 
 def test_withdraw_refuses_an_arrived_request_and_changes_nothing():
@@ -207,11 +230,13 @@ def test_a_router_plugin_loads_from_a_file_with_options(tmp_path):
     cluster = Cluster(requests, num_replicas=3, router=f"{path}:ToLast",
                       router_options={"offset": "1"}, make_engine=_engine, config=CONFIG,
                       make_policy=lambda: policies.make_policy("orca"))
-    cluster.run()
-    assert cluster.replica.tolist() == [1] * 6
-    assert cluster_summary(cluster)["router"] == "tolast"
+    result = cluster.run()
+    assert result.replica.tolist() == [1] * 6
+    assert summarize(result)["router"] == "tolast"
     broken = Cluster(requests, num_replicas=3, router=f"{path}:ToLast",
                      router_options={"offset": "-1"}, make_engine=_engine, config=CONFIG,
                      make_policy=lambda: policies.make_policy("orca"))
-    with pytest.raises(PlanError, match="tolast.*replica_out_of_range.*returned 3 for request 0"):
+    with pytest.raises(PlanError, match="tolast.*replica_out_of_range.*returned 3 for request 0"
+                       ) as caught:
         broken.run()
+    assert caught.value.kind == "router" and str(caught.value).startswith("router 'tolast'")

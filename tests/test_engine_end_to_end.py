@@ -87,10 +87,10 @@ def _run(engine, policy, indices, max_batch_size=4):
     config = SchedulerConfig(max_batch_size=max_batch_size, token_budget=BUCKETS[-1],
                              num_kv_pages=4 * MAX_LEN // PAGE_SIZE, page_size=PAGE_SIZE,
                              max_model_len=MAX_LEN, token_buckets=BUCKETS)
-    scheduler = Scheduler(_requests(indices), policy, engine, config)
-    scheduler.run()
-    by_id = {spec.id: scheduler.generated_tokens(i) for i, spec in enumerate(scheduler.table.specs)}
-    return by_id, scheduler
+    result = Scheduler(_requests(indices), policy, engine, config).run()
+    by_id = {request_id: result.output_tokens[i].tolist()
+             for i, request_id in enumerate(result.request_ids)}
+    return by_id, result
 
 
 @pytest.mark.parametrize("policy_name", ["static", "orca"])
@@ -103,13 +103,13 @@ def test_batched_tokens_equal_alone_and_dense(engine, dense_tokens, policy_name)
 
 
 def test_chunked_prefill_and_recompute_preemption_keep_tokens(engine, dense_tokens):
-    chunked, scheduler = _run(engine, ChunkedPreempting(chunk=3), range(4))
-    assert max(s.num_tokens for s in scheduler.record.steps) <= 3 * 4
+    chunked, result = _run(engine, ChunkedPreempting(chunk=3), range(4))
+    assert max(s.num_tokens for s in result.steps) <= 3 * 4
     assert chunked == {i: dense_tokens[i] for i in range(4)}
     # Preempt the newest running request mid-decode: it recomputes prompt + output so far.
-    preempted, scheduler = _run(engine, ChunkedPreempting(chunk=5, preempt_at=6), range(4))
-    assert scheduler.record.num_preemptions == 1
-    assert int(scheduler.table.num_preemptions.sum()) == 1
+    preempted, result = _run(engine, ChunkedPreempting(chunk=5, preempt_at=6), range(4))
+    assert result.total_preemptions == 1
+    assert int(result.num_preemptions.sum()) == 1
     assert preempted == {i: dense_tokens[i] for i in range(4)}
 
 
@@ -126,5 +126,5 @@ def test_runs_compile_exactly_the_buckets_and_share_them(engine):
     assert sorted(b.num_tokens for b in static_prints) == list(BUCKETS)
     # A separately built engine compiles the very same programs.
     assert engine.fingerprints() == static_prints
-    used = {s.bucket for s in static_run.record.steps} | {s.bucket for s in orca_run.record.steps}
+    used = {s.bucket for s in static_run.steps} | {s.bucket for s in orca_run.steps}
     assert used <= set(BUCKETS)

@@ -12,7 +12,7 @@ from flax import nnx
 from orca_jax.model import engine as jax_engine
 from orca_jax.model import weights
 from orca_jax.model import llama as model_lib
-from orca_jax.core.engine_api import Bucket, StepInputs
+from orca_jax.core.engine_api import Bucket, EngineConfigError, StepInputs
 from orca_jax.specs.model_config import get_model_config
 
 PAGE_SIZE, PAGES_PER_SEQ, NUM_PAGES = 4, 8, 40
@@ -145,3 +145,6 @@ def test_bad_construction_and_inputs_name_the_problem(engine, engine_parts):
     wide = dataclasses.replace(inputs, page_indices=np.zeros((2, PAGES_PER_SEQ + 1), np.int32))
     with pytest.raises(ValueError, match="pages_per_seq=8"):
         engine.step(wide)
+    plain_mlp = dataclasses.replace(config, name="tiny-opt", gated_mlp=False)
+    with pytest.raises(EngineConfigError, match="'tiny-opt'.*gated_mlp=False.*simulator"):
+        weights.init_params(plain_mlp)

@@ -98,7 +98,7 @@ def test_paged_step_matches_dense_forward(tiny, attention):
     recorded = []  # (seq, position, step logits row, step token)
     for plan in schedule:
         chunks = [(known[i][done[i]:done[i] + n], done[i], pages[i]) for i, n in plan]
-        inputs = model_lib.StepArrays.from_inputs(make_inputs(chunks, BUCKET))
+        inputs = make_inputs(chunks, BUCKET)
         cache, result = step(params, cache, inputs)
         for slot, (i, n) in enumerate(plan):
             done[i] += n
@@ -127,7 +127,7 @@ def test_padding_writes_only_the_null_page(tiny):
     cache = model_lib.init_kv_cache(config, num_pages=num_pages, page_size=PAGE_SIZE)
     inputs = make_inputs([([5, 6, 7, 8, 9], 0, [3, 7])], BUCKET)
     step = jax.jit(functools.partial(model_lib.step, graphdef, attention=attention_oracle))
-    cache, _ = step(params, cache, model_lib.StepArrays.from_inputs(inputs))
+    cache, _ = step(params, cache, inputs)
     for layer_k in cache.k:
         written = np.flatnonzero(np.abs(np.asarray(layer_k)).sum(axis=(1, 2, 3)))
         assert set(written) == {0, 3, 7}  # 27 padding rows land in page 0
@@ -162,7 +162,7 @@ def test_rope_is_rotate_half_and_relative():
 
 
 def test_configs_validate_and_round_trip_hf():
-    with pytest.raises(KeyError, match="llama2-7b"):
+    with pytest.raises(ValueError, match="llama2-7b"):
         get_model_config("gpt5")
     with pytest.raises(ValueError, match="num_kv_heads=3"):
         dataclasses.replace(PRESETS["tiny"], num_kv_heads=3)

@@ -152,7 +152,8 @@ CASES: dict[str, tuple] = {
     "preempt_and_schedule": (REQUESTS, CONFIG, {}, 1,
                              lambda v: StepPlan([0, 1], [1, 1], preempt=[1])),
     # Orca does not defer release: releasing anything breaks the rule.
-    "release_not_finished": (REQUESTS, CONFIG, {}, 2, lambda v: StepPlan([0], [1], release=[2])),
+    "release_without_defer": (REQUESTS, CONFIG, {}, 2,
+                              lambda v: StepPlan([0], [1], release=[2])),
     # A deferring policy may release only finished, unreleased requests; 0 is still running.
     "release_not_finished_running": (REQUESTS, CONFIG, {"defer_release": True}, 1,
                                      lambda v: StepPlan([1], [1], release=[0])),
@@ -197,9 +198,11 @@ def test_bad_plan_is_rejected_and_changes_nothing(case):
 
 def test_every_documented_rule_has_a_case():
     # The docstring is where researchers look the rules up: it must list every rule raised.
-    documented = PlanError.__doc__.split("rule:")[1].split("Attributes")[0]
+    documented = PlanError.__doc__.split("A policy's:")[1].split("A router's:")[0]
     rules = {word for word in documented.split("`")[1::2]}
     assert rules == {rule_of(case) for case in CASES}
+    router_rules = PlanError.__doc__.split("A router's:")[1].split("\n")[0]
+    assert router_rules.split("`")[1::2] == ["replica_out_of_range"]
 
 
 def test_plan_error_fields_and_message():
@@ -208,6 +211,14 @@ def test_plan_error_fields_and_message():
     assert (error.policy, error.rule, error.detail) == ("fcfs", "token_budget",
                                                         "40 tokens > budget 32")
     assert str(error) == "policy 'fcfs' broke rule 'token_budget': 40 tokens > budget 32"
+    assert error.kind == "policy"
+
+
+def test_plan_error_names_a_router_as_a_router():
+    error = PlanError("tolast", "replica_out_of_range", "returned 3 for request 0", kind="router")
+    assert (error.policy, error.rule, error.kind) == ("tolast", "replica_out_of_range", "router")
+    assert str(error) == ("router 'tolast' broke rule 'replica_out_of_range': "
+                          "returned 3 for request 0")
 
 
 def test_an_answer_is_released_once_only():

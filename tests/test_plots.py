@@ -15,9 +15,11 @@ OUTPUTS = (8, 3, 5, 2, 7, 4, 1, 6, 3, 8, 2, 5)  # the seed example (b)
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-def _scheduler(policy, requests, slots=4, num_kv_pages=512, **options):
+def _scheduler(policy, requests, slots=4, num_kv_pages=512, log_step_requests=True,
+               **options):
     config = SchedulerConfig(max_batch_size=slots, token_budget=64, num_kv_pages=num_kv_pages,
-                             page_size=16, max_model_len=2048)
+                             page_size=16, max_model_len=2048,
+                             log_step_requests=log_step_requests)
     engine = SimEngine(CostModelConfig(mode="fixed", model="tiny", step_time_s=0.005))
     return Scheduler(requests, policies.make_policy(policy, options), engine, config)
 
@@ -26,7 +28,7 @@ def _example(policy):
     # Ids 100.. so a mix-up of request index and request id shows.
     requests = [Request(id=100 + i, arrival_s=0.0, prompt_len=4, output_len=n)
                 for i, n in enumerate(OUTPUTS)]
-    return slot_timeline(_scheduler(policy, requests))
+    return slot_timeline(_scheduler(policy, requests).run())
 
 
 def test_static_batches_hold_their_slots_until_the_longest_member_is_done():
@@ -60,29 +62,28 @@ def test_continuous_batching_refills_a_slot_the_step_after_it_frees():
 def test_timeline_matches_the_step_log_under_preemption():
     requests = synthetic_workload(num_requests=24, arrival="poisson", rate=200.0,
                                   prompt_len="uniform:8:40", output_len="uniform:4:40", seed=1)
-    scheduler = _scheduler("vllm", requests, slots=8, num_kv_pages=12)
-    timeline = slot_timeline(scheduler)
-    assert scheduler.done and scheduler.record.num_preemptions > 0
-    np.testing.assert_array_equal(timeline.computing.sum(axis=1),
-                                  scheduler.record.step_array("num_seqs"))
+    result = _scheduler("vllm", requests, slots=8, num_kv_pages=12).run()
+    timeline = slot_timeline(result)
+    assert result.total_preemptions > 0
+    np.testing.assert_array_equal(timeline.computing.sum(axis=1), result.step_array("num_seqs"))
     for step in range(timeline.num_steps):
         held = timeline.holder[step][timeline.holder[step] != EMPTY]
         assert len(set(held.tolist())) == held.size  # no request in two slots
 
 
-def test_timeline_needs_a_fresh_scheduler():
+def test_timeline_needs_the_steps_requests_logged():
     requests = [Request(id=0, arrival_s=0.0, prompt_len=4, output_len=2)]
-    scheduler = _scheduler("orca", requests)
-    scheduler.step()
-    with pytest.raises(ValueError, match="fresh scheduler"):
-        slot_timeline(scheduler)
+    result = _scheduler("orca", requests, log_step_requests=False).run()
+    with pytest.raises(ValueError, match="needs a run with SchedulerConfig.log_step_requests"):
+        slot_timeline(result)
 
 
 def test_figures_are_written(tmp_path):
     pytest.importorskip("matplotlib")
     requests = [Request(id=i, arrival_s=0.0, prompt_len=4, output_len=n)
                 for i, n in enumerate(OUTPUTS)]
-    timeline = plot_slot_timeline(_scheduler("orca", requests), str(tmp_path / "t.png"), "orca")
+    timeline = plot_slot_timeline(_scheduler("orca", requests).run(), str(tmp_path / "t.png"),
+                                  "orca")
     assert timeline is not None and timeline.num_steps == 16
     assert (tmp_path / "t.png").read_bytes()[:8] == PNG_MAGIC
     points = [{"policy": p, "rate": r, "seed": 0,

@@ -107,6 +107,24 @@ def test_bad_options_name_policy_and_option(options, words):
         assert word in str(raised.value)
 
 
+def test_scheduler_refuses_an_unknown_kv_reservation_of_a_policy_built_directly():
+    # make_policy checks its options; a policy built in code reaches the scheduler unchecked,
+    # and an unknown mode must not silently mean "max".
+    from orca_jax import Request, Scheduler, SchedulerConfig
+    from orca_jax.core.policy import KV_RESERVATIONS
+    from orca_jax.sim.cost_model import CostModelConfig
+    from orca_jax.sim.engine import SimEngine
+
+    policy = Orca()
+    policy.kv_reservation = "bogus"
+    requests = [Request(id=0, arrival_s=0.0, prompt_len=4, output_len=2)]
+    engine = SimEngine(CostModelConfig(mode="fixed", step_time_s=0.01))
+    with pytest.raises(ValueError) as raised:
+        Scheduler(requests, policy, engine, SchedulerConfig())
+    assert str(raised.value) == (f"policy 'orca': kv_reservation 'bogus' is not one of "
+                                 f"{KV_RESERVATIONS}")
+
+
 def test_fields_set_by_the_policy_itself_are_not_options():
     with pytest.raises(PolicyLoadError, match="'static' has no option 'defer_release'"):
         make_policy("static", {"defer_release": "false"})
@@ -159,22 +177,21 @@ def test_plugin_runs_end_to_end(tmp_path, monkeypatch):
     spec = RunSpec(workload="burst", num_requests=12, prompt_len="uniform:4:64",
                    output_len="uniform:1:8", max_batch_size=1, token_budget=64, num_kv_pages=64,
                    page_size=8, max_model_len=128, step_time_ms=5.0, seed=4)
-    summary, scheduler = run_policy(spec, "tests/plugins/example_policy.py:ShortestPromptFirst",
-                                    out_dir=str(tmp_path / "spf"), progress=False)
+    summary, result = run_policy(spec, "tests/plugins/example_policy.py:ShortestPromptFirst",
+                                 out_dir=str(tmp_path / "spf"), progress=False)
     assert summary["policy"] == "example_spf"
     assert summary["num_finished"] == 12 and summary["num_rejected"] == 0
     assert (tmp_path / "spf" / "summary.json").exists()
-    table = scheduler.table
     # One at a time (batch cap 1), all arrived at once: served shortest prompt first,
     # ties in arrival order.
-    served = np.argsort(table.first_scheduled_s, kind="stable")
-    expected = np.lexsort((np.arange(12), table.prompt_len))
+    served = np.argsort(result.first_scheduled_s, kind="stable")
+    expected = np.lexsort((np.arange(12), result.prompt_len))
     np.testing.assert_array_equal(served, expected)
     # The longest-first knob reverses it.
     _, longest = run_policy(spec, "tests/plugins/example_policy.py:ShortestPromptFirst",
                             {"longest_first": "true"}, progress=False)
-    served = np.argsort(longest.table.first_scheduled_s, kind="stable")
-    np.testing.assert_array_equal(served, np.lexsort((np.arange(12), -table.prompt_len)))
+    served = np.argsort(longest.first_scheduled_s, kind="stable")
+    np.testing.assert_array_equal(served, np.lexsort((np.arange(12), -result.prompt_len)))
 
 
 def test_policies_never_import_jax_in_a_fresh_interpreter():

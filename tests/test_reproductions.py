@@ -6,8 +6,10 @@ import numpy as np
 import pytest
 
 from experiments.reproduce import common, orca, sarathi, vllm_memory
-from orca_jax.sim import cost_model
 from orca_jax.results.sweep_store import Curve
+from orca_jax.specs.hardware import get_hardware
+from orca_jax.specs.memory import num_kv_pages_for_memory
+from orca_jax.specs.model_config import get_model_config
 
 
 def _curve(x, y):
@@ -70,8 +72,7 @@ def test_vllm_batches_more_than_orca_max(tmp_path):
     batch = {row["policy"]: row["batch_at_rate"] for row in result.summary}
     assert list(batch) == ["Orca (Max)", "Orca (Pow2)", "Orca (Oracle)", "vLLM"]
     # Orca (Max) reserves the 2,048-token context per request: the pool holds only that many.
-    pages = cost_model.num_kv_pages_for_memory(cost_model.get_model("opt-13b"),
-                                               cost_model.get_hardware("a100-40gb"), 1, 16)
+    pages = num_kv_pages_for_memory(get_model_config("opt-13b"), get_hardware("a100-40gb"), 1, 16)
     assert batch["Orca (Max)"] <= pages * 16 // 2048
     assert batch["vLLM"] > batch["Orca (Oracle)"] > batch["Orca (Pow2)"] > batch["Orca (Max)"]
     assert batch["vLLM"] > 2 * batch["Orca (Max)"]

@@ -200,6 +200,25 @@ def test_prompts_longer_than_the_token_budget_are_chunked(policy_name):
     assert len(scheduler.record.steps) >= 5
 
 
+def test_a_result_is_a_read_only_copy_of_the_run_so_far():
+    requests = [Request(id=10 + i, arrival_s=0.0, prompt_len=4, output_len=3) for i in range(3)]
+    config = SchedulerConfig(max_batch_size=4, token_budget=64, num_kv_pages=64, page_size=4,
+                             max_model_len=64)
+    scheduler = Scheduler(requests, make_builtin("orca"), sim_engine(), config)
+    scheduler.engine.warmup(scheduler.bucket_config.buckets())
+    scheduler.step()
+    early = scheduler.result()
+    final = scheduler.run()
+    # After one step every request has its first token; stepping on leaves that value alone.
+    assert early.num_steps == 1 and early.num_generated.tolist() == [1, 1, 1]
+    assert early.token_req.tolist() == [0, 1, 2] and early.token_time_s.tolist() == [STEP_S] * 3
+    assert final.num_generated.tolist() == [3, 3, 3] and final.num_steps == 3
+    assert final.request_ids == (10, 11, 12) and final.policy == "orca"
+    assert final.virtual_end_s == pytest.approx(3 * STEP_S)
+    with pytest.raises(ValueError, match="read-only"):
+        final.finish_s[0] = 0.0
+
+
 @pytest.mark.parametrize("policy_name", BUILTIN_POLICIES)
 def test_watermark_never_strands_a_request(policy_name):
     # Request 0 needs all 16 pages of the pool, but admissions must leave 1 free: it can never

@@ -9,6 +9,9 @@ import pytest
 from orca_jax.sim import cost_model as cm
 from orca_jax.core.engine_api import Bucket, StepInputs
 from orca_jax.sim.engine import SimEngine
+from orca_jax.specs.hardware import get_hardware
+from orca_jax.specs.memory import kv_bytes_per_token, num_kv_pages_for_memory
+from orca_jax.specs.model_config import get_model_config
 
 
 def make_inputs(q_lens, kv_lens, num_tokens, num_seqs, pages_per_seq=4, pad_kv_lens=0):
@@ -40,17 +43,17 @@ def make_inputs(q_lens, kv_lens, num_tokens, num_seqs, pages_per_seq=4, pad_kv_l
     ("mistral-7b", 7_241_732_096),
 ])
 def test_param_counts_match_published_llama_family(name, params):
-    assert cm.get_model(name).num_params == params
+    assert get_model_config(name).num_params == params
 
 
 def test_param_counts_of_untied_and_tied_large_models():
-    assert cm.get_model("gpt3-175b").num_params == pytest.approx(1.75e11, rel=0.01)
-    assert cm.get_model("opt-13b").num_params == pytest.approx(1.285e10, rel=0.01)
+    assert get_model_config("gpt3-175b").num_params == pytest.approx(1.75e11, rel=0.01)
+    assert get_model_config("opt-13b").num_params == pytest.approx(1.285e10, rel=0.01)
 
 
 def test_kv_bytes_per_token_counts_kv_heads_layers_and_both_tensors():
-    assert cm.kv_bytes_per_token(cm.get_model("llama3-8b")) == 2 * 32 * 8 * 128 * 2  # GQA: 8 heads
-    assert cm.kv_bytes_per_token(cm.get_model("llama2-7b")) == 2 * 32 * 32 * 128 * 2
+    assert kv_bytes_per_token(get_model_config("llama3-8b")) == 2 * 32 * 8 * 128 * 2  # GQA: 8 heads
+    assert kv_bytes_per_token(get_model_config("llama2-7b")) == 2 * 32 * 32 * 128 * 2
 
 
 def test_single_decode_of_llama3_8b_on_a100_is_memory_bound_near_weights_over_bandwidth():
@@ -58,7 +61,7 @@ def test_single_decode_of_llama3_8b_on_a100_is_memory_bound_near_weights_over_ba
     cost = cm.roofline_cost(config, np.array([1]), np.array([100]))
     assert cost.is_memory_bound
     assert 8e-3 < cost.step_s < 10e-3
-    weights_s = cm.get_model("llama3-8b").step_weight_bytes / (2.039e12 * 0.8)
+    weights_s = get_model_config("llama3-8b").step_weight_bytes(2) / (2.039e12 * 0.8)
     assert cost.memory_s == pytest.approx(weights_s, rel=0.01)
 
 
@@ -72,7 +75,7 @@ def test_2048_token_prefill_is_compute_bound():
 
 def test_attention_flops_are_causal_within_the_chunk():
     config = cm.CostModelConfig(model="tiny")
-    model = config.model_spec
+    model = config.model_config
     # A 3-token chunk on 2 cached tokens: its queries attend to 3, 4 and 5 keys.
     cost = cm.roofline_cost(config, np.array([3]), np.array([5]))
     linear = 2 * model.non_embedding_params * 3 + 2 * 128 * 512 * 1
@@ -160,11 +163,11 @@ def test_step_rejects_inconsistent_descriptors():
 
 
 def test_presets_lookup_aliases_and_errors():
-    assert cm.get_hardware("a100") == cm.get_hardware("a100-80gb")
-    assert cm.get_hardware("a100").hbm_bytes == 80 * 2**30
-    assert cm.get_hardware("h100") is cm.get_hardware("h100-sxm")
+    assert get_hardware("a100") == get_hardware("a100-80gb")
+    assert get_hardware("a100").hbm_bytes == 80 * 2**30
+    assert get_hardware("h100") is get_hardware("h100-sxm")
     with pytest.raises(ValueError, match="valid names: .*a100-40gb.*h200"):
-        cm.get_hardware("v100")
+        get_hardware("v100")
     with pytest.raises(ValueError, match="'llama9'.*gpt3-175b"):
         cm.CostModelConfig(model="llama9")
 
@@ -184,17 +187,17 @@ def test_config_validation_names_the_field(kwargs, message):
 
 
 def test_kv_pages_for_memory():
-    llama, a100 = cm.get_model("llama3-8b"), cm.get_hardware("a100")
+    llama, a100 = get_model_config("llama3-8b"), get_hardware("a100")
     page_bytes = 16 * 131072
     expected = int((0.9 * 80 * 2**30 - 8_030_261_248 * 2) // page_bytes)
-    assert cm.num_kv_pages_for_memory(llama, a100, tp=1, page_size=16) == expected
-    assert cm.num_kv_pages_for_memory(llama, a100, 1, 16, kv_memory_gb=10) == 10**10 // page_bytes
+    assert num_kv_pages_for_memory(llama, a100, tp=1, page_size=16) == expected
+    assert num_kv_pages_for_memory(llama, a100, 1, 16, kv_memory_gb=10) == 10**10 // page_bytes
     # 8 KV heads on tp=16: each GPU keeps one head, so a page costs 2x its share.
-    assert (cm.num_kv_pages_for_memory(llama, a100, 16, 16, kv_memory_gb=10)
+    assert (num_kv_pages_for_memory(llama, a100, 16, 16, kv_memory_gb=10)
             == int(10e9 / 16 // (page_bytes / 8)))
     with pytest.raises(ValueError, match="gpt3-175b.*1 x a100-80gb"):
-        cm.num_kv_pages_for_memory(cm.get_model("gpt3-175b"), a100, tp=1, page_size=16)
-    assert cm.num_kv_pages_for_memory(cm.get_model("gpt3-175b"), a100, tp=8, page_size=16) > 0
+        num_kv_pages_for_memory(get_model_config("gpt3-175b"), a100, tp=1, page_size=16)
+    assert num_kv_pages_for_memory(get_model_config("gpt3-175b"), a100, tp=8, page_size=16) > 0
 
 
 def test_host_modules_do_not_import_jax():

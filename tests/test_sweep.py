@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from experiments import sweep
+from orca_jax.runner import sweep
 from orca_jax.runner.experiment import RunSpec, build_workload
 from orca_jax.results.sweep_store import PointKey, SweepConfigError, SweepStore, aggregate, grid
 

@@ -1,16 +1,14 @@
 """What the paper reproductions share: a resumable policy x rate grid and reading it.
 
 `run_grid` runs every policy at every rate (and seed) on the simulator through
-the sweep store, so a killed reproduction resumes; `throughput_at_bound` reads
-the highest throughput a curve reaches under a latency bound, which is how the
-papers compare systems at equal latency.
+the sweep runner (`orca_jax.runner.sweep`), so a killed reproduction resumes;
+`throughput_at_bound` reads the highest throughput a curve reaches under a
+latency bound, which is how the papers compare systems at equal latency.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import json
 import os
 import time
 from typing import Any, Callable, Mapping, Optional, Sequence
@@ -18,33 +16,23 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import numpy as np
 
 import policies  # noqa: F401  (registers the built-in policies)
+from orca_jax.core.json_files import to_json_value, write_json_atomic
 from orca_jax.results import metrics
-from orca_jax.runner.experiment import (RunSpec, build_engine, build_workload, run_policy,
-                                        scheduler_config)
+from orca_jax.runner.experiment import RunSpec
 from orca_jax.results.metrics import format_table
 from orca_jax.results.plots import plot_sweep
-from orca_jax.core.request import Request
-from orca_jax.core.scheduler import Scheduler
-from orca_jax.results.sweep_store import Curve, PointKey, SweepStore
+from orca_jax.core.run_result import RunResult
+from orca_jax.results.sweep_store import Curve, PointKey
+from orca_jax.runner.sweep import PolicyRun, run_sweep
 
 
-@dataclasses.dataclass(frozen=True)
-class PolicyRun:
-    """One curve of a reproduction: a policy with its knobs, under a label."""
-
-    label: str
-    spec: str  # registered policy name
-    options: Mapping[str, str] = dataclasses.field(default_factory=dict)
-
-
-def request_percentiles(scheduler: Scheduler) -> dict[str, Optional[float]]:
+def request_percentiles(result: RunResult) -> dict[str, Optional[float]]:
     """Medians the run summary lacks: normalized latency (Orca's metric) and queueing delay."""
-    table = scheduler.table
-    token_req, token_time = scheduler.record.token_log()
-    per_request = metrics.request_metrics(table.arrival_s, table.first_scheduled_s,
-                                          table.first_token_s, table.finish_s, table.output_len,
-                                          token_req, token_time)
-    finished = np.isfinite(table.finish_s)
+    per_request = metrics.request_metrics(result.arrival_s, result.first_scheduled_s,
+                                          result.first_token_s, result.finish_s,
+                                          result.output_len, result.token_req,
+                                          result.token_time_s)
+    finished = np.isfinite(result.finish_s)
     out: dict[str, Optional[float]] = {}
     for name, field in (("normalized_latency_p50_s", "normalized_latency_s"),
                         ("queueing_delay_p50_s", "queueing_delay_s")):
@@ -59,10 +47,10 @@ def run_grid(spec: RunSpec, runs: Sequence[PolicyRun], rates: Sequence[float],
              ) -> tuple[list[dict[str, Any]], list[PointKey]]:
     """Runs every policy over ascending rates and seeds, into a resumable `SweepStore`.
 
-    Each policy's rates run in ascending order and stop after the first rate at
-    which `saturated(rate, summary)` holds for every seed (default
-    `falls_behind`): past saturation the queue only grows, and an overloaded run
-    of a slow policy costs the most steps.
+    The reproductions' use of `orca_jax.runner.sweep.run_sweep`: each (rate, seed)'s
+    workload is built from its own spec (as the published numbers were made), each
+    policy's rates stop after the first at which every seed is `saturated`, and each
+    summary gets the medians of `request_percentiles`.
     Points already in `out_dir/points.jsonl` are not run again.
 
     Args:
@@ -71,39 +59,15 @@ def run_grid(spec: RunSpec, runs: Sequence[PolicyRun], rates: Sequence[float],
       rates: request rates (req/s).
       seeds: workload seeds.
       out_dir: the store's folder.
-      saturated: whether a point (its rate, its summary) is past the policy's capacity.
+      saturated: whether a point (its rate, its summary) is past the policy's capacity
+        (default `falls_behind`).
 
     Returns:
       The store's points and the keys that were run or found (the grid to aggregate).
     """
-    saturated = saturated or falls_behind
-    store = SweepStore(out_dir, {k: v for k, v in dataclasses.asdict(spec).items()
-                                 if k not in ("rate", "seed")},
-                       {r.label: {"spec": r.spec, "options": dict(r.options)} for r in runs})
-    by_key = {PointKey(p["policy"], float(p["rate"]), int(p["seed"])): p for p in store.load()}
-    engine = build_engine(spec, scheduler_config(spec))  # stateless: shared by every point
-    workloads: dict[tuple[float, int], list[Request]] = {}
-    keys: list[PointKey] = []
-    for run in runs:
-        for rate in sorted(float(r) for r in rates):
-            summaries = []
-            for seed in seeds:
-                key = PointKey(run.label, rate, int(seed))
-                keys.append(key)
-                if key not in by_key:
-                    point_spec = dataclasses.replace(spec, rate=rate, seed=int(seed))
-                    if (rate, seed) not in workloads:  # the seed fixes lengths, the rate arrivals
-                        workloads[rate, seed] = build_workload(point_spec)
-                    start = time.perf_counter()
-                    summary, scheduler = run_policy(point_spec, run.spec, dict(run.options),
-                                                    requests=workloads[rate, seed],
-                                                    engine=engine, progress=False)
-                    summary.update(request_percentiles(scheduler))
-                    by_key[key] = store.append(key, summary,
-                                               {"wall_s": time.perf_counter() - start})
-                summaries.append(by_key[key]["summary"])
-            if all(saturated(rate, s) for s in summaries):
-                break
+    store, keys = run_sweep(spec, runs, rates, seeds, out_dir, build_per_point=True,
+                            saturated=saturated or falls_behind,
+                            extra_metrics=request_percentiles)
     return store.load(), keys
 
 
@@ -147,9 +111,8 @@ def write_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str], out_d
     table = format_table(list(rows), list(columns))
     with open(os.path.join(out_dir, f"{name}.txt"), "w") as f:
         f.write(table + "\n")
-    with open(os.path.join(out_dir, f"{name}.json"), "w") as f:
-        json.dump({"rows": list(rows), **(extra or {})}, f, indent=2, default=_json_number)
-        f.write("\n")
+    write_json_atomic(os.path.join(out_dir, f"{name}.json"),
+                      to_json_value({"rows": list(rows), **(extra or {})}), sort_keys=False)
     return table
 
 
@@ -164,12 +127,6 @@ def write_figure_and_report(curves: Sequence[Curve], args: argparse.Namespace, *
         print(f"figure: {args.figure}")
     print(f"tables: {', '.join(f'{args.out_dir}/{name}.txt' for name in tables)} "
           f"({time.perf_counter() - start:.0f} s)")
-
-
-def _json_number(value: Any) -> Any:
-    if isinstance(value, (np.integer, np.floating)):
-        return value.item()
-    raise TypeError(f"not JSON serializable: {value!r}")
 
 
 def reproduction_parser(doc: str, name: str, figure: str,

@@ -23,6 +23,7 @@ from absl import app
 
 import policies
 from orca_jax import Request, Scheduler, SchedulerConfig
+from orca_jax.core.run_result import RunResult
 from orca_jax.sim.cost_model import CostModelConfig
 from orca_jax.results.metrics import format_table
 from orca_jax.results.plots import SlotTimeline, plot_slot_timelines, slot_timeline
@@ -36,24 +37,18 @@ PROMPT_LEN = 4
 TIMELINE_PATH = "docs/figures/seed_timeline.png"
 
 
-def _scheduler(policy: str, outputs: Sequence[int], slots: int) -> Scheduler:
+def _run(policy: str, outputs: Sequence[int], slots: int) -> RunResult:
     requests = [Request(id=i, arrival_s=0.0, prompt_len=PROMPT_LEN, output_len=n)
                 for i, n in enumerate(outputs)]
     config = SchedulerConfig(max_batch_size=slots, token_budget=64, num_kv_pages=4 * 2048 // 16,
-                             page_size=16, max_model_len=2048)
+                             page_size=16, max_model_len=2048, log_step_requests=True)
     engine = SimEngine(CostModelConfig(mode="fixed", model="tiny", step_time_s=STEP_S))
-    return Scheduler(requests, policies.make_policy(policy), engine, config)
-
-
-def _run(policy: str, outputs: Sequence[int], slots: int) -> Scheduler:
-    scheduler = _scheduler(policy, outputs, slots)
-    scheduler.run()
-    return scheduler
+    return Scheduler(requests, policies.make_policy(policy), engine, config).run()
 
 
 def example_a() -> dict[str, list[float]]:
     """Seconds at which each answer of example (a) returns, per policy."""
-    return {policy: [round(float(t), 9) for t in _run(policy, EXAMPLE_A_OUTPUTS, 4).table.finish_s]
+    return {policy: [round(float(t), 9) for t in _run(policy, EXAMPLE_A_OUTPUTS, 4).finish_s]
             for policy in ("static", "orca")}
 
 
@@ -61,15 +56,14 @@ def example_b() -> list[dict[str, object]]:
     """Steps and mean waiting of example (b), per policy."""
     rows = []
     for policy in ("static", "orca"):
-        scheduler = _run(policy, EXAMPLE_B_OUTPUTS, 4)
-        table = scheduler.table
-        waiting_steps = (table.first_scheduled_s - table.arrival_s) / STEP_S
-        latency_steps = (table.finish_s - table.arrival_s) / STEP_S
-        rows.append({"policy": policy, "num_steps": scheduler.num_steps,
+        result = _run(policy, EXAMPLE_B_OUTPUTS, 4)
+        waiting_steps = (result.first_scheduled_s - result.arrival_s) / STEP_S
+        latency_steps = (result.finish_s - result.arrival_s) / STEP_S
+        rows.append({"policy": policy, "num_steps": result.num_steps,
                      "mean_wait_steps": round(float(np.mean(waiting_steps)), 6),
                      "mean_latency_steps": round(float(np.mean(latency_steps)), 6),
                      "mean_batch_size": round(float(np.mean(
-                         [s.num_seqs for s in scheduler.record.steps])), 6)})
+                         result.step_array("num_seqs"))), 6)})
     return rows
 
 
@@ -80,7 +74,7 @@ def write_timeline(path: str = TIMELINE_PATH) -> tuple[dict[str, SlotTimeline], 
       The timelines by policy, and whether the figure was written (False
       without matplotlib).
     """
-    timelines = {policy: slot_timeline(_scheduler(policy, EXAMPLE_B_OUTPUTS, 4))
+    timelines = {policy: slot_timeline(_run(policy, EXAMPLE_B_OUTPUTS, 4), num_slots=4)
                  for policy in ("static", "orca")}
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     drawn = plot_slot_timelines(

@@ -14,20 +14,19 @@ The router is a plugin (`orca_jax.cluster.routing.Router`; built-ins `round_robi
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-from typing import Any, Callable, Mapping, Optional, Sequence, Union
+from typing import Callable, Mapping, Optional, Sequence, Union
 
 import numpy as np
+from numpy.typing import NDArray
 
-from orca_jax.results import metrics
+from orca_jax.cluster.routing import ClusterView, Router, make_router
 from orca_jax.core.engine_api import Engine
 from orca_jax.core.plan import PlanError
 from orca_jax.core.policy import Policy
 from orca_jax.core.request import Request, RequestState
-from orca_jax.results.summary import json_value, request_rows, step_rows, write_json, write_jsonl
-from orca_jax.cluster.routing import ClusterView, Router, make_router
+from orca_jax.core.run_result import RunResult
 from orca_jax.core.scheduler import Scheduler, SchedulerConfig
+from orca_jax.core.view import SchedulerView
 
 
 class Cluster:
@@ -67,12 +66,17 @@ class Cluster:
     def num_replicas(self) -> int:
         return len(self.replicas)
 
-    def outstanding(self) -> np.ndarray:  # [R] int64
+    @property
+    def replica_views(self) -> tuple[SchedulerView, ...]:
+        """Each replica's live `SchedulerView`."""
+        return tuple(r.view for r in self.replicas)
+
+    def outstanding(self) -> NDArray[np.int64]:  # [R]
         """Requests routed to each replica and not yet done there."""
         done = np.array([r.num_done for r in self.replicas]) - self._withdrawn - self._num_rejected
         return self._routed - done
 
-    def outstanding_ids(self, replica: int) -> np.ndarray:  # [n] int64
+    def outstanding_ids(self, replica: int) -> NDArray[np.int64]:  # [n]
         """Requests routed to `replica` and not yet done (see `ClusterView`)."""
         scheduler = self.replicas[replica]
         state = scheduler.table.state
@@ -81,8 +85,9 @@ class Cluster:
         return np.concatenate([np.asarray(pending, dtype=np.int64), scheduler.waiting,
                                scheduler.running, scheduler.unreleased])
 
-    def run(self) -> None:
-        """Routes every request at its arrival, then runs each replica to the end."""
+    def run(self) -> RunResult:
+        """Routes every request at its arrival, runs each replica to the end, and
+        returns the replicas' results joined (`RunResult.concat`)."""
         for replica in self.replicas:
             replica.engine.warmup(replica.bucket_config.buckets())
         table = self.replicas[0].table
@@ -95,7 +100,7 @@ class Cluster:
             if not (isinstance(target, (int, np.integer)) and 0 <= target < self.num_replicas):
                 raise PlanError(self.router.name, "replica_out_of_range",
                                 f"route() returned {target!r} for request {request}; replicas "
-                                f"are 0..{self.num_replicas - 1}")
+                                f"are 0..{self.num_replicas - 1}", kind="router")
             target = int(target)
             self.replica[request] = target
             self._routed[target] += 1
@@ -107,71 +112,4 @@ class Cluster:
         for replica in self.replicas:
             while not replica.done:
                 replica.step()
-
-    def token_log(self) -> tuple[np.ndarray, np.ndarray]:  # [K] int64, [K] float64
-        """Every replica's generated tokens (request index, time), merged in time order."""
-        logs = [r.record.token_log() for r in self.replicas]
-        req = np.concatenate([np.asarray(q, np.int64) for q, _ in logs])
-        time = np.concatenate([np.asarray(t, np.float64) for _, t in logs])
-        order = np.argsort(time, kind="stable")
-        return req[order], time[order]
-
-    def served(self, field: str) -> np.ndarray:  # [N]
-        """`field` of each request's table row on the replica that served it."""
-        stacked = np.stack([getattr(r.table, field) for r in self.replicas])  # [R, N]
-        return stacked[np.maximum(self.replica, 0), np.arange(stacked.shape[1])]
-
-
-def cluster_summary(cluster: Cluster, *, ttft_slo_s: Optional[float] = None,
-                    tpot_slo_s: Optional[float] = None) -> dict[str, Any]:
-    """The cluster's summary.json: metrics over all requests, and each replica's share."""
-    first = cluster.replicas[0]
-    table = first.table
-    token_req, token_time = cluster.token_log()
-    summary: dict[str, Any] = {"policy": first.policy.name, "engine": first.engine.name,
-                               "num_replicas": cluster.num_replicas,
-                               "router": cluster.router.name}
-    summary.update(metrics.run_summary(
-        table.arrival_s, cluster.served("first_scheduled_s"), cluster.served("first_token_s"),
-        cluster.served("finish_s"), table.output_len, token_req, token_time,
-        rejected=table.state == RequestState.REJECTED, ttft_slo_s=ttft_slo_s,
-        tpot_slo_s=tpot_slo_s))
-    steps = [step for replica in cluster.replicas for step in replica.record.steps]
-    real = sum(step.num_tokens for step in steps)
-    padded = sum(step.num_padded_tokens for step in steps)
-    routed_tokens = np.array([table.output_len[cluster.replica == r].sum()
-                              for r in range(cluster.num_replicas)], dtype=np.float64)
-    summary.update({
-        "num_steps": len(steps),
-        "padding_fraction": (padded - real) / padded if padded else 0.0,
-        "engine_s_total": float(sum(step.step_s for step in steps)),
-        "num_preemptions": sum(r.record.num_preemptions for r in cluster.replicas),
-        "virtual_end_s": max(r.now_s for r in cluster.replicas),
-        "replica_num_requests": [int(np.count_nonzero(cluster.replica == r))
-                                 for r in range(cluster.num_replicas)],
-        "replica_num_steps": [len(r.record.steps) for r in cluster.replicas],
-        # Most output tokens routed to one replica over the mean: 1.0 is perfect balance.
-        "load_imbalance": (float(routed_tokens.max() / routed_tokens.mean())
-                           if routed_tokens.sum() else 1.0),
-    })
-    return {k: json_value(v) for k, v in summary.items()}
-
-
-def write_cluster_results(out_dir: os.PathLike, cluster: Cluster, summary: Mapping[str, Any],
-                          config: Mapping[str, Any]) -> Path:
-    """Writes config.json, summary.json, and requests.jsonl / steps.jsonl with a `replica` field."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    write_json(out / "config.json", config)
-    rows: list[dict[str, Any]] = [{} for _ in cluster.replica]
-    serving = np.maximum(cluster.replica, 0)  # rejected requests: replica 0's rows
-    for index, replica in enumerate(cluster.replicas):
-        mine = np.flatnonzero(serving == index).tolist()
-        for i, row in zip(mine, request_rows(replica, mine)):
-            rows[i] = {**row, "replica": int(cluster.replica[i])}
-    write_jsonl(out / "requests.jsonl", rows)
-    write_jsonl(out / "steps.jsonl", [{"replica": index, **row}
-                                      for index, replica in enumerate(cluster.replicas)
-                                      for row in step_rows(replica)])
-    write_json(out / "summary.json", summary)
-    return out
+        return RunResult.concat([r.result() for r in self.replicas], router=self.router.name)

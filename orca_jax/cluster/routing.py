@@ -15,19 +15,33 @@ It is loaded by registered name, `package.module:Class` or `file.py:Class`
 from __future__ import annotations
 
 import abc
-from typing import TYPE_CHECKING, ClassVar, Mapping, Optional
+from typing import ClassVar, Mapping, Optional, Protocol, Sequence
 
 import numpy as np
 from numpy.typing import NDArray
 
 from orca_jax.core import plugins
-from orca_jax.core.request_table import RequestTableView
 from orca_jax.core.view import SchedulerView
 
-if TYPE_CHECKING:
-    from orca_jax.cluster.replicas import Cluster
-
 _ROUTERS: dict[str, type["Router"]] = {}
+
+
+class ClusterState(Protocol):
+    """What a `ClusterView` reads of its cluster (`orca_jax.cluster.replicas.Cluster`)."""
+
+    @property
+    def replica_views(self) -> Sequence[SchedulerView]:
+        """Each replica's live view."""
+
+    @property
+    def now_s(self) -> float:
+        """The arrival time of the request being routed."""
+
+    def outstanding(self) -> NDArray[np.int64]:  # [R]
+        """Requests routed to each replica and not yet done there."""
+
+    def outstanding_ids(self, replica: int) -> NDArray[np.int64]:  # [n]
+        """Request indices routed to `replica` and not yet done."""
 
 
 class ClusterView:
@@ -41,10 +55,10 @@ class ClusterView:
         fields here are replica 0's, so read progress through `replicas[r]`.
     """
 
-    def __init__(self, cluster: "Cluster") -> None:
+    def __init__(self, cluster: ClusterState) -> None:
         self._cluster = cluster
-        self.replicas: tuple[SchedulerView, ...] = tuple(r.view for r in cluster.replicas)
-        self.requests = RequestTableView(cluster.replicas[0].table)
+        self.replicas: tuple[SchedulerView, ...] = tuple(cluster.replica_views)
+        self.requests = self.replicas[0].requests
 
     @property
     def num_replicas(self) -> int:

@@ -3,7 +3,8 @@
 `pack()` (orca_jax.core.packing) turns a policy's StepPlan into a `StepInputs`: flat,
 fixed-shape numpy arrays padded to a bucket `(T, S)`. Every engine, real or
 simulated, receives exactly these arrays, so every policy drives the same
-compiled steps.
+compiled steps. `build_step_inputs` (also in packing) is the one writer of the
+layout below: `pack()`, a real engine's warm-up and the profiling grid all use it.
 
 Layout (T = bucket tokens, S = bucket sequences, P = pages per sequence):
   * Sequence i of the step owns flat tokens `cu_q_lens[i]:cu_q_lens[i+1]`. Its
@@ -21,8 +22,9 @@ Layout (T = bucket tokens, S = bucket sequences, P = pages per sequence):
 
 from __future__ import annotations
 
+import abc
 import dataclasses
-from typing import Protocol, Sequence
+from typing import Collection, Sequence
 
 import numpy as np
 from numpy.typing import NDArray
@@ -34,9 +36,12 @@ class EngineConfigError(ValueError):
     """The engine cannot be built as configured; the message names the setting (e.g. `tp`)."""
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, order=True)
 class Bucket:
-    """A compiled step shape: at most `num_tokens` tokens of at most `num_seqs` sequences."""
+    """A compiled step shape: at most `num_tokens` tokens of at most `num_seqs` sequences.
+
+    Buckets sort by tokens, then sequences (smallest first).
+    """
 
     num_tokens: int  # T
     num_seqs: int  # S
@@ -44,7 +49,11 @@ class Bucket:
 
 @dataclasses.dataclass(frozen=True)
 class StepInputs:
-    """One step's descriptor, padded to `bucket`. All arrays are numpy, host side."""
+    """One step's descriptor, padded to `bucket`. All arrays are numpy, host side.
+
+    `orca_jax.model` registers this class as a jax pytree (the arrays are its
+    leaves, the bucket static), so the jitted step takes it as it is.
+    """
 
     bucket: Bucket
     token_ids: NDArray[np.int32]  # [T] token ids of the flat token stack
@@ -78,22 +87,57 @@ class StepOutput:
     step_s: float  # seconds the step took (measured, profiled, or from a cost model)
 
 
-class Engine(Protocol):
-    """What the scheduler needs of an engine (JaxEngine and SimEngine both are)."""
+class Engine(abc.ABC):
+    """What the scheduler needs of an engine; `JaxEngine` and `SimEngine` are ones.
+
+    `warmup()` checks the buckets, then hands them to the engine's `_prepare`
+    (a real engine compiles each there); `step()` runs one descriptor, and an
+    engine calls `_check_warm` first so a bucket warm-up did not prepare is
+    refused rather than compiled mid-run.
+    """
 
     @property
+    @abc.abstractmethod
     def name(self) -> str:
         """Short name written to results (`sim`, `jax`)."""
 
     @property
+    @abc.abstractmethod
     def needs_token_ids(self) -> bool:
         """Whether `StepInputs.token_ids` must hold real ids (a simulator needs none)."""
 
     def warmup(self, buckets: Sequence[Bucket]) -> None:
-        """Prepares every bucket before a run (a real engine compiles each once)."""
+        """Prepares every bucket before a run (a real engine compiles each once).
 
+        Raises:
+          ValueError: no buckets, or one is not a `Bucket` of at least one token
+            and one sequence (named by its index), or the engine cannot take one.
+        """
+        where = f"{type(self).__name__}.warmup"
+        buckets = list(buckets)
+        if not buckets:
+            raise ValueError(f"{where}: no buckets given")
+        for index, bucket in enumerate(buckets):
+            if not isinstance(bucket, Bucket):
+                raise ValueError(f"{where}: buckets[{index}] is {bucket!r}, not a Bucket")
+            if bucket.num_tokens < 1 or bucket.num_seqs < 1:
+                raise ValueError(f"{where}: buckets[{index}] = {bucket} needs "
+                                 "num_tokens >= 1 and num_seqs >= 1")
+        self._prepare(buckets)
+
+    @abc.abstractmethod
+    def _prepare(self, buckets: list[Bucket]) -> None:
+        """Readies the checked `buckets` for `step` (compiles, or records them)."""
+
+    @abc.abstractmethod
     def step(self, inputs: StepInputs) -> StepOutput:
         """Runs one step."""
+
+    def _check_warm(self, bucket: Bucket, warm: Collection[Bucket]) -> None:
+        """Raises ValueError naming `bucket` and the `warm` ones if it is not among them."""
+        if bucket not in warm:
+            raise ValueError(f"{type(self).__name__}.step: bucket {bucket} was not warmed up; "
+                             f"warm buckets: {sorted(warm)}")
 
 
 def bucket_arrays_are_consistent(inputs: StepInputs) -> bool:

@@ -10,7 +10,7 @@ travel as arrays, never as Python ints, so they never trigger a compile.
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
 import numpy as np
 from numpy.typing import NDArray
@@ -82,6 +82,106 @@ class SamplingArrays:
     rng_seeds: NDArray[np.uint32]  # [N]
 
 
+def pages_per_seq_for(max_model_len: int, page_size: int) -> int:
+    """Page-table width P: the pages one sequence of `max_model_len` tokens fills."""
+    return -(-max_model_len // page_size)
+
+
+def build_step_inputs(bucket: Bucket, *,
+                      num_tokens: NDArray[np.int64],  # [n] new tokens of each sequence, >= 1
+                      num_computed: NDArray[np.int64],  # [n] tokens cached before the step
+                      page_rows: NDArray[np.int32],  # [n, P] each sequence's pages, in order
+                      page_size: int,
+                      token_ids: Optional[NDArray[np.int32]] = None,  # [sum(num_tokens)] or None
+                      sampling: Optional[SamplingArrays] = None,
+                      sampling_rows: Optional[NDArray[np.int64]] = None,  # [n] or None
+                      ) -> StepInputs:
+    """The step descriptor of `n` real sequences, padded to `bucket` (engine_api's layout).
+
+    The one writer of the padding and null-page conventions: `pack()`, the
+    engine's warm-up and the profiling grid all build their descriptors here.
+    Sequence i's new tokens sit at positions `num_computed[i]` onwards and write
+    their K/V through `page_rows[i]`; padding rows write into the null page, and
+    padded sequences have no tokens, no KV and sample row 0. The caller keeps
+    `n <= bucket.num_seqs` and `sum(num_tokens) <= bucket.num_tokens` (this runs
+    every iteration, so it checks nothing).
+
+    Args:
+      bucket: the compiled step shape to pad to.
+      num_tokens: tokens each sequence computes this step (>= 1).
+      num_computed: tokens each sequence has in its KV cache before the step.
+      page_rows: each sequence's KV pages; its width is the page-table width P.
+      page_size: tokens per KV page.
+      token_ids: the flat ids of the new tokens, or None (zeros) for an engine
+        that needs none.
+      sampling: sampling parameters by row, or None for greedy.
+      sampling_rows: the row of `sampling` each sequence takes (None: row i for
+        sequence i).
+
+    Returns:
+      The padded StepInputs.
+    """
+    num_seqs = num_tokens.shape[0]
+    t, s = bucket.num_tokens, bucket.num_seqs
+
+    cu_q_lens = np.empty(s + 1, dtype=np.int32)
+    cu_q_lens[0] = 0
+    np.cumsum(num_tokens, out=cu_q_lens[1:num_seqs + 1])
+    total = int(cu_q_lens[num_seqs])
+    cu_q_lens[num_seqs + 1:] = total
+
+    kv_lens = np.zeros(s, dtype=np.int32)
+    kv_lens[:num_seqs] = num_computed + num_tokens
+
+    positions = np.zeros(t, dtype=np.int32)
+    slot_mapping = np.full(t, NULL_PAGE * page_size, dtype=np.int32)
+    if total == num_seqs:  # all decodes: one token each, no repeats needed
+        real_positions = num_computed
+        seq_of_token = np.arange(num_seqs)
+    else:
+        seq_of_token = np.repeat(np.arange(num_seqs), num_tokens)
+        first = num_computed - cu_q_lens[:num_seqs]  # position of flat row 0, per sequence
+        real_positions = np.arange(total) + np.repeat(first, num_tokens)
+    positions[:total] = real_positions
+    slot_mapping[:total] = (page_rows[seq_of_token, real_positions // page_size] * page_size
+                            + real_positions % page_size)
+
+    page_indices = np.zeros((s, page_rows.shape[1]), dtype=np.int32)
+    page_indices[:num_seqs] = page_rows
+
+    sample_indices = np.zeros(s, dtype=np.int32)
+    sample_indices[:num_seqs] = cu_q_lens[1:num_seqs + 1] - 1
+
+    tokens = np.zeros(t, dtype=np.int32)
+    if token_ids is not None:
+        tokens[:total] = token_ids
+
+    if sampling is None:
+        temperature, top_k = np.zeros(s, np.float32), np.zeros(s, np.int32)
+        top_p, rng_seeds = np.ones(s, np.float32), np.zeros(s, np.uint32)
+    else:
+        rows = slice(num_seqs) if sampling_rows is None else sampling_rows
+        temperature = _per_seq(sampling.temperature, rows, num_seqs, s, 0.0, np.float32)
+        top_k = _per_seq(sampling.top_k, rows, num_seqs, s, 0, np.int32)
+        top_p = _per_seq(sampling.top_p, rows, num_seqs, s, 1.0, np.float32)
+        rng_seeds = _per_seq(sampling.rng_seeds, rows, num_seqs, s, 0, np.uint32)
+
+    return StepInputs(
+        bucket=bucket, token_ids=tokens, positions=positions, cu_q_lens=cu_q_lens,
+        kv_lens=kv_lens, page_indices=page_indices, slot_mapping=slot_mapping,
+        sample_indices=sample_indices, num_seqs=np.array([num_seqs], dtype=np.int32),
+        temperature=temperature, top_k=top_k, top_p=top_p, rng_seeds=rng_seeds)
+
+
+def _per_seq(values: NDArray[np.generic],  # [N] one per row
+             rows: Union[slice, NDArray[np.int64]],  # each sequence's row
+             num_seqs: int, num_padded: int, fill: float,
+             dtype: type[np.generic]) -> NDArray[np.generic]:  # [num_padded]
+    out = np.full(num_padded, fill, dtype=dtype)
+    out[:num_seqs] = values[rows]
+    return out
+
+
 def pack(*, bucket_config: BucketConfig,
          request_ids: NDArray[np.int64],  # [n] in pack order
          num_tokens: NDArray[np.int64],  # [n] tokens to compute for each
@@ -109,53 +209,10 @@ def pack(*, bucket_config: BucketConfig,
     Returns:
       The padded StepInputs.
     """
-    num_seqs = int(request_ids.size)
-    total = int(num_tokens.sum())
-    bucket = bucket_config.select(max(total, min_bucket_tokens))
-    t, s, p = bucket.num_tokens, bucket.num_seqs, bucket_config.pages_per_seq
-
-    cu_q_lens = np.empty(s + 1, dtype=np.int32)
-    cu_q_lens[0] = 0
-    np.cumsum(num_tokens, out=cu_q_lens[1:num_seqs + 1])
-    cu_q_lens[num_seqs + 1:] = total
-
-    kv_lens = np.zeros(s, dtype=np.int32)
-    kv_lens[:num_seqs] = num_computed + num_tokens
-
-    positions = np.zeros(t, dtype=np.int32)
-    slot_mapping = np.full(t, NULL_PAGE * page_size, dtype=np.int32)
-    if total == num_seqs:  # all decodes: one token each, no repeats needed
-        real_positions = num_computed
-        seq_of_token = np.arange(num_seqs)
-    else:
-        seq_of_token = np.repeat(np.arange(num_seqs), num_tokens)
-        offsets = np.arange(total) - np.repeat(cu_q_lens[:num_seqs], num_tokens)
-        real_positions = np.repeat(num_computed, num_tokens) + offsets
-    positions[:total] = real_positions
-    slot_mapping[:total] = (page_rows[seq_of_token, real_positions // page_size] * page_size
-                            + real_positions % page_size)
-
-    page_indices = np.zeros((s, p), dtype=np.int32)
-    page_indices[:num_seqs] = page_rows
-
-    sample_indices = np.zeros(s, dtype=np.int32)
-    sample_indices[:num_seqs] = cu_q_lens[1:num_seqs + 1] - 1
-
-    tokens = np.zeros(t, dtype=np.int32)
-    if token_ids is not None:
-        tokens[:total] = token_ids
-
-    def per_seq(values: np.ndarray, fill: float) -> np.ndarray:
-        out = np.full(s, fill, dtype=values.dtype)
-        out[:num_seqs] = values[request_ids]
-        return out
-
-    return StepInputs(
-        bucket=bucket, token_ids=tokens, positions=positions, cu_q_lens=cu_q_lens,
-        kv_lens=kv_lens, page_indices=page_indices, slot_mapping=slot_mapping,
-        sample_indices=sample_indices, num_seqs=np.array([num_seqs], dtype=np.int32),
-        temperature=per_seq(sampling.temperature, 0.0), top_k=per_seq(sampling.top_k, 0),
-        top_p=per_seq(sampling.top_p, 1.0), rng_seeds=per_seq(sampling.rng_seeds, 0))
+    bucket = bucket_config.select(max(int(num_tokens.sum()), min_bucket_tokens))
+    return build_step_inputs(bucket, num_tokens=num_tokens, num_computed=num_computed,
+                             page_rows=page_rows, page_size=page_size, token_ids=token_ids,
+                             sampling=sampling, sampling_rows=request_ids)
 
 
 def bucket_config_for(*, token_budget: int, max_num_seqs: int, max_model_len: int,
@@ -167,4 +224,4 @@ def bucket_config_for(*, token_budget: int, max_num_seqs: int, max_model_len: in
         raise ValueError(f"the largest bucket ({sizes[-1]}) must equal the token budget "
                          f"({token_budget})")
     return BucketConfig(token_sizes=sizes, max_num_seqs=max_num_seqs,
-                        pages_per_seq=-(-max_model_len // page_size))
+                        pages_per_seq=pages_per_seq_for(max_model_len, page_size))

@@ -12,7 +12,7 @@ core's business.
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterable, Mapping, Optional
+from typing import Iterable, Optional
 
 import numpy as np
 from numpy.typing import NDArray
@@ -71,43 +71,29 @@ class StepPlan:
         object.__setattr__(self, "release", _as_index_array(release, "release"))
         object.__setattr__(self, "min_bucket_tokens", int(min_bucket_tokens))
 
-    @classmethod
-    def from_dict(cls, tokens_by_request: Mapping[int, int], preempt: Iterable[int] = (),
-                  release: Iterable[int] = ()) -> "StepPlan":
-        """Builds a plan from `{request index: num tokens}` (insertion order is pack order)."""
-        return cls(list(tokens_by_request.keys()), list(tokens_by_request.values()),
-                   preempt, release)
-
-    @property
-    def num_seqs(self) -> int:
-        return int(self.request_ids.size)
-
-    @property
-    def total_tokens(self) -> int:
-        return int(self.num_tokens.sum()) if self.num_tokens.size else 0
-
-    def is_empty(self) -> bool:
-        return not (self.request_ids.size or self.preempt.size or self.release.size)
-
     def as_dict(self) -> dict[int, int]:
         """`{request index: num tokens}`, for tests and debugging."""
         return dict(zip(self.request_ids.tolist(), self.num_tokens.tolist()))
 
 
 class PlanError(ValueError):
-    """A plan broke a rule. Names the policy and the rule; scheduler state is unchanged.
+    """A plan broke a rule. Names the policy (or router) and the rule; state is unchanged.
 
     Attributes:
-      policy: the policy's registered name.
-      rule: a short stable name of the broken rule (`token_budget`, `batch_cap`,
-        `kv_pages`, `kv_watermark`, `unknown_request`, `not_arrived`,
+      policy: the registered name of the policy (or router) whose plan broke the rule.
+      rule: a short stable name of the broken rule. A policy's: `token_budget`,
+        `batch_cap`, `kv_pages`, `kv_watermark`, `unknown_request`, `not_arrived`,
         `finished_request`, `duplicate_request`, `nonpositive_tokens`,
-        `decode_before_prefill_done`, `preempt_not_running`,
-        `preempt_and_schedule`, `release_not_finished`, `no_progress`, `not_a_plan`).
+        `decode_before_prefill_done`, `preempt_not_running`, `preempt_and_schedule`,
+        `release_without_defer`, `release_not_finished`, `no_progress`, `not_a_plan`.
+        A router's: `replica_out_of_range`.
+      detail: what exactly was wrong, with the numbers.
+      kind: what broke the rule: `policy` or `router`.
     """
 
-    def __init__(self, policy: str, rule: str, detail: str) -> None:
+    def __init__(self, policy: str, rule: str, detail: str, *, kind: str = "policy") -> None:
         self.policy = policy
         self.rule = rule
         self.detail = detail
-        super().__init__(f"policy '{policy}' broke rule '{rule}': {detail}")
+        self.kind = kind
+        super().__init__(f"{kind} '{policy}' broke rule '{rule}': {detail}")

@@ -8,16 +8,12 @@ request, and the hot path must not grow a Python loop per request.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 from numpy.typing import NDArray
 
 from orca_jax.core.plan import PlanError, StepPlan
 from orca_jax.core.request import RequestState
-
-if TYPE_CHECKING:
-    from orca_jax.core.scheduler import Scheduler
+from orca_jax.core.scheduler_state import SchedulerState
 
 # Plain ints: IntEnum attribute lookups cost a microsecond each on the hot path.
 _PENDING, _WAITING, _RUNNING = int(RequestState.PENDING), int(RequestState.WAITING), int(
@@ -43,11 +39,11 @@ def _check_indices(name: str, field: str, ids: NDArray[np.int64], num_requests: 
                             f"{field} names request {int(ordered[1:][dup][0])} more than once")
 
 
-def check_plan(scheduler: "Scheduler", plan: StepPlan) -> NDArray[np.int64]:
+def check_plan(scheduler: SchedulerState, plan: StepPlan) -> NDArray[np.int64]:
     """Raises PlanError if `plan` breaks a rule; returns the new pages each request needs.
 
     Args:
-      scheduler: the scheduler (read only here).
+      scheduler: the scheduler's state (read only here).
       plan: the policy's plan for this iteration.
 
     Returns:
@@ -63,7 +59,7 @@ def check_plan(scheduler: "Scheduler", plan: StepPlan) -> NDArray[np.int64]:
 
     if plan.release.size:
         if not scheduler.policy.defer_release:
-            raise PlanError(name, "release_not_finished",
+            raise PlanError(name, "release_without_defer",
                             "the plan releases requests but the policy does not defer release")
         unreleased = (table.state[plan.release] == _FINISHED) & np.isnan(
             table.finish_s[plan.release])

@@ -20,13 +20,14 @@ Policies never import jax: decisions are plain Python and numpy.
 from __future__ import annotations
 
 import abc
-from typing import Any, ClassVar, Mapping
+from typing import ClassVar, Mapping
 
 from orca_jax.core import plugins
 from orca_jax.core.plan import StepPlan
 from orca_jax.core.plugins import PolicyLoadError, parse_options  # noqa: F401  (the policy API)
+from orca_jax.core.view import SchedulerView
 
-KV_RESERVATIONS = ("none", "max", "pow2", "exact")
+KV_RESERVATIONS = ("none", "max", "pow2", "exact")  # the values of `Policy.kv_reservation`
 
 _REGISTRY: dict[str, type["Policy"]] = {}
 
@@ -51,11 +52,11 @@ class Policy(abc.ABC):
     defer_release: bool = False
 
     @abc.abstractmethod
-    def schedule(self, view: Any) -> StepPlan:
+    def schedule(self, view: SchedulerView) -> StepPlan:
         """Decides one iteration.
 
         Args:
-          view: a read-only `orca_jax.core.view.SchedulerView` of the scheduler.
+          view: the read-only view of the scheduler.
 
         Returns:
           The step's plan.

@@ -1,9 +1,25 @@
-"""Small numpy helpers that several policies share (no jax; part of the policy API)."""
+"""Helpers a policy builds its plan with (numpy only; part of the policy API).
+
+`fit_to_budget` cuts a ranked list to the step's token budget (chunking the
+first prompt that does not fit). `plan_in_order` turns a ranking into a legal
+plan with on-demand KV pages (`kv_reservation = "none"`): it walks the ranking
+top-down, giving each request its uncomputed tokens (a prefill chunk cut to the
+budget left, or one decode token) while the batch cap, the token budget and the
+KV pool allow. A running request that is not scheduled is *paused*: it keeps
+its pages and its progress. When a request needs pages that are not free, the
+lowest-ranked running requests below it are preempted by recompute (their
+pages freed) until it fits. Most ranking policies differ only in their ranking
+(shortest remaining work, MLFQ level, tenant counter, priority, deadline).
+"""
 
 from __future__ import annotations
 
 import numpy as np
 from numpy.typing import NDArray
+
+from orca_jax.core.plan import StepPlan
+from orca_jax.core.request import RequestState
+from orca_jax.core.view import SchedulerView
 
 
 def fit_to_budget(ids: NDArray[np.int64],  # [n] in priority order
@@ -27,3 +43,83 @@ def fit_to_budget(ids: NDArray[np.int64],  # [n] in priority order
     cut = tokens[:whole + 1].copy()
     cut[whole] = left
     return ids[:whole + 1], cut
+
+
+def plan_in_order(view: SchedulerView, order: NDArray[np.int64],  # [k]
+                  *, preempt_over_cap: bool = False, admission_preempts: bool = True
+                  ) -> StepPlan:
+    """Schedules the ranked requests `order` top-down (best first).
+
+    Args:
+      view: the scheduler view.
+      order: `[k]` request indices, best first; must hold every running request
+        (those left out could never be chosen as preemption victims), and any
+        waiting requests the policy is willing to admit.
+      preempt_over_cap: preempt (recompute) the running requests ranked below a
+        full batch instead of pausing them, so that the running set never
+        exceeds the batch cap (strict priority frees their KV for its betters).
+      admission_preempts: whether a waiting request may preempt lower-ranked
+        running ones to get pages. Turn it off where ranks move both ways over
+        time (MLFQ's demotions), or admissions and preemptions chase each other
+        and every cycle throws away computed KV.
+
+    Returns:
+      The plan. Admissions stop at the first waiting request that cannot get
+      its pages, so a large request is not overtaken forever by small ones
+      ranked below it.
+    """
+    requests = view.requests
+    order = np.asarray(order, dtype=np.int64)
+    if order.size == 0:
+        return StepPlan()
+    cap, budget = view.max_batch_size, view.token_budget
+    running = (requests.state[order] == RequestState.RUNNING).tolist()
+    want = np.minimum(requests.num_uncomputed(order), budget)  # [k]
+    pages = view.pages_needed(order, want).tolist()
+    held = view.pages_held(order).tolist()
+    want_list, order_list = want.tolist(), order.tolist()
+    # Positions (ascending) of running requests holding pages: the victims of a request
+    # at position p are those after p, taken lowest-ranked first (from the end).
+    victims = [p for p in range(order.size) if running[p] and held[p] > 0]
+    first_victim = 0  # victims[:first_victim] are ranked above the current position
+    victim_pages = sum(held[p] for p in victims)
+    is_preempted = [False] * order.size
+    free, watermark = view.num_free_pages, view.watermark_pages
+    ids: list[int] = []
+    counts: list[int] = []
+    preempted: list[int] = []
+    admitted = False
+    admitting = True
+    for pos in range(order.size):
+        if len(ids) >= cap or budget <= 0:
+            break
+        while first_victim < len(victims) and victims[first_victim] <= pos:
+            victim_pages -= held[victims[first_victim]]
+            first_victim += 1
+        if is_preempted[pos] or (not running[pos] and not admitting):
+            continue
+        count = min(want_list[pos], budget)
+        need = pages[pos] if count == want_list[pos] else int(
+            view.pages_needed(order[pos:pos + 1], np.array([count]))[0])
+        # An admission anywhere in the plan obliges the plan to leave the watermark free.
+        floor = watermark if (admitted or not running[pos]) else 0
+        usable = victim_pages if (running[pos] or admission_preempts) else 0
+        if need - (free - floor) > usable:
+            if not running[pos]:
+                admitting = False
+            continue  # pauses (running) or waits (waiting); preempting would not help
+        while free - floor < need:
+            victim = victims.pop()
+            victim_pages -= held[victim]
+            is_preempted[victim] = True
+            preempted.append(order_list[victim])
+            free += held[victim]
+        ids.append(order_list[pos])
+        counts.append(count)
+        budget -= count
+        free -= need
+        admitted = admitted or not running[pos]
+    if preempt_over_cap and len(ids) >= cap:
+        # Everything left in victims[first_victim:] is running, unscheduled, below the cut.
+        preempted += [order_list[p] for p in victims[first_victim:] if order_list[p] not in ids]
+    return StepPlan(ids, counts, preempt=preempted)

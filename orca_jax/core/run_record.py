@@ -2,13 +2,13 @@
 
 Appending is O(1) Python per step (a tuple, or an array chunk for the tokens of
 a step), so recording does not add per-request work to the hot path; the
-arrays are assembled once, when results are written.
+arrays are assembled once, into the run's `RunResult` (`RunResult.from_log`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 import numpy as np
 from numpy.typing import NDArray
@@ -32,35 +32,36 @@ class StepLog(NamedTuple):
 
 @dataclasses.dataclass
 class RunRecord:
-    """The per-step and per-token logs of one run."""
+    """The scheduler's append-only log of one run: its steps, tokens and preemptions."""
 
     num_requests: int
+    logs_step_requests: bool = False  # SchedulerConfig.log_step_requests
     steps: list[StepLog] = dataclasses.field(default_factory=list)
-    num_preemptions: int = 0
+    num_preemptions: int = 0  # over the run
     _token_req: list[NDArray[np.int64]] = dataclasses.field(default_factory=list)
     _token_time: list[float] = dataclasses.field(default_factory=list)
     _token_count: list[int] = dataclasses.field(default_factory=list)
-    _token_ids: list[NDArray[np.int32]] = dataclasses.field(default_factory=list)
-    # (request indices [n], tokens [n]) of each step, when the scheduler logs them.
-    step_requests: list[tuple[NDArray[np.int64], NDArray[np.int64]]] = dataclasses.field(
-        default_factory=list)
+    # (request indices [n], tokens [n], requests holding a batch place after it [m]) of
+    # each step, when `logs_step_requests`.
+    step_requests: list[tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]] = (
+        dataclasses.field(default_factory=list))
 
     def log_step(self, entry: StepLog) -> None:
         self.steps.append(entry)
 
     def log_step_requests(self, requests: NDArray[np.int64],  # [n]
-                          num_tokens: NDArray[np.int64]) -> None:  # [n]
-        """Records the requests the step just logged computed, and their token counts."""
-        self.step_requests.append((np.array(requests, np.int64), np.array(num_tokens, np.int64)))
+                          num_tokens: NDArray[np.int64],  # [n]
+                          held: NDArray[np.int64]) -> None:  # [m]
+        """Records the requests the step just logged computed, their token counts, and
+        the requests that hold a place in the batch after it."""
+        self.step_requests.append((np.array(requests, np.int64), np.array(num_tokens, np.int64),
+                                   np.array(held, np.int64)))
 
-    def log_tokens(self, requests: NDArray[np.int64],  # [k]
-                   time_s: float, token_ids: Optional[NDArray[np.int32]]) -> None:  # [k]
+    def log_tokens(self, requests: NDArray[np.int64], time_s: float) -> None:  # [k]
         """Records that `requests` each got a token at `time_s`."""
         self._token_req.append(requests)
         self._token_time.append(time_s)
         self._token_count.append(int(requests.size))
-        if token_ids is not None:
-            self._token_ids.append(token_ids)
 
     def token_log(self) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
         """`([K] request index, [K] time)` of every generated token, in time order."""
@@ -69,7 +70,3 @@ class RunRecord:
         requests = np.concatenate(self._token_req)
         times = np.repeat(np.asarray(self._token_time), self._token_count)
         return requests, times
-
-    def step_array(self, field: str) -> NDArray:
-        """One StepLog field over all steps, `[num_steps]`."""
-        return np.asarray([getattr(s, field) for s in self.steps])

@@ -28,10 +28,11 @@ from orca_jax.core.kv_pages import KVPageManager
 from orca_jax.core.packing import SamplingArrays, bucket_config_for, pack
 from orca_jax.core.plan import PlanError, StepPlan
 from orca_jax.core.plan_checks import check_plan
-from orca_jax.core.policy import Policy
+from orca_jax.core.policy import KV_RESERVATIONS, Policy
 from orca_jax.core.request import Request, RequestState, sort_by_arrival
 from orca_jax.core.request_table import RequestTable
 from orca_jax.core.run_record import RunRecord, StepLog
+from orca_jax.core.run_result import RunResult
 from orca_jax.core.view import SchedulerView
 
 # Plain ints: IntEnum attribute lookups cost a microsecond each on the hot path.
@@ -53,8 +54,9 @@ class SchedulerConfig:
       watermark_pages: free pages an admission must leave (vLLM v0's watermark).
       count_host_time: add measured host time to the virtual clock (then runs
         are no longer bit-for-bit repeatable).
-      log_step_requests: record which requests each step computed and how many
-        tokens each (`RunRecord.step_requests`; memory grows with steps x batch).
+      log_step_requests: record which requests each step computed, how many tokens
+        each, and which hold a batch place after it (`RunResult.step_requests`,
+        `step_tokens`, `step_held`; memory grows with steps x batch).
       temperature, top_k, top_p: sampling parameters of every request (greedy default).
       seed: mixed into every request's sampling seed.
     """
@@ -119,6 +121,9 @@ class Scheduler:
         self.config = config
         self.policy = policy
         self.engine = engine
+        if policy.kv_reservation not in KV_RESERVATIONS:
+            raise ValueError(f"policy {policy.name!r}: kv_reservation {policy.kv_reservation!r} "
+                             f"is not one of {KV_RESERVATIONS}")
         self.kv_reservation = policy.kv_reservation
         ordered = sort_by_arrival(requests)
         self.table = RequestTable(ordered)
@@ -149,7 +154,7 @@ class Scheduler:
         self._empty = _frozen(np.zeros(0, dtype=np.int64))
         self.waiting = self.running = self.unreleased = self.last_finished = self._empty
         self._num_done = 0
-        self.record = RunRecord(num_requests=n)
+        self.record = RunRecord(num_requests=n, logs_step_requests=config.log_step_requests)
         self._reject_impossible()
         self.view = SchedulerView(self)
 
@@ -235,14 +240,20 @@ class Scheduler:
         self._num_done += int(ids.size)
 
     # ------------------------------------------------------------- the loop
-    def run(self, progress: Optional[Callable[["Scheduler"], None]] = None) -> RunRecord:
-        """Runs iterations until every request is done; returns the run's record."""
+    def run(self, progress: Optional[Callable[["Scheduler"], None]] = None) -> RunResult:
+        """Runs iterations until every request is done; returns the finished run."""
         self.engine.warmup(self.bucket_config.buckets())
         while not self.done:
             self.step()
             if progress is not None:
                 progress(self)
-        return self.record
+        return self.result()
+
+    def result(self) -> RunResult:
+        """The run so far, as a value (a copy: stepping on does not change it)."""
+        return RunResult.from_log(self.table, self.record, policy=self.policy.name,
+                                  engine=self.engine.name, virtual_end_s=self.now_s,
+                                  output_tokens=self._generated)
 
     def step(self) -> bool:
         """Runs one iteration. Returns False when there was nothing left to do."""
@@ -289,7 +300,8 @@ class Scheduler:
             num_running=int(self.running.size), num_waiting=int(self.waiting.size),
             num_free_pages=self.kv.num_free))
         if self.config.log_step_requests:
-            self.record.log_step_requests(ids, tokens)
+            self.record.log_step_requests(ids, tokens,
+                                          np.concatenate([self.running, self.unreleased]))
         self.num_steps += 1
         self.now_s = end_s
         return True
@@ -389,7 +401,7 @@ class Scheduler:
         table.last_token_s[sampled] = end_s
         first = sampled[np.isnan(table.first_token_s[sampled])]
         table.first_token_s[first] = end_s
-        self.record.log_tokens(sampled, end_s, new_tokens if self._generated is not None else None)
+        self.record.log_tokens(sampled, end_s)
         if self._generated is not None:
             for request, token in zip(sampled.tolist(), new_tokens.tolist()):
                 self._generated[request].append(token)
@@ -405,9 +417,3 @@ class Scheduler:
         else:
             table.finish_s[finished] = end_s
             self._num_done += int(finished.size)
-
-    def generated_tokens(self, index: int) -> list[int]:
-        """The tokens request `index` generated (needs an engine with token ids)."""
-        if self._generated is None:
-            raise ValueError(f"engine {self.engine.name!r} produces no token ids")
-        return list(self._generated[index])

@@ -8,15 +8,13 @@ policy keeps its own bookkeeping in its own fields.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 import numpy as np
 from numpy.typing import NDArray
 
 from orca_jax.core.request_table import RequestTableView
-
-if TYPE_CHECKING:
-    from orca_jax.core.scheduler import Scheduler
+from orca_jax.core.scheduler_state import SchedulerState
 
 
 class SchedulerView:
@@ -34,7 +32,7 @@ class SchedulerView:
       watermark_pages: free pages an admission must leave untouched.
     """
 
-    def __init__(self, scheduler: "Scheduler") -> None:
+    def __init__(self, scheduler: SchedulerState) -> None:
         self._scheduler = scheduler
         config = scheduler.config
         self.requests = RequestTableView(scheduler.table)

@@ -14,6 +14,8 @@ training code may use jax, but `predict_output_len` hands back numpy.
 
 from __future__ import annotations
 
+import functools
+import os
 from typing import Callable, Protocol, Sequence, runtime_checkable
 
 import numpy as np
@@ -52,6 +54,26 @@ def register_predictor(name: str) -> Callable[[Callable[[], LengthPredictor]],
 LTR_PREFIX = "ltr:"  # `ltr:DIR` names the ranker saved in DIR (orca_jax.learned.ranker)
 
 
+def _restore_ranker(directory: str) -> LengthPredictor:
+    # Restoring a saved ranker needs jax (orbax), so its module is imported only when such a
+    # predictor is built: this is the one route by which a policy reaches the ranker.
+    from orca_jax.learned import ranker
+    return ranker.Ranker.restore(directory)
+
+
+def register_ltr_predictor(ranker_dir: str) -> str:
+    """Registers the ranker saved at `ranker_dir` as a length predictor; returns its name.
+
+    The name is `ltr:<absolute ranker_dir>`; the registry's factories take no
+    arguments, so each saved ranker gets its own name. `get_predictor` restores
+    the ranker (orbax) each time it builds one: once per policy.
+    """
+    directory = os.path.abspath(ranker_dir)
+    name = f"{LTR_PREFIX}{directory}"
+    register_predictor(name)(functools.partial(_restore_ranker, directory))
+    return name
+
+
 def registered_predictors() -> list[str]:
     """Names of the registered predictors, sorted."""
     return sorted(_PREDICTORS)
@@ -64,11 +86,8 @@ def get_predictor(name: str) -> LengthPredictor:
       ValueError: no predictor has that name (the message lists those that do).
     """
     factory = _PREDICTORS.get(name)
-    if factory is None and name.startswith(LTR_PREFIX):
-        # A saved learned ranker, named by its directory: restoring it needs jax, so its
-        # module is imported only when such a predictor is asked for.
-        from orca_jax.learned import ranker
-        factory = _PREDICTORS[ranker.register_ltr_predictor(name[len(LTR_PREFIX):])]
+    if factory is None and name.startswith(LTR_PREFIX):  # a saved ranker, named by its directory
+        factory = _PREDICTORS[register_ltr_predictor(name[len(LTR_PREFIX):])]
     if factory is None:
         raise ValueError(f"unknown length predictor {name!r}; registered: "
                          f"{', '.join(registered_predictors())}")

@@ -23,8 +23,9 @@ gives numbers in output-token units, which SRPT needs for "remaining work".
 
 Inference is numpy on the restored parameters, so a policy's hot path never
 touches jax; jax, optax and orbax are needed to train, save and restore.
-`register_ltr_predictor(dir)` registers a saved ranker in the predictor
-registry under `ltr:<absolute dir>`.
+`orca_jax.learned.length_predictor.register_ltr_predictor(dir)` registers a
+saved ranker in the predictor registry under `ltr:<absolute dir>`; the
+predictor registry imports this module (lazily), never the other way round.
 """
 
 from __future__ import annotations
@@ -44,7 +45,6 @@ import optax
 import orbax.checkpoint as ocp
 from numpy.typing import NDArray
 
-from orca_jax.learned.length_predictor import register_predictor
 from orca_jax.core.request import Request
 
 LOSSES = ("listmle", "ranknet")
@@ -378,16 +378,3 @@ def synthetic_ranking_workload(num_requests: int, *, seed: int = 0, num_tasks: i
         requests.append(Request(id=i, arrival_s=float(arrivals[i]), prompt_len=int(prompt_lens[i]),
                                 output_len=int(outputs[i]), prompt_tokens=tokens.astype(np.int32)))
     return requests
-
-
-def register_ltr_predictor(ranker_dir: str) -> str:
-    """Registers the ranker saved at `ranker_dir` as a length predictor; returns its name.
-
-    The name is `ltr:<absolute ranker_dir>`; the predictor registry's factories
-    take no arguments, so each saved ranker gets its own name. `get_predictor`
-    restores the ranker (orbax) each time it builds one: once per policy.
-    """
-    directory = os.path.abspath(ranker_dir)
-    name = f"ltr:{directory}"
-    register_predictor(name)(functools.partial(Ranker.restore, directory))
-    return name

@@ -16,17 +16,18 @@ import hashlib
 import re
 import statistics
 import time
-from typing import Optional, Sequence
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from orca_jax.core.engine_api import (NULL_PAGE, Bucket, Engine, EngineConfigError, StepInputs,
+                                      StepOutput, bucket_arrays_are_consistent)
+from orca_jax.core.packing import build_step_inputs
 from orca_jax.model import llama as model_lib
 from orca_jax.model import sharding
-from orca_jax.core.engine_api import (NULL_PAGE, Bucket, EngineConfigError, StepInputs, StepOutput,
-                                 bucket_arrays_are_consistent)
 from orca_jax.specs.model_config import ModelConfig
 
 CLOCKS = ("wall", "profiled")
@@ -70,11 +71,7 @@ def hlo_fingerprint(compiled: jax.stages.Compiled) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def _bucket_key(bucket: Bucket) -> tuple[int, int]:
-    return bucket.num_tokens, bucket.num_seqs
-
-
-class JaxEngine:
+class JaxEngine(Engine):
     """An `Engine` running the LLaMA-style model's paged ragged step.
 
     Args:
@@ -198,19 +195,8 @@ class JaxEngine:
         """sha256 of each compiled step's optimized HLO text, by bucket."""
         return dict(self._fingerprints)
 
-    def warmup(self, buckets: Sequence[Bucket]) -> None:
-        """Compiles every bucket not yet compiled, then times `num_timed_runs` dummy steps of each.
-
-        Raises:
-          ValueError: a bucket is malformed.
-        """
-        buckets = list(buckets)
-        if not buckets:
-            raise ValueError("JaxEngine.warmup: no buckets given")
-        for index, bucket in enumerate(buckets):
-            if not isinstance(bucket, Bucket) or bucket.num_tokens < 1 or bucket.num_seqs < 1:
-                raise ValueError(f"JaxEngine.warmup: buckets[{index}] = {bucket!r} needs "
-                                 "num_tokens >= 1 and num_seqs >= 1")
+    def _prepare(self, buckets: list[Bucket]) -> None:
+        """Compiles each bucket not yet compiled, then times `num_timed_runs` dummy steps of it."""
         for bucket in buckets:
             if bucket in self._compiled:
                 continue
@@ -235,44 +221,34 @@ class JaxEngine:
             arrays do not match the bucket or this engine's page-table width.
         """
         bucket = inputs.bucket
-        if bucket not in self._compiled:
-            raise ValueError(f"JaxEngine.step: bucket {bucket} was not warmed up; warm buckets: "
-                             f"{sorted(self._compiled, key=_bucket_key)}")
+        self._check_warm(bucket, self._compiled)
         if not bucket_arrays_are_consistent(inputs):
             raise ValueError(f"JaxEngine.step: StepInputs arrays do not match bucket {bucket}")
         if inputs.page_indices.shape[1] != self.pages_per_seq:
             raise ValueError(f"JaxEngine.step: page_indices has {inputs.page_indices.shape[1]} "
                              f"columns, the engine was built with pages_per_seq="
                              f"{self.pages_per_seq}")
-        tokens, elapsed = self._run(bucket, model_lib.StepArrays.from_inputs(inputs))
+        tokens, elapsed = self._run(bucket, inputs)
         step_s = elapsed if self.clock == "wall" else self._profiled_s[bucket]
         return StepOutput(sampled_tokens=tokens, step_s=step_s)
 
-    def _run(self, bucket: Bucket, arrays: model_lib.StepArrays) -> tuple[np.ndarray, float]:
+    def _run(self, bucket: Bucket, inputs: StepInputs) -> tuple[np.ndarray, float]:
         before = backend_compiles()
         start = time.perf_counter()
         self._cache, result = self._compiled[bucket](
-            self._params, self._cache, jax.device_put(arrays, self._inputs_sharding))
+            self._params, self._cache, jax.device_put(inputs, self._inputs_sharding))
         tokens = np.asarray(result.tokens.block_until_ready())  # [S]
         elapsed = time.perf_counter() - start
         self._num_compiles += backend_compiles() - before
         return tokens, elapsed
 
-    def _dummy_inputs(self, bucket: Bucket) -> model_lib.StepArrays:
-        """A full bucket: S sequences sharing T tokens, each at the end of a
+    def _dummy_inputs(self, bucket: Bucket) -> StepInputs:
+        """A full bucket: up to S sequences sharing T tokens, each at the end of a
         `warmup_kv_len`-token context, all reading and writing the null page."""
         t, s = bucket.num_tokens, bucket.num_seqs
-        q_lens = np.minimum(t // s + (np.arange(s) < t % s), self.warmup_kv_len)
-        cu = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
-        kv_lens = np.where(q_lens > 0, self.warmup_kv_len, 0).astype(np.int32)
-        positions = np.zeros(t, np.int32)
-        for i in range(s):
-            positions[cu[i]:cu[i + 1]] = np.arange(kv_lens[i] - q_lens[i], kv_lens[i])
-        return model_lib.StepArrays(
-            token_ids=np.zeros(t, np.int32), positions=positions, cu_q_lens=cu, kv_lens=kv_lens,
-            page_indices=np.full((s, self.pages_per_seq), NULL_PAGE, np.int32),
-            slot_mapping=(NULL_PAGE * self.page_size + positions % self.page_size).astype(np.int32),
-            sample_indices=np.maximum(cu[1:] - 1, 0).astype(np.int32),
-            num_seqs=np.array([np.count_nonzero(q_lens)], np.int32),
-            temperature=np.zeros(s, np.float32), top_k=np.zeros(s, np.int32),
-            top_p=np.ones(s, np.float32), rng_seeds=np.zeros(s, np.uint32))
+        q_lens = np.minimum(t // s + (np.arange(s) < t % s), self.warmup_kv_len)  # [S]
+        q_lens = q_lens[q_lens > 0]  # fewer tokens than sequences: the rest are padding
+        return build_step_inputs(
+            bucket, num_tokens=q_lens, num_computed=self.warmup_kv_len - q_lens,
+            page_rows=np.full((q_lens.size, self.pages_per_seq), NULL_PAGE, np.int32),
+            page_size=self.page_size)

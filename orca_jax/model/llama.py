@@ -12,6 +12,7 @@ the same outputs here as in its reference implementation.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from typing import Callable, NamedTuple, Union
@@ -21,8 +22,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from orca_jax.core.engine_api import EngineConfigError, StepInputs
 from orca_jax.model import sampling
-from orca_jax.core.engine_api import StepInputs
 from orca_jax.specs.model_config import ModelConfig
 
 # q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, num_seqs, *, sm_scale -> out
@@ -116,6 +117,11 @@ class Llama(nnx.Module):
     """The decoder: embedding, `num_layers` blocks, final norm, LM head (tied or not)."""
 
     def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, dtype: jnp.dtype = jnp.float32):
+        if not config.gated_mlp:
+            raise EngineConfigError(
+                f"model {config.name!r} has a plain 2-matrix MLP (gated_mlp=False, as in OPT "
+                "and GPT-3); the JAX model is LLaMA-style (SwiGLU), so only the simulator "
+                "runs it (--engine=sim)")
         self.config = config
         self.embed_tokens = nnx.Embed(config.vocab_size, config.d_model, dtype=dtype,
                                       param_dtype=dtype, rngs=rngs)
@@ -159,31 +165,11 @@ def init_kv_cache(config: ModelConfig, *, num_pages: int, page_size: int,
                    v=tuple(zeros() for _ in range(config.num_layers)))
 
 
-# StepArrays fields that are not int32.
-_STEP_DTYPES = {"temperature": np.float32, "top_p": np.float32, "rng_seeds": np.uint32}
-
-
-class StepArrays(NamedTuple):
-    """StepInputs' arrays as a pytree (what crosses into the jitted step)."""
-
-    token_ids: jax.Array  # [T] int32
-    positions: jax.Array  # [T] int32
-    cu_q_lens: jax.Array  # [S+1] int32
-    kv_lens: jax.Array  # [S] int32
-    page_indices: jax.Array  # [S, P] int32
-    slot_mapping: jax.Array  # [T] int32
-    sample_indices: jax.Array  # [S] int32
-    num_seqs: jax.Array  # [1] int32
-    temperature: jax.Array  # [S] float32
-    top_k: jax.Array  # [S] int32
-    top_p: jax.Array  # [S] float32
-    rng_seeds: jax.Array  # [S] uint32
-
-    @classmethod
-    def from_inputs(cls, inputs: StepInputs) -> "StepArrays":
-        """Host arrays of `inputs` in this pytree's order and dtypes (numpy, not yet on device)."""
-        return cls(*(np.asarray(getattr(inputs, f), _STEP_DTYPES.get(f, np.int32))
-                     for f in cls._fields))
+# The descriptor crosses into the jitted step as it is: its arrays are the leaves,
+# its bucket is static (a different bucket is a different compiled step).
+jax.tree_util.register_dataclass(
+    StepInputs, data_fields=[f.name for f in dataclasses.fields(StepInputs) if f.name != "bucket"],
+    meta_fields=["bucket"])
 
 
 class StepResult(NamedTuple):
@@ -215,7 +201,7 @@ def write_kv(pages: jax.Array,  # [num_pages, page_size, num_kv_heads, head_dim]
     return flat.at[slot_mapping].set(new.astype(pages.dtype)).reshape(pages.shape)
 
 
-def step(graphdef: nnx.GraphDef, params: nnx.State, kv_cache: KVCache, inputs: StepArrays, *,
+def step(graphdef: nnx.GraphDef, params: nnx.State, kv_cache: KVCache, inputs: StepInputs, *,
          attention: Union[str, AttentionFn] = "reference") -> tuple[KVCache, StepResult]:
     """One engine step: writes the new tokens' K/V, attends, samples one token per sequence.
 

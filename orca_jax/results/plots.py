@@ -4,15 +4,13 @@ matplotlib is imported inside the drawing functions only, so `orca_jax`
 imports without it; `slot_timeline` (the numbers behind the timeline picture)
 needs no matplotlib at all.
 
-The slot timeline: the scheduler logs no per-step request ids, so
-`slot_timeline` drives a fresh scheduler itself, one `Scheduler.step()` at a
-time, and reads the request table around each step through public attributes.
-A request ran in a step when its computed-token count grew (or, if the step
-preempted it, when it is above zero again: it was readmitted in the same step).
-It *holds* a slot while it runs, while it is admitted but idle (`running`), and,
-for policies that return answers late (static batching's `defer_release`),
-until it is released (`unreleased`). Slots are given lowest-free-first, in
-arrival order, and a request keeps its slot until it lets go of it.
+The slot timeline reads a finished run's step logs (`RunResult.step_requests`
+and `step_held`, kept when the run had `SchedulerConfig.log_step_requests`): a
+request ran in a step when the step computed tokens of it, and it *holds* a slot
+while it runs, while it is admitted but idle (running), and, for policies that
+return answers late (static batching's `defer_release`), until it is released.
+Slots are given lowest-free-first, in arrival order, and a request keeps its
+slot until it lets go of it.
 """
 
 from __future__ import annotations
@@ -23,8 +21,7 @@ from typing import Optional, Sequence
 import numpy as np
 from numpy.typing import NDArray
 
-from orca_jax.core.request import RequestState
-from orca_jax.core.scheduler import Scheduler
+from orca_jax.core.run_result import RunResult
 from orca_jax.results.sweep_store import Curve
 
 EMPTY = -1  # holder value of an empty slot
@@ -122,53 +119,47 @@ class SlotTimeline:
         return None if index == EMPTY else self.request_ids[index]
 
 
-def slot_timeline(scheduler: Scheduler) -> SlotTimeline:
-    """Runs a fresh scheduler to the end, recording the slot each request holds per step.
+def slot_timeline(result: RunResult, *, num_slots: Optional[int] = None) -> SlotTimeline:
+    """The slot each request holds at each step of a finished run.
 
     Args:
-      scheduler: a scheduler that has not stepped yet (it is run to completion here).
+      result: a run with `SchedulerConfig.log_step_requests` (its steps' requests).
+      num_slots: the rows of the timeline (the run's batch cap, say); default and
+        at least: the most slots held at once.
 
     Returns:
-      The run's slot timeline; `scheduler` is left finished, as after `run()`.
+      The run's slot timeline.
 
     Raises:
-      ValueError: the scheduler has already stepped (its per-step ids are lost).
+      ValueError: the run did not log its steps' requests, or it is a cluster's
+        (each replica has its own slots).
     """
-    if scheduler.num_steps or scheduler.done:
-        raise ValueError(f"slot_timeline needs a fresh scheduler; this one has run "
-                         f"{scheduler.num_steps} steps (the scheduler does not log who ran)")
-    table = scheduler.table
-    scheduler.engine.warmup(scheduler.bucket_config.buckets())
+    if result.num_replicas > 1:
+        raise ValueError(f"slot_timeline draws one scheduler's slots; this run has "
+                         f"{result.num_replicas} replicas")
+    if result.step_requests is None or result.step_held is None:
+        raise ValueError("slot_timeline needs a run with SchedulerConfig.log_step_requests "
+                         "(the requests of each step); this one did not log them")
     slot_of: dict[int, int] = {}
     rows: list[tuple[dict[int, int], set[int]]] = []
-    while not scheduler.done:
-        computed = table.num_computed.copy()  # [N]
-        preemptions = table.num_preemptions.copy()  # [N]
-        steps_before = scheduler.num_steps
-        scheduler.step()
-        if scheduler.num_steps == steps_before:
-            continue  # an idle iteration (a release, a jump to the next arrival): no step
-        after = table.num_computed
-        preempted = table.num_preemptions != preemptions
-        ran = set(np.flatnonzero(np.where(preempted, after > 0, after > computed)).tolist())
-        held = (ran | set(np.flatnonzero(table.state == RequestState.RUNNING).tolist())
-                | set(scheduler.unreleased.tolist()))
+    for requests, held_after in zip(result.step_requests, result.step_held):
+        ran = set(requests.tolist())
+        held = ran | set(held_after.tolist())
         slot_of = {r: s for r, s in slot_of.items() if r in held}
         taken = set(slot_of.values())
-        free = (s for s in range(len(table) + 1) if s not in taken)
+        free = (s for s in range(result.num_requests + 1) if s not in taken)
         for request in sorted(held - slot_of.keys()):
             slot_of[request] = next(free)
         rows.append((dict(slot_of), ran))
-    num_slots = max([scheduler.config.max_batch_size]
-                    + [max(slots.values()) + 1 for slots, _ in rows if slots])
+    num_slots = max([num_slots or 0] + [max(slots.values()) + 1 for slots, _ in rows if slots])
     holder = np.full((len(rows), num_slots), EMPTY, dtype=np.int64)
     computing = np.zeros((len(rows), num_slots), dtype=bool)
     for step, (slots, ran) in enumerate(rows):
         for request, slot in slots.items():
             holder[step, slot] = request
             computing[step, slot] = request in ran
-    return SlotTimeline(policy=scheduler.policy.name, holder=holder, computing=computing,
-                        request_ids=tuple(int(spec.id) for spec in table.specs))
+    return SlotTimeline(policy=result.policy, holder=holder, computing=computing,
+                        request_ids=tuple(int(i) for i in result.request_ids))
 
 
 def _segments(timeline: SlotTimeline, slot: int) -> list[tuple[int, int, int, bool]]:
@@ -238,18 +229,19 @@ def plot_slot_timelines(timelines: Sequence[SlotTimeline], path: str,
     return True
 
 
-def plot_slot_timeline(scheduler: Scheduler, path: str, title: Optional[str] = None
-                       ) -> Optional[SlotTimeline]:
-    """Runs a fresh scheduler and draws its slot timeline (one panel).
+def plot_slot_timeline(result: RunResult, path: str, title: Optional[str] = None, *,
+                       num_slots: Optional[int] = None) -> Optional[SlotTimeline]:
+    """Draws a finished run's slot timeline (one panel).
 
     Args:
-      scheduler: a scheduler that has not stepped yet (run to completion here).
+      result: a run with `SchedulerConfig.log_step_requests`.
       path: the PNG to write.
       title: the panel's title (default: the policy name).
+      num_slots: the rows to draw (see `slot_timeline`).
 
     Returns:
-      The timeline; None if matplotlib is not installed (the scheduler still ran).
+      The timeline; None if matplotlib is not installed (nothing written).
     """
-    timeline = slot_timeline(scheduler)
+    timeline = slot_timeline(result, num_slots=num_slots)
     drawn = plot_slot_timelines([timeline], path, [title or timeline.policy])
     return timeline if drawn else None

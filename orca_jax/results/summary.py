@@ -1,131 +1,127 @@
 """A run's results: requests.jsonl, steps.jsonl, summary.json and config.json.
 
+Everything here reads a finished run's `RunResult`, of one scheduler or of a
+cluster (`Cluster.run()`); a cluster's files say which replica served each
+request and ran each step, and its summary each replica's share.
+
 The field names are a contract researchers script against (see the README);
 add to them, do not rename them.
 """
 
 from __future__ import annotations
 
-import json
-import math
 import os
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional
 
 import numpy as np
 
-from orca_jax.results import metrics
+from orca_jax.core.json_files import to_json_value, write_json_atomic, write_jsonl_atomic
 from orca_jax.core.request import RequestState
-from orca_jax.core.scheduler import Scheduler
+from orca_jax.core.run_result import RunResult
+from orca_jax.results import metrics
 
 
-def json_value(value: Any) -> Any:
-    """JSON-ready: numpy scalars to Python, NaN and inf to None."""
-    if isinstance(value, (np.integer,)):
-        return int(value)
-    if isinstance(value, (float, np.floating)):
-        return float(value) if math.isfinite(value) else None
-    return value
-
-
-def summarize(scheduler: Scheduler, *, ttft_slo_s: Optional[float] = None,
+def summarize(result: RunResult, *, ttft_slo_s: Optional[float] = None,
               tpot_slo_s: Optional[float] = None) -> dict[str, Any]:
-    """The run's summary.json content (metrics of orca_jax.results.metrics plus run facts)."""
-    table, record = scheduler.table, scheduler.record
-    token_req, token_time = record.token_log()
-    rejected = table.state == RequestState.REJECTED
-    tenants = ([table.tenant_names[t] for t in table.tenant]
-               if len(table.tenant_names) > 1 else None)
-    summary: dict[str, Any] = {
-        "policy": scheduler.policy.name,
-        "engine": scheduler.engine.name,
-    }
+    """The run's summary.json content (metrics of orca_jax.results.metrics plus run facts).
+
+    A run of several replicas also gets `num_replicas`, `router`, and each
+    replica's share (`replica_num_requests`, `replica_num_steps`, `load_imbalance`).
+    """
+    tenants = ([result.tenant_names[t] for t in result.tenant]
+               if len(result.tenant_names) > 1 else None)
+    clustered = result.num_replicas > 1
+    summary: dict[str, Any] = {"policy": result.policy, "engine": result.engine}
+    if clustered:
+        summary.update({"num_replicas": result.num_replicas, "router": result.router})
     summary.update(metrics.run_summary(
-        table.arrival_s, table.first_scheduled_s, table.first_token_s, table.finish_s,
-        table.output_len, token_req, token_time, rejected=rejected, tenants=tenants,
+        result.arrival_s, result.first_scheduled_s, result.first_token_s, result.finish_s,
+        result.output_len, result.token_req, result.token_time_s,
+        rejected=result.state == RequestState.REJECTED, tenants=tenants,
         ttft_slo_s=ttft_slo_s, tpot_slo_s=tpot_slo_s))
-    steps = record.steps
+    steps = result.steps
     real = sum(s.num_tokens for s in steps)
     padded = sum(s.num_padded_tokens for s in steps)
     host = np.asarray([s.host_s for s in steps]) if steps else np.zeros(1)
     summary.update({
         "num_steps": len(steps),
-        "virtual_end_s": scheduler.now_s,
+        "virtual_end_s": result.virtual_end_s,
         "padding_fraction": (padded - real) / padded if padded else 0.0,
-        "num_preemptions": record.num_preemptions,
+        "num_preemptions": result.total_preemptions,
         "mean_batch_size": float(np.mean([s.num_seqs for s in steps])) if steps else 0.0,
         "host_us_per_step_median": float(np.median(host) * 1e6),
         "engine_s_total": float(sum(s.step_s for s in steps)),
     })
-    return {k: json_value(v) for k, v in summary.items()}
+    if clustered:
+        summary.update(_replica_shares(result))
+    return {k: to_json_value(v) for k, v in summary.items()}
 
 
-def request_rows(scheduler: Scheduler,
-                 indices: Optional[Sequence[int]] = None) -> list[dict[str, Any]]:
-    """One dict per request (requests.jsonl): all in arrival order, or those of `indices`."""
-    table = scheduler.table
+def _replica_shares(result: RunResult) -> dict[str, Any]:
+    """Each replica's requests and steps, and how unevenly the output tokens were routed."""
+    replicas = range(result.num_replicas)
+    routed_tokens = np.array([result.output_len[result.replica == r].sum() for r in replicas],
+                             dtype=np.float64)
+    return {
+        "replica_num_requests": [int(np.count_nonzero(result.replica == r)) for r in replicas],
+        "replica_num_steps": [int(np.count_nonzero(result.step_replica == r)) for r in replicas],
+        # Most output tokens routed to one replica over the mean: 1.0 is perfect balance.
+        "load_imbalance": (float(routed_tokens.max() / routed_tokens.mean())
+                           if routed_tokens.sum() else 1.0),
+    }
+
+
+def request_rows(result: RunResult) -> list[dict[str, Any]]:
+    """One dict per request (requests.jsonl), in arrival order; with several replicas,
+    each row ends with the `replica` that served it (-1: rejected up front)."""
     rows = []
-    with_tokens = scheduler.engine.needs_token_ids
-    for i in range(len(table)) if indices is None else indices:
-        spec = table.specs[i]
-        state = RequestState(table.state[i])
+    for i in range(result.num_requests):
+        state = RequestState(result.state[i])
         row = {
-            "id": spec.id, "arrival_s": table.arrival_s[i],
-            "first_scheduled_s": table.first_scheduled_s[i],
-            "first_token_s": table.first_token_s[i], "last_token_s": table.last_token_s[i],
-            "finish_s": table.finish_s[i], "prompt_len": int(table.prompt_len[i]),
-            "output_len": int(table.output_len[i]),
-            "num_generated": int(table.num_generated[i]),
-            "num_preemptions": int(table.num_preemptions[i]),
-            "priority": int(table.priority[i]), "tenant": spec.tenant,
+            "id": result.request_ids[i], "arrival_s": result.arrival_s[i],
+            "first_scheduled_s": result.first_scheduled_s[i],
+            "first_token_s": result.first_token_s[i], "last_token_s": result.last_token_s[i],
+            "finish_s": result.finish_s[i], "prompt_len": int(result.prompt_len[i]),
+            "output_len": int(result.output_len[i]),
+            "num_generated": int(result.num_generated[i]),
+            "num_preemptions": int(result.num_preemptions[i]),
+            "priority": int(result.priority[i]),
+            "tenant": result.tenant_names[result.tenant[i]],
             "status": "finished" if state == RequestState.FINISHED else (
                 "rejected" if state == RequestState.REJECTED else "unfinished"),
         }
         if state == RequestState.REJECTED:
-            row["reason"] = table.reject_reason[i]
-        if with_tokens:
-            row["output_tokens"] = scheduler.generated_tokens(i)
-        rows.append({k: json_value(v) for k, v in row.items()})
+            row["reason"] = result.reject_reason[i]
+        if result.output_tokens is not None:
+            row["output_tokens"] = result.output_tokens[i].tolist()
+        if result.num_replicas > 1:
+            row["replica"] = int(result.replica[i])
+        rows.append({k: to_json_value(v) for k, v in row.items()})
     return rows
 
 
-def step_rows(scheduler: Scheduler) -> list[dict[str, Any]]:
-    """One dict per step (steps.jsonl); with `log_step_requests`, also the step's
+def step_rows(result: RunResult) -> list[dict[str, Any]]:
+    """One dict per step (steps.jsonl); with several replicas, each row starts with the
+    `replica` that ran it; with `log_step_requests`, it also holds the step's
     `request_ids` (the requests' ids, as in requests.jsonl) and `request_tokens`."""
-    record, specs = scheduler.record, scheduler.table.specs
-    rows = [{k: json_value(v) for k, v in s._asdict().items()} for s in record.steps]
-    if record.step_requests:
-        for row, (requests, tokens) in zip(rows, record.step_requests):
-            row["request_ids"] = [specs[i].id for i in requests.tolist()]
+    rows = [{k: to_json_value(v) for k, v in s._asdict().items()} for s in result.steps]
+    if result.num_replicas > 1:
+        rows = [{"replica": int(r), **row} for r, row in zip(result.step_replica, rows)]
+    if result.step_requests is not None and result.step_tokens is not None:
+        for row, requests, tokens in zip(rows, result.step_requests, result.step_tokens):
+            row["request_ids"] = [result.request_ids[i] for i in requests.tolist()]
             row["request_tokens"] = tokens.tolist()
     return rows
 
 
-def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
-    """Writes one JSON object per line, atomically (a reader never sees half a file)."""
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with open(tmp, "w") as f:
-        for row in rows:
-            f.write(json.dumps(row) + "\n")
-    os.replace(tmp, path)
-
-
-def write_json(path: Path, obj: Mapping[str, Any]) -> None:
-    """Writes JSON atomically (a reader never sees half a file)."""
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2, sort_keys=True)
-        f.write("\n")
-    os.replace(tmp, path)
-
-
-def write_results(out_dir: os.PathLike, scheduler: Scheduler, summary: Mapping[str, Any],
+def write_results(out_dir: os.PathLike, result: RunResult, summary: Mapping[str, Any],
                   config: Mapping[str, Any]) -> Path:
     """Writes config.json, requests.jsonl, steps.jsonl and summary.json into `out_dir`."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    write_json(out / "config.json", config)
-    write_jsonl(out / "requests.jsonl", request_rows(scheduler))
-    write_jsonl(out / "steps.jsonl", step_rows(scheduler))
-    write_json(out / "summary.json", summary)
+    write_json_atomic(out / "config.json", config)
+    write_jsonl_atomic(out / "requests.jsonl", request_rows(result))
+    write_jsonl_atomic(out / "steps.jsonl", step_rows(result))
+    write_json_atomic(out / "summary.json", summary)
     return out

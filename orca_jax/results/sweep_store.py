@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import time
 import uuid
@@ -32,6 +31,8 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, NamedTuple, Optional, Sequence
 
 import numpy as np
+
+from orca_jax.core.json_files import to_json_value, write_json_atomic
 
 POINTS_FILE = "points.jsonl"
 CONFIG_FILE = "sweep.json"
@@ -62,24 +63,6 @@ def _differences(stored: Any, requested: Any, where: str) -> list[str]:
             found += _differences(stored.get(key), requested.get(key), f"{where}.{key}")
         return found
     return [] if stored == requested else [f"{where}: stored {stored!r}, now {requested!r}"]
-
-
-def _write_json_atomic(path: Path, obj: Mapping[str, Any]) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2, sort_keys=True)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, np.integer):
-        return int(value)
-    if isinstance(value, (float, np.floating)):
-        return float(value) if math.isfinite(value) else None
-    return value
 
 
 class SweepStore:
@@ -136,8 +119,8 @@ class SweepStore:
         else:
             stored, merged = None, dict(policies)
         if stored is None or merged != stored_policies:
-            _write_json_atomic(self.config_path, {"version": CONFIG_VERSION, "run": run,
-                                                  "policies": merged})
+            write_json_atomic(self.config_path, {"version": CONFIG_VERSION, "run": run,
+                                                 "policies": merged})
 
     # ------------------------------------------------------------- reading
     def load(self) -> list[dict[str, Any]]:
@@ -193,7 +176,7 @@ class SweepStore:
         """
         point = {"policy": key.policy, "rate": float(key.rate), "seed": int(key.seed),
                  "session": self.session, "finished_at": time.time(), **(extra or {}),
-                 "summary": {k: _jsonable(v) for k, v in summary.items()}}
+                 "summary": to_json_value(summary)}
         line = (json.dumps(point, sort_keys=True) + "\n").encode()
         fd = os.open(self.points_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:

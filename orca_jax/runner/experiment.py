@@ -15,16 +15,22 @@ import math
 import os
 import sys
 import time
-from typing import Any, Mapping, Optional, Union
+from typing import Any, Mapping, Optional
 
 from orca_jax.sim import cost_model
-from orca_jax.cluster.replicas import Cluster, cluster_summary, write_cluster_results
+from orca_jax.cluster.replicas import Cluster
 from orca_jax.core.engine_api import Engine
+from orca_jax.core.packing import pages_per_seq_for
+from orca_jax.core.json_files import to_json_value
 from orca_jax.core.policy import make_policy, parse_options
 from orca_jax.core.request import Request
+from orca_jax.core.run_result import RunResult
 from orca_jax.results.summary import summarize, write_results
 from orca_jax.core.scheduler import Scheduler, SchedulerConfig
 from orca_jax.sim.engine import SimEngine
+from orca_jax.specs.hardware import get_hardware
+from orca_jax.specs.memory import num_kv_pages_for_memory
+from orca_jax.specs.model_config import ModelConfig, from_hf_config, get_model_config
 from orca_jax.workloads.traces import load_trace
 from orca_jax.workloads.synthetic import synthetic_workload, with_prompt_tokens
 
@@ -122,20 +128,16 @@ class RunSpec:
 
 def _model_facts(spec: RunSpec) -> tuple[int, int]:
     """(vocab size, context length) of the run's model."""
-    if spec.engine == "jax":
-        config = model_config(spec)
-        return config.vocab_size, config.max_context
-    model = cost_model.get_model(spec.model)
-    return model.vocab_size, model.max_context
+    config = model_config(spec) if spec.engine == "jax" else get_model_config(spec.model)
+    return config.vocab_size, config.max_context
 
 
-def model_config(spec: RunSpec):  # -> orca_jax.specs.model_config.ModelConfig
+def model_config(spec: RunSpec) -> ModelConfig:
     """The real model's config: from the checkpoint folder's config.json, or the preset."""
-    from orca_jax.specs import model_config as model_config_lib
     if spec.checkpoint and os.path.isfile(os.path.join(spec.checkpoint, "config.json")):
         with open(os.path.join(spec.checkpoint, "config.json")) as f:
-            return model_config_lib.from_hf_config(json.load(f), name=spec.model)
-    return model_config_lib.get_model_config(spec.model)
+            return from_hf_config(json.load(f), name=spec.model)
+    return get_model_config(spec.model)
 
 
 def build_workload(spec: RunSpec) -> list[Request]:
@@ -165,10 +167,10 @@ def scheduler_config(spec: RunSpec) -> SchedulerConfig:
         pages = spec.num_kv_pages
     elif spec.engine == "jax":
         # A real cache on this machine: room for a full batch of full contexts.
-        pages = spec.max_batch_size * -(-context // spec.page_size)
+        pages = spec.max_batch_size * pages_per_seq_for(context, spec.page_size)
     else:
-        pages = cost_model.num_kv_pages_for_memory(
-            cost_model.get_model(spec.model), cost_model.get_hardware(spec.hardware), spec.tp,
+        pages = num_kv_pages_for_memory(
+            get_model_config(spec.model), get_hardware(spec.hardware), spec.tp,
             spec.page_size, kv_memory_gb=spec.kv_memory_gb)
     return SchedulerConfig(max_batch_size=spec.max_batch_size, token_budget=spec.token_budget,
                            num_kv_pages=pages, page_size=spec.page_size,
@@ -217,8 +219,8 @@ def _jax_engine(spec: RunSpec, config: SchedulerConfig) -> Engine:
     mesh = sharding.make_mesh(spec.tp, model) if spec.tp > 1 else None
     return JaxEngine(model, params, num_pages=config.num_kv_pages + 1,  # + the null page
                      page_size=config.page_size,
-                     pages_per_seq=-(-config.max_model_len // config.page_size), dtype=dtype,
-                     attention=attention, clock=spec.clock, mesh=mesh)
+                     pages_per_seq=pages_per_seq_for(config.max_model_len, config.page_size),
+                     dtype=dtype, attention=attention, clock=spec.clock, mesh=mesh)
 
 
 class _Progress:
@@ -235,7 +237,7 @@ class _Progress:
         if now - self.start < self.after_s or (now - self.last < 0.5 and not scheduler.done):
             return
         self.last = now
-        done = int((scheduler.table.state >= 3).sum())
+        done = scheduler.num_done
         width = 30
         filled = int(width * done / self.total)
         sys.stderr.write(f"\r{self.label}: [{'#' * filled}{'.' * (width - filled)}] "
@@ -250,7 +252,7 @@ class _Progress:
 def run_policy(spec: RunSpec, policy_spec: str, policy_options: Optional[Mapping[str, str]] = None,
                *, out_dir: Optional[str] = None, requests: Optional[list[Request]] = None,
                engine: Optional[Engine] = None,
-               progress: bool = True) -> tuple[dict[str, Any], Union[Scheduler, Cluster]]:
+               progress: bool = True) -> tuple[dict[str, Any], RunResult]:
     """Runs one policy on the spec's workload; writes results if `out_dir` is given.
 
     Args:
@@ -264,7 +266,7 @@ def run_policy(spec: RunSpec, policy_spec: str, policy_options: Optional[Mapping
       progress: show a progress bar on runs longer than a few seconds.
 
     Returns:
-      The summary dict and the finished scheduler (the cluster, with several replicas).
+      The summary dict and the finished run (of every replica, with several).
     """
     config = scheduler_config(spec)
     workload = requests if requests is not None else build_workload(spec)
@@ -273,8 +275,8 @@ def run_policy(spec: RunSpec, policy_spec: str, policy_options: Optional[Mapping
     policy = make_policy(policy_spec, policy_options)
     engine = engine if engine is not None else build_engine(spec, config)
     scheduler = Scheduler(workload, policy, engine, config)
-    scheduler.run(progress=_Progress(policy.name, len(workload)) if progress else None)
-    summary = summarize(scheduler, ttft_slo_s=spec.ttft_slo_s, tpot_slo_s=spec.tpot_slo_s)
+    result = scheduler.run(progress=_Progress(policy.name, len(workload)) if progress else None)
+    summary = summarize(result, ttft_slo_s=spec.ttft_slo_s, tpot_slo_s=spec.tpot_slo_s)
     if hasattr(engine, "fingerprints"):
         summary["num_compiles"] = engine.num_compiles
         summary["compiled_fingerprints"] = {
@@ -283,26 +285,26 @@ def run_policy(spec: RunSpec, policy_spec: str, policy_options: Optional[Mapping
         summary["tp"] = engine.tp
         summary["kv_cache_bytes_per_device"] = engine.kv_cache_bytes_per_device
     if out_dir is not None:
-        write_results(out_dir, scheduler, summary,
+        write_results(out_dir, result, summary,
                       _resolved_config(spec, policy_spec, policy, config, engine))
-    return summary, scheduler
+    return summary, result
 
 
 def _run_cluster(spec: RunSpec, policy_spec: str, policy_options: Optional[Mapping[str, str]],
                  config: SchedulerConfig, workload: list[Request],
-                 out_dir: Optional[str]) -> tuple[dict[str, Any], Cluster]:
+                 out_dir: Optional[str]) -> tuple[dict[str, Any], RunResult]:
     """`spec.num_replicas` simulated replicas behind `spec.router`."""
     cluster = Cluster(workload, num_replicas=spec.num_replicas, router=spec.router,
                       router_options=parse_options(spec.router_opts),
                       make_policy=lambda: make_policy(policy_spec, policy_options),
                       make_engine=lambda: build_engine(spec, config), config=config)
-    cluster.run()
-    summary = cluster_summary(cluster, ttft_slo_s=spec.ttft_slo_s, tpot_slo_s=spec.tpot_slo_s)
+    result = cluster.run()
+    summary = summarize(result, ttft_slo_s=spec.ttft_slo_s, tpot_slo_s=spec.tpot_slo_s)
     if out_dir is not None:
         first = cluster.replicas[0]
-        write_cluster_results(out_dir, cluster, summary, _resolved_config(
+        write_results(out_dir, result, summary, _resolved_config(
             spec, policy_spec, first.policy, config, first.engine))
-    return summary, cluster
+    return summary, result
 
 
 def _resolved_config(spec: RunSpec, policy_spec: str, policy: Any, config: SchedulerConfig,
@@ -311,7 +313,7 @@ def _resolved_config(spec: RunSpec, policy_spec: str, policy: Any, config: Sched
     return {
         "run": dataclasses.asdict(spec),
         "policy": {"spec": policy_spec, "name": policy.name,
-                   **({f.name: _jsonable(getattr(policy, f.name))
+                   **({f.name: _knob_value(getattr(policy, f.name))
                        for f in dataclasses.fields(policy) if f.init}
                       if dataclasses.is_dataclass(policy) else {})},
         "scheduler": dataclasses.asdict(config),
@@ -319,9 +321,9 @@ def _resolved_config(spec: RunSpec, policy_spec: str, policy: Any, config: Sched
     }
 
 
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
+def _knob_value(value: object) -> object:
+    """A policy knob as config.json holds it: a string, number or bool as JSON (inf as
+    null), and any other object (a callable, a predictor) as its repr, for the reader."""
     if isinstance(value, (str, int, float, bool)) or value is None:
-        return value
+        return to_json_value(value)
     return repr(value)

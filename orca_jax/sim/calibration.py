@@ -23,15 +23,15 @@ import dataclasses
 import itertools
 import json
 import math
-import os
 from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 from numpy.typing import NDArray
 
+from orca_jax.core.json_files import write_json_atomic
+from orca_jax.core.engine_api import Bucket, Engine, StepInputs, StepOutput
 from orca_jax.sim import cost_model
-from orca_jax.core.engine_api import Bucket, Engine, StepInputs
-from orca_jax.sim.step_profile import (StepSample, reference_tiles)
+from orca_jax.sim.step_profile import StepSample, reference_tiles
 
 FIT_FORMAT = "orca_jax.cost_fit/1"
 COMPARED_METRICS = ("duration_s", "ttft_mean_s", "tpot_mean_s")
@@ -90,7 +90,7 @@ def fit_linear(samples: Sequence[StepSample], page_size: int, statistic: str = "
     return fit
 
 
-class RecordingEngine:
+class RecordingEngine(Engine):
     """Wraps an engine and keeps `(bucket tokens, q_lens, kv_lens, step_s)` of every step.
 
     Lets a real run's own steps be priced by a fit afterwards (a diagnostic of
@@ -109,10 +109,10 @@ class RecordingEngine:
     def needs_token_ids(self) -> bool:
         return self.engine.needs_token_ids
 
-    def warmup(self, buckets: Sequence[Bucket]) -> None:
+    def _prepare(self, buckets: list[Bucket]) -> None:
         self.engine.warmup(buckets)
 
-    def step(self, inputs: StepInputs) -> Any:
+    def step(self, inputs: StepInputs) -> StepOutput:
         output = self.engine.step(inputs)
         self.steps.append((inputs.bucket.num_tokens, *cost_model.real_lengths(inputs),
                            output.step_s))
@@ -146,11 +146,7 @@ def save_fit(path: str, fit: Mapping[int, cost_model.LinearStepTime],
     """Writes a fit as JSON (atomically: a temporary file, then a rename)."""
     payload = {"format": FIT_FORMAT, "metadata": dict(metadata or {}),
                "buckets": {str(t): dataclasses.asdict(entry) for t, entry in sorted(fit.items())}}
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(payload, f, indent=2)
-        f.write("\n")
-    os.replace(tmp, path)
+    write_json_atomic(path, payload, sort_keys=False)
 
 
 def load_fit(path: str) -> tuple[dict[int, cost_model.LinearStepTime], dict[str, Any]]:

@@ -1,11 +1,11 @@
-"""Step-time cost model of the simulated engine (presets in `orca_jax.specs.hardware`).
+"""Step-time cost model of the simulated engine (presets in `orca_jax.specs`).
 
 Three modes (`CostModelConfig.mode`):
 
 * `roofline` (default). From what the step descriptor really holds — the real
   sequences `i < num_seqs`, with query length `q_i = cu_q_lens[i+1] - cu_q_lens[i]`
   and attended length `k_i = kv_lens[i]`; padding rows and padded sequences
-  are ignored — with `N = sum q_i` tokens, `S = num_seqs`, model dtype bytes `b`,
+  are ignored — with `N = sum q_i` tokens, `S = num_seqs`, `b = dtype_bytes`,
   `L` layers, `H` query heads, `d` head_dim, `D` d_model, `V` vocab:
 
       bytes   = weight_bytes + sum_i k_i * kv_bytes_per_token
@@ -63,9 +63,9 @@ import numpy as np
 from numpy.typing import NDArray
 
 from orca_jax.core.engine_api import StepInputs
-from orca_jax.specs.hardware import (GIB, HARDWARE_ALIASES, HARDWARE_PRESETS,  # noqa: F401
-                                       MODEL_PRESETS, HardwareSpec, ModelSpec, get_hardware,
-                                       get_model, kv_bytes_per_token, num_kv_pages_for_memory)
+from orca_jax.specs.hardware import HardwareSpec, get_hardware
+from orca_jax.specs.memory import DTYPE_BYTES, kv_bytes_per_token
+from orca_jax.specs.model_config import ModelConfig, get_model_config
 
 COST_MODES = ("roofline", "fixed", "fitted")
 
@@ -134,6 +134,7 @@ class CostModelConfig:
       model: the model (its vocab also sizes the placeholder tokens in every mode).
       hardware: one GPU of the replica.
       tp: tensor-parallel degree (GPUs per replica).
+      dtype_bytes: bytes of one weight, activation and KV element (2: bf16).
       hbm_efficiency: achievable fraction of peak HBM bandwidth. Streaming reads
         (decode GEMV, paged KV) reach 80-90% of peak in microbenchmarks; 0.8 leaves
         room for the small kernels of a real step.
@@ -150,9 +151,10 @@ class CostModelConfig:
     """
 
     mode: str = "roofline"
-    model: Union[ModelSpec, str] = "llama3-8b"
+    model: Union[ModelConfig, str] = "llama3-8b"
     hardware: Union[HardwareSpec, str] = "a100"
     tp: int = 1
+    dtype_bytes: int = DTYPE_BYTES
     hbm_efficiency: float = 0.8
     flops_efficiency: float = 0.6
     allreduce_latency_s: float = 10e-6
@@ -164,11 +166,14 @@ class CostModelConfig:
         if self.mode not in COST_MODES:
             raise ValueError(f"CostModelConfig.mode must be one of {COST_MODES}, got {self.mode!r}")
         if isinstance(self.model, str):
-            object.__setattr__(self, "model", get_model(self.model))
+            object.__setattr__(self, "model", get_model_config(self.model))
         if isinstance(self.hardware, str):
             object.__setattr__(self, "hardware", get_hardware(self.hardware))
         if not isinstance(self.tp, int) or self.tp < 1:
             raise ValueError(f"CostModelConfig.tp must be an integer >= 1, got {self.tp!r}")
+        if not isinstance(self.dtype_bytes, int) or self.dtype_bytes < 1:
+            raise ValueError(f"CostModelConfig.dtype_bytes must be an integer >= 1, "
+                             f"got {self.dtype_bytes!r}")
         for field in ("hbm_efficiency", "flops_efficiency"):
             value = getattr(self, field)
             if not 0.0 < value <= 1.0:
@@ -191,9 +196,9 @@ class CostModelConfig:
             object.__setattr__(self, "fitted_step_s", _checked_table(self.fitted_step_s))
 
     @property
-    def model_spec(self) -> ModelSpec:
-        """The resolved model (typed accessor: `model` holds a ModelSpec after init)."""
-        assert isinstance(self.model, ModelSpec)
+    def model_config(self) -> ModelConfig:
+        """The resolved model (typed accessor: `model` holds a ModelConfig after init)."""
+        assert isinstance(self.model, ModelConfig)
         return self.model
 
     @property
@@ -251,19 +256,21 @@ def roofline_cost(config: CostModelConfig, q_lens: NDArray[np.int64],
       q_lens: `[num_seqs]` new tokens of each real sequence.
       kv_lens: `[num_seqs]` tokens each sequence attends to (cache after the writes).
     """
-    model, hw, tp = config.model_spec, config.hardware_spec, config.tp
+    model, hw, tp, dtype_bytes = (config.model_config, config.hardware_spec, config.tp,
+                                  config.dtype_bytes)
     q = np.asarray(q_lens, dtype=np.float64)
     k = np.asarray(kv_lens, dtype=np.float64)
     num_tokens = float(q.sum())
-    num_bytes = model.step_weight_bytes + float(k.sum()) * kv_bytes_per_token(model)
+    num_bytes = (model.step_weight_bytes(dtype_bytes)
+                 + float(k.sum()) * kv_bytes_per_token(model, dtype_bytes))
     linear_flops = (2.0 * model.non_embedding_params * num_tokens
                     + 2.0 * model.d_model * model.vocab_size * q.shape[0])
     attended = float(np.dot(q, k - (q - 1.0) / 2.0))
-    attention_flops = 4.0 * model.num_layers * model.num_heads * model.head_dim * attended
+    attention_flops = 4.0 * model.num_layers * model.num_q_heads * model.head_dim * attended
     num_flops = linear_flops + attention_flops
     allreduce_s = 0.0
     if tp > 1:
-        message_bytes = num_tokens * model.d_model * model.dtype_bytes
+        message_bytes = num_tokens * model.d_model * dtype_bytes
         one = 2.0 * (tp - 1) / tp * message_bytes / hw.link_bytes_per_s + config.allreduce_latency_s
         allreduce_s = 2 * model.num_layers * one
     return StepCost(

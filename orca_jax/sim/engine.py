@@ -9,17 +9,20 @@ can predict, as in JetStream's mock engine), and the step's seconds come from
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Optional
 
 import numpy as np
 
+from orca_jax.core.engine_api import (Bucket, Engine, StepInputs, StepOutput,
+                                      bucket_arrays_are_consistent)
 from orca_jax.sim.cost_model import CostModelConfig, real_lengths, step_seconds
-from orca_jax.core.engine_api import (Bucket, StepInputs, StepOutput,
-                                 bucket_arrays_are_consistent)
 
 
-class SimEngine:
-    """An `Engine` whose step time is a cost model's and whose tokens are placeholders."""
+class SimEngine(Engine):
+    """An `Engine` whose step time is a cost model's and whose tokens are placeholders.
+
+    Before any warm-up it prices a step in any bucket; after one, only the warm ones.
+    """
 
     def __init__(self, config: Optional[CostModelConfig] = None) -> None:
         self.config = config if config is not None else CostModelConfig()
@@ -35,28 +38,20 @@ class SimEngine:
 
     @property
     def vocab_size(self) -> int:
-        return self.config.model_spec.vocab_size
+        return self.config.model_config.vocab_size
 
-    def warmup(self, buckets: Sequence[Bucket]) -> None:
-        """Checks the buckets; afterwards a step in any other bucket is an error.
+    def _prepare(self, buckets: list[Bucket]) -> None:
+        """Makes `buckets` the warm set; afterwards a step in any other bucket is an error.
 
         A real engine compiles each bucket here and would compile again on an
         unknown one; the simulator rejects it, so a run that passes on the
         simulator keeps the no-compile-after-warm-up invariant.
 
         Raises:
-          ValueError: a bucket is malformed, or (fitted mode) has no fitted time.
+          ValueError: (fitted mode) a bucket has no fitted time.
         """
-        buckets = list(buckets)
-        if not buckets:
-            raise ValueError("SimEngine.warmup: no buckets given")
-        for index, bucket in enumerate(buckets):
-            if not isinstance(bucket, Bucket):
-                raise ValueError(f"SimEngine.warmup: buckets[{index}] is {bucket!r}, not a Bucket")
-            if bucket.num_tokens < 1 or bucket.num_seqs < 1:
-                raise ValueError(f"SimEngine.warmup: buckets[{index}] = {bucket} needs "
-                                 f"num_tokens >= 1 and num_seqs >= 1")
-            table = self.config.fitted_step_s
+        table = self.config.fitted_step_s
+        for bucket in buckets:
             if table is not None and bucket.num_tokens not in table:
                 raise ValueError(f"SimEngine.warmup: bucket num_tokens={bucket.num_tokens} has no "
                                  f"fitted step time; fitted buckets: {sorted(table)}")
@@ -69,15 +64,10 @@ class SimEngine:
           ValueError: the descriptor is inconsistent, or its bucket was not warmed up.
         """
         _check_inputs(inputs)
-        if self._warm_buckets is not None and inputs.bucket not in self._warm_buckets:
-            raise ValueError(f"SimEngine.step: bucket {inputs.bucket} was not warmed up; "
-                             f"warm buckets: {sorted(self._warm_buckets, key=_bucket_key)}")
+        if self._warm_buckets is not None:
+            self._check_warm(inputs.bucket, self._warm_buckets)
         sampled = (inputs.kv_lens.astype(np.int64) % self.vocab_size).astype(np.int32)
         return StepOutput(sampled_tokens=sampled, step_s=step_seconds(self.config, inputs))
-
-
-def _bucket_key(bucket: Bucket) -> tuple[int, int]:
-    return bucket.num_tokens, bucket.num_seqs
 
 
 def _check_inputs(inputs: StepInputs) -> None:

@@ -20,20 +20,14 @@ from typing import Sequence
 import numpy as np
 
 from orca_jax.core.engine_api import Bucket, Engine, StepInputs
-
-# Tiling of pallas_kernels' jnp reference attention (the CPU path): queries in
-# blocks of up to 16 rows (fewer when the bucket averages fewer tokens per
-# sequence), keys in blocks of 128 tokens rounded down to whole pages.
-_REFERENCE_BLOCK_Q = 16
-_REFERENCE_BLOCK_KV = 128
+from orca_jax.core.packing import build_step_inputs
+from pallas_kernels.reference_tiling import reference_blocks
 
 
 def reference_tiles(bucket: Bucket, page_size: int) -> tuple[int, int]:
-    """`(q_tile, kv_tile)` of the reference attention op in `bucket`."""
-    per_seq = -(-bucket.num_tokens // bucket.num_seqs)
-    q_tile = min(_REFERENCE_BLOCK_Q, 1 << max(0, per_seq - 1).bit_length())
-    kv_tile = max(1, _REFERENCE_BLOCK_KV // page_size) * page_size
-    return q_tile, kv_tile
+    """`(q_tile, kv_tile)` of pallas_kernels' jnp reference attention (the CPU path)
+    in `bucket`."""
+    return reference_blocks(bucket.num_tokens, bucket.num_seqs, page_size)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,29 +87,15 @@ def step_inputs(bucket: Bucket, q_lens: Sequence[int], kv_lens: Sequence[int], *
     if any(not 1 <= q <= k <= pages_per_seq * page_size for q, k in zip(q_lens, kv_lens)):
         raise ValueError(f"step_inputs: need 1 <= q_len <= kv_len <= {pages_per_seq * page_size}"
                          f", got q_lens={list(q_lens)}, kv_lens={list(kv_lens)}")
-    cu = np.zeros(s + 1, np.int32)  # [S+1]
-    cu[1:n + 1] = np.cumsum(q_lens)
-    cu[n + 1:] = cu[n]
-    kv = np.zeros(s, np.int32)  # [S]
-    kv[:n] = kv_lens
-    positions = np.zeros(t, np.int32)  # [T]
-    slots = np.zeros(t, np.int32)  # [T] padding rows write into the null page
-    pages = np.zeros((s, pages_per_seq), np.int32)  # [S, P]
+    pages = np.zeros((n, pages_per_seq), np.int32)  # [n, P]
     next_page = 0
-    for i, (q, k) in enumerate(zip(q_lens, kv_lens)):
+    for i, k in enumerate(kv_lens):
         used = -(-k // page_size)
         pages[i, :used] = (np.arange(next_page, next_page + used) % (num_pages - 1)) + 1
         next_page += used
-        pos = np.arange(k - q, k)
-        positions[cu[i]:cu[i + 1]] = pos
-        slots[cu[i]:cu[i + 1]] = pages[i, pos // page_size] * page_size + pos % page_size
-    sample = np.zeros(s, np.int32)  # [S]
-    sample[:n] = cu[1:n + 1] - 1
-    return StepInputs(bucket=bucket, token_ids=np.zeros(t, np.int32), positions=positions,
-                      cu_q_lens=cu, kv_lens=kv, page_indices=pages, slot_mapping=slots,
-                      sample_indices=sample, num_seqs=np.array([n], np.int32),
-                      temperature=np.zeros(s, np.float32), top_k=np.zeros(s, np.int32),
-                      top_p=np.ones(s, np.float32), rng_seeds=np.zeros(s, np.uint32))
+    new = np.asarray(q_lens, np.int64)  # [n]
+    return build_step_inputs(bucket, num_tokens=new, num_computed=np.asarray(kv_lens) - new,
+                             page_rows=pages, page_size=page_size)
 
 
 ProfileGrid = list[tuple[Bucket, tuple[int, ...], tuple[int, ...], StepInputs]]

@@ -1,7 +1,10 @@
-"""Shapes and hyper-parameters of the LLaMA-style decoder, with named presets.
+"""The one model-shape type, `ModelConfig`, and its one preset table, `PRESETS`.
 
-`ModelConfig` is host-only (no jax import) so the simulator, the cost model and
-the CLI can read model shapes without touching a device.
+The real (LLaMA-style) model is built from a `ModelConfig`, and the simulator's
+roofline and KV sizing read the same type: its shapes, parameter counts and
+weight bytes. `gated_mlp=False` (a plain 2-matrix MLP, as in OPT and GPT-3)
+describes models only the simulator prices. Host-only (no jax import) so the
+simulator, the cost model and the CLI can read model shapes without a device.
 """
 
 from __future__ import annotations
@@ -48,12 +51,14 @@ class ModelConfig:
       num_q_heads: query heads.
       num_kv_heads: key/value heads (grouped-query attention; divides num_q_heads).
       head_dim: width of one head.
-      ffn_dim: SwiGLU hidden width.
+      ffn_dim: MLP hidden width.
       rope_theta: rotary base.
       rope_scaling: LLaMA-3 rotary scaling, or None.
       rms_norm_eps: RMSNorm epsilon.
       tie_embeddings: whether the LM head reuses the embedding matrix.
       max_context: longest sequence (prompt + output) the model accepts.
+      gated_mlp: SwiGLU MLP (3 matrices), or a plain 2-matrix MLP (OPT, GPT-3),
+        which only the simulator prices: the JAX model is LLaMA-style.
     """
 
     name: str = "custom"
@@ -69,6 +74,7 @@ class ModelConfig:
     rms_norm_eps: float = 1e-5
     tie_embeddings: bool = False
     max_context: int = 2048
+    gated_mlp: bool = True
 
     def __post_init__(self) -> None:
         for field in ("vocab_size", "d_model", "num_layers", "num_q_heads", "num_kv_heads",
@@ -88,12 +94,31 @@ class ModelConfig:
                              f"positive, got {self.rope_theta}, {self.rms_norm_eps}")
 
     @property
+    def params_per_layer(self) -> int:
+        """Weights of one decoder layer: attention, MLP and its two norms (no biases)."""
+        attention = self.d_model * self.head_dim * (2 * self.num_q_heads + 2 * self.num_kv_heads)
+        mlp = (3 if self.gated_mlp else 2) * self.d_model * self.ffn_dim
+        return attention + mlp + 2 * self.d_model
+
+    @property
+    def non_embedding_params(self) -> int:
+        """Weights every token goes through: all layers and the final norm."""
+        return self.num_layers * self.params_per_layer + self.d_model
+
+    @property
     def num_params(self) -> int:
-        """Number of weights (embedding, blocks, final norm, head)."""
-        attn = self.d_model * self.head_dim * (2 * self.num_q_heads + 2 * self.num_kv_heads)
-        block = attn + 3 * self.d_model * self.ffn_dim + 2 * self.d_model
-        head = 0 if self.tie_embeddings else self.vocab_size * self.d_model
-        return self.vocab_size * self.d_model + self.num_layers * block + self.d_model + head
+        """All weights: layers, final norm, input embedding, and an untied LM head."""
+        num_tables = 1 if self.tie_embeddings else 2
+        return self.non_embedding_params + num_tables * self.vocab_size * self.d_model
+
+    def weight_bytes(self, dtype_bytes: int) -> int:
+        """Bytes of all weights at `dtype_bytes` per weight (what must fit in memory)."""
+        return self.num_params * dtype_bytes
+
+    def step_weight_bytes(self, dtype_bytes: int) -> int:
+        """Bytes one step reads at `dtype_bytes` per weight: the layers, final norm and LM
+        head (not the embedding rows a step gathers)."""
+        return (self.non_embedding_params + self.vocab_size * self.d_model) * dtype_bytes
 
 
 _LLAMA3_SCALING = RopeScaling(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
@@ -117,6 +142,18 @@ PRESETS: dict[str, ModelConfig] = {
     "llama2-7b": ModelConfig(name="llama2-7b", vocab_size=32000, d_model=4096, num_layers=32,
                              num_q_heads=32, num_kv_heads=32, head_dim=128, ffn_dim=11008,
                              max_context=4096),
+    # Mistral-7B-v0.1 (its 4k sliding window is not modelled: attention sees the whole context).
+    "mistral-7b": ModelConfig(name="mistral-7b", vocab_size=32000, d_model=4096, num_layers=32,
+                              num_q_heads=32, num_kv_heads=8, head_dim=128, ffn_dim=14336,
+                              max_context=32768),
+    # Simulator-only shapes (plain MLP, learned positions rather than rotary): the rope
+    # and norm fields keep their defaults and nothing reads them.
+    "opt-13b": ModelConfig(name="opt-13b", vocab_size=50272, d_model=5120, num_layers=40,
+                           num_q_heads=40, num_kv_heads=40, head_dim=128, ffn_dim=20480,
+                           tie_embeddings=True, max_context=2048, gated_mlp=False),
+    "gpt3-175b": ModelConfig(name="gpt3-175b", vocab_size=50257, d_model=12288, num_layers=96,
+                             num_q_heads=96, num_kv_heads=96, head_dim=128, ffn_dim=49152,
+                             tie_embeddings=True, max_context=2048, gated_mlp=False),
 }
 
 
@@ -124,13 +161,11 @@ def get_model_config(name: str) -> ModelConfig:
     """Returns the preset called `name`.
 
     Raises:
-      KeyError: naming the unknown preset and listing the known ones.
+      ValueError: naming the unknown preset and listing the known ones.
     """
-    try:
-        return PRESETS[name]
-    except KeyError:
-        raise KeyError(f"unknown model {name!r}; known models: {', '.join(sorted(PRESETS))}"
-                       ) from None
+    if name not in PRESETS:
+        raise ValueError(f"unknown model {name!r}; known models: {', '.join(sorted(PRESETS))}")
+    return PRESETS[name]
 
 
 def from_hf_config(hf: Mapping[str, Any], *, name: str = "hf") -> ModelConfig:
@@ -169,7 +204,14 @@ def from_hf_config(hf: Mapping[str, Any], *, name: str = "hf") -> ModelConfig:
 
 
 def to_hf_config(config: ModelConfig) -> dict[str, Any]:
-    """The LLaMA `config.json` dict of `config` (the inverse of `from_hf_config`)."""
+    """The LLaMA `config.json` dict of `config` (the inverse of `from_hf_config`).
+
+    Raises:
+      ValueError: `config` has a plain MLP, which a LLaMA config cannot describe.
+    """
+    if not config.gated_mlp:
+        raise ValueError(f"to_hf_config: model {config.name!r} has a plain 2-matrix MLP "
+                         "(gated_mlp=False); a LLaMA config.json describes SwiGLU models only")
     hf: dict[str, Any] = {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama",
         "vocab_size": config.vocab_size, "hidden_size": config.d_model,

@@ -1,0 +1,198 @@
+"""A finished run as a value: what summaries, results files and plots read.
+
+`Scheduler.run()` returns one (and `Scheduler.result()` builds one for a caller
+that steps by hand); `Cluster.run()` returns its replicas' results joined by
+`RunResult.concat`. A result holds copies, as read-only numpy arrays and
+tuples, so it outlives its scheduler and nothing after the run reaches into a
+live one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional, Sequence, TypeVar
+
+import numpy as np
+from numpy.typing import NDArray
+
+from orca_jax.core.request import RequestState
+from orca_jax.core.request_table import RequestTable
+from orca_jax.core.run_record import RunRecord, StepLog
+
+_Array = TypeVar("_Array", bound=np.ndarray)
+
+
+def _frozen(array: _Array) -> _Array:
+    """A read-only copy (a result is a value: no one edits it in place)."""
+    copy = np.array(array)
+    copy.setflags(write=False)
+    return copy
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
+class RunResult:
+    """One run: a scheduler's, or a cluster's replicas joined (`concat`).
+
+    Per-request arrays are indexed by request index (arrival order), N rows;
+    times are virtual seconds, NaN where the event did not happen. K is the
+    number of generated tokens, S the number of steps.
+    """
+
+    policy: str  # the policy's name
+    engine: str  # the engine's name
+    # ---------------------------------------------------------- per request
+    request_ids: tuple[int, ...]  # [N] each request's `Request.id`
+    tenant: NDArray[np.int64]  # [N] index into tenant_names
+    tenant_names: tuple[str, ...]  # the tenants, in order of their first request
+    priority: NDArray[np.int64]  # [N] smaller is more urgent
+    arrival_s: NDArray[np.float64]  # [N]
+    prompt_len: NDArray[np.int64]  # [N]
+    output_len: NDArray[np.int64]  # [N] tokens the request asked for
+    state: NDArray[np.int8]  # [N] RequestState codes at the end
+    first_scheduled_s: NDArray[np.float64]  # [N] start of its first step
+    first_token_s: NDArray[np.float64]  # [N] end of the step that sampled its first token
+    last_token_s: NDArray[np.float64]  # [N] end of the step that sampled its last token
+    finish_s: NDArray[np.float64]  # [N] when its answer went back to the client
+    num_generated: NDArray[np.int64]  # [N] output tokens sampled
+    num_preemptions: NDArray[np.int64]  # [N] times it was preempted
+    reject_reason: tuple[Optional[str], ...]  # [N] why it was rejected up front; None if not
+    # [N] of [num_generated[i]] int32 token ids; None when the engine produces no ids.
+    output_tokens: Optional[tuple[NDArray[np.int32], ...]]
+    # ---------------------------------------------------------- per token
+    token_req: NDArray[np.int64]  # [K] request index of every generated token, in time order
+    token_time_s: NDArray[np.float64]  # [K] when it was generated (the end of its step)
+    # ---------------------------------------------------------- per step
+    steps: tuple[StepLog, ...]  # [S] each step as steps.jsonl writes it
+    step_replica: NDArray[np.int64]  # [S] the replica that ran each step
+    # [S] of [n]: the requests each step computed, and how many tokens each; [S] of [m]: the
+    # requests holding a batch place after it (running, or finished and not yet released).
+    # None unless the run had `SchedulerConfig.log_step_requests`.
+    step_requests: Optional[tuple[NDArray[np.int64], ...]]
+    step_tokens: Optional[tuple[NDArray[np.int64], ...]]
+    step_held: Optional[tuple[NDArray[np.int64], ...]]
+    # ---------------------------------------------------------- the run
+    total_preemptions: int  # preemptions over the run (every request's, summed)
+    virtual_end_s: float  # the clock when the run ended (a cluster: its last replica's)
+    replica: NDArray[np.int64]  # [N] replica that served it; -1 rejected up front by a cluster
+    num_replicas: int  # 1 for one scheduler
+    router: Optional[str]  # the router's name; None for one scheduler
+
+    @property
+    def num_requests(self) -> int:
+        return len(self.request_ids)
+
+    @property
+    def num_steps(self) -> int:
+        return len(self.steps)
+
+    def step_array(self, field: str) -> NDArray:
+        """One StepLog field over all steps, `[S]`."""
+        return np.asarray([getattr(step, field) for step in self.steps])
+
+    @classmethod
+    def from_log(cls, table: RequestTable, record: RunRecord, *, policy: str, engine: str,
+                 virtual_end_s: float,
+                 output_tokens: Optional[Sequence[Sequence[int]]]) -> RunResult:
+        """One scheduler's run, copied from its request table and log.
+
+        Args:
+          table: the scheduler's request table.
+          record: the scheduler's log of steps and tokens.
+          policy, engine: their names.
+          virtual_end_s: the scheduler's clock.
+          output_tokens: `[N]` the tokens each request generated, or None when
+            the engine produces no token ids.
+        """
+        token_req, token_time = record.token_log()
+        held = record.step_requests if record.logs_step_requests else None
+        n = len(table)
+        return cls(
+            policy=policy, engine=engine,
+            request_ids=tuple(spec.id for spec in table.specs), tenant=_frozen(table.tenant),
+            tenant_names=table.tenant_names, priority=_frozen(table.priority),
+            arrival_s=_frozen(table.arrival_s), prompt_len=_frozen(table.prompt_len),
+            output_len=_frozen(table.output_len), state=_frozen(table.state),
+            first_scheduled_s=_frozen(table.first_scheduled_s),
+            first_token_s=_frozen(table.first_token_s), last_token_s=_frozen(table.last_token_s),
+            finish_s=_frozen(table.finish_s), num_generated=_frozen(table.num_generated),
+            num_preemptions=_frozen(table.num_preemptions),
+            reject_reason=tuple(table.reject_reason.get(i) for i in range(n)),
+            output_tokens=(None if output_tokens is None else
+                           tuple(_frozen(np.asarray(t, np.int32)) for t in output_tokens)),
+            token_req=_frozen(token_req), token_time_s=_frozen(token_time),
+            steps=tuple(record.steps), step_replica=_frozen(np.zeros(len(record.steps), np.int64)),
+            step_requests=None if held is None else tuple(_frozen(r) for r, _, _ in held),
+            step_tokens=None if held is None else tuple(_frozen(t) for _, t, _ in held),
+            step_held=None if held is None else tuple(_frozen(h) for _, _, h in held),
+            total_preemptions=record.num_preemptions, virtual_end_s=float(virtual_end_s),
+            replica=_frozen(np.zeros(n, np.int64)),
+            num_replicas=1, router=None)
+
+    @classmethod
+    def concat(cls, results: Sequence[RunResult], *, router: str) -> RunResult:
+        """A cluster's run: its replicas' results (replica r's at index r) joined.
+
+        Every replica's result covers the whole workload. A request's row comes
+        from the replica that served it, the one where it is not ROUTED_AWAY; a
+        request rejected up front is rejected on every replica, and its row is
+        replica 0's (its replica -1). Token logs merge in time order (ties keep
+        replica order); steps follow each other replica by replica.
+
+        Args:
+          results: one result per replica, each of one scheduler.
+          router: the router's name.
+
+        Raises:
+          ValueError: no results, a result of several replicas, results of
+            different workloads, or a request not routed to exactly one replica.
+        """
+        if not results:
+            raise ValueError("RunResult.concat: no results to join")
+        first = results[0]
+        for index, result in enumerate(results):
+            if result.num_replicas != 1:
+                raise ValueError(f"RunResult.concat: result {index} already joins "
+                                 f"{result.num_replicas} replicas")
+            if result.request_ids != first.request_ids:
+                raise ValueError(f"RunResult.concat: result {index} is of another workload "
+                                 "than result 0")
+        state = np.stack([r.state for r in results])  # [R, N]
+        kept = state != RequestState.ROUTED_AWAY  # [R, N]
+        rejected = first.state == RequestState.REJECTED  # [N]
+        unrouted = (kept.sum(axis=0) != 1) & ~rejected
+        if len(results) > 1 and unrouted.any():
+            i = int(np.argmax(unrouted))
+            raise ValueError(f"RunResult.concat: request {first.request_ids[i]} is on replicas "
+                             f"{np.flatnonzero(kept[:, i]).tolist()}; each request must be "
+                             "routed to one (run the cluster to the end)")
+        serving = np.where(rejected, 0, np.argmax(kept, axis=0))  # [N]
+        rows = np.arange(len(first.request_ids))
+
+        def served(field: str) -> NDArray:  # [N]
+            return _frozen(np.stack([getattr(r, field) for r in results])[serving, rows])
+
+        token_req = np.concatenate([r.token_req for r in results])
+        token_time = np.concatenate([r.token_time_s for r in results])
+        order = np.argsort(token_time, kind="stable")
+        logged = all(r.step_requests is not None for r in results)
+        return dataclasses.replace(
+            first,
+            state=served("state"), first_scheduled_s=served("first_scheduled_s"),
+            first_token_s=served("first_token_s"), last_token_s=served("last_token_s"),
+            finish_s=served("finish_s"), num_generated=served("num_generated"),
+            num_preemptions=served("num_preemptions"),
+            reject_reason=tuple(results[r].reject_reason[i] for i, r in enumerate(serving)),
+            output_tokens=(None if first.output_tokens is None else
+                           tuple(results[r].output_tokens[i] for i, r in enumerate(serving))),
+            token_req=_frozen(token_req[order]), token_time_s=_frozen(token_time[order]),
+            steps=tuple(step for r in results for step in r.steps),
+            step_replica=_frozen(np.repeat(np.arange(len(results)),
+                                           [r.num_steps for r in results])),
+            step_requests=(tuple(a for r in results for a in r.step_requests)
+                           if logged else None),
+            step_tokens=tuple(a for r in results for a in r.step_tokens) if logged else None,
+            step_held=tuple(a for r in results for a in r.step_held) if logged else None,
+            total_preemptions=sum(r.total_preemptions for r in results),
+            virtual_end_s=max(r.virtual_end_s for r in results),
+            replica=_frozen(np.where(rejected, -1, serving)), num_replicas=len(results),
+            router=router)

@@ -1,0 +1,96 @@
+"""SchedulerState: what the view and the plan checks read of a running scheduler.
+
+`Scheduler` builds a `SchedulerView` and calls `check_plan`; both read its live
+state. They depend on this narrow protocol instead of on `Scheduler` itself,
+so the imports point one way (scheduler -> view, plan_checks -> this module)
+and a test can hand either of them a small fake. Every member is read only.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Protocol
+
+import numpy as np
+from numpy.typing import NDArray
+
+from orca_jax.core.kv_pages import KVPageManager
+from orca_jax.core.packing import BucketConfig
+from orca_jax.core.request_table import RequestTable
+
+
+class SchedulerLimits(Protocol):
+    """The mechanism's limits that are read (a `SchedulerConfig` has them all)."""
+
+    @property
+    def max_batch_size(self) -> int: ...
+
+    @property
+    def num_kv_pages(self) -> int: ...
+
+    @property
+    def page_size(self) -> int: ...
+
+    @property
+    def max_model_len(self) -> int: ...
+
+    @property
+    def watermark_pages(self) -> int: ...
+
+
+class PolicyTraits(Protocol):
+    """What the checks read of the policy: its name (for errors) and its release mode."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def defer_release(self) -> bool: ...
+
+
+class SchedulerState(Protocol):
+    """The scheduler as its view and its plan checks see it (`Scheduler` satisfies it)."""
+
+    @property
+    def config(self) -> SchedulerLimits: ...
+
+    @property
+    def policy(self) -> PolicyTraits: ...
+
+    @property
+    def table(self) -> RequestTable: ...
+
+    @property
+    def kv(self) -> KVPageManager: ...
+
+    @property
+    def bucket_config(self) -> BucketConfig: ...
+
+    @property
+    def kv_reservation(self) -> str: ...
+
+    @property
+    def now_s(self) -> float: ...
+
+    @property
+    def num_steps(self) -> int: ...
+
+    @property
+    def waiting(self) -> NDArray[np.int64]: ...  # [w]
+
+    @property
+    def running(self) -> NDArray[np.int64]: ...  # [r]
+
+    @property
+    def unreleased(self) -> NDArray[np.int64]: ...  # [u]
+
+    @property
+    def last_finished(self) -> NDArray[np.int64]: ...  # [f]
+
+    def next_arrival_s(self) -> Optional[float]:
+        """Arrival time of the next request still to come, or None."""
+        ...
+
+    def pages_needed(self, ids: NDArray[np.int64],  # [n]
+                     tokens: NDArray[np.int64]) -> NDArray[np.int64]:  # [n]
+        """New pages to run `tokens` of each request now (admissions reserve first)."""
+        ...
