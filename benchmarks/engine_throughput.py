@@ -21,15 +21,18 @@ throughput by more than that ratio (about 2B / (B + 1) for outputs uniform from 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import platform
 import statistics
 import time
 
 import jax
 
-from orca_jax.runner.experiment import (RunSpec, build_engine, build_workload, run_policy,
-                                        scheduler_config)
+from orca_jax.core.engine_api import Bucket
+from orca_jax.core.packing import bucket_config_for
+from orca_jax.runner.build import build_engine, build_workload, scheduler_config
+from orca_jax.runner.experiment import run_policy
+from orca_jax.runner.spec import JaxEngineSpec, LimitsSpec, RunSpec, WorkloadSpec
+from orca_jax.runner.sweep import point_spec
 from orca_jax.results.metrics import static_batching_ceiling
 
 
@@ -40,8 +43,8 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=100.0)
     parser.add_argument("--prompt_len", default="uniform:16:128")
     parser.add_argument("--output_len", default="uniform:1:256")
-    parser.add_argument("--max_batch_size", type=int, default=16)
-    parser.add_argument("--token_budget", type=int, default=512)
+    parser.add_argument("--max_num_seqs", type=int, default=16)
+    parser.add_argument("--max_num_tokens", type=int, default=512)
     parser.add_argument("--sweep_load", type=float, nargs="*",
                         default=[0.25, 0.5, 0.75, 0.9, 1.0, 1.5, 2.0, 3.0],
                         help="rates of the equal-latency sweep, as multiples of static's "
@@ -53,20 +56,17 @@ def main() -> None:
     print(f"engine throughput on {jax.devices()[0].device_kind} ({jax.default_backend()}), "
           f"jax {jax.__version__}, python {platform.python_version()}")
     print(f"workload: {args.num_requests} requests, poisson {args.rate}/s, prompt "
-          f"{args.prompt_len}, output {args.output_len}; batch cap {args.max_batch_size}, "
-          f"token budget {args.token_budget}, fp32, greedy")
+          f"{args.prompt_len}, output {args.output_len}; batch cap {args.max_num_seqs}, "
+          f"token budget {args.max_num_tokens}, fp32, greedy")
     for model in args.models:
         for clock in ("profiled", "wall"):
-            spec = RunSpec(engine="jax", model=model, clock=clock,
-                           num_requests=args.num_requests, rate=args.rate,
-                           prompt_len=args.prompt_len, output_len=args.output_len,
-                           max_batch_size=args.max_batch_size, token_budget=args.token_budget)
+            spec = _spec(args, model, clock, num_requests=args.num_requests, rate=args.rate)
             start = time.perf_counter()
             engine = build_engine(spec, scheduler_config(spec))
             engine.warmup(scheduler_config_buckets(spec))
             warm_s = time.perf_counter() - start
             requests = build_workload(spec)
-            ceiling = static_batching_ceiling([r.output_len for r in requests], args.max_batch_size)
+            ceiling = static_batching_ceiling([r.output_len for r in requests], args.max_num_seqs)
             rows = {}
             for policy in ("static", "orca"):
                 summary, _ = run_policy(spec, policy, requests=requests, engine=engine,
@@ -98,9 +98,7 @@ def equal_latency_table(model: str, args: argparse.Namespace, rates: list[float]
     saturation on any machine. Printed per rate: medians over the seeds, and the
     ratio's median, min and max.
     """
-    spec = RunSpec(engine="jax", model=model, clock="profiled", num_requests=args.sweep_requests,
-                   rate=rates[0], prompt_len=args.prompt_len, output_len=args.output_len,
-                   max_batch_size=args.max_batch_size, token_budget=args.token_budget)
+    spec = _spec(args, model, "profiled", num_requests=args.sweep_requests, rate=rates[0])
     engine = build_engine(spec, scheduler_config(spec))
     engine.warmup(scheduler_config_buckets(spec))
     # points[policy][seed] = [(throughput tok/s, p50 latency s) per rate]
@@ -108,7 +106,7 @@ def equal_latency_table(model: str, args: argparse.Namespace, rates: list[float]
     ceilings = []
     for seed in args.sweep_seeds:
         for rate in rates:
-            rate_spec = dataclasses.replace(spec, rate=rate, seed=seed)
+            rate_spec = point_spec(spec, rate, seed)
             requests = build_workload(rate_spec)
             for policy, by_seed in points.items():
                 summary, _ = run_policy(rate_spec, policy, requests=requests, engine=engine,
@@ -116,7 +114,7 @@ def equal_latency_table(model: str, args: argparse.Namespace, rates: list[float]
                 by_seed.setdefault(seed, []).append(
                     (summary["throughput_tok_s"], summary["latency_p50_s"]))
         ceilings.append(static_batching_ceiling([r.output_len for r in requests],
-                                                args.max_batch_size))
+                                                args.max_num_seqs))
     print(f"\nmodel={model}, profiled clock, rate sweep over seeds {args.sweep_seeds} "
           f"({args.sweep_requests} requests each): throughput at equal or lower p50 latency")
     print("decode-step ceilings of the seeds' workloads: "
@@ -138,12 +136,21 @@ def equal_latency_table(model: str, args: argparse.Namespace, rates: list[float]
               f"{min(ratios):>5.2f} {max(ratios):>5.2f}")
 
 
-def scheduler_config_buckets(spec: RunSpec):
+def _spec(args: argparse.Namespace, model: str, clock: str, *, num_requests: int,
+          rate: float) -> RunSpec:
+    """A real-engine run of `model` on the command's workload and limits."""
+    return RunSpec(
+        workload=WorkloadSpec(num_requests=num_requests, rate=rate, prompt_len=args.prompt_len,
+                              output_len=args.output_len),
+        engine=JaxEngineSpec(model=model, clock=clock),
+        limits=LimitsSpec(max_num_seqs=args.max_num_seqs, max_num_tokens=args.max_num_tokens))
+
+
+def scheduler_config_buckets(spec: RunSpec) -> list[Bucket]:
     """The buckets a run of `spec` uses (warm-up happens before timing)."""
-    from orca_jax.core.packing import bucket_config_for
     config = scheduler_config(spec)
-    return bucket_config_for(token_budget=config.token_budget,
-                             max_num_seqs=config.max_batch_size,
+    return bucket_config_for(max_num_tokens=config.max_num_tokens,
+                             max_num_seqs=config.max_num_seqs,
                              max_model_len=config.max_model_len, page_size=config.page_size,
                              token_sizes=config.token_buckets).buckets()
 

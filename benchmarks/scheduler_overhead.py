@@ -42,7 +42,8 @@ def measure(policy: str, num_running: int, num_steps: int,
     # A 2,048-token context (128 pages of 16 per sequence), every request reserving it.
     requests = [Request(id=i, arrival_s=0.0, prompt_len=64, output_len=2048 - 64)
                 for i in range(num_running)]
-    config = SchedulerConfig(max_batch_size=num_running, token_budget=max(2048, num_running * 64),
+    config = SchedulerConfig(max_num_seqs=num_running,
+                             max_num_tokens=max(2048, num_running * 64),
                              num_kv_pages=num_running * 128, page_size=16, max_model_len=2048)
     scheduler = Scheduler(requests, policies.make_policy(policy, options), NullEngine(), config)
     scheduler.engine.warmup(scheduler.bucket_config.buckets())

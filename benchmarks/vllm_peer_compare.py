@@ -79,20 +79,23 @@ def run_our_side(args: argparse.Namespace, workload: list[list[int]], arrivals: 
 
     import policies  # noqa: PLC0415
     from orca_jax import Request, Scheduler  # noqa: PLC0415
-    from orca_jax.runner.experiment import RunSpec, build_engine, scheduler_config  # noqa: PLC0415
+    from orca_jax.runner.build import build_engine, scheduler_config  # noqa: PLC0415
+    from orca_jax.runner.spec import (LimitsSpec, RunSpec, SimEngineSpec,  # noqa: PLC0415
+                                      WorkloadSpec)
 
     # One step = 1 s, and an arrival at t steps lands on the step vLLM's driver first sees
     # it (call ceil(t)): both clocks then tick alike, idle steps included, and exactly.
     requests = [Request(id=i, arrival_s=float(math.ceil(t)), prompt_len=p, output_len=o,
                         priority=priority)
                 for i, ((p, o), t, priority) in enumerate(zip(workload, arrivals, priorities))]
-    spec = RunSpec(engine="sim", step_time_ms=1000.0, workload="burst", num_requests=args.n,
-                   max_batch_size=args.max_num_seqs, token_budget=args.mbt,
-                   num_kv_pages=args.num_blocks - 1, page_size=16,
-                   max_model_len=args.max_model_len)
+    spec = RunSpec(workload=WorkloadSpec(arrival="burst", num_requests=args.n),
+                   engine=SimEngineSpec(step_time_ms=1000.0),
+                   limits=LimitsSpec(max_num_seqs=args.max_num_seqs, max_num_tokens=args.mbt,
+                                     num_kv_pages=args.num_blocks - 1, page_size=16,
+                                     max_model_len=args.max_model_len))
     policy = policies.make_policy(
         "vllm-priority" if args.priority_levels else "vllm",
-        {"max_num_seqs": str(args.max_num_seqs), "max_num_batched_tokens": str(args.mbt),
+        {"max_num_seqs": str(args.max_num_seqs), "max_num_tokens": str(args.mbt),
          "enable_chunked_prefill": str(not args.no_chunked),
          "long_prefill_token_threshold": str(args.long_prefill)})
     config = scheduler_config(spec)

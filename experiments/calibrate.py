@@ -24,7 +24,8 @@ from orca_jax.core.json_files import to_json_value, write_json_atomic, write_jso
 from orca_jax.core.packing import bucket_config_for
 from orca_jax.core.run_result import RunResult
 from orca_jax.results import metrics
-from orca_jax.runner import experiment
+from orca_jax.runner import build, experiment
+from orca_jax.runner.spec import JaxEngineSpec, RunSpec, SimEngineSpec
 from orca_jax.sim.calibration import (COMPARED_METRICS, RecordingEngine, busy_time_ratio,
                                       fit_linear, predict, relative_errors, save_fit)
 from orca_jax.sim.step_profile import profile_grid, samples_from_times, time_grid
@@ -56,7 +57,7 @@ def _format_table(rows: Sequence[Mapping[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def run_calibration(spec: Any, policies: Sequence[str], out_dir: str, *,
+def run_calibration(spec: RunSpec, policies: Sequence[str], out_dir: str, *,
                     policy_options: Optional[Mapping[str, Mapping[str, str]]] = None,
                     num_repeats: int = 5, num_real_runs: int = 2, statistic: str = "median",
                     log: Any = print) -> dict[str, Any]:
@@ -67,7 +68,7 @@ def run_calibration(spec: Any, policies: Sequence[str], out_dir: str, *,
     same minutes as the runs it is compared with; it never sees those runs.
 
     Args:
-      spec: an `experiment.RunSpec` with `engine="jax"` (its clock is forced to `wall`).
+      spec: a `RunSpec` with a `JaxEngineSpec` engine (its clock is forced to `wall`).
       policies: policy specs evaluated on the spec's workload, real and simulated.
       policy_options: each policy's knobs as text, by policy spec.
       out_dir: gets cost_fit.json, profile.jsonl, calibration.txt, calibration.json and
@@ -80,25 +81,27 @@ def run_calibration(spec: Any, policies: Sequence[str], out_dir: str, *,
     Returns:
       The calibration.json content: fit quality, noise, and the error rows.
     """
-    if spec.engine != "jax":
-        raise ValueError(f"run_calibration: spec.engine={spec.engine!r}, needs 'jax'")
+    if not isinstance(spec.engine, JaxEngineSpec):
+        raise ValueError(f"run_calibration: spec.engine is {spec.engine!r}, needs a "
+                         "JaxEngineSpec")
     if num_real_runs < 1:
         raise ValueError(f"run_calibration: num_real_runs={num_real_runs} must be >= 1")
-    spec = dataclasses.replace(spec, clock="wall")
-    config = experiment.scheduler_config(spec)
-    engine = experiment.build_engine(spec, config)
-    buckets = bucket_config_for(token_budget=config.token_budget,
-                                max_num_seqs=config.max_batch_size,
+    engine_spec = dataclasses.replace(spec.engine, clock="wall")
+    spec = dataclasses.replace(spec, engine=engine_spec)
+    config = build.scheduler_config(spec)
+    engine = build.build_engine(spec, config)
+    buckets = bucket_config_for(max_num_tokens=config.max_num_tokens,
+                                max_num_seqs=config.max_num_seqs,
                                 max_model_len=config.max_model_len, page_size=config.page_size,
                                 token_sizes=config.token_buckets).buckets()
     os.makedirs(out_dir, exist_ok=True)
     load_before = os.getloadavg()[0]
     engine.warmup(buckets)
     grid = profile_grid(buckets, max_model_len=config.max_model_len, page_size=config.page_size,
-                        pages_per_seq=engine.pages_per_seq, num_pages=engine.num_pages)
+                        pages_per_seq=engine.pages_per_seq, num_pages=engine.num_cache_pages)
     time_grid(engine, grid, 1)
     times = time_grid(engine, grid, num_repeats)
-    requests = experiment.build_workload(spec)
+    requests = build.build_workload(spec)
     options = policy_options or {}
     real_runs: dict[str, list[dict[str, Any]]] = {}
     recorders: dict[str, list[RecordingEngine]] = {}
@@ -132,16 +135,17 @@ def run_calibration(spec: Any, policies: Sequence[str], out_dir: str, *,
          "seconds": sample.seconds, "mean_s": sample.mean_s, "spread": sample.spread,
          "fit_error": residual} for sample, residual in zip(samples, residuals)))
     fit_path = os.path.join(out_dir, "cost_fit.json")
-    save_fit(fit_path, fit, {"model": spec.model, "dtype": spec.dtype, "attention":
+    save_fit(fit_path, fit, {"model": engine_spec.model, "dtype": engine_spec.dtype, "attention":
                              engine.attention, "page_size": config.page_size,
                              "statistic": statistic, **quality})
     log(f"fit: {len(samples)} compositions x {len(times)} passes, median |error| "
         f"{100 * quality['fit_abs_error_median']:.1f}%, repeat spread "
         f"{100 * quality['repeat_spread_median']:.1f}% -> {fit_path}")
 
-    sim_spec = dataclasses.replace(spec, engine="sim", cost_fit=fit_path,
-                                   num_kv_pages=config.num_kv_pages,
-                                   max_model_len=config.max_model_len)
+    sim_spec = dataclasses.replace(
+        spec, engine=SimEngineSpec(model=engine_spec.model, tp=engine_spec.tp, cost_fit=fit_path),
+        limits=dataclasses.replace(spec.limits, num_kv_pages=config.num_kv_pages,
+                                   max_model_len=config.max_model_len))
     rows = []
     for policy in policies:
         label = policy.replace("/", "_").replace(":", "_")
@@ -163,7 +167,7 @@ def run_calibration(spec: Any, policies: Sequence[str], out_dir: str, *,
         log(f"{policy}: " + ", ".join(f"{k} {100 * e:+.1f}%" for k, e in errors.items()
                                       if e is not None))
     table = _format_table(rows)
-    result = {"model": spec.model, "fit_path": fit_path, "fit_quality": quality,
+    result = {"model": engine_spec.model, "fit_path": fit_path, "fit_quality": quality,
               "load_average_1m_end": os.getloadavg()[0], "rows": rows}
     with open(os.path.join(out_dir, "calibration.txt"), "w") as f:
         f.write(table + "\n")

@@ -15,7 +15,8 @@ from absl import app
 from experiments import flags as run_flags
 from experiments.policy_flags import options_by_policy, policy_label
 from orca_jax.core.json_files import to_json_value, write_json_atomic
-from orca_jax.runner.experiment import build_engine, build_workload, run_policy, scheduler_config
+from orca_jax.runner.build import build_engine, build_workload, scheduler_config
+from orca_jax.runner.experiment import run_policy
 from orca_jax.results.metrics import format_table
 
 def _plot(summaries: list[dict], path: str) -> bool:

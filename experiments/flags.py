@@ -2,13 +2,15 @@
 
 Flags are plumbing only (engine, model, workload, limits, output); experiment
 knobs live on policies (`--policy_opts`). `spec_from_flags()` resolves them into
-an `orca_jax.runner.experiment.RunSpec`.
+an `orca_jax.runner.spec.RunSpec`. The flags renamed in 0.2 (`--max_batch_size`,
+`--token_budget`) still set their new flags, with a warning line.
 """
 
 from __future__ import annotations
 
 import contextlib
 import sys
+import warnings
 from typing import Iterator, Optional
 
 from absl import app, flags
@@ -17,8 +19,14 @@ from orca_jax.core.engine_api import EngineConfigError
 from orca_jax.core.plan import PlanError
 from orca_jax.core.policy import PolicyLoadError
 from orca_jax.workloads.traces import TraceError
-from orca_jax.runner.experiment import ATTENTIONS, DTYPES, ENGINES, WORKLOADS, RunSpec
+from orca_jax.runner.spec import (ATTENTIONS, CLOCKS, DTYPES, ENGINES, WORKLOADS, ClusterSpec,
+                                  JaxEngineSpec, LimitsSpec, RunSpec, SimEngineSpec,
+                                  WorkloadSpec)
 from orca_jax.workloads.synthetic import parse_length_spec
+
+# Python hides a DeprecationWarning raised outside __main__; a command shows the library's
+# own (an old policy option name, an old view attribute a plugin reads), once each.
+warnings.filterwarnings("default", message=r".* is deprecated; use ", category=DeprecationWarning)
 
 flags.DEFINE_enum("engine", "jax", list(ENGINES), "Engine: the real JAX model (jax) or the "
                   "cost-model simulator (sim).")
@@ -32,7 +40,7 @@ flags.DEFINE_enum("attention", "auto", list(ATTENTIONS), "jax: attention op (aut
                   "kernel on a GPU, the jnp reference elsewhere; pallas off a GPU runs the "
                   "kernel in interpret mode).")
 flags.DEFINE_string("sampling", "greedy", "jax: greedy, or temperature:T[:TOP_K[:TOP_P]].")
-flags.DEFINE_enum("clock", "profiled", ["profiled", "wall"], "jax: advance the virtual clock by "
+flags.DEFINE_enum("clock", "profiled", list(CLOCKS), "jax: advance the virtual clock by "
                   "each bucket's warm-up median (repeatable) or by measured wall time.")
 flags.DEFINE_string("hardware", "a100", "Hardware preset of the simulator: a100 (80GB), a100-40gb, "
                     "h100, h200.")
@@ -59,10 +67,12 @@ flags.DEFINE_string("prompt_len", None, "Prompt length distribution: fixed:N, un
                     "uniform:16:128 on jax, uniform:32:512 on sim.")
 flags.DEFINE_string("output_len", None, "Output length distribution (as --prompt_len). Default: "
                     "uniform:16:64 on jax, uniform:1:128 on sim.")
-flags.DEFINE_integer("max_batch_size", None, "Batch cap: most sequences in one step. Default: 16 "
+flags.DEFINE_integer("max_num_seqs", None, "Batch cap: most sequences in one step. Default: 16 "
                      "on jax, 64 on sim.", lower_bound=1)
-flags.DEFINE_integer("token_budget", None, "Most tokens in one step (the largest bucket). "
+flags.DEFINE_integer("max_num_tokens", None, "Most tokens in one step (the largest bucket). "
                      "Default: 256 on jax, 2048 on sim.", lower_bound=1)
+flags.DEFINE_integer("max_batch_size", None, "Deprecated: use --max_num_seqs.", lower_bound=1)
+flags.DEFINE_integer("token_budget", None, "Deprecated: use --max_num_tokens.", lower_bound=1)
 flags.DEFINE_integer("num_kv_pages", None, "KV pool size in pages (default: from --kv_memory_gb, "
                      "else what the GPU holds beside the weights; jax: a full batch of full "
                      "contexts).", lower_bound=1)
@@ -70,7 +80,7 @@ flags.DEFINE_float("kv_memory_gb", None, "KV pool size in GB (decimal) over the 
 flags.DEFINE_integer("page_size", 16, "Tokens per KV page.", lower_bound=1)
 flags.DEFINE_integer("max_model_len", None, "Context limit (default: the model's).", lower_bound=2)
 flags.DEFINE_list("buckets", None, "Step token sizes to pad to (default: powers of two up to "
-                  "--token_budget).")
+                  "--max_num_tokens).")
 flags.DEFINE_float("ttft_slo_s", None, "TTFT SLO for goodput, seconds.")
 flags.DEFINE_float("tpot_slo_s", None, "TPOT SLO for goodput, seconds.")
 flags.DEFINE_integer("seed", 0, "Workload and sampling seed.", lower_bound=0)
@@ -92,13 +102,16 @@ TABLE_COLUMNS = ("policy", "num_finished", "num_rejected", "num_steps", "duratio
                  "tpot_p50_s", "tpot_p99_s", "latency_p50_s", "latency_p99_s",
                  "normalized_latency_mean_s", "num_preemptions", "padding_fraction")
 
+# Deprecated flag -> the flag it sets now (kept for one release).
+RENAMED_FLAGS = {"max_batch_size": "max_num_seqs", "token_budget": "max_num_tokens"}
+
 # The embedded defaults: a small workload the tiny real model serves in seconds on a
 # laptop CPU, and a GPU-scale one for the simulator.
 ENGINE_DEFAULTS = {
     "jax": dict(model="tiny", num_requests=64, rate=40.0, prompt_len="uniform:16:128",
-                output_len="uniform:16:64", max_batch_size=16, token_budget=256),
+                output_len="uniform:16:64", max_num_seqs=16, max_num_tokens=256),
     "sim": dict(model="llama3-8b", num_requests=1000, rate=32.0, prompt_len="uniform:32:512",
-                output_len="uniform:1:128", max_batch_size=64, token_budget=2048),
+                output_len="uniform:1:128", max_num_seqs=64, max_num_tokens=2048),
 }
 
 FLAGS = flags.FLAGS
@@ -145,8 +158,26 @@ def clean_errors() -> Iterator[None]:
         sys.exit(f"error: {e}")
 
 
+def _take_renamed_flags() -> None:
+    """Sets each new flag from its deprecated name, if given, with one warning line.
+
+    Raises:
+      app.UsageError: the old and the new name are both given, with different values.
+    """
+    for old, new in RENAMED_FLAGS.items():
+        if not FLAGS[old].present:
+            continue
+        value = FLAGS[old].value
+        print(f"--{old} is deprecated; use --{new}", file=sys.stderr)
+        if FLAGS[new].present and FLAGS[new].value != value:
+            raise app.UsageError(f"--{old}={value} and --{new}={FLAGS[new].value} disagree; "
+                                 f"give only --{new}")
+        FLAGS[new].value = value
+
+
 def spec_from_flags() -> RunSpec:
     """The RunSpec the flags describe (unset flags take the engine's defaults)."""
+    _take_renamed_flags()
     defaults = ENGINE_DEFAULTS[FLAGS.engine]
 
     def pick(name: str):
@@ -154,19 +185,29 @@ def spec_from_flags() -> RunSpec:
         return defaults[name] if value is None else value
 
     try:
+        engine: JaxEngineSpec | SimEngineSpec
+        if FLAGS.engine == "jax":
+            engine = JaxEngineSpec(model=pick("model"), checkpoint=FLAGS.checkpoint,
+                                   dtype=FLAGS.dtype, attention=FLAGS.attention,
+                                   sampling=FLAGS.sampling, clock=FLAGS.clock, tp=FLAGS.tp)
+        else:
+            engine = SimEngineSpec(model=pick("model"), hardware=FLAGS.hardware, tp=FLAGS.tp,
+                                   step_time_ms=FLAGS.step_time_ms, cost_fit=FLAGS.cost_fit)
         return RunSpec(
-            engine=FLAGS.engine, model=pick("model"), checkpoint=FLAGS.checkpoint,
-            dtype=FLAGS.dtype, attention=FLAGS.attention, sampling=FLAGS.sampling,
-            clock=FLAGS.clock, hardware=FLAGS.hardware, tp=FLAGS.tp,
-            step_time_ms=FLAGS.step_time_ms, cost_fit=FLAGS.cost_fit, workload=FLAGS.workload,
-            trace=FLAGS.trace, trace_time_scale=FLAGS.trace_time_scale,
-            num_requests=pick("num_requests"), rate=pick("rate"), cv=FLAGS.cv,
-            prompt_len=pick("prompt_len"), output_len=pick("output_len"),
-            max_batch_size=pick("max_batch_size"), token_budget=pick("token_budget"),
-            num_kv_pages=FLAGS.num_kv_pages, kv_memory_gb=FLAGS.kv_memory_gb,
-            page_size=FLAGS.page_size, max_model_len=FLAGS.max_model_len,
-            token_buckets=_buckets(), ttft_slo_s=FLAGS.ttft_slo_s, tpot_slo_s=FLAGS.tpot_slo_s,
-            seed=FLAGS.seed, num_replicas=FLAGS.num_replicas, router=FLAGS.router,
-            router_opts=FLAGS.router_opts, log_step_requests=FLAGS.log_step_requests)
+            workload=WorkloadSpec(arrival=FLAGS.workload, trace=FLAGS.trace,
+                                  trace_time_scale=FLAGS.trace_time_scale,
+                                  num_requests=pick("num_requests"), rate=pick("rate"),
+                                  cv=FLAGS.cv, prompt_len=pick("prompt_len"),
+                                  output_len=pick("output_len")),
+            engine=engine,
+            limits=LimitsSpec(max_num_seqs=pick("max_num_seqs"),
+                              max_num_tokens=pick("max_num_tokens"),
+                              num_kv_pages=FLAGS.num_kv_pages, kv_memory_gb=FLAGS.kv_memory_gb,
+                              page_size=FLAGS.page_size, max_model_len=FLAGS.max_model_len,
+                              token_buckets=_buckets(),
+                              log_step_requests=FLAGS.log_step_requests),
+            cluster=ClusterSpec(num_replicas=FLAGS.num_replicas, router=FLAGS.router,
+                                router_opts=FLAGS.router_opts),
+            seed=FLAGS.seed, ttft_slo_s=FLAGS.ttft_slo_s, tpot_slo_s=FLAGS.tpot_slo_s)
     except ValueError as e:
         raise app.UsageError(str(e)) from e

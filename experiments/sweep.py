@@ -65,7 +65,7 @@ def _parse_list(name: str, values: Sequence[str], kind: type) -> list:
 def main(argv: list[str]) -> None:
     del argv
     spec = run_flags.spec_from_flags()
-    if spec.workload == "burst":
+    if spec.workload.arrival == "burst":
         raise app.UsageError("--workload=burst has every request at t=0: there is no rate to "
                              "sweep (use poisson, gamma or a trace)")
     names = list(FLAGS.policies)

@@ -3,7 +3,7 @@
 A request's deadline is its own `deadline_s` (a completion deadline) or, when
 `ttft_slo_s` is set and it has none, `arrival_s + ttft_slo_s` (a first-token
 deadline). Requests without either go last. Every step, running and waiting
-requests are ranked by deadline (ties by arrival) and the best `max_batch_size`
+requests are ranked by deadline (ties by arrival) and the best `max_num_seqs`
 run; the others are paused (running ones keep their KV). When pages run out,
 the lowest-ranked running requests are preempted by recompute.
 

@@ -22,17 +22,19 @@ class Orca(Policy):
     """FCFS continuous batching.
 
     Attributes:
-      max_batch_size: the batch cap (None: the scheduler's).
+      max_num_seqs: the batch cap (None: the scheduler's).
       kv_reservation: `max` as in the paper; `pow2` and `exact` give the
         vLLM paper's Orca (Pow2) and Orca (Oracle) variants.
     """
 
-    max_batch_size: Optional[int] = None
+    renamed_options = {"max_batch_size": "max_num_seqs"}
+
+    max_num_seqs: Optional[int] = None
     kv_reservation: str = "max"
 
     def schedule(self, view: SchedulerView) -> StepPlan:
-        cap = min(self.max_batch_size or view.max_batch_size, view.max_batch_size)
-        budget = view.token_budget
+        cap = min(self.max_num_seqs or view.max_num_seqs, view.max_num_seqs)
+        budget = view.max_num_tokens
         running = view.running
         # Each running request gets its whole rest (a prompt, or 1 decode token); only a
         # prompt longer than the budget is chunked, in FCFS order.
@@ -44,7 +46,7 @@ class Orca(Policy):
             if len(ids) >= cap or budget <= 0:
                 break
             # A prompt longer than the whole budget is chunked rather than starved.
-            count = min(int(view.requests.num_uncomputed([request])[0]), view.token_budget)
+            count = min(int(view.requests.num_uncomputed([request])[0]), view.max_num_tokens)
             if count > budget:
                 break
             pages = int(view.pages_needed([request], [count])[0])

@@ -37,22 +37,24 @@ class Sarathi(Policy):
     """Stall-free batching with chunked prefills.
 
     Attributes:
-      token_budget: tokens per step, decodes included (Sarathi-Serve's chunk
-        size); also capped by the scheduler's budget.
+      max_num_tokens: tokens per step, decodes included (Sarathi-Serve's chunk
+        size); also capped by the scheduler's `max_num_tokens`.
       max_num_seqs: most running requests (None: the scheduler's batch cap).
     """
 
-    token_budget: int = 512
+    renamed_options = {"token_budget": "max_num_tokens"}
+
+    max_num_tokens: int = 512
     max_num_seqs: Optional[int] = None
 
     def __post_init__(self) -> None:
-        if self.token_budget < 1:
-            raise ValueError(f"token_budget must be >= 1, got {self.token_budget}")
+        if self.max_num_tokens < 1:
+            raise ValueError(f"max_num_tokens must be >= 1, got {self.max_num_tokens}")
         if self.max_num_seqs is not None and self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1 or None, got {self.max_num_seqs}")
 
     def schedule(self, view: SchedulerView) -> StepPlan:
-        budget = min(self.token_budget, view.token_budget)
+        budget = min(self.max_num_tokens, view.max_num_tokens)
         running = view.running
         decoding = view.requests.prefill_done(running)  # [r]
         decodes = running[decoding][:budget]  # [d]
@@ -110,8 +112,8 @@ class Sarathi(Policy):
     def _admit(self, view: SchedulerView, budget: int, free: int, num_running: int
                ) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
         """New prefills: waiting ids `[a]` in FCFS order and their chunks `[a]`."""
-        cap = view.max_batch_size if self.max_num_seqs is None else min(self.max_num_seqs,
-                                                                         view.max_batch_size)
+        cap = view.max_num_seqs if self.max_num_seqs is None else min(self.max_num_seqs,
+                                                                       view.max_num_seqs)
         waiting = view.waiting
         if budget <= 0 or num_running >= cap or waiting.size == 0:
             return waiting[:0], waiting[:0]

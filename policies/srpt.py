@@ -3,7 +3,7 @@
 Every step, running and waiting requests are ranked by their predicted remaining
 work, `prompt_token_weight * (prompt tokens still to compute) + (predicted
 output tokens still to generate)` (at least 1 output token: a learned predictor
-may undershoot), and the best `max_batch_size` run. A running request that
+may undershoot), and the best `max_num_seqs` run. A running request that
 falls out of the top is *paused*: it keeps its KV pages and resumes where it
 stopped, so preemption costs nothing but waiting (SRPT's cheap preemption).
 When pages run out, the lowest-ranked running requests are preempted by

@@ -1,6 +1,6 @@
 """Request-level (static) batching: the FasterTransformer baseline that Orca compares with.
 
-A batch of up to `max_batch_size` waiting requests is formed; it runs until its
+A batch of up to `max_num_seqs` waiting requests is formed; it runs until its
 longest member is done, and nobody joins mid-batch. Answers go back to their
 clients together when the whole batch is done (`defer_release`), as a
 request-level serving system returns a batch. Each member reserves its maximum
@@ -24,7 +24,7 @@ class Static(Policy):
     """Static batching.
 
     Attributes:
-      max_batch_size: requests per batch (None: the scheduler's batch cap).
+      max_num_seqs: requests per batch (None: the scheduler's batch cap).
       kv_reservation: as Orca's (`max`).
       hold_batch_shape: pad every step of a batch to a bucket holding the whole
         batch, so finished members keep costing their rows until the batch is
@@ -32,7 +32,9 @@ class Static(Policy):
         step shrink as members finish.
     """
 
-    max_batch_size: Optional[int] = None
+    renamed_options = {"max_batch_size": "max_num_seqs"}
+
+    max_num_seqs: Optional[int] = None
     hold_batch_shape: bool = True
     kv_reservation: str = "max"
     defer_release: bool = dataclasses.field(default=True, init=False)
@@ -50,18 +52,18 @@ class Static(Policy):
         # Prefills that do not fit the step's budget together wait for the next step
         # (a prompt longer than the whole budget is chunked).
         members, tokens = fit_to_budget(members, view.requests.num_uncomputed(members),
-                                        view.token_budget)
+                                        view.max_num_tokens)
         # The batch keeps its shape until its longest member is done: finished members
         # still occupy (and cost) their rows, as in FasterTransformer.
-        shape = min(int(self._batch.size), view.token_budget) if self.hold_batch_shape else 0
+        shape = min(int(self._batch.size), view.max_num_tokens) if self.hold_batch_shape else 0
         return StepPlan(members, tokens, release=release, min_bucket_tokens=shape)
 
     def _form_batch(self, view: SchedulerView) -> np.ndarray:
-        cap = min(self.max_batch_size or view.max_batch_size, view.max_batch_size)
+        cap = min(self.max_num_seqs or view.max_num_seqs, view.max_num_seqs)
         free_pages = view.num_free_pages - view.watermark_pages
         batch: list[int] = []
         for request in view.waiting[:cap].tolist():
-            prompt = min(int(view.requests.num_uncomputed([request])[0]), view.token_budget)
+            prompt = min(int(view.requests.num_uncomputed([request])[0]), view.max_num_tokens)
             pages = int(view.pages_needed([request], [prompt])[0])
             if pages > free_pages:
                 break

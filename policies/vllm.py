@@ -51,7 +51,8 @@ class VLLM(Policy):
 
     Attributes:
       max_num_seqs: most running requests (also capped by the scheduler's batch cap).
-      max_num_batched_tokens: tokens per step (also capped by the scheduler's budget).
+      max_num_tokens: tokens per step (vLLM's `max_num_batched_tokens`; also capped
+        by the scheduler's `max_num_tokens`).
       enable_chunked_prefill: False admits a waiting request only if all its
         uncomputed tokens fit the budget left.
       long_prefill_token_threshold: when > 0 and more than one request is running
@@ -61,14 +62,16 @@ class VLLM(Policy):
         priority` (lower value = more urgent).
     """
 
+    renamed_options = {"max_num_batched_tokens": "max_num_tokens"}
+
     max_num_seqs: int = 256
-    max_num_batched_tokens: int = 2048
+    max_num_tokens: int = 2048
     enable_chunked_prefill: bool = True
     long_prefill_token_threshold: int = 0
     priority: bool = False
 
     def __post_init__(self) -> None:
-        for field in ("max_num_seqs", "max_num_batched_tokens"):
+        for field in ("max_num_seqs", "max_num_tokens"):
             if getattr(self, field) < 1:
                 raise ValueError(f"{field} must be >= 1, got {getattr(self, field)}")
         if self.long_prefill_token_threshold < 0:
@@ -76,7 +79,7 @@ class VLLM(Policy):
                              f"{self.long_prefill_token_threshold}")
 
     def schedule(self, view: SchedulerView) -> StepPlan:
-        budget = min(self.max_num_batched_tokens, view.token_budget)
+        budget = min(self.max_num_tokens, view.max_num_tokens)
         running = view.running
         threshold = self.long_prefill_token_threshold
         if running.size + view.waiting.size <= 1:
@@ -153,7 +156,7 @@ class VLLM(Policy):
     def _admit(self, view: SchedulerView, budget: int, free: int, num_running: int,
                threshold: int) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
         """Waiting requests to admit after the running pass: ids `[a]` and tokens `[a]`."""
-        cap = min(self.max_num_seqs, view.max_batch_size)
+        cap = min(self.max_num_seqs, view.max_num_seqs)
         waiting = view.waiting
         if budget <= 0 or num_running >= cap or waiting.size == 0:
             return waiting[:0], waiting[:0]
@@ -169,13 +172,13 @@ class VLLM(Policy):
         before = np.cumsum(want) - want  # [c] tokens taken by earlier admissions
         fits = before < budget
         if not self.enable_chunked_prefill:
-            step_budget = min(self.max_num_batched_tokens, view.token_budget)
+            step_budget = min(self.max_num_tokens, view.max_num_tokens)
             if want[0] > step_budget:  # it would block the queue forever
                 raise ValueError(
                     f"policy {self.name!r}: request {int(candidates[0])} needs {int(want[0])} "
                     f"tokens in one step, but enable_chunked_prefill is off and the budget is "
-                    f"{step_budget} (max_num_batched_tokens={self.max_num_batched_tokens}, "
-                    f"scheduler token_budget={view.token_budget})")
+                    f"{step_budget} (max_num_tokens={self.max_num_tokens}, "
+                    f"scheduler max_num_tokens={view.max_num_tokens})")
             fits &= want <= budget - before
         tokens = np.minimum(want, budget - before)  # [c]
         full_pages = -(-requests.num_known(candidates) // view.page_size)  # [c]

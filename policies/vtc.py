@@ -70,7 +70,7 @@ class VTC(Policy):
         self._lift(requests.tenant[waiting])
         running = view.running
         running = running[np.lexsort((running, counter[requests.tenant[running]]))]
-        admit = self._admission_order(view, waiting, view.max_batch_size)
+        admit = self._admission_order(view, waiting, view.max_num_seqs)
         plan = plan_in_order(view, np.concatenate([running, admit]))
         ids, tokens = plan.request_ids, plan.num_tokens
         first = ids[~charged[ids]]

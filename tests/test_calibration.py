@@ -13,7 +13,8 @@ from orca_jax.sim import calibration as cal
 from orca_jax.sim import step_profile as prof
 from orca_jax.sim import cost_model as cm
 from orca_jax.core.engine_api import Bucket, StepOutput
-from orca_jax.runner.experiment import RunSpec, run_policy
+from orca_jax.runner.experiment import run_policy
+from orca_jax.runner.spec import LimitsSpec, RunSpec, SimEngineSpec, WorkloadSpec
 from orca_jax.sim.engine import SimEngine
 
 REPO = Path(__file__).resolve().parents[1]
@@ -114,9 +115,11 @@ def test_saved_fit_round_trips_and_drives_the_simulator(tmp_path):
     with pytest.raises(ValueError, match="num_tokens=32 has no fitted step time"):
         engine.warmup([Bucket(32, 16)])
     # The run plumbing: --engine=sim --cost_fit=PATH, buckets as fitted.
-    spec = RunSpec(engine="sim", model="tiny", cost_fit=path, num_requests=20, rate=50.0,
-                   prompt_len="uniform:8:40", output_len="uniform:2:10", max_batch_size=16,
-                   token_budget=64, token_buckets=(16, 64), num_kv_pages=256, max_model_len=256)
+    spec = RunSpec(workload=WorkloadSpec(num_requests=20, rate=50.0, prompt_len="uniform:8:40",
+                                         output_len="uniform:2:10"),
+                   engine=SimEngineSpec(model="tiny", cost_fit=path),
+                   limits=LimitsSpec(max_num_seqs=16, max_num_tokens=64, token_buckets=(16, 64),
+                                     num_kv_pages=256, max_model_len=256))
     summary, result = run_policy(spec, "orca", progress=False)
     steps = result.steps
     assert summary["num_finished"] == 20
@@ -167,7 +170,7 @@ def test_calibrate_command_on_tiny_writes_fit_table_and_runs(tmp_path):
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     result = subprocess.run(
         [sys.executable, "-m", "experiments.calibrate", "--model=tiny", "--policies=orca",
-         "--buckets=16,32", "--token_budget=32", "--max_batch_size=4", "--max_model_len=128",
+         "--buckets=16,32", "--max_num_tokens=32", "--max_num_seqs=4", "--max_model_len=128",
          "--num_requests=6", "--rate=100", "--prompt_len=uniform:4:24",
          "--output_len=uniform:2:6", "--num_repeats=1", "--num_real_runs=1", f"--out_dir={out}"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=120)

@@ -16,7 +16,7 @@ from orca_jax.cluster.replicas import Cluster
 from orca_jax.sim.cost_model import CostModelConfig
 from orca_jax.core.plan import PlanError
 from orca_jax.core.policy import PolicyLoadError
-from orca_jax.runner.experiment import RunSpec
+from orca_jax.runner.spec import ClusterSpec, JaxEngineSpec, RunSpec
 from orca_jax.core.request import RequestState
 from orca_jax.core.run_result import RunResult
 from orca_jax.results.summary import summarize
@@ -24,7 +24,7 @@ from orca_jax.sim.engine import SimEngine
 from orca_jax.workloads.synthetic import synthetic_workload
 
 REPO = Path(__file__).resolve().parents[1]
-CONFIG = SchedulerConfig(max_batch_size=8, token_budget=256, num_kv_pages=120, page_size=16,
+CONFIG = SchedulerConfig(max_num_seqs=8, max_num_tokens=256, num_kv_pages=120, page_size=16,
                          max_model_len=512)
 
 
@@ -176,7 +176,7 @@ def test_cluster_rejects_bad_settings():
         Cluster(_workload(n=2), num_replicas=2, router="round_robin", router_options={"x": "1"},
                 make_policy=lambda: None, make_engine=_engine, config=CONFIG)
     with pytest.raises(ValueError, match="num_replicas=2 needs engine 'sim'"):
-        RunSpec(engine="jax", num_replicas=2)
+        RunSpec(engine=JaxEngineSpec(), cluster=ClusterSpec(num_replicas=2))
 
 
 def test_run_cli_writes_each_request_s_replica(tmp_path):

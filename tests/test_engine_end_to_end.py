@@ -58,9 +58,9 @@ ChunkedPreempting.name = "chunked-preempting"
 @pytest.fixture(scope="module")
 def engine():
     params = init_params(CONFIG, seed=3)
-    engine = JaxEngine(CONFIG, params, num_pages=4 * MAX_LEN // PAGE_SIZE + 1, page_size=PAGE_SIZE,
-                       pages_per_seq=MAX_LEN // PAGE_SIZE, attention="reference", clock="profiled",
-                       num_timed_runs=1)
+    engine = JaxEngine(CONFIG, params, num_cache_pages=4 * MAX_LEN // PAGE_SIZE + 1,
+                       page_size=PAGE_SIZE, pages_per_seq=MAX_LEN // PAGE_SIZE,
+                       attention="reference", clock="profiled", num_timed_runs=1)
     return engine
 
 
@@ -83,8 +83,8 @@ def _requests(indices):
                     prompt_tokens=np.asarray(PROMPTS[i], np.int32)) for i in indices]
 
 
-def _run(engine, policy, indices, max_batch_size=4):
-    config = SchedulerConfig(max_batch_size=max_batch_size, token_budget=BUCKETS[-1],
+def _run(engine, policy, indices, max_num_seqs=4):
+    config = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_tokens=BUCKETS[-1],
                              num_kv_pages=4 * MAX_LEN // PAGE_SIZE, page_size=PAGE_SIZE,
                              max_model_len=MAX_LEN, token_buckets=BUCKETS)
     result = Scheduler(_requests(indices), policy, engine, config).run()
@@ -114,9 +114,10 @@ def test_chunked_prefill_and_recompute_preemption_keep_tokens(engine, dense_toke
 
 
 def test_runs_compile_exactly_the_buckets_and_share_them(engine):
-    fresh = JaxEngine(CONFIG, init_params(CONFIG, seed=3), num_pages=4 * MAX_LEN // PAGE_SIZE + 1,
-                      page_size=PAGE_SIZE, pages_per_seq=MAX_LEN // PAGE_SIZE,
-                      attention="reference", clock="profiled", num_timed_runs=1)
+    fresh = JaxEngine(CONFIG, init_params(CONFIG, seed=3),
+                      num_cache_pages=4 * MAX_LEN // PAGE_SIZE + 1, page_size=PAGE_SIZE,
+                      pages_per_seq=MAX_LEN // PAGE_SIZE, attention="reference",
+                      clock="profiled", num_timed_runs=1)
     _, static_run = _run(fresh, policies.make_policy("static"), range(4))
     assert fresh.num_compiles == len(BUCKETS)
     static_prints = fresh.fingerprints()

@@ -20,7 +20,7 @@ def test_least_attained_service_round_robins_the_batch():
     assert policy.name == "las" and policy.max_running == 4
     requests = [Request(id=i, arrival_s=0.0, prompt_len=4, output_len=n)
                 for i, n in enumerate([6, 3, 5, 4])]
-    config = SchedulerConfig(max_batch_size=2, token_budget=16, num_kv_pages=64, page_size=4,
+    config = SchedulerConfig(max_num_seqs=2, max_num_tokens=16, num_kv_pages=64, page_size=4,
                              max_model_len=32)
     engine = SimEngine(CostModelConfig(mode="fixed", model="tiny", step_time_s=0.01))
     scheduler = Scheduler(requests, policy, engine, config)

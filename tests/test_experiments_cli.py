@@ -35,7 +35,7 @@ def _jsonl(path):
 def test_run_writes_the_result_contract(tmp_path):
     out = tmp_path / "run"
     result = _run("experiments.run", "--policy=orca", "--engine=sim", "--num_requests=30",
-                  "--rate=50", "--max_model_len=700", "--max_batch_size=8", "--num_kv_pages=200",
+                  "--rate=50", "--max_model_len=700", "--max_num_seqs=8", "--num_kv_pages=200",
                   f"--out_dir={out}")
     assert "orca" in result.stdout
     summary = json.loads((out / "summary.json").read_text())
@@ -51,10 +51,47 @@ def test_run_writes_the_result_contract(tmp_path):
     assert sum(r["status"] == "finished" for r in requests) == summary["num_finished"]
 
 
+def test_old_limit_flags_still_work_with_one_warning_line_each(tmp_path):
+    out = tmp_path / "run"
+    result = _run("experiments.run", "--policy=orca", "--engine=sim", "--num_requests=10",
+                  "--max_batch_size=8", "--token_budget=128", "--max_num_tokens=128",
+                  f"--out_dir={out}")
+    lines = result.stderr.splitlines()
+    assert lines.count("--max_batch_size is deprecated; use --max_num_seqs") == 1
+    assert lines.count("--token_budget is deprecated; use --max_num_tokens") == 1
+    config = json.loads((out / "config.json").read_text())
+    assert config["scheduler"]["max_num_seqs"] == 8
+    assert config["scheduler"]["max_num_tokens"] == 128
+    assert all(s["num_seqs"] <= 8 for s in _jsonl(out / "steps.jsonl"))
+
+
+def test_an_old_and_a_new_flag_that_disagree_are_refused():
+    result = _run("experiments.run", "--engine=sim", "--num_requests=5", "--token_budget=64",
+                  "--max_num_tokens=128", check=False)
+    assert result.returncode != 0
+    assert "--token_budget=64 and --max_num_tokens=128 disagree" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_config_run_section_is_the_spec_grouped_in_its_parts(tmp_path):
+    out = tmp_path / "run"
+    _run("experiments.run", "--policy=orca", "--engine=sim", "--num_requests=10",
+         "--max_num_seqs=8", "--workload=gamma", "--cv=2", "--step_time_ms=5",
+         f"--out_dir={out}")
+    run = json.loads((out / "config.json").read_text())["run"]
+    assert set(run) == {"workload", "engine", "limits", "cluster", "seed", "ttft_slo_s",
+                        "tpot_slo_s"}
+    assert run["workload"]["arrival"] == "gamma" and run["workload"]["cv"] == 2.0
+    assert run["engine"] == {"kind": "sim", "model": "llama3-8b", "hardware": "a100", "tp": 1,
+                             "step_time_ms": 5.0, "cost_fit": None}  # no jax-only settings
+    assert run["limits"]["max_num_seqs"] == 8 and run["limits"]["max_num_tokens"] == 2048
+    assert run["cluster"] == {"num_replicas": 1, "router": "round_robin", "router_opts": ""}
+
+
 def test_step_requests_log_accounts_for_every_token_computed(tmp_path):
     out = tmp_path / "run"
     _run("experiments.run", "--policy=sarathi", "--engine=sim", "--num_requests=30", "--rate=80",
-         "--max_batch_size=8", "--token_budget=128", "--log_step_requests", f"--out_dir={out}")
+         "--max_num_seqs=8", "--max_num_tokens=128", "--log_step_requests", f"--out_dir={out}")
     requests = {r["id"]: r for r in _jsonl(out / "requests.jsonl")}
     steps = _jsonl(out / "steps.jsonl")
     computed = dict.fromkeys(requests, 0)
@@ -74,14 +111,14 @@ def test_step_requests_log_accounts_for_every_token_computed(tmp_path):
 def test_compare_writes_one_folder_per_policy_on_the_same_workload(tmp_path):
     out = tmp_path / "cmp"
     _run("experiments.compare", "--policies=static,orca", "--engine=sim", "--num_requests=40",
-         "--rate=100", "--policy_opts=static.max_batch_size=4", f"--out_dir={out}")
+         "--rate=100", "--policy_opts=static.max_num_seqs=4", f"--out_dir={out}")
     arrivals = {}
     for name in ("static", "orca"):
         requests = _jsonl(out / name / "requests.jsonl")
         arrivals[name] = [(r["id"], r["arrival_s"], r["prompt_len"], r["output_len"])
                           for r in requests]
     assert arrivals["static"] == arrivals["orca"]
-    assert json.loads((out / "static" / "config.json").read_text())["policy"]["max_batch_size"] == 4
+    assert json.loads((out / "static" / "config.json").read_text())["policy"]["max_num_seqs"] == 4
     table = (out / "comparison.txt").read_text()
     assert "static" in table and "orca" in table
 
@@ -89,7 +126,7 @@ def test_compare_writes_one_folder_per_policy_on_the_same_workload(tmp_path):
 def test_jax_engine_run_records_tokens_and_compiles(tmp_path):
     out = tmp_path / "jax"
     _run("experiments.run", "--policy=orca", "--engine=jax", "--num_requests=6",
-         "--prompt_len=uniform:4:20", "--output_len=fixed:5", "--token_budget=32",
+         "--prompt_len=uniform:4:20", "--output_len=fixed:5", "--max_num_tokens=32",
          f"--out_dir={out}")
     summary = json.loads((out / "summary.json").read_text())
     assert summary["engine"] == "jax"
@@ -119,9 +156,9 @@ def test_pallas_attention_runs_end_to_end_with_the_reference_tokens(tmp_path):
         out = tmp_path / attention
         _run("experiments.run", "--policy=orca", "--engine=jax", f"--attention={attention}",
              "--num_requests=4", "--prompt_len=uniform:3:9", "--output_len=fixed:4",
-             "--token_budget=16", "--max_model_len=64", f"--out_dir={out}")
+             "--max_num_tokens=16", "--max_model_len=64", f"--out_dir={out}")
         config = json.loads((out / "config.json").read_text())
-        assert config["run"]["attention"] == attention
+        assert config["run"]["engine"]["attention"] == attention
         tokens[attention] = [r["output_tokens"] for r in _jsonl(out / "requests.jsonl")]
     assert tokens["pallas"] == tokens["reference"]
     assert all(len(t) == 4 for t in tokens["pallas"])

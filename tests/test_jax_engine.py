@@ -64,7 +64,7 @@ def engine_parts():
 @pytest.fixture(scope="module")
 def engine(engine_parts):
     config, params = engine_parts
-    engine = jax_engine.JaxEngine(config, params, num_pages=NUM_PAGES, page_size=PAGE_SIZE,
+    engine = jax_engine.JaxEngine(config, params, num_cache_pages=NUM_PAGES, page_size=PAGE_SIZE,
                                   pages_per_seq=PAGES_PER_SEQ, clock="profiled")
     engine.warmup([SMALL, LARGE])
     return engine
@@ -120,9 +120,9 @@ def test_greedy_tokens_do_not_depend_on_the_batch(engine, engine_parts):
 
 def test_fingerprints_match_across_engines_with_the_same_config(engine, engine_parts):
     config, _ = engine_parts
-    other = jax_engine.JaxEngine(config, weights.init_params(config, seed=4), num_pages=NUM_PAGES,
-                                 page_size=PAGE_SIZE, pages_per_seq=PAGES_PER_SEQ,
-                                 num_timed_runs=1)
+    other = jax_engine.JaxEngine(config, weights.init_params(config, seed=4),
+                                 num_cache_pages=NUM_PAGES, page_size=PAGE_SIZE,
+                                 pages_per_seq=PAGES_PER_SEQ, num_timed_runs=1)
     other.warmup([SMALL])
     assert other.num_compiles == 1
     assert other.fingerprints()[SMALL] == engine.fingerprints()[SMALL]
@@ -133,14 +133,14 @@ def test_fingerprints_match_across_engines_with_the_same_config(engine, engine_p
 def test_bad_construction_and_inputs_name_the_problem(engine, engine_parts):
     config, params = engine_parts
     with pytest.raises(ValueError, match="clock='cpu'"):
-        jax_engine.JaxEngine(config, params, num_pages=8, page_size=4, pages_per_seq=2,
+        jax_engine.JaxEngine(config, params, num_cache_pages=8, page_size=4, pages_per_seq=2,
                              clock="cpu")
     with pytest.raises(ValueError, match="unknown attention op 'flash'"):
-        jax_engine.JaxEngine(config, params, num_pages=8, page_size=4, pages_per_seq=2,
+        jax_engine.JaxEngine(config, params, num_cache_pages=8, page_size=4, pages_per_seq=2,
                              attention="flash")
     small = weights.init_params(get_model_config("small"))
     with pytest.raises(ValueError, match=r"embed_tokens.*expected \(512, 128\)"):
-        jax_engine.JaxEngine(config, small, num_pages=8, page_size=4, pages_per_seq=2)
+        jax_engine.JaxEngine(config, small, num_cache_pages=8, page_size=4, pages_per_seq=2)
     inputs = pack_by_hand([([1], 0, [5])], SMALL)
     wide = dataclasses.replace(inputs, page_indices=np.zeros((2, PAGES_PER_SEQ + 1), np.int32))
     with pytest.raises(ValueError, match="pages_per_seq=8"):

@@ -12,7 +12,7 @@ from orca_jax.core.packing import (BucketConfig, SamplingArrays, bucket_config_f
 
 
 def manager(num_pages=10, page_size=4, max_pages_per_seq=4, num_requests=8) -> KVPageManager:
-    return KVPageManager(num_pages=num_pages, page_size=page_size,
+    return KVPageManager(num_kv_pages=num_pages, page_size=page_size,
                          max_pages_per_seq=max_pages_per_seq, num_requests=num_requests)
 
 
@@ -230,11 +230,11 @@ def test_bucket_config():
     assert default_token_sizes(100) == (16, 32, 64, 100)
     assert default_token_sizes(64) == (16, 32, 64)
     assert default_token_sizes(8) == (8,)
-    config = bucket_config_for(token_budget=48, max_num_seqs=6, max_model_len=50, page_size=8)
+    config = bucket_config_for(max_num_tokens=48, max_num_seqs=6, max_model_len=50, page_size=8)
     assert config.token_sizes == (16, 32, 48) and config.pages_per_seq == 7
     assert config.buckets()[0] == Bucket(16, 6)
     with pytest.raises(ValueError, match="largest bucket"):
-        bucket_config_for(token_budget=48, max_num_seqs=6, max_model_len=50, page_size=8,
+        bucket_config_for(max_num_tokens=48, max_num_seqs=6, max_model_len=50, page_size=8,
                           token_sizes=(16, 32))
     for sizes in [(8, 4), (4, 4, 8), (0, 4), ()]:
         with pytest.raises(ValueError, match="bucket token sizes"):

@@ -106,7 +106,7 @@ def burst(*lengths, arrival_s=0.0) -> list[Request]:
             for i, (p, o) in enumerate(lengths)]
 
 
-CONFIG = SchedulerConfig(max_batch_size=4, token_budget=32, num_kv_pages=64, page_size=4,
+CONFIG = SchedulerConfig(max_num_seqs=4, max_num_tokens=32, num_kv_pages=64, page_size=4,
                          max_model_len=32)
 REQUESTS = burst((10, 3), (12, 5), (6, 2), (9, 4))
 
@@ -114,7 +114,7 @@ REQUESTS = burst((10, 3), (12, 5), (6, 2), (9, 4))
 CASES: dict[str, tuple] = {
     "token_budget": (REQUESTS, CONFIG, {}, 0,
                      lambda v: StepPlan([0, 1, 2, 3], [10, 12, 6, 9])),  # 37 > 32
-    "batch_cap": (burst(*[(2, 2)] * 5), dataclasses.replace(CONFIG, max_batch_size=4), {}, 0,
+    "batch_cap": (burst(*[(2, 2)] * 5), dataclasses.replace(CONFIG, max_num_seqs=4), {}, 0,
                   lambda v: StepPlan([0, 1, 2, 3, 4], [2] * 5)),
     # Each request reserves the 8-page context; 20 pages hold two, the plan admits three.
     "kv_pages": (REQUESTS, dataclasses.replace(CONFIG, num_kv_pages=20), {}, 0,
@@ -147,7 +147,7 @@ CASES: dict[str, tuple] = {
                                            lambda v: StepPlan([0], [11])),
     "preempt_not_running": (REQUESTS[:2] + [Request(id=2, arrival_s=0.005, prompt_len=4,
                                                     output_len=2)],
-                            dataclasses.replace(CONFIG, max_batch_size=1), {}, 1,
+                            dataclasses.replace(CONFIG, max_num_seqs=1), {}, 1,
                             lambda v: StepPlan([0], [1], preempt=[1])),  # 1 is waiting
     "preempt_and_schedule": (REQUESTS, CONFIG, {}, 1,
                              lambda v: StepPlan([0, 1], [1, 1], preempt=[1])),

@@ -17,7 +17,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 def _scheduler(policy, requests, slots=4, num_kv_pages=512, log_step_requests=True,
                **options):
-    config = SchedulerConfig(max_batch_size=slots, token_budget=64, num_kv_pages=num_kv_pages,
+    config = SchedulerConfig(max_num_seqs=slots, max_num_tokens=64, num_kv_pages=num_kv_pages,
                              page_size=16, max_model_len=2048,
                              log_step_requests=log_step_requests)
     engine = SimEngine(CostModelConfig(mode="fixed", model="tiny", step_time_s=0.005))

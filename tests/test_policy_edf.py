@@ -13,7 +13,7 @@ def run(requests, **options):
     options = {"time_per_token_s": "1.0", **options}
     scheduler = Scheduler(requests, make_policy("edf", options),
                           SimEngine(CostModelConfig(mode="fixed", step_time_s=1.0)),
-                          SchedulerConfig(max_batch_size=1, token_budget=64, num_kv_pages=256,
+                          SchedulerConfig(max_num_seqs=1, max_num_tokens=64, num_kv_pages=256,
                                           page_size=4, max_model_len=128))
     scheduler.run()
     table = scheduler.table

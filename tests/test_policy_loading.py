@@ -11,13 +11,15 @@ import os
 import subprocess
 import sys
 import textwrap
+import warnings
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 import policies
-from orca_jax.runner.experiment import RunSpec, run_policy
+from orca_jax.runner.experiment import run_policy
+from orca_jax.runner.spec import LimitsSpec, RunSpec, SimEngineSpec, WorkloadSpec
 from orca_jax.core.policy import (Policy, PolicyLoadError, make_policy, parse_options,
                              resolve_policy_class)
 from policies.orca import Orca
@@ -40,8 +42,8 @@ def test_builtins_load_by_registered_name():
 
 def test_load_by_module_path():
     assert resolve_policy_class("policies.orca:Orca") is Orca
-    policy = make_policy("policies.static:Static", {"max_batch_size": "3"})
-    assert type(policy) is Static and policy.max_batch_size == 3 and policy.name == "static"
+    policy = make_policy("policies.static:Static", {"max_num_seqs": "3"})
+    assert type(policy) is Static and policy.max_num_seqs == 3 and policy.name == "static"
 
 
 def test_load_by_file_path_absolute_and_relative(monkeypatch):
@@ -87,7 +89,7 @@ def test_policy_opts_convert_to_field_types():
     for text, value in [("true", True), ("1", True), ("on", True), ("False", False),
                         ("0", False), ("no", False), ("off", False)]:
         assert make_policy(PLUGIN_SPEC, {"longest_first": text}).longest_first is value
-    assert make_policy("orca", parse_options("max_batch_size=7")).max_batch_size == 7
+    assert make_policy("orca", parse_options("max_num_seqs=7")).max_num_seqs == 7
     assert parse_options("") == {} and parse_options(" , ") == {}
     assert parse_options("a=x=y") == {"a": "x=y"}
 
@@ -123,6 +125,46 @@ def test_scheduler_refuses_an_unknown_kv_reservation_of_a_policy_built_directly(
         Scheduler(requests, policy, engine, SchedulerConfig())
     assert str(raised.value) == (f"policy 'orca': kv_reservation 'bogus' is not one of "
                                  f"{KV_RESERVATIONS}")
+
+
+@pytest.mark.parametrize("policy, old, new", [
+    ("vllm", "max_num_batched_tokens", "max_num_tokens"),
+    ("sarathi", "token_budget", "max_num_tokens"),
+    ("orca", "max_batch_size", "max_num_seqs"),
+    ("static", "max_batch_size", "max_num_seqs"),
+])
+def test_an_old_option_name_sets_the_renamed_knob_with_a_warning(policy, old, new):
+    with pytest.warns(DeprecationWarning, match=f"option '{old}' is deprecated; use '{new}'"):
+        built = make_policy(policy, {old: "7"})
+    assert getattr(built, new) == 7
+    with pytest.warns(DeprecationWarning):
+        assert getattr(make_policy(policy, {old: "7", new: "7"}), new) == 7  # same value: fine
+    with pytest.raises(PolicyLoadError, match=f"options {old}=7 and {new}=9 disagree"):
+        make_policy(policy, {old: "7", new: "9"})
+
+
+def test_the_view_s_old_limit_names_read_the_new_values_and_warn_once(monkeypatch):
+    from orca_jax import Request, Scheduler, SchedulerConfig
+    from orca_jax.core import view as view_module
+    from orca_jax.sim.cost_model import CostModelConfig
+    from orca_jax.sim.engine import SimEngine
+
+    monkeypatch.setattr(view_module, "_warned", set())  # other tests may have warned already
+    config = SchedulerConfig(max_num_seqs=3, max_num_tokens=32, num_kv_pages=40, page_size=4,
+                             max_model_len=64)
+    requests = [Request(id=0, arrival_s=0.0, prompt_len=4, output_len=2)]
+    engine = SimEngine(CostModelConfig(mode="fixed", step_time_s=0.01))
+    view = Scheduler(requests, Orca(), engine, config).view
+    for old, new, value in [("token_budget", "max_num_tokens", 32),
+                            ("max_batch_size", "max_num_seqs", 3),
+                            ("num_total_pages", "num_kv_pages", 40)]:
+        assert getattr(view, new) == value
+        with pytest.warns(DeprecationWarning, match=f"SchedulerView.{old} is deprecated; "
+                                                    f"use SchedulerView.{new}"):
+            assert getattr(view, old) == value
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # a plugin reads it every step: once is enough
+            assert getattr(view, old) == value
 
 
 def test_fields_set_by_the_policy_itself_are_not_options():
@@ -174,9 +216,11 @@ def test_plugin_that_fails_to_import_is_reported(tmp_path):
 
 def test_plugin_runs_end_to_end(tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)
-    spec = RunSpec(workload="burst", num_requests=12, prompt_len="uniform:4:64",
-                   output_len="uniform:1:8", max_batch_size=1, token_budget=64, num_kv_pages=64,
-                   page_size=8, max_model_len=128, step_time_ms=5.0, seed=4)
+    spec = RunSpec(workload=WorkloadSpec(arrival="burst", num_requests=12,
+                                         prompt_len="uniform:4:64", output_len="uniform:1:8"),
+                   engine=SimEngineSpec(step_time_ms=5.0),
+                   limits=LimitsSpec(max_num_seqs=1, max_num_tokens=64, num_kv_pages=64,
+                                     page_size=8, max_model_len=128), seed=4)
     summary, result = run_policy(spec, "tests/plugins/example_policy.py:ShortestPromptFirst",
                                  out_dir=str(tmp_path / "spf"), progress=False)
     assert summary["policy"] == "example_spf"

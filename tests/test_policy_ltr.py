@@ -29,7 +29,7 @@ def burst():
 def run(requests, policy, options=None, *, cap=16, num_kv_pages=2048):
     scheduler = Scheduler(requests, make_policy(policy, options),
                           SimEngine(CostModelConfig(mode="fixed", step_time_s=1.0)),
-                          SchedulerConfig(max_batch_size=cap, token_budget=512,
+                          SchedulerConfig(max_num_seqs=cap, max_num_tokens=512,
                                           num_kv_pages=num_kv_pages, page_size=16,
                                           max_model_len=1024))
     scheduler.run()
@@ -79,7 +79,7 @@ def test_ltr_predicts_once_per_request_at_construction_time(ranker_dir, burst, m
     assert restored == [ranker_dir]  # loaded when the policy is built, not per step
     scheduler = Scheduler(burst[:40], policy,
                           SimEngine(CostModelConfig(mode="fixed", step_time_s=1.0)),
-                          SchedulerConfig(max_batch_size=4, token_budget=256, num_kv_pages=512,
+                          SchedulerConfig(max_num_seqs=4, max_num_tokens=256, num_kv_pages=512,
                                           page_size=16, max_model_len=1024))
     scheduler.run()
     assert sorted(seen) == list(range(40)) and restored == [ranker_dir]

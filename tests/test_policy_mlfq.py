@@ -15,7 +15,7 @@ def make_scheduler(requests, **options):
     """Batch cap 1, 1 s per step, ample KV: the order of service is the policy's alone."""
     return Scheduler(requests, make_policy("mlfq", {**KNOBS, **options}),
                      SimEngine(CostModelConfig(mode="fixed", step_time_s=1.0)),
-                     SchedulerConfig(max_batch_size=1, token_budget=64, num_kv_pages=256,
+                     SchedulerConfig(max_num_seqs=1, max_num_tokens=64, num_kv_pages=256,
                                      page_size=4, max_model_len=128))
 
 

@@ -11,7 +11,7 @@ from orca_jax.sim.engine import SimEngine
 def run(requests, policy, cap, num_kv_pages=256):
     scheduler = Scheduler(requests, make_policy(policy),
                           SimEngine(CostModelConfig(mode="fixed", step_time_s=1.0)),
-                          SchedulerConfig(max_batch_size=cap, token_budget=64,
+                          SchedulerConfig(max_num_seqs=cap, max_num_tokens=64,
                                           num_kv_pages=num_kv_pages, page_size=4,
                                           max_model_len=128))
     scheduler.run()

@@ -11,12 +11,12 @@ from orca_jax.sim.engine import SimEngine
 from policy_recorder import Recorder, Step
 
 
-def run(requests, *, budget, scheduler_budget=64, num_kv_pages=64, max_batch_size=8,
+def run(requests, *, budget, scheduler_budget=64, num_kv_pages=64, scheduler_max_num_seqs=8,
         **options):
     """Runs `sarathi` with token budget `budget` to the end; checks nothing was lost."""
-    options = {"token_budget": str(budget), **{k: str(v) for k, v in options.items()}}
+    options = {"max_num_tokens": str(budget), **{k: str(v) for k, v in options.items()}}
     recorder = Recorder(policies.make_policy("sarathi", options))
-    config = SchedulerConfig(max_batch_size=max_batch_size, token_budget=scheduler_budget,
+    config = SchedulerConfig(max_num_seqs=scheduler_max_num_seqs, max_num_tokens=scheduler_budget,
                              num_kv_pages=num_kv_pages, page_size=4, max_model_len=128)
     engine = SimEngine(CostModelConfig(mode="fixed", model="tiny", step_time_s=1.0))
     scheduler = Scheduler(requests, recorder, engine, config)
@@ -72,7 +72,7 @@ def test_never_over_budget_and_never_delays_a_decode_on_random_workloads(budget)
     requests = [Request(id=i, arrival_s=float(rng.uniform(0, 30)),
                         prompt_len=int(rng.integers(4, 100)), output_len=int(rng.integers(1, 30)))
                 for i in range(80)]
-    steps, scheduler = run(requests, budget=budget, num_kv_pages=48, max_batch_size=12)
+    steps, scheduler = run(requests, budget=budget, num_kv_pages=48, scheduler_max_num_seqs=12)
     assert max(sum(s.tokens.values()) for s in steps) == budget
     for s in steps:
         assert set(s.decoding) - set(s.preempt) <= set(s.tokens)
@@ -81,5 +81,5 @@ def test_never_over_budget_and_never_delays_a_decode_on_random_workloads(budget)
 
 
 def test_bad_knob_is_rejected_with_its_name():
-    with pytest.raises(policies.PolicyLoadError, match="token_budget must be >= 1"):
-        policies.make_policy("sarathi", {"token_budget": "0"})
+    with pytest.raises(policies.PolicyLoadError, match="max_num_tokens must be >= 1"):
+        policies.make_policy("sarathi", {"max_num_tokens": "0"})

@@ -14,7 +14,7 @@ def make_scheduler(requests, policy, cap, **options):
     """A scheduler on a simulator whose every step takes 1 s, with ample KV."""
     return Scheduler(requests, make_policy(policy, {k: str(v) for k, v in options.items()}),
                      SimEngine(CostModelConfig(mode="fixed", step_time_s=1.0)),
-                     SchedulerConfig(max_batch_size=cap, token_budget=64, num_kv_pages=256,
+                     SchedulerConfig(max_num_seqs=cap, max_num_tokens=64, num_kv_pages=256,
                                      page_size=4, max_model_len=128))
 
 
@@ -119,7 +119,7 @@ def test_ranking_policies_lose_nothing_under_kv_pressure(policy, watermark):
     # 20 pages of 4 tokens for requests of up to 68 tokens: growth must preempt.
     scheduler = Scheduler(requests, make_policy(policy),
                           SimEngine(CostModelConfig(mode="fixed", step_time_s=1.0)),
-                          SchedulerConfig(max_batch_size=6, token_budget=32, num_kv_pages=20,
+                          SchedulerConfig(max_num_seqs=6, max_num_tokens=32, num_kv_pages=20,
                                           page_size=4, max_model_len=128,
                                           watermark_pages=watermark))
     scheduler.run()

@@ -11,10 +11,11 @@ from orca_jax.sim.engine import SimEngine
 from policy_recorder import Recorder, Step
 
 
-def run(requests, policy="vllm", *, page_size=4, num_kv_pages=64, token_budget=16,
-        max_batch_size=8, **options):
+def run(requests, policy="vllm", *, page_size=4, num_kv_pages=64, scheduler_max_num_tokens=16,
+        scheduler_max_num_seqs=8, **options):
     recorder = Recorder(policies.make_policy(policy, {k: str(v) for k, v in options.items()}))
-    config = SchedulerConfig(max_batch_size=max_batch_size, token_budget=token_budget,
+    config = SchedulerConfig(max_num_seqs=scheduler_max_num_seqs,
+                             max_num_tokens=scheduler_max_num_tokens,
                              num_kv_pages=num_kv_pages, page_size=page_size, max_model_len=64)
     engine = SimEngine(CostModelConfig(mode="fixed", model="tiny", step_time_s=1.0))
     scheduler = Scheduler(requests, recorder, engine, config)
@@ -32,7 +33,7 @@ def burst(*lengths, priorities=None, arrivals=None):
 
 
 def test_chunked_prefill_splits_a_long_prompt_by_the_budget_left():
-    steps, _ = run(burst((20, 3), (5, 2)), max_num_batched_tokens=8)
+    steps, _ = run(burst((20, 3), (5, 2)), max_num_tokens=8)
     # A long prompt takes the whole budget twice, then its rest leaves room for a
     # chunk of the next prompt; its first decode comes only on the step after.
     assert [s.tokens for s in steps] == [
@@ -40,7 +41,7 @@ def test_chunked_prefill_splits_a_long_prompt_by_the_budget_left():
 
 
 def test_knob_budget_is_capped_by_the_scheduler_budget():
-    steps, _ = run(burst((20, 1)), max_num_batched_tokens=100, token_budget=16)
+    steps, _ = run(burst((20, 1)), max_num_tokens=100, scheduler_max_num_tokens=16)
     assert [s.tokens for s in steps] == [{0: 16}, {0: 4}]
 
 
@@ -75,7 +76,7 @@ def test_admission_needs_the_pages_of_the_whole_prompt_not_just_its_first_chunk(
     # 6 pages of 4. Request 1's first chunk (7 tokens, 2 pages) would fit beside
     # request 0, but its whole prompt (5 pages) never does until 0 is gone.
     steps, _ = run(burst((4, 10), (20, 1), arrivals=[0.0, 0.5]), num_kv_pages=6,
-                   max_num_batched_tokens=8)
+                   max_num_tokens=8)
     assert [s.tokens for s in steps] == [{0: 4}] + [{0: 1}] * 9 + [{1: 8}, {1: 8}, {1: 4}]
 
 
@@ -102,16 +103,16 @@ def test_priority_orders_waiting_by_priority_then_arrival():
 
 def test_chunked_prefill_off_admits_a_prompt_only_whole_and_skips_nobody():
     lengths = ((6, 2), (6, 2), (3, 1))
-    off, _ = run(burst(*lengths), max_num_batched_tokens=10, enable_chunked_prefill=False)
+    off, _ = run(burst(*lengths), max_num_tokens=10, enable_chunked_prefill=False)
     # Request 1 does not fit the 4 tokens left whole, so it waits, and 2 behind it.
     assert [s.tokens for s in off] == [{0: 6}, {0: 1, 1: 6, 2: 3}, {1: 1}]
-    on, _ = run(burst(*lengths), max_num_batched_tokens=10)
+    on, _ = run(burst(*lengths), max_num_tokens=10)
     assert [s.tokens for s in on] == [{0: 6, 1: 4}, {0: 1, 1: 2, 2: 3}, {1: 1}]
 
 
 def test_chunked_prefill_off_with_a_prompt_over_the_budget_names_the_request():
     with pytest.raises(ValueError, match=r"request 1 needs 12 tokens.*budget is 10"):
-        run(burst((4, 1), (12, 1)), max_num_batched_tokens=10, enable_chunked_prefill=False)
+        run(burst((4, 1), (12, 1)), max_num_tokens=10, enable_chunked_prefill=False)
 
 
 def test_long_prefill_threshold_caps_chunks_unless_the_request_is_alone():
@@ -127,8 +128,8 @@ def test_random_workload_under_kv_pressure_keeps_every_limit_and_loses_nothing()
                         prompt_len=int(rng.integers(4, 40)), output_len=int(rng.integers(1, 20)),
                         priority=int(rng.integers(0, 3))) for i in range(60)]
     for name in ("vllm", "vllm-priority"):
-        steps, scheduler = run(requests, name, num_kv_pages=24, token_budget=32,
-                               max_num_batched_tokens=24, max_num_seqs=6)
+        steps, scheduler = run(requests, name, num_kv_pages=24, scheduler_max_num_tokens=32,
+                               max_num_tokens=24, max_num_seqs=6)
         assert scheduler.record.num_preemptions > 0
         assert max(sum(s.tokens.values()) for s in steps) == 24
         assert max(len(s.tokens) for s in steps) <= 6

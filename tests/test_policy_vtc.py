@@ -31,7 +31,7 @@ def service_trace(requests, policy):
     """Runs step by step; returns per step (service of tenants a and b, who is still waiting)."""
     scheduler = Scheduler(requests, make_policy(policy),
                           SimEngine(CostModelConfig(mode="fixed", step_time_s=1.0)),
-                          SchedulerConfig(max_batch_size=CAP, token_budget=64, num_kv_pages=512,
+                          SchedulerConfig(max_num_seqs=CAP, max_num_tokens=64, num_kv_pages=512,
                                           page_size=4, max_model_len=64))
     table = scheduler.table
     tenant = np.array([r.tenant == "b" for r in table.specs], dtype=np.int64)

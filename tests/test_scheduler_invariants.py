@@ -22,7 +22,8 @@ from hypothesis import strategies as st
 import policies
 from orca_jax import Request, RequestState, Scheduler, SchedulerConfig, SchedulerView, StepPlan
 from orca_jax.sim.cost_model import CostModelConfig
-from orca_jax.runner.experiment import RunSpec, run_policy
+from orca_jax.runner.experiment import run_policy
+from orca_jax.runner.spec import LimitsSpec, RunSpec, SimEngineSpec, WorkloadSpec
 from orca_jax.core.policy import Policy, make_policy
 from orca_jax.sim.engine import SimEngine
 from orca_jax.workloads.synthetic import synthetic_workload
@@ -62,8 +63,8 @@ def check_step(scheduler: Scheduler, steps_before: int) -> None:
     """Asserts the per-step invariants after one `scheduler.step()`."""
     config, table, kv = scheduler.config, scheduler.table, scheduler.kv
     for entry in scheduler.record.steps[steps_before:]:
-        assert 1 <= entry.num_seqs <= config.max_batch_size, entry
-        assert 1 <= entry.num_tokens <= config.token_budget, entry
+        assert 1 <= entry.num_seqs <= config.max_num_seqs, entry
+        assert 1 <= entry.num_tokens <= config.max_num_tokens, entry
         assert entry.num_seqs <= entry.num_tokens, entry
         sizes = scheduler.bucket_config.token_sizes
         smallest = min(t for t in sizes if t >= entry.num_tokens)
@@ -137,8 +138,8 @@ def workloads(draw):
     max_model_len = draw(st.sampled_from([64, 96, 128]))
     pages_per_seq = -(-max_model_len // page_size)
     config = SchedulerConfig(
-        max_batch_size=draw(st.integers(1, 6)),
-        token_budget=draw(st.sampled_from([16, 24, 64, 128])),
+        max_num_seqs=draw(st.integers(1, 6)),
+        max_num_tokens=draw(st.sampled_from([16, 24, 64, 128])),
         # At least one max-length reservation, at most a few: KV pressure is the common case.
         num_kv_pages=draw(st.integers(pages_per_seq, 3 * pages_per_seq)),
         page_size=page_size, max_model_len=max_model_len,
@@ -172,7 +173,7 @@ def test_invariants_hold_on_random_workloads(policy_name, run):
 def test_impossible_requests_are_rejected_with_reasons(policy_name):
     requests = synthetic_workload(num_requests=12, arrival="burst", rate=None,
                                   prompt_len="uniform:1:120", output_len="uniform:1:40", seed=3)
-    config = SchedulerConfig(max_batch_size=4, token_budget=128, num_kv_pages=40, page_size=8,
+    config = SchedulerConfig(max_num_seqs=4, max_num_tokens=128, num_kv_pages=40, page_size=8,
                              max_model_len=100)
     scheduler = Scheduler(requests, make_builtin(policy_name), sim_engine(), config)
     too_long = np.array([r.total_len > 100 for r in requests])
@@ -190,7 +191,7 @@ def test_prompts_longer_than_the_token_budget_are_chunked(policy_name):
     # The context (64) is larger than a step (16): a 39-token prompt must be computed in chunks.
     requests = [Request(id=0, arrival_s=0.0, prompt_len=39, output_len=3),
                 Request(id=1, arrival_s=0.0, prompt_len=5, output_len=2)]
-    config = SchedulerConfig(max_batch_size=4, token_budget=16, num_kv_pages=32, page_size=4,
+    config = SchedulerConfig(max_num_seqs=4, max_num_tokens=16, num_kv_pages=32, page_size=4,
                              max_model_len=64)
     scheduler = Scheduler(requests, make_builtin(policy_name), sim_engine(), config)
     run_checked(scheduler)
@@ -202,7 +203,7 @@ def test_prompts_longer_than_the_token_budget_are_chunked(policy_name):
 
 def test_a_result_is_a_read_only_copy_of_the_run_so_far():
     requests = [Request(id=10 + i, arrival_s=0.0, prompt_len=4, output_len=3) for i in range(3)]
-    config = SchedulerConfig(max_batch_size=4, token_budget=64, num_kv_pages=64, page_size=4,
+    config = SchedulerConfig(max_num_seqs=4, max_num_tokens=64, num_kv_pages=64, page_size=4,
                              max_model_len=64)
     scheduler = Scheduler(requests, make_builtin("orca"), sim_engine(), config)
     scheduler.engine.warmup(scheduler.bucket_config.buckets())
@@ -226,7 +227,7 @@ def test_watermark_never_strands_a_request(policy_name):
     # on-demand one), never leave the run stuck.
     requests = [Request(id=0, arrival_s=0.0, prompt_len=40, output_len=24),
                 Request(id=1, arrival_s=0.0, prompt_len=8, output_len=4)]
-    config = SchedulerConfig(max_batch_size=4, token_budget=64, num_kv_pages=16, page_size=4,
+    config = SchedulerConfig(max_num_seqs=4, max_num_tokens=64, num_kv_pages=16, page_size=4,
                              max_model_len=64, watermark_pages=1)
     scheduler = Scheduler(requests, make_builtin(policy_name), sim_engine(), config)
     run_checked(scheduler)
@@ -241,7 +242,7 @@ def test_watermark_never_strands_a_request(policy_name):
 def test_view_arrays_are_read_only():
     requests = synthetic_workload(num_requests=6, arrival="burst", rate=None,
                                   prompt_len="fixed:8", output_len="fixed:4", seed=0)
-    config = SchedulerConfig(max_batch_size=2, token_budget=32, num_kv_pages=64, page_size=4,
+    config = SchedulerConfig(max_num_seqs=2, max_num_tokens=32, num_kv_pages=64, page_size=4,
                              max_model_len=64)
     scheduler = Scheduler(requests, make_policy("orca"), sim_engine(), config)
     scheduler.step()  # some running, some waiting
@@ -271,7 +272,7 @@ def test_finished_requests_leave_running_in_their_step(policy_name):
     # Output lengths 1..6 in one burst: requests finish on different steps.
     requests = synthetic_workload(num_requests=6, arrival="burst", rate=None,
                                   prompt_len="fixed:4", output_len="uniform:1:6", seed=5)
-    config = SchedulerConfig(max_batch_size=8, token_budget=64, num_kv_pages=64, page_size=4,
+    config = SchedulerConfig(max_num_seqs=8, max_num_tokens=64, num_kv_pages=64, page_size=4,
                              max_model_len=32)
     scheduler = Scheduler(requests, make_builtin(policy_name), sim_engine(), config)
     scheduler.engine.warmup(scheduler.bucket_config.buckets())
@@ -307,10 +308,12 @@ def _results(out: Path) -> dict:
 @pytest.mark.parametrize("policy_name", BUILTIN_POLICIES)
 @pytest.mark.parametrize("step_time_ms", [None, 5.0])  # roofline and fixed clocks
 def test_same_seed_reruns_are_bit_identical(policy_name, step_time_ms, tmp_path):
-    spec = RunSpec(num_requests=40, rate=30.0, workload="gamma", cv=2.0,
-                   prompt_len="lognormal:60:0.8", output_len="uniform:1:50", max_batch_size=8,
-                   token_budget=256, num_kv_pages=60, page_size=8, max_model_len=256,
-                   step_time_ms=step_time_ms, seed=11)
+    spec = RunSpec(workload=WorkloadSpec(num_requests=40, rate=30.0, arrival="gamma", cv=2.0,
+                                         prompt_len="lognormal:60:0.8",
+                                         output_len="uniform:1:50"),
+                   engine=SimEngineSpec(step_time_ms=step_time_ms),
+                   limits=LimitsSpec(max_num_seqs=8, max_num_tokens=256, num_kv_pages=60,
+                                     page_size=8, max_model_len=256), seed=11)
     options = policy_options(policy_name)
     first, _ = run_policy(spec, policy_name, options, out_dir=str(tmp_path / "a"),
                           progress=False)
@@ -342,9 +345,9 @@ class PreemptNewest(Policy):
     def schedule(self, view: SchedulerView) -> StepPlan:
         requests = view.requests
         queue = view.running.tolist()
-        budget, free = view.token_budget, view.num_free_pages
+        budget, free = view.max_num_tokens, view.num_free_pages
         ids, counts, preempt = [], [], []
-        while queue and budget > 0 and len(ids) < view.max_batch_size:
+        while queue and budget > 0 and len(ids) < view.max_num_seqs:
             request = queue.pop(0)
             count = min(int(requests.num_uncomputed([request])[0]), budget)
             need = int(view.pages_needed([request], [count])[0])
@@ -363,7 +366,7 @@ class PreemptNewest(Policy):
             for request in view.waiting.tolist():
                 count = min(int(requests.num_uncomputed([request])[0]), budget)
                 need = int(view.pages_needed([request], [count])[0])
-                if (len(ids) >= view.max_batch_size or count < 1
+                if (len(ids) >= view.max_num_seqs or count < 1
                         or need > free - view.watermark_pages):
                     break
                 ids.append(request)
@@ -385,7 +388,7 @@ def _tokens_scheduled(plans, request: int) -> int:
 def test_preemption_loses_nothing_and_recomputes():
     requests = synthetic_workload(num_requests=16, arrival="burst", rate=None,
                                   prompt_len="uniform:4:16", output_len="uniform:8:32", seed=2)
-    config = SchedulerConfig(max_batch_size=8, token_budget=64, num_kv_pages=12, page_size=4,
+    config = SchedulerConfig(max_num_seqs=8, max_num_tokens=64, num_kv_pages=12, page_size=4,
                              max_model_len=48)
     policy = PreemptNewest()
     scheduler = Scheduler(requests, policy, sim_engine(), config)

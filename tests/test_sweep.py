@@ -11,13 +11,14 @@ import numpy as np
 import pytest
 
 from orca_jax.runner import sweep
-from orca_jax.runner.experiment import RunSpec, build_workload
+from orca_jax.runner.build import build_workload
+from orca_jax.runner.spec import LimitsSpec, RunSpec, SimEngineSpec, WorkloadSpec
 from orca_jax.results.sweep_store import PointKey, SweepConfigError, SweepStore, aggregate, grid
 
 REPO = Path(__file__).resolve().parents[1]
 # 2 policies x 2 rates x 2 seeds = 8 points of 12 requests at a fixed 5 ms step.
 ARGS = ["--engine=sim", "--policies=static,orca", "--rates=2,8", "--seeds=0,1", "--num_requests=12",
-        "--model=tiny", "--step_time_ms=5", "--max_batch_size=4", "--prompt_len=uniform:8:64",
+        "--model=tiny", "--step_time_ms=5", "--max_num_seqs=4", "--prompt_len=uniform:8:64",
         "--output_len=uniform:1:24"]
 
 
@@ -83,8 +84,8 @@ def test_rerun_with_another_workload_is_refused(tmp_path):
 def test_store_refuses_changed_policy_options_but_accepts_a_new_policy(tmp_path):
     run = {"num_requests": 10}
     SweepStore(tmp_path, run, {"orca": {"spec": "orca", "options": {}}})
-    with pytest.raises(SweepConfigError, match=r"policies\.orca\.options\.max_batch_size"):
-        SweepStore(tmp_path, run, {"orca": {"spec": "orca", "options": {"max_batch_size": "2"}}})
+    with pytest.raises(SweepConfigError, match=r"policies\.orca\.options\.max_num_seqs"):
+        SweepStore(tmp_path, run, {"orca": {"spec": "orca", "options": {"max_num_seqs": "2"}}})
     SweepStore(tmp_path, run, {"static": {"spec": "static", "options": {}}})
     stored = json.loads((tmp_path / "sweep.json").read_text())
     assert sorted(stored["policies"]) == ["orca", "static"]
@@ -127,11 +128,12 @@ def test_aggregate_means_and_bands_over_seeds():
 
 
 def test_a_rate_only_rescales_the_seed_workload():
-    spec = RunSpec(model="tiny", num_requests=20, prompt_len="uniform:8:64",
-                   output_len="uniform:1:24", seed=3)
-    base = build_workload(dataclasses.replace(spec, rate=1.0))
+    spec = RunSpec(workload=WorkloadSpec(num_requests=20, prompt_len="uniform:8:64",
+                                         output_len="uniform:1:24"),
+                   engine=SimEngineSpec(model="tiny"), seed=3)
+    base = build_workload(sweep.point_spec(spec, 1.0, 3))
     scaled = sweep.workload_at(spec, base, 8.0)
-    direct = build_workload(dataclasses.replace(spec, rate=8.0))
+    direct = build_workload(sweep.point_spec(spec, 8.0, 3))
     assert [(r.prompt_len, r.output_len) for r in scaled] == \
         [(r.prompt_len, r.output_len) for r in direct]
     np.testing.assert_allclose([r.arrival_s for r in scaled], [r.arrival_s for r in direct],
@@ -151,3 +153,35 @@ def test_a_sweep_recorded_before_a_setting_existed_resumes_at_its_default(tmp_pa
     # Without defaults a missing setting is a difference, as before.
     with pytest.raises(SweepConfigError, match="run.num_replicas: stored None, now 1"):
         SweepStore(tmp_path, {"engine": "sim", "num_requests": 50, "num_replicas": 1}, policies)
+
+
+# sweep.json's "run" as the flat RunSpec of before the split wrote it (a sim sweep of ARGS'
+# workload): every setting under its old name, the jax engine's among them.
+FLAT_RUN_BEFORE_THE_SPLIT = {
+    "engine": "sim", "model": "tiny", "checkpoint": None, "dtype": "float32",
+    "attention": "auto", "sampling": "greedy", "clock": "profiled", "hardware": "a100",
+    "tp": 1, "step_time_ms": 5.0, "cost_fit": None, "workload": "poisson", "trace": None,
+    "trace_time_scale": 1.0, "num_requests": 12, "cv": 1.0, "prompt_len": "uniform:8:64",
+    "output_len": "uniform:1:24", "max_batch_size": 4, "token_budget": 2048,
+    "num_kv_pages": None, "kv_memory_gb": None, "page_size": 16, "max_model_len": None,
+    "token_buckets": None, "ttft_slo_s": None, "tpot_slo_s": None, "num_replicas": 1,
+    "router": "round_robin", "router_opts": "", "log_step_requests": False}
+
+
+def test_a_sweep_json_with_the_flat_field_names_of_before_resumes(tmp_path):
+    old = SweepStore(tmp_path, FLAT_RUN_BEFORE_THE_SPLIT,
+                     {"orca": {"spec": "orca", "options": {"max_batch_size": "2"}}})
+    old.append(PointKey("orca", 2.0, 0), {"throughput_req_s": 1.5})
+    before = _lines(tmp_path)
+    spec = RunSpec(workload=WorkloadSpec(num_requests=12, prompt_len="uniform:8:64",
+                                         output_len="uniform:1:24"),
+                   engine=SimEngineSpec(model="tiny", step_time_ms=5.0),
+                   limits=LimitsSpec(max_num_seqs=4))
+    runs = [sweep.PolicyRun("orca", "orca", {"max_num_seqs": "2"})]
+    store, keys = sweep.run_sweep(spec, runs, [2.0], [0], str(tmp_path))
+    assert keys == [PointKey("orca", 2.0, 0)] and _lines(tmp_path) == before  # nothing ran
+    assert [p["summary"] for p in store.load()] == [{"throughput_req_s": 1.5}]
+    # A renamed setting still counts: another token budget is another sweep.
+    other = dataclasses.replace(spec, limits=LimitsSpec(max_num_seqs=4, max_num_tokens=1024))
+    with pytest.raises(SweepConfigError, match="run.max_num_tokens: stored 2048, now 1024"):
+        sweep.run_sweep(other, runs, [2.0], [0], str(tmp_path))

@@ -69,7 +69,7 @@ def test_engine_rejects_a_mesh_without_the_tp_axis():
     params = weights.init_params(TINY, seed=0)
     mesh = Mesh(np.asarray(jax.devices()[:1]), ("data",))
     with pytest.raises(ValueError, match="mesh axes .*'data'.* must be \\('tp',\\)"):
-        JaxEngine(TINY, params, num_pages=8, page_size=16, pages_per_seq=2, mesh=mesh)
+        JaxEngine(TINY, params, num_cache_pages=8, page_size=16, pages_per_seq=2, mesh=mesh)
 
 
 def _run(out_dir, *flags, devices=2):
@@ -78,7 +78,7 @@ def _run(out_dir, *flags, devices=2):
     result = subprocess.run(
         [sys.executable, "-m", "experiments.run", "--engine=jax", "--model=tiny",
          "--policy=orca", "--num_requests=12", "--rate=50", "--prompt_len=uniform:4:40",
-         "--output_len=uniform:1:24", "--max_batch_size=4", "--token_budget=64",
+         "--output_len=uniform:1:24", "--max_num_seqs=4", "--max_num_tokens=64",
          "--buckets=16,64", f"--out_dir={out_dir}", *flags],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     return result

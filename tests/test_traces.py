@@ -182,11 +182,13 @@ def test_lengths_only_file_suggests_empirical():
 
 
 def test_run_spec_replays_a_trace_at_a_scaled_rate(tmp_path):
-    from orca_jax.runner.experiment import RunSpec, build_workload
+    from orca_jax.runner.build import build_workload
+    from orca_jax.runner.spec import RunSpec, WorkloadSpec
     path = tmp_path / "t.csv"
     path.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n"
                     "0.0,10,4\n4.0,12,5\n10.0,8,3\n")
-    spec = RunSpec(workload="trace", trace=str(path), num_requests=3, trace_time_scale=0.25)
+    spec = RunSpec(workload=WorkloadSpec(arrival="trace", trace=str(path), num_requests=3,
+                                         trace_time_scale=0.25))
     assert [r.arrival_s for r in build_workload(spec)] == [0.0, 1.0, 2.5]
     with pytest.raises(ValueError, match="trace_time_scale must be a finite number > 0"):
-        RunSpec(workload="trace", trace=str(path), trace_time_scale=0.0)
+        WorkloadSpec(arrival="trace", trace=str(path), trace_time_scale=0.0)

@@ -32,7 +32,7 @@ from typing import Any, Optional, Sequence
 from experiments.reproduce.common import (PolicyRun, reproduction_parser, run_grid,
                                           throughput_at_bound, write_figure_and_report,
                                           write_table)
-from orca_jax.runner.experiment import RunSpec
+from orca_jax.runner.spec import LimitsSpec, RunSpec, SimEngineSpec, WorkloadSpec
 from orca_jax.results.sweep_store import Curve, PointKey, aggregate
 
 FIGURE = "docs/figures/orca_gpt3_175b_latency_throughput.png"
@@ -60,15 +60,17 @@ class OrcaSetup:
         cap = max(self.static_batch_sizes + self.orca_batch_sizes)
         # Orca (and FasterTransformer) put whole prompts in a step: a budget for a full
         # batch of the longest prompts never chunks one.
-        return RunSpec(model="gpt3-175b", hardware=self.hardware, tp=self.tp,
-                       num_requests=self.num_requests, prompt_len="uniform:32:512",
-                       output_len="uniform:1:128", max_batch_size=cap, token_budget=cap * 512)
+        return RunSpec(
+            workload=WorkloadSpec(num_requests=self.num_requests, prompt_len="uniform:32:512",
+                                  output_len="uniform:1:128"),
+            engine=SimEngineSpec(model="gpt3-175b", hardware=self.hardware, tp=self.tp),
+            limits=LimitsSpec(max_num_seqs=cap, max_num_tokens=cap * 512))
 
     def policy_runs(self) -> list[PolicyRun]:
         """The curves: static and orca at each max batch size."""
-        return ([PolicyRun(f"static bs={b}", "static", {"max_batch_size": str(b)})
+        return ([PolicyRun(f"static bs={b}", "static", {"max_num_seqs": str(b)})
                  for b in self.static_batch_sizes]
-                + [PolicyRun(f"orca bs={b}", "orca", {"max_batch_size": str(b)})
+                + [PolicyRun(f"orca bs={b}", "orca", {"max_num_seqs": str(b)})
                    for b in self.orca_batch_sizes])
 
 

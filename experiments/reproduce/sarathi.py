@@ -37,7 +37,7 @@ from typing import Any, Optional, Sequence
 from experiments.reproduce.common import (PolicyRun, reproduction_parser, run_grid,
                                           throughput_at_bound, write_figure_and_report,
                                           write_table)
-from orca_jax.runner.experiment import RunSpec
+from orca_jax.runner.spec import LimitsSpec, RunSpec, SimEngineSpec, WorkloadSpec
 from orca_jax.results.sweep_store import Curve, PointKey, aggregate
 
 FIGURE = "docs/figures/sarathi_mistral7b_tbt.png"
@@ -68,19 +68,21 @@ class SarathiSetup:
 
     def run_spec(self) -> RunSpec:
         """The workload and engine plumbing shared by every point."""
-        return RunSpec(model="mistral-7b", hardware="a100", num_requests=self.num_requests,
-                       prompt_len=self.prompt_len, output_len=self.output_len,
-                       max_model_len=self.max_model_len, max_batch_size=self.max_num_seqs,
-                       token_budget=self.max_model_len)
+        return RunSpec(
+            workload=WorkloadSpec(num_requests=self.num_requests, prompt_len=self.prompt_len,
+                                  output_len=self.output_len),
+            engine=SimEngineSpec(model="mistral-7b", hardware="a100"),
+            limits=LimitsSpec(max_model_len=self.max_model_len, max_num_seqs=self.max_num_seqs,
+                              max_num_tokens=self.max_model_len))
 
     def policy_runs(self) -> list[PolicyRun]:
         """The curves: vLLM without chunking, and Sarathi at each budget."""
         seqs = str(self.max_num_seqs)
         return ([PolicyRun("vLLM (no chunking)", "vllm",
                            {"enable_chunked_prefill": "false", "max_num_seqs": seqs,
-                            "max_num_batched_tokens": str(self.max_model_len)})]
+                            "max_num_tokens": str(self.max_model_len)})]
                 + [PolicyRun(f"Sarathi {b}", "sarathi",
-                             {"token_budget": str(b), "max_num_seqs": seqs})
+                             {"max_num_tokens": str(b), "max_num_seqs": seqs})
                    for b in self.budgets])
 
 

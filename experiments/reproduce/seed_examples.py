@@ -40,7 +40,7 @@ TIMELINE_PATH = "docs/figures/seed_timeline.png"
 def _run(policy: str, outputs: Sequence[int], slots: int) -> RunResult:
     requests = [Request(id=i, arrival_s=0.0, prompt_len=PROMPT_LEN, output_len=n)
                 for i, n in enumerate(outputs)]
-    config = SchedulerConfig(max_batch_size=slots, token_budget=64, num_kv_pages=4 * 2048 // 16,
+    config = SchedulerConfig(max_num_seqs=slots, max_num_tokens=64, num_kv_pages=4 * 2048 // 16,
                              page_size=16, max_model_len=2048, log_step_requests=True)
     engine = SimEngine(CostModelConfig(mode="fixed", model="tiny", step_time_s=STEP_S))
     return Scheduler(requests, policies.make_policy(policy), engine, config).run()

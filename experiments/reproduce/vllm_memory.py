@@ -32,7 +32,7 @@ from typing import Any, Optional, Sequence
 from experiments.reproduce.common import (PolicyRun, reproduction_parser, run_grid,
                                           throughput_at_bound, write_figure_and_report,
                                           write_table)
-from orca_jax.runner.experiment import RunSpec
+from orca_jax.runner.spec import LimitsSpec, RunSpec, SimEngineSpec, WorkloadSpec
 from orca_jax.results.sweep_store import Curve, PointKey, aggregate
 
 FIGURE = "docs/figures/vllm_opt13b_sharegpt.png"
@@ -57,9 +57,11 @@ class VLLMSetup:
 
     def run_spec(self) -> RunSpec:
         """The workload and engine plumbing shared by every point."""
-        return RunSpec(model="opt-13b", hardware="a100-40gb", num_requests=self.num_requests,
-                       prompt_len=self.prompt_len, output_len=self.output_len,
-                       max_batch_size=256, token_budget=2048)
+        return RunSpec(
+            workload=WorkloadSpec(num_requests=self.num_requests, prompt_len=self.prompt_len,
+                                  output_len=self.output_len),
+            engine=SimEngineSpec(model="opt-13b", hardware="a100-40gb"),
+            limits=LimitsSpec(max_num_seqs=256, max_num_tokens=2048))
 
     def policy_runs(self) -> list[PolicyRun]:
         """The curves: Orca with each reservation, and vLLM."""

@@ -1,7 +1,7 @@
 """The KV page manager: a pool of fixed-size pages and a page table per running request.
 
-Pages are numbered 1..num_pages; page 0 is the null page that padding rows
-write to, so the engine's cache holds `num_pages + 1` pages. A running request
+Pages are numbered 1..num_kv_pages; page 0 is the null page that padding rows
+write to, so the engine's cache holds `num_kv_pages + 1` pages. A running request
 owns a row of the page table (`[max_pages_per_seq]` page numbers, 0 past the
 pages it holds). Allocation is by target token count: a request that must hold
 `t` tokens owns `ceil(t / page_size)` pages, so on-demand allocation (vLLM: grow
@@ -21,23 +21,23 @@ class KVPageManager:
     """Pages and page-table rows for up to `num_requests` requests.
 
     Args:
-      num_pages: usable pages in the pool (the null page is extra).
+      num_kv_pages: usable pages in the pool (the null page is extra).
       page_size: tokens per page.
       max_pages_per_seq: page-table width (max context / page size, rounded up).
       num_requests: number of request indices this manager tracks.
     """
 
-    def __init__(self, *, num_pages: int, page_size: int, max_pages_per_seq: int,
+    def __init__(self, *, num_kv_pages: int, page_size: int, max_pages_per_seq: int,
                  num_requests: int) -> None:
-        if num_pages < 1 or page_size < 1 or max_pages_per_seq < 1:
-            raise ValueError(f"KV pool needs num_pages, page_size and max_pages_per_seq >= 1, got "
-                             f"{num_pages}, {page_size}, {max_pages_per_seq}")
-        self.num_pages = num_pages
+        if num_kv_pages < 1 or page_size < 1 or max_pages_per_seq < 1:
+            raise ValueError(f"KV pool needs num_kv_pages, page_size and max_pages_per_seq >= 1, "
+                             f"got {num_kv_pages}, {page_size}, {max_pages_per_seq}")
+        self.num_kv_pages = num_kv_pages
         self.page_size = page_size
         self.max_pages_per_seq = max_pages_per_seq
         # A stack: the next pages handed out are at the end, so page 1 goes first.
-        self._free = np.arange(num_pages, 0, -1, dtype=np.int32)  # [num_pages]
-        self._num_free = num_pages
+        self._free = np.arange(num_kv_pages, 0, -1, dtype=np.int32)  # [num_kv_pages]
+        self._num_free = num_kv_pages
         self.num_held = np.zeros(num_requests, dtype=np.int64)  # [N] pages each request owns
         self.row_of = np.full(num_requests, -1, dtype=np.int64)  # [N] page-table row, -1 none
         self.page_table = np.zeros((0, max_pages_per_seq), dtype=np.int32)  # [rows, P]
@@ -49,7 +49,7 @@ class KVPageManager:
 
     @property
     def num_used(self) -> int:
-        return self.num_pages - self._num_free
+        return self.num_kv_pages - self._num_free
 
     def pages_for_tokens(self, num_tokens: NDArray[np.int64]) -> NDArray[np.int64]:
         """Pages needed to hold `num_tokens` tokens, elementwise. `[n] -> [n]`."""
@@ -124,6 +124,6 @@ class KVPageManager:
         """Asserts that every page is either free or owned by exactly one request (tests)."""
         owned = [self.pages_of(int(i)) for i in np.flatnonzero(self.num_held)]
         all_pages = np.concatenate(owned + [self._free[:self._num_free]])
-        if all_pages.size != self.num_pages or not np.array_equal(
-                np.sort(all_pages), np.arange(1, self.num_pages + 1)):
+        if all_pages.size != self.num_kv_pages or not np.array_equal(
+                np.sort(all_pages), np.arange(1, self.num_kv_pages + 1)):
             raise AssertionError("KV pages leaked or double-owned")

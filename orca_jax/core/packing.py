@@ -215,13 +215,13 @@ def pack(*, bucket_config: BucketConfig,
                              sampling=sampling, sampling_rows=request_ids)
 
 
-def bucket_config_for(*, token_budget: int, max_num_seqs: int, max_model_len: int,
+def bucket_config_for(*, max_num_tokens: int, max_num_seqs: int, max_model_len: int,
                       page_size: int,
                       token_sizes: Optional[Sequence[int]] = None) -> BucketConfig:
     """Builds the bucket set for a scheduler configuration (default: powers of two)."""
-    sizes = tuple(token_sizes) if token_sizes else default_token_sizes(token_budget)
-    if sizes[-1] != token_budget:
-        raise ValueError(f"the largest bucket ({sizes[-1]}) must equal the token budget "
-                         f"({token_budget})")
+    sizes = tuple(token_sizes) if token_sizes else default_token_sizes(max_num_tokens)
+    if sizes[-1] != max_num_tokens:
+        raise ValueError(f"the largest bucket ({sizes[-1]}) must equal max_num_tokens "
+                         f"({max_num_tokens})")
     return BucketConfig(token_sizes=sizes, max_num_seqs=max_num_seqs,
                         pages_per_seq=pages_per_seq_for(max_model_len, page_size))

@@ -4,7 +4,9 @@ A plugin kind has a registry (name -> class, filled by its `register`
 decorator), a base class, and a built-in package that registers the built-ins
 when imported (`policies`), so `orca_jax` never imports that package
 statically. Knobs are dataclass fields, set from text options (`key=value`)
-converted to each field's type.
+converted to each field's type. A plugin class that renamed a knob lists it in
+`renamed_options` (old name -> new name): the old name still sets the knob,
+with a DeprecationWarning.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import os
 import sys
 import types
 import typing
+import warnings
 from typing import Any, Callable, Mapping, MutableMapping, Optional, TypeVar, Union
 
 BUILTIN_PACKAGE = "policies"  # registers the built-in policies and routers when imported
@@ -144,14 +147,39 @@ def _convert(value: str, hint: Any, where: str) -> Any:
     raise PolicyLoadError(f"{where}: fields of type {hint!r} cannot be set from the command line")
 
 
+def current_options(cls: type, options: Optional[Mapping[str, str]], kind: str
+                    ) -> dict[str, str]:
+    """`options` under the knobs' names now: each old name in `cls.renamed_options` is
+    replaced by its new name, with a DeprecationWarning.
+
+    Raises:
+      PolicyLoadError: an old name and its new name are both given, with different values.
+    """
+    renamed: Mapping[str, str] = getattr(cls, "renamed_options", {})
+    current = {key: value for key, value in (options or {}).items() if key not in renamed}
+    for old, value in (options or {}).items():
+        if old not in renamed:
+            continue
+        new = renamed[old]
+        if current.get(new, value) != value:
+            raise PolicyLoadError(f"{kind} {cls.name!r}: options {old}={value} and "
+                                  f"{new}={current[new]} disagree; give only {new!r}")
+        warnings.warn(f"{kind} {cls.name!r} option {old!r} is deprecated; use {new!r}",
+                      DeprecationWarning, stacklevel=2)
+        current[new] = value
+    return current
+
+
 def build(cls: type, options: Optional[Mapping[str, str]], kind: str) -> Any:
     """An instance of `cls` with its dataclass fields set from text `options`.
+
+    Old option names (`cls.renamed_options`) set their knob, with a DeprecationWarning.
 
     Raises:
       PolicyLoadError: an option names no field, or has a value of the wrong type,
         or the constructor refuses it (the message names the plugin and option).
     """
-    options = dict(options or {})
+    options = current_options(cls, options, kind)
     kwargs: dict[str, Any] = {}
     if options:
         if not dataclasses.is_dataclass(cls):

@@ -45,9 +45,12 @@ class Policy(abc.ABC):
       defer_release: when True, finished requests are handed back to their
         clients only when the policy lists them in `StepPlan.release` (as
         request-level batching returns a whole batch at once).
+      renamed_options: old knob name -> new name, for knobs renamed in a release;
+        `--policy_opts` still takes the old name, with a DeprecationWarning.
     """
 
     name: ClassVar[str] = ""
+    renamed_options: ClassVar[Mapping[str, str]] = {}
     kv_reservation: str = "none"
     defer_release: bool = False
 

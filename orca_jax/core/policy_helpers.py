@@ -72,7 +72,7 @@ def plan_in_order(view: SchedulerView, order: NDArray[np.int64],  # [k]
     order = np.asarray(order, dtype=np.int64)
     if order.size == 0:
         return StepPlan()
-    cap, budget = view.max_batch_size, view.token_budget
+    cap, budget = view.max_num_seqs, view.max_num_tokens
     running = (requests.state[order] == RequestState.RUNNING).tolist()
     want = np.minimum(requests.num_uncomputed(order), budget)  # [k]
     pages = view.pages_needed(order, want).tolist()

@@ -45,8 +45,8 @@ class SchedulerConfig:
     """The mechanism's limits (policy knobs live on the policy).
 
     Attributes:
-      max_batch_size: most sequences in one step (the batch cap).
-      token_budget: most tokens computed in one step (the largest bucket).
+      max_num_seqs: most sequences in one step (the batch cap).
+      max_num_tokens: most tokens computed in one step (the largest bucket).
       num_kv_pages: usable KV pages in the pool.
       page_size: tokens per KV page.
       max_model_len: context limit: prompt + output of any request.
@@ -61,8 +61,8 @@ class SchedulerConfig:
       seed: mixed into every request's sampling seed.
     """
 
-    max_batch_size: int = 256
-    token_budget: int = 2048
+    max_num_seqs: int = 256
+    max_num_tokens: int = 2048
     num_kv_pages: int = 4096
     page_size: int = 16
     max_model_len: int = 2048
@@ -76,7 +76,7 @@ class SchedulerConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for field in ("max_batch_size", "token_budget", "num_kv_pages", "page_size",
+        for field in ("max_num_seqs", "max_num_tokens", "num_kv_pages", "page_size",
                       "max_model_len"):
             if getattr(self, field) < 1:
                 raise ValueError(f"SchedulerConfig.{field} must be >= 1, "
@@ -129,10 +129,10 @@ class Scheduler:
         self.table = RequestTable(ordered)
         n = len(ordered)
         self.bucket_config = bucket_config_for(
-            token_budget=config.token_budget, max_num_seqs=config.max_batch_size,
+            max_num_tokens=config.max_num_tokens, max_num_seqs=config.max_num_seqs,
             max_model_len=config.max_model_len, page_size=config.page_size,
             token_sizes=config.token_buckets)
-        self.kv = KVPageManager(num_pages=config.num_kv_pages, page_size=config.page_size,
+        self.kv = KVPageManager(num_kv_pages=config.num_kv_pages, page_size=config.page_size,
                                 max_pages_per_seq=self.bucket_config.pages_per_seq,
                                 num_requests=n)
         self._reserve_tokens = _reservation_tokens(self.kv_reservation, self.table,

@@ -4,10 +4,14 @@ Everything a policy may know is here: the time, the waiting and running
 requests (as arrays of request indices), every request's progress (a read-only
 `RequestTableView`), the KV pool, and the step limits. Arrays are read-only; a
 policy keeps its own bookkeeping in its own fields.
+
+The limits' names before 0.2 (`token_budget`, `max_batch_size`,
+`num_total_pages`) still read, with a DeprecationWarning once per process.
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import Optional
 
 import numpy as np
@@ -16,6 +20,25 @@ from numpy.typing import NDArray
 from orca_jax.core.request_table import RequestTableView
 from orca_jax.core.scheduler_state import SchedulerState
 
+# Old attribute -> its name now. A plugin reads them every step: each warns only once.
+RENAMED = {"token_budget": "max_num_tokens", "max_batch_size": "max_num_seqs",
+           "num_total_pages": "num_kv_pages"}
+_warned: set[str] = set()
+
+
+def _renamed(old: str) -> property:
+    """A read-only property under the old name `old`, warning once per process."""
+    new = RENAMED[old]
+
+    def read(view: "SchedulerView") -> int:
+        if old not in _warned:
+            _warned.add(old)
+            warnings.warn(f"SchedulerView.{old} is deprecated; use SchedulerView.{new}",
+                          DeprecationWarning, stacklevel=2)
+        return getattr(view, new)
+
+    return property(read, doc=f"Deprecated: `{new}`.")
+
 
 class SchedulerView:
     """What `Policy.schedule` sees. Created once per scheduler; reads its live state.
@@ -23,9 +46,9 @@ class SchedulerView:
     Attributes:
       requests: read-only per-request arrays (`RequestTableView`).
       page_size: tokens per KV page.
-      num_total_pages: usable KV pages in the pool.
-      token_budget: most tokens a step may compute (the largest bucket).
-      max_batch_size: most sequences a step may hold.
+      num_kv_pages: usable KV pages in the pool.
+      max_num_tokens: most tokens a step may compute (the largest bucket).
+      max_num_seqs: most sequences a step may hold.
       bucket_token_sizes: the configured step sizes (T of each bucket).
       max_model_len: the context limit (prompt + output) of every request.
       kv_reservation: this run's KV allocation mode (see `Policy.kv_reservation`).
@@ -37,13 +60,17 @@ class SchedulerView:
         config = scheduler.config
         self.requests = RequestTableView(scheduler.table)
         self.page_size = config.page_size
-        self.num_total_pages = config.num_kv_pages
-        self.token_budget = scheduler.bucket_config.max_num_tokens
-        self.max_batch_size = config.max_batch_size
+        self.num_kv_pages = config.num_kv_pages
+        self.max_num_tokens = scheduler.bucket_config.max_num_tokens
+        self.max_num_seqs = config.max_num_seqs
         self.bucket_token_sizes = scheduler.bucket_config.token_sizes
         self.max_model_len = config.max_model_len
         self.kv_reservation = scheduler.kv_reservation
         self.watermark_pages = config.watermark_pages
+
+    token_budget = _renamed("token_budget")
+    max_batch_size = _renamed("max_batch_size")
+    num_total_pages = _renamed("num_total_pages")
 
     @property
     def now_s(self) -> float:

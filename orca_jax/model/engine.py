@@ -78,8 +78,8 @@ class JaxEngine(Engine):
       model_config: the model's shapes.
       params: the model's parameter state (`nnx.split(model)[1]`, `weights.init_params`,
         `weights.restore_params` or `weights.load_llama_folder`); cast to `dtype`.
-      num_pages: pages in the KV cache, the null page 0 included (a page manager
-        with N usable pages needs N + 1).
+      num_cache_pages: pages in the KV cache, the null page 0 included (a pool of
+        N usable pages, `SchedulerConfig.num_kv_pages`, needs N + 1).
       page_size: tokens per page.
       pages_per_seq: page-table width P of every bucket.
       dtype: parameter, activation and KV cache dtype.
@@ -93,16 +93,17 @@ class JaxEngine(Engine):
         and attention over (tensor parallelism); None runs on the default device.
     """
 
-    def __init__(self, model_config: ModelConfig, params: nnx.State, *, num_pages: int,
+    def __init__(self, model_config: ModelConfig, params: nnx.State, *, num_cache_pages: int,
                  page_size: int, pages_per_seq: int, dtype: jnp.dtype = jnp.float32,
                  attention: str = "reference", clock: str = "wall", num_timed_runs: int = 3,
                  warmup_kv_len: Optional[int] = None,
                  mesh: Optional[jax.sharding.Mesh] = None) -> None:
         if clock not in CLOCKS:
             raise ValueError(f"JaxEngine: clock={clock!r}, choose one of {CLOCKS}")
-        if num_pages < 2 or page_size < 1 or pages_per_seq < 1:
-            raise ValueError(f"JaxEngine: needs num_pages >= 2 (null page + one), page_size >= 1, "
-                             f"pages_per_seq >= 1; got {num_pages}, {page_size}, {pages_per_seq}")
+        if num_cache_pages < 2 or page_size < 1 or pages_per_seq < 1:
+            raise ValueError(f"JaxEngine: needs num_cache_pages >= 2 (null page + one), "
+                             f"page_size >= 1, pages_per_seq >= 1; got {num_cache_pages}, "
+                             f"{page_size}, {pages_per_seq}")
         if clock == "profiled" and num_timed_runs < 1:
             raise ValueError("JaxEngine: clock='profiled' needs num_timed_runs >= 1")
         max_len = pages_per_seq * page_size
@@ -117,7 +118,8 @@ class JaxEngine(Engine):
             sharding.make_mesh(mesh.size, model_config, list(mesh.devices.flat))  # divisibility
             attend = sharding.shard_attention(attend, mesh)
         self.model_config = model_config
-        self.num_pages, self.page_size, self.pages_per_seq = num_pages, page_size, pages_per_seq
+        self.num_cache_pages, self.page_size = num_cache_pages, page_size
+        self.pages_per_seq = pages_per_seq
         self.dtype = jnp.dtype(dtype)
         self.attention = attention
         self.mesh = mesh
@@ -128,8 +130,9 @@ class JaxEngine(Engine):
         self._check_params(abstract, params)
         params = jax.tree.map(
             lambda a: a.astype(self.dtype) if jnp.issubdtype(a.dtype, jnp.floating) else a, params)
-        new_cache = functools.partial(model_lib.init_kv_cache, model_config, num_pages=num_pages,
-                                      page_size=page_size, dtype=self.dtype)
+        new_cache = functools.partial(model_lib.init_kv_cache, model_config,
+                                      num_pages=num_cache_pages, page_size=page_size,
+                                      dtype=self.dtype)
         if mesh is None:
             self._params = jax.device_put(params)
             self._cache = new_cache()

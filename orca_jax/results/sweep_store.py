@@ -17,7 +17,10 @@ The workload a sweep ran on is fixed in `sweep.json` (the run plumbing except
 the swept rate and seed, and each policy's spec and options). Opening the
 folder with a different workload, or with different options for a policy
 already in it, raises `SweepConfigError` naming the fields that differ; new
-policies, rates and seeds may be added to an existing sweep.
+policies, rates and seeds may be added to an existing sweep. A `sweep.json`
+written by an older version still resumes: settings it lacks count at their
+defaults, settings and options it names by their old names are read under the
+new ones, and settings the run no longer has are not compared.
 """
 
 from __future__ import annotations
@@ -76,6 +79,10 @@ class SweepStore:
       run_defaults: the default of each `run_config` setting. A stored sweep that
         lacks a setting (recorded before it existed) ran with its default, so it
         still resumes when the setting is left at that default.
+      renamed_settings: old name -> new name of `run_config` settings, to read a
+        stored sweep that names them the old way. A stored setting that is not in
+        `run_config` at all (one the other engine reads) is not compared.
+      renamed_options: label -> {old name: new name} of a policy's options.
 
     Raises:
       SweepConfigError: the folder holds a sweep of another `run_config`, or a
@@ -84,13 +91,18 @@ class SweepStore:
 
     def __init__(self, out_dir: os.PathLike | str, run_config: Mapping[str, Any],
                  policies: Mapping[str, Mapping[str, Any]],
-                 run_defaults: Optional[Mapping[str, Any]] = None) -> None:
+                 run_defaults: Optional[Mapping[str, Any]] = None, *,
+                 renamed_settings: Optional[Mapping[str, str]] = None,
+                 renamed_options: Optional[Mapping[str, Mapping[str, str]]] = None) -> None:
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.points_path = self.out_dir / POINTS_FILE
         self.config_path = self.out_dir / CONFIG_FILE
         self.session = uuid.uuid4().hex[:12]  # which process ran a point (resume tests read it)
         self._run_defaults = _canonical(dict(run_defaults or {}))
+        self._renamed_settings = dict(renamed_settings or {})
+        self._renamed_options = {label: dict(names)
+                                 for label, names in (renamed_options or {}).items()}
         self._check_and_record_config(_canonical(dict(run_config)), _canonical(dict(policies)))
 
     def _check_and_record_config(self, run: dict[str, Any],
@@ -103,13 +115,15 @@ class SweepStore:
                                        "folder or choose another --out_dir") from None
             stored_run = stored.get("run")
             if isinstance(stored_run, dict):
+                renamed = {self._renamed_settings.get(k, k): v for k, v in stored_run.items()}
                 stored_run = {**{k: v for k, v in self._run_defaults.items() if k in run},
-                              **stored_run}
+                              **{k: v for k, v in renamed.items() if k in run}}
             diffs = _differences(stored_run, run, "run")
             stored_policies = stored.get("policies", {})
             for label, policy in policies.items():
                 if label in stored_policies:
-                    diffs += _differences(stored_policies[label], policy, f"policies.{label}")
+                    diffs += _differences(self._current_names(label, stored_policies[label]),
+                                          policy, f"policies.{label}")
             if diffs:
                 raise SweepConfigError(
                     f"{self.out_dir} holds a sweep of another configuration ({self.config_path} "
@@ -121,6 +135,13 @@ class SweepStore:
         if stored is None or merged != stored_policies:
             write_json_atomic(self.config_path, {"version": CONFIG_VERSION, "run": run,
                                                  "policies": merged})
+
+    def _current_names(self, label: str, policy: Any) -> Any:
+        """A stored policy entry with its options under their names now."""
+        names = self._renamed_options.get(label)
+        if not (names and isinstance(policy, dict) and isinstance(policy.get("options"), dict)):
+            return policy
+        return {**policy, "options": {names.get(k, k): v for k, v in policy["options"].items()}}
 
     # ------------------------------------------------------------- reading
     def load(self) -> list[dict[str, Any]]:

@@ -6,7 +6,7 @@ finished point is appended to the store at once, so a killed sweep rerun with
 the same arguments runs only the points it lacks.
 
 A point's spec is the sweep's spec at that point's rate and seed
-(`point_spec`); the sweep's fingerprint is the spec without them
+(`point_spec`); the sweep's fingerprint is the spec without them, flat
 (`run_config`). Every point of a seed shares one engine, as `compare` shares
 one between policies: the same compiled steps serve every policy, and a real
 engine's random weights follow the seed.
@@ -22,14 +22,21 @@ import time
 from typing import Callable, Mapping, Optional, Sequence
 
 from orca_jax.core.engine_api import Engine
+from orca_jax.core.plugins import current_options
+from orca_jax.core.policy import resolve_policy_class
 from orca_jax.core.request import Request
 from orca_jax.core.run_result import RunResult
 from orca_jax.results.sweep_store import PointKey, SweepStore, point_key
-from orca_jax.runner.experiment import (RunSpec, build_engine, build_workload, run_policy,
-                                        scheduler_config)
+from orca_jax.runner.build import build_engine, build_workload, scheduler_config
+from orca_jax.runner.experiment import run_policy
+from orca_jax.runner.spec import JaxEngineSpec, RunSpec
 
 # Test-only: the process dies (os._exit) right after this many points, as a kill would.
 EXIT_AFTER_ENV = "ORCA_JAX_SWEEP_EXIT_AFTER"
+# The fingerprint's settings by the names a sweep.json written before the spec had
+# parts (and before the knobs were renamed) gives them: such a sweep still resumes.
+OLD_SETTING_NAMES = {"workload": "arrival", "max_batch_size": "max_num_seqs",
+                     "token_budget": "max_num_tokens"}
 
 
 class SweepError(ValueError):
@@ -47,14 +54,29 @@ class PolicyRun:
 
 def point_spec(spec: RunSpec, rate: float, seed: int) -> RunSpec:
     """The spec of one point: the sweep's spec at `rate` and `seed`."""
-    return dataclasses.replace(spec, rate=rate, seed=seed)
+    return dataclasses.replace(spec, workload=dataclasses.replace(spec.workload, rate=rate),
+                               seed=seed)
+
+
+def _settings(spec: RunSpec) -> dict[str, object]:
+    """Every setting of `spec` one level deep, under its own name; the engine's kind is
+    `engine`. (The parts' field names are distinct, so nothing is lost.)"""
+    settings: dict[str, object] = {}
+    for name, value in dataclasses.asdict(spec).items():
+        if isinstance(value, dict):
+            settings.update(("engine" if key == "kind" else key, leaf)
+                            for key, leaf in value.items())
+        else:
+            settings[name] = value
+    return settings
 
 
 def run_config(spec: RunSpec) -> dict[str, object]:
-    """The sweep's fingerprint of the workload and plumbing: the spec minus rate and seed."""
-    config = {k: v for k, v in dataclasses.asdict(spec).items() if k not in ("rate", "seed")}
-    if spec.trace:
-        with open(spec.trace, "rb") as f:
+    """The sweep's fingerprint of the workload and plumbing: the spec minus rate and seed,
+    flat (as sweep.json has always held it)."""
+    config = {k: v for k, v in _settings(spec).items() if k not in ("rate", "seed")}
+    if spec.workload.trace:
+        with open(spec.workload.trace, "rb") as f:
             config["trace_sha256"] = hashlib.sha256(f.read()).hexdigest()
     return config
 
@@ -70,11 +92,11 @@ def workload_at(spec: RunSpec, base: list[Request], rate: float) -> list[Request
     Raises:
       SweepError: a trace whose arrivals are all at one time (it has no rate).
     """
-    if spec.workload == "trace":
+    if spec.workload.arrival == "trace":
         span = (max(r.arrival_s for r in base) - min(r.arrival_s for r in base)
                 if len(base) >= 2 else 0.0)
         if span <= 0:
-            raise SweepError(f"trace {spec.trace}: all arrivals at one time; a rate sweep "
+            raise SweepError(f"trace {spec.workload.trace}: all arrivals at one time; a rate sweep "
                              "needs arrivals spread in time")
         scale = (len(base) - 1) / span / rate
     else:
@@ -145,13 +167,22 @@ def run_sweep(spec: RunSpec, policies: Sequence[PolicyRun], rates: Sequence[floa
     if len(set(labels)) != len(labels):
         raise SweepError(f"policies {[run.spec for run in policies]}: two share a label "
                          f"({labels}); a sweep keys its points by label")
-    if build_per_point and spec.workload == "trace":
-        raise SweepError(f"trace {spec.trace}: its arrivals do not follow a rate; sweep it "
-                         "by rescaling (build_per_point=False)")
+    if build_per_point and spec.workload.arrival == "trace":
+        raise SweepError(f"trace {spec.workload.trace}: its arrivals do not follow a rate; "
+                         "sweep it by rescaling (build_per_point=False)")
+    # Options under their names now, so an old name and the new one are the same sweep.
+    classes = {run.label: resolve_policy_class(run.spec) for run in policies}
+    policies = [dataclasses.replace(run, options=current_options(classes[run.label],
+                                                                  run.options, "policy"))
+                for run in policies]
     store = SweepStore(out_dir, run_config(spec),
                        {run.label: {"spec": run.spec, "options": dict(run.options)}
                         for run in policies},
-                       run_defaults=dataclasses.asdict(RunSpec()))
+                       run_defaults={**_settings(RunSpec(engine=JaxEngineSpec())),
+                                     **_settings(RunSpec())},
+                       renamed_settings=OLD_SETTING_NAMES,
+                       renamed_options={label: cls.renamed_options
+                                        for label, cls in classes.items()})
     points = {point_key(p): p for p in store.load()}
     rate_order = sorted(float(r) for r in rates) if saturated else [float(r) for r in rates]
     grid_keys = [PointKey(label, rate, int(seed))

@@ -142,6 +142,13 @@ PRESETS: dict[str, ModelConfig] = {
     "llama2-7b": ModelConfig(name="llama2-7b", vocab_size=32000, d_model=4096, num_layers=32,
                              num_q_heads=32, num_kv_heads=32, head_dim=128, ffn_dim=11008,
                              max_context=4096),
+    # Meta-Llama-3-70B and Llama-2-70b as published (GQA: 8 KV heads).
+    "llama3-70b": ModelConfig(name="llama3-70b", vocab_size=128256, d_model=8192, num_layers=80,
+                              num_q_heads=64, num_kv_heads=8, head_dim=128, ffn_dim=28672,
+                              rope_theta=500000.0, max_context=8192),
+    "llama2-70b": ModelConfig(name="llama2-70b", vocab_size=32000, d_model=8192, num_layers=80,
+                              num_q_heads=64, num_kv_heads=8, head_dim=128, ffn_dim=28672,
+                              max_context=4096),
     # Mistral-7B-v0.1 (its 4k sliding window is not modelled: attention sees the whole context).
     "mistral-7b": ModelConfig(name="mistral-7b", vocab_size=32000, d_model=4096, num_layers=32,
                               num_q_heads=32, num_kv_heads=8, head_dim=128, ffn_dim=14336,

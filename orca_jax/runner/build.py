@@ -1,0 +1,124 @@
+"""A run's pieces from its spec: the workload, the scheduler's limits, the engine.
+
+Each is built on its own, so a caller that compares policies builds the
+workload and the engine once and hands them to every run (`run_policy`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from orca_jax.core.engine_api import Engine
+from orca_jax.core.packing import pages_per_seq_for
+from orca_jax.core.request import Request
+from orca_jax.core.scheduler import SchedulerConfig
+from orca_jax.runner.spec import JaxEngineSpec, RunSpec, SimEngineSpec, sampling_params
+from orca_jax.sim import cost_model
+from orca_jax.sim.engine import SimEngine
+from orca_jax.specs.hardware import get_hardware
+from orca_jax.specs.memory import num_kv_pages_for_memory
+from orca_jax.specs.model_config import ModelConfig, from_hf_config, get_model_config
+from orca_jax.workloads.synthetic import synthetic_workload, with_prompt_tokens
+from orca_jax.workloads.traces import load_trace
+
+
+def model_config(spec: RunSpec) -> ModelConfig:
+    """The run's model: from a real engine's checkpoint folder's config.json, or the preset."""
+    engine = spec.engine
+    if isinstance(engine, JaxEngineSpec) and engine.checkpoint and os.path.isfile(
+            os.path.join(engine.checkpoint, "config.json")):
+        with open(os.path.join(engine.checkpoint, "config.json")) as f:
+            return from_hf_config(json.load(f), name=engine.model)
+    return get_model_config(engine.model)
+
+
+def build_workload(spec: RunSpec) -> list[Request]:
+    """The run's requests (synthetic from the seed, or a trace file); a real engine's
+    get prompt token ids from its model's vocabulary."""
+    workload = spec.workload
+    vocab = model_config(spec).vocab_size if spec.engine.kind == "jax" else None
+    if workload.arrival == "trace":
+        requests = load_trace(workload.trace, time_scale=workload.trace_time_scale,
+                              max_requests=workload.num_requests)
+        return with_prompt_tokens(requests, vocab, spec.seed) if vocab else requests
+    return synthetic_workload(
+        num_requests=workload.num_requests, arrival=workload.arrival,
+        rate=None if workload.arrival == "burst" else workload.rate, cv=workload.cv,
+        prompt_len=workload.prompt_len, output_len=workload.output_len, seed=spec.seed,
+        vocab_size=vocab)
+
+
+def max_model_len(spec: RunSpec) -> int:
+    """The context limit of the run."""
+    return spec.limits.max_model_len or model_config(spec).max_context
+
+
+def scheduler_config(spec: RunSpec) -> SchedulerConfig:
+    """The scheduler's limits; the KV pool from a page count, a memory budget or the GPU."""
+    limits, engine = spec.limits, spec.engine
+    sampling = engine.sampling if isinstance(engine, JaxEngineSpec) else "greedy"
+    temperature, top_k, top_p = sampling_params(sampling)
+    context = max_model_len(spec)
+    if limits.num_kv_pages is not None:
+        pages = limits.num_kv_pages
+    elif isinstance(engine, JaxEngineSpec):
+        # A real cache on this machine: room for a full batch of full contexts.
+        pages = limits.max_num_seqs * pages_per_seq_for(context, limits.page_size)
+    else:
+        pages = num_kv_pages_for_memory(
+            get_model_config(engine.model), get_hardware(engine.hardware), engine.tp,
+            limits.page_size, kv_memory_gb=limits.kv_memory_gb)
+    return SchedulerConfig(max_num_seqs=limits.max_num_seqs,
+                           max_num_tokens=limits.max_num_tokens, num_kv_pages=pages,
+                           page_size=limits.page_size, max_model_len=context,
+                           token_buckets=limits.token_buckets, temperature=temperature,
+                           top_k=top_k, top_p=top_p, seed=spec.seed,
+                           log_step_requests=limits.log_step_requests)
+
+
+def build_engine(spec: RunSpec, config: SchedulerConfig) -> Engine:
+    """The engine of the run (one per run: a real engine owns its KV cache)."""
+    engine = spec.engine
+    if isinstance(engine, JaxEngineSpec):
+        return _jax_engine(spec, engine, config)
+    return SimEngine(_cost_config(engine))
+
+
+def _cost_config(engine: SimEngineSpec) -> cost_model.CostModelConfig:
+    if engine.cost_fit is not None:
+        from orca_jax.sim.calibration import cost_config_from_fit
+        return cost_config_from_fit(engine.cost_fit, engine.model)
+    if engine.step_time_ms is not None:
+        return cost_model.CostModelConfig(mode="fixed", model=engine.model,
+                                          hardware=engine.hardware, tp=engine.tp,
+                                          step_time_s=engine.step_time_ms / 1e3)
+    return cost_model.CostModelConfig(model=engine.model, hardware=engine.hardware,
+                                      tp=engine.tp)
+
+
+def _jax_engine(spec: RunSpec, engine: JaxEngineSpec, config: SchedulerConfig) -> Engine:
+    import jax
+    import jax.numpy as jnp
+
+    from orca_jax.model import sharding
+    from orca_jax.model import weights
+    from orca_jax.model.engine import JaxEngine
+
+    model = model_config(spec)
+    dtype = jnp.dtype(engine.dtype)
+    if engine.checkpoint:  # a LLaMA folder brings its own config
+        model, params = weights.load_params(engine.checkpoint, model, dtype=dtype)
+    else:
+        params = weights.init_params(model, seed=spec.seed, dtype=dtype)
+    attention = engine.attention
+    on_gpu = jax.default_backend() == "gpu"
+    if attention == "auto":
+        attention = "pallas" if on_gpu else "reference"
+    elif attention == "pallas" and not on_gpu:
+        attention = "pallas_interpret"  # the same kernel, run by the Pallas interpreter
+    mesh = sharding.make_mesh(engine.tp, model) if engine.tp > 1 else None
+    return JaxEngine(model, params, num_cache_pages=config.num_kv_pages + 1,  # + the null page
+                     page_size=config.page_size,
+                     pages_per_seq=pages_per_seq_for(config.max_model_len, config.page_size),
+                     dtype=dtype, attention=attention, clock=engine.clock, mesh=mesh)

@@ -1,0 +1,196 @@
+"""What defines a run, but for its policy: `RunSpec` and its parts.
+
+A run is a workload (`WorkloadSpec`) served by an engine (`JaxEngineSpec` or
+`SimEngineSpec`) under the scheduler's limits (`LimitsSpec`), on one replica or
+several (`ClusterSpec`), with a seed and SLOs. Each part is a frozen,
+keyword-only dataclass that checks its own fields, and a setting that only one
+engine reads lives only on that engine's part. The command-line flags resolve
+to a `RunSpec` (`experiments/flags.py`); config.json's "run" section is
+`dataclasses.asdict` of it, grouped the same way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Optional, Union
+
+from orca_jax.core.plugins import parse_options
+from orca_jax.specs.hardware import get_hardware
+from orca_jax.specs.model_config import get_model_config
+
+WORKLOADS = ("poisson", "gamma", "burst", "trace")
+ENGINES = ("sim", "jax")
+DTYPES = ("float32", "bfloat16")
+ATTENTIONS = ("auto", "reference", "pallas", "pallas_interpret")
+CLOCKS = ("profiled", "wall")
+
+
+def sampling_params(text: str) -> tuple[float, int, float]:
+    """Parses `greedy` or `temperature:T[:top_k[:top_p]]` into (temperature, top_k, top_p)."""
+    if text == "greedy":
+        return 0.0, 0, 1.0
+    kind, _, rest = text.partition(":")
+    parts = rest.split(":") if rest else []
+    try:
+        if kind != "temperature" or not 1 <= len(parts) <= 3:
+            raise ValueError
+        temperature = float(parts[0])
+        top_k = int(parts[1]) if len(parts) > 1 else 0
+        top_p = float(parts[2]) if len(parts) > 2 else 1.0
+        if temperature < 0 or top_k < 0 or not 0 < top_p <= 1:
+            raise ValueError
+    except ValueError:
+        raise ValueError(f"sampling {text!r}: expected greedy or temperature:T[:TOP_K[:TOP_P]] "
+                         "with T >= 0, TOP_K >= 0, 0 < TOP_P <= 1") from None
+    return temperature, top_k, top_p
+
+
+def _check_choice(part: str, field: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"{part}.{field} must be one of {choices}, got {value!r}")
+
+
+def _check_at_least(part: str, field: str, value: Optional[float], lowest: float) -> None:
+    if value is not None and not value >= lowest:
+        raise ValueError(f"{part}.{field} must be >= {lowest:g}, got {value}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class WorkloadSpec:
+    """The requests: an arrival process with length distributions, or a trace file."""
+
+    arrival: str = "poisson"  # poisson, gamma, burst (all at t=0), or trace
+    trace: Optional[str] = None  # the trace file (JSONL or CSV) of arrival "trace"
+    trace_time_scale: float = 1.0  # multiplies a trace's arrival times (0.5: twice the rate)
+    num_requests: int = 200  # of a trace: its first N
+    rate: float = 4.0  # requests/s (poisson, gamma)
+    cv: float = 1.0  # coefficient of variation of gamma inter-arrival gaps
+    prompt_len: str = "uniform:32:512"  # a length spec (`workloads.synthetic.parse_length_spec`)
+    output_len: str = "uniform:1:128"
+
+    def __post_init__(self) -> None:
+        _check_choice("workload", "arrival", self.arrival, WORKLOADS)
+        if self.arrival == "trace" and not self.trace:
+            raise ValueError("workload.arrival 'trace' needs a trace file (workload.trace, "
+                             "--trace)")
+        _check_at_least("workload", "num_requests", self.num_requests, 1)
+        _check_at_least("workload", "rate", self.rate, 0)
+        _check_at_least("workload", "cv", self.cv, 0)
+        if not (math.isfinite(self.trace_time_scale) and self.trace_time_scale > 0):
+            raise ValueError(f"workload.trace_time_scale must be a finite number > 0, got "
+                             f"{self.trace_time_scale}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class JaxEngineSpec:
+    """The real engine: the Flax model on this machine's devices."""
+
+    kind: str = dataclasses.field(default="jax", init=False)  # names the engine in config.json
+    model: str = "llama3-8b"  # a preset, or the name of the checkpoint's model
+    checkpoint: Optional[str] = None  # an orbax directory or a LLaMA-format folder
+    dtype: str = "float32"  # parameters, activations and KV cache
+    attention: str = "auto"  # auto (pallas on GPU, reference elsewhere), reference, pallas
+    sampling: str = "greedy"  # greedy, or temperature:T[:top_k[:top_p]]
+    clock: str = "profiled"  # profiled (warm-up bucket medians) or wall
+    tp: int = 1  # devices the step is split over
+
+    def __post_init__(self) -> None:
+        _check_choice("engine", "dtype", self.dtype, DTYPES)
+        _check_choice("engine", "attention", self.attention, ATTENTIONS)
+        _check_choice("engine", "clock", self.clock, CLOCKS)
+        sampling_params(self.sampling)  # fails early, naming the value
+        _check_at_least("engine", "tp", self.tp, 1)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SimEngineSpec:
+    """The simulator: a cost model of the model on a hardware preset."""
+
+    kind: str = dataclasses.field(default="sim", init=False)  # names the engine in config.json
+    model: str = "llama3-8b"  # a model preset
+    hardware: str = "a100"  # a hardware preset
+    tp: int = 1  # the replica's tensor-parallel degree
+    step_time_ms: Optional[float] = None  # a fixed step time instead of the roofline
+    cost_fit: Optional[str] = None  # a cost fit JSON written by experiments.calibrate
+
+    def __post_init__(self) -> None:
+        get_model_config(self.model)  # fails early, naming the presets
+        get_hardware(self.hardware)
+        _check_at_least("engine", "tp", self.tp, 1)
+        _check_at_least("engine", "step_time_ms", self.step_time_ms, 0)
+        if self.cost_fit is not None and self.step_time_ms is not None:
+            raise ValueError(f"engine.cost_fit ({self.cost_fit!r}) and engine.step_time_ms "
+                             f"({self.step_time_ms}) both set; choose one step-time model")
+
+
+EngineSpec = Union[JaxEngineSpec, SimEngineSpec]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LimitsSpec:
+    """The scheduler's limits (resolved into a `SchedulerConfig` by `build.scheduler_config`)."""
+
+    max_num_seqs: int = 64  # most sequences in one step (the batch cap)
+    max_num_tokens: int = 2048  # most tokens in one step (the largest bucket)
+    num_kv_pages: Optional[int] = None  # the KV pool in pages (default: kv_memory_gb, the GPU)
+    kv_memory_gb: Optional[float] = None  # the KV pool in GB (decimal) over the replica
+    page_size: int = 16  # tokens per KV page
+    max_model_len: Optional[int] = None  # the context limit (default: the model's context)
+    token_buckets: Optional[tuple[int, ...]] = None  # step sizes (default: powers of two)
+    log_step_requests: bool = False  # steps.jsonl: each step's request ids and tokens
+
+    def __post_init__(self) -> None:
+        for field in ("max_num_seqs", "max_num_tokens", "num_kv_pages", "page_size"):
+            _check_at_least("limits", field, getattr(self, field), 1)
+        _check_at_least("limits", "max_model_len", self.max_model_len, 2)
+        if self.kv_memory_gb is not None and not self.kv_memory_gb > 0:
+            raise ValueError(f"limits.kv_memory_gb must be > 0, got {self.kv_memory_gb}")
+        buckets = self.token_buckets
+        if buckets is not None and not (
+                buckets and buckets[0] >= 1 and list(buckets) == sorted(set(buckets))
+                and buckets[-1] == self.max_num_tokens):
+            raise ValueError(f"limits.token_buckets must ascend from >= 1 to max_num_tokens "
+                             f"({self.max_num_tokens}), got {buckets}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ClusterSpec:
+    """Replicas behind a global router (`orca_jax.cluster`); one replica by default."""
+
+    num_replicas: int = 1  # sim only: each with its own scheduler, KV pool and engine
+    router: str = "round_robin"  # a registered router, module:Class or file.py:Class
+    router_opts: str = ""  # the router's knobs, key=value,...
+
+    def __post_init__(self) -> None:
+        _check_at_least("cluster", "num_replicas", self.num_replicas, 1)
+        parse_options(self.router_opts)  # fails early, naming the bad option
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RunSpec:
+    """Everything but the policy that defines a run (the flags, resolved)."""
+
+    workload: WorkloadSpec = dataclasses.field(default_factory=WorkloadSpec)
+    engine: EngineSpec = dataclasses.field(default_factory=SimEngineSpec)
+    limits: LimitsSpec = dataclasses.field(default_factory=LimitsSpec)
+    cluster: ClusterSpec = dataclasses.field(default_factory=ClusterSpec)
+    seed: int = 0  # the workload's and the sampling's seed (and a real engine's weights)
+    ttft_slo_s: Optional[float] = None  # for goodput
+    tpot_slo_s: Optional[float] = None
+
+    def __post_init__(self) -> None:
+        parts: dict[str, tuple[type, ...]] = {
+            "workload": (WorkloadSpec,), "engine": (JaxEngineSpec, SimEngineSpec),
+            "limits": (LimitsSpec,), "cluster": (ClusterSpec,)}
+        for field, kinds in parts.items():
+            value = getattr(self, field)
+            if not isinstance(value, kinds):
+                raise TypeError(f"RunSpec.{field} must be a "
+                                f"{' or '.join(kind.__name__ for kind in kinds)}, got {value!r}")
+        _check_at_least("run", "seed", self.seed, 0)
+        if self.cluster.num_replicas > 1 and self.engine.kind != "sim":
+            raise ValueError(f"num_replicas={self.cluster.num_replicas} needs engine 'sim' (the "
+                             f"real engine runs one replica per process), got "
+                             f"{self.engine.kind!r}")
+
