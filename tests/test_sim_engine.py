@@ -1,4 +1,8 @@
-"""SimEngine and its cost model: presets, the roofline's numbers, modes, and the Engine contract."""
+"""SimEngine and its cost model: presets, the roofline_max numbers, modes, and the Engine contract.
+
+The roofline tests here pin the whole-step `roofline_max` mode (their numbers are its
+formulas); the default `per_op` roofline has its own, tests/test_cost_model.py.
+"""
 
 import subprocess
 import sys
@@ -57,8 +61,8 @@ def test_kv_bytes_per_token_counts_kv_heads_layers_and_both_tensors():
 
 
 def test_single_decode_of_llama3_8b_on_a100_is_memory_bound_near_weights_over_bandwidth():
-    config = cm.CostModelConfig(model="llama3-8b", hardware="a100")
-    cost = cm.roofline_cost(config, np.array([1]), np.array([100]))
+    config = cm.CostModelConfig(mode="roofline_max", model="llama3-8b", hardware="a100")
+    cost = cm.roofline_max_cost(config, np.array([1]), np.array([100]))
     assert cost.is_memory_bound
     assert 8e-3 < cost.step_s < 10e-3
     weights_s = get_model_config("llama3-8b").step_weight_bytes(2) / (2.039e12 * 0.8)
@@ -66,28 +70,28 @@ def test_single_decode_of_llama3_8b_on_a100_is_memory_bound_near_weights_over_ba
 
 
 def test_2048_token_prefill_is_compute_bound():
-    config = cm.CostModelConfig(model="llama3-8b", hardware="a100")
-    cost = cm.roofline_cost(config, np.array([2048]), np.array([2048]))
+    config = cm.CostModelConfig(mode="roofline_max", model="llama3-8b", hardware="a100")
+    cost = cm.roofline_max_cost(config, np.array([2048]), np.array([2048]))
     assert not cost.is_memory_bound
     # ~16 GFLOP per token at 60% of 312 TFLOP/s: about 0.16 s.
     assert 0.14 < cost.step_s < 0.18
 
 
 def test_attention_flops_are_causal_within_the_chunk():
-    config = cm.CostModelConfig(model="tiny")
+    config = cm.CostModelConfig(mode="roofline_max", model="tiny")
     model = config.model_config
     # A 3-token chunk on 2 cached tokens: its queries attend to 3, 4 and 5 keys.
-    cost = cm.roofline_cost(config, np.array([3]), np.array([5]))
+    cost = cm.roofline_max_cost(config, np.array([3]), np.array([5]))
     linear = 2 * model.non_embedding_params * 3 + 2 * 128 * 512 * 1
     attention = 4 * 2 * 4 * 32 * (3 + 4 + 5)
     assert cost.num_flops == linear + attention
 
 
 def test_tensor_parallel_gpt3_decode_is_faster_and_pays_allreduces():
-    tp1 = cm.roofline_cost(cm.CostModelConfig(model="gpt3-175b", tp=1), np.array([1]),
-                           np.array([512]))
-    tp8 = cm.roofline_cost(cm.CostModelConfig(model="gpt3-175b", tp=8), np.array([1]),
-                           np.array([512]))
+    tp1 = cm.roofline_max_cost(cm.CostModelConfig(mode="roofline_max", model="gpt3-175b", tp=1),
+                               np.array([1]), np.array([512]))
+    tp8 = cm.roofline_max_cost(cm.CostModelConfig(mode="roofline_max", model="gpt3-175b", tp=8),
+                               np.array([1]), np.array([512]))
     assert tp1.allreduce_s == 0.0
     one_allreduce = 2 * 7 / 8 * 12288 * 2 / 300e9 + 10e-6
     assert tp8.allreduce_s == pytest.approx(2 * 96 * one_allreduce)
@@ -106,10 +110,10 @@ def test_padding_rows_and_padded_sequences_do_not_change_the_time():
 
 
 def test_decode_with_longer_contexts_costs_more_by_the_kv_bytes():
-    config = cm.CostModelConfig(model="llama3-8b")
+    config = cm.CostModelConfig(mode="roofline_max", model="llama3-8b")
     ones = np.ones(256, np.int64)
-    short = cm.roofline_cost(config, ones, np.full(256, 100))
-    long = cm.roofline_cost(config, ones, np.full(256, 1000))
+    short = cm.roofline_max_cost(config, ones, np.full(256, 100))
+    long = cm.roofline_max_cost(config, ones, np.full(256, 1000))
     extra_s = 256 * 900 * 131072 / (2.039e12 * 0.8)
     assert long.memory_s - short.memory_s == pytest.approx(extra_s, rel=1e-9)
     # 256 decodes of an 8B model sit near the ridge: the short step is compute

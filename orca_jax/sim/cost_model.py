@@ -1,12 +1,61 @@
 """Step-time cost model of the simulated engine (presets in `orca_jax.specs`).
 
-Three modes (`CostModelConfig.mode`):
+Four modes (`CostModelConfig.mode`). The two rooflines price what the step
+descriptor really holds — the real sequences `i < num_seqs`, with query length
+`q_i = cu_q_lens[i+1] - cu_q_lens[i]` and attended length `k_i = kv_lens[i]`;
+padding rows and padded sequences are ignored — with `N = sum q_i` tokens,
+`S = num_seqs`, `b = dtype_bytes`, `L` layers, `H` query heads, `d` head_dim,
+`D` d_model, `V` vocab. Query j of a chunk of q_i tokens attends to
+`k_i - q_i + j + 1` tokens (causal inside the chunk), whose mean over the chunk
+is `k_i - (q_i - 1) / 2`; each attended key costs 2 FLOPs per head dim for
+QK^T and 2 for PV.
 
-* `roofline` (default). From what the step descriptor really holds — the real
-  sequences `i < num_seqs`, with query length `q_i = cu_q_lens[i+1] - cu_q_lens[i]`
-  and attended length `k_i = kv_lens[i]`; padding rows and padded sequences
-  are ignored — with `N = sum q_i` tokens, `S = num_seqs`, `b = dtype_bytes`,
-  `L` layers, `H` query heads, `d` head_dim, `D` d_model, `V` vocab:
+* `per_op` (default). Kernels run one after another, so their times add: a
+  step is the sum of its kernels, each priced by its own roofline with the
+  efficiencies of its kind (`HardwareSpec.kernels`, fitted to measured kernel
+  times: `orca_jax.specs.hardware`), plus tensor parallelism's all-reduces and
+  a per-step overhead (`orca_jax.sim.roofline` holds the code):
+
+      step_s = sum_op launches_op * t_op + allreduce + step_overhead_s
+      t_op   = latency_op + sqrt(memory_op^2 + compute_op^2)
+      memory_op  = bytes_op / (hbm_bytes_per_s * eff_op)
+      compute_op = flops_op / (peak_flops * flops_efficiency_op)
+      eff_op = l2_efficiency_op if bytes_op <= l2_bytes else hbm_efficiency_op
+      allreduce = (2 L + 1) * (latency[tp] + N * D * b / bytes_per_s[tp])   (0 if tp == 1)
+
+  (`t_op` is 0 for a kernel with nothing to do: no prefill or no decode
+  sequence.) The root of the sum of squares is a smooth `max(memory, compute)`:
+  away from the ridge point it is the larger one, near it a real GEMM overlaps
+  its loads and its math imperfectly. On Vidur's measured projections at 96-256
+  tokens (the ridge on an A100, where batched decode lives) a hard max, refitted,
+  is off by a median 6-21%, this by 3-11%; elsewhere the two agree. Per-GPU work, with
+  `h = H / tp` query heads, `g = ceil(kv_heads / tp)` KV heads, `f = ffn / tp`,
+  `u = 2 f` (gated MLP) or `f`, `v = V / tp`:
+
+      kernel             launches  bytes                      flops
+      embedding          1         2 N D b                    0
+      norm               2 L + 1   (D + 2 N D) b              0
+      qkv_proj           L         (D e + N (D + e)) b        2 N D e,  e = (h + 2 g) d
+      rope               L         2 N (h + g) d b            0
+      attention_prefill  L         2 g d b sum_P k_i          4 h d sum_P q_i (k_i - (q_i - 1) / 2)
+      attention_decode   L         2 g d b sum_1 k_i          4 h d sum_1 k_i
+      attn_out_proj      L         (h d D + N (h d + D)) b    2 N h d D
+      mlp_up_proj        L         (D u + N (D + u)) b        2 N D u
+      mlp_act            L         N (u + f) b                0
+      mlp_down_proj      L         (f D + N (f + D)) b        2 N f D
+      residual_add       2 L       3 N D b                    0
+      lm_head            1         (D v + S (D + v)) b        2 S D v
+
+  (`sum_P` over the sequences with `q_i > 1`, `sum_1` over those with `q_i = 1`.)
+
+  A projection of few tokens is bound by its weight bytes, of many by its
+  FLOPs; the LM head runs on the S sampled rows only. The all-reduces are of the
+  `[N, D]` activations after attention and after the MLP, and once after the
+  vocabulary-parallel embedding. Elementwise kernels count no FLOPs (a few per
+  byte, far below the ridge point); attention reads each KV token once.
+* `roofline_max`: the whole step under one roofline, as before `per_op`
+  (it hides the KV reads under the weight GEMMs and runs 0.7-0.8x fast on
+  mixed prefill+decode steps; kept for the numbers that were made with it):
 
       bytes   = weight_bytes + sum_i k_i * kv_bytes_per_token
       flops   = 2 * non_embedding_params * N            (projections, MLP, norms)
@@ -22,14 +71,9 @@ Three modes (`CostModelConfig.mode`):
   final norm and the LM head (`V x D`); the input embedding is a row gather of
   N rows, which is noise next to the matrices, so it is not counted (with tied
   embeddings the LM head is the embedding table, read once). `kv_bytes_per_token`
-  is `2 (K and V) * L * kv_heads * d * b`. Query j of a chunk of q_i tokens
-  attends to `k_i - q_i + j + 1` tokens (causal inside the chunk), whose mean over
-  the chunk is `k_i - (q_i - 1) / 2`; each attended key costs 2 FLOPs per head
-  dim for QK^T and 2 for PV. Tensor parallelism splits weights, KV and FLOPs
-  evenly over `tp` GPUs and adds two all-reduces of the `[N, D]` activations per
-  layer (after attention and after the MLP), costed as a ring all-reduce.
-  Activation traffic and kernel fusion are not modelled; the efficiency factors
-  absorb them.
+  is `2 (K and V) * L * kv_heads * d * b`. Tensor parallelism splits weights,
+  KV and FLOPs evenly over `tp` GPUs and adds two ring all-reduces of the
+  `[N, D]` activations per layer. The efficiency factors absorb everything else.
 * `fixed`: `step_time_s` per step, whatever the step holds (didactic examples).
 * `fitted`: `fitted_step_s[bucket.num_tokens]`, fitted to a real engine. Each
   bucket's entry is either a constant (seconds measured per bucket) or a
@@ -55,6 +99,7 @@ Nothing here imports jax: the simulator runs paper-scale workloads on a laptop.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import types
 from typing import Mapping, Optional, Union
@@ -63,11 +108,12 @@ import numpy as np
 from numpy.typing import NDArray
 
 from orca_jax.core.engine_api import StepInputs
+from orca_jax.sim.roofline import PerOpRoofline
 from orca_jax.specs.hardware import HardwareSpec, get_hardware
 from orca_jax.specs.memory import DTYPE_BYTES, kv_bytes_per_token
 from orca_jax.specs.model_config import ModelConfig, get_model_config
 
-COST_MODES = ("roofline", "fixed", "fitted")
+COST_MODES = ("per_op", "roofline_max", "fixed", "fitted")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -130,27 +176,32 @@ class CostModelConfig:
     """How the simulated engine prices a step. `model`/`hardware` may be preset names.
 
     Attributes:
-      mode: `roofline`, `fixed` or `fitted` (see the module docstring).
+      mode: `per_op`, `roofline_max`, `fixed` or `fitted` (see the module docstring).
       model: the model (its vocab also sizes the placeholder tokens in every mode).
-      hardware: one GPU of the replica.
+      hardware: one GPU of the replica (in `per_op` mode, its `kernels` hold the
+        efficiencies and the all-reduce costs).
       tp: tensor-parallel degree (GPUs per replica).
       dtype_bytes: bytes of one weight, activation and KV element (2: bf16).
-      hbm_efficiency: achievable fraction of peak HBM bandwidth. Streaming reads
-        (decode GEMV, paged KV) reach 80-90% of peak in microbenchmarks; 0.8 leaves
-        room for the small kernels of a real step.
-      flops_efficiency: achievable fraction of dense peak FLOPs. Large bf16 GEMMs
-        reach 70-80% of peak, a whole prefill step with attention and
-        elementwise kernels about 50-60% (reported MFU of serving prefill); 0.6.
-      allreduce_latency_s: fixed cost of one NVLink all-reduce of small messages
-        (~10 us on 8 GPUs); it dominates decode all-reduces.
-      step_overhead_s: per-step cost outside the kernels' roofline: launch gaps,
-        sampling, the device-to-host copy of the sampled tokens.
+      hbm_efficiency: (`roofline_max` only) achievable fraction of peak HBM
+        bandwidth. Streaming reads (decode GEMV, paged KV) reach 80-90% of peak
+        in microbenchmarks; 0.8 leaves room for the small kernels of a real step.
+      flops_efficiency: (`roofline_max` only) achievable fraction of dense peak
+        FLOPs. Large bf16 GEMMs reach 70-80% of peak, a whole prefill step with
+        attention and elementwise kernels about 50-60% (reported MFU of serving
+        prefill); 0.6.
+      allreduce_latency_s: (`roofline_max` only) fixed cost of one NVLink
+        all-reduce of small messages (~10 us on 8 GPUs).
+      step_overhead_s: (both rooflines) per-step cost outside the kernels: launch
+        gaps, sampling, the device-to-host copy of the sampled tokens. The
+        measured kernel times the `per_op` efficiencies are fitted to hold none
+        of it; a few hundred microseconds is what a CUDA-graph decode step of
+        vLLM spends between and around its kernels.
       step_time_s: seconds per step in `fixed` mode (only there).
       fitted_step_s: `{bucket num_tokens: seconds or LinearStepTime}` in `fitted`
         mode (only there).
     """
 
-    mode: str = "roofline"
+    mode: str = "per_op"
     model: Union[ModelConfig, str] = "llama3-8b"
     hardware: Union[HardwareSpec, str] = "a100"
     tp: int = 1
@@ -194,6 +245,8 @@ class CostModelConfig:
                              f"only there; mode={self.mode!r}")
         if self.fitted_step_s is not None:
             object.__setattr__(self, "fitted_step_s", _checked_table(self.fitted_step_s))
+        if self.mode == "per_op" and self.tp > 1:
+            self.hardware_spec.kernels.allreduce_cost(self.tp)  # names a GPU count it lacks
 
     @property
     def model_config(self) -> ModelConfig:
@@ -206,6 +259,11 @@ class CostModelConfig:
         """The resolved hardware."""
         assert isinstance(self.hardware, HardwareSpec)
         return self.hardware
+
+    @functools.cached_property
+    def per_op_roofline(self) -> PerOpRoofline:
+        """The `per_op` mode's pricer, built once per config (any mode may ask for it)."""
+        return PerOpRoofline(self.model_config, self.hardware_spec, self.tp, self.dtype_bytes)
 
 
 def _checked_table(table: Mapping[int, Union[float, LinearStepTime]]
@@ -229,7 +287,7 @@ def _checked_table(table: Mapping[int, Union[float, LinearStepTime]]
 
 @dataclasses.dataclass(frozen=True)
 class StepCost:
-    """The roofline's parts for one step (seconds include the efficiency factors)."""
+    """The `roofline_max` parts of one step (seconds include the efficiency factors)."""
 
     num_bytes: float  # HBM bytes read, whole replica
     num_flops: float  # FLOPs, whole replica
@@ -247,9 +305,9 @@ class StepCost:
         return self.memory_s >= self.compute_s
 
 
-def roofline_cost(config: CostModelConfig, q_lens: NDArray[np.int64],
-                  kv_lens: NDArray[np.int64]) -> StepCost:
-    """Prices a step of real sequences with the roofline of the module docstring.
+def roofline_max_cost(config: CostModelConfig, q_lens: NDArray[np.int64],
+                      kv_lens: NDArray[np.int64]) -> StepCost:
+    """Prices a step of real sequences with the `roofline_max` formulas of the module docstring.
 
     Args:
       config: a config (any mode; its model, hardware and factors are used).
@@ -302,5 +360,42 @@ def step_seconds(config: CostModelConfig, inputs: StepInputs) -> float:
         if isinstance(entry, LinearStepTime):
             return entry.seconds(*real_lengths(inputs))
         return entry
-    q_lens, kv_lens = real_lengths(inputs)
-    return roofline_cost(config, q_lens, kv_lens).step_s
+    return roofline_seconds(config, *real_lengths(inputs))
+
+
+def roofline_seconds(config: CostModelConfig, q_lens: NDArray[np.int64],
+                     kv_lens: NDArray[np.int64]) -> float:
+    """Seconds of a step of real sequences under `config`'s roofline (`roofline_max` if that
+    is its mode, else `per_op`).
+
+    Args:
+      config: a config (any mode; `fixed` and `fitted` ones are priced `per_op`).
+      q_lens: `[num_seqs]` new tokens of each real sequence.
+      kv_lens: `[num_seqs]` tokens each sequence attends to (cache after the writes).
+    """
+    if config.mode == "roofline_max":
+        return roofline_max_cost(config, q_lens, kv_lens).step_s
+    return config.per_op_roofline.kernels_seconds(q_lens, kv_lens) + config.step_overhead_s
+
+
+def generation_seconds(config: CostModelConfig, batch_size: int, input_len: int,
+                       output_len: int) -> float:
+    """Seconds to generate `output_len` tokens for each of `batch_size` prompts of `input_len`.
+
+    One step prefills every prompt and samples the first token; `output_len - 1`
+    decode steps follow, the j-th attending to `input_len + j` tokens. This is
+    how FasterTransformer's GPT counts them (its context decoder's last row
+    gives the first token; its generation loop then runs the decoder once per
+    further token).
+
+    Raises:
+      ValueError: a length or the batch is < 1.
+    """
+    if min(batch_size, input_len, output_len) < 1:
+        raise ValueError(f"generation_seconds: batch_size, input_len and output_len must be "
+                         f">= 1, got {batch_size}, {input_len}, {output_len}")
+    ones = np.ones(batch_size, np.int64)
+    total = roofline_seconds(config, input_len * ones, input_len * ones)
+    for j in range(1, output_len):
+        total += roofline_seconds(config, ones, (input_len + j) * ones)
+    return total

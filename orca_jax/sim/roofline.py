@@ -1,0 +1,254 @@
+"""The per-operation roofline: a step's time as the sum of its kernels' times.
+
+The `per_op` mode of `orca_jax.sim.cost_model` (formulas in its docstring).
+Each kind of kernel of a decoder step has its per-GPU shape here (`op_shapes`:
+bytes and FLOPs as a function of the tokens, rows or KV it works on) and its
+efficiencies in the hardware preset (`HardwareSpec.kernels`). `PerOpRoofline`
+precomputes both for one (model, hardware, tp) as arrays of one entry per kind
+of kernel, and keeps what depends only on a step's token count: the simulator
+prices every step of 10^5-request runs, and must stay about as fast as the
+whole-step roofline was.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+from numpy.typing import NDArray
+
+from orca_jax.specs.hardware import HardwareSpec
+from orca_jax.specs.model_config import ModelConfig
+
+# The kinds of kernel of one step, in the order of the arrays below.
+OPERATIONS = ("embedding", "norm", "qkv_proj", "rope", "attention_prefill", "attention_decode",
+              "attn_out_proj", "mlp_up_proj", "mlp_act", "mlp_down_proj", "residual_add",
+              "lm_head")
+_PREFILL = OPERATIONS.index("attention_prefill")
+_DECODE = OPERATIONS.index("attention_decode")
+_LM_HEAD = OPERATIONS.index("lm_head")
+
+
+@dataclasses.dataclass(frozen=True)
+class OpShape:
+    """One kind of kernel's work on one GPU, for `units` of what it works on.
+
+    `bytes = fixed_bytes + unit_bytes * units`, `flops = unit_flops * flop_units`;
+    the units are tokens for most kernels, sampled rows for the LM head, KV
+    tokens read (bytes) and query-key pairs (FLOPs) for attention.
+    """
+
+    fixed_bytes: float  # weights, read once per launch
+    unit_bytes: float  # HBM bytes per unit: activations in and out, or KV read
+    unit_flops: float  # FLOPs per flop unit
+    launches: int  # launches per step (per-layer kernels: num_layers)
+
+
+def op_shapes(model: ModelConfig, tp: int, dtype_bytes: int) -> dict[str, OpShape]:
+    """Every kind of kernel's per-GPU shape for `model` split over `tp` GPUs.
+
+    Tensor parallelism splits query heads, the MLP width and the vocabulary
+    evenly, and keeps `ceil(kv_heads / tp)` KV heads per GPU (replicated when
+    `tp > kv_heads`); norms, adds and the embedding gather run whole on every
+    GPU. Elementwise kernels count no FLOPs: a few per byte, far below every
+    GPU's ridge point.
+    """
+    b, d_model, head_dim, layers = dtype_bytes, model.d_model, model.head_dim, model.num_layers
+    q_heads = model.num_q_heads / tp
+    kv_heads = math.ceil(model.num_kv_heads / tp)
+    ffn = model.ffn_dim / tp
+    up = (2 if model.gated_mlp else 1) * ffn  # gate and up, fused
+
+    def gemm(k: float, m: float, launches: int) -> OpShape:
+        # [units, k] @ [k, m]: the weight once, each unit's input row and output row.
+        return OpShape(k * m * b, (k + m) * b, 2.0 * k * m, launches)
+
+    # Attention reads each KV token once per KV head, and spends 2 FLOPs per head
+    # dim on QK^T and 2 on PV for every query-key pair of every query head.
+    attention = OpShape(0.0, 2 * kv_heads * head_dim * b, 4.0 * q_heads * head_dim, layers)
+    return {
+        "embedding": OpShape(0.0, 2 * d_model * b, 0.0, 1),  # gather a row, write it
+        # Two per layer and the final one; each reads and writes the residual stream.
+        "norm": OpShape(d_model * b, 2 * d_model * b, 0.0, 2 * layers + 1),
+        "qkv_proj": gemm(d_model, (q_heads + 2 * kv_heads) * head_dim, layers),
+        # Queries and keys, read and written. Models with learned positions (GPT-3,
+        # OPT) add a position embedding instead: an elementwise pass of about this size.
+        "rope": OpShape(0.0, 2 * (q_heads + kv_heads) * head_dim * b, 0.0, layers),
+        "attention_prefill": attention,
+        "attention_decode": attention,
+        "attn_out_proj": gemm(q_heads * head_dim, d_model, layers),
+        "mlp_up_proj": gemm(d_model, up, layers),
+        "mlp_act": OpShape(0.0, (up + ffn) * b, 0.0, layers),  # read up (and gate), write ffn
+        "mlp_down_proj": gemm(ffn, d_model, layers),
+        "residual_add": OpShape(0.0, 3 * d_model * b, 0.0, 2 * layers),  # two reads, one write
+        "lm_head": gemm(d_model, model.vocab_size / tp, 1),
+    }
+
+
+class PerOpRoofline:
+    """Prices steps of one model on `tp` GPUs of one kind, kernel by kernel.
+
+    Args:
+      model: the model's shapes.
+      hardware: one GPU of the replica (its `kernels` hold the efficiencies).
+      tp: GPUs per replica (> 1 needs an all-reduce cost for that many GPUs).
+      dtype_bytes: bytes of one weight, activation and KV element.
+
+    Raises:
+      ValueError: the hardware has no all-reduce cost for `tp` GPUs.
+    """
+
+    def __init__(self, model: ModelConfig, hardware: HardwareSpec, tp: int,
+                 dtype_bytes: int) -> None:
+        shapes = [op_shapes(model, tp, dtype_bytes)[name] for name in OPERATIONS]
+        efficiencies = [getattr(hardware.kernels, name) for name in OPERATIONS]
+        self._latency_s = np.array([e.latency_s for e in efficiencies])  # [ops]
+        self._fixed_bytes = np.array([s.fixed_bytes for s in shapes])  # [ops]
+        self._unit_bytes = np.array([s.unit_bytes for s in shapes])  # [ops]
+        self._unit_flops = np.array([s.unit_flops for s in shapes])  # [ops]
+        self._launches = np.array([s.launches for s in shapes], np.float64)  # [ops]
+        self._hbm_s_per_byte = np.array(  # [ops]
+            [1.0 / (hardware.hbm_bytes_per_s * e.hbm_efficiency) for e in efficiencies])
+        self._l2_s_per_byte = np.array(  # [ops]
+            [1.0 / (hardware.hbm_bytes_per_s * (e.l2_efficiency or e.hbm_efficiency))
+             for e in efficiencies])
+        self._s_per_flop = np.array(  # [ops]
+            [1.0 / (hardware.peak_flops * e.flops_efficiency) for e in efficiencies])
+        self._l2_bytes = float(hardware.l2_bytes)
+        # Megatron-style tensor parallelism all-reduces the [N, d_model] activations
+        # after attention and after the MLP of every layer, and once after the
+        # vocabulary-parallel embedding.
+        self._num_allreduces = 2 * model.num_layers + 1 if tp > 1 else 0
+        self._allreduce = hardware.kernels.allreduce_cost(tp) if tp > 1 else None
+        self._message_bytes_per_token = float(model.d_model * dtype_bytes)
+        # Python-float copies for `_attention_seconds`, and the kept times of
+        # `kernels_seconds`: {num_tokens: seconds}, {num_seqs: seconds}.
+        self._unit_bytes_list = self._unit_bytes.tolist()
+        self._unit_flops_list = self._unit_flops.tolist()
+        self._launches_list = self._launches.tolist()
+        self._latency_s_list = self._latency_s.tolist()
+        self._hbm_s_per_byte_list = self._hbm_s_per_byte.tolist()
+        self._l2_s_per_byte_list = self._l2_s_per_byte.tolist()
+        self._s_per_flop_list = self._s_per_flop.tolist()
+        self._per_token_s: dict[int, float] = {}
+        self._per_row_s: dict[int, float] = {}
+
+    def launch_seconds(self, units: NDArray[np.float64],
+                       flop_units: NDArray[np.float64]) -> NDArray[np.float64]:
+        """Seconds of one launch of each kind of kernel (0 where it has nothing to do).
+
+        Args:
+          units: `[..., ops]` what each kernel works on (see `OpShape`), in
+            `OPERATIONS` order.
+          flop_units: `[..., ops]` the units each kernel's FLOPs count.
+        """
+        num_bytes = self._fixed_bytes + self._unit_bytes * units
+        s_per_byte = np.where(num_bytes <= self._l2_bytes, self._l2_s_per_byte,
+                              self._hbm_s_per_byte)
+        launch_s = self._latency_s + np.hypot(num_bytes * s_per_byte,
+                                              flop_units * self._unit_flops * self._s_per_flop)
+        return np.where(units > 0.0, launch_s, 0.0)
+
+    def kernel_seconds(self, q_lens: NDArray[np.int64],
+                       kv_lens: NDArray[np.int64]) -> NDArray[np.float64]:
+        """`[ops]` seconds of each kind of kernel over the step (all its launches).
+
+        Args:
+          q_lens: `[num_seqs]` new tokens of each real sequence.
+          kv_lens: `[num_seqs]` tokens each attends to (cache after the writes).
+        """
+        num_tokens, num_seqs, kv_decode, kv_prefill, pairs_prefill = _step_work(q_lens, kv_lens)
+        units = np.full(len(OPERATIONS), float(num_tokens))
+        units[_LM_HEAD] = num_seqs
+        units[_DECODE] = kv_decode
+        units[_PREFILL] = kv_prefill
+        flop_units = units.copy()
+        flop_units[_PREFILL] = pairs_prefill
+        return self.launch_seconds(units, flop_units) * self._launches
+
+    def allreduce_seconds(self, num_tokens: float) -> float:
+        """Seconds of the step's all-reduces over `num_tokens` tokens (0 on one GPU)."""
+        if self._allreduce is None:
+            return 0.0
+        one = (self._allreduce.latency_s
+               + num_tokens * self._message_bytes_per_token / self._allreduce.bytes_per_s)
+        return self._num_allreduces * one
+
+    def breakdown(self, q_lens: NDArray[np.int64],
+                  kv_lens: NDArray[np.int64]) -> dict[str, float]:
+        """Seconds per kind of kernel, and `allreduce`, over one step (no step overhead).
+
+        Args:
+          q_lens: `[num_seqs]` new tokens of each real sequence.
+          kv_lens: `[num_seqs]` tokens each attends to.
+        """
+        seconds = dict(zip(OPERATIONS, self.kernel_seconds(q_lens, kv_lens).tolist()))
+        seconds["allreduce"] = self.allreduce_seconds(float(np.sum(q_lens)))
+        return seconds
+
+    def kernels_seconds(self, q_lens: NDArray[np.int64], kv_lens: NDArray[np.int64]) -> float:
+        """Seconds of every kernel and all-reduce of one step (no step overhead).
+
+        The sum of `breakdown`, fast: every kernel but attention depends only on
+        the step's token count (the LM head on its sequence count), so their
+        times are kept once computed (one per count a run's steps hold), and the
+        two attention kernels are priced in Python floats (`launch_seconds`'s
+        formula; a numpy call costs about a microsecond).
+
+        Args:
+          q_lens: `[num_seqs]` new tokens of each real sequence.
+          kv_lens: `[num_seqs]` tokens each attends to.
+        """
+        num_tokens, num_seqs, kv_decode, kv_prefill, pairs_prefill = _step_work(q_lens, kv_lens)
+        per_token = self._per_token_s.get(num_tokens)
+        if per_token is None:
+            units = np.full(len(OPERATIONS), float(num_tokens))
+            units[[_DECODE, _PREFILL, _LM_HEAD]] = 0.0
+            per_token = (float(np.dot(self.launch_seconds(units, units), self._launches))
+                         + self.allreduce_seconds(num_tokens))
+            self._per_token_s[num_tokens] = per_token
+        per_row = self._per_row_s.get(num_seqs)
+        if per_row is None:
+            units = np.zeros(len(OPERATIONS))
+            units[_LM_HEAD] = num_seqs
+            per_row = float(np.dot(self.launch_seconds(units, units), self._launches))
+            self._per_row_s[num_seqs] = per_row
+        return (per_token + per_row + self._attention_seconds(_DECODE, kv_decode, kv_decode)
+                + self._attention_seconds(_PREFILL, kv_prefill, pairs_prefill))
+
+    def _attention_seconds(self, op: int, kv_tokens: float, pairs: float) -> float:
+        """`launch_seconds * launches` of attention kernel `op`, in Python floats."""
+        if kv_tokens <= 0.0:
+            return 0.0
+        num_bytes = self._unit_bytes_list[op] * kv_tokens
+        s_per_byte = (self._l2_s_per_byte_list[op] if num_bytes <= self._l2_bytes
+                      else self._hbm_s_per_byte_list[op])
+        compute_s = pairs * self._unit_flops_list[op] * self._s_per_flop_list[op]
+        return self._launches_list[op] * (self._latency_s_list[op]
+                                          + math.hypot(num_bytes * s_per_byte, compute_s))
+
+
+def _step_work(q_lens: NDArray[np.int64], kv_lens: NDArray[np.int64]
+               ) -> tuple[int, int, float, float, float]:
+    """What a step of real sequences (`[num_seqs]` each) asks of its kernels.
+
+    Returns:
+      `(num_tokens, num_seqs, decode KV tokens, prefill KV tokens, prefill query-key
+      pairs)`: sequences of one new token take the decode kernel, longer ones the
+      prefill kernel.
+    """
+    q = np.asarray(q_lens, np.int64)
+    k = np.asarray(kv_lens, np.int64)
+    num_tokens = int(q.sum())
+    kv_total = float(k.sum())
+    if num_tokens == len(q) and (len(q) == 0 or int(q.max()) == 1):  # decode only
+        return num_tokens, len(q), kv_total, 0.0, 0.0
+    prefill = q > 1
+    q_prefill = q[prefill].astype(np.float64)
+    k_prefill = k[prefill].astype(np.float64)
+    kv_prefill = float(k_prefill.sum())
+    kv_decode = float(k[q == 1].sum())
+    # A chunk of q tokens on k - q cached ones: query j sees k - q + j + 1 keys.
+    pairs = float(np.dot(q_prefill, k_prefill - (q_prefill - 1.0) / 2.0))
+    return num_tokens, len(q), kv_decode, kv_prefill, pairs
