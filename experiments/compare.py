@@ -1,38 +1,125 @@
 """Compares policies on one identical workload: `python -m experiments.compare`.
 
-Each policy runs on the same requests (built once from the seed) and the same
-bucket set; results go to one subfolder per policy under --out_dir, with a
-table (comparison.txt, comparison.json) and, with matplotlib installed, a figure
-(comparison.png).
+Each policy runs on the same requests (built once from the seed), the same
+engine and the same bucket set; results go to one subfolder per policy under
+--out_dir, with a table (comparison.txt, comparison.json) and, with matplotlib
+installed, a figure (comparison.png). The table says what the comparison holds
+equal and what it does not: each policy's KV reservation mode
+(`kv_reservation`) and whether host time was counted on the clock
+(`count_host_time`).
+
+A wall-clock comparison (`--engine=jax --clock=wall`) measures a machine that
+drifts (clocks, heat, neighbours' jobs), so `--repeats=N` runs every policy N
+times on the same engine, in alternating order (A B, B A, A B, ...), so that
+drift falls on every policy alike. Each repeat's results go to
+POLICY/repeat_K (K = 0..N-1); the table and comparison.json give each metric's
+median over the repeats and its spread (min–max). On a deterministic clock (the
+simulator, or the profiled clock, without --count_host_time) the repeats are
+identical but for the measured host time; they still run, as a check.
 """
 
 from __future__ import annotations
 
 import os
+import statistics
+from typing import Any, Sequence
 
-from absl import app
+from absl import app, flags
 
 from experiments import flags as run_flags
 from experiments.policy_flags import options_by_policy, policy_label
+from orca_jax import make_policy
 from orca_jax.core.json_files import to_json_value, write_json_atomic
+from orca_jax.results.metrics import format_table
 from orca_jax.runner.build import build_engine, build_workload, scheduler_config
 from orca_jax.runner.experiment import run_policy
-from orca_jax.results.metrics import format_table
+from orca_jax.runner.spec import JaxEngineSpec, RunSpec
 
-def _plot(summaries: list[dict], path: str) -> bool:
+flags.DEFINE_integer("repeats", 1, "Runs of each policy on the same engine, in alternating order "
+                     "(A B, B A, A B, ...); with N > 1 the table gives each metric's median and "
+                     "min-max over them, and each run is kept in POLICY/repeat_K. For wall-clock "
+                     "comparisons (--engine=jax --clock=wall).", lower_bound=1)
+
+# The comparison's fairness columns come right after the policy's name.
+FAIRNESS_COLUMNS = ("kv_reservation", "count_host_time")
+PLOT_METRICS = (("throughput_tok_s", "output tokens/s"), ("latency_p50_s", "latency p50 (s)"),
+                ("normalized_latency_mean_s", "normalized latency (s/token)"),
+                ("ttft_p99_s", "TTFT p99 (s)"))
+
+
+def run_orders(names: Sequence[str], repeats: int) -> list[list[str]]:
+    """The order of the policies in each repeat: as given, then reversed, alternately."""
+    return [list(names) if k % 2 == 0 else list(reversed(names)) for k in range(repeats)]
+
+
+def deterministic_clock(spec: RunSpec) -> str | None:
+    """What makes the run's clock deterministic ('the simulator', 'the profiled clock'), or
+    None when it measures time (the wall clock, or host time counted)."""
+    if spec.limits.count_host_time:
+        return None
+    if isinstance(spec.engine, JaxEngineSpec):
+        return "the profiled clock" if spec.engine.clock == "profiled" else None
+    return "the simulator"
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def over_repeats(summaries: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One summary of N repeats: each number's median, with its min and max in `spread`.
+
+    A field that is not a number in every repeat is kept if every repeat has the
+    same value, and left out otherwise (each repeat's summary.json has it).
+    """
+    row: dict[str, Any] = {}
+    spread: dict[str, dict[str, float]] = {}
+    for key in summaries[0]:
+        values = [summary.get(key) for summary in summaries]
+        if all(_is_number(v) for v in values):
+            row[key] = statistics.median(values)
+            spread[key] = {"min": min(values), "max": max(values)}
+        elif all(v == values[0] for v in values):
+            row[key] = values[0]
+    row["num_repeats"] = len(summaries)
+    row["spread"] = spread
+    return row
+
+
+def _number(value: float) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def _cell(value: Any, spread: dict[str, float] | None) -> Any:
+    """A metric over repeats as `median (min–max)`; one value where the repeats agree."""
+    if spread is None or spread["min"] == spread["max"]:
+        return value
+    return f"{_number(value)} ({_number(spread['min'])}–{_number(spread['max'])})"
+
+
+def table_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows as the table prints them (see `_cell`)."""
+    return [{key: _cell(value, row.get("spread", {}).get(key)) for key, value in row.items()}
+            for row in rows]
+
+
+def _plot(rows: list[dict], path: str) -> bool:
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    metrics = [("throughput_tok_s", "output tokens/s"), ("latency_p50_s", "latency p50 (s)"),
-               ("normalized_latency_mean_s", "normalized latency (s/token)"),
-               ("ttft_p99_s", "TTFT p99 (s)")]
-    fig, axes = plt.subplots(1, len(metrics), figsize=(4 * len(metrics), 3.2))
-    names = [s["policy_label"] for s in summaries]
-    for ax, (key, label) in zip(axes, metrics):
-        ax.bar(names, [s.get(key) or 0.0 for s in summaries], color="tab:blue")
+    fig, axes = plt.subplots(1, len(PLOT_METRICS), figsize=(4 * len(PLOT_METRICS), 3.2))
+    names = [row["policy_label"] for row in rows]
+    for ax, (key, label) in zip(axes, PLOT_METRICS):
+        heights = [row.get(key) or 0.0 for row in rows]
+        # Over repeats: a bar's whisker spans the repeats' min to max.
+        ranges = [row.get("spread", {}).get(key) for row in rows]
+        errors = ([[h - (r or {}).get("min", h) for h, r in zip(heights, ranges)],
+                   [(r or {}).get("max", h) - h for h, r in zip(heights, ranges)]]
+                  if any(ranges) else None)
+        ax.bar(names, heights, yerr=errors, color="tab:blue", capsize=4)
         ax.set_title(label, fontsize=10)
         ax.tick_params(axis="x", rotation=30)
     fig.tight_layout()
@@ -47,27 +134,49 @@ def main(argv: list[str]) -> None:
     spec = run_flags.spec_from_flags()
     names = list(run_flags.FLAGS.policies)
     options = options_by_policy(run_flags.FLAGS.policy_opts, names)
+    repeats = run_flags.FLAGS.repeats
+    out = run_flags.FLAGS.out_dir
+    # Built once up front: a bad policy fails before anything runs, and each one's KV
+    # reservation mode (a class attribute or a knob) is read off it.
+    kv_reservation = {name: make_policy(name, options.get(name)).kv_reservation
+                      for name in names}
     requests = build_workload(spec)
+    config = scheduler_config(spec)
     # One engine for every policy: the very same compiled steps (and the same KV cache
     # buffers) serve each of them.
-    engine = build_engine(spec, scheduler_config(spec))
-    summaries = []
+    engine = build_engine(spec, config)
+    clock = deterministic_clock(spec)
+    if repeats > 1 and clock is not None:
+        print(f"--repeats={repeats} on a deterministic clock ({clock}): the repeats will be "
+              "identical but for the measured host time")
+    summaries: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+    for k, order in enumerate(run_orders(names, repeats)):
+        if repeats > 1:
+            print(f"repeat {k}: {', '.join(policy_label(name) for name in order)}")
+        for name in order:
+            folder = os.path.join(out, policy_label(name).replace("/", "_"))
+            summary, _ = run_policy(spec, name, options.get(name),
+                                    out_dir=os.path.join(folder, f"repeat_{k}")
+                                    if repeats > 1 else folder,
+                                    requests=requests, engine=engine)
+            summaries[name].append(summary)
+    rows = []
     for name in names:
-        label = policy_label(name)
-        summary, _ = run_policy(spec, name, options.get(name),
-                                out_dir=os.path.join(run_flags.FLAGS.out_dir,
-                                                     label.replace("/", "_")),
-                                requests=requests, engine=engine)
-        summary["policy_label"] = label
-        summaries.append(summary)
-    table = format_table(summaries, list(run_flags.TABLE_COLUMNS))
+        row = summaries[name][0] if repeats == 1 else over_repeats(summaries[name])
+        rows.append({**row, "policy_label": policy_label(name),
+                     "kv_reservation": kv_reservation[name],
+                     "count_host_time": config.count_host_time})
+    columns = [run_flags.TABLE_COLUMNS[0], *FAIRNESS_COLUMNS, *run_flags.TABLE_COLUMNS[1:]]
+    table = format_table(table_rows(rows), columns)
+    if repeats > 1:
+        table = (f"{repeats} repeats per policy, in alternating order; each metric: median "
+                 f"(min–max), or one value where every repeat agrees\n{table}")
     print(table)
-    out = run_flags.FLAGS.out_dir
     with open(os.path.join(out, "comparison.txt"), "w") as f:
         f.write(table + "\n")
-    write_json_atomic(os.path.join(out, "comparison.json"), to_json_value(summaries),
+    write_json_atomic(os.path.join(out, "comparison.json"), to_json_value(rows),
                       sort_keys=False)
-    if _plot(summaries, os.path.join(out, "comparison.png")):
+    if _plot(rows, os.path.join(out, "comparison.png")):
         print(f"figure: {os.path.join(out, 'comparison.png')}")
     print(f"results in {out}")
 

@@ -91,6 +91,9 @@ flags.DEFINE_string("router", "round_robin", "How --num_replicas > 1 replicas sh
                     "least_work (fewest tokens left: an oracle), or a plugin as "
                     "package.module:Class or path/to/file.py:Class.")
 flags.DEFINE_string("router_opts", "", "Router knobs: key=value,...")
+flags.DEFINE_bool("count_host_time", False, "Add the scheduler's measured host time (planning, "
+                  "packing, bookkeeping) to the virtual clock, as a real server pays it; runs "
+                  "are then no longer repeatable bit for bit.")
 flags.DEFINE_bool("log_step_requests", False, "Write each step's request ids and token counts "
                   "to steps.jsonl (request_ids, request_tokens).")
 flags.DEFINE_string("out_dir", "runs/latest", "Output directory.")
@@ -205,7 +208,8 @@ def spec_from_flags() -> RunSpec:
                               num_kv_pages=FLAGS.num_kv_pages, kv_memory_gb=FLAGS.kv_memory_gb,
                               page_size=FLAGS.page_size, max_model_len=FLAGS.max_model_len,
                               token_buckets=_buckets(),
-                              log_step_requests=FLAGS.log_step_requests),
+                              log_step_requests=FLAGS.log_step_requests,
+                              count_host_time=FLAGS.count_host_time),
             cluster=ClusterSpec(num_replicas=FLAGS.num_replicas, router=FLAGS.router,
                                 router_opts=FLAGS.router_opts),
             seed=FLAGS.seed, ttft_slo_s=FLAGS.ttft_slo_s, tpot_slo_s=FLAGS.tpot_slo_s)

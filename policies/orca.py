@@ -6,6 +6,19 @@ order while the batch cap, the token budget and the KV pool allow. A request
 reserves its maximum context at admission (`kv_reservation = "max"`), so a
 running request never runs out of KV and nothing is ever preempted. Finished
 requests leave at once and new ones join on the next step.
+
+The paper has no per-step token limit: it runs a whole prompt in one
+iteration. Ours has one (`max_num_tokens`, the largest compiled bucket). A
+prompt longer than that minus one token per running request cannot run whole
+until some of them finish, so it takes what is left of this step's budget as
+a chunk, and its rest on the next steps: the nearest the bucket allows to the
+paper's whole prompt at once. The alternative, letting the queue move on past it, was
+rejected: it breaks FCFS, and a steady stream of short prompts could then
+starve a long one forever. Waiting until enough running decodes finish would
+stall the whole queue (FCFS) for as long as their outputs last. A prompt that
+does fit beside the decodes but not in this step's budget left (a running
+prefill holds it) still waits to run whole, which takes only until that
+prefill is done: the next step.
 """
 
 from __future__ import annotations
@@ -37,7 +50,7 @@ class Orca(Policy):
         budget = view.max_num_tokens
         running = view.running
         # Each running request gets its whole rest (a prompt, or 1 decode token); only a
-        # prompt longer than the budget is chunked, in FCFS order.
+        # prompt chunked at admission is cut again, in FCFS order.
         running, tokens = fit_to_budget(running, view.requests.num_uncomputed(running), budget)
         ids, counts = running.tolist(), tokens.tolist()
         budget -= int(tokens.sum())
@@ -45,10 +58,13 @@ class Orca(Policy):
         for request in view.waiting.tolist():
             if len(ids) >= cap or budget <= 0:
                 break
-            # A prompt longer than the whole budget is chunked rather than starved.
-            count = min(int(view.requests.num_uncomputed([request])[0]), view.max_num_tokens)
-            if count > budget:
+            prompt = int(view.requests.num_uncomputed([request])[0])
+            # Every request in `ids` takes at least one token a step until it finishes, so
+            # a prompt over the rest of the whole budget waits for decodes to end unless it
+            # is chunked (see the module docstring).
+            if budget < prompt <= view.max_num_tokens - len(ids):
                 break
+            count = min(prompt, budget)
             pages = int(view.pages_needed([request], [count])[0])
             if pages > free_pages:
                 break

@@ -123,6 +123,58 @@ def test_compare_writes_one_folder_per_policy_on_the_same_workload(tmp_path):
     assert "static" in table and "orca" in table
 
 
+def test_compare_says_each_policys_kv_reservation_and_whether_host_time_was_counted(tmp_path):
+    out = tmp_path / "cmp"
+    _run("experiments.compare", "--policies=static,orca,vllm", "--engine=sim",
+         "--num_requests=20", "--rate=100", "--step_time_ms=5", "--count_host_time",
+         "--policy_opts=orca.kv_reservation=pow2", f"--out_dir={out}")
+    rows = {row["policy_label"]: row for row in
+            json.loads((out / "comparison.json").read_text())}
+    assert {name: row["kv_reservation"] for name, row in rows.items()} == {
+        "static": "max", "orca": "pow2", "vllm": "none"}
+    assert all(row["count_host_time"] is True for row in rows.values())
+    header = (out / "comparison.txt").read_text().splitlines()[0].split()
+    assert header[:3] == ["policy", "kv_reservation", "count_host_time"]
+    config = json.loads((out / "vllm" / "config.json").read_text())
+    assert config["run"]["limits"]["count_host_time"] is True
+    assert config["scheduler"]["count_host_time"] is True
+    # Counted host time moves the clock past the engine's own step time.
+    summary = json.loads((out / "vllm" / "summary.json").read_text())
+    assert summary["virtual_end_s"] > summary["engine_s_total"]
+
+
+def test_compare_repeats_alternate_the_order_and_are_identical_on_a_deterministic_clock(
+        tmp_path):
+    out = tmp_path / "cmp"
+    result = _run("experiments.compare", "--policies=static,orca", "--engine=sim",
+                  "--num_requests=20", "--rate=100", "--step_time_ms=5", "--repeats=3",
+                  f"--out_dir={out}")
+    lines = result.stdout.splitlines()
+    assert sum("deterministic clock (the simulator)" in line for line in lines) == 1
+    assert [line for line in lines if line.startswith("repeat ")] == [
+        "repeat 0: static, orca", "repeat 1: orca, static", "repeat 2: static, orca"]
+    for name in ("static", "orca"):
+        runs = [(out / name / f"repeat_{k}" / "requests.jsonl").read_text() for k in range(3)]
+        assert runs[0] == runs[1] == runs[2]
+    rows = json.loads((out / "comparison.json").read_text())
+    for row in rows:
+        assert row["num_repeats"] == 3
+        # Only the measured host time differs between the repeats.
+        spread = {key: s for key, s in row["spread"].items()
+                  if key != "host_us_per_step_median"}
+        assert SUMMARY_KEYS - {"policy", "engine"} <= set(spread)
+        assert all(s["min"] == s["max"] == row[key] for key, s in spread.items())
+
+
+def test_compare_repeats_on_the_wall_clock_do_not_claim_to_be_identical(tmp_path):
+    # Host time on the clock makes even the simulator's runs measured ones.
+    result = _run("experiments.compare", "--policies=orca", "--engine=sim", "--num_requests=5",
+                  "--step_time_ms=5", "--repeats=2", "--count_host_time",
+                  f"--out_dir={tmp_path / 'cmp'}")
+    assert "deterministic" not in result.stdout
+    assert (tmp_path / "cmp" / "orca" / "repeat_1" / "summary.json").exists()
+
+
 def test_jax_engine_run_records_tokens_and_compiles(tmp_path):
     out = tmp_path / "jax"
     _run("experiments.run", "--policy=orca", "--engine=jax", "--num_requests=6",

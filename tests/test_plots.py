@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 import policies
+from experiments.reproduce.seed_examples import EXAMPLE_B_OUTPUTS
 from orca_jax import Request, Scheduler, SchedulerConfig
 from orca_jax.sim.cost_model import CostModelConfig
 from orca_jax.results.plots import EMPTY, plot_slot_timeline, plot_sweep, slot_timeline
@@ -11,7 +12,7 @@ from orca_jax.sim.engine import SimEngine
 from orca_jax.results.sweep_store import aggregate, grid
 from orca_jax.workloads.synthetic import synthetic_workload
 
-OUTPUTS = (8, 3, 5, 2, 7, 4, 1, 6, 3, 8, 2, 5)  # the seed example (b)
+OUTPUTS = EXAMPLE_B_OUTPUTS  # the seed example (b), whose exact cells these tests check
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
@@ -33,29 +34,29 @@ def _example(policy):
 
 def test_static_batches_hold_their_slots_until_the_longest_member_is_done():
     timeline = _example("static")
-    assert timeline.num_steps == 23 and timeline.num_slots == 4
+    assert timeline.num_steps == 56 and timeline.num_slots == 4
     assert [timeline.request_id_at(0, s) for s in range(4)] == [100, 101, 102, 103]
-    # Request 3 (2 tokens) is done after step 1 but keeps slot 3, idle, until step 7.
-    assert timeline.request_id_at(7, 3) == 103 and not timeline.computing[7, 3]
-    assert timeline.computing[1, 3]
-    # The second batch (requests 4..7) starts at step 8, the third (8..11) at 15.
-    assert [timeline.request_id_at(8, s) for s in range(4)] == [104, 105, 106, 107]
-    assert [timeline.request_id_at(15, s) for s in range(4)] == [108, 109, 110, 111]
-    assert timeline.request_id_at(22, 1) == 109 and timeline.computing[22, 1]
-    assert timeline.request_id_at(22, 0) == 108 and not timeline.computing[22, 0]
+    # Request 2 (5 tokens) is done after step 4 but keeps slot 2, idle, until step 16.
+    assert timeline.request_id_at(16, 2) == 102 and not timeline.computing[16, 2]
+    assert timeline.computing[4, 2]
+    # The second batch (requests 4..7) starts at step 17, the third (8..11) at 37.
+    assert [timeline.request_id_at(17, s) for s in range(4)] == [104, 105, 106, 107]
+    assert [timeline.request_id_at(37, s) for s in range(4)] == [108, 109, 110, 111]
+    assert timeline.request_id_at(55, 3) == 111 and timeline.computing[55, 3]
+    assert timeline.request_id_at(55, 0) == 108 and not timeline.computing[55, 0]
 
 
 def test_continuous_batching_refills_a_slot_the_step_after_it_frees():
     timeline = _example("orca")
-    assert timeline.num_steps == 16
-    assert timeline.request_id_at(1, 3) == 103
-    assert timeline.request_id_at(2, 3) == 104  # 103 finished at step 1
-    assert timeline.request_id_at(5, 2) == 106  # a one-token request: one step
-    assert timeline.request_id_at(6, 2) == 107
-    assert timeline.request_id_at(7, 1) == 108
-    assert timeline.request_id_at(8, 0) == 109
-    assert timeline.request_id_at(15, 0) == 109
-    assert timeline.request_id_at(15, 1) is None
+    assert timeline.num_steps == 40
+    assert timeline.request_id_at(4, 2) == 102
+    assert timeline.request_id_at(5, 2) == 104  # 102 finished at step 4
+    assert timeline.request_id_at(7, 0) == 105  # 100 finished at step 6
+    assert timeline.request_id_at(10, 0) == 107  # a one-token request: one step
+    assert timeline.request_id_at(11, 0) == 108
+    assert timeline.request_id_at(17, 3) == 109  # 103 finished at step 16
+    assert timeline.request_id_at(39, 3) == 111
+    assert timeline.request_id_at(39, 0) is None
     assert timeline.computing[timeline.holder != EMPTY].all()  # nobody holds a slot idle
 
 
@@ -84,7 +85,7 @@ def test_figures_are_written(tmp_path):
                 for i, n in enumerate(OUTPUTS)]
     timeline = plot_slot_timeline(_scheduler("orca", requests).run(), str(tmp_path / "t.png"),
                                   "orca")
-    assert timeline is not None and timeline.num_steps == 16
+    assert timeline is not None and timeline.num_steps == 40
     assert (tmp_path / "t.png").read_bytes()[:8] == PNG_MAGIC
     points = [{"policy": p, "rate": r, "seed": 0,
                "summary": {"throughput_req_s": r * 0.9, "ttft_p99_s": r / 10}}

@@ -17,13 +17,16 @@ def test_example_a_continuous_returns_each_answer_when_it_is_done():
 
 def test_example_b_step_counts_and_waiting():
     rows = {row["policy"]: row for row in seed_examples.example_b()}
-    # Static: three batches of four, each as long as its longest member: 8 + 7 + 8.
-    assert rows["static"]["num_steps"] == 23
-    # Batch 2 waits 8 steps, batch 3 waits 15: (0 * 4 + 8 * 4 + 15 * 4) / 12.
-    assert rows["static"]["mean_wait_steps"] == pytest.approx(23 / 3, abs=1e-6)
-    assert rows["orca"]["num_steps"] == 16
-    assert rows["orca"]["mean_wait_steps"] == pytest.approx(50 / 12, abs=1e-6)
-    assert rows["orca"]["num_steps"] < rows["static"]["num_steps"]
+    # Static: three batches of four, each as long as its longest member: 17 + 20 + 19.
+    assert rows["static"]["num_steps"] == 56
+    # Batch 2 waits 17 steps, batch 3 waits 37: (0 * 4 + 17 * 4 + 37 * 4) / 12.
+    assert rows["static"]["mean_wait_steps"] == pytest.approx(18.0, abs=1e-6)
+    # Continuous: a freed slot is refilled on the next step. Requests 4..11 start at steps
+    # 5, 7, 9, 10, 11, 17, 19, 21; the slot of requests 3 (17), 9 (4) and 11 (19) never
+    # idles and is the last to finish: 17 + 4 + 19.
+    assert rows["orca"]["num_steps"] == 40
+    assert rows["orca"]["mean_wait_steps"] == pytest.approx(
+        (5 + 7 + 9 + 10 + 11 + 17 + 19 + 21) / 12, abs=1e-6)
 
 
 def test_timeline_figure_of_example_b(tmp_path):
@@ -31,8 +34,9 @@ def test_timeline_figure_of_example_b(tmp_path):
     timelines, drawn = seed_examples.write_timeline(str(path))
     steps = {row["policy"]: row["num_steps"] for row in seed_examples.example_b()}
     assert {p: t.num_steps for p, t in timelines.items()} == steps
-    # Continuous batching: request 4 takes slot 3 the step after request 3 (2 tokens) is done.
-    assert timelines["orca"].request_id_at(2, 3) == 4
-    assert timelines["static"].request_id_at(2, 3) == 3
+    # Continuous batching: request 4 takes slot 2 the step after request 2 (5 tokens) is
+    # done; under static batching request 2 holds it, idle, until its batch is done.
+    assert timelines["orca"].request_id_at(5, 2) == 4
+    assert timelines["static"].request_id_at(5, 2) == 2
     if drawn:
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

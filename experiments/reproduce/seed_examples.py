@@ -5,10 +5,11 @@
     done, at 5.0 s; continuous (iteration-level) batching returns each as soon
     as it is done: 0.5, 1.0, 1.5 and 5.0 s.
 (b) Four slots and twelve requests of mixed lengths, all at t=0: static
-    batching runs three batches, each as long as its longest member; continuous
-    batching refills a slot the step after it frees, so it needs fewer steps
-    and requests wait less to start. The slot timeline of (b) is drawn to
-    docs/figures/seed_timeline.png (static above, continuous below).
+    batching runs three batches, each as long as its longest member (17 + 20 +
+    19 = 56 steps); continuous batching refills a slot the step after it
+    frees, so it needs 40 steps and requests wait less to start. The slot
+    timeline of (b) is drawn to docs/figures/seed_timeline.png (static above,
+    continuous below).
 
     python -m experiments.reproduce.seed_examples
 """
@@ -31,8 +32,9 @@ from orca_jax.sim.engine import SimEngine
 
 STEP_S = 0.005
 EXAMPLE_A_OUTPUTS = (100, 200, 300, 1000)
-# Twelve requests for four slots: long and short ones interleaved, as in the usual figure.
-EXAMPLE_B_OUTPUTS = (8, 3, 5, 2, 7, 4, 1, 6, 3, 8, 2, 5)
+# Twelve requests for four slots, long and short ones interleaved: the seed's toy server,
+# 56 steps static, 40 continuous.
+EXAMPLE_B_OUTPUTS = (7, 9, 5, 17, 20, 3, 16, 1, 8, 4, 10, 19)
 PROMPT_LEN = 4
 TIMELINE_PATH = "docs/figures/seed_timeline.png"
 

@@ -133,6 +133,14 @@ class Engine(abc.ABC):
     def step(self, inputs: StepInputs) -> StepOutput:
         """Runs one step."""
 
+    def facts(self) -> dict[str, object]:
+        """What a run's summary should say of this engine (JSON values; none by default).
+
+        A real engine reports its compiles and memory here; an engine that wraps
+        another passes the wrapped one's facts through.
+        """
+        return {}
+
     def _check_warm(self, bucket: Bucket, warm: Collection[Bucket]) -> None:
         """Raises ValueError naming `bucket` and the `warm` ones if it is not among them."""
         if bucket not in warm:

@@ -30,7 +30,7 @@ from orca_jax.model import llama as model_lib
 from orca_jax.model import sharding
 from orca_jax.specs.model_config import ModelConfig
 
-CLOCKS = ("wall", "profiled")
+CLOCKS = ("wall", "bucket")
 _BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 _backend_compiles = 0  # process-wide count of XLA compilations seen by the listener
 _listening = False
@@ -84,8 +84,10 @@ class JaxEngine(Engine):
       pages_per_seq: page-table width P of every bucket.
       dtype: parameter, activation and KV cache dtype.
       attention: `reference` | `pallas` | `pallas_interpret` (see `model.attention_op`).
-      clock: `wall` (step_s is the measured time) or `profiled` (step_s is the
-        bucket's median warm-up time, so runs are repeatable on a noisy machine).
+      clock: `wall` (step_s is the measured time) or `bucket` (step_s is the
+        bucket's median warm-up time: repeatable, but blind to what a step holds;
+        runs use `orca_jax.sim.profiled_clock.ProfiledClock` over a `wall` engine,
+        which prices each step by its real sequences).
       num_timed_runs: timed warm-up runs per bucket (the median is kept).
       warmup_kv_len: context length of the warm-up's dummy sequences; None means
         the full page-table width, the bucket's worst case.
@@ -104,8 +106,8 @@ class JaxEngine(Engine):
             raise ValueError(f"JaxEngine: needs num_cache_pages >= 2 (null page + one), "
                              f"page_size >= 1, pages_per_seq >= 1; got {num_cache_pages}, "
                              f"{page_size}, {pages_per_seq}")
-        if clock == "profiled" and num_timed_runs < 1:
-            raise ValueError("JaxEngine: clock='profiled' needs num_timed_runs >= 1")
+        if clock == "bucket" and num_timed_runs < 1:
+            raise ValueError("JaxEngine: clock='bucket' needs num_timed_runs >= 1")
         max_len = pages_per_seq * page_size
         if warmup_kv_len is not None and not 1 <= warmup_kv_len <= max_len:
             raise ValueError(f"JaxEngine: warmup_kv_len={warmup_kv_len} must be in [1, {max_len}]")
@@ -146,7 +148,7 @@ class JaxEngine(Engine):
                                donate_argnums=1)
         self._compiled: dict[Bucket, jax.stages.Compiled] = {}
         self._fingerprints: dict[Bucket, str] = {}
-        self._profiled_s: dict[Bucket, float] = {}
+        self._bucket_s: dict[Bucket, float] = {}
         self._num_compiles = 0
 
     @staticmethod
@@ -190,9 +192,16 @@ class JaxEngine(Engine):
         return self._num_compiles
 
     @property
-    def profiled_step_s(self) -> dict[Bucket, float]:
+    def bucket_step_s(self) -> dict[Bucket, float]:
         """Median warm-up step seconds of each warmed bucket."""
-        return dict(self._profiled_s)
+        return dict(self._bucket_s)
+
+    def facts(self) -> dict[str, object]:
+        """Compiles, their HLO fingerprints by bucket tokens, tp and KV bytes per device."""
+        return {"num_compiles": self.num_compiles,
+                "compiled_fingerprints": {str(b.num_tokens): h for b, h in
+                                          sorted(self._fingerprints.items())},
+                "tp": self.tp, "kv_cache_bytes_per_device": self.kv_cache_bytes_per_device}
 
     def fingerprints(self) -> dict[Bucket, str]:
         """sha256 of each compiled step's optimized HLO text, by bucket."""
@@ -214,10 +223,10 @@ class JaxEngine(Engine):
             self._run(bucket, dummy)  # first run pays one-off allocation costs
             times = [self._run(bucket, dummy)[1] for _ in range(self.num_timed_runs)]
             if times:
-                self._profiled_s[bucket] = statistics.median(times)
+                self._bucket_s[bucket] = statistics.median(times)
 
     def step(self, inputs: StepInputs) -> StepOutput:
-        """Runs one compiled step; `step_s` is wall or profiled time per `clock`.
+        """Runs one compiled step; `step_s` is the wall or the bucket time per `clock`.
 
         Raises:
           ValueError: the bucket was not warmed up (it would compile), or the
@@ -232,7 +241,7 @@ class JaxEngine(Engine):
                              f"columns, the engine was built with pages_per_seq="
                              f"{self.pages_per_seq}")
         tokens, elapsed = self._run(bucket, inputs)
-        step_s = elapsed if self.clock == "wall" else self._profiled_s[bucket]
+        step_s = elapsed if self.clock == "wall" else self._bucket_s[bucket]
         return StepOutput(sampled_tokens=tokens, step_s=step_s)
 
     def _run(self, bucket: Bucket, inputs: StepInputs) -> tuple[np.ndarray, float]:

@@ -16,6 +16,7 @@ from orca_jax.core.scheduler import SchedulerConfig
 from orca_jax.runner.spec import JaxEngineSpec, RunSpec, SimEngineSpec, sampling_params
 from orca_jax.sim import cost_model
 from orca_jax.sim.engine import SimEngine
+from orca_jax.sim.profiled_clock import ProfiledClock
 from orca_jax.specs.hardware import get_hardware
 from orca_jax.specs.memory import num_kv_pages_for_memory
 from orca_jax.specs.model_config import ModelConfig, from_hf_config, get_model_config
@@ -74,7 +75,8 @@ def scheduler_config(spec: RunSpec) -> SchedulerConfig:
                            page_size=limits.page_size, max_model_len=context,
                            token_buckets=limits.token_buckets, temperature=temperature,
                            top_k=top_k, top_p=top_p, seed=spec.seed,
-                           log_step_requests=limits.log_step_requests)
+                           log_step_requests=limits.log_step_requests,
+                           count_host_time=limits.count_host_time)
 
 
 def build_engine(spec: RunSpec, config: SchedulerConfig) -> Engine:
@@ -118,7 +120,12 @@ def _jax_engine(spec: RunSpec, engine: JaxEngineSpec, config: SchedulerConfig) -
     elif attention == "pallas" and not on_gpu:
         attention = "pallas_interpret"  # the same kernel, run by the Pallas interpreter
     mesh = sharding.make_mesh(engine.tp, model) if engine.tp > 1 else None
-    return JaxEngine(model, params, num_cache_pages=config.num_kv_pages + 1,  # + the null page
-                     page_size=config.page_size,
-                     pages_per_seq=pages_per_seq_for(config.max_model_len, config.page_size),
-                     dtype=dtype, attention=attention, clock=engine.clock, mesh=mesh)
+    pages_per_seq = pages_per_seq_for(config.max_model_len, config.page_size)
+    real = JaxEngine(model, params, num_cache_pages=config.num_kv_pages + 1,  # + the null page
+                     page_size=config.page_size, pages_per_seq=pages_per_seq, dtype=dtype,
+                     attention=attention, clock="wall", mesh=mesh)
+    if engine.clock == "wall":
+        return real
+    # The profiled clock prices each step by a fit of what it holds, measured at warm-up.
+    return ProfiledClock(real, max_model_len=config.max_model_len, page_size=config.page_size,
+                         pages_per_seq=pages_per_seq, num_pages=config.num_kv_pages + 1)

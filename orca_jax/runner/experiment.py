@@ -80,13 +80,7 @@ def run_policy(spec: RunSpec, policy_spec: str, policy_options: Optional[Mapping
     scheduler = Scheduler(workload, policy, engine, config)
     result = scheduler.run(progress=_Progress(policy.name, len(workload)) if progress else None)
     summary = summarize(result, ttft_slo_s=spec.ttft_slo_s, tpot_slo_s=spec.tpot_slo_s)
-    if hasattr(engine, "fingerprints"):
-        summary["num_compiles"] = engine.num_compiles
-        summary["compiled_fingerprints"] = {
-            str(b.num_tokens): h for b, h in sorted(engine.fingerprints().items(),
-                                                     key=lambda item: item[0].num_tokens)}
-        summary["tp"] = engine.tp
-        summary["kv_cache_bytes_per_device"] = engine.kv_cache_bytes_per_device
+    summary.update(engine.facts())
     if out_dir is not None:
         write_results(out_dir, result, summary,
                       _resolved_config(spec, policy_spec, policy, config, engine))

@@ -92,7 +92,7 @@ class JaxEngineSpec:
     dtype: str = "float32"  # parameters, activations and KV cache
     attention: str = "auto"  # auto (pallas on GPU, reference elsewhere), reference, pallas
     sampling: str = "greedy"  # greedy, or temperature:T[:top_k[:top_p]]
-    clock: str = "profiled"  # profiled (warm-up bucket medians) or wall
+    clock: str = "profiled"  # profiled (a fit of what each step holds, measured at warm-up) or wall
     tp: int = 1  # devices the step is split over
 
     def __post_init__(self) -> None:
@@ -129,7 +129,8 @@ EngineSpec = Union[JaxEngineSpec, SimEngineSpec]
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class LimitsSpec:
-    """The scheduler's limits (resolved into a `SchedulerConfig` by `build.scheduler_config`)."""
+    """The scheduler's limits and clock setting (resolved into a `SchedulerConfig` by
+    `build.scheduler_config`)."""
 
     max_num_seqs: int = 64  # most sequences in one step (the batch cap)
     max_num_tokens: int = 2048  # most tokens in one step (the largest bucket)
@@ -139,6 +140,8 @@ class LimitsSpec:
     max_model_len: Optional[int] = None  # the context limit (default: the model's context)
     token_buckets: Optional[tuple[int, ...]] = None  # step sizes (default: powers of two)
     log_step_requests: bool = False  # steps.jsonl: each step's request ids and tokens
+    # Add the scheduler's measured host time to the virtual clock (no longer repeatable).
+    count_host_time: bool = False
 
     def __post_init__(self) -> None:
         for field in ("max_num_seqs", "max_num_tokens", "num_kv_pages", "page_size"):

@@ -112,6 +112,9 @@ class RecordingEngine(Engine):
     def _prepare(self, buckets: list[Bucket]) -> None:
         self.engine.warmup(buckets)
 
+    def facts(self) -> dict[str, object]:
+        return self.engine.facts()
+
     def step(self, inputs: StepInputs) -> StepOutput:
         output = self.engine.step(inputs)
         self.steps.append((inputs.bucket.num_tokens, *cost_model.real_lengths(inputs),

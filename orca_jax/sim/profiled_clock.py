@@ -68,6 +68,10 @@ class ProfiledClock(Engine):
     def needs_token_ids(self) -> bool:
         return self.engine.needs_token_ids
 
+    def facts(self) -> dict[str, object]:
+        """The wrapped engine's facts."""
+        return self.engine.facts()
+
     @property
     def fit(self) -> dict[int, LinearStepTime]:
         """The per-bucket price model (empty before warm-up unless one was given)."""
