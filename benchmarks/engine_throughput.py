@@ -4,7 +4,7 @@ For each model (`tiny`, `small`) one JaxEngine is built and warmed up once;
 `static` and `orca` then serve the identical Poisson workload with uniform
 lengths through the very same compiled steps. Printed per policy: output
 tokens/s, p50 and p99 latency, under the profiled clock (each step advances
-the virtual clock by its bucket's warm-up median: repeatable) and the wall
+the virtual clock by a warm-up fit's price of what it holds: repeatable) and the wall
 clock (the measured time of each step); then orca's throughput ratio over
 static's. Then a rate sweep under the profiled clock, over several workload seeds,
 compares the two at equal or lower p50 latency, as Orca's paper does.
@@ -73,7 +73,7 @@ def main() -> None:
                                         progress=False)
                 rows[policy] = summary
             print(f"\nmodel={model} clock={clock} (warm-up {warm_s:.1f} s, "
-                  f"{engine.num_compiles} compiles)")
+                  f"{engine.facts()['num_compiles']} compiles)")
             print(f"{'policy':>8} {'tok/s':>9} {'p50 lat s':>10} {'p99 lat s':>10} {'steps':>6}")
             for policy, s in rows.items():
                 print(f"{policy:>8} {s['throughput_tok_s']:>9.1f} {s['latency_p50_s']:>10.3f} "

@@ -148,6 +148,32 @@ class Engine(abc.ABC):
                              f"warm buckets: {sorted(warm)}")
 
 
+class EngineWrapper(Engine):
+    """An engine that runs another one's steps and adds something (a record, a price).
+
+    It answers to the wrapped engine's name, needs its token ids, reports its
+    facts and warms it up; a subclass overrides `step` (and `_prepare` if it
+    does more at warm-up).
+    """
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    @property
+    def name(self) -> str:
+        return self.engine.name
+
+    @property
+    def needs_token_ids(self) -> bool:
+        return self.engine.needs_token_ids
+
+    def facts(self) -> dict[str, object]:
+        return self.engine.facts()
+
+    def _prepare(self, buckets: list[Bucket]) -> None:
+        self.engine.warmup(buckets)
+
+
 def bucket_arrays_are_consistent(inputs: StepInputs) -> bool:
     """Checks the shapes of `inputs` against its bucket (used by tests and engines)."""
     t, s = inputs.bucket.num_tokens, inputs.bucket.num_seqs

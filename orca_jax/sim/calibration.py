@@ -29,7 +29,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from orca_jax.core.json_files import write_json_atomic
-from orca_jax.core.engine_api import Bucket, Engine, StepInputs, StepOutput
+from orca_jax.core.engine_api import Bucket, Engine, EngineWrapper, StepInputs, StepOutput
 from orca_jax.sim import cost_model
 from orca_jax.sim.step_profile import StepSample, reference_tiles
 
@@ -90,7 +90,7 @@ def fit_linear(samples: Sequence[StepSample], page_size: int, statistic: str = "
     return fit
 
 
-class RecordingEngine(Engine):
+class RecordingEngine(EngineWrapper):
     """Wraps an engine and keeps `(bucket tokens, q_lens, kv_lens, step_s)` of every step.
 
     Lets a real run's own steps be priced by a fit afterwards (a diagnostic of
@@ -98,22 +98,8 @@ class RecordingEngine(Engine):
     """
 
     def __init__(self, engine: Engine) -> None:
-        self.engine = engine
+        super().__init__(engine)
         self.steps: list[tuple[int, NDArray[np.int64], NDArray[np.int64], float]] = []
-
-    @property
-    def name(self) -> str:
-        return self.engine.name
-
-    @property
-    def needs_token_ids(self) -> bool:
-        return self.engine.needs_token_ids
-
-    def _prepare(self, buckets: list[Bucket]) -> None:
-        self.engine.warmup(buckets)
-
-    def facts(self) -> dict[str, object]:
-        return self.engine.facts()
 
     def step(self, inputs: StepInputs) -> StepOutput:
         output = self.engine.step(inputs)

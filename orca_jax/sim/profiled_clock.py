@@ -26,13 +26,13 @@ from __future__ import annotations
 
 from typing import Mapping, Optional
 
-from orca_jax.core.engine_api import Bucket, Engine, StepInputs, StepOutput
+from orca_jax.core.engine_api import Bucket, Engine, EngineWrapper, StepInputs, StepOutput
 from orca_jax.sim.calibration import fit_linear
 from orca_jax.sim.cost_model import LinearStepTime, real_lengths
 from orca_jax.sim.step_profile import measure_step_times
 
 
-class ProfiledClock(Engine):
+class ProfiledClock(EngineWrapper):
     """Runs `engine`'s steps and prices each by a per-bucket fit of what it holds.
 
     Args:
@@ -52,25 +52,13 @@ class ProfiledClock(Engine):
                  fit: Optional[Mapping[int, LinearStepTime]] = None) -> None:
         if num_repeats < 1:
             raise ValueError(f"ProfiledClock: num_repeats={num_repeats} must be >= 1")
-        self.engine = engine
+        super().__init__(engine)
         self._grid = dict(max_model_len=max_model_len, page_size=page_size,
                           pages_per_seq=pages_per_seq, num_pages=num_pages)
         self.num_repeats = num_repeats
         self._fit: dict[int, LinearStepTime] = dict(fit or {})
         self._fit_given = fit is not None
         self._warm: frozenset[Bucket] = frozenset()
-
-    @property
-    def name(self) -> str:
-        return self.engine.name
-
-    @property
-    def needs_token_ids(self) -> bool:
-        return self.engine.needs_token_ids
-
-    def facts(self) -> dict[str, object]:
-        """The wrapped engine's facts."""
-        return self.engine.facts()
 
     @property
     def fit(self) -> dict[int, LinearStepTime]:
