@@ -19,8 +19,8 @@ from orca_jax.core.engine_api import EngineConfigError
 from orca_jax.core.plan import PlanError
 from orca_jax.core.policy import PolicyLoadError
 from orca_jax.workloads.traces import TraceError
-from orca_jax.runner.spec import (ATTENTIONS, CLOCKS, DTYPES, ENGINES, WORKLOADS, ClusterSpec,
-                                  JaxEngineSpec, LimitsSpec, RunSpec, SimEngineSpec,
+from orca_jax.runner.spec import (ATTENTIONS, CLOCKS, DTYPES, ENGINES, LENGTH_COLUMNS, WORKLOADS,
+                                  ClusterSpec, JaxEngineSpec, LimitsSpec, RunSpec, SimEngineSpec,
                                   WorkloadSpec)
 from orca_jax.workloads.synthetic import parse_length_spec
 
@@ -52,14 +52,18 @@ flags.DEFINE_float("step_time_ms", None, "Fixed simulator step time in ms (inste
 flags.DEFINE_string("cost_fit", None, "sim: step times from a cost fit JSON written by "
                     "experiments.calibrate (instead of the roofline); use the fitted model's "
                     "--model and the same --buckets.")
-flags.DEFINE_enum("workload", "poisson", list(WORKLOADS), "Arrival process, or a trace file.")
+flags.DEFINE_enum("workload", "poisson", list(WORKLOADS), "Arrival process, a trace file, or "
+                  "prompts that share prefixes: shared_prefix (a few system prompts, Zipf "
+                  "popularity, and private suffixes) or conversation (multi-turn chats whose "
+                  "turns hold the conversation so far).")
 flags.DEFINE_string("trace", None, "Trace file (JSONL or CSV) for --workload=trace.")
 flags.DEFINE_float("trace_time_scale", 1.0, "Multiplies the trace's arrival times (and "
                    "deadlines): 0.5 replays it at twice its request rate.")
-flags.DEFINE_integer("num_requests", None, "Requests in the workload (the first N of a trace). "
-                     "Default: 64 on jax, 1000 on sim.", lower_bound=1)
-flags.DEFINE_float("rate", None, "Arrival rate in requests/s (poisson, gamma). Default: 40 on "
-                   "jax (tiny on a CPU), 32 on sim.", lower_bound=0.0)
+flags.DEFINE_integer("num_requests", None, "Requests in the workload (the first N of a trace; "
+                     "of conversation: turns). Default: 64 on jax, 1000 on sim.", lower_bound=1)
+flags.DEFINE_float("rate", None, "Arrival rate in requests/s (poisson, gamma, shared_prefix; "
+                   "conversation: conversations/s). Default: 40 on jax (tiny on a CPU), 32 on "
+                   "sim.", lower_bound=0.0)
 flags.DEFINE_float("cv", 1.0, "Coefficient of variation of gamma inter-arrival gaps.",
                    lower_bound=0.0)
 flags.DEFINE_string("prompt_len", None, "Prompt length distribution: fixed:N, uniform:LO:HI, "
@@ -67,6 +71,20 @@ flags.DEFINE_string("prompt_len", None, "Prompt length distribution: fixed:N, un
                     "uniform:16:128 on jax, uniform:32:512 on sim.")
 flags.DEFINE_string("output_len", None, "Output length distribution (as --prompt_len). Default: "
                     "uniform:16:64 on jax, uniform:1:128 on sim.")
+flags.DEFINE_integer("num_prefixes", 8, "shared_prefix: the number of system prompts.",
+                     lower_bound=1)
+flags.DEFINE_string("prefix_len", None, "shared_prefix: each system prompt's length (as "
+                    "--prompt_len). Default: fixed:256 on jax, fixed:1024 on sim.")
+flags.DEFINE_float("prefix_zipf", 1.1, "shared_prefix: the popularity exponent; system prompt k "
+                   "(from 0) is picked with weight (k + 1)**-prefix_zipf (0: uniform).",
+                   lower_bound=0.0)
+flags.DEFINE_string("suffix_len", None, "The private part of each prompt (as --prompt_len): the "
+                    "suffix after the system prompt (shared_prefix), or each turn's new message "
+                    "(conversation). Default: uniform:16:64 on jax, uniform:16:256 on sim.")
+flags.DEFINE_string("num_turns", None, "conversation: turns per conversation (as --prompt_len). "
+                    "Default: uniform:1:6 on jax, uniform:1:8 on sim.")
+flags.DEFINE_string("think_time_ms", "lognormal:10000:1", "conversation: milliseconds from a "
+                    "turn's arrival to the next turn's (as --prompt_len).")
 flags.DEFINE_integer("max_num_seqs", None, "Batch cap: most sequences in one step. Default: 16 "
                      "on jax, 64 on sim.", lower_bound=1)
 flags.DEFINE_integer("max_num_tokens", None, "Most tokens in one step (the largest bucket). "
@@ -112,28 +130,32 @@ RENAMED_FLAGS = {"max_batch_size": "max_num_seqs", "token_budget": "max_num_toke
 # laptop CPU, and a GPU-scale one for the simulator.
 ENGINE_DEFAULTS = {
     "jax": dict(model="tiny", num_requests=64, rate=40.0, prompt_len="uniform:16:128",
-                output_len="uniform:16:64", max_num_seqs=16, max_num_tokens=256),
+                output_len="uniform:16:64", max_num_seqs=16, max_num_tokens=256,
+                prefix_len="fixed:256", suffix_len="uniform:16:64", num_turns="uniform:1:6"),
     "sim": dict(model="llama3-8b", num_requests=1000, rate=32.0, prompt_len="uniform:32:512",
-                output_len="uniform:1:128", max_num_seqs=64, max_num_tokens=2048),
+                output_len="uniform:1:128", max_num_seqs=64, max_num_tokens=2048,
+                prefix_len="fixed:1024", suffix_len="uniform:16:256", num_turns="uniform:1:8"),
 }
 
 FLAGS = flags.FLAGS
 
 
-def _validate_length(name: str) -> None:
+def _validate_length(name: str, column: str) -> None:
     def check(value: Optional[str]) -> bool:
         if value is None:
             return True
         try:
-            parse_length_spec(value)
+            parse_length_spec(value, default_column=column)
         except (ValueError, OSError) as e:
             raise flags.ValidationError(str(e)) from e
         return True
     flags.register_validator(name, check)
 
 
-_validate_length("prompt_len")
-_validate_length("output_len")
+_validate_length("prompt_len", "prompt_len")
+_validate_length("output_len", "output_len")
+for _name, _column in LENGTH_COLUMNS.items():
+    _validate_length(_name, _column)
 
 
 def _buckets() -> Optional[tuple[int, ...]]:
@@ -187,6 +209,13 @@ def spec_from_flags() -> RunSpec:
         value = getattr(FLAGS, name)
         return defaults[name] if value is None else value
 
+    # Only the prefix workloads read these: another workload keeps them at their defaults,
+    # so its config (and a sweep's fingerprint of it) does not vary with the engine.
+    prefix_knobs = {}
+    if FLAGS.workload in ("shared_prefix", "conversation"):
+        prefix_knobs = dict(num_prefixes=FLAGS.num_prefixes, prefix_len=pick("prefix_len"),
+                            prefix_zipf=FLAGS.prefix_zipf, suffix_len=pick("suffix_len"),
+                            num_turns=pick("num_turns"), think_time_ms=FLAGS.think_time_ms)
     try:
         engine: JaxEngineSpec | SimEngineSpec
         if FLAGS.engine == "jax":
@@ -201,7 +230,7 @@ def spec_from_flags() -> RunSpec:
                                   trace_time_scale=FLAGS.trace_time_scale,
                                   num_requests=pick("num_requests"), rate=pick("rate"),
                                   cv=FLAGS.cv, prompt_len=pick("prompt_len"),
-                                  output_len=pick("output_len")),
+                                  output_len=pick("output_len"), **prefix_knobs),
             engine=engine,
             limits=LimitsSpec(max_num_seqs=pick("max_num_seqs"),
                               max_num_tokens=pick("max_num_tokens"),

@@ -68,6 +68,9 @@ class Orca(Policy):
             pages = int(view.pages_needed([request], [count])[0])
             if pages > free_pages:
                 break
+            # Under the buddy KV layout a free total is not enough: a block must exist.
+            if view.kv_layout != "paged" and not view.kv_fits(ids + [request], counts + [count]):
+                break
             ids.append(request)
             counts.append(count)
             budget -= count

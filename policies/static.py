@@ -67,6 +67,10 @@ class Static(Policy):
             pages = int(view.pages_needed([request], [prompt])[0])
             if pages > free_pages:
                 break
+            # Under the buddy KV layout a free total is not enough: a block must exist.
+            if view.kv_layout != "paged" and not view.kv_fits(batch + [request],
+                                                               [1] * (len(batch) + 1)):
+                break
             batch.append(request)
             free_pages -= pages
         return np.asarray(batch, dtype=np.int64)

@@ -78,6 +78,21 @@ def test_vllm_batches_more_than_orca_max(tmp_path):
     assert batch["Orca (Max)"] <= pages * 16 // 2048
     assert batch["vLLM"] > batch["Orca (Oracle)"] > batch["Orca (Pow2)"] > batch["Orca (Max)"]
     assert batch["vLLM"] > 2 * batch["Orca (Max)"]
+    # The buddy layout's rounding and fragmentation never let Orca batch more.
+    buddy = {row["policy"]: row["batch_at_rate"] for row in result.buddy_summary}
+    assert list(buddy) == ["Orca (Max), buddy", "Orca (Pow2), buddy", "Orca (Oracle), buddy"]
+    for label, value in buddy.items():
+        assert value <= batch[label.split(",")[0]] + 1e-9
+
+
+def test_sarathi_arxiv_workload_reads_the_lengths_file():
+    setup = sarathi.SarathiSetup().for_workload("arxiv", "lengths.csv")
+    assert setup.prompt_len == "empirical:lengths.csv:num_prefill_tokens"
+    assert setup.output_len == "empirical:lengths.csv:num_decode_tokens"
+    assert setup.rates == sarathi.ARXIV_RATES
+    assert sarathi.SarathiSetup().for_workload("synthetic") == sarathi.SarathiSetup()
+    with pytest.raises(ValueError, match="workload"):
+        sarathi.SarathiSetup().for_workload("sharegpt")
 
 
 def test_sarathi_tail_tbt_is_lower_than_vllm_at_the_same_load(tmp_path):

@@ -1,5 +1,7 @@
-"""Trace files: loading JSONL/CSV (ours and Vidur's columns), errors, round trips."""
+"""Trace files: loading JSONL/CSV (ours, Vidur's and Mooncake's columns), errors, round
+trips, the prefix-cache ceiling of hashed blocks."""
 
+import ast
 import json
 import time
 from pathlib import Path
@@ -8,7 +10,8 @@ import numpy as np
 import pytest
 
 from orca_jax.core.request import Request
-from orca_jax.workloads.traces import TraceError, load_trace, write_trace
+from orca_jax.workloads.prefix_workloads import conversation_workload
+from orca_jax.workloads.traces import TraceError, load_trace, prefix_cache_ceiling, write_trace
 from orca_jax.workloads.synthetic import synthetic_workload, with_prompt_tokens
 
 TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
@@ -192,3 +195,152 @@ def test_run_spec_replays_a_trace_at_a_scaled_rate(tmp_path):
     assert [r.arrival_s for r in build_workload(spec)] == [0.0, 1.0, 2.5]
     with pytest.raises(ValueError, match="trace_time_scale must be a finite number > 0"):
         WorkloadSpec(arrival="trace", trace=str(path), trace_time_scale=0.0)
+
+
+def _block_trace(tmp_path: Path, rows: list[dict]) -> Path:
+    f = tmp_path / "blocks.jsonl"
+    f.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return f
+
+
+def test_hash_ids_become_fixed_token_runs_shared_where_the_ids_are(tmp_path):
+    f = _block_trace(tmp_path, [
+        {"timestamp": 1500, "input_length": 1100, "output_length": 7, "hash_ids": [0, 1, 2]},
+        {"timestamp": 0, "input_length": 600, "output_length": 3, "hash_ids": [0, 3]},
+        {"timestamp": 2250, "input_length": 1024, "output_length": 5, "hash_ids": [0, 1]}])
+    rs = load_trace(f, vocab_size=1000)
+    assert [(r.arrival_s, r.prompt_len, r.output_len) for r in rs] == [
+        (0.0, 600, 3), (1.5, 1100, 7), (2.25, 1024, 5)]
+    first, second, third = (r.prompt_tokens for r in rs)
+    assert all(1 <= int(t) < 1000 for t in np.concatenate([first, second, third]))
+    assert np.array_equal(first[:512], second[:512])  # block 0
+    assert np.array_equal(second[:1024], third)  # blocks 0, 1
+    assert not np.array_equal(first[512:600], second[512:600])  # block 3 is not block 1
+    # A block's run depends on its id alone, not on the vocabulary's draw order or the file.
+    again = load_trace(_block_trace(tmp_path, [
+        {"timestamp": 0, "input_length": 88, "output_length": 1, "hash_ids": [1]}]),
+        vocab_size=1000)
+    assert np.array_equal(again[0].prompt_tokens, second[512:600])
+
+
+@pytest.mark.parametrize("length, blocks", [(1025, [0, 1]), (512, [0, 1]), (3, [])])
+def test_input_length_that_disagrees_with_the_blocks_names_file_and_line(tmp_path, length,
+                                                                          blocks):
+    f = _block_trace(tmp_path, [
+        {"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [7]},
+        {"timestamp": 5, "input_length": length, "output_length": 1, "hash_ids": blocks}])
+    with pytest.raises(TraceError, match=rf"^{f}:2: field '(input_length|hash_ids)'"):
+        load_trace(f, vocab_size=100)
+
+
+def test_hash_ids_need_a_vocabulary_and_exclude_prompt_tokens(tmp_path):
+    f = _block_trace(tmp_path, [
+        {"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [7]}])
+    with pytest.raises(TraceError, match=rf"^{f}:1: field 'hash_ids': .*vocab"):
+        load_trace(f)
+    g = _block_trace(tmp_path, [{"arrival_s": 0, "prompt_tokens": [1, 2], "output_len": 1,
+                                 "hash_ids": [7]}])
+    with pytest.raises(TraceError, match=rf"^{g}:1: field 'hash_ids': expected either"):
+        load_trace(g, vocab_size=100)
+
+
+def test_prefix_cache_ceiling_of_a_hand_built_trace(tmp_path):
+    f = _block_trace(tmp_path, [
+        {"timestamp": 0, "input_length": 1000, "output_length": 1, "hash_ids": [0, 1]},
+        # Blocks 0 and 1 seen: 1,024 tokens, but never the last prompt token (1,023 is not
+        # a whole number of 16-token pages: 1,008).
+        {"timestamp": 10, "input_length": 1024, "output_length": 1, "hash_ids": [0, 1]},
+        # Block 0 seen, block 5 not: block 1 after it is no prefix hit.
+        {"timestamp": 20, "input_length": 1500, "output_length": 1, "hash_ids": [0, 5, 1]}])
+    expected = (0 + 1008 + 512) / (1000 + 1024 + 1500)
+    assert prefix_cache_ceiling(f, page_size=16) == pytest.approx(expected)
+    # Pages of 100 tokens: 1,023 -> 1,000 and 512 -> 500.
+    assert prefix_cache_ceiling(f, page_size=100) == pytest.approx(1500 / 3524)
+    assert prefix_cache_ceiling(f, page_size=16, max_requests=1) == 0.0
+    plain = tmp_path / "plain.csv"
+    plain.write_text("arrival_s,prompt_len,output_len\n0,5,1\n")
+    with pytest.raises(TraceError, match="field 'hash_ids': missing"):
+        prefix_cache_ceiling(plain, page_size=16)
+
+
+def test_mooncake_trace_loads_with_its_lengths_and_shared_blocks():
+    path = _shared_trace("mooncake_conversation_2025.jsonl")
+    rows = [json.loads(line) for line in path.read_text().splitlines()[:200]]
+    rs = load_trace(path, max_requests=200, vocab_size=128_256)
+    assert [r.prompt_len for r in rs] == [row["input_length"] for row in rows]
+    assert [r.output_len for r in rs] == [row["output_length"] for row in rows]
+    assert [r.arrival_s for r in rs] == [row["timestamp"] / 1000 for row in rows]
+    # Every pair of requests shares exactly its common leading blocks' tokens.
+    for (a, row_a), (b, row_b) in zip(zip(rs, rows), zip(rs[1:], rows[1:])):
+        same = 0
+        while (same < min(len(row_a["hash_ids"]), len(row_b["hash_ids"]))
+               and row_a["hash_ids"][same] == row_b["hash_ids"][same]):
+            same += 1
+        n = min(same * 512, a.prompt_len, b.prompt_len)
+        assert np.array_equal(a.prompt_tokens[:n], b.prompt_tokens[:n])
+        if n < min(a.prompt_len, b.prompt_len):
+            assert not np.array_equal(a.prompt_tokens[n:n + 16], b.prompt_tokens[n:n + 16])
+    # The README's "about 36% of blocks": in tokens, whole pages, 37%.
+    assert prefix_cache_ceiling(path, page_size=16) == pytest.approx(0.3736, abs=5e-4)
+
+
+def test_peer_vllm_driver_traces_load_and_it_reads_what_we_write(tmp_path):
+    driver = TRACES.parent / "peers" / "vllm_scheduler" / "drive_vllm_scheduler.py"
+    if not driver.is_file():
+        pytest.skip(f"the peer vLLM driver is absent ({driver}); it lives beside the repository")
+    # The driver imports vllm; take its trace reader alone.
+    tree = ast.parse(driver.read_text())
+    reader = next(node for node in tree.body
+                  if isinstance(node, ast.FunctionDef) and node.name == "read_trace")
+    scope: dict = {"json": json}
+    exec(compile(ast.Module(body=[reader], type_ignores=[]), str(driver), "exec"), scope)
+    # Its format loads as is.
+    theirs = tmp_path / "theirs.jsonl"
+    theirs.write_text('{"arrival_s": 0.5, "prompt_tokens": [4, 5, 6], "output_len": 2}\n'
+                      '{"arrival_s": 0.75, "prompt_len": 9, "output_len": 3}\n')
+    rs = load_trace(theirs)
+    assert [(r.arrival_s, r.prompt_len, r.output_len) for r in rs] == [(0.5, 3, 2), (0.75, 9, 3)]
+    assert rs[0].prompt_tokens.tolist() == [4, 5, 6]
+    # It reads what write_trace writes: lengths, arrivals (1 ms steps) and the prompt ids.
+    ours = conversation_workload(num_requests=12, rate=2.0, num_turns="fixed:3",
+                                 think_time_ms="fixed:250", message_len="uniform:2:9",
+                                 output_len="uniform:1:5", seed=1, vocab_size=500)
+    write_trace(tmp_path / "ours.jsonl", ours)
+    lengths, arrivals, prompts = scope["read_trace"](str(tmp_path / "ours.jsonl"), 1.0)
+    assert lengths == [(r.prompt_len, r.output_len) for r in ours]
+    assert arrivals == pytest.approx([r.arrival_s * 1000 for r in ours])
+    assert prompts == [r.prompt_tokens.tolist() for r in ours]
+
+
+def test_conversation_fields_round_trip_and_are_checked(tmp_path):
+    ours = conversation_workload(num_requests=10, rate=2.0, num_turns="fixed:2",
+                                 think_time_ms="fixed:100", message_len="fixed:3",
+                                 output_len="fixed:2", seed=0, vocab_size=50)
+    f = tmp_path / "c.jsonl"
+    write_trace(f, ours)
+    assert load_trace(f) == ours
+    assert {r.turn for r in load_trace(f)} == {0, 1}
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"arrival_s": 0, "prompt_len": 3, "output_len": 2, "turn": 1}\n')
+    with pytest.raises(TraceError, match=rf"^{bad}:1: field 'conversation_id': missing"):
+        load_trace(bad)
+    bad.write_text('{"arrival_s": 0, "prompt_len": 3, "output_len": 2, '
+                   '"planned_output_tokens": [1, 2, 3]}\n')
+    with pytest.raises(TraceError, match=rf"^{bad}:1: field 'planned_output_tokens': expected 2"):
+        load_trace(bad)
+
+
+def test_the_simulator_replays_a_hash_ids_trace_end_to_end(tmp_path):
+    from orca_jax.runner.experiment import run_policy
+    from orca_jax.runner.spec import LimitsSpec, RunSpec, SimEngineSpec, WorkloadSpec
+    lengths = [300 + 400 * (i % 4) for i in range(30)]  # 1, 2, 3 and 3 blocks
+    rows = [{"timestamp": 100 * i, "input_length": n, "output_length": 4,
+             "hash_ids": [0] + [1 + 10 * i + k for k in range(-(-n // 512) - 1)]}
+            for i, n in enumerate(lengths)]
+    spec = RunSpec(workload=WorkloadSpec(arrival="trace",
+                                         trace=str(_block_trace(tmp_path, rows)),
+                                         num_requests=30),
+                   engine=SimEngineSpec(step_time_ms=5.0),
+                   limits=LimitsSpec(max_num_seqs=8, max_num_tokens=512))
+    summary, result = run_policy(spec, "sarathi", progress=False)
+    assert summary["num_finished"] == 30 and result.num_generated.tolist() == [4] * 30

@@ -10,10 +10,14 @@ power of two ("Pow2"), or exactly its prompt + output ("Oracle"). Reserved
 but unused slots cap the batch, so vLLM batches more requests and sustains a
 higher request rate at the same normalized latency.
 
-Modelled here on the roofline simulator: `orca` with `kv_reservation` = max,
+Modelled here on the per-operation roofline simulator: `orca` with `kv_reservation` = max,
 pow2, exact, and `vllm` (pages on demand, preemption by recompute) with
 chunked prefill off, as the vLLM of the paper ran whole prompts. The KV pool is
 what 90% of 40 GiB holds beside the 26 GB of fp16 weights (15,824 tokens).
+The Orca variants run a second time under the buddy KV layout
+(`kv_layout="buddy"`: each reservation one contiguous power-of-two block of
+pages from a buddy allocator, admitted only when a free block of its size
+exists), the external fragmentation the paper's Orca baselines suffered.
 Lengths are lognormal with the ShareGPT means and sigma 0.8 (the real trace is
 heavy-tailed too; sigma 0.8 puts about 1% of the requests over the 2,048-token
 context, which the core rejects up front). Each policy's capacity
@@ -23,6 +27,7 @@ is the request rate at which its mean normalized latency crosses
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import math
 import os
@@ -40,6 +45,11 @@ LATENCY = "normalized_latency_mean_s"
 RATE = "offered_rate_req_s"  # the paper plots against the offered load
 THROUGHPUT = "throughput_req_s"
 RESERVATIONS = {"Orca (Max)": "max", "Orca (Pow2)": "pow2", "Orca (Oracle)": "exact"}
+# The paper's Fig. 13a: mean batched requests at 2 req/s of ShareGPT, vLLM's over each Orca.
+PAPER_BATCH_RATIO = {"Orca (Max)": 4.3, "Orca (Oracle)": 2.2}
+SUMMARY_COLUMNS = ["policy", "batch_at_rate", "batch_at_heaviest_load", "capacity_req_s",
+                   "vllm_over_this", "vllm_batch_over_this", "vllm_heaviest_batch_over_this",
+                   "paper_batch_ratio"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -52,7 +62,8 @@ class VLLMSetup:
     prompt_len: str = "lognormal:161:0.8"
     output_len: str = "lognormal:338:0.8"
     latency_bound_s: float = 0.05  # mean normalized latency (s/token) a rate must keep
-    batch_rate: float = 2.0  # the rate whose mean batch sizes the summary table holds
+    batch_rate: float = 2.0  # the rate whose mean batch sizes the summary table holds (paper's)
+    buddy: bool = True  # also run the Orca variants under the buddy KV layout
     plot_max_s: float = 0.5
 
     def run_spec(self) -> RunSpec:
@@ -72,20 +83,22 @@ class VLLMSetup:
 
 @dataclasses.dataclass(frozen=True)
 class VLLMResult:
-    """The sweep's curves, its points and the per-policy summary."""
+    """The sweep's curves, its points and the per-policy summaries."""
 
-    curves: list[Curve]  # mean normalized latency against offered rate
+    curves: list[Curve]  # mean normalized latency against offered rate (buddy curves last)
     rows: list[dict[str, Any]]  # one per point
     # One per policy: mean batch at batch_rate and at its heaviest load swept (past its
-    # capacity, where the KV pool, not the arrivals, sets the batch), capacity, vLLM's ratio.
+    # capacity, where the KV pool, not the arrivals, sets the batch), capacity, vLLM's ratios.
     summary: list[dict[str, Any]]
+    buddy_summary: list[dict[str, Any]]  # the Orca variants under the buddy KV layout
 
 
-def run(setup: VLLMSetup, out_dir: str) -> VLLMResult:
-    """Runs the sweep; reads each policy's capacity and its mean batch at `batch_rate`."""
+def _sweep(setup: VLLMSetup, spec: RunSpec, runs: list[PolicyRun], out_dir: str
+           ) -> tuple[list[Curve], list[dict[str, Any]]]:
+    """Runs one grid; returns its curves and its rows."""
     rates = tuple(sorted(set(setup.rates) | {setup.batch_rate}))
     # Past 3x the bound the curve only climbs: the rest of the sweep would add nothing.
-    points, keys = run_grid(setup.run_spec(), setup.policy_runs(), rates, setup.seeds, out_dir,
+    points, keys = run_grid(spec, runs, rates, setup.seeds, out_dir,
                             saturated=lambda rate, s: not (s.get(LATENCY) or math.inf)
                             <= 3 * setup.latency_bound_s)
     for point in points:  # the paper plots against the offered rate
@@ -98,29 +111,65 @@ def run(setup: VLLMSetup, out_dir: str) -> VLLMResult:
              "mean_batch_size": by_key[k]["mean_batch_size"],
              "num_preemptions": by_key[k]["num_preemptions"],
              "num_rejected": by_key[k]["num_rejected"]} for k in keys]
-    capacity = {c.policy: throughput_at_bound(c, setup.latency_bound_s) for c in curves}
-    vllm = capacity.get("vLLM")
-    summary = []
+    return curves, rows
+
+
+def _summary(setup: VLLMSetup, curves: list[Curve], rows: list[dict[str, Any]],
+             vllm: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each curve's batches and capacity, and vLLM's (`vllm`: its own row) over them."""
+    out = []
     for curve in curves:
         at_rate = [r["mean_batch_size"] for r in rows
                    if r["policy"] == curve.policy and r["rate"] == setup.batch_rate]
-        own = capacity[curve.policy]
-        summary.append({"policy": curve.policy,
-                        "batch_at_rate": sum(at_rate) / len(at_rate) if at_rate else None,
-                        "batch_at_heaviest_load": max(r["mean_batch_size"] for r in rows
-                                                      if r["policy"] == curve.policy),
-                        "capacity_req_s": own,
-                        "vllm_over_this": vllm / own if vllm and own else None})
-    return VLLMResult(curves=curves, rows=rows, summary=summary)
+        row = {"policy": curve.policy,
+               "batch_at_rate": sum(at_rate) / len(at_rate) if at_rate else None,
+               "batch_at_heaviest_load": max(r["mean_batch_size"] for r in rows
+                                             if r["policy"] == curve.policy),
+               "capacity_req_s": throughput_at_bound(curve, setup.latency_bound_s)}
+        out.append(row)
+    vllm = vllm or next((r for r in out if r["policy"] == "vLLM"), {})
+    for row in out:
+        for ratio, field in (("vllm_over_this", "capacity_req_s"),
+                             ("vllm_batch_over_this", "batch_at_rate"),
+                             ("vllm_heaviest_batch_over_this", "batch_at_heaviest_load")):
+            mine, theirs = row[field], vllm.get(field)
+            row[ratio] = theirs / mine if theirs and mine else None
+        base = row["policy"].split(",")[0]
+        row["paper_batch_ratio"] = PAPER_BATCH_RATIO.get(base)
+    return out
+
+
+def run(setup: VLLMSetup, out_dir: str) -> VLLMResult:
+    """Runs the sweeps; reads each policy's capacity and its mean batch at `batch_rate`.
+
+    The Orca variants run again under the buddy KV layout (`setup.buddy`), in
+    `out_dir/buddy`, against the same (paged) vLLM.
+    """
+    curves, rows = _sweep(setup, setup.run_spec(), setup.policy_runs(), out_dir)
+    summary = _summary(setup, curves, rows, {})
+    buddy_summary: list[dict[str, Any]] = []
+    if setup.buddy:
+        spec = setup.run_spec()
+        spec = dataclasses.replace(spec, limits=dataclasses.replace(spec.limits,
+                                                                    kv_layout="buddy"))
+        runs = [PolicyRun(f"{label}, buddy", "orca", {"kv_reservation": mode})
+                for label, mode in RESERVATIONS.items()]
+        buddy_curves, buddy_rows = _sweep(setup, spec, runs, os.path.join(out_dir, "buddy"))
+        vllm = next(r for r in summary if r["policy"] == "vLLM")
+        buddy_summary = _summary(setup, buddy_curves, buddy_rows, vllm)
+        curves, rows = curves + buddy_curves, rows + buddy_rows
+    return VLLMResult(curves=curves, rows=rows, summary=summary, buddy_summary=buddy_summary)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
     """The command: parse flags, run the sweep, print and write the tables and the figure."""
     parser = reproduction_parser(__doc__, "vllm_memory", FIGURE, VLLMSetup)
     parser.add_argument("--latency_bound_s", type=float, default=VLLMSetup.latency_bound_s)
+    parser.add_argument("--buddy", action=argparse.BooleanOptionalAction, default=True,
+                        help="also run the Orca variants under the buddy KV layout")
     args = parser.parse_args(argv)
     setup = VLLMSetup(num_requests=args.num_requests, rates=args.rates,
-                      latency_bound_s=args.latency_bound_s)
+                      latency_bound_s=args.latency_bound_s, buddy=args.buddy)
     os.makedirs(args.out_dir, exist_ok=True)
     start = time.perf_counter()
     result = run(setup, args.out_dir)
@@ -129,14 +178,19 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     print(f"\nmean batched requests at {setup.batch_rate:g} req/s and at the heaviest load; "
           f"capacity: the rate at which mean normalized latency reaches "
           f"{setup.latency_bound_s:g} s/token:")
-    print(write_table(result.summary, ["policy", "batch_at_rate", "batch_at_heaviest_load",
-                                       "capacity_req_s",
-                                       "vllm_over_this"], args.out_dir, "summary",
+    print(write_table(result.summary, SUMMARY_COLUMNS, args.out_dir, "summary",
                       {"setup": dataclasses.asdict(setup)}))
+    if result.buddy_summary:
+        print("\nthe Orca variants under the buddy KV layout (each reservation one "
+              "power-of-two block), against the same vLLM:")
+        print(write_table(result.buddy_summary, SUMMARY_COLUMNS, args.out_dir, "summary_buddy",
+                          {"setup": dataclasses.asdict(setup)}))
     write_figure_and_report(result.curves, args, max_y=setup.plot_max_s, x_field=RATE,
                             y_field=LATENCY, title="OPT-13B, 1 x A100-40GB (simulated), "
                                                    "ShareGPT-like lognormal lengths",
-                            tables=["curves", "summary"], start=start)
+                            tables=["curves", "summary"] + (["summary_buddy"] if
+                                                            result.buddy_summary else []),
+                            start=start)
 
 
 if __name__ == "__main__":

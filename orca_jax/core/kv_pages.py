@@ -9,12 +9,24 @@ a page at a time) and reservation at admission (Orca: the whole context up
 front) are the same call with a different target. Everything is vectorized over
 request indices: in steady decode the per-step cost does not grow with Python
 work per request.
+
+Two layouts (`KV_LAYOUTS`). `paged`: any free page serves any request. `buddy`:
+a request's pages are one contiguous power-of-two block from a buddy allocator
+(`orca_jax.core.buddy`), taken whole the first time it needs pages and never
+grown, as the vLLM paper's Orca baselines reserved memory; only meaningful
+with a reservation taken at admission.
 """
 
 from __future__ import annotations
 
+from typing import Optional
+
 import numpy as np
 from numpy.typing import NDArray
+
+from orca_jax.core.buddy import BuddyAllocator, block_order, block_pages
+
+KV_LAYOUTS = ("paged", "buddy")
 
 
 class KVPageManager:
@@ -25,13 +37,22 @@ class KVPageManager:
       page_size: tokens per page.
       max_pages_per_seq: page-table width (max context / page size, rounded up).
       num_requests: number of request indices this manager tracks.
+      layout: `paged` or `buddy` (see the module docstring). Under `buddy` a
+        request holds its whole block (`num_held`), of which its page-table row
+        lists the first `max_pages_per_seq` pages.
     """
 
     def __init__(self, *, num_kv_pages: int, page_size: int, max_pages_per_seq: int,
-                 num_requests: int) -> None:
+                 num_requests: int, layout: str = "paged") -> None:
         if num_kv_pages < 1 or page_size < 1 or max_pages_per_seq < 1:
             raise ValueError(f"KV pool needs num_kv_pages, page_size and max_pages_per_seq >= 1, "
                              f"got {num_kv_pages}, {page_size}, {max_pages_per_seq}")
+        if layout not in KV_LAYOUTS:
+            raise ValueError(f"KV layout {layout!r} is not one of {KV_LAYOUTS}")
+        self.layout = layout
+        self._buddy: Optional[BuddyAllocator] = (BuddyAllocator(num_kv_pages)
+                                                 if layout == "buddy" else None)
+        self.block_start = np.full(num_requests, -1, dtype=np.int64)  # [N] buddy: first offset
         self.num_kv_pages = num_kv_pages
         self.page_size = page_size
         self.max_pages_per_seq = max_pages_per_seq
@@ -55,14 +76,55 @@ class KVPageManager:
         """Pages needed to hold `num_tokens` tokens, elementwise. `[n] -> [n]`."""
         return -(-num_tokens // self.page_size)
 
+    @property
+    def largest_block(self) -> int:
+        """The most pages one request can ever take at once (the pool, or its largest
+        buddy block)."""
+        return self._buddy.largest_block if self._buddy else self.num_kv_pages
+
+    def pages_taken(self, num_pages: NDArray[np.int64]) -> NDArray[np.int64]:  # [n] -> [n]
+        """Pages the pool gives a request holding none that needs `num_pages`: the same,
+        or under `buddy` the power-of-two block."""
+        return block_pages(num_pages) if self._buddy else num_pages
+
     def pages_needed(self, ids: NDArray[np.int64],  # [n]
                      target_tokens: NDArray[np.int64]) -> NDArray[np.int64]:  # [n]
-        """New pages each request needs to hold `target_tokens` tokens. Returns `[n]`."""
-        return np.maximum(self.pages_for_tokens(target_tokens) - self.num_held[ids], 0)
+        """New pages each request needs to hold `target_tokens` tokens. Returns `[n]`.
+
+        Under `buddy`, a request holding nothing takes a whole power-of-two block.
+        """
+        held = self.num_held[ids]
+        need = np.maximum(self.pages_for_tokens(target_tokens) - held, 0)
+        if self._buddy is None:
+            return need
+        return np.where(held == 0, block_pages(need), need)
+
+    def blocks_fit(self, ids: NDArray[np.int64],  # [n]
+                   pages: NDArray[np.int64],  # [n] from pages_needed
+                   freeing: Optional[NDArray[np.int64]] = None) -> bool:  # [f]
+        """Whether the free blocks can give these requests `pages` new pages each, after
+        the requests `freeing` give theirs back. Always true under `paged`, where only the
+        total counts (the caller checks it); under `buddy` a block of each size must
+        exist and a request already holding a block cannot grow it."""
+        if self._buddy is None:
+            return True
+        growing = pages > 0
+        if (self.num_held[ids[growing]] > 0).any():
+            return False
+        buddy = self._buddy
+        if freeing is not None and (self.num_held[freeing] > 0).any():
+            buddy = buddy.copy()
+            for request in freeing[self.num_held[freeing] > 0].tolist():
+                buddy.release(int(self.block_start[request]),
+                              block_order(int(self.num_held[request])))
+        return buddy.fits(block_order(int(p)) for p in pages[growing].tolist())
 
     def allocate(self, ids: NDArray[np.int64],  # [n] distinct
                  target_tokens: NDArray[np.int64]) -> None:  # [n]
         """Grows each request's pages to hold `target_tokens`; the caller checked capacity."""
+        if self._buddy is not None:
+            self._allocate_blocks(ids, target_tokens)
+            return
         need = self.pages_needed(ids, target_tokens)
         total = int(need.sum())
         if total == 0:
@@ -82,10 +144,42 @@ class KVPageManager:
         self.page_table[rows, starts + within] = pages
         self.num_held[growing] += need
 
+    def _allocate_blocks(self, ids: NDArray[np.int64],  # [n]
+                         target_tokens: NDArray[np.int64]) -> None:  # [n]
+        """Buddy layout: one block to each request that holds none and needs pages."""
+        assert self._buddy is not None
+        need = self.pages_needed(ids, target_tokens)
+        growing = need > 0
+        if (self.num_held[ids[growing]] > 0).any():
+            raise RuntimeError("buddy KV layout: a request's block cannot grow")
+        if not self._buddy.fits(block_order(int(p)) for p in need[growing].tolist()):
+            raise RuntimeError(f"KV pool overcommitted: no free blocks for {need[growing]} pages "
+                               "(buddy layout)")
+        ids, need = ids[growing], need[growing]
+        order = np.argsort(-need, kind="stable")  # largest first, as `BuddyAllocator.fits`
+        ids, need = ids[order], need[order]
+        self._assign_rows(ids)
+        for request, pages in zip(ids.tolist(), need.tolist()):
+            start = self._buddy.allocate(block_order(pages))
+            listed = min(pages, self.max_pages_per_seq)
+            self.page_table[self.row_of[request], :listed] = np.arange(
+                start + 1, start + 1 + listed, dtype=np.int32)  # page 0 is the null page
+            self.block_start[request] = start
+            self.num_held[request] = pages
+            self._num_free -= pages
+
     def free(self, ids: NDArray[np.int64]) -> None:  # [n]
         """Returns every page of these requests to the pool and releases their rows."""
         held_ids = ids[self.num_held[ids] > 0]
-        if held_ids.size:
+        if held_ids.size and self._buddy is not None:
+            for request in held_ids.tolist():
+                pages = int(self.num_held[request])
+                self._buddy.release(int(self.block_start[request]), block_order(pages))
+                self._num_free += pages
+            self.page_table[self.row_of[held_ids]] = 0
+            self.num_held[held_ids] = 0
+            self.block_start[held_ids] = -1
+        elif held_ids.size:
             rows = self.row_of[held_ids]
             held = self.num_held[held_ids]
             mask = np.arange(self.max_pages_per_seq)[None, :] < held[:, None]
@@ -121,9 +215,37 @@ class KVPageManager:
             self.row_of[request] = self._free_rows.pop()
 
     def check_consistency(self) -> None:
-        """Asserts that every page is either free or owned by exactly one request (tests)."""
+        """Asserts that every page is either free or owned by exactly one request (tests).
+
+        Under `buddy`: the owned and the free blocks tile the pool, and each row lists
+        the first pages of its request's block.
+        """
+        if self._buddy is not None:
+            self._check_blocks()
+            return
         owned = [self.pages_of(int(i)) for i in np.flatnonzero(self.num_held)]
         all_pages = np.concatenate(owned + [self._free[:self._num_free]])
         if all_pages.size != self.num_kv_pages or not np.array_equal(
                 np.sort(all_pages), np.arange(1, self.num_kv_pages + 1)):
             raise AssertionError("KV pages leaked or double-owned")
+
+    def _check_blocks(self) -> None:
+        assert self._buddy is not None
+        holders = np.flatnonzero(self.num_held)
+        blocks = self._buddy.free_blocks() + [
+            (int(self.block_start[i]), int(self.num_held[i])) for i in holders]
+        blocks.sort()
+        ends = np.cumsum([size for _, size in blocks])
+        starts = [start for start, _ in blocks]
+        if starts != [0] + ends[:-1].tolist() or ends[-1] != self.num_kv_pages:
+            raise AssertionError("buddy KV blocks leaked, overlap or leave gaps")
+        if any(size & (size - 1) or start % size for start, size in blocks):
+            raise AssertionError("a buddy KV block is not an aligned power of two")
+        if self._buddy.num_free != self._num_free:
+            raise AssertionError("buddy KV free count out of step with its blocks")
+        for i in holders.tolist():
+            listed = min(int(self.num_held[i]), self.max_pages_per_seq)
+            start = int(self.block_start[i])
+            if not np.array_equal(self.page_table[self.row_of[i], :listed],
+                                  np.arange(start + 1, start + 1 + listed)):
+                raise AssertionError(f"request {i}'s page-table row is not its block")

@@ -131,6 +131,11 @@ def check_plan(scheduler: SchedulerState, plan: StepPlan) -> NDArray[np.int64]:
         raise PlanError(name, "kv_pages",
                         f"the plan needs {total_needed} new KV pages, {available} are free"
                         + (f" (counting {freed} freed by preemption)" if freed else ""))
+    # Under the buddy layout the total is not enough: each admission needs a free block.
+    if total_needed and not scheduler.kv.blocks_fit(ids, needed, plan.preempt):
+        raise PlanError(name, "kv_pages",
+                        f"no free contiguous blocks of {needed[needed > 0].tolist()} KV pages "
+                        f"({available} pages free in smaller blocks; buddy layout)")
     watermark = scheduler.config.watermark_pages
     if watermark and (states == _WAITING).any() and available - total_needed < watermark:
         raise PlanError(name, "kv_watermark",

@@ -55,6 +55,14 @@ class Request:
       priority: smaller is more urgent (0 is the default).
       tenant: the client or tenant the request belongs to, for fairness policies.
       deadline_s: absolute completion deadline in seconds, or None.
+      planned_output_tokens: the planned answer's token ids, `[output_len]` int32,
+        or None. Never used to generate: a workload fixed beforehand whose later
+        prompts hold this answer (a conversation's next turn) needs its ids
+        chosen up front. The simulator's tokens are placeholders anyway; the
+        jax engine samples its own answer, and the next turn's prompt still
+        holds these planned ids, not the sampled ones.
+      conversation_id: the conversation this request is a turn of, or None.
+      turn: its 0-based turn in that conversation (set with `conversation_id`).
     """
 
     id: int
@@ -65,6 +73,9 @@ class Request:
     priority: int = 0
     tenant: str = "default"
     deadline_s: Optional[float] = None
+    planned_output_tokens: Optional[NDArray[np.int32]] = None  # [output_len]
+    conversation_id: Optional[int] = None
+    turn: Optional[int] = None
 
     def __post_init__(self) -> None:
         if not (isinstance(self.arrival_s, (int, float)) and math.isfinite(self.arrival_s)
@@ -77,21 +88,37 @@ class Request:
         if int(self.output_len) != self.output_len or self.output_len < 1:
             raise ValueError(f"request {self.id}: output_len must be an integer >= 1, "
                              f"got {self.output_len!r}")
-        if self.prompt_tokens is not None:
-            tokens = np.asarray(self.prompt_tokens, dtype=np.int32)
-            if tokens.ndim != 1 or tokens.shape[0] != self.prompt_len:
-                raise ValueError(f"request {self.id}: prompt_tokens has shape {tokens.shape}, "
-                                 f"expected ({self.prompt_len},)")
-            tokens.setflags(write=False)
-            object.__setattr__(self, "prompt_tokens", tokens)
+        self._freeze_tokens("prompt_tokens", self.prompt_len)
+        self._freeze_tokens("planned_output_tokens", self.output_len)
         if self.deadline_s is not None and not math.isfinite(self.deadline_s):
             raise ValueError(f"request {self.id}: deadline_s must be finite, "
                              f"got {self.deadline_s!r}")
+        if (self.conversation_id is None) != (self.turn is None):
+            raise ValueError(f"request {self.id}: conversation_id and turn go together, got "
+                             f"conversation_id={self.conversation_id!r}, turn={self.turn!r}")
+        if self.turn is not None and (int(self.turn) != self.turn or self.turn < 0):
+            raise ValueError(f"request {self.id}: turn must be an integer >= 0, "
+                             f"got {self.turn!r}")
+
+    def _freeze_tokens(self, field: str, length: int) -> None:
+        """Stores the field's ids as a read-only `[length]` int32 array (None stays None)."""
+        value = getattr(self, field)
+        if value is None:
+            return
+        tokens = np.asarray(value, dtype=np.int32)
+        if tokens.ndim != 1 or tokens.shape[0] != length:
+            raise ValueError(f"request {self.id}: {field} has shape {tokens.shape}, "
+                             f"expected ({length},)")
+        tokens.setflags(write=False)
+        object.__setattr__(self, field, tokens)
 
     def _key(self) -> tuple:
         tokens = None if self.prompt_tokens is None else self.prompt_tokens.tobytes()
+        planned = self.planned_output_tokens
+        answer = None if planned is None else planned.tobytes()
         return (self.id, self.arrival_s, self.prompt_len, self.output_len, tokens,
-                self.priority, self.tenant, self.deadline_s)
+                self.priority, self.tenant, self.deadline_s, answer, self.conversation_id,
+                self.turn)
 
     def __eq__(self, other: object) -> bool:
         # The generated __eq__ would compare the token arrays elementwise and fail.

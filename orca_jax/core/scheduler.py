@@ -24,7 +24,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from orca_jax.core.engine_api import Engine, StepOutput
-from orca_jax.core.kv_pages import KVPageManager
+from orca_jax.core.kv_pages import KV_LAYOUTS, KVPageManager
 from orca_jax.core.packing import SamplingArrays, bucket_config_for, pack
 from orca_jax.core.plan import PlanError, StepPlan
 from orca_jax.core.plan_checks import check_plan
@@ -52,6 +52,9 @@ class SchedulerConfig:
       max_model_len: context limit: prompt + output of any request.
       token_buckets: step sizes T to pad to (default: powers of two up to the budget).
       watermark_pages: free pages an admission must leave (vLLM v0's watermark).
+      kv_layout: `paged` (any free page serves) or `buddy` (each request's
+        reservation one contiguous power-of-two block from a buddy allocator, as
+        the vLLM paper's Orca baselines; needs a reserving `kv_reservation`).
       count_host_time: add measured host time to the virtual clock (then runs
         are no longer bit-for-bit repeatable).
       log_step_requests: record which requests each step computed, how many tokens
@@ -68,6 +71,7 @@ class SchedulerConfig:
     max_model_len: int = 2048
     token_buckets: Optional[tuple[int, ...]] = None
     watermark_pages: int = 0
+    kv_layout: str = "paged"
     count_host_time: bool = False
     log_step_requests: bool = False
     temperature: float = 0.0
@@ -84,6 +88,9 @@ class SchedulerConfig:
         if self.watermark_pages < 0 or self.watermark_pages >= self.num_kv_pages:
             raise ValueError(f"SchedulerConfig.watermark_pages must be in [0, num_kv_pages), "
                              f"got {self.watermark_pages}")
+        if self.kv_layout not in KV_LAYOUTS:
+            raise ValueError(f"SchedulerConfig.kv_layout {self.kv_layout!r} is not one of "
+                             f"{KV_LAYOUTS}")
 
 
 def _reservation_tokens(mode: str, table: RequestTable, max_model_len: int) -> NDArray[np.int64]:
@@ -125,6 +132,10 @@ class Scheduler:
             raise ValueError(f"policy {policy.name!r}: kv_reservation {policy.kv_reservation!r} "
                              f"is not one of {KV_RESERVATIONS}")
         self.kv_reservation = policy.kv_reservation
+        if config.kv_layout == "buddy" and self.kv_reservation == "none":
+            raise ValueError(f"policy {policy.name!r}: kv_layout 'buddy' gives each request one "
+                             "block at admission, so it needs a reserving kv_reservation "
+                             f"({KV_RESERVATIONS[1:]}), not 'none'")
         ordered = sort_by_arrival(requests)
         self.table = RequestTable(ordered)
         n = len(ordered)
@@ -134,7 +145,7 @@ class Scheduler:
             token_sizes=config.token_buckets)
         self.kv = KVPageManager(num_kv_pages=config.num_kv_pages, page_size=config.page_size,
                                 max_pages_per_seq=self.bucket_config.pages_per_seq,
-                                num_requests=n)
+                                num_requests=n, layout=config.kv_layout)
         self._reserve_tokens = _reservation_tokens(self.kv_reservation, self.table,
                                                    config.max_model_len)
         seeds = (np.arange(n, dtype=np.uint64) * np.uint64(0x9E3779B1)
@@ -163,17 +174,21 @@ class Scheduler:
         """Rejects, with a reason, requests that can never fit the context or the pool."""
         table, config = self.table, self.config
         total = table.prompt_len + table.output_len
-        pages = self.kv.pages_for_tokens(np.maximum(total, self._reserve_tokens))
+        pages = self.kv.pages_taken(
+            self.kv.pages_for_tokens(np.maximum(total, self._reserve_tokens)))
         # A reservation is taken whole at admission, which must leave the watermark free.
-        usable = config.num_kv_pages - (config.watermark_pages if self.kv_reservation != "none"
-                                        else 0)
+        usable = min(config.num_kv_pages - (config.watermark_pages
+                                            if self.kv_reservation != "none" else 0),
+                     self.kv.largest_block)
         for i in np.flatnonzero((total > config.max_model_len) | (pages > usable)):
             if total[i] > config.max_model_len:
                 reason = (f"prompt {table.prompt_len[i]} + output {table.output_len[i]} tokens "
                           f"exceed the context of {config.max_model_len}")
             else:
                 reason = (f"needs {pages[i]} KV pages, the pool has {usable}"
-                          + (" beside the watermark" if usable < config.num_kv_pages else ""))
+                          + (" in its largest buddy block" if usable == self.kv.largest_block
+                             < config.num_kv_pages else
+                             " beside the watermark" if usable < config.num_kv_pages else ""))
             table.state[i] = RequestState.REJECTED
             table.reject_reason[int(i)] = reason
             self._num_done += 1

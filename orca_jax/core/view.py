@@ -17,6 +17,7 @@ from typing import Optional
 import numpy as np
 from numpy.typing import NDArray
 
+from orca_jax.core.request import RequestState
 from orca_jax.core.request_table import RequestTableView
 from orca_jax.core.scheduler_state import SchedulerState
 
@@ -53,6 +54,8 @@ class SchedulerView:
       max_model_len: the context limit (prompt + output) of every request.
       kv_reservation: this run's KV allocation mode (see `Policy.kv_reservation`).
       watermark_pages: free pages an admission must leave untouched.
+      kv_layout: `paged`, or `buddy` (each reservation one power-of-two block: a
+        free total is not enough, see `kv_fits`).
     """
 
     def __init__(self, scheduler: SchedulerState) -> None:
@@ -67,6 +70,7 @@ class SchedulerView:
         self.max_model_len = config.max_model_len
         self.kv_reservation = scheduler.kv_reservation
         self.watermark_pages = config.watermark_pages
+        self.kv_layout = scheduler.kv.layout
 
     token_budget = _renamed("token_budget")
     max_batch_size = _renamed("max_batch_size")
@@ -125,3 +129,18 @@ class SchedulerView:
     def pages_held(self, ids: NDArray[np.int64]) -> NDArray[np.int64]:  # [n] -> [n]
         """KV pages each request holds (freed if it is preempted)."""
         return self._scheduler.kv.num_held[np.asarray(ids, dtype=np.int64)].copy()
+
+    def kv_fits(self, ids: NDArray[np.int64],  # [n]
+                num_tokens: NDArray[np.int64]) -> bool:  # [n]
+        """Whether the core can give the KV to run `num_tokens` of each request, all
+        together, now: the plan check's `kv_pages` and `kv_watermark` rules.
+
+        Under `paged` this is `pages_needed(...).sum()` against the free pages (less
+        the watermark when admitting); under `buddy` every admission also needs a free
+        block of its size (or a larger one to split).
+        """
+        ids = np.asarray(ids, dtype=np.int64)
+        needed = self._scheduler.pages_needed(ids, np.asarray(num_tokens, dtype=np.int64))
+        admitting = bool((self._scheduler.table.state[ids] == int(RequestState.WAITING)).any())
+        free = self.num_free_pages - (self.watermark_pages if admitting else 0)
+        return int(needed.sum()) <= free and self._scheduler.kv.blocks_fit(ids, needed)

@@ -20,6 +20,7 @@ from orca_jax.sim.profiled_clock import ProfiledClock
 from orca_jax.specs.hardware import get_hardware
 from orca_jax.specs.memory import num_kv_pages_for_memory
 from orca_jax.specs.model_config import ModelConfig, from_hf_config, get_model_config
+from orca_jax.workloads.prefix_workloads import conversation_workload, shared_prefix_workload
 from orca_jax.workloads.synthetic import synthetic_workload, with_prompt_tokens
 from orca_jax.workloads.traces import load_trace
 
@@ -35,19 +36,36 @@ def model_config(spec: RunSpec) -> ModelConfig:
 
 
 def build_workload(spec: RunSpec) -> list[Request]:
-    """The run's requests (synthetic from the seed, or a trace file); a real engine's
-    get prompt token ids from its model's vocabulary."""
+    """The run's requests (synthetic from the seed, or a trace file).
+
+    A real engine's requests get prompt token ids from its model's vocabulary; so do
+    every engine's where sharing is a matter of ids (the prefix workloads, a trace's
+    `hash_ids`), for a prefix cache to find.
+    """
     workload = spec.workload
-    vocab = model_config(spec).vocab_size if spec.engine.kind == "jax" else None
+    vocab = model_config(spec).vocab_size
+    real = spec.engine.kind == "jax"
     if workload.arrival == "trace":
         requests = load_trace(workload.trace, time_scale=workload.trace_time_scale,
-                              max_requests=workload.num_requests)
-        return with_prompt_tokens(requests, vocab, spec.seed) if vocab else requests
+                              max_requests=workload.num_requests, vocab_size=vocab)
+        return with_prompt_tokens(requests, vocab, spec.seed) if real else requests
+    if workload.arrival == "shared_prefix":
+        return shared_prefix_workload(
+            num_requests=workload.num_requests, rate=workload.rate,
+            num_prefixes=workload.num_prefixes, prefix_len=workload.prefix_len,
+            prefix_zipf=workload.prefix_zipf, suffix_len=workload.suffix_len,
+            output_len=workload.output_len, seed=spec.seed, vocab_size=vocab)
+    if workload.arrival == "conversation":
+        return conversation_workload(
+            num_requests=workload.num_requests, rate=workload.rate,
+            num_turns=workload.num_turns, think_time_ms=workload.think_time_ms,
+            message_len=workload.suffix_len, output_len=workload.output_len, seed=spec.seed,
+            vocab_size=vocab)
     return synthetic_workload(
         num_requests=workload.num_requests, arrival=workload.arrival,
         rate=None if workload.arrival == "burst" else workload.rate, cv=workload.cv,
         prompt_len=workload.prompt_len, output_len=workload.output_len, seed=spec.seed,
-        vocab_size=vocab)
+        vocab_size=vocab if real else None)
 
 
 def max_model_len(spec: RunSpec) -> int:
@@ -76,6 +94,7 @@ def scheduler_config(spec: RunSpec) -> SchedulerConfig:
                            token_buckets=limits.token_buckets, temperature=temperature,
                            top_k=top_k, top_p=top_p, seed=spec.seed,
                            log_step_requests=limits.log_step_requests,
+                           kv_layout=limits.kv_layout,
                            count_host_time=limits.count_host_time)
 
 

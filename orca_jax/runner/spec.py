@@ -15,15 +15,20 @@ import dataclasses
 import math
 from typing import Optional, Union
 
+from orca_jax.core.kv_pages import KV_LAYOUTS
 from orca_jax.core.plugins import parse_options
 from orca_jax.specs.hardware import get_hardware
 from orca_jax.specs.model_config import get_model_config
+from orca_jax.workloads.synthetic import parse_length_spec
 
-WORKLOADS = ("poisson", "gamma", "burst", "trace")
+WORKLOADS = ("poisson", "gamma", "burst", "trace", "shared_prefix", "conversation")
 ENGINES = ("sim", "jax")
 DTYPES = ("float32", "bfloat16")
 ATTENTIONS = ("auto", "reference", "pallas", "pallas_interpret")
 CLOCKS = ("profiled", "wall")
+# The prefix workloads' length specs -> the column an `empirical:PATH` spec of each reads.
+LENGTH_COLUMNS = {"prefix_len": "prompt_len", "suffix_len": "prompt_len",
+                  "num_turns": "num_turns", "think_time_ms": "think_time_ms"}
 
 
 def sampling_params(text: str) -> tuple[float, int, float]:
@@ -58,19 +63,39 @@ def _check_at_least(part: str, field: str, value: Optional[float], lowest: float
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class WorkloadSpec:
-    """The requests: an arrival process with length distributions, or a trace file."""
+    """The requests: an arrival process with length distributions, a trace file, or a
+    workload whose prompts share prefixes (`workloads.prefix_workloads`)."""
 
-    arrival: str = "poisson"  # poisson, gamma, burst (all at t=0), or trace
+    # poisson, gamma, burst (all at t=0), trace, shared_prefix (system prompts and private
+    # suffixes, Poisson) or conversation (multi-turn chats, Poisson starts)
+    arrival: str = "poisson"
     trace: Optional[str] = None  # the trace file (JSONL or CSV) of arrival "trace"
     trace_time_scale: float = 1.0  # multiplies a trace's arrival times (0.5: twice the rate)
-    num_requests: int = 200  # of a trace: its first N
-    rate: float = 4.0  # requests/s (poisson, gamma)
+    num_requests: int = 200  # of a trace: its first N; of conversation: turns
+    rate: float = 4.0  # requests/s (poisson, gamma, shared_prefix); conversations/s
     cv: float = 1.0  # coefficient of variation of gamma inter-arrival gaps
     prompt_len: str = "uniform:32:512"  # a length spec (`workloads.synthetic.parse_length_spec`)
     output_len: str = "uniform:1:128"
+    num_prefixes: int = 8  # shared_prefix: the system prompts
+    prefix_len: str = "fixed:1024"  # shared_prefix: each system prompt's length
+    prefix_zipf: float = 1.1  # shared_prefix: system prompt k's weight is (k + 1)**-prefix_zipf
+    # The private tokens of each prompt: after the system prompt (shared_prefix), or a
+    # turn's new message (conversation).
+    suffix_len: str = "uniform:16:256"
+    num_turns: str = "uniform:1:8"  # conversation: turns per conversation
+    think_time_ms: str = "lognormal:10000:1"  # conversation: from a turn's arrival to the next
 
     def __post_init__(self) -> None:
         _check_choice("workload", "arrival", self.arrival, WORKLOADS)
+        for field, column in LENGTH_COLUMNS.items():
+            try:
+                parse_length_spec(getattr(self, field), default_column=column)
+            except (ValueError, OSError) as e:
+                raise ValueError(f"workload.{field}: {e}") from None
+        _check_at_least("workload", "num_prefixes", self.num_prefixes, 1)
+        if not (math.isfinite(self.prefix_zipf) and self.prefix_zipf >= 0):
+            raise ValueError(f"workload.prefix_zipf must be a finite number >= 0, got "
+                             f"{self.prefix_zipf}")
         if self.arrival == "trace" and not self.trace:
             raise ValueError("workload.arrival 'trace' needs a trace file (workload.trace, "
                              "--trace)")
@@ -140,6 +165,8 @@ class LimitsSpec:
     max_model_len: Optional[int] = None  # the context limit (default: the model's context)
     token_buckets: Optional[tuple[int, ...]] = None  # step sizes (default: powers of two)
     log_step_requests: bool = False  # steps.jsonl: each step's request ids and tokens
+    # paged, or buddy: each reservation one power-of-two block (the vLLM paper's Orca)
+    kv_layout: str = "paged"
     # Add the scheduler's measured host time to the virtual clock (no longer repeatable).
     count_host_time: bool = False
 
@@ -147,6 +174,7 @@ class LimitsSpec:
         for field in ("max_num_seqs", "max_num_tokens", "num_kv_pages", "page_size"):
             _check_at_least("limits", field, getattr(self, field), 1)
         _check_at_least("limits", "max_model_len", self.max_model_len, 2)
+        _check_choice("limits", "kv_layout", self.kv_layout, KV_LAYOUTS)
         if self.kv_memory_gb is not None and not self.kv_memory_gb > 0:
             raise ValueError(f"limits.kv_memory_gb must be > 0, got {self.kv_memory_gb}")
         buckets = self.token_buckets

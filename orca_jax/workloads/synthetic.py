@@ -286,8 +286,9 @@ def arrival_times(process: str, num_requests: int, rng: np.random.Generator,
     return np.concatenate([[0.0], np.cumsum(gaps / rate)])
 
 
-def _as_distribution(value: Union[LengthDistribution, str], default_column: str,
-                     what: str) -> LengthDistribution:
+def as_distribution(value: Union[LengthDistribution, str], default_column: str,
+                    what: str) -> LengthDistribution:
+    """A distribution as is, or parsed from its spec string; `what` names it in errors."""
     if isinstance(value, str):
         return parse_length_spec(value, default_column=default_column)
     if not isinstance(value, LengthDistribution):
@@ -296,15 +297,23 @@ def _as_distribution(value: Union[LengthDistribution, str], default_column: str,
     return value
 
 
-def _random_prompt(rng: np.random.Generator, prompt_len: int,
-                   vocab_size: int) -> NDArray[np.int32]:
+def random_tokens(rng: np.random.Generator, num_tokens: int,
+                  vocab_size: int) -> NDArray[np.int32]:
+    """`[num_tokens]` random token ids in [1, vocab_size)."""
     # Id 0 is left out: it is the padding token of the packed step.
-    return rng.integers(1, vocab_size, size=prompt_len, dtype=np.int32)  # [prompt_len]
+    return rng.integers(1, vocab_size, size=num_tokens, dtype=np.int32)
 
 
-def _check_vocab_size(vocab_size: int) -> None:
+def check_vocab_size(vocab_size: int) -> None:
+    """Fails unless `vocab_size` is an integer >= 2 (id 0 is padding)."""
     if isinstance(vocab_size, bool) or int(vocab_size) != vocab_size or vocab_size < 2:
         raise ValueError(f"vocab_size must be an integer >= 2, got {vocab_size!r}")
+
+
+def check_seed(seed: int) -> None:
+    """Fails unless `seed` is a non-negative integer."""
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
 
 
 def synthetic_workload(*, num_requests: int, arrival: str, rate: Optional[float],
@@ -336,15 +345,14 @@ def synthetic_workload(*, num_requests: int, arrival: str, rate: Optional[float]
     Returns:
       The requests in arrival order, with ids 0..N-1.
     """
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+    check_seed(seed)
     if max_total_len is not None and (int(max_total_len) != max_total_len or max_total_len < 2):
         raise ValueError(f"max_total_len must be an integer >= 2 (one prompt and one output "
                          f"token), got {max_total_len!r}")
     if vocab_size is not None:
-        _check_vocab_size(vocab_size)
-    prompt_dist = _as_distribution(prompt_len, "prompt_len", "prompt_len")
-    output_dist = _as_distribution(output_len, "output_len", "output_len")
+        check_vocab_size(vocab_size)
+    prompt_dist = as_distribution(prompt_len, "prompt_len", "prompt_len")
+    output_dist = as_distribution(output_len, "output_len", "output_len")
     arrival_seq, prompt_seq, output_seq, token_seq = np.random.SeedSequence(int(seed)).spawn(4)
     arrivals = arrival_times(arrival, num_requests, np.random.default_rng(arrival_seq),
                              rate=rate, cv=cv)  # [N]
@@ -358,7 +366,7 @@ def synthetic_workload(*, num_requests: int, arrival: str, rate: Optional[float]
     for i in range(num_requests):
         tokens = None
         if vocab_size is not None:
-            tokens = _random_prompt(token_rng, int(prompt_lens[i]), int(vocab_size))
+            tokens = random_tokens(token_rng, int(prompt_lens[i]), int(vocab_size))
         requests.append(Request(id=i, arrival_s=float(arrivals[i]),
                                 prompt_len=int(prompt_lens[i]),
                                 output_len=int(output_lens[i]), prompt_tokens=tokens))
@@ -381,9 +389,8 @@ def with_prompt_tokens(requests: Sequence[Request], vocab_size: int,
     Returns:
       New requests, in the given order.
     """
-    _check_vocab_size(vocab_size)
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+    check_vocab_size(vocab_size)
+    check_seed(seed)
     result = []
     for r in requests:
         if r.prompt_tokens is not None:
@@ -394,6 +401,6 @@ def with_prompt_tokens(requests: Sequence[Request], vocab_size: int,
         key = int(r.id) % 2**64
         rng = np.random.default_rng(np.random.SeedSequence(
             int(seed), spawn_key=(key & 0xFFFFFFFF, key >> 32)))
-        tokens = _random_prompt(rng, r.prompt_len, int(vocab_size))
+        tokens = random_tokens(rng, r.prompt_len, int(vocab_size))
         result.append(dataclasses.replace(r, prompt_tokens=tokens))
     return result

@@ -9,14 +9,23 @@ Two formats, chosen by the file's extension:
 Fields (unknown extra fields are ignored, so files with an index column or
 derived columns load as they are):
 
-  * `arrival_s` (or Vidur/Splitwise `arrived_at`): seconds, finite, >= 0.
-  * `prompt_len` (or `num_prefill_tokens`) and/or `prompt_tokens`; when both
-    are given they must agree.
-  * `output_len` (or `num_decode_tokens`): integer >= 1.
+  * `arrival_s` (or Vidur/Splitwise `arrived_at`): seconds, finite, >= 0; or
+    Mooncake's `timestamp`, in milliseconds.
+  * `prompt_len` (or `num_prefill_tokens`, Mooncake's `input_length`) and/or
+    either `prompt_tokens` or Mooncake's `hash_ids` (the prompt's 512-token
+    blocks as ids, `hashed_blocks`); when both are given they must agree. A
+    record with `hash_ids` gets the token ids its blocks stand for, in a
+    vocabulary the caller gives.
+  * `output_len` (or `num_decode_tokens`, Mooncake's `output_length`): integer >= 1.
   * optional `priority` (int), `tenant` (str), `deadline_s` (float, absolute
-    seconds), `id` (int; ids default to 0..N-1 in arrival order).
+    seconds), `id` (int; ids default to 0..N-1 in arrival order),
+    `planned_output_tokens` (the planned answer's ids, `output_len` of them),
+    `conversation_id` and `turn` (ints, together).
 
-Where a file holds both our name and the Vidur name of a field, ours wins.
+Where a file holds both our name and another's for a field, ours wins. The
+peer vLLM driver's traces (`arrival_s`, `output_len`, `prompt_tokens`) load as
+they are, and it reads what `write_trace` writes.
+
 Every record is parsed and checked before any `Request` is returned, and every
 error is a `TraceError` saying `file:line: field 'name': ...`.
 """
@@ -34,28 +43,14 @@ import numpy as np
 from numpy.typing import NDArray
 
 from orca_jax.core.request import Request
+from orca_jax.workloads.hashed_blocks import block_tokens, cached_prefix_lens
+from orca_jax.workloads.trace_records import (FIELD_ALIASES, TraceError, field_error,
+                                              missing_field, parse_int, parse_record)
 
 PathLike = Union[str, os.PathLike]
 
-# Canonical field name -> every name it may appear under in a file, preferred first.
-FIELD_ALIASES: dict[str, tuple[str, ...]] = {
-    "arrival_s": ("arrival_s", "arrived_at"),
-    "prompt_len": ("prompt_len", "num_prefill_tokens"),
-    "output_len": ("output_len", "num_decode_tokens"),
-    "prompt_tokens": ("prompt_tokens",),
-    "priority": ("priority",),
-    "tenant": ("tenant",),
-    "deadline_s": ("deadline_s",),
-    "id": ("id",),
-}
-
 _JSON_SUFFIXES = (".jsonl", ".json")
 _CSV_SUFFIXES = (".csv",)
-_INT32_MAX = np.iinfo(np.int32).max
-
-
-class TraceError(ValueError):
-    """A trace file that cannot be loaded; the message names file, line and field."""
 
 
 def _file_format(path: Path) -> str:
@@ -66,137 +61,6 @@ def _file_format(path: Path) -> str:
         return "csv"
     raise TraceError(f"{path}: unsupported trace format {suffix or '(no extension)'!r}; "
                      f"expected a .jsonl/.json (JSON Lines) or .csv file")
-
-
-def _fail(where: str, name: str, expected: str, got: object) -> TraceError:
-    return TraceError(f"{where}: field '{name}': expected {expected}, got {got!r}")
-
-
-def _is_blank(raw: object) -> bool:
-    return raw is None or (isinstance(raw, str) and raw.strip() == "")
-
-
-def _parse_int(where: str, name: str, raw: object, minimum: Optional[int]) -> int:
-    expected = "an integer" if minimum is None else f"an integer >= {minimum}"
-    value: Optional[int] = None
-    if isinstance(raw, bool):
-        value = None  # JSON true/false are not counts
-    elif isinstance(raw, int):
-        value = raw
-    elif isinstance(raw, float) and raw.is_integer():
-        value = int(raw)
-    elif isinstance(raw, str):
-        text = raw.strip()
-        try:
-            value = int(text)
-        except ValueError:
-            try:
-                as_float = float(text)  # "44.0", as some dataframe writers emit
-            except ValueError:
-                as_float = math.nan
-            value = int(as_float) if as_float.is_integer() else None
-    if value is None or (minimum is not None and value < minimum):
-        raise _fail(where, name, expected, raw)
-    return value
-
-
-def _parse_float(where: str, name: str, raw: object, minimum: Optional[float]) -> float:
-    expected = "a finite number" + ("" if minimum is None else f" >= {minimum:g}")
-    value = math.nan
-    if isinstance(raw, (int, float)) and not isinstance(raw, bool):
-        value = float(raw)
-    elif isinstance(raw, str):
-        try:
-            value = float(raw.strip())
-        except ValueError:
-            value = math.nan
-    if not math.isfinite(value) or (minimum is not None and value < minimum):
-        raise _fail(where, name, expected, raw)
-    return value
-
-
-def _parse_tokens(where: str, name: str, raw: object) -> NDArray[np.int32]:
-    expected = "a non-empty list of token ids in [0, 2**31)"
-    items: list[object]
-    if isinstance(raw, list):
-        items = raw
-    elif isinstance(raw, str):
-        items = list(raw.split())
-    else:
-        raise _fail(where, name, expected, raw)
-    if not items:
-        raise _fail(where, name, expected, raw)
-    tokens = np.empty(len(items), dtype=np.int32)  # [prompt_len]
-    for i, item in enumerate(items):
-        try:
-            token = _parse_int(where, name, item, 0)
-        except TraceError:
-            raise _fail(where, name, f"{expected} (item {i})", item) from None
-        if token > _INT32_MAX:
-            raise _fail(where, name, f"{expected} (item {i})", item)
-        tokens[i] = token
-    return tokens
-
-
-def _missing(where: str, canonical: str) -> TraceError:
-    names = " or ".join(f"'{n}'" for n in FIELD_ALIASES[canonical])
-    return TraceError(f"{where}: field '{canonical}': missing (expected a column/key {names})")
-
-
-def _parse_record(record: dict, where: str) -> tuple[Optional[int], dict[str, object]]:
-    """Parses one record into (explicit id or None, Request keyword arguments without id)."""
-
-    def lookup(canonical: str) -> Optional[tuple[str, object]]:
-        for name in FIELD_ALIASES[canonical]:
-            if name in record:
-                return name, record[name]
-        return None
-
-    kwargs: dict[str, object] = {}
-    found = lookup("arrival_s")
-    if found is None or _is_blank(found[1]):
-        raise _missing(where, "arrival_s")
-    kwargs["arrival_s"] = _parse_float(where, found[0], found[1], 0.0)
-
-    tokens = None
-    found = lookup("prompt_tokens")
-    if found is not None and not _is_blank(found[1]):
-        tokens = _parse_tokens(where, found[0], found[1])
-    found = lookup("prompt_len")
-    if found is not None and not _is_blank(found[1]):
-        prompt_len = _parse_int(where, found[0], found[1], 1)
-        if tokens is not None and len(tokens) != prompt_len:
-            raise _fail(where, "prompt_tokens", f"{prompt_len} token ids ('{found[0]}')",
-                        f"{len(tokens)} token ids")
-    elif tokens is not None:
-        prompt_len = len(tokens)
-    else:
-        raise TraceError(f"{where}: field 'prompt_len': missing (expected a column/key "
-                         f"'prompt_len', 'num_prefill_tokens' or 'prompt_tokens')")
-    kwargs["prompt_len"] = prompt_len
-    kwargs["prompt_tokens"] = tokens
-
-    found = lookup("output_len")
-    if found is None or _is_blank(found[1]):
-        raise _missing(where, "output_len")
-    kwargs["output_len"] = _parse_int(where, found[0], found[1], 1)
-
-    found = lookup("priority")
-    if found is not None and not _is_blank(found[1]):
-        kwargs["priority"] = _parse_int(where, found[0], found[1], None)
-    found = lookup("tenant")
-    if found is not None and not _is_blank(found[1]):
-        if not isinstance(found[1], str):
-            raise _fail(where, found[0], "a string", found[1])
-        kwargs["tenant"] = found[1]
-    found = lookup("deadline_s")
-    if found is not None and not _is_blank(found[1]):
-        kwargs["deadline_s"] = _parse_float(where, found[0], found[1], None)
-    explicit_id = None
-    found = lookup("id")
-    if found is not None and not _is_blank(found[1]):
-        explicit_id = _parse_int(where, found[0], found[1], None)
-    return explicit_id, kwargs
 
 
 def _csv_records(path: Path) -> tuple[list[str], list[tuple[str, dict]]]:
@@ -222,18 +86,19 @@ def _check_trace_header(path: Path, names: list[str]) -> None:
     def has(canonical: str) -> bool:
         return any(name in names for name in FIELD_ALIASES[canonical])
 
-    if not has("arrival_s"):
+    if not (has("arrival_s") or has("arrival_ms")):
         hint = ""
         if has("prompt_len") and has("output_len"):
             hint = (f"; this file has lengths only: use it as an empirical length "
                     f"distribution, e.g. --prompt_len=empirical:{path}")
         raise TraceError(f"{path}:1: field 'arrival_s': no arrival-time column "
-                         f"(expected 'arrival_s' or 'arrived_at'){hint}")
+                         f"(expected 'arrival_s', 'arrived_at' or 'timestamp'){hint}")
     if not has("output_len"):
-        raise _missing(f"{path}:1", "output_len")
-    if not (has("prompt_len") or has("prompt_tokens")):
+        raise missing_field(f"{path}:1", "output_len")
+    if not (has("prompt_len") or has("prompt_tokens") or has("hash_ids")):
         raise TraceError(f"{path}:1: field 'prompt_len': missing (expected a column "
-                         f"'prompt_len', 'num_prefill_tokens' or 'prompt_tokens')")
+                         f"'prompt_len', 'num_prefill_tokens', 'input_length', 'prompt_tokens' "
+                         f"or 'hash_ids')")
 
 
 def _jsonl_objects(path: Path) -> list[tuple[str, dict]]:
@@ -256,8 +121,47 @@ def _jsonl_objects(path: Path) -> list[tuple[str, dict]]:
     return records
 
 
-def load_trace(path: PathLike, *, time_scale: float = 1.0,
-               max_requests: Optional[int] = None) -> list[Request]:
+def _sorted_records(path: Path, max_requests: Optional[int]
+                    ) -> list[tuple[str, Optional[int], dict[str, object]]]:
+    """Reads and checks every record of a trace file.
+
+    Returns:
+      (where, explicit id or None, Request keyword arguments) of the first
+      `max_requests` records in arrival order (ties keep file order).
+    """
+    fmt = _file_format(path)
+    if not path.is_file():
+        raise TraceError(f"{path}: no such trace file")
+    if fmt == "csv":
+        names, records = _csv_records(path)
+        _check_trace_header(path, names)
+    else:
+        records = _jsonl_objects(path)
+    if not records:
+        raise TraceError(f"{path}: the trace holds no requests")
+
+    parsed = []
+    first_line_of_id: dict[int, str] = {}
+    for where, record in records:
+        explicit_id, kwargs = parse_record(record, where)
+        if explicit_id is not None:
+            if explicit_id in first_line_of_id:
+                raise field_error(where, "id",
+                                  f"a unique id (also on {first_line_of_id[explicit_id]})",
+                                  explicit_id)
+            first_line_of_id[explicit_id] = where
+        parsed.append((where, explicit_id, kwargs))
+    if first_line_of_id and len(first_line_of_id) != len(parsed):
+        missing_at = next(where for where, i, _ in parsed if i is None)
+        raise TraceError(f"{missing_at}: field 'id': missing, but other records have ids "
+                         f"(give every record an id, or none)")
+    # sorted() is stable, so equal arrival times keep file order.
+    parsed.sort(key=lambda entry: entry[2]["arrival_s"])
+    return parsed if max_requests is None else parsed[:max_requests]
+
+
+def load_trace(path: PathLike, *, time_scale: float = 1.0, max_requests: Optional[int] = None,
+               vocab_size: Optional[int] = None) -> list[Request]:
     """Loads a request trace (JSON Lines or CSV) as requests in arrival order.
 
     Args:
@@ -265,6 +169,8 @@ def load_trace(path: PathLike, *, time_scale: float = 1.0,
       time_scale: multiplies every arrival time and deadline; 0.5 replays the
         trace at twice its request rate.
       max_requests: keep only the first this many requests in arrival order.
+      vocab_size: the vocabulary that records with `hash_ids` take their token
+        ids from ([1, vocab_size)); needed only by such records.
 
     Returns:
       The requests sorted by arrival time (ties keep file order). Ids are the
@@ -281,45 +187,53 @@ def load_trace(path: PathLike, *, time_scale: float = 1.0,
     if max_requests is not None and (int(max_requests) != max_requests or max_requests < 1):
         raise ValueError(f"load_trace({path}): max_requests must be an integer >= 1, "
                          f"got {max_requests!r}")
-    fmt = _file_format(path)
-    if not path.is_file():
-        raise TraceError(f"{path}: no such trace file")
-    if fmt == "csv":
-        names, records = _csv_records(path)
-        _check_trace_header(path, names)
-    else:
-        records = _jsonl_objects(path)
-    if not records:
-        raise TraceError(f"{path}: the trace holds no requests")
-
-    parsed = []
-    first_line_of_id: dict[int, str] = {}
-    for where, record in records:
-        explicit_id, kwargs = _parse_record(record, where)
-        if explicit_id is not None:
-            if explicit_id in first_line_of_id:
-                raise _fail(where, "id", f"a unique id (also on {first_line_of_id[explicit_id]})",
-                            explicit_id)
-            first_line_of_id[explicit_id] = where
-        parsed.append((explicit_id, kwargs))
-    if first_line_of_id and len(first_line_of_id) != len(parsed):
-        missing_at = next(w for (w, _), (i, _) in zip(records, parsed) if i is None)
-        raise TraceError(f"{missing_at}: field 'id': missing, but other records have ids "
-                         f"(give every record an id, or none)")
-
-    # sorted() is stable, so equal arrival times keep file order.
-    order = sorted(range(len(parsed)), key=lambda i: parsed[i][1]["arrival_s"])
-    if max_requests is not None:
-        order = order[:max_requests]
+    if vocab_size is not None and (isinstance(vocab_size, bool) or int(vocab_size) != vocab_size
+                                   or vocab_size < 2):
+        raise ValueError(f"load_trace({path}): vocab_size must be an integer >= 2, "
+                         f"got {vocab_size!r}")
     requests = []
-    for rank, i in enumerate(order):
-        explicit_id, kwargs = parsed[i]
+    for rank, (where, explicit_id, kwargs) in enumerate(_sorted_records(path, max_requests)):
         kwargs = dict(kwargs)
         kwargs["arrival_s"] = kwargs["arrival_s"] * time_scale
         if "deadline_s" in kwargs:
             kwargs["deadline_s"] = kwargs["deadline_s"] * time_scale
+        blocks = kwargs.pop("hash_ids", None)
+        if blocks is not None:
+            # Only the requests kept get tokens: a long trace's prompts hold ~1e8 of them.
+            if vocab_size is None:
+                raise TraceError(f"{where}: field 'hash_ids': block ids need a vocabulary to "
+                                 f"become token ids (load_trace(..., vocab_size=...))")
+            kwargs["prompt_tokens"] = block_tokens(blocks, kwargs["prompt_len"], vocab_size)
         requests.append(Request(id=rank if explicit_id is None else explicit_id, **kwargs))
     return requests
+
+
+def prefix_cache_ceiling(path: PathLike, *, page_size: int,
+                         max_requests: Optional[int] = None) -> float:
+    """The fraction of a `hash_ids` trace's prompt tokens an unbounded prefix cache holds.
+
+    Computed from the block ids alone (no token ids are made): each request, in
+    arrival order, hits its leading blocks seen in any earlier request, in whole
+    pages and never its last prompt token (`hashed_blocks.cached_prefix_lens`).
+    No real cache does better: it is the ceiling of the hit rate of a replay.
+
+    Args:
+      path: a trace whose every record has `hash_ids`.
+      page_size: tokens per KV page.
+      max_requests: only the first this many requests in arrival order.
+
+    Returns:
+      Cached prompt tokens over all prompt tokens, in [0, 1).
+    """
+    records = _sorted_records(Path(path), max_requests)
+    missing = next((where for where, _, kwargs in records if "hash_ids" not in kwargs), None)
+    if missing is not None:
+        raise TraceError(f"{missing}: field 'hash_ids': missing (the prefix-cache ceiling "
+                         f"needs every request's block ids)")
+    prompt_lens = [int(kwargs["prompt_len"]) for _, _, kwargs in records]
+    cached = cached_prefix_lens([kwargs["hash_ids"] for _, _, kwargs in records], prompt_lens,
+                                page_size)
+    return float(cached.sum()) / sum(prompt_lens)
 
 
 def load_length_column(path: PathLike, column: str) -> NDArray[np.int64]:
@@ -355,7 +269,7 @@ def load_length_column(path: PathLike, column: str) -> NDArray[np.int64]:
         name = next((n for n in aliases if n in record), None)
         if name is None:
             raise TraceError(f"{where}: field '{column}': missing")
-        values.append(_parse_int(where, name, record[name], 1))
+        values.append(parse_int(where, name, record[name], 1))
     if not values:
         raise TraceError(f"{path}: field '{column}': the file holds no values")
     return np.asarray(values, dtype=np.int64)
@@ -385,4 +299,9 @@ def write_trace(path: PathLike, requests: Sequence[Request]) -> None:
                 record["deadline_s"] = float(r.deadline_s)
             if r.prompt_tokens is not None:
                 record["prompt_tokens"] = r.prompt_tokens.tolist()
+            if r.planned_output_tokens is not None:
+                record["planned_output_tokens"] = r.planned_output_tokens.tolist()
+            if r.conversation_id is not None:
+                record["conversation_id"] = int(r.conversation_id)
+                record["turn"] = int(r.turn)
             f.write(json.dumps(record) + "\n")
