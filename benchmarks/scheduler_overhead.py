@@ -4,9 +4,12 @@ Measures what the core does around the engine each iteration — the policy's
 schedule(), the plan checks, KV allocation, pack() and the state update — with
 32, 128, 256 and 512 running requests that are all decoding. The engine is a
 null engine (its time is excluded from `host_s` anyway). Prints the median µs
-per iteration and per running request.
+per iteration and per running request, with prefix caching off and on (it is
+active only for a policy that opts in, such as `vllm`: then every page that
+fills is named, and the run keeps its generated token ids).
 
     python benchmarks/scheduler_overhead.py [--policy=orca] [--steps=400]
+    python benchmarks/scheduler_overhead.py --policy=vllm --policy_opts=max_num_seqs=512
 
 For scale: vLLM 0.33's v1 scheduler needs about 11-12 µs per running request
 per step on a 2-core machine (../shared/peers/vllm_scheduler/results_all.txt).
@@ -36,15 +39,19 @@ class NullEngine:
         return StepOutput(sampled_tokens=inputs.kv_lens, step_s=0.01)
 
 
-def measure(policy: str, num_running: int, num_steps: int,
-            options: dict[str, str]) -> dict[str, float]:
+def measure(policy: str, num_running: int, num_steps: int, options: dict[str, str],
+            prefix_caching: bool = False) -> dict[str, float]:
     """Median host µs per iteration with `num_running` requests in steady decode."""
-    # A 2,048-token context (128 pages of 16 per sequence), every request reserving it.
-    requests = [Request(id=i, arrival_s=0.0, prompt_len=64, output_len=2048 - 64)
+    # A 2,048-token context (128 pages of 16 per sequence), every request reserving it;
+    # distinct prompts, so caching costs its page naming and finds nothing.
+    rng = np.random.default_rng(0)
+    requests = [Request(id=i, arrival_s=0.0, prompt_len=64, output_len=2048 - 64,
+                        prompt_tokens=rng.integers(1, 32000, size=64, dtype=np.int32))
                 for i in range(num_running)]
     config = SchedulerConfig(max_num_seqs=num_running,
                              max_num_tokens=max(2048, num_running * 64),
-                             num_kv_pages=num_running * 128, page_size=16, max_model_len=2048)
+                             num_kv_pages=num_running * 128, page_size=16, max_model_len=2048,
+                             enable_prefix_caching=prefix_caching)
     scheduler = Scheduler(requests, policies.make_policy(policy, options), NullEngine(), config)
     scheduler.engine.warmup(scheduler.bucket_config.buckets())
     everyone = np.arange(num_running)
@@ -75,11 +82,14 @@ def main() -> None:
     print(f"scheduler host overhead, policy={args.policy}, steady decode, "
           f"{args.steps} iterations each; python {platform.python_version()}, "
           f"numpy {np.__version__}")
-    print(f"{'running':>8} {'us/iter (median)':>17} {'us/iter (p90)':>14} {'us/request':>11}")
+    print(f"{'running':>8} {'caching':>8} {'us/iter (median)':>17} {'us/iter (p90)':>14} "
+          f"{'us/request':>11}")
     for batch in args.batch:
-        row = measure(args.policy, batch, args.steps, options)
-        print(f"{row['running']:>8} {row['us_per_iter']:>17.1f} {row['p90_us_per_iter']:>14.1f} "
-              f"{row['us_per_request']:>11.3f}")
+        for caching in (False, True):
+            row = measure(args.policy, batch, args.steps, options, prefix_caching=caching)
+            print(f"{row['running']:>8} {'on' if caching else 'off':>8} "
+                  f"{row['us_per_iter']:>17.1f} {row['p90_us_per_iter']:>14.1f} "
+                  f"{row['us_per_request']:>11.3f}")
 
 
 if __name__ == "__main__":

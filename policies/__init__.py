@@ -7,8 +7,8 @@ loads any of them by name, or a plugin by `package.module:Class` or
 
 from orca_jax import (Policy, PolicyLoadError, make_policy, parse_options, register,
                       registered_policies)
-from policies import (edf, ltr, mlfq, orca, priority, routers, sarathi, sjf,  # noqa: F401
-                      srpt, static, vllm, vtc)  # (registers the built-ins)
+from policies import (edf, lpm, ltr, mlfq, orca, priority, routers, sarathi,  # noqa: F401
+                      sjf, srpt, static, vllm, vtc)  # (registers the built-ins)
 
 __all__ = ["Policy", "PolicyLoadError", "make_policy", "parse_options", "register",
            "registered_policies"]

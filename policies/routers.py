@@ -9,14 +9,24 @@
   outstanding requests (prompt not yet prefilled plus output not yet
   generated). It reads each request's output length: an oracle, as `sjf` is,
   and the upper bound for length-aware routing.
+* `cache_aware`: SGLang's router rule: the replica whose prefix cache holds
+  the most of the request's prompt, unless the load is imbalanced; then, or
+  when no replica holds enough of it, the least loaded.
+* `prefix_hash`: consistent hashing of the prompt's first block onto a ring of
+  virtual nodes, with bounded loads: requests that share a first block meet
+  on one replica unless it is over its share.
 """
 
 from __future__ import annotations
 
 import abc
 import dataclasses
+import hashlib
+import math
+from typing import Optional
 
 import numpy as np
+from numpy.typing import NDArray
 
 from orca_jax.core.request import RequestState
 from orca_jax.cluster.routing import ClusterView, Router, register_router
@@ -78,3 +88,146 @@ class LeastWork(LeastLoaded):
             work[r] = int((table.prompt_len[ids] + table.output_len[ids]
                            - table.num_computed[ids]).sum())
         return work
+
+
+def _least_loaded(load: NDArray[np.int64],  # [R]
+                  among: Optional[NDArray[np.bool_]] = None) -> int:  # [R]
+    """The least loaded replica (of those in `among`); ties to the lowest index."""
+    return int(np.argmin(np.where(among, load, np.iinfo(np.int64).max)
+                         if among is not None else load))
+
+
+@register_router("cache_aware")
+@dataclasses.dataclass
+class CacheAware(Router):
+    """SGLang's cache-aware router (sgl-model-gateway `policies/cache_aware.rs`).
+
+    The load is imbalanced when `max - min > balance_abs_threshold` and
+    `max > balance_rel_threshold * min` (outstanding requests); then the request
+    goes to the least loaded replica. Otherwise it goes to the replica whose prefix
+    cache holds the most tokens of it (`cached_tokens`, read from each replica's
+    real cache, where SGLang keeps an approximate tree of the prompts it routed),
+    if that is more than `cache_threshold` of its prompt; else to the least loaded.
+    Ties go to the least loaded, then the lowest index. Defaults are the gateway's
+    (`--cache-threshold 0.3 --balance-abs-threshold 64 --balance-rel-threshold 1.5`).
+
+    Attributes:
+      cache_threshold: least fraction of the prompt cached to follow the cache.
+      balance_abs_threshold: the outstanding spread above which load may be imbalanced.
+      balance_rel_threshold: the max / min outstanding ratio above which it may be.
+    """
+
+    cache_threshold: float = 0.3
+    balance_abs_threshold: int = 64
+    balance_rel_threshold: float = 1.5
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.cache_threshold <= 1.0:
+            raise ValueError(f"cache_threshold must be in [0, 1], got {self.cache_threshold}")
+        if self.balance_abs_threshold < 0:
+            raise ValueError(
+                f"balance_abs_threshold must be >= 0, got {self.balance_abs_threshold}")
+        if not self.balance_rel_threshold >= 1.0:
+            raise ValueError(
+                f"balance_rel_threshold must be >= 1, got {self.balance_rel_threshold}")
+
+    def route(self, view: ClusterView, request: int) -> int:
+        load = view.outstanding()  # [R]
+        high, low = int(load.max()), int(load.min())
+        if high - low > self.balance_abs_threshold and high > self.balance_rel_threshold * low:
+            return _least_loaded(load)
+        cached = np.array([int(replica.cached_tokens([request])[0])
+                           for replica in view.replicas])  # [R]
+        best = int(cached.max())
+        if best <= self.cache_threshold * int(view.requests.prompt_len[request]):
+            return _least_loaded(load)
+        return _least_loaded(load, among=cached == best)
+
+
+def _hash64(data: bytes) -> int:
+    """A 64-bit hash that is the same in every process (Python's `hash` of bytes is not)."""
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "big")
+
+
+class HashRing:
+    """A consistent-hash ring: each replica owns `num_virtual_nodes` points on it.
+
+    A key belongs to the first point at or after its hash, clockwise. Adding a
+    replica moves to it only the keys whose next point is now one of its own,
+    about `1 / (R + 1)` of them; the others keep their replica.
+
+    Args:
+      num_replicas: replicas on the ring (>= 1).
+      num_virtual_nodes: points per replica (>= 1); more points spread keys more evenly.
+    """
+
+    def __init__(self, num_replicas: int, num_virtual_nodes: int) -> None:
+        if num_replicas < 1 or num_virtual_nodes < 1:
+            raise ValueError(f"a hash ring needs >= 1 replica and >= 1 virtual node, got "
+                             f"{num_replicas} and {num_virtual_nodes}")
+        self.num_replicas = num_replicas
+        points = [(_hash64(f"replica-{r}-node-{v}".encode()), r)
+                  for r in range(num_replicas) for v in range(num_virtual_nodes)]
+        points.sort()
+        self._points = np.array([p for p, _ in points], dtype=np.uint64)  # [P]
+        self._owners = np.array([r for _, r in points], dtype=np.int64)  # [P]
+
+    def replicas_from(self, key: bytes) -> NDArray[np.int64]:  # [R]
+        """Every replica once, in the order met walking clockwise from `key`'s hash."""
+        start = int(np.searchsorted(self._points, np.uint64(_hash64(key))))
+        owners = np.roll(self._owners, -start)  # [P] clockwise from the key
+        _, first = np.unique(owners, return_index=True)
+        return owners[np.sort(first)]
+
+
+@register_router("prefix_hash")
+@dataclasses.dataclass
+class PrefixHash(Router):
+    """Consistent hashing with bounded loads (Mirrokni, Thorup and Zadimoghaddam, 2018).
+
+    A request's key is its first `prefix_tokens` prompt token ids (one KV page by
+    default: the first page's K/V is what requests of one prefix share first). The
+    ring gives the replicas in clockwise order from the key; the request goes to the
+    first whose outstanding count is under `ceil((1 + epsilon) * (total + 1) / R)`,
+    the capacity of consistent hashing with bounded loads (`total + 1`: the
+    outstanding requests and this one), so no replica takes more than that share.
+    Some replica is always under it. SGLang's gateway has the same policy
+    (`prefix_hash`: 256 tokens, load factor 1.25, falling back to the least loaded);
+    `epsilon` 0.25 is its load factor. A request without token ids goes to the
+    least loaded replica.
+
+    Attributes:
+      prefix_tokens: how many leading prompt tokens name the prefix (None: one page).
+      epsilon: how far above the mean load a replica may go.
+      num_virtual_nodes: ring points per replica.
+    """
+
+    prefix_tokens: Optional[int] = None
+    epsilon: float = 0.25
+    num_virtual_nodes: int = 160
+    _ring: Optional[HashRing] = dataclasses.field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.prefix_tokens is not None and self.prefix_tokens < 1:
+            raise ValueError(f"prefix_tokens must be >= 1 or None, got {self.prefix_tokens}")
+        if not self.epsilon > 0:
+            raise ValueError(f"epsilon must be > 0, got {self.epsilon}")
+        if self.num_virtual_nodes < 1:
+            raise ValueError(f"num_virtual_nodes must be >= 1, got {self.num_virtual_nodes}")
+
+    def capacity(self, load: NDArray[np.int64]) -> int:  # [R]
+        """Most outstanding requests a replica may hold once this one is routed."""
+        return math.ceil((1 + self.epsilon) * (int(load.sum()) + 1) / load.size)
+
+    def route(self, view: ClusterView, request: int) -> int:
+        load = view.outstanding()  # [R]
+        tokens = view.requests.spec(request).prompt_tokens
+        if tokens is None or tokens.size == 0:
+            return _least_loaded(load)
+        if self._ring is None or self._ring.num_replicas != view.num_replicas:
+            self._ring = HashRing(view.num_replicas, self.num_virtual_nodes)
+        size = self.prefix_tokens or view.replicas[0].page_size
+        key = np.asarray(tokens[:size], dtype=np.int64).tobytes()
+        order = self._ring.replicas_from(key)  # [R]
+        under = load[order] < self.capacity(load)  # [R]
+        return int(order[int(np.argmax(under))])

@@ -27,10 +27,15 @@ Preempted requests rejoin waiting at the front (FCFS) or by rank (priority).
 vLLM's FCFS queue stays in arrival order under that rule (running requests are
 always older than never-admitted ones), which is the order of `view.waiting`.
 
+Prefix caching (`enable_prefix_caching`, on by default as in vLLM) is the
+core's: an admission starts past its cached pages, so a waiting request wants
+only its uncached tokens (`view.cached_tokens`) and its pages count its hits
+(`view.pages_needed`), as vLLM's `get_computed_blocks` and `allocate_slots`.
+
 Not modelled: vLLM's clamp of a chunk to `max_model_len - num_computed - 1`
 never binds here (the core rejects requests longer than the context), and
-prefix caching, speculative decoding, LoRA, encoders and KV connectors are
-outside this framework. vLLM's KV pool of N blocks holds N - 1 usable blocks
+speculative decoding, LoRA, encoders and KV connectors are outside this
+framework. vLLM's KV pool of N blocks holds N - 1 usable blocks
 (block 0 is its null block): compare with `num_kv_pages = N - 1`.
 """
 
@@ -60,6 +65,9 @@ class VLLM(Policy):
       priority: order waiting by (priority, arrival) and preempt the running
         request of the largest (priority, arrival), as vLLM's `--scheduling-policy
         priority` (lower value = more urgent).
+      enable_prefix_caching: opt in to the core's prefix caching (vLLM's
+        `--enable-prefix-caching`, on by default); it is active only where
+        `SchedulerConfig.enable_prefix_caching` is on too.
     """
 
     renamed_options = {"max_num_batched_tokens": "max_num_tokens"}
@@ -69,6 +77,11 @@ class VLLM(Policy):
     enable_chunked_prefill: bool = True
     long_prefill_token_threshold: int = 0
     priority: bool = False
+    enable_prefix_caching: bool = True
+
+    @property
+    def prefix_caching(self) -> bool:  # the core reads this (see `Policy.prefix_caching`)
+        return self.enable_prefix_caching
 
     def __post_init__(self) -> None:
         for field in ("max_num_seqs", "max_num_tokens"):
@@ -110,6 +123,7 @@ class VLLM(Policy):
         alive = view.running.tolist()
         want_of = dict(zip(alive, want.tolist()))
         held_of = dict(zip(alive, view.pages_held(view.running).tolist()))
+        shared = view.prefix_caching  # a shared page is freed only with its last holder
         rank_of = dict(zip(alive, zip(requests.priority[view.running].tolist(),
                                       requests.arrival_s[view.running].tolist(), alive)))
         free = view.num_free_pages
@@ -129,8 +143,10 @@ class VLLM(Policy):
                 del alive[position]
                 if position < i:
                     i -= 1
+                freed_before = view.pages_freed(preempted) if shared else 0
                 preempted.append(victim)
-                free += held_of[victim]
+                free += (view.pages_freed(preempted) - freed_before if shared
+                         else held_of[victim])
                 if victim in scheduled:  # only under priority: hand its share back
                     victim_tokens, victim_pages = scheduled.pop(victim)
                     budget += victim_tokens
@@ -166,7 +182,9 @@ class VLLM(Policy):
                                           requests.priority[waiting]))]
         # Each admission takes >= 1 token and one seat: only a prefix can get in.
         candidates = waiting[:min(cap - num_running, budget)]  # [c]
-        want = requests.num_uncomputed(candidates)  # [c]
+        # An admission starts past its cached pages: only the rest is left to compute.
+        uncached = requests.num_uncomputed(candidates) - view.cached_tokens(candidates)  # [c]
+        want = uncached
         if threshold:
             want = np.minimum(want, threshold)
         before = np.cumsum(want) - want  # [c] tokens taken by earlier admissions
@@ -181,7 +199,10 @@ class VLLM(Policy):
                     f"scheduler max_num_tokens={view.max_num_tokens})")
             fits &= want <= budget - before
         tokens = np.minimum(want, budget - before)  # [c]
-        full_pages = -(-requests.num_known(candidates) // view.page_size)  # [c]
+        if view.prefix_caching:  # its whole sequence's pages, less its hits
+            full_pages = view.pages_needed(candidates, uncached)  # [c]
+        else:
+            full_pages = -(-requests.num_known(candidates) // view.page_size)  # [c]
         pages = view.pages_needed(candidates, np.maximum(tokens, 1))  # [c]
         free_before = free - (np.cumsum(pages) - pages)  # [c]
         fits &= full_pages + view.watermark_pages <= free_before

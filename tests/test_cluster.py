@@ -169,7 +169,8 @@ def test_withdraw_refuses_an_arrived_request_and_changes_nothing():
 
 def test_cluster_rejects_bad_settings():
     with pytest.raises(PolicyLoadError, match="unknown router 'random'; registered routers: "
-                                              "least_outstanding, least_work, round_robin"):
+                                              "cache_aware, least_outstanding, least_work, "
+                                              "prefix_hash, round_robin"):
         Cluster(_workload(n=2), num_replicas=2, router="random", make_policy=lambda: None,
                 make_engine=_engine, config=CONFIG)
     with pytest.raises(PolicyLoadError, match="router 'round_robin' has no option 'x'"):

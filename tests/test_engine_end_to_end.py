@@ -129,3 +129,35 @@ def test_runs_compile_exactly_the_buckets_and_share_them(engine):
     assert engine.fingerprints() == static_prints
     used = {s.bucket for s in static_run.steps} | {s.bucket for s in orca_run.steps}
     assert used <= set(BUCKETS)
+
+
+def test_prefix_caching_keeps_greedy_tokens(engine, dense_tokens):
+    # Request 1 repeats 0's prompt (13 tokens: 3 cached pages, 1 token computed); 2 shares
+    # its first two pages and is admitted in the same step as 1; 3 is unrelated and, in the
+    # small pool, evicts cached pages that 4 (0's prompt again) then recomputes.
+    shared = PROMPTS[1]
+    prompts = [shared, shared, shared[:8] + [3, 3, 8, 1], PROMPTS[3] + PROMPTS[0] + PROMPTS[2],
+               shared]
+    arrivals, outputs = [0.0, 100.0, 100.0, 200.0, 300.0], [4, 5, 4, 5, 3]
+    requests = [Request(id=i, arrival_s=a, prompt_len=len(p), output_len=n,
+                        prompt_tokens=np.asarray(p, np.int32))
+                for i, (p, a, n) in enumerate(zip(prompts, arrivals, outputs))]
+
+    def run(num_kv_pages, caching):
+        config = SchedulerConfig(max_num_seqs=4, max_num_tokens=BUCKETS[-1],
+                                 num_kv_pages=num_kv_pages, page_size=PAGE_SIZE,
+                                 max_model_len=MAX_LEN, token_buckets=BUCKETS,
+                                 enable_prefix_caching=caching)
+        result = Scheduler(requests, policies.make_policy("vllm"), engine, config).run()
+        return [tokens.tolist() for tokens in result.output_tokens], result
+
+    off, _ = run(64, caching=False)
+    assert off[0] == dense_tokens[1][:4]
+    for num_kv_pages in (64, 8):
+        on, result = run(num_kv_pages, caching=True)
+        assert on == off, num_kv_pages
+        assert result.num_cached_tokens[:3].tolist() == [0, 12, 8]
+        if num_kv_pages == 64:  # 1 and 2 were admitted together, on the same pages
+            assert 12 + 8 in [step.num_cached_tokens for step in result.steps]
+    # The small pool evicted 0's pages: 4 found fewer of them than 1 did.
+    assert result.num_evictions > 0 and result.num_cached_tokens[4] < 12

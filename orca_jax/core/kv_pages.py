@@ -15,6 +15,12 @@ a request's pages are one contiguous power-of-two block from a buddy allocator
 (`orca_jax.core.buddy`), taken whole the first time it needs pages and never
 grown, as the vLLM paper's Orca baselines reserved memory; only meaningful
 with a reservation taken at admission.
+
+With a `PrefixCache` (prefix caching, `paged` only), pages are shared: several
+page-table rows may list one page, `ref_count` says how many, and a page is
+freed only when its last holder lets it go. A freed page that holds a cached
+block joins the cache's free LRU instead of the free stack; allocation takes
+the free stack first, then evicts the least recently freed cached pages.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from orca_jax.core.buddy import BuddyAllocator, block_order, block_pages
+from orca_jax.core.prefix_cache import PrefixCache
 
 KV_LAYOUTS = ("paged", "buddy")
 
@@ -40,15 +47,23 @@ class KVPageManager:
       layout: `paged` or `buddy` (see the module docstring). Under `buddy` a
         request holds its whole block (`num_held`), of which its page-table row
         lists the first `max_pages_per_seq` pages.
+      prefix_cache: the prefix cache whose pages this pool shares, or None (every
+        page private). Not with `buddy`.
     """
 
     def __init__(self, *, num_kv_pages: int, page_size: int, max_pages_per_seq: int,
-                 num_requests: int, layout: str = "paged") -> None:
+                 num_requests: int, layout: str = "paged",
+                 prefix_cache: Optional[PrefixCache] = None) -> None:
         if num_kv_pages < 1 or page_size < 1 or max_pages_per_seq < 1:
             raise ValueError(f"KV pool needs num_kv_pages, page_size and max_pages_per_seq >= 1, "
                              f"got {num_kv_pages}, {page_size}, {max_pages_per_seq}")
         if layout not in KV_LAYOUTS:
             raise ValueError(f"KV layout {layout!r} is not one of {KV_LAYOUTS}")
+        if prefix_cache is not None and layout == "buddy":
+            raise ValueError("prefix caching shares single pages; the buddy KV layout hands "
+                             "out whole blocks: use the paged layout with prefix caching")
+        self.cache = prefix_cache
+        self.ref_count = np.zeros(num_kv_pages + 1, dtype=np.int64)  # [pages + 1] rows holding it
         self.layout = layout
         self._buddy: Optional[BuddyAllocator] = (BuddyAllocator(num_kv_pages)
                                                  if layout == "buddy" else None)
@@ -66,11 +81,12 @@ class KVPageManager:
 
     @property
     def num_free(self) -> int:
-        return self._num_free
+        """Free pages: on the free stack, or cached and evictable."""
+        return self._num_free + (self.cache.num_free if self.cache is not None else 0)
 
     @property
     def num_used(self) -> int:
-        return self.num_kv_pages - self._num_free
+        return self.num_kv_pages - self.num_free
 
     def pages_for_tokens(self, num_tokens: NDArray[np.int64]) -> NDArray[np.int64]:
         """Pages needed to hold `num_tokens` tokens, elementwise. `[n] -> [n]`."""
@@ -129,20 +145,62 @@ class KVPageManager:
         total = int(need.sum())
         if total == 0:
             return
-        if total > self._num_free:
-            raise RuntimeError(f"KV pool overcommitted: {total} pages asked, {self._num_free} free")
+        if total > self.num_free:
+            raise RuntimeError(f"KV pool overcommitted: {total} pages asked, {self.num_free} free")
         if int((self.num_held[ids] + need).max()) > self.max_pages_per_seq:
             raise RuntimeError("a request would exceed max_pages_per_seq")
         growing = ids[need > 0]
         need = need[need > 0]
         self._assign_rows(growing)
-        pages = self._free[self._num_free - total:self._num_free][::-1]
-        self._num_free -= total
+        pages = self._take(total)
+        self.ref_count[pages] = 1
         rows = np.repeat(self.row_of[growing], need)
         starts = np.repeat(self.num_held[growing], need)
         within = np.arange(total) - np.repeat(np.cumsum(need) - need, need)
         self.page_table[rows, starts + within] = pages
         self.num_held[growing] += need
+
+    def _take(self, count: int) -> NDArray[np.int32]:
+        """`[count]` free pages: the free stack's first, then evicted cached ones."""
+        stacked = min(count, self._num_free)
+        pages = self._free[self._num_free - stacked:self._num_free][::-1]
+        self._num_free -= stacked
+        if stacked == count:
+            return pages
+        assert self.cache is not None
+        return np.concatenate([pages, self.cache.evict(count - stacked)])
+
+    def share(self, request: int, pages: NDArray[np.int32]) -> None:  # [h]
+        """Request `request`, holding nothing, starts with these cached pages (a prefix
+        hit): one more holder each; free ones leave the free pool."""
+        if self.num_held[request]:
+            raise RuntimeError(f"request {request} holds pages; only a new holder shares")
+        if pages.size > self.max_pages_per_seq:
+            raise RuntimeError("a request would exceed max_pages_per_seq")
+        assert self.cache is not None
+        self._assign_rows(np.array([request], dtype=np.int64))
+        self.page_table[self.row_of[request], :pages.size] = pages
+        self.num_held[request] = pages.size
+        self.cache.take(pages[self.ref_count[pages] == 0])
+        self.ref_count[pages] += 1
+
+    def num_freed_by(self, ids: NDArray[np.int64],  # [n] distinct
+                     kept: Optional[NDArray[np.int32]] = None) -> int:  # [k]
+        """Pages that become free if these requests let theirs go, leaving out the pages
+        `kept` (taken again at once): a shared page only if all its holders are here."""
+        held = self.num_held[ids]
+        if self.cache is None:
+            return int(held.sum())
+        holders = ids[held > 0]
+        if holders.size == 0:
+            return 0
+        mask = np.arange(self.max_pages_per_seq)[None, :] < held[held > 0][:, None]
+        pages, counts = np.unique(self.page_table[self.row_of[holders]][mask],
+                                  return_counts=True)
+        freed = pages[self.ref_count[pages] == counts]
+        if kept is not None and kept.size:
+            freed = freed[~np.isin(freed, kept)]
+        return int(freed.size)
 
     def _allocate_blocks(self, ids: NDArray[np.int64],  # [n]
                          target_tokens: NDArray[np.int64]) -> None:  # [n]
@@ -184,6 +242,10 @@ class KVPageManager:
             held = self.num_held[held_ids]
             mask = np.arange(self.max_pages_per_seq)[None, :] < held[:, None]
             pages = self.page_table[rows][mask]
+            if self.cache is None:
+                self.ref_count[pages] = 0
+            else:
+                pages = self._unhold(pages)
             self._free[self._num_free:self._num_free + pages.size] = pages[::-1]
             self._num_free += pages.size
             self.page_table[rows] = 0
@@ -192,6 +254,20 @@ class KVPageManager:
         if with_rows.size:
             self._free_rows.extend(self.row_of[with_rows].tolist())
             self.row_of[with_rows] = -1
+
+    def _unhold(self, pages: NDArray[np.int32]) -> NDArray[np.int32]:  # [k] -> [u]
+        """Drops one holder of each listed page (a page listed twice loses two). Cached
+        pages left unheld join the cache's free LRU, each request's last page first;
+        returns the uncached ones left unheld, for the free stack."""
+        assert self.cache is not None
+        np.subtract.at(self.ref_count, pages, 1)
+        unheld = pages[self.ref_count[pages] == 0]
+        if unheld.size > 1:  # a page two leaving requests shared: once
+            _, first = np.unique(unheld, return_index=True)
+            unheld = unheld[np.sort(first)]
+        cached = self.cache.is_cached[unheld]
+        self.cache.release(unheld[cached][::-1])
+        return unheld[~cached]
 
     def pages_of(self, request: int) -> NDArray[np.int32]:
         """The pages request `request` holds, in order (a copy). `-> [held]`."""
@@ -215,16 +291,36 @@ class KVPageManager:
             self.row_of[request] = self._free_rows.pop()
 
     def check_consistency(self) -> None:
-        """Asserts that every page is either free or owned by exactly one request (tests).
+        """Asserts that every page is either free or in use, never both (tests).
 
-        Under `buddy`: the owned and the free blocks tile the pool, and each row lists
-        the first pages of its request's block.
+        Without a prefix cache a page in use has exactly one owner. With one, each
+        page's `ref_count` is the number of page-table rows holding it (never
+        negative), and free pages are on the free stack (uncached) or the cache's
+        free LRU (cached). Under `buddy`: the owned and the free blocks tile the
+        pool, and each row lists the first pages of its request's block.
         """
         if self._buddy is not None:
             self._check_blocks()
             return
         owned = [self.pages_of(int(i)) for i in np.flatnonzero(self.num_held)]
-        all_pages = np.concatenate(owned + [self._free[:self._num_free]])
+        holders = np.bincount(np.concatenate(owned + [np.zeros(0, np.int32)]),
+                              minlength=self.num_kv_pages + 1)  # [pages + 1]
+        if (self.cache is None and (holders > 1).any()) or holders[0]:
+            raise AssertionError("KV pages leaked or double-owned")
+        if (self.ref_count < 0).any():
+            raise AssertionError("a KV page's reference count is negative")
+        if not np.array_equal(holders, self.ref_count):
+            raise AssertionError("KV reference counts differ from the rows holding the pages")
+        free = [self._free[:self._num_free]]
+        if self.cache is not None:
+            self.cache.check_consistency()
+            if self.cache.is_cached[free[0]].any():
+                raise AssertionError("a cached KV page is on the uncached free stack")
+            free.append(self.cache.free_pages())
+        free_pages = np.concatenate(free)
+        if (holders[free_pages] > 0).any():
+            raise AssertionError("a KV page is both free and in use")
+        all_pages = np.concatenate([np.flatnonzero(holders), free_pages])
         if all_pages.size != self.num_kv_pages or not np.array_equal(
                 np.sort(all_pages), np.arange(1, self.num_kv_pages + 1)):
             raise AssertionError("KV pages leaked or double-owned")

@@ -100,8 +100,10 @@ def check_plan(scheduler: SchedulerState, plan: StepPlan) -> NDArray[np.int64]:
         bad = tokens < 1
         raise PlanError(name, "nonpositive_tokens",
                         f"request {_first(ids, bad)} is given {int(tokens[bad][0])} tokens")
-    # A preempted-and-waiting request recomputes from 0 (its counters were reset).
-    uncomputed = table.num_uncomputed(ids)
+    # A preempted-and-waiting request recomputes from 0 (its counters were reset), or from
+    # past its prefix-cache hit: an admission starts there.
+    cached = scheduler.cached_tokens(ids)
+    uncomputed = table.num_uncomputed(ids) - cached
     over = tokens > uncomputed
     if over.any():
         i = int(np.flatnonzero(over)[0])
@@ -111,7 +113,8 @@ def check_plan(scheduler: SchedulerState, plan: StepPlan) -> NDArray[np.int64]:
                         f"{int(uncomputed[i])} uncomputed "
                         f"(prompt {int(table.prompt_len[request])}, "
                         f"computed {int(table.num_computed[request])}, "
-                        f"generated {int(table.num_generated[request])})")
+                        f"generated {int(table.num_generated[request])}, "
+                        f"cached {int(cached[i])})")
     total = int(tokens.sum())
     budget = scheduler.bucket_config.max_num_tokens
     if total > budget:
@@ -124,9 +127,9 @@ def check_plan(scheduler: SchedulerState, plan: StepPlan) -> NDArray[np.int64]:
         raise PlanError(name, "batch_cap", f"{ids.size} sequences > batch cap {cap}")
 
     needed = scheduler.pages_needed(ids, tokens)
-    freed = int(scheduler.kv.num_held[plan.preempt].sum()) if plan.preempt.size else 0
+    # Shared pages: a page free only when its last holder goes, a hit page taken once.
+    total_needed, freed = scheduler.pool_demand(ids, needed, plan.preempt)
     available = scheduler.kv.num_free + freed
-    total_needed = int(needed.sum())
     if total_needed > available:
         raise PlanError(name, "kv_pages",
                         f"the plan needs {total_needed} new KV pages, {available} are free"

@@ -45,6 +45,10 @@ class Policy(abc.ABC):
       defer_release: when True, finished requests are handed back to their
         clients only when the policy lists them in `StepPlan.release` (as
         request-level batching returns a whole batch at once).
+      prefix_caching: True opts in to prefix caching (active when
+        `SchedulerConfig.enable_prefix_caching` is on too): an admission then
+        starts past the cached pages of its prompt, so the tokens a plan gives a
+        waiting request count from there (`view.cached_tokens`).
       renamed_options: old knob name -> new name, for knobs renamed in a release;
         `--policy_opts` still takes the old name, with a DeprecationWarning.
     """
@@ -53,6 +57,7 @@ class Policy(abc.ABC):
     renamed_options: ClassVar[Mapping[str, str]] = {}
     kv_reservation: str = "none"
     defer_release: bool = False
+    prefix_caching: bool = False
 
     @abc.abstractmethod
     def schedule(self, view: SchedulerView) -> StepPlan:

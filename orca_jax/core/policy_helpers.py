@@ -10,9 +10,18 @@ its pages and its progress. When a request needs pages that are not free, the
 lowest-ranked running requests below it are preempted by recompute (their
 pages freed) until it fits. Most ranking policies differ only in their ranking
 (shortest remaining work, MLFQ level, tenant counter, priority, deadline).
+
+With prefix caching active (`view.prefix_caching`), a waiting request starts
+past the tokens an admission takes from the cache (`view.cached_tokens`), and
+whether a request fits (after which preemptions) is asked of the core
+(`view.kv_fits`): shared pages make page counts add up differently (a victim
+frees a page only with its last holder; a page it frees that an admission hits
+again is freed for nobody).
 """
 
 from __future__ import annotations
+
+from typing import Optional
 
 import numpy as np
 from numpy.typing import NDArray
@@ -74,7 +83,10 @@ def plan_in_order(view: SchedulerView, order: NDArray[np.int64],  # [k]
         return StepPlan()
     cap, budget = view.max_num_seqs, view.max_num_tokens
     running = (requests.state[order] == RequestState.RUNNING).tolist()
-    want = np.minimum(requests.num_uncomputed(order), budget)  # [k]
+    left = requests.num_uncomputed(order)  # [k]
+    if view.prefix_caching:
+        left = left - view.cached_tokens(order)  # an admission starts past its cache hit
+    want = np.minimum(left, budget)  # [k]
     pages = view.pages_needed(order, want).tolist()
     held = view.pages_held(order).tolist()
     want_list, order_list = want.tolist(), order.tolist()
@@ -99,6 +111,22 @@ def plan_in_order(view: SchedulerView, order: NDArray[np.int64],  # [k]
         if is_preempted[pos] or (not running[pos] and not admitting):
             continue
         count = min(want_list[pos], budget)
+        if view.prefix_caching:
+            chosen = _victims_to_fit(view, order_list, ids + [order_list[pos]],
+                                     counts + [count], preempted, victims, first_victim,
+                                     running[pos] or admission_preempts)
+            if chosen is None:
+                if not running[pos]:
+                    admitting = False
+                continue
+            for victim in chosen:
+                victim_pages -= held[victim]
+                is_preempted[victim] = True
+                preempted.append(order_list[victim])
+            ids.append(order_list[pos])
+            counts.append(count)
+            budget -= count
+            continue
         need = pages[pos] if count == want_list[pos] else int(
             view.pages_needed(order[pos:pos + 1], np.array([count]))[0])
         # An admission anywhere in the plan obliges the plan to leave the watermark free.
@@ -123,3 +151,22 @@ def plan_in_order(view: SchedulerView, order: NDArray[np.int64],  # [k]
         # Everything left in victims[first_victim:] is running, unscheduled, below the cut.
         preempted += [order_list[p] for p in victims[first_victim:] if order_list[p] not in ids]
     return StepPlan(ids, counts, preempt=preempted)
+
+
+def _victims_to_fit(view: SchedulerView, order: list[int], ids: list[int], counts: list[int],
+                    preempted: list[int], victims: list[int], first_victim: int,
+                    may_preempt: bool) -> Optional[list[int]]:
+    """With prefix caching: the victims (positions in `order`, lowest-ranked first) whose
+    preemption lets the core give `ids` their `counts`, or None if no set of them does.
+
+    Victims are taken from the end of `victims[first_victim:]` (ranked below the
+    candidate) and popped from it only when the candidate fits.
+    """
+    chosen: list[int] = []
+    while not view.kv_fits(np.array(ids), np.array(counts),
+                           np.array(preempted + [order[v] for v in chosen], dtype=np.int64)):
+        if not may_preempt or len(victims) - len(chosen) <= first_victim:
+            return None
+        chosen.append(victims[len(victims) - 1 - len(chosen)])
+    del victims[len(victims) - len(chosen):]
+    return chosen

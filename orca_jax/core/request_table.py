@@ -19,6 +19,7 @@ _FIELDS = (
     "arrival_s", "prompt_len", "output_len", "priority", "tenant", "deadline_s", "state",
     "num_computed", "num_generated", "num_preemptions", "first_scheduled_s",
     "admitted_s", "first_token_s", "last_token_s", "finish_s", "last_token",
+    "num_cached_tokens",
 )
 
 
@@ -51,6 +52,8 @@ class RequestTable:
         # token at position `known - 1` is always this one (the decode fast path of packing).
         self.last_token = np.array([0 if r.prompt_tokens is None else int(r.prompt_tokens[-1])
                                     for r in requests], dtype=np.int64)
+        # [N] tokens its latest admission took from the prefix cache (0 without caching).
+        self.num_cached_tokens = np.zeros(n, dtype=np.int64)
         self.reject_reason: dict[int, str] = {}
 
     def __len__(self) -> int:
@@ -76,7 +79,8 @@ class RequestTableView:
     `arrival_s`, `prompt_len`, `output_len`, `priority`, `tenant` (index into
     `tenant_names`), `deadline_s` (inf when none), `state` (RequestState codes),
     `num_computed`, `num_generated`, `num_preemptions`, `first_scheduled_s`,
-    `admitted_s`, `first_token_s`, `last_token_s`, `finish_s` (NaN until set).
+    `admitted_s`, `first_token_s`, `last_token_s`, `finish_s` (NaN until set),
+    `num_cached_tokens` (tokens its latest admission took from the prefix cache).
     """
 
     def __init__(self, table: RequestTable) -> None:

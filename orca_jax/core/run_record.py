@@ -28,6 +28,7 @@ class StepLog(NamedTuple):
     num_running: int
     num_waiting: int
     num_free_pages: int
+    num_cached_tokens: int = 0  # tokens this step's admissions took from the prefix cache
 
 
 @dataclasses.dataclass

@@ -56,6 +56,7 @@ class RunResult:
     num_generated: NDArray[np.int64]  # [N] output tokens sampled
     num_preemptions: NDArray[np.int64]  # [N] times it was preempted
     reject_reason: tuple[Optional[str], ...]  # [N] why it was rejected up front; None if not
+    num_cached_tokens: NDArray[np.int64]  # [N] tokens its latest admission took from the cache
     # [N] of [num_generated[i]] int32 token ids; None when the engine produces no ids.
     output_tokens: Optional[tuple[NDArray[np.int32], ...]]
     # ---------------------------------------------------------- per token
@@ -76,6 +77,8 @@ class RunResult:
     replica: NDArray[np.int64]  # [N] replica that served it; -1 rejected up front by a cluster
     num_replicas: int  # 1 for one scheduler
     router: Optional[str]  # the router's name; None for one scheduler
+    prefix_caching: bool = False  # whether prefix caching was active (on some replica)
+    num_evictions: int = 0  # cached KV pages evicted over the run (every replica's, summed)
 
     @property
     def num_requests(self) -> int:
@@ -92,7 +95,8 @@ class RunResult:
     @classmethod
     def from_log(cls, table: RequestTable, record: RunRecord, *, policy: str, engine: str,
                  virtual_end_s: float,
-                 output_tokens: Optional[Sequence[Sequence[int]]]) -> RunResult:
+                 output_tokens: Optional[Sequence[Sequence[int]]],
+                 prefix_caching: bool = False, num_evictions: int = 0) -> RunResult:
         """One scheduler's run, copied from its request table and log.
 
         Args:
@@ -102,6 +106,8 @@ class RunResult:
           virtual_end_s: the scheduler's clock.
           output_tokens: `[N]` the tokens each request generated, or None when
             the engine produces no token ids.
+          prefix_caching: whether prefix caching was active.
+          num_evictions: cached KV pages the run evicted.
         """
         token_req, token_time = record.token_log()
         held = record.step_requests if record.logs_step_requests else None
@@ -117,6 +123,7 @@ class RunResult:
             finish_s=_frozen(table.finish_s), num_generated=_frozen(table.num_generated),
             num_preemptions=_frozen(table.num_preemptions),
             reject_reason=tuple(table.reject_reason.get(i) for i in range(n)),
+            num_cached_tokens=_frozen(table.num_cached_tokens),
             output_tokens=(None if output_tokens is None else
                            tuple(_frozen(np.asarray(t, np.int32)) for t in output_tokens)),
             token_req=_frozen(token_req), token_time_s=_frozen(token_time),
@@ -126,7 +133,8 @@ class RunResult:
             step_held=None if held is None else tuple(_frozen(h) for _, _, h in held),
             total_preemptions=record.num_preemptions, virtual_end_s=float(virtual_end_s),
             replica=_frozen(np.zeros(n, np.int64)),
-            num_replicas=1, router=None)
+            num_replicas=1, router=None, prefix_caching=prefix_caching,
+            num_evictions=num_evictions)
 
     @classmethod
     def concat(cls, results: Sequence[RunResult], *, router: str) -> RunResult:
@@ -181,6 +189,7 @@ class RunResult:
             first_token_s=served("first_token_s"), last_token_s=served("last_token_s"),
             finish_s=served("finish_s"), num_generated=served("num_generated"),
             num_preemptions=served("num_preemptions"),
+            num_cached_tokens=served("num_cached_tokens"),
             reject_reason=tuple(results[r].reject_reason[i] for i, r in enumerate(serving)),
             output_tokens=(None if first.output_tokens is None else
                            tuple(results[r].output_tokens[i] for i, r in enumerate(serving))),
@@ -195,4 +204,5 @@ class RunResult:
             total_preemptions=sum(r.total_preemptions for r in results),
             virtual_end_s=max(r.virtual_end_s for r in results),
             replica=_frozen(np.where(rejected, -1, serving)), num_replicas=len(results),
-            router=router)
+            router=router, prefix_caching=any(r.prefix_caching for r in results),
+            num_evictions=sum(r.num_evictions for r in results))

@@ -9,6 +9,11 @@ timestamps are updated and finished requests leave at once, their pages freed.
 The clock advances by the step's seconds; when nothing can run it jumps to the
 next arrival instead of sleeping.
 
+With prefix caching active (`SchedulerConfig.enable_prefix_caching` and the
+policy's `prefix_caching`), an admission shares the cached pages of its known
+tokens and starts past them, and pages are named as they fill
+(`orca_jax.core.prefix_cache`, `orca_jax.core.prefix_hits`).
+
 All per-request state is in the `RequestTable`'s arrays and every per-step
 operation is a whole-array numpy expression, so the host cost per iteration
 stays a few microseconds per running request.
@@ -29,6 +34,8 @@ from orca_jax.core.packing import SamplingArrays, bucket_config_for, pack
 from orca_jax.core.plan import PlanError, StepPlan
 from orca_jax.core.plan_checks import check_plan
 from orca_jax.core.policy import KV_RESERVATIONS, Policy
+from orca_jax.core.prefix_cache import PrefixCache
+from orca_jax.core.prefix_hits import PrefixHits
 from orca_jax.core.request import Request, RequestState, sort_by_arrival
 from orca_jax.core.request_table import RequestTable
 from orca_jax.core.run_record import RunRecord, StepLog
@@ -55,6 +62,9 @@ class SchedulerConfig:
       kv_layout: `paged` (any free page serves) or `buddy` (each request's
         reservation one contiguous power-of-two block from a buddy allocator, as
         the vLLM paper's Orca baselines; needs a reserving `kv_reservation`).
+      enable_prefix_caching: share cached KV pages of common prefixes between
+        requests, for policies that opt in (`Policy.prefix_caching`); off, every
+        run is exactly as without caching. Not with the `buddy` layout.
       count_host_time: add measured host time to the virtual clock (then runs
         are no longer bit-for-bit repeatable).
       log_step_requests: record which requests each step computed, how many tokens
@@ -72,6 +82,7 @@ class SchedulerConfig:
     token_buckets: Optional[tuple[int, ...]] = None
     watermark_pages: int = 0
     kv_layout: str = "paged"
+    enable_prefix_caching: bool = True
     count_host_time: bool = False
     log_step_requests: bool = False
     temperature: float = 0.0
@@ -136,6 +147,11 @@ class Scheduler:
             raise ValueError(f"policy {policy.name!r}: kv_layout 'buddy' gives each request one "
                              "block at admission, so it needs a reserving kv_reservation "
                              f"({KV_RESERVATIONS[1:]}), not 'none'")
+        self.prefix_caching = bool(config.enable_prefix_caching and policy.prefix_caching)
+        if self.prefix_caching and config.kv_layout == "buddy":
+            raise ValueError(f"policy {policy.name!r}: prefix caching shares single KV pages and "
+                             "the buddy layout hands out whole blocks; turn one off "
+                             "(SchedulerConfig.enable_prefix_caching or the policy's knob)")
         ordered = sort_by_arrival(requests)
         self.table = RequestTable(ordered)
         n = len(ordered)
@@ -143,9 +159,11 @@ class Scheduler:
             max_num_tokens=config.max_num_tokens, max_num_seqs=config.max_num_seqs,
             max_model_len=config.max_model_len, page_size=config.page_size,
             token_sizes=config.token_buckets)
+        cache = (PrefixCache(num_kv_pages=config.num_kv_pages, page_size=config.page_size,
+                             num_requests=n) if self.prefix_caching else None)
         self.kv = KVPageManager(num_kv_pages=config.num_kv_pages, page_size=config.page_size,
                                 max_pages_per_seq=self.bucket_config.pages_per_seq,
-                                num_requests=n, layout=config.kv_layout)
+                                num_requests=n, layout=config.kv_layout, prefix_cache=cache)
         self._reserve_tokens = _reservation_tokens(self.kv_reservation, self.table,
                                                    config.max_model_len)
         seeds = (np.arange(n, dtype=np.uint64) * np.uint64(0x9E3779B1)
@@ -166,6 +184,10 @@ class Scheduler:
         self.waiting = self.running = self.unreleased = self.last_finished = self._empty
         self._num_done = 0
         self.record = RunRecord(num_requests=n, logs_step_requests=config.log_step_requests)
+        self.hits: Optional[PrefixHits] = (
+            PrefixHits(self.table, self.kv, cache, uses_planned_output=not engine.needs_token_ids)
+            if cache is not None else None)
+        self._step_cached_tokens = 0
         self._reject_impossible()
         self.view = SchedulerView(self)
 
@@ -207,12 +229,50 @@ class Scheduler:
         return i if i < len(self.table) else None
 
     def pages_needed(self, ids: NDArray[np.int64], tokens: NDArray[np.int64]) -> NDArray[np.int64]:
-        """New pages to run `tokens` of each request now (admissions reserve first)."""
+        """New pages to run `tokens` of each request now (admissions reserve first).
+
+        With prefix caching, an admission's tokens start past its hit: it needs the
+        pages past the hit, plus each hit page that is free now (sharing takes it).
+        """
         target = self.table.num_computed[ids] + tokens
+        if self.kv_reservation == "none" and self.hits is None:
+            return self.kv.pages_needed(ids, target)
+        admitting = self.table.state[ids] == _WAITING
+        hit_pages = free_hits = None
+        if self.hits is not None and admitting.any():
+            hit_pages, free_hits = self.hits.hit_counts(ids, admitting)
+            target = target + hit_pages * self.config.page_size
         if self.kv_reservation != "none":
-            admitting = self.table.state[ids] == _WAITING
             target = np.where(admitting, np.maximum(target, self._reserve_tokens[ids]), target)
-        return self.kv.pages_needed(ids, target)
+        needed = self.kv.pages_needed(ids, target)
+        if hit_pages is None:
+            return needed
+        return needed - hit_pages + free_hits
+
+    def cached_tokens(self, ids: NDArray[np.int64]) -> NDArray[np.int64]:  # [n] -> [n]
+        """Tokens an admission of each request now would take from the prefix cache
+        (0 for a request running or done, and when caching is not active)."""
+        if self.hits is None:
+            return np.zeros(ids.size, dtype=np.int64)
+        return self.hits.hit_counts(ids, self.table.state[ids] <= _WAITING)[0] * (
+            self.config.page_size)
+
+    def pool_demand(self, ids: NDArray[np.int64],  # [n]
+                    needed: NDArray[np.int64],  # [n] from pages_needed
+                    preempt: NDArray[np.int64]) -> tuple[int, int]:  # [p]
+        """(pages the plan takes from the free pool, pages its preemptions free).
+
+        `needed.sum()` counts a free page that several admissions hit once for each;
+        the pool gives it once. A page freed by preemption that an admission hits
+        is taken again at once, so it counts on neither side.
+        """
+        if self.hits is None:
+            return int(needed.sum()), int(self.kv.num_held[preempt].sum()) if preempt.size else 0
+        admitting = self.table.state[ids] == _WAITING
+        hit = self.hits.hit_pages(ids[admitting])  # [h] distinct
+        overcount = self.hits.free_hit_overcount(ids[admitting], hit)
+        freed = self.kv.num_freed_by(preempt, hit) if preempt.size else 0
+        return int(needed.sum()) - overcount, freed
 
     @property
     def done(self) -> bool:
@@ -266,9 +326,12 @@ class Scheduler:
 
     def result(self) -> RunResult:
         """The run so far, as a value (a copy: stepping on does not change it)."""
-        return RunResult.from_log(self.table, self.record, policy=self.policy.name,
-                                  engine=self.engine.name, virtual_end_s=self.now_s,
-                                  output_tokens=self._generated)
+        return RunResult.from_log(
+            self.table, self.record, policy=self.policy.name, engine=self.engine.name,
+            virtual_end_s=self.now_s,
+            output_tokens=self._generated,
+            prefix_caching=self.prefix_caching,
+            num_evictions=self.kv.cache.num_evictions if self.kv.cache is not None else 0)
 
     def step(self) -> bool:
         """Runs one iteration. Returns False when there was nothing left to do."""
@@ -288,6 +351,7 @@ class Scheduler:
             self._idle(plan)
             return True
         ids, tokens = plan.request_ids, plan.num_tokens
+        self._step_cached_tokens = 0
         self._admit(ids)
         if needed.any():
             self.kv.allocate(ids, self.table.num_computed[ids] + tokens)
@@ -313,7 +377,7 @@ class Scheduler:
             num_tokens=int(inputs.num_real_tokens), num_padded_tokens=inputs.bucket.num_tokens,
             bucket=inputs.bucket.num_tokens, host_s=host_s, step_s=output.step_s,
             num_running=int(self.running.size), num_waiting=int(self.waiting.size),
-            num_free_pages=self.kv.num_free))
+            num_free_pages=self.kv.num_free, num_cached_tokens=self._step_cached_tokens))
         if self.config.log_step_requests:
             self.record.log_step_requests(ids, tokens,
                                           np.concatenate([self.running, self.unreleased]))
@@ -381,6 +445,11 @@ class Scheduler:
         table.first_scheduled_s[first_time] = self.now_s
         self.running = _frozen(np.concatenate([self.running, admitted]))
         self.waiting = _frozen(self.waiting[table.state[self.waiting] == _WAITING])
+        if self.hits is not None:  # share the hits before any allocation can evict them
+            cached = self.hits.admit(admitted)
+            table.num_computed[admitted] = cached
+            table.num_cached_tokens[admitted] = cached
+            self._step_cached_tokens = int(cached.sum())
         if self.kv_reservation != "none":
             self.kv.allocate(admitted, np.maximum(table.num_computed[admitted],
                                                   self._reserve_tokens[admitted]))
@@ -406,6 +475,8 @@ class Scheduler:
         table = self.table
         computed = table.num_computed[ids] + tokens
         table.num_computed[ids] = computed
+        if self.hits is not None:  # name the filled pages before finished ones free theirs
+            self.hits.commit(ids)
         sampled_mask = computed == table.prompt_len[ids] + table.num_generated[ids]
         sampled = ids[sampled_mask]
         if sampled.size == 0:
@@ -417,6 +488,8 @@ class Scheduler:
         first = sampled[np.isnan(table.first_token_s[sampled])]
         table.first_token_s[first] = end_s
         self.record.log_tokens(sampled, end_s)
+        if self.hits is not None:
+            self.hits.record(sampled, new_tokens)
         if self._generated is not None:
             for request, token in zip(sampled.tolist(), new_tokens.tolist()):
                 self._generated[request].append(token)
@@ -425,6 +498,8 @@ class Scheduler:
             return
         table.state[finished] = _FINISHED
         self.kv.free(finished)
+        if self.hits is not None:
+            self.hits.forget(finished)
         self.running = _frozen(self.running[table.state[self.running] == _RUNNING])
         self.last_finished = _frozen(finished)
         if self.policy.defer_release:

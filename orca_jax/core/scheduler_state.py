@@ -94,3 +94,16 @@ class SchedulerState(Protocol):
                      tokens: NDArray[np.int64]) -> NDArray[np.int64]:  # [n]
         """New pages to run `tokens` of each request now (admissions reserve first)."""
         ...
+
+    @property
+    def prefix_caching(self) -> bool: ...
+
+    def cached_tokens(self, ids: NDArray[np.int64]) -> NDArray[np.int64]:  # [n] -> [n]
+        """Tokens an admission of each request now would take from the prefix cache."""
+        ...
+
+    def pool_demand(self, ids: NDArray[np.int64],  # [n]
+                    needed: NDArray[np.int64],  # [n] from pages_needed
+                    preempt: NDArray[np.int64]) -> tuple[int, int]:  # [p]
+        """(pages the plan takes from the free pool, pages its preemptions free)."""
+        ...

@@ -56,6 +56,8 @@ class SchedulerView:
       watermark_pages: free pages an admission must leave untouched.
       kv_layout: `paged`, or `buddy` (each reservation one power-of-two block: a
         free total is not enough, see `kv_fits`).
+      prefix_caching: whether prefix caching is active (the config's switch and
+        the policy's): an admission then starts past its hit (`cached_tokens`).
     """
 
     def __init__(self, scheduler: SchedulerState) -> None:
@@ -71,6 +73,7 @@ class SchedulerView:
         self.kv_reservation = scheduler.kv_reservation
         self.watermark_pages = config.watermark_pages
         self.kv_layout = scheduler.kv.layout
+        self.prefix_caching = scheduler.prefix_caching
 
     token_budget = _renamed("token_budget")
     max_batch_size = _renamed("max_batch_size")
@@ -108,8 +111,26 @@ class SchedulerView:
 
     @property
     def num_free_pages(self) -> int:
-        """Free KV pages right now."""
+        """Free KV pages right now (with prefix caching, evictable cached pages too)."""
         return self._scheduler.kv.num_free
+
+    @property
+    def num_used_pages(self) -> int:
+        """KV pages in use right now (a page shared by several requests counts once)."""
+        return self._scheduler.kv.num_used
+
+    @property
+    def num_cached_pages(self) -> int:
+        """KV pages holding a cached block, in use or free (0 without prefix caching)."""
+        cache = self._scheduler.kv.cache
+        return cache.num_cached if cache is not None else 0
+
+    def cached_tokens(self, ids: NDArray[np.int64]) -> NDArray[np.int64]:  # [n] -> [n]
+        """Tokens of its known tokens an admission of each request right now would take
+        from the prefix cache: whole pages, never its last token. 0 for running (or
+        done) requests, requests without token ids, and when caching is not active.
+        Works for requests not yet arrived too (a router asks before routing)."""
+        return self._scheduler.cached_tokens(np.asarray(ids, dtype=np.int64))
 
     @property
     def next_arrival_s(self) -> Optional[float]:
@@ -121,26 +142,41 @@ class SchedulerView:
         """New KV pages the core would allocate to run `num_tokens` of each request now.
 
         Includes the reservation made when a waiting request is admitted under a
-        reserving `kv_reservation` mode. Returns `[n]`.
+        reserving `kv_reservation` mode. With prefix caching, an admission's tokens
+        count from past its hit (`cached_tokens`): it needs the pages past the hit,
+        plus each hit page that is free now (sharing takes it out of the free pool).
+        Returns `[n]`.
         """
         ids = np.asarray(ids, dtype=np.int64)
         return self._scheduler.pages_needed(ids, np.asarray(num_tokens, dtype=np.int64))
 
     def pages_held(self, ids: NDArray[np.int64]) -> NDArray[np.int64]:  # [n] -> [n]
-        """KV pages each request holds (freed if it is preempted)."""
+        """KV pages each request holds (freed if it is preempted, but for shared pages:
+        see `pages_freed`)."""
         return self._scheduler.kv.num_held[np.asarray(ids, dtype=np.int64)].copy()
 
+    def pages_freed(self, ids: NDArray[np.int64]) -> int:  # [n]
+        """KV pages that preempting these running requests together would free: with
+        prefix caching, a shared page only if all its holders are among them."""
+        return self._scheduler.kv.num_freed_by(np.asarray(ids, dtype=np.int64))
+
     def kv_fits(self, ids: NDArray[np.int64],  # [n]
-                num_tokens: NDArray[np.int64]) -> bool:  # [n]
+                num_tokens: NDArray[np.int64],  # [n]
+                preempt: Optional[NDArray[np.int64]] = None) -> bool:  # [p]
         """Whether the core can give the KV to run `num_tokens` of each request, all
-        together, now: the plan check's `kv_pages` and `kv_watermark` rules.
+        together, now, after preempting `preempt`: the plan check's `kv_pages` and
+        `kv_watermark` rules (with prefix caching, a page a victim frees and an
+        admission hits again counts on neither side).
 
         Under `paged` this is `pages_needed(...).sum()` against the free pages (less
-        the watermark when admitting); under `buddy` every admission also needs a free
-        block of its size (or a larger one to split).
+        the watermark when admitting; a free page several admissions hit counts once);
+        under `buddy` every admission also needs a free block of its size (or a larger
+        one to split).
         """
         ids = np.asarray(ids, dtype=np.int64)
+        preempt = np.asarray(() if preempt is None else preempt, dtype=np.int64)
         needed = self._scheduler.pages_needed(ids, np.asarray(num_tokens, dtype=np.int64))
+        total, freed = self._scheduler.pool_demand(ids, needed, preempt)
         admitting = bool((self._scheduler.table.state[ids] == int(RequestState.WAITING)).any())
-        free = self.num_free_pages - (self.watermark_pages if admitting else 0)
-        return int(needed.sum()) <= free and self._scheduler.kv.blocks_fit(ids, needed)
+        free = self.num_free_pages + freed - (self.watermark_pages if admitting else 0)
+        return total <= free and self._scheduler.kv.blocks_fit(ids, needed, preempt)

@@ -28,6 +28,9 @@ def summarize(result: RunResult, *, ttft_slo_s: Optional[float] = None,
 
     A run of several replicas also gets `num_replicas`, `router`, and each
     replica's share (`replica_num_requests`, `replica_num_steps`, `load_imbalance`).
+    A run with prefix caching active also gets `prefix_hit_rate` (prompt tokens
+    taken from the cache over the prompt tokens of admitted requests) and
+    `num_evictions` (cached pages evicted); other runs' summaries stay as they were.
     """
     tenants = ([result.tenant_names[t] for t in result.tenant]
                if len(result.tenant_names) > 1 else None)
@@ -53,9 +56,21 @@ def summarize(result: RunResult, *, ttft_slo_s: Optional[float] = None,
         "host_us_per_step_median": float(np.median(host) * 1e6),
         "engine_s_total": float(sum(s.step_s for s in steps)),
     })
+    if result.prefix_caching:
+        summary.update(_prefix_caching(result))
     if clustered:
         summary.update(_replica_shares(result))
     return {k: to_json_value(v) for k, v in summary.items()}
+
+
+def _prefix_caching(result: RunResult) -> dict[str, Any]:
+    """How much of the admitted prompts the prefix cache served, and what it evicted."""
+    admitted = ~np.isnan(result.first_scheduled_s)
+    prompt = int(result.prompt_len[admitted].sum())
+    # A readmitted request may hit its generated tokens too: count only its prompt's.
+    cached = int(np.minimum(result.num_cached_tokens, result.prompt_len)[admitted].sum())
+    return {"prefix_hit_rate": cached / prompt if prompt else 0.0,
+            "num_evictions": result.num_evictions}
 
 
 def _replica_shares(result: RunResult) -> dict[str, Any]:
@@ -93,6 +108,8 @@ def request_rows(result: RunResult) -> list[dict[str, Any]]:
         }
         if state == RequestState.REJECTED:
             row["reason"] = result.reject_reason[i]
+        if result.prefix_caching:
+            row["num_cached_tokens"] = int(result.num_cached_tokens[i])
         if result.output_tokens is not None:
             row["output_tokens"] = result.output_tokens[i].tolist()
         if result.num_replicas > 1:
@@ -104,8 +121,11 @@ def request_rows(result: RunResult) -> list[dict[str, Any]]:
 def step_rows(result: RunResult) -> list[dict[str, Any]]:
     """One dict per step (steps.jsonl); with several replicas, each row starts with the
     `replica` that ran it; with `log_step_requests`, it also holds the step's
-    `request_ids` (the requests' ids, as in requests.jsonl) and `request_tokens`."""
-    rows = [{k: to_json_value(v) for k, v in s._asdict().items()} for s in result.steps]
+    `request_ids` (the requests' ids, as in requests.jsonl) and `request_tokens`.
+    `num_cached_tokens` is written only when prefix caching was active."""
+    dropped = () if result.prefix_caching else ("num_cached_tokens",)
+    rows = [{k: to_json_value(v) for k, v in s._asdict().items() if k not in dropped}
+            for s in result.steps]
     if result.num_replicas > 1:
         rows = [{"replica": int(r), **row} for r, row in zip(result.step_replica, rows)]
     if result.step_requests is not None and result.step_tokens is not None:

@@ -1,0 +1,147 @@
+"""The scheduler's side of prefix caching: admission lookups, sharing, and naming pages.
+
+`PrefixHits` ties the request table, the page manager and the `PrefixCache`
+together for the scheduler, which asks it four things: how many pages an
+admission now would take from the cache (plan checks and the view: reads
+only), to share them when it admits (`admit`), to name the pages its requests
+filled in a step (`commit`), and to drop a finished request's names (`forget`).
+
+An admission shares at most `(known - 1) // page_size` pages: the last known
+token is never taken from the cache, since the step that computes it samples
+the next token (vLLM's `get_computed_blocks` caps the hit at `num_tokens - 1`
+the same way, so a fully cached prompt whose length is a multiple of the page
+size recomputes its whole last page).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import NDArray
+
+from orca_jax.core.kv_pages import KVPageManager
+from orca_jax.core.prefix_cache import PrefixCache, TokenReader
+from orca_jax.core.request_table import RequestTable
+
+
+class PrefixHits:
+    """Prefix-cache lookups and updates for one scheduler.
+
+    Args:
+      table: the scheduler's request table.
+      kv: its page manager (sharing the cache `cache`).
+      cache: the prefix cache.
+      uses_planned_output: name generated pages by a request's planned answer
+        (`Request.planned_output_tokens`) where it has one: the simulator's sampled ids
+        are placeholders, and a conversation's next turn holds the planned ones.
+    """
+
+    def __init__(self, table: RequestTable, kv: KVPageManager, cache: PrefixCache, *,
+                 uses_planned_output: bool) -> None:
+        self._table = table
+        self._kv = kv
+        self._cache = cache
+        # Every request's generated ids, request i's at [start[i], start[i] + output_len[i]):
+        # one whole-array write per step, where a list per request costs a Python append each.
+        self._start = np.concatenate([[0], np.cumsum(table.output_len)[:-1]])  # [N]
+        self._generated = np.zeros(int(table.output_len.sum()), dtype=np.int32)  # [sum output]
+        self._uses_planned_output = uses_planned_output
+        self._page_size = cache.page_size
+        # Requests without token ids (length-only workloads) never hit and are never named.
+        self._has_tokens = np.array([spec.prompt_tokens is not None for spec in table.specs],
+                                    dtype=np.bool_)  # [N]
+        self._memo: dict[int, tuple[int, int, list[int]]] = {}  # request -> (version, known, hit)
+
+    def reader(self, request: int) -> TokenReader:
+        """Reads the request's known token ids, prompt then generated."""
+        spec = self._table.specs[request]
+        prompt = spec.prompt_tokens
+        assert prompt is not None
+        planned = spec.planned_output_tokens
+        if self._uses_planned_output and planned is not None:
+            answer = planned
+        else:
+            start = int(self._start[request])
+            answer = self._generated[start:start + int(self._table.output_len[request])]
+
+        size = prompt.size
+
+        def read(start: int, end: int) -> NDArray[np.int32]:  # one page: O(page), not O(known)
+            if end <= size:
+                return prompt[start:end]
+            tail = answer[max(start - size, 0):end - size]
+            return tail if start >= size else np.concatenate([prompt[start:], tail])
+
+        return read
+
+    def lookup(self, request: int) -> list[int]:
+        """The cached pages an admission of `request` now would share (reads only)."""
+        if not self._has_tokens[request]:
+            return []
+        known = int(self._table.prompt_len[request] + self._table.num_generated[request])
+        memo = self._memo.get(request)
+        if memo is not None and memo[0] == self._cache.version and memo[1] == known:
+            return memo[2]
+        pages = self._cache.lookup(request, (known - 1) // self._page_size,
+                                   self.reader(request))
+        self._memo[request] = (self._cache.version, known, pages)
+        return pages
+
+    def hit_counts(self, ids: NDArray[np.int64],  # [n]
+                   mask: NDArray[np.bool_]) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+        """`([n] hit pages, [n] of those free now)` of each request where `mask`, else 0."""
+        hits = np.zeros(ids.size, dtype=np.int64)
+        free = np.zeros(ids.size, dtype=np.int64)
+        ref_count = self._kv.ref_count
+        for k in np.flatnonzero(mask).tolist():
+            pages = self.lookup(int(ids[k]))
+            if pages:
+                hits[k] = len(pages)
+                free[k] = int(np.count_nonzero(ref_count[pages] == 0))
+        return hits, free
+
+    def hit_pages(self, ids: NDArray[np.int64]) -> NDArray[np.int32]:  # [a] -> [h]
+        """The distinct pages admissions of these requests now would share."""
+        pages = [page for request in ids.tolist() for page in self.lookup(request)]
+        return np.unique(np.asarray(pages, dtype=np.int32))
+
+    def free_hit_overcount(self, ids: NDArray[np.int64],  # [a]
+                           hit: NDArray[np.int32]) -> int:  # [h] from hit_pages(ids)
+        """Free hit pages counted more than once when each admission counts its own."""
+        if hit.size == 0:
+            return 0
+        _, free = self.hit_counts(ids, np.ones(ids.size, dtype=np.bool_))
+        return int(free.sum()) - int(np.count_nonzero(self._kv.ref_count[hit] == 0))
+
+    def admit(self, ids: NDArray[np.int64]) -> NDArray[np.int64]:  # [a] -> [a]
+        """Shares each admitted request's hit (all before any allocation, so no admission
+        evicts another's hit). Returns the tokens each took from the cache."""
+        cached = np.zeros(ids.size, dtype=np.int64)
+        for k, request in enumerate(ids.tolist()):
+            pages = self.lookup(request)
+            if pages:
+                self._kv.share(request, np.asarray(pages, dtype=np.int32))
+            self._cache.start(request, len(pages))
+            cached[k] = len(pages) * self._page_size
+        return cached
+
+    def record(self, sampled: NDArray[np.int64],  # [s] just sampled, counted in the table
+               tokens: NDArray[np.int32]) -> None:  # [s]
+        """Keeps the tokens just sampled (the table's `num_generated` already counts them)."""
+        self._generated[self._start[sampled] + self._table.num_generated[sampled] - 1] = tokens
+
+    def commit(self, ids: NDArray[np.int64]) -> None:  # [n] just computed
+        """Names the pages these requests filled (before any of them frees its pages)."""
+        full = self._table.num_computed[ids] // self._page_size  # [n]
+        grew = (full > self._cache.num_committed[ids]) & self._has_tokens[ids]
+        if not grew.any():
+            return
+        kv = self._kv
+        for request, num_full in zip(ids[grew].tolist(), full[grew].tolist()):
+            self._cache.commit(request, kv.page_table[kv.row_of[request], :num_full],
+                               self.reader(request))
+
+    def forget(self, ids: NDArray[np.int64]) -> None:  # [f] finished
+        """Drops finished requests' page names (their cached pages stay cached)."""
+        for request in ids.tolist():
+            self._cache.forget(request)
+            self._memo.pop(request, None)
