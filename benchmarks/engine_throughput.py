@@ -29,11 +29,11 @@ import jax
 
 from orca_jax.core.engine_api import Bucket
 from orca_jax.core.packing import bucket_config_for
+from orca_jax.results.metrics import static_batching_ceiling
 from orca_jax.runner.build import build_engine, build_workload, scheduler_config
 from orca_jax.runner.experiment import run_policy
 from orca_jax.runner.spec import JaxEngineSpec, LimitsSpec, RunSpec, WorkloadSpec
 from orca_jax.runner.sweep import point_spec
-from orca_jax.results.metrics import static_batching_ceiling
 
 
 def main() -> None:

@@ -80,8 +80,7 @@ def run_our_side(args: argparse.Namespace, workload: list[list[int]], arrivals: 
     import policies  # noqa: PLC0415
     from orca_jax import Request, Scheduler  # noqa: PLC0415
     from orca_jax.runner.build import build_engine, scheduler_config  # noqa: PLC0415
-    from orca_jax.runner.spec import (LimitsSpec, RunSpec, SimEngineSpec,  # noqa: PLC0415
-                                      WorkloadSpec)
+    from orca_jax.runner.spec import LimitsSpec, RunSpec, SimEngineSpec, WorkloadSpec  # noqa: PLC0415
 
     # One step = 1 s, and an arrival at t steps lands on the step vLLM's driver first sees
     # it (call ceil(t)): both clocks then tick alike, idle steps included, and exactly.

@@ -26,8 +26,15 @@ from orca_jax.core.run_result import RunResult
 from orca_jax.results import metrics
 from orca_jax.runner import build, experiment
 from orca_jax.runner.spec import JaxEngineSpec, RunSpec, SimEngineSpec
-from orca_jax.sim.calibration import (COMPARED_METRICS, RecordingEngine, busy_time_ratio,
-                                      fit_linear, predict, relative_errors, save_fit)
+from orca_jax.sim.calibration import (
+    COMPARED_METRICS,
+    RecordingEngine,
+    busy_time_ratio,
+    fit_linear,
+    predict,
+    relative_errors,
+    save_fit,
+)
 from orca_jax.sim.step_profile import profile_grid, samples_from_times, time_grid
 
 

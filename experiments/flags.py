@@ -18,11 +18,22 @@ from absl import app, flags
 from orca_jax.core.engine_api import EngineConfigError
 from orca_jax.core.plan import PlanError
 from orca_jax.core.policy import PolicyLoadError
-from orca_jax.workloads.traces import TraceError
-from orca_jax.runner.spec import (ATTENTIONS, CLOCKS, DTYPES, ENGINES, LENGTH_COLUMNS, WORKLOADS,
-                                  ClusterSpec, JaxEngineSpec, LimitsSpec, RunSpec, SimEngineSpec,
-                                  WorkloadSpec)
+from orca_jax.runner.spec import (
+    ATTENTIONS,
+    CLOCKS,
+    DTYPES,
+    ENGINES,
+    LENGTH_COLUMNS,
+    WORKLOADS,
+    ClusterSpec,
+    JaxEngineSpec,
+    LimitsSpec,
+    RunSpec,
+    SimEngineSpec,
+    WorkloadSpec,
+)
 from orca_jax.workloads.synthetic import parse_length_spec
+from orca_jax.workloads.traces import TraceError
 
 # Python hides a DeprecationWarning raised outside __main__; a command shows the library's
 # own (an old policy option name, an old view attribute a plugin reads), once each.
@@ -121,7 +132,8 @@ flags.DEFINE_string("policy_opts", "", "Policy knobs: key=value,... (in compare 
 TABLE_COLUMNS = ("policy", "num_finished", "num_rejected", "num_steps", "duration_s",
                  "throughput_req_s", "throughput_tok_s", "ttft_p50_s", "ttft_p99_s",
                  "tpot_p50_s", "tpot_p99_s", "latency_p50_s", "latency_p99_s",
-                 "normalized_latency_mean_s", "num_preemptions", "padding_fraction")
+                 "normalized_latency_mean_s", "num_preemptions", "padding_fraction",
+                 "prefix_hit_rate")  # the last only with prefix caching active ('-' otherwise)
 
 # Deprecated flag -> the flag it sets now (kept for one release).
 RENAMED_FLAGS = {"max_batch_size": "max_num_seqs", "token_budget": "max_num_tokens"}

@@ -10,8 +10,8 @@ from absl import app, flags
 
 import policies
 from experiments import flags as run_flags
-from orca_jax.runner.experiment import run_policy
 from orca_jax.results.metrics import format_table
+from orca_jax.runner.experiment import run_policy
 
 flags.DEFINE_string("policy", "orca", "Policy: a registered name, package.module:Class, or "
                     "path/to/file.py:Class.")

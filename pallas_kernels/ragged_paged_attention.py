@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
+
 try:  # The Triton backend's helpers; a jax without them still has the jnp reference.
     from jax.experimental.pallas import triton as plgpu
 except ImportError as _triton_import_error:  # pragma: no cover - depends on the jax build

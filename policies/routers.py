@@ -28,8 +28,8 @@ from typing import Optional
 import numpy as np
 from numpy.typing import NDArray
 
-from orca_jax.core.request import RequestState
 from orca_jax.cluster.routing import ClusterView, Router, register_router
+from orca_jax.core.request import RequestState
 
 
 @register_router("round_robin")

@@ -35,7 +35,6 @@ class SJF(LengthRanked):
         the front of the queue (inf: never).
     """
 
-
     def schedule(self, view: SchedulerView) -> StepPlan:
         waiting, requests = view.waiting, view.requests
         work = (self.prompt_token_weight * requests.prompt_len[waiting]

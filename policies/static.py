@@ -14,8 +14,7 @@ from typing import Optional
 
 import numpy as np
 
-from orca_jax import (Policy, RequestState, SchedulerView, StepPlan, fit_to_budget,
-                      register)
+from orca_jax import Policy, RequestState, SchedulerView, StepPlan, fit_to_budget, register
 
 
 @register("static")

@@ -9,12 +9,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from orca_jax.sim import calibration as cal
-from orca_jax.sim import step_profile as prof
-from orca_jax.sim import cost_model as cm
 from orca_jax.core.engine_api import Bucket, StepOutput
 from orca_jax.runner.experiment import run_policy
 from orca_jax.runner.spec import LimitsSpec, RunSpec, SimEngineSpec, WorkloadSpec
+from orca_jax.sim import calibration as cal
+from orca_jax.sim import cost_model as cm
+from orca_jax.sim import step_profile as prof
 from orca_jax.sim.engine import SimEngine
 
 REPO = Path(__file__).resolve().parents[1]

@@ -16,11 +16,11 @@ import pytest
 
 import policies
 from orca_jax import Request, Scheduler, SchedulerConfig, StepPlan
+from orca_jax.core.policy import Policy
 from orca_jax.model.engine import JaxEngine
 from orca_jax.model.llama import dense_forward, init_model
-from orca_jax.specs.model_config import get_model_config
-from orca_jax.core.policy import Policy
 from orca_jax.model.weights import init_params
+from orca_jax.specs.model_config import get_model_config
 
 CONFIG = get_model_config("tiny")
 PAGE_SIZE = 4

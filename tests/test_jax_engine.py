@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from orca_jax.model import engine as jax_engine
-from orca_jax.model import weights
-from orca_jax.model import llama as model_lib
 from orca_jax.core.engine_api import Bucket, EngineConfigError, StepInputs
+from orca_jax.model import engine as jax_engine
+from orca_jax.model import llama as model_lib
+from orca_jax.model import weights
 from orca_jax.specs.model_config import get_model_config
 
 PAGE_SIZE, PAGES_PER_SEQ, NUM_PAGES = 4, 8, 40

@@ -7,8 +7,13 @@ from hypothesis import strategies as st
 
 from orca_jax.core.engine_api import NULL_PAGE, Bucket, bucket_arrays_are_consistent
 from orca_jax.core.kv_pages import KVPageManager
-from orca_jax.core.packing import (BucketConfig, SamplingArrays, bucket_config_for,
-                              default_token_sizes, pack)
+from orca_jax.core.packing import (
+    BucketConfig,
+    SamplingArrays,
+    bucket_config_for,
+    default_token_sizes,
+    pack,
+)
 
 
 def manager(num_pages=10, page_size=4, max_pages_per_seq=4, num_requests=8) -> KVPageManager:

@@ -11,11 +11,16 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from orca_jax.core.engine_api import Bucket, StepInputs
 from orca_jax.model import llama as model_lib
 from orca_jax.model import sampling
-from orca_jax.core.engine_api import Bucket, StepInputs
-from orca_jax.specs.model_config import (PRESETS, RopeScaling, from_hf_config, get_model_config,
-                                   to_hf_config)
+from orca_jax.specs.model_config import (
+    PRESETS,
+    RopeScaling,
+    from_hf_config,
+    get_model_config,
+    to_hf_config,
+)
 
 PAGE_SIZE = 4
 PAGES_PER_SEQ = 8

@@ -6,10 +6,10 @@ import pytest
 import policies
 from experiments.reproduce.seed_examples import EXAMPLE_B_OUTPUTS
 from orca_jax import Request, Scheduler, SchedulerConfig
-from orca_jax.sim.cost_model import CostModelConfig
 from orca_jax.results.plots import EMPTY, plot_slot_timeline, plot_sweep, slot_timeline
-from orca_jax.sim.engine import SimEngine
 from orca_jax.results.sweep_store import aggregate, grid
+from orca_jax.sim.cost_model import CostModelConfig
+from orca_jax.sim.engine import SimEngine
 from orca_jax.workloads.synthetic import synthetic_workload
 
 OUTPUTS = EXAMPLE_B_OUTPUTS  # the seed example (b), whose exact cells these tests check

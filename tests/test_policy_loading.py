@@ -18,10 +18,15 @@ import numpy as np
 import pytest
 
 import policies
+from orca_jax.core.policy import (
+    Policy,
+    PolicyLoadError,
+    make_policy,
+    parse_options,
+    resolve_policy_class,
+)
 from orca_jax.runner.experiment import run_policy
 from orca_jax.runner.spec import LimitsSpec, RunSpec, SimEngineSpec, WorkloadSpec
-from orca_jax.core.policy import (Policy, PolicyLoadError, make_policy, parse_options,
-                             resolve_policy_class)
 from policies.orca import Orca
 from policies.static import Static
 
@@ -289,8 +294,8 @@ def test_import_scanner_sees_every_import_form(tmp_path):
 
 
 def test_register_refuses_a_non_policy_and_a_taken_name():
-    from orca_jax.core.policy import register
     from orca_jax.cluster.routing import Router, register_router
+    from orca_jax.core.policy import register
 
     with pytest.raises(TypeError, match=r"@register\('x'\) expects a Policy subclass"):
         register("x")(object)

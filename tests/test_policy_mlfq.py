@@ -65,6 +65,7 @@ def test_starvation_promotes_a_paused_request_to_the_top_queue():
     requests = [Request(id=0, arrival_s=0.0, prompt_len=4, output_len=12)] + [
         Request(id=1 + i, arrival_s=3.0 + 2.0 * i, prompt_len=4, output_len=2)
         for i in range(8)]
+
     def long_token_times(**options):
         scheduler = make_scheduler(requests, **options)
         scheduler.run()

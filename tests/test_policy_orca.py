@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from policy_recorder import Recorder
 
 import policies
 from orca_jax import Policy, Request, RequestState, Scheduler, SchedulerConfig, StepPlan
 from orca_jax.sim.cost_model import CostModelConfig
 from orca_jax.sim.engine import SimEngine
-from policy_recorder import Recorder
 
 STEP_S = 0.01
 

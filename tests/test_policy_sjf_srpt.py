@@ -5,8 +5,8 @@ import pytest
 
 import policies  # noqa: F401  (registers the built-in policies)
 from orca_jax import Request, RequestState, Scheduler, SchedulerConfig, make_policy
-from orca_jax.sim.cost_model import CostModelConfig
 from orca_jax.learned.length_predictor import get_predictor, registered_predictors
+from orca_jax.sim.cost_model import CostModelConfig
 from orca_jax.sim.engine import SimEngine
 
 

@@ -3,12 +3,12 @@
 
 import numpy as np
 import pytest
+from policy_recorder import Recorder, Step
 
 import policies
 from orca_jax import Request, RequestState, Scheduler, SchedulerConfig
 from orca_jax.sim.cost_model import CostModelConfig
 from orca_jax.sim.engine import SimEngine
-from policy_recorder import Recorder, Step
 
 
 def run(requests, policy="vllm", *, page_size=4, num_kv_pages=64, scheduler_max_num_tokens=16,

@@ -251,6 +251,7 @@ def test_caching_off_or_not_opted_in_runs_as_before():
     assert on.prefix_caching and not off.prefix_caching and not knob_off.prefix_caching
     assert on.num_cached_tokens.tolist() == [0] + [8] * 5
     assert off.num_cached_tokens.tolist() == [0] * 6
+
     def steps(result):  # host time is wall-clock
         return [step._replace(host_s=0.0) for step in result.steps]
 

@@ -8,9 +8,16 @@ import pytest
 
 from orca_jax import Request
 from orca_jax.learned.length_predictor import get_predictor, register_ltr_predictor
-from orca_jax.learned.ranker import (Ranker, RankerConfig, kendall_tau, listmle_loss,
-                                     ranknet_loss, request_features, synthetic_ranking_workload,
-                                     train_ranker)
+from orca_jax.learned.ranker import (
+    Ranker,
+    RankerConfig,
+    kendall_tau,
+    listmle_loss,
+    ranknet_loss,
+    request_features,
+    synthetic_ranking_workload,
+    train_ranker,
+)
 
 NUM_TRAIN = 800
 CONFIG = RankerConfig(num_steps=150)

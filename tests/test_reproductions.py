@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from experiments.reproduce import common, orca, sarathi, vllm_memory
+from experiments.reproduce import common, orca, prefix_caching, sarathi, vllm_memory
 from orca_jax.results.sweep_store import Curve
 from orca_jax.specs.hardware import get_hardware
 from orca_jax.specs.memory import num_kv_pages_for_memory
@@ -105,3 +105,32 @@ def test_sarathi_tail_tbt_is_lower_than_vllm_at_the_same_load(tmp_path):
     assert [(r["tbt_slo_s"], r["policy"]) for r in result.capacity] == [
         (0.1, "vLLM (no chunking)"), (0.1, "Sarathi 512"),
         (0.5, "vLLM (no chunking)"), (0.5, "Sarathi 512")]
+
+
+def test_prefix_caching_shared_prefix_hits_only_with_the_cache(tmp_path):
+    setup = prefix_caching.PrefixCachingSetup(num_requests=30, rates=(8.0,), num_prefixes=2,
+                                              prefix_len="fixed:256", max_num_seqs=8)
+    rows, curves = prefix_caching.sglang_rows(setup, str(tmp_path))
+    by_policy = {row["policy"]: row for row in rows}
+    assert set(by_policy) == {"FCFS, no cache", "FCFS (vllm)", "LPM (sglang)"}
+    assert by_policy["FCFS, no cache"]["prefix_hit_rate"] == 0.0
+    assert by_policy["FCFS (vllm)"]["prefix_hit_rate"] > 0.5
+    assert by_policy["LPM (sglang)"]["prefix_hit_rate"] > 0.5
+    assert len(curves) == 3
+
+
+def test_prefix_caching_unbounded_pool_reaches_the_ceiling(tmp_path):
+    # Mooncake's format: each turn's blocks extend the previous turn's, arrivals far apart.
+    # Whole blocks: the ceiling counts a seen block whole, where an earlier prompt may
+    # have held only its start.
+    trace = tmp_path / "mooncake.jsonl"
+    turns = [[0, 1], [0, 1, 2], [0, 1, 2, 3], [5, 6]]
+    trace.write_text("".join(
+        json.dumps({"timestamp": 60_000 * k, "input_length": 512 * len(ids),
+                    "output_length": 4, "hash_ids": ids}) + "\n"
+        for k, ids in enumerate(turns)))
+    setup = prefix_caching.PrefixCachingSetup(trace=str(trace), trace_requests=4,
+                                              pool_pages=(10_000_000,), trace_time_scale=1.0)
+    (row,) = prefix_caching.trace_pool_rows(setup)
+    assert row["ceiling"] > 0.3
+    assert row["prefix_hit_rate"] == pytest.approx(row["ceiling"])

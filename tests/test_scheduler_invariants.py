@@ -20,12 +20,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import policies
-from orca_jax import (Request, RequestState, Scheduler, SchedulerConfig, SchedulerView, StepPlan,
-                      plan_in_order)
-from orca_jax.sim.cost_model import CostModelConfig
+from orca_jax import (
+    Request,
+    RequestState,
+    Scheduler,
+    SchedulerConfig,
+    SchedulerView,
+    StepPlan,
+    plan_in_order,
+)
+from orca_jax.core.policy import Policy, make_policy
 from orca_jax.runner.experiment import run_policy
 from orca_jax.runner.spec import LimitsSpec, RunSpec, SimEngineSpec, WorkloadSpec
-from orca_jax.core.policy import Policy, make_policy
+from orca_jax.sim.cost_model import CostModelConfig
 from orca_jax.sim.engine import SimEngine
 from orca_jax.workloads.synthetic import synthetic_workload
 

@@ -10,8 +10,8 @@ import sys
 import numpy as np
 import pytest
 
-from orca_jax.sim import cost_model as cm
 from orca_jax.core.engine_api import Bucket, StepInputs
+from orca_jax.sim import cost_model as cm
 from orca_jax.sim.engine import SimEngine
 from orca_jax.specs.hardware import get_hardware
 from orca_jax.specs.memory import kv_bytes_per_token, num_kv_pages_for_memory

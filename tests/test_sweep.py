@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from orca_jax.results.sweep_store import PointKey, SweepConfigError, SweepStore, aggregate, grid
 from orca_jax.runner import sweep
 from orca_jax.runner.build import build_workload
 from orca_jax.runner.spec import LimitsSpec, RunSpec, SimEngineSpec, WorkloadSpec
-from orca_jax.results.sweep_store import PointKey, SweepConfigError, SweepStore, aggregate, grid
 
 REPO = Path(__file__).resolve().parents[1]
 # 2 policies x 2 rates x 2 seeds = 8 points of 12 requests at a fixed 5 ms step.

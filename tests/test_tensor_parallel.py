@@ -18,8 +18,7 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from orca_jax.model import llama as model_lib
-from orca_jax.model import sharding
-from orca_jax.model import weights
+from orca_jax.model import sharding, weights
 from orca_jax.model.engine import JaxEngine
 from orca_jax.specs.model_config import get_model_config
 
@@ -126,8 +125,7 @@ def test_split_pallas_attention_lowers_for_cuda_with_each_device_s_heads():
     import jax.numpy as jnp
     from jax.sharding import AbstractMesh
 
-    from pallas_kernels.ragged_paged_attention import (RaggedAttentionConfig,
-                                                       ragged_paged_attention)
+    from pallas_kernels.ragged_paged_attention import RaggedAttentionConfig, ragged_paged_attention
 
     mesh = AbstractMesh(axis_sizes=(2,), axis_names=("tp",))
     attend = sharding.shard_attention(functools.partial(

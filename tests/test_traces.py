@@ -11,8 +11,8 @@ import pytest
 
 from orca_jax.core.request import Request
 from orca_jax.workloads.prefix_workloads import conversation_workload
-from orca_jax.workloads.traces import TraceError, load_trace, prefix_cache_ceiling, write_trace
 from orca_jax.workloads.synthetic import synthetic_workload, with_prompt_tokens
+from orca_jax.workloads.traces import TraceError, load_trace, prefix_cache_ceiling, write_trace
 
 TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 
@@ -247,14 +247,14 @@ def test_hash_ids_need_a_vocabulary_and_exclude_prompt_tokens(tmp_path):
 def test_prefix_cache_ceiling_of_a_hand_built_trace(tmp_path):
     f = _block_trace(tmp_path, [
         {"timestamp": 0, "input_length": 1000, "output_length": 1, "hash_ids": [0, 1]},
-        # Blocks 0 and 1 seen: 1,024 tokens, but never the last prompt token (1,023 is not
-        # a whole number of 16-token pages: 1,008).
+        # Blocks 0 and 1 seen, but request 0 held only 488 tokens of block 1 (its last):
+        # 1,000 tokens cached, 992 in whole 16-token pages.
         {"timestamp": 10, "input_length": 1024, "output_length": 1, "hash_ids": [0, 1]},
         # Block 0 seen, block 5 not: block 1 after it is no prefix hit.
         {"timestamp": 20, "input_length": 1500, "output_length": 1, "hash_ids": [0, 5, 1]}])
-    expected = (0 + 1008 + 512) / (1000 + 1024 + 1500)
+    expected = (0 + 992 + 512) / (1000 + 1024 + 1500)
     assert prefix_cache_ceiling(f, page_size=16) == pytest.approx(expected)
-    # Pages of 100 tokens: 1,023 -> 1,000 and 512 -> 500.
+    # Pages of 100 tokens: 1,000 -> 1,000 and 512 -> 500.
     assert prefix_cache_ceiling(f, page_size=100) == pytest.approx(1500 / 3524)
     assert prefix_cache_ceiling(f, page_size=16, max_requests=1) == 0.0
     plain = tmp_path / "plain.csv"

@@ -8,10 +8,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orca_jax.core.request import Request
-from orca_jax.workloads.synthetic import (EmpiricalLength, FixedLength, LognormalLength,
-                                          UniformLength, ZipfLength, arrival_times,
-                                          parse_length_spec, synthetic_workload,
-                                          with_prompt_tokens)
+from orca_jax.workloads.synthetic import (
+    EmpiricalLength,
+    FixedLength,
+    LognormalLength,
+    UniformLength,
+    ZipfLength,
+    arrival_times,
+    parse_length_spec,
+    synthetic_workload,
+    with_prompt_tokens,
+)
 
 TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 

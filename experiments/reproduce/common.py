@@ -17,12 +17,12 @@ import numpy as np
 
 import policies  # noqa: F401  (registers the built-in policies)
 from orca_jax.core.json_files import to_json_value, write_json_atomic
+from orca_jax.core.run_result import RunResult
 from orca_jax.results import metrics
-from orca_jax.runner.spec import RunSpec
 from orca_jax.results.metrics import format_table
 from orca_jax.results.plots import plot_sweep
-from orca_jax.core.run_result import RunResult
 from orca_jax.results.sweep_store import Curve, PointKey
+from orca_jax.runner.spec import RunSpec
 from orca_jax.runner.sweep import PolicyRun, run_sweep
 
 

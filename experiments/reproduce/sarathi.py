@@ -42,11 +42,16 @@ import os
 import time
 from typing import Any, Optional, Sequence
 
-from experiments.reproduce.common import (PolicyRun, reproduction_parser, run_grid,
-                                          throughput_at_bound, write_figure_and_report,
-                                          write_table)
-from orca_jax.runner.spec import LimitsSpec, RunSpec, SimEngineSpec, WorkloadSpec
+from experiments.reproduce.common import (
+    PolicyRun,
+    reproduction_parser,
+    run_grid,
+    throughput_at_bound,
+    write_figure_and_report,
+    write_table,
+)
 from orca_jax.results.sweep_store import Curve, PointKey, aggregate
+from orca_jax.runner.spec import LimitsSpec, RunSpec, SimEngineSpec, WorkloadSpec
 
 FIGURE = "docs/figures/sarathi_mistral7b_tbt.png"
 TBT = "itl_p99_s"

@@ -18,6 +18,7 @@ from typing import Iterable, Mapping, Union
 
 import numpy as np
 
+
 def to_json_value(value: object) -> object:
     """`value` with numpy values made plain Python, and NaN and inf made None.
 

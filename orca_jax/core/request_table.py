@@ -80,7 +80,7 @@ class RequestTableView:
     `tenant_names`), `deadline_s` (inf when none), `state` (RequestState codes),
     `num_computed`, `num_generated`, `num_preemptions`, `first_scheduled_s`,
     `admitted_s`, `first_token_s`, `last_token_s`, `finish_s` (NaN until set),
-    `num_cached_tokens` (tokens its latest admission took from the prefix cache).
+    `num_cached_tokens` (tokens its first admission took from the prefix cache).
     """
 
     def __init__(self, table: RequestTable) -> None:

@@ -56,7 +56,7 @@ class RunResult:
     num_generated: NDArray[np.int64]  # [N] output tokens sampled
     num_preemptions: NDArray[np.int64]  # [N] times it was preempted
     reject_reason: tuple[Optional[str], ...]  # [N] why it was rejected up front; None if not
-    num_cached_tokens: NDArray[np.int64]  # [N] tokens its latest admission took from the cache
+    num_cached_tokens: NDArray[np.int64]  # [N] tokens its first admission took from the cache
     # [N] of [num_generated[i]] int32 token ids; None when the engine produces no ids.
     output_tokens: Optional[tuple[NDArray[np.int32], ...]]
     # ---------------------------------------------------------- per token

@@ -441,14 +441,16 @@ class Scheduler:
             return
         table.state[admitted] = _RUNNING
         table.admitted_s[admitted] = self.now_s
-        first_time = admitted[np.isnan(table.first_scheduled_s[admitted])]
-        table.first_scheduled_s[first_time] = self.now_s
+        is_first = np.isnan(table.first_scheduled_s[admitted])  # [a] never admitted before
+        table.first_scheduled_s[admitted[is_first]] = self.now_s
         self.running = _frozen(np.concatenate([self.running, admitted]))
         self.waiting = _frozen(self.waiting[table.state[self.waiting] == _WAITING])
         if self.hits is not None:  # share the hits before any allocation can evict them
             cached = self.hits.admit(admitted)
             table.num_computed[admitted] = cached
-            table.num_cached_tokens[admitted] = cached
+            # A request readmitted after preemption finds its own freed pages: that saves
+            # recompute but is no prefix hit, so a request's hit is its first admission's.
+            table.num_cached_tokens[admitted[is_first]] = cached[is_first]
             self._step_cached_tokens = int(cached.sum())
         if self.kv_reservation != "none":
             self.kv.allocate(admitted, np.maximum(table.num_computed[admitted],

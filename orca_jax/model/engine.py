@@ -23,8 +23,15 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from orca_jax.core.engine_api import (NULL_PAGE, Bucket, Engine, EngineConfigError, StepInputs,
-                                      StepOutput, bucket_arrays_are_consistent)
+from orca_jax.core.engine_api import (
+    NULL_PAGE,
+    Bucket,
+    Engine,
+    EngineConfigError,
+    StepInputs,
+    StepOutput,
+    bucket_arrays_are_consistent,
+)
 from orca_jax.core.packing import build_step_inputs
 from orca_jax.model import llama as model_lib
 from orca_jax.model import sharding

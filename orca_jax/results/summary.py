@@ -67,7 +67,8 @@ def _prefix_caching(result: RunResult) -> dict[str, Any]:
     """How much of the admitted prompts the prefix cache served, and what it evicted."""
     admitted = ~np.isnan(result.first_scheduled_s)
     prompt = int(result.prompt_len[admitted].sum())
-    # A readmitted request may hit its generated tokens too: count only its prompt's.
+    # A request's hit is its first admission's (no self-hits after preemption), and
+    # never more than its prompt.
     cached = int(np.minimum(result.num_cached_tokens, result.prompt_len)[admitted].sum())
     return {"prefix_hit_rate": cached / prompt if prompt else 0.0,
             "num_evictions": result.num_evictions}

@@ -122,8 +122,7 @@ def _jax_engine(spec: RunSpec, engine: JaxEngineSpec, config: SchedulerConfig) -
     import jax
     import jax.numpy as jnp
 
-    from orca_jax.model import sharding
-    from orca_jax.model import weights
+    from orca_jax.model import sharding, weights
     from orca_jax.model.engine import JaxEngine
 
     model = model_config(spec)

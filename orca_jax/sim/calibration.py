@@ -28,14 +28,16 @@ from typing import Any, Mapping, Optional, Sequence
 import numpy as np
 from numpy.typing import NDArray
 
-from orca_jax.core.json_files import write_json_atomic
 from orca_jax.core.engine_api import Bucket, Engine, EngineWrapper, StepInputs, StepOutput
+from orca_jax.core.json_files import write_json_atomic
 from orca_jax.sim import cost_model
 from orca_jax.sim.step_profile import StepSample, reference_tiles
 
 FIT_FORMAT = "orca_jax.cost_fit/1"
 COMPARED_METRICS = ("duration_s", "ttft_mean_s", "tpot_mean_s")
 FIT_STATISTICS = ("median", "mean")
+
+
 def _nnls(features: NDArray[np.float64], target: NDArray[np.float64]) -> NDArray[np.float64]:
     """Least squares with non-negative coefficients, by trying every support (3 columns)."""
     best, best_residual = np.zeros(features.shape[1]), math.inf

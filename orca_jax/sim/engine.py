@@ -13,8 +13,13 @@ from typing import Optional
 
 import numpy as np
 
-from orca_jax.core.engine_api import (Bucket, Engine, StepInputs, StepOutput,
-                                      bucket_arrays_are_consistent)
+from orca_jax.core.engine_api import (
+    Bucket,
+    Engine,
+    StepInputs,
+    StepOutput,
+    bucket_arrays_are_consistent,
+)
 from orca_jax.sim.cost_model import CostModelConfig, real_lengths, step_seconds
 
 

@@ -71,9 +71,11 @@ def cached_prefix_lens(block_ids: Sequence[Sequence[int]], prompt_lens: Sequence
     The cache has seen every block of every earlier request and evicts nothing. A
     request's hit is its leading run of blocks seen before (a prefix cache can only
     reuse a prefix; with chained hashes a seen block's predecessors were seen too, so
-    this is every seen block), cut to whole pages of `page_size` tokens and never
-    reaching the prompt's last token, which must be computed to sample the first output
-    token (vLLM's rule).
+    this is every seen block), each only as far as an earlier prompt held it (a block
+    that was some prompt's last, partial block is cached only that far, and ends the
+    run there), cut to whole pages of `page_size` tokens and never reaching the
+    prompt's last token, which must be computed to sample the first output token
+    (vLLM's rule).
 
     Args:
       block_ids: each request's block ids, in arrival order.
@@ -89,13 +91,17 @@ def cached_prefix_lens(block_ids: Sequence[Sequence[int]], prompt_lens: Sequence
                          f"{len(prompt_lens)}; expected one entry per request in both")
     if isinstance(page_size, bool) or int(page_size) != page_size or page_size < 1:
         raise ValueError(f"page_size must be an integer >= 1, got {page_size!r}")
-    seen: set[int] = set()
+    seen: dict[int, int] = {}  # block id -> most of its tokens an earlier prompt held
     cached = np.zeros(len(block_ids), dtype=np.int64)  # [num_requests]
     for i, (blocks, prompt_len) in enumerate(zip(block_ids, prompt_lens)):
-        num_hit = 0
-        while num_hit < len(blocks) and blocks[num_hit] in seen:
-            num_hit += 1
-        hit = min(num_hit * block_size, int(prompt_len) - 1)
-        cached[i] = hit // page_size * page_size
-        seen.update(blocks)
+        hit = 0
+        for block in blocks:
+            held = seen.get(block, 0)
+            hit += held
+            if held < block_size:
+                break
+        cached[i] = min(hit, int(prompt_len) - 1) // page_size * page_size
+        for k, block in enumerate(blocks):
+            held = min(block_size, int(prompt_len) - k * block_size)
+            seen[block] = max(seen.get(block, 0), held)
     return cached

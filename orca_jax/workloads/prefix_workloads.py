@@ -20,8 +20,14 @@ from typing import Union
 import numpy as np
 
 from orca_jax.core.request import Request
-from orca_jax.workloads.synthetic import (LengthDistribution, arrival_times, as_distribution,
-                                          check_seed, check_vocab_size, random_tokens)
+from orca_jax.workloads.synthetic import (
+    LengthDistribution,
+    arrival_times,
+    as_distribution,
+    check_seed,
+    check_vocab_size,
+    random_tokens,
+)
 
 Length = Union[LengthDistribution, str]
 

@@ -36,6 +36,7 @@ from orca_jax.workloads.traces import TraceError, load_length_column
 ARRIVAL_PROCESSES = ("burst", "poisson", "gamma")
 MAX_ZIPF_SUPPORT = 10_000_000  # the CDF table is MAX entries long
 
+
 def _fmt(x: float) -> str:
     """Shortest text that parses back to `x` (so a spec round-trips)."""
     text = repr(float(x))

@@ -44,8 +44,14 @@ from numpy.typing import NDArray
 
 from orca_jax.core.request import Request
 from orca_jax.workloads.hashed_blocks import block_tokens, cached_prefix_lens
-from orca_jax.workloads.trace_records import (FIELD_ALIASES, TraceError, field_error,
-                                              missing_field, parse_int, parse_record)
+from orca_jax.workloads.trace_records import (
+    FIELD_ALIASES,
+    TraceError,
+    field_error,
+    missing_field,
+    parse_int,
+    parse_record,
+)
 
 PathLike = Union[str, os.PathLike]
 
