@@ -75,7 +75,6 @@ def run_peer_side(args: argparse.Namespace) -> None:
 def run_our_side(args: argparse.Namespace, workload: list[list[int]], arrivals: list[float],
                  priorities: list[int]) -> tuple[Log, int]:
     """Runs our scheduler with the `vllm` policy; returns its step log and preemptions."""
-    import numpy as np  # noqa: PLC0415
 
     import policies  # noqa: PLC0415
     from orca_jax import Request, Scheduler  # noqa: PLC0415
@@ -99,7 +98,16 @@ def run_our_side(args: argparse.Namespace, workload: list[list[int]], arrivals: 
          "long_prefill_token_threshold": str(args.long_prefill)})
     config = scheduler_config(spec)
     scheduler = Scheduler(requests, policy, build_engine(spec, config), config)
-    ids = np.array([spec_.id for spec_ in scheduler.table.specs])
+    log = record_decisions(scheduler)
+    return log, scheduler.run().total_preemptions
+
+
+def record_decisions(scheduler: Any) -> Log:
+    """Wraps the scheduler's policy so each busy step's plan is logged, by request id."""
+    import numpy as np  # noqa: PLC0415  (the peer venv side never calls this)
+
+    policy = scheduler.policy
+    ids = np.array([spec.id for spec in scheduler.table.specs])
     log: Log = []
     decide = policy.schedule
 
@@ -112,7 +120,7 @@ def run_our_side(args: argparse.Namespace, workload: list[list[int]], arrivals: 
         return plan
 
     policy.schedule = recording_schedule  # type: ignore[method-assign]
-    return log, scheduler.run().total_preemptions
+    return log
 
 
 def describe(step: dict[str, Any], limit: int = 12) -> str:

@@ -38,12 +38,14 @@ import sys
 import tempfile
 from typing import Any
 
+# The sibling benchmark's step logs (this folder is on sys.path when a script here runs).
+from vllm_peer_compare import Log, describe, first_difference, record_decisions
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_PEER_DIR = os.path.normpath(os.path.join(HERE, os.pardir, os.pardir, "shared", "peers",
                                                  "vllm_scheduler"))
 PAGE_SIZE = 16  # vLLM's default block size, and the driver's
 VOCAB_SIZE = 32000  # the driver's fake model's vocabulary
-Log = list[dict[str, Any]]  # per busy step: {"tokens": {id: n}, "preempted": [ids]}
 
 
 def build_trace(path: str, args: argparse.Namespace) -> None:
@@ -81,7 +83,8 @@ def run_peer_side(args: argparse.Namespace) -> None:
 
     pool._maybe_evict_cached_block = counting_evict
     log: Log = []
-    cached = [0] * len(requests)  # tokens each request's latest admission took from the cache
+    cached = [0] * len(requests)  # tokens each request's first admission took from the cache
+    admitted: set[int] = set()  # a readmission after preemption is no prefix hit
     next_request, num_calls = 0, 0
     while next_request < len(requests) or sched.has_requests():
         while next_request < len(requests) and arrivals[next_request] <= num_calls:
@@ -91,7 +94,8 @@ def run_peer_side(args: argparse.Namespace) -> None:
         output, _, _, _ = peer.step(sched)
         num_calls += 1
         for rid, n in output.num_scheduled_tokens.items():
-            if rid not in was_running:  # admitted now: it starts past its hit
+            if rid not in was_running and int(rid) not in admitted:  # first admitted now:
+                admitted.add(int(rid))  # it starts past its hit
                 cached[int(rid)] = requests[int(rid)].num_computed_tokens - n
         if output.total_num_scheduled_tokens:
             log.append({"tokens": {int(k): v for k, v in output.num_scheduled_tokens.items()},
@@ -104,8 +108,6 @@ def run_peer_side(args: argparse.Namespace) -> None:
 def run_our_side(args: argparse.Namespace) -> tuple[Log, dict[str, Any]]:
     """Our scheduler with the `vllm` policy and caching on; its step log and totals."""
     import dataclasses  # noqa: PLC0415
-
-    import numpy as np  # noqa: PLC0415
 
     import policies  # noqa: PLC0415
     from orca_jax import Scheduler  # noqa: PLC0415
@@ -127,19 +129,7 @@ def run_our_side(args: argparse.Namespace) -> tuple[Log, dict[str, Any]]:
         "enable_chunked_prefill": "True", "enable_prefix_caching": "True"})
     config = scheduler_config(spec)
     scheduler = Scheduler(requests, policy, build_engine(spec, config), config)
-    ids = np.array([s.id for s in scheduler.table.specs])
-    log: Log = []
-    decide = policy.schedule
-
-    def recording_schedule(view):  # noqa: ANN001, ANN202
-        plan = decide(view)
-        if plan.request_ids.size:
-            log.append({"tokens": dict(zip(ids[plan.request_ids].tolist(),
-                                           plan.num_tokens.tolist())),
-                        "preempted": sorted(ids[plan.preempt].tolist())})
-        return plan
-
-    policy.schedule = recording_schedule  # type: ignore[method-assign]
+    log = record_decisions(scheduler)
     result = scheduler.run()
     summary = summarize(result)
     totals = {"num_preemptions": result.total_preemptions,
@@ -149,27 +139,6 @@ def run_our_side(args: argparse.Namespace) -> tuple[Log, dict[str, Any]]:
               "num_evictions": summary.get("num_evictions"),
               "all_done": bool((result.num_generated == result.output_len).all())}
     return log, totals
-
-
-def describe(step: dict[str, Any], limit: int = 12) -> str:
-    items = sorted(step["tokens"].items())
-    text = ", ".join(f"{k}:{v}" for k, v in items[:limit])
-    more = f", ... ({len(items)} requests)" if len(items) > limit else ""
-    return f"{{{text}{more}}} preempted={step['preempted']}"
-
-
-def first_difference(ours: Log, peer: Log) -> tuple[int, str] | None:
-    """Index of the first busy step whose decisions differ, and how; None if none does."""
-    for k, (a, b) in enumerate(zip(ours, peer)):
-        if a["tokens"] != b["tokens"] or a["preempted"] != b["preempted"]:
-            only_ours = {r: n for r, n in a["tokens"].items() if b["tokens"].get(r) != n}
-            only_peer = {r: n for r, n in b["tokens"].items() if a["tokens"].get(r) != n}
-            return k, (f"ours only/different: {dict(sorted(only_ours.items()))}; "
-                       f"vLLM only/different: {dict(sorted(only_peer.items()))}; "
-                       f"preempted ours {a['preempted']} vs vLLM {b['preempted']}")
-    if len(ours) != len(peer):
-        return min(len(ours), len(peer)), "one side ran out of steps"
-    return None
 
 
 def relative_gap(ours: float, theirs: float) -> str:
@@ -218,7 +187,7 @@ def compare(args: argparse.Namespace, num_blocks: int) -> None:
           f"vLLM step log {expected - peer_tokens}")
     peer_cached = peer["num_cached_tokens"]
     our_cached = totals["num_cached_tokens"]
-    print(f"  latest-admission cache hits: ours {sum(our_cached.values())} tokens "
+    print(f"  first-admission cache hits: ours {sum(our_cached.values())} tokens "
           f"(prefix_hit_rate {totals['prefix_hit_rate']:.4f}), vLLM {sum(peer_cached)} "
           f"({sum(peer_cached) / drain['prompt_tokens']:.4f}); evictions: ours "
           f"{totals['num_evictions']}, vLLM {peer['num_evictions']}; all outputs done: ours "
@@ -235,7 +204,7 @@ def compare(args: argparse.Namespace, num_blocks: int) -> None:
             ids = sorted(set(ours[k]["tokens"]) ^ set(peer_log[k]["tokens"])
                          | {r for r, n in ours[k]["tokens"].items()
                             if peer_log[k]["tokens"].get(r) != n})[:8]
-            print("    cache hits of those requests at their latest admission (ours/vLLM): "
+            print("    cache hits of those requests at their first admission (ours/vLLM): "
                   + ", ".join(f"{r}: {our_cached.get(r)}/{peer_cached[r]}" for r in ids))
 
 
