@@ -185,3 +185,23 @@ def test_a_sweep_json_with_the_flat_field_names_of_before_resumes(tmp_path):
     other = dataclasses.replace(spec, limits=LimitsSpec(max_num_seqs=4, max_num_tokens=1024))
     with pytest.raises(SweepConfigError, match="run.max_num_tokens: stored 2048, now 1024"):
         sweep.run_sweep(other, runs, [2.0], [0], str(tmp_path))
+
+
+def test_a_conversation_sweep_builds_each_rate_keeping_its_think_times(tmp_path):
+    # Conversations start at the rate, but a turn follows the previous one 2 s later
+    # whatever the rate: a point is the workload built at its rate, not a rate-1 one rescaled
+    # (which would shrink the think times to 2 s / rate).
+    spec = RunSpec(workload=WorkloadSpec(arrival="conversation", num_requests=12,
+                                         prompt_len="fixed:8", output_len="fixed:2",
+                                         num_turns="fixed:3", think_time_ms="fixed:2000",
+                                         suffix_len="fixed:4"),
+                   engine=SimEngineSpec(model="tiny", step_time_ms=1.0), seed=1)
+    sweep.run_sweep(spec, [sweep.PolicyRun("vllm", "vllm")], [0.5, 4.0], [1],
+                    str(tmp_path), point_runs=True)
+    for rate in (0.5, 4.0):
+        rows = (tmp_path / "points" / "vllm" / f"rate_{rate:g}_seed_1" / "requests.jsonl")
+        arrivals = sorted(json.loads(line)["arrival_s"] for line in rows.read_text().splitlines())
+        built = build_workload(sweep.point_spec(spec, rate, 1))
+        np.testing.assert_allclose(arrivals, sorted(r.arrival_s for r in built))
+        gaps = {round(b - a, 9) for a in arrivals for b in arrivals}
+        assert 2.0 in gaps, (rate, arrivals)  # some conversation's next turn, 2 s on

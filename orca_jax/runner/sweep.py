@@ -227,7 +227,10 @@ class _Workloads:
     """Each point's requests; a built workload is kept for the next policy's points."""
 
     def __init__(self, spec: RunSpec, build_per_point: bool) -> None:
-        self.spec, self.build_per_point = spec, build_per_point
+        # A conversation's think times do not follow the rate: rescaling its arrivals
+        # would compress them too, so each point is built at its own rate.
+        self.spec = spec
+        self.build_per_point = build_per_point or spec.workload.arrival == "conversation"
         self._per_point: dict[tuple[float, int], list[Request]] = {}
         self._at_rate_1: dict[int, list[Request]] = {}  # by seed
 
