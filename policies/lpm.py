@@ -30,11 +30,11 @@ recompute (a shared page counts as freed only with its last holder,
 seats, budget and pages last, each admission computing only what its hit
 leaves (`num_uncomputed - cached_tokens`); the first that does not get its
 pages stops admission, so a large request is not overtaken forever. (The
-public `plan_in_order` would do this, but it gives a waiting request all its
-uncomputed tokens and counts a victim's pages as all freed, both wrong once
-pages are shared.) As SGLang, the queue stays in FCFS order when it is longer
-than `max_ranked_waiting` (the lookups of every waiting request are then
-skipped; only those admitted are looked up).
+public `plan_in_order` ranks running and waiting requests together and
+preempts the lowest-ranked; SGLang keeps the running batch first and admits
+only when nothing was preempted, hence this loop.) As SGLang, the queue
+stays in FCFS order when it is longer than `max_ranked_waiting` (the lookups
+of every waiting request are then skipped; only those admitted are looked up).
 """
 
 from __future__ import annotations
