@@ -31,7 +31,7 @@ import random
 import subprocess
 import sys
 import tempfile
-from typing import Any
+from typing import Any, Optional
 
 DEFAULT_PEER_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir,
                                 "shared", "peers", "vllm_scheduler")
@@ -144,6 +144,22 @@ def first_difference(ours: Log, peer: Log) -> tuple[int, str] | None:
     return None
 
 
+def report_first_difference(ours: Log, peer: Log, indent: str = "") -> Optional[int]:
+    """Prints whether the two step logs agree, or their first differing busy step (and
+    returns its index, when both sides ran it)."""
+    difference = first_difference(ours, peer)
+    if difference is None:
+        print(f"{indent}per-step decisions: identical in all {len(ours)} busy steps "
+              "(same requests, same token counts, same preemptions)")
+        return None
+    k, how = difference
+    print(f"{indent}per-step decisions: first difference at busy step {k}: {how}")
+    if k >= min(len(ours), len(peer)):
+        return None
+    print(f"{indent}  ours: {describe(ours[k])}\n{indent}  vLLM: {describe(peer[k])}")
+    return k
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--peer_python", default="/tmp/vllm_peer/venv/bin/python")
@@ -192,15 +208,7 @@ def main() -> None:
           f"(our pages={args.num_blocks - 1})")
     print(f"busy steps: ours {len(ours)}, vLLM {len(peer_log)}; "
           f"preemptions: ours {our_preemptions}, vLLM {peer_preemptions}")
-    difference = first_difference(ours, peer_log)
-    if difference is None:
-        print(f"per-step decisions: identical in all {len(ours)} steps "
-              "(same requests, same token counts, same preemptions)")
-    else:
-        k, how = difference
-        print(f"per-step decisions: first difference at busy step {k}: {how}")
-        if k < min(len(ours), len(peer_log)):
-            print(f"  ours: {describe(ours[k])}\n  vLLM: {describe(peer_log[k])}")
+    report_first_difference(ours, peer_log)
 
 
 if __name__ == "__main__":

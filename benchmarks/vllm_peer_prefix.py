@@ -39,7 +39,7 @@ import tempfile
 from typing import Any
 
 # The sibling benchmark's step logs (this folder is on sys.path when a script here runs).
-from vllm_peer_compare import Log, describe, first_difference, record_decisions
+from vllm_peer_compare import Log, record_decisions, report_first_difference
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_PEER_DIR = os.path.normpath(os.path.join(HERE, os.pardir, os.pardir, "shared", "peers",
@@ -192,20 +192,13 @@ def compare(args: argparse.Namespace, num_blocks: int) -> None:
           f"({sum(peer_cached) / drain['prompt_tokens']:.4f}); evictions: ours "
           f"{totals['num_evictions']}, vLLM {peer['num_evictions']}; all outputs done: ours "
           f"{totals['all_done']}, vLLM {drain['all_done'] and drain['out_tokens_ok']}")
-    difference = first_difference(ours, peer_log)
-    if difference is None:
-        print(f"  per-step decisions: identical in all {len(ours)} busy steps "
-              "(same requests, same token counts, same preemptions)")
-    else:
-        k, how = difference
-        print(f"  per-step decisions: first difference at busy step {k}: {how}")
-        if k < min(len(ours), len(peer_log)):
-            print(f"    ours: {describe(ours[k])}\n    vLLM: {describe(peer_log[k])}")
-            ids = sorted(set(ours[k]["tokens"]) ^ set(peer_log[k]["tokens"])
-                         | {r for r, n in ours[k]["tokens"].items()
-                            if peer_log[k]["tokens"].get(r) != n})[:8]
-            print("    cache hits of those requests at their first admission (ours/vLLM): "
-                  + ", ".join(f"{r}: {our_cached.get(r)}/{peer_cached[r]}" for r in ids))
+    k = report_first_difference(ours, peer_log, indent="  ")
+    if k is not None:
+        ids = sorted(set(ours[k]["tokens"]) ^ set(peer_log[k]["tokens"])
+                     | {r for r, n in ours[k]["tokens"].items()
+                        if peer_log[k]["tokens"].get(r) != n})[:8]
+        print("    cache hits of those requests at their first admission (ours/vLLM): "
+              + ", ".join(f"{r}: {our_cached.get(r)}/{peer_cached[r]}" for r in ids))
 
 
 def main() -> None:

@@ -8,6 +8,8 @@ request, and the hot path must not grow a Python loop per request.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import numpy as np
 from numpy.typing import NDArray
 
@@ -127,21 +129,31 @@ def check_plan(scheduler: SchedulerState, plan: StepPlan) -> NDArray[np.int64]:
         raise PlanError(name, "batch_cap", f"{ids.size} sequences > batch cap {cap}")
 
     needed = scheduler.pages_needed(ids, tokens)
+    broken = kv_rule_broken(scheduler, ids, needed, plan.preempt)
+    if broken is not None:
+        raise PlanError(name, *broken)
+    return needed
+
+
+def kv_rule_broken(scheduler: SchedulerState, ids: NDArray[np.int64],  # [n]
+                   needed: NDArray[np.int64],  # [n] from pages_needed
+                   preempt: NDArray[np.int64]) -> Optional[tuple[str, str]]:  # [p]
+    """`(rule, detail)` of the KV rule that running `ids` (after preempting `preempt`)
+    breaks: `kv_pages` or `kv_watermark`; None if the KV fits. Reads only; the plan
+    check and `SchedulerView.kv_fits` both ask it, so they never disagree."""
     # Shared pages: a page free only when its last holder goes, a hit page taken once.
-    total_needed, freed = scheduler.pool_demand(ids, needed, plan.preempt)
+    total_needed, freed = scheduler.pool_demand(ids, needed, preempt)
     available = scheduler.kv.num_free + freed
     if total_needed > available:
-        raise PlanError(name, "kv_pages",
-                        f"the plan needs {total_needed} new KV pages, {available} are free"
-                        + (f" (counting {freed} freed by preemption)" if freed else ""))
+        return ("kv_pages", f"the plan needs {total_needed} new KV pages, {available} are free"
+                + (f" (counting {freed} freed by preemption)" if freed else ""))
     # Under the buddy layout the total is not enough: each admission needs a free block.
-    if total_needed and not scheduler.kv.blocks_fit(ids, needed, plan.preempt):
-        raise PlanError(name, "kv_pages",
-                        f"no free contiguous blocks of {needed[needed > 0].tolist()} KV pages "
-                        f"({available} pages free in smaller blocks; buddy layout)")
+    if total_needed and not scheduler.kv.blocks_fit(ids, needed, preempt):
+        return ("kv_pages", f"no free contiguous blocks of {needed[needed > 0].tolist()} KV "
+                f"pages ({available} pages free in smaller blocks; buddy layout)")
     watermark = scheduler.config.watermark_pages
-    if watermark and (states == _WAITING).any() and available - total_needed < watermark:
-        raise PlanError(name, "kv_watermark",
-                        f"admitting leaves {available - total_needed} free pages, below the "
-                        f"watermark of {watermark}")
-    return needed
+    admitting = (scheduler.table.state[ids] == _WAITING).any()
+    if watermark and admitting and available - total_needed < watermark:
+        return ("kv_watermark", f"admitting leaves {available - total_needed} free pages, "
+                f"below the watermark of {watermark}")
+    return None

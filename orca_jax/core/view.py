@@ -17,7 +17,7 @@ from typing import Optional
 import numpy as np
 from numpy.typing import NDArray
 
-from orca_jax.core.request import RequestState
+from orca_jax.core.plan_checks import kv_rule_broken
 from orca_jax.core.request_table import RequestTableView
 from orca_jax.core.scheduler_state import SchedulerState
 
@@ -176,7 +176,4 @@ class SchedulerView:
         ids = np.asarray(ids, dtype=np.int64)
         preempt = np.asarray(() if preempt is None else preempt, dtype=np.int64)
         needed = self._scheduler.pages_needed(ids, np.asarray(num_tokens, dtype=np.int64))
-        total, freed = self._scheduler.pool_demand(ids, needed, preempt)
-        admitting = bool((self._scheduler.table.state[ids] == int(RequestState.WAITING)).any())
-        free = self.num_free_pages + freed - (self.watermark_pages if admitting else 0)
-        return total <= free and self._scheduler.kv.blocks_fit(ids, needed, preempt)
+        return kv_rule_broken(self._scheduler, ids, needed, preempt) is None
