@@ -165,7 +165,7 @@ def print_allreduce_errors(allreduce: AllReduceTimes, hardware: HardwareSpec) ->
 def print_end_to_end() -> bool:
     """GPT-3 175B against FasterTransformer; True when every case meets the target."""
     print("\nGPT-3 175B, 8 x A100-80GB, tp=8, fp16: one prefill step of the batch, then "
-          "output-1 decode steps")
+          "output decode steps (FasterTransformer v4.0's count)")
     print(f"  {'batch':>5s} {'in':>5s} {'out':>4s} {'FasterTransformer':>18s} {'per_op':>9s} "
           f"{'error':>7s} {'roofline_max':>13s}")
     ok = True

@@ -382,11 +382,17 @@ def generation_seconds(config: CostModelConfig, batch_size: int, input_len: int,
                        output_len: int) -> float:
     """Seconds to generate `output_len` tokens for each of `batch_size` prompts of `input_len`.
 
-    One step prefills every prompt and samples the first token; `output_len - 1`
-    decode steps follow, the j-th attending to `input_len + j` tokens. This is
-    how FasterTransformer's GPT counts them (its context decoder's last row
-    gives the first token; its generation loop then runs the decoder once per
-    further token).
+    One step prefills every prompt; `output_len` decode steps follow, the j-th
+    (from 0) attending to `input_len + j` tokens. This is how FasterTransformer
+    v4.0 counts them, the code its GPT-3 175B latency table was published with
+    (`gpt.h`, commit 0280a66): the context decoder fills the KV cache of the
+    prompt without sampling, and the generation loop runs `for step = input_len;
+    step < input_len + output_len`, its first step feeding the prompt's last
+    token again to sample the first output. (From v5.0 on, the context
+    decoder's last row gives the first token and the loop runs `output_len - 1`
+    times.) The prefill step is priced with one sampled row per prompt, as the
+    simulator's steps are; v4.0 samples none there, a difference of one LM-head
+    GEMM of `batch_size` rows.
 
     Raises:
       ValueError: a length or the batch is < 1.
@@ -396,6 +402,6 @@ def generation_seconds(config: CostModelConfig, batch_size: int, input_len: int,
                          f">= 1, got {batch_size}, {input_len}, {output_len}")
     ones = np.ones(batch_size, np.int64)
     total = roofline_seconds(config, input_len * ones, input_len * ones)
-    for j in range(1, output_len):
+    for j in range(output_len):
         total += roofline_seconds(config, ones, (input_len + j) * ones)
     return total
