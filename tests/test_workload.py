@@ -209,3 +209,19 @@ def test_with_prompt_tokens_depends_only_on_seed_and_id():
     assert not np.array_equal(other_seed[0].prompt_tokens, full[0].prompt_tokens)
     assert not np.array_equal(full[1].prompt_tokens[:5], full[2].prompt_tokens[:5])
     assert with_prompt_tokens(full, vocab_size=50, seed=9)[0] is full[0]  # ids kept
+
+
+def test_a_prompt_beyond_the_context_gets_ids_that_take_no_memory():
+    # 2e9 drawn ids would allocate 7.45 GiB before the scheduler rejects the request.
+    long = synthetic_workload(num_requests=2, arrival="burst", rate=None,
+                              prompt_len="fixed:2000000000", output_len="fixed:4", seed=0,
+                              vocab_size=512, context=1024)
+    assert [r.prompt_tokens.shape for r in long] == [(2_000_000_000,)] * 2
+    assert all(r.prompt_tokens.strides == (0,) for r in long)  # one id, broadcast
+    fits = synthetic_workload(num_requests=2, arrival="burst", rate=None, prompt_len="fixed:8",
+                              output_len="fixed:4", seed=0, vocab_size=512, context=12)
+    assert all(r.prompt_tokens.strides == (4,) and len(set(r.prompt_tokens)) > 1 for r in fits)
+    traced = with_prompt_tokens(
+        [Request(id=0, arrival_s=0.0, prompt_len=2_000_000_000, output_len=1),
+         Request(id=1, arrival_s=0.0, prompt_len=8, output_len=4)], 512, seed=0, context=12)
+    assert traced[0].prompt_tokens.strides == (0,) and traced[1].prompt_tokens.strides == (4,)

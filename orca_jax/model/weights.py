@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from typing import Iterator, Optional, Union
+from typing import Any, Iterator, Optional, Union
 
 import jax
 import jax.numpy as jnp
@@ -21,6 +21,7 @@ import orbax.checkpoint as ocp
 from flax import nnx
 from safetensors import safe_open
 
+from orca_jax.core.engine_api import EngineConfigError
 from orca_jax.model import llama as model_lib
 from orca_jax.specs.model_config import ModelConfig, from_hf_config
 
@@ -28,6 +29,48 @@ _SINGLE_FILE = "model.safetensors"
 _INDEX_FILE = "model.safetensors.index.json"
 _LAYER_LINEARS = {"self_attn": ("q_proj", "k_proj", "v_proj", "o_proj"),
                   "mlp": ("gate_proj", "up_proj", "down_proj")}
+
+
+class CheckpointError(EngineConfigError):
+    """A checkpoint that cannot be loaded; the message names the file (and the tensor)."""
+
+
+class MissingCheckpointError(CheckpointError, FileNotFoundError):
+    """A checkpoint file or directory that does not exist (also a FileNotFoundError)."""
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+def read_hf_config(directory: str, *, name: Optional[str] = None) -> ModelConfig:
+    """The model config of a LLaMA-format folder's `config.json`.
+
+    Args:
+      directory: the folder.
+      name: the model's name; default: the folder's name.
+
+    Raises:
+      CheckpointError: naming the file, when it is unreadable, not JSON, or not a
+        LLaMA config.
+    """
+    path = os.path.join(directory, "config.json")
+    if name is None:
+        name = os.path.basename(os.path.normpath(directory))
+    try:
+        with open(path, encoding="utf-8") as f:
+            raw = json.load(f)
+    except FileNotFoundError:
+        raise MissingCheckpointError(f"{directory}: no config.json") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{path}: unreadable model config ({_first_line(e)})") from None
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"{path}: expected a JSON object, got {type(raw).__name__}")
+    try:
+        return from_hf_config(raw, name=name)
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise CheckpointError(f"{path}: not a LLaMA model config ({_first_line(e)})") from None
 
 
 def init_params(config: ModelConfig, *, seed: int = 0, dtype: jnp.dtype = jnp.float32
@@ -49,16 +92,26 @@ def restore_params(directory: str, config: ModelConfig, *, dtype: jnp.dtype = jn
     """Reads an orbax checkpoint written by `save_params` for a model of `config`.
 
     Raises:
-      FileNotFoundError: naming `directory` if it does not exist.
+      MissingCheckpointError: naming `directory` if it does not exist.
+      CheckpointError: naming `directory`, when orbax cannot restore it (an empty or
+        foreign folder, a checkpoint of other shapes).
     """
     directory = os.path.abspath(directory)
     if not os.path.isdir(directory):
-        raise FileNotFoundError(f"orbax checkpoint directory {directory} does not exist")
+        raise MissingCheckpointError(f"orbax checkpoint directory {directory} does not exist")
+    if not os.listdir(directory):
+        raise CheckpointError(f"{directory}: empty folder; expected an orbax checkpoint or a "
+                              f"LLaMA-format folder (config.json + *.safetensors)")
     _, abstract = model_lib.abstract_model(config, dtype)
     target = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype),
                           nnx.to_pure_dict(abstract))
-    with ocp.StandardCheckpointer() as checkpointer:
-        restored = checkpointer.restore(directory, target)
+    try:
+        with ocp.StandardCheckpointer() as checkpointer:
+            restored = checkpointer.restore(directory, target)
+    except Exception as e:  # noqa: BLE001 -- orbax's errors vary by version; the input is bad
+        raise CheckpointError(f"{directory}: not an orbax checkpoint of model {config.name!r} "
+                              f"(and no config.json of a LLaMA folder): {_first_line(e)}"
+                              ) from e
     nnx.replace_by_pure_dict(abstract, restored)
     return abstract
 
@@ -82,16 +135,43 @@ def _tensor_files(directory: str) -> dict[str, str]:
     """Maps each tensor name to the safetensors file holding it."""
     index_path = os.path.join(directory, _INDEX_FILE)
     if os.path.exists(index_path):
-        with open(index_path) as f:
-            weight_map = json.load(f).get("weight_map")
+        try:
+            with open(index_path, encoding="utf-8") as f:
+                index = json.load(f)
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise CheckpointError(f"{index_path}: unreadable ({_first_line(e)})") from None
+        weight_map = index.get("weight_map") if isinstance(index, dict) else None
         if not isinstance(weight_map, dict):
-            raise ValueError(f"{index_path}: missing the 'weight_map' object")
+            raise CheckpointError(f"{index_path}: missing the 'weight_map' object")
         return {name: os.path.join(directory, file) for name, file in weight_map.items()}
     single = os.path.join(directory, _SINGLE_FILE)
     if not os.path.exists(single):
-        raise FileNotFoundError(f"{directory}: neither {_SINGLE_FILE} nor {_INDEX_FILE} found")
-    with safe_open(single, framework="np") as f:
+        raise MissingCheckpointError(f"{directory}: neither {_SINGLE_FILE} nor {_INDEX_FILE} "
+                                     "found")
+    with _open_safetensors(single) as f:
         return {name: single for name in f.keys()}
+
+
+@contextlib.contextmanager
+def _open_safetensors(path: str) -> Iterator[Any]:
+    """`safe_open(path)`, its failures (a truncated or foreign file) named by the file."""
+    if not os.path.isfile(path):
+        raise MissingCheckpointError(f"{path}: no such safetensors file")
+    try:
+        handle = safe_open(path, framework="np")
+    except Exception as e:  # noqa: BLE001 -- safetensors raises its own error types
+        raise CheckpointError(f"{path}: not a readable safetensors file ({_first_line(e)})"
+                              ) from None
+    with handle as f:
+        yield f
+
+
+def _read_tensor(handle: Any, path: str, name: str) -> np.ndarray:
+    """One tensor; a file cut short fails here, named by file and tensor."""
+    try:
+        return handle.get_tensor(name)
+    except Exception as e:  # noqa: BLE001 -- safetensors raises its own error types
+        raise CheckpointError(f"{path}: tensor {name}: unreadable ({_first_line(e)})") from None
 
 
 def load_llama_folder(directory: str, *, config: Optional[ModelConfig] = None,
@@ -107,16 +187,11 @@ def load_llama_folder(directory: str, *, config: Optional[ModelConfig] = None,
       The config and the parameter state.
 
     Raises:
-      ValueError: naming a missing tensor or one whose shape differs from the
-        expected HF shape.
+      CheckpointError: naming the file and the tensor: a missing tensor, one whose
+        shape differs from the expected HF shape, an unreadable file or config.
     """
     if config is None:
-        config_path = os.path.join(directory, "config.json")
-        if not os.path.exists(config_path):
-            raise FileNotFoundError(f"{directory}: no config.json")
-        with open(config_path) as f:
-            name = os.path.basename(os.path.normpath(directory))
-            config = from_hf_config(json.load(f), name=name)
+        config = read_hf_config(directory)
     _, abstract = model_lib.abstract_model(config, dtype)
     pure = nnx.to_pure_dict(abstract)
     files = _tensor_files(directory)
@@ -129,16 +204,18 @@ def load_llama_folder(directory: str, *, config: Optional[ModelConfig] = None,
             ours = node[path[-1]].shape
             expected = tuple(reversed(ours)) if transposed else tuple(ours)
             if name not in files:
-                raise ValueError(f"{directory}: missing tensor {name} (expected shape {expected})")
+                raise CheckpointError(f"{directory}: missing tensor {name} (expected shape "
+                                      f"{expected})")
             file = files[name]
             if file not in handles:
-                handles[file] = stack.enter_context(safe_open(file, framework="np"))
+                handles[file] = stack.enter_context(_open_safetensors(file))
             if name not in handles[file].keys():  # the index names a tensor its shard lacks
-                raise ValueError(f"{file}: missing tensor {name} (expected shape {expected})")
-            array = handles[file].get_tensor(name)
+                raise CheckpointError(f"{file}: missing tensor {name} (expected shape "
+                                      f"{expected})")
+            array = _read_tensor(handles[file], file, name)
             if tuple(array.shape) != expected:
-                raise ValueError(f"{file}: tensor {name} has shape {tuple(array.shape)}, "
-                                 f"expected {expected}")
+                raise CheckpointError(f"{file}: tensor {name} has shape {tuple(array.shape)}, "
+                                      f"expected {expected}")
             node[path[-1]] = jnp.asarray(array.T if transposed else array, dtype)
     nnx.replace_by_pure_dict(abstract, pure)
     return config, abstract

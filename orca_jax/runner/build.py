@@ -6,7 +6,6 @@ workload and the engine once and hands them to every run (`run_policy`).
 
 from __future__ import annotations
 
-import json
 import os
 
 from orca_jax.core.engine_api import Engine
@@ -19,7 +18,7 @@ from orca_jax.sim.engine import SimEngine
 from orca_jax.sim.profiled_clock import ProfiledClock
 from orca_jax.specs.hardware import get_hardware
 from orca_jax.specs.memory import num_kv_pages_for_memory
-from orca_jax.specs.model_config import ModelConfig, from_hf_config, get_model_config
+from orca_jax.specs.model_config import ModelConfig, get_model_config
 from orca_jax.workloads.prefix_workloads import conversation_workload, shared_prefix_workload
 from orca_jax.workloads.synthetic import synthetic_workload, with_prompt_tokens
 from orca_jax.workloads.traces import load_trace
@@ -30,8 +29,8 @@ def model_config(spec: RunSpec) -> ModelConfig:
     engine = spec.engine
     if isinstance(engine, JaxEngineSpec) and engine.checkpoint and os.path.isfile(
             os.path.join(engine.checkpoint, "config.json")):
-        with open(os.path.join(engine.checkpoint, "config.json")) as f:
-            return from_hf_config(json.load(f), name=engine.model)
+        from orca_jax.model.weights import read_hf_config  # jax: only for a real engine
+        return read_hf_config(engine.checkpoint, name=engine.model)
     return get_model_config(engine.model)
 
 
@@ -48,7 +47,8 @@ def build_workload(spec: RunSpec) -> list[Request]:
     if workload.arrival == "trace":
         requests = load_trace(workload.trace, time_scale=workload.trace_time_scale,
                               max_requests=workload.num_requests, vocab_size=vocab)
-        return with_prompt_tokens(requests, vocab, spec.seed) if real else requests
+        return (with_prompt_tokens(requests, vocab, spec.seed, context=max_model_len(spec))
+                if real else requests)
     if workload.arrival == "shared_prefix":
         return shared_prefix_workload(
             num_requests=workload.num_requests, rate=workload.rate,
@@ -65,7 +65,7 @@ def build_workload(spec: RunSpec) -> list[Request]:
         num_requests=workload.num_requests, arrival=workload.arrival,
         rate=None if workload.arrival == "burst" else workload.rate, cv=workload.cv,
         prompt_len=workload.prompt_len, output_len=workload.output_len, seed=spec.seed,
-        vocab_size=vocab if real else None)
+        vocab_size=vocab if real else None, context=max_model_len(spec) if real else None)
 
 
 def max_model_len(spec: RunSpec) -> int:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from typing import Optional, Union
 
 from orca_jax.core.kv_pages import KV_LAYOUTS
@@ -61,6 +62,13 @@ def _check_at_least(part: str, field: str, value: Optional[float], lowest: float
         raise ValueError(f"{part}.{field} must be >= {lowest:g}, got {value}")
 
 
+def _check_positive(part: str, field: str, value: Optional[float], what: str = "") -> None:
+    """A finite number > 0 (or None): nan, inf and 0 are refused here, by name, not deep
+    in the run as a division by zero or an endless loop."""
+    if value is not None and not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{part}.{field} must be a finite number > 0{what}, got {value}")
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class WorkloadSpec:
     """The requests: an arrival process with length distributions, a trace file, or a
@@ -100,8 +108,8 @@ class WorkloadSpec:
             raise ValueError("workload.arrival 'trace' needs a trace file (workload.trace, "
                              "--trace)")
         _check_at_least("workload", "num_requests", self.num_requests, 1)
-        _check_at_least("workload", "rate", self.rate, 0)
-        _check_at_least("workload", "cv", self.cv, 0)
+        _check_positive("workload", "rate", self.rate, " (requests per second)")
+        _check_positive("workload", "cv", self.cv)
         if not (math.isfinite(self.trace_time_scale) and self.trace_time_scale > 0):
             raise ValueError(f"workload.trace_time_scale must be a finite number > 0, got "
                              f"{self.trace_time_scale}")
@@ -126,6 +134,8 @@ class JaxEngineSpec:
         _check_choice("engine", "clock", self.clock, CLOCKS)
         sampling_params(self.sampling)  # fails early, naming the value
         _check_at_least("engine", "tp", self.tp, 1)
+        if not (self.checkpoint and os.path.isfile(os.path.join(self.checkpoint, "config.json"))):
+            get_model_config(self.model)  # a preset gives the shapes: fails early, naming them
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -143,7 +153,7 @@ class SimEngineSpec:
         get_model_config(self.model)  # fails early, naming the presets
         get_hardware(self.hardware)
         _check_at_least("engine", "tp", self.tp, 1)
-        _check_at_least("engine", "step_time_ms", self.step_time_ms, 0)
+        _check_positive("engine", "step_time_ms", self.step_time_ms)
         if self.cost_fit is not None and self.step_time_ms is not None:
             raise ValueError(f"engine.cost_fit ({self.cost_fit!r}) and engine.step_time_ms "
                              f"({self.step_time_ms}) both set; choose one step-time model")
@@ -175,8 +185,7 @@ class LimitsSpec:
             _check_at_least("limits", field, getattr(self, field), 1)
         _check_at_least("limits", "max_model_len", self.max_model_len, 2)
         _check_choice("limits", "kv_layout", self.kv_layout, KV_LAYOUTS)
-        if self.kv_memory_gb is not None and not self.kv_memory_gb > 0:
-            raise ValueError(f"limits.kv_memory_gb must be > 0, got {self.kv_memory_gb}")
+        _check_positive("limits", "kv_memory_gb", self.kv_memory_gb)
         buckets = self.token_buckets
         if buckets is not None and not (
                 buckets and buckets[0] >= 1 and list(buckets) == sorted(set(buckets))
@@ -220,6 +229,8 @@ class RunSpec:
                 raise TypeError(f"RunSpec.{field} must be a "
                                 f"{' or '.join(kind.__name__ for kind in kinds)}, got {value!r}")
         _check_at_least("run", "seed", self.seed, 0)
+        _check_positive("run", "ttft_slo_s", self.ttft_slo_s)
+        _check_positive("run", "tpot_slo_s", self.tpot_slo_s)
         if self.cluster.num_replicas > 1 and self.engine.kind != "sim":
             raise ValueError(f"num_replicas={self.cluster.num_replicas} needs engine 'sim' (the "
                              f"real engine runs one replica per process), got "

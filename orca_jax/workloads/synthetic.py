@@ -31,6 +31,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from orca_jax.core.request import Request
+from orca_jax.workloads.trace_records import MAX_LENGTH
 from orca_jax.workloads.traces import TraceError, load_length_column
 
 ARRIVAL_PROCESSES = ("burst", "poisson", "gamma")
@@ -66,8 +67,9 @@ class FixedLength:
     value: int
 
     def __post_init__(self) -> None:
-        if self.value < 1:
-            raise ValueError(f"length spec {self.spec!r}: expected fixed:N with N >= 1")
+        if not 1 <= self.value <= MAX_LENGTH:
+            raise ValueError(f"length spec {self.spec!r}: expected fixed:N with N >= 1 "
+                             f"(at most {MAX_LENGTH})")
 
     def sample(self, rng: np.random.Generator, n: int) -> NDArray[np.int64]:
         return np.full(n, self.value, dtype=np.int64)  # [n]
@@ -85,9 +87,9 @@ class UniformLength:
     high: int
 
     def __post_init__(self) -> None:
-        if not 1 <= self.low <= self.high:
+        if not 1 <= self.low <= self.high <= MAX_LENGTH:
             raise ValueError(f"length spec {self.spec!r}: expected uniform:LO:HI with "
-                             f"integers 1 <= LO <= HI")
+                             f"integers 1 <= LO <= HI <= {MAX_LENGTH}")
 
     def sample(self, rng: np.random.Generator, n: int) -> NDArray[np.int64]:
         return rng.integers(self.low, self.high, size=n, endpoint=True, dtype=np.int64)
@@ -105,15 +107,16 @@ class LognormalLength:
     sigma: float
 
     def __post_init__(self) -> None:
-        if not (math.isfinite(self.mean) and self.mean >= 1 and math.isfinite(self.sigma)
-                and self.sigma >= 0):
+        if not (math.isfinite(self.mean) and 1 <= self.mean <= MAX_LENGTH
+                and math.isfinite(self.sigma) and self.sigma >= 0):
             raise ValueError(f"length spec {self.spec!r}: expected lognormal:MEAN:SIGMA with "
-                             f"MEAN >= 1 (the mean length) and SIGMA >= 0")
+                             f"1 <= MEAN <= {MAX_LENGTH} (the mean length) and SIGMA >= 0")
 
     def sample(self, rng: np.random.Generator, n: int) -> NDArray[np.int64]:
         mu = math.log(self.mean) - self.sigma**2 / 2  # E[exp(N(mu, s^2))] = exp(mu + s^2/2)
         values = np.rint(rng.lognormal(mu, self.sigma, size=n))  # [n]
-        return np.maximum(values, 1).astype(np.int64)
+        # A heavy tail may draw past what an int64 holds; no request is longer than MAX_LENGTH.
+        return np.clip(values, 1, MAX_LENGTH).astype(np.int64)
 
     @property
     def spec(self) -> str:
@@ -208,18 +211,19 @@ def parse_length_spec(spec: str, default_column: Optional[str] = None) -> Length
     kind, _, rest = spec.strip().partition(":")
     args = rest.split(":")
     if kind == "fixed":
-        expected = "fixed:N with an integer N >= 1"
+        expected = f"fixed:N with an integer N >= 1 (at most {MAX_LENGTH})"
         if len(args) != 1:
             raise _spec_error(spec, expected)
         return _build(spec, expected, FixedLength, int(_number(spec, args[0], expected, True)))
     if kind == "uniform":
-        expected = "uniform:LO:HI with integers 1 <= LO <= HI"
+        expected = f"uniform:LO:HI with integers 1 <= LO <= HI <= {MAX_LENGTH}"
         if len(args) != 2:
             raise _spec_error(spec, expected)
         low, high = (int(_number(spec, a, expected, True)) for a in args)
         return _build(spec, expected, UniformLength, low, high)
     if kind == "lognormal":
-        expected = "lognormal:MEAN:SIGMA with MEAN >= 1 (the mean length) and SIGMA >= 0"
+        expected = (f"lognormal:MEAN:SIGMA with 1 <= MEAN <= {MAX_LENGTH} (the mean length) and "
+                    "SIGMA >= 0")
         if len(args) != 2:
             raise _spec_error(spec, expected)
         mean, sigma = (_number(spec, a, expected, False) for a in args)
@@ -321,7 +325,8 @@ def synthetic_workload(*, num_requests: int, arrival: str, rate: Optional[float]
                        cv: float = 1.0, prompt_len: Union[LengthDistribution, str],
                        output_len: Union[LengthDistribution, str], seed: int,
                        vocab_size: Optional[int] = None,
-                       max_total_len: Optional[int] = None) -> list[Request]:
+                       max_total_len: Optional[int] = None,
+                       context: Optional[int] = None) -> list[Request]:
     """Builds a seeded synthetic workload.
 
     Arrivals, prompt lengths, output lengths and token ids each use their own
@@ -342,6 +347,8 @@ def synthetic_workload(*, num_requests: int, arrival: str, rate: Optional[float]
         [1, vocab_size).
       max_total_len: if given, each request is clipped to fit: the prompt to at
         most `max_total_len - 1` tokens, then the output to what is left.
+      context: the run's context limit, if known: a request whose prompt and output
+        exceed it gets `placeholder_tokens` instead of drawn ids (see there).
 
     Returns:
       The requests in arrival order, with ids 0..N-1.
@@ -367,15 +374,28 @@ def synthetic_workload(*, num_requests: int, arrival: str, rate: Optional[float]
     for i in range(num_requests):
         tokens = None
         if vocab_size is not None:
-            tokens = random_tokens(token_rng, int(prompt_lens[i]), int(vocab_size))
+            fits = context is None or prompt_lens[i] + output_lens[i] <= context
+            tokens = (random_tokens(token_rng, int(prompt_lens[i]), int(vocab_size)) if fits
+                      else placeholder_tokens(int(prompt_lens[i])))
         requests.append(Request(id=i, arrival_s=float(arrivals[i]),
                                 prompt_len=int(prompt_lens[i]),
                                 output_len=int(output_lens[i]), prompt_tokens=tokens))
     return requests
 
 
+def placeholder_tokens(num_tokens: int) -> NDArray[np.int32]:
+    """`[num_tokens]` ids for a prompt that no step will read: one id, broadcast.
+
+    A request longer than the context is rejected by the scheduler before any
+    step, so its ids are never read; drawing them would allocate 4 bytes per
+    token first (7.45 GiB for a prompt of 2e9 tokens). The broadcast view takes
+    no memory whatever its length.
+    """
+    return np.broadcast_to(np.int32(1), (num_tokens,))
+
+
 def with_prompt_tokens(requests: Sequence[Request], vocab_size: int,
-                       seed: int) -> list[Request]:
+                       seed: int, context: Optional[int] = None) -> list[Request]:
     """Gives random prompt token ids to requests that have only a length.
 
     A request's ids depend only on `(seed, request.id)`, so subsampling or
@@ -386,6 +406,8 @@ def with_prompt_tokens(requests: Sequence[Request], vocab_size: int,
         `prompt_tokens` are returned unchanged.
       vocab_size: ids are drawn from [1, vocab_size).
       seed: non-negative integer.
+      context: the run's context limit, if known: a request whose prompt and output
+        exceed it gets `placeholder_tokens`.
 
     Returns:
       New requests, in the given order.
@@ -396,6 +418,9 @@ def with_prompt_tokens(requests: Sequence[Request], vocab_size: int,
     for r in requests:
         if r.prompt_tokens is not None:
             result.append(r)
+            continue
+        if context is not None and r.total_len > context:
+            result.append(dataclasses.replace(r, prompt_tokens=placeholder_tokens(r.prompt_len)))
             continue
         # Fixed-width spawn key (two uint32 words of the id folded into uint64), so
         # no two (seed, id) pairs share a stream.

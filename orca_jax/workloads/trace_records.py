@@ -33,6 +33,9 @@ FIELD_ALIASES: dict[str, tuple[str, ...]] = {
 
 _INT32_MAX = np.iinfo(np.int32).max
 _INT64_MAX = np.iinfo(np.int64).max
+# The longest prompt or output a file may give: token positions are int32 on the engine,
+# and a larger count (1e20) would overflow the int64 arrays before any check could say why.
+MAX_LENGTH = int(_INT32_MAX)
 
 
 class TraceError(ValueError):
@@ -48,8 +51,9 @@ def _is_blank(raw: object) -> bool:
     return raw is None or (isinstance(raw, str) and raw.strip() == "")
 
 
-def parse_int(where: str, name: str, raw: object, minimum: Optional[int]) -> int:
-    """A cell or JSON value as an integer (`minimum` or more where given)."""
+def parse_int(where: str, name: str, raw: object, minimum: Optional[int],
+              maximum: Optional[int] = None) -> int:
+    """A cell or JSON value as an integer (`minimum` or more, `maximum` or less, where given)."""
     expected = "an integer" if minimum is None else f"an integer >= {minimum}"
     value: Optional[int] = None
     if isinstance(raw, bool):
@@ -70,6 +74,8 @@ def parse_int(where: str, name: str, raw: object, minimum: Optional[int]) -> int
             value = int(as_float) if as_float.is_integer() else None
     if value is None or (minimum is not None and value < minimum):
         raise field_error(where, name, expected, raw)
+    if maximum is not None and value > maximum:
+        raise field_error(where, name, f"{expected} and at most {maximum}", raw)
     return value
 
 
@@ -162,7 +168,7 @@ def parse_record(record: dict, where: str) -> tuple[Optional[int], dict[str, obj
         kwargs["hash_ids"] = blocks
     found = lookup("prompt_len")
     if found is not None:
-        prompt_len = parse_int(where, found[0], found[1], 1)
+        prompt_len = parse_int(where, found[0], found[1], 1, MAX_LENGTH)
         if tokens is not None and len(tokens) != prompt_len:
             raise field_error(where, "prompt_tokens", f"{prompt_len} token ids ('{found[0]}')",
                               f"{len(tokens)} token ids")
@@ -186,7 +192,7 @@ def parse_record(record: dict, where: str) -> tuple[Optional[int], dict[str, obj
     found = lookup("output_len")
     if found is None:
         raise missing_field(where, "output_len")
-    kwargs["output_len"] = output_len = parse_int(where, found[0], found[1], 1)
+    kwargs["output_len"] = output_len = parse_int(where, found[0], found[1], 1, MAX_LENGTH)
     found = lookup("planned_output_tokens")
     if found is not None:
         answer = _parse_tokens(where, found[0], found[1])

@@ -33,6 +33,7 @@ error is a `TraceError` saying `file:line: field 'name': ...`.
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 import os
@@ -46,6 +47,7 @@ from orca_jax.core.request import Request
 from orca_jax.workloads.hashed_blocks import block_tokens, cached_prefix_lens
 from orca_jax.workloads.trace_records import (
     FIELD_ALIASES,
+    MAX_LENGTH,
     TraceError,
     field_error,
     missing_field,
@@ -69,9 +71,26 @@ def _file_format(path: Path) -> str:
                      f"expected a .jsonl/.json (JSON Lines) or .csv file")
 
 
+def _read_text(path: Path) -> str:
+    """The file's text (UTF-8, a byte-order mark skipped); a byte that is not UTF-8 is a
+    `TraceError` naming its line and column, not a `UnicodeDecodeError` of some buffer."""
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise TraceError(f"{path}: cannot read ({e.strerror or e})") from None
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line_start = data.rfind(b"\n", 0, e.start) + 1
+        line = data.count(b"\n", 0, e.start) + 1
+        raise TraceError(f"{path}:{line}: byte 0x{data[e.start]:02x} at column "
+                         f"{e.start - line_start + 1} is not UTF-8 text; save the trace as "
+                         f"UTF-8") from None
+
+
 def _csv_records(path: Path) -> tuple[list[str], list[tuple[str, dict]]]:
     """Returns the header and (where, {column: cell}) per data row of a CSV file."""
-    with open(path, newline="", encoding="utf-8-sig") as f:
+    with io.StringIO(_read_text(path), newline="") as f:
         reader = csv.reader(f)
         header = next(reader, None)
         if header is None:
@@ -110,7 +129,7 @@ def _check_trace_header(path: Path, names: list[str]) -> None:
 def _jsonl_objects(path: Path) -> list[tuple[str, dict]]:
     """Returns (where, object) per record of a JSON Lines file."""
     records = []
-    with open(path, encoding="utf-8-sig") as f:
+    with io.StringIO(_read_text(path), newline=None) as f:  # universal newlines, as open()
         for line_num, line in enumerate(f, start=1):
             if not line.strip():
                 continue
@@ -275,7 +294,7 @@ def load_length_column(path: PathLike, column: str) -> NDArray[np.int64]:
         name = next((n for n in aliases if n in record), None)
         if name is None:
             raise TraceError(f"{where}: field '{column}': missing")
-        values.append(parse_int(where, name, record[name], 1))
+        values.append(parse_int(where, name, record[name], 1, MAX_LENGTH))
     if not values:
         raise TraceError(f"{path}: field '{column}': the file holds no values")
     return np.asarray(values, dtype=np.int64)

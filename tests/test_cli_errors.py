@@ -1,0 +1,223 @@
+"""Every bad input to the entry points: one line naming the culprit, the exit status, nothing
+half-written.
+
+One table: each row is a command line (a bad flag, trace, checkpoint, plugin or plan), the
+exit status it must end with (2: bad usage; 1: a failed run) and text its one error line
+must hold. The rows run as subprocesses, two at a time (the simulator where it can; the
+jax engine only where the input is the real model's), once per module.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import json
+import os
+import re
+import resource
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+RAISING = "tests/plugins/raising_policy.py"
+SIM = ("--engine=sim", "--num_requests=4")
+JAX = ("--engine=jax", "--num_requests=2", "--max_num_tokens=16", "--max_num_seqs=2")
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One bad command: `python -m MODULE ARGS --out_dir=...`."""
+
+    name: str
+    args: tuple[str, ...]
+    status: int
+    says: str  # a regex the error line must match (it names the culprit)
+    module: str = "experiments.run"
+
+
+def _cases(files: Path) -> list[Case]:
+    return [
+        Case("rate_zero", (*SIM, "--rate=0"), 2, r"workload\.rate .*> 0.*got 0\.0"),
+        Case("rate_nan", (*SIM, "--rate=nan"), 2, r"workload\.rate .*got nan"),
+        Case("rate_inf", (*SIM, "--rate=inf"), 2, r"workload\.rate .*got inf"),
+        Case("cv_zero", (*SIM, "--workload=gamma", "--cv=0"), 2, r"workload\.cv .*got 0\.0"),
+        Case("kv_memory_zero", (*SIM, "--kv_memory_gb=0"), 2, r"kv_memory_gb .*got 0\.0"),
+        Case("step_time_zero", (*SIM, "--step_time_ms=0"), 2, r"step_time_ms .*got 0\.0"),
+        Case("buckets_text", (*SIM, "--buckets=abc"), 2, r"--buckets=abc: expected integers"),
+        Case("buckets_unsorted", (*SIM, "--buckets=2048,16"), 2,
+             r"token_buckets must ascend.*\(2048, 16\)"),
+        Case("buckets_short_of_budget", (*SIM, "--buckets=16,32"), 2,
+             r"token_buckets .*max_num_tokens \(2048\).*\(16, 32\)"),
+        Case("hardware_unknown", (*SIM, "--hardware=nope"), 2, r"hardware preset 'nope'"),
+        Case("model_unknown_sim", (*SIM, "--model=nope"), 2, r"unknown model 'nope'"),
+        Case("model_unknown_jax", ("--engine=jax", "--model=nope"), 2, r"unknown model 'nope'"),
+        Case("prompt_len_huge", (*SIM, "--prompt_len=fixed:100000000000000000000"), 2,
+             r"--prompt_len=fixed:10{20}.*at most 2147483647"),
+        Case("flag_unknown", (*SIM, "--no_such_flag=1"), 2, r"no_such_flag"),
+        Case("policy_unknown", (*SIM, "--policy=nope"), 2, r"unknown policy 'nope'"),
+        Case("policy_option_unknown", (*SIM, "--policy_opts=alpah=5"), 2,
+             r"policy 'orca' has no option 'alpah'"),
+        Case("compare_opts_without_policy", (*SIM, "--policy_opts=max_num_seqs=4"), 2,
+             r"--policy_opts: 'max_num_seqs=4' must be policy\.key=value",
+             module="experiments.compare"),
+        Case("sweep_opts_without_policy", (*SIM, "--rates=2", "--policy_opts=max_num_seqs=4"),
+             2, r"--policy_opts: 'max_num_seqs=4' must be policy\.key=value",
+             module="experiments.sweep"),
+        Case("trace_not_utf8", (*SIM, "--workload=trace", f"--trace={files}/latin1.csv"), 2,
+             r"latin1\.csv:3: byte 0xe9 at column 13 is not UTF-8"),
+        Case("trace_prompt_1e20", (*SIM, "--workload=trace", f"--trace={files}/huge.jsonl"), 2,
+             r"huge\.jsonl:2: field 'prompt_len': .*at most 2147483647, got 1e\+20"),
+        Case("checkpoint_truncated", (*JAX, f"--checkpoint={files}/truncated"), 2,
+             r"truncated/model\.safetensors: not a readable safetensors file"),
+        Case("checkpoint_random_bytes", (*JAX, f"--checkpoint={files}/random"), 2,
+             r"random/model\.safetensors: not a readable safetensors file"),
+        Case("checkpoint_misshaped_tensor", (*JAX, f"--checkpoint={files}/misshaped"), 2,
+             r"misshaped/model\.safetensors: tensor model\.layers\.1\.mlp\.up_proj\.weight "
+             r"has shape \(3, 3\)"),
+        Case("checkpoint_bad_config", (*JAX, f"--checkpoint={files}/bad_config"), 2,
+             r"bad_config/config\.json: unreadable model config \(JSONDecodeError"),
+        Case("checkpoint_empty_folder", (*JAX, f"--checkpoint={files}/empty"), 2,
+             r"empty: empty folder; expected an orbax checkpoint or a LLaMA-format folder"),
+        Case("plugin_import_fails", (*SIM, f"--policy={files}/broken_plugin.py:Broken"), 2,
+             r"broken_plugin\.py:Broken': importing .*broken_plugin\.py' failed: NameError: "
+             r"name 'undefined_name'"),
+        Case("plan_breaks_a_rule", (*SIM, f"--policy={RAISING}:UnknownRequest"), 1,
+             r"policy 'unknownrequest' broke rule 'unknown_request': .* 999"),
+    ]
+
+
+def _write_inputs(files: Path) -> None:
+    from safetensors.numpy import save_file
+    from test_weights import HF_CONFIG, random_hf_tensors
+
+    (files / "latin1.csv").write_bytes(b"arrival_s,prompt_len,output_len\n0,10,5\n"
+                                       b"0.1,10,5,caf\xe9\n")
+    (files / "huge.jsonl").write_text('{"arrival_s": 0, "prompt_len": 10, "output_len": 2}\n'
+                                      '{"arrival_s": 1, "prompt_len": 1e20, "output_len": 2}\n')
+    for name in ("truncated", "random", "misshaped", "bad_config", "empty"):
+        (files / name).mkdir()
+    for name in ("truncated", "random", "misshaped"):
+        (files / name / "config.json").write_text(json.dumps(HF_CONFIG))
+    tensors = random_hf_tensors()
+    save_file(tensors, str(files / "truncated" / "model.safetensors"))
+    whole = (files / "truncated" / "model.safetensors").read_bytes()
+    (files / "truncated" / "model.safetensors").write_bytes(whole[:len(whole) // 2])
+    (files / "random" / "model.safetensors").write_bytes(np.random.default_rng(0).bytes(4096))
+    tensors["model.layers.1.mlp.up_proj.weight"] = np.zeros((3, 3), np.float32)
+    save_file(tensors, str(files / "misshaped" / "model.safetensors"))
+    (files / "bad_config" / "config.json").write_text("{not json")
+    (files / "broken_plugin.py").write_text("from orca_jax import Policy\n\n"
+                                            "class Broken(Policy):\n    x = undefined_name\n")
+
+
+def _env() -> dict[str, str]:
+    return dict(os.environ, JAX_PLATFORMS="cpu", PYTHONWARNINGS="ignore")
+
+
+def _run(module: str, args: tuple[str, ...], out_dir: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", module, *args, f"--out_dir={out_dir}"],
+                          cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory) -> dict[str, tuple[Case, Path, subprocess.CompletedProcess]]:
+    """Runs every case once, two at a time (the machine has 2 cores)."""
+    files = tmp_path_factory.mktemp("inputs")
+    _write_inputs(files)
+    cases = _cases(files)
+    outs = tmp_path_factory.mktemp("outs")
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+        futures = {case.name: pool.submit(_run, case.module, case.args, outs / case.name)
+                   for case in cases}
+    return {case.name: (case, outs / case.name, futures[case.name].result()) for case in cases}
+
+
+def _error_lines(stderr: str) -> list[str]:
+    """stderr's lines but the noise a library may print before the run (jax's log setup)."""
+    return [line for line in stderr.splitlines()
+            if line.strip() and not line.startswith(("WARNING: All log messages before",
+                                                       "E0000", "W0000", "I0000"))]
+
+
+def _assert_nothing_half_written(out_dir: Path) -> None:
+    """No results that look complete, and no temporary file, in the run's folder."""
+    if not out_dir.exists():
+        return
+    names = {p.name for p in out_dir.rglob("*")}
+    assert "summary.json" not in names and "comparison.txt" not in names, names
+    assert not any(name.endswith(".tmp") for name in names), names
+
+
+CASE_NAMES = [case.name for case in _cases(Path("/unused"))]
+
+
+@pytest.mark.parametrize("name", CASE_NAMES)
+def test_bad_input_is_one_line_naming_the_culprit(outcomes, name):
+    case, out_dir, result = outcomes[name]
+    lines = _error_lines(result.stderr)
+    assert result.returncode == case.status, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: "), lines[0]
+    assert re.search(case.says, lines[0]), lines[0]
+    _assert_nothing_half_written(out_dir)
+
+
+def test_an_error_in_a_plugin_shows_its_own_frames_ending_at_its_line(tmp_path):
+    result = _run("experiments.run", (*SIM, f"--policy={RAISING}:RaisesAtStep"),
+                  tmp_path / "out")
+    assert result.returncode == 1
+    lines = result.stderr.rstrip("\n").splitlines()
+    assert lines[0].startswith("Traceback")
+    assert lines[-1] == "RuntimeError: planted failure at step 3"
+    files = re.findall(r'File "([^"]+)", line (\d+)', result.stderr)
+    assert files and all(path.endswith("raising_policy.py") for path, _ in files), files
+    plugin_source = (REPO / RAISING).read_text().splitlines()
+    assert "RAISES HERE" in plugin_source[int(files[-1][1]) - 1]
+    assert "orca_jax" not in result.stderr and "absl" not in result.stderr
+    _assert_nothing_half_written(tmp_path / "out")
+
+
+def test_an_error_raised_inside_the_framework_keeps_its_whole_traceback():
+    from experiments.flags import clean_errors, plugin_traceback
+    from orca_jax.workloads.synthetic import arrival_times
+
+    # This test's frame stands where a plugin's would: it called into the framework, which
+    # raised. A ValueError is no usage error either: it goes on, traceback and all.
+    with pytest.raises(ValueError, match="rate must be a finite number") as info:
+        with clean_errors():
+            arrival_times("poisson", 3, np.random.default_rng(0), rate=0.0)
+    assert plugin_traceback(info.value) is None
+
+
+def test_sigint_prints_one_line_and_exits_130(tmp_path):
+    process = subprocess.Popen(
+        [sys.executable, "-m", "experiments.run", "--engine=sim", "--num_requests=200000",
+         f"--out_dir={tmp_path / 'out'}"], cwd=REPO, env=_env(), stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    time.sleep(2.0)  # inside the run: the workload alone takes longer than the imports
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 130, stderr
+    assert _error_lines(stderr.split("\r")[-1]) == [
+        "interrupted (SIGINT): stopped before the run finished"], stderr
+    _assert_nothing_half_written(tmp_path / "out")
+
+
+def test_a_prompt_longer_than_any_context_is_rejected_without_building_its_ids(tmp_path):
+    # 2e9 prompt ids would take 7.45 GiB each; the run rejects the requests up front.
+    result = _run("experiments.run", (*JAX, "--num_requests=3", "--clock=wall",
+                                      "--prompt_len=fixed:2000000000", "--output_len=fixed:4"),
+                  tmp_path / "out")
+    assert result.returncode == 0, result.stderr
+    peak_gib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20  # KiB on Linux
+    assert peak_gib < 3.0
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["num_rejected"] == 3 and summary["num_finished"] == 0
