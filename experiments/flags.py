@@ -59,6 +59,13 @@ flags.DEFINE_enum("attention", "auto", list(ATTENTIONS), "jax: attention op (aut
 flags.DEFINE_string("sampling", "greedy", "jax: greedy, or temperature:T[:TOP_K[:TOP_P]].")
 flags.DEFINE_enum("clock", "profiled", list(CLOCKS), "jax: advance the virtual clock by "
                   "each bucket's warm-up median (repeatable) or by measured wall time.")
+# Not --profile_file: absl.app owns that name (a pstats dump of the process).
+flags.DEFINE_string("profile_table", None, "jax, --clock=profiled: the per-bucket table of the "
+                    "profiled clock. If the file exists it is read (it must be of the same "
+                    "model, buckets, dtype, attention and page geometry), so a run in another "
+                    "process repeats this one's timings bit for bit; if not, the table is "
+                    "measured and written there. Default: measured, and written to "
+                    "profile.json in --out_dir. config.json names the table and its sha256.")
 flags.DEFINE_string("hardware", "a100", "Hardware preset of the simulator: a100 (80GB), a100-40gb, "
                     "h100, h200.")
 flags.DEFINE_integer("tp", 1, "Tensor-parallel degree: of the simulated replica (sim), or the "
@@ -329,7 +336,8 @@ def spec_from_flags() -> RunSpec:
         if FLAGS.engine == "jax":
             engine = JaxEngineSpec(model=pick("model"), checkpoint=FLAGS.checkpoint,
                                    dtype=FLAGS.dtype, attention=FLAGS.attention,
-                                   sampling=FLAGS.sampling, clock=FLAGS.clock, tp=FLAGS.tp)
+                                   sampling=FLAGS.sampling, clock=FLAGS.clock, tp=FLAGS.tp,
+                                   profile_table=FLAGS.profile_table)
         else:
             engine = SimEngineSpec(model=pick("model"), hardware=FLAGS.hardware, tp=FLAGS.tp,
                                    step_time_ms=FLAGS.step_time_ms, cost_fit=FLAGS.cost_fit)

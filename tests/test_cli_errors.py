@@ -84,6 +84,11 @@ def _cases(files: Path) -> list[Case]:
              r"bad_config/config\.json: unreadable model config \(JSONDecodeError"),
         Case("checkpoint_empty_folder", (*JAX, f"--checkpoint={files}/empty"), 2,
              r"empty: empty folder; expected an orbax checkpoint or a LLaMA-format folder"),
+        Case("profile_table_other_dtype", (*JAX, f"--profile_table={files}/bf16_table.json"), 2,
+             r"profile table .*bf16_table\.json was measured for another setup: .*"
+             r"dtype='bfloat16' \(this run: 'float32'\)"),
+        Case("profile_table_wall_clock", (*JAX, "--clock=wall", "--profile_table=t.json"), 2,
+             r"engine\.profile_table \('t\.json'\) is the profiled clock's table"),
         Case("plugin_import_fails", (*SIM, f"--policy={files}/broken_plugin.py:Broken"), 2,
              r"broken_plugin\.py:Broken': importing .*broken_plugin\.py' failed: NameError: "
              r"name 'undefined_name'"),
@@ -112,6 +117,10 @@ def _write_inputs(files: Path) -> None:
     tensors["model.layers.1.mlp.up_proj.weight"] = np.zeros((3, 3), np.float32)
     save_file(tensors, str(files / "misshaped" / "model.safetensors"))
     (files / "bad_config" / "config.json").write_text("{not json")
+    entry = dict(base_s=1e-3, per_seq_s=0.0, per_tile_s=0.0, q_tile=4, kv_tile=128)
+    (files / "bf16_table.json").write_text(json.dumps({
+        "format": "orca_jax.cost_fit/1", "buckets": {"16": entry},
+        "metadata": {"kind": "profiled_clock", "model": "tiny", "dtype": "bfloat16"}}))
     (files / "broken_plugin.py").write_text("from orca_jax import Policy\n\n"
                                             "class Broken(Policy):\n    x = undefined_name\n")
 

@@ -1,9 +1,11 @@
 """The context-aware profiled clock: a step is priced by what it holds, the same way every time."""
 
+import re
+
 import numpy as np
 import pytest
 
-from orca_jax.core.engine_api import Bucket, Engine, StepInputs, StepOutput
+from orca_jax.core.engine_api import Bucket, Engine, EngineConfigError, StepInputs, StepOutput
 from orca_jax.sim import step_profile
 from orca_jax.sim.cost_model import attention_tiles, real_lengths
 from orca_jax.sim.profiled_clock import ProfiledClock
@@ -85,3 +87,48 @@ def test_a_given_fit_must_cover_every_bucket_and_steps_need_warm_buckets():
     partial = ProfiledClock(LinearWallEngine(), fit=clock.fit, **GRID)
     with pytest.raises(ValueError, match=r"no price for buckets \[64\]"):
         partial.warmup(BUCKETS)
+
+
+IDENTITY = {"model": "tiny", "dtype": "float32", "attention": "reference"}
+
+
+def test_a_table_file_is_written_when_missing_and_read_back_to_price_alike(tmp_path):
+    path = str(tmp_path / "table.json")
+    wall = LinearWallEngine()
+    first = ProfiledClock(wall, **GRID, table_file=path, identity=IDENTITY)
+    assert not first.table_loaded
+    first.warmup(BUCKETS)
+    assert (tmp_path / "table.json").exists() and wall.num_steps > 0
+    # Another "process": a wall clock with other coefficients is never timed.
+    other = LinearWallEngine(base_s=9e-3, per_seq_s=0.0, per_tile_s=0.0)
+    second = ProfiledClock(other, **GRID, table_file=path, identity=IDENTITY)
+    assert second.table_loaded
+    second.warmup(BUCKETS)
+    assert other.num_steps == 0 and second.fit == first.fit
+    inputs = _step(BUCKETS[1], [5, 40, 1], [200, 40, 77])
+    assert second.step(inputs).step_s == first.step(inputs).step_s  # bit for bit
+
+
+@pytest.mark.parametrize("change, says", [
+    (dict(identity={**IDENTITY, "dtype": "bfloat16"}),
+     "another setup: dtype='float32' (this run: 'bfloat16')"),
+    (dict(identity={**IDENTITY, "attention": "pallas"}), "attention='reference' (this run: "),
+    (dict(page_size=8), "another setup: page_size=16 (this run: 8)"),
+])
+def test_a_table_of_another_setup_is_refused_naming_the_field(tmp_path, change, says):
+    path = str(tmp_path / "table.json")
+    ProfiledClock(LinearWallEngine(), **GRID, table_file=path, identity=IDENTITY).warmup(BUCKETS)
+    kwargs = {**GRID, "identity": IDENTITY, **change}
+    with pytest.raises(EngineConfigError, match=f"profile table {path} .*{re.escape(says)}"):
+        ProfiledClock(LinearWallEngine(), table_file=path, **kwargs)
+
+
+def test_a_table_of_other_buckets_or_no_table_at_all_is_refused(tmp_path):
+    path = str(tmp_path / "table.json")
+    ProfiledClock(LinearWallEngine(), **GRID, table_file=path).warmup(BUCKETS[:1])
+    clock = ProfiledClock(LinearWallEngine(), **GRID, table_file=path)
+    with pytest.raises(EngineConfigError, match=r"has buckets \[16\], this run has \[16, 64\]"):
+        clock.warmup(BUCKETS)
+    (tmp_path / "junk.json").write_text("{not json")
+    with pytest.raises(EngineConfigError, match="junk.json: .*not JSON"):
+        ProfiledClock(LinearWallEngine(), **GRID, table_file=str(tmp_path / "junk.json"))

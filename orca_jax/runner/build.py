@@ -6,7 +6,11 @@ workload and the engine once and hands them to every run (`run_policy`).
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
 import os
+from typing import Any, Optional
 
 from orca_jax.core.engine_api import Engine
 from orca_jax.core.packing import pages_per_seq_for
@@ -15,7 +19,7 @@ from orca_jax.core.scheduler import SchedulerConfig
 from orca_jax.runner.spec import JaxEngineSpec, RunSpec, SimEngineSpec, sampling_params
 from orca_jax.sim import cost_model
 from orca_jax.sim.engine import SimEngine
-from orca_jax.sim.profiled_clock import ProfiledClock
+from orca_jax.sim.profiled_clock import ProfiledClock, table_digest
 from orca_jax.specs.hardware import get_hardware
 from orca_jax.specs.memory import num_kv_pages_for_memory
 from orca_jax.specs.model_config import ModelConfig, get_model_config
@@ -144,6 +148,41 @@ def _jax_engine(spec: RunSpec, engine: JaxEngineSpec, config: SchedulerConfig) -
                      attention=attention, clock="wall", mesh=mesh)
     if engine.clock == "wall":
         return real
-    # The profiled clock prices each step by a fit of what it holds, measured at warm-up.
+    # The profiled clock prices each step by a fit of what it holds, measured at warm-up or
+    # read from --profile_table (then a run in another process prices every step alike).
+    identity = {"model": model.name, "model_sha256": _model_digest(model),
+                "dtype": engine.dtype, "attention": attention, "tp": engine.tp}
     return ProfiledClock(real, max_model_len=config.max_model_len, page_size=config.page_size,
-                         pages_per_seq=pages_per_seq, num_pages=config.num_kv_pages + 1)
+                         pages_per_seq=pages_per_seq, num_pages=config.num_kv_pages + 1,
+                         table_file=engine.profile_table, identity=identity)
+
+
+PROFILE_TABLE_FILE = "profile.json"  # beside the results, unless --profile_table names one
+
+
+def _model_digest(model: ModelConfig) -> str:
+    """sha256 of the model's shapes: a table of another model under the same name is refused."""
+    text = json.dumps(dataclasses.asdict(model), sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def profile_table_record(engine: Engine, out_dir: str) -> Optional[dict[str, Any]]:
+    """The profiled clock's per-bucket table of a finished run, for config.json.
+
+    The table the run used (loaded from, or written to, `--profile_table`), or else
+    written now to `profile.json` in `out_dir`; None for an engine without one.
+
+    Returns:
+      `{"path", "sha256", "loaded"}`: the file, the hash of its bytes, and whether
+      the run read it (True) or measured it (False).
+    """
+    if not isinstance(engine, ProfiledClock) or not engine.fit:
+        return None
+    path = engine.table_file
+    if path is None:
+        os.makedirs(out_dir, exist_ok=True)
+        path = os.path.join(out_dir, PROFILE_TABLE_FILE)
+        digest = engine.save_table(path)
+    else:
+        digest = table_digest(path)
+    return {"path": os.path.abspath(path), "sha256": digest, "loaded": engine.table_loaded}

@@ -22,7 +22,12 @@ from orca_jax.core.request import Request
 from orca_jax.core.run_result import RunResult
 from orca_jax.core.scheduler import Scheduler, SchedulerConfig
 from orca_jax.results.summary import summarize, write_results
-from orca_jax.runner.build import build_engine, build_workload, scheduler_config
+from orca_jax.runner.build import (
+    build_engine,
+    build_workload,
+    profile_table_record,
+    scheduler_config,
+)
 from orca_jax.runner.spec import RunSpec
 
 
@@ -82,8 +87,10 @@ def run_policy(spec: RunSpec, policy_spec: str, policy_options: Optional[Mapping
     summary = summarize(result, ttft_slo_s=spec.ttft_slo_s, tpot_slo_s=spec.tpot_slo_s)
     summary.update(engine.facts())
     if out_dir is not None:
-        write_results(out_dir, result, summary,
-                      _resolved_config(spec, policy_spec, policy, config, engine))
+        resolved = _resolved_config(spec, policy_spec, policy, config, engine)
+        # The profiled clock's table, so a rerun in another process can price steps alike.
+        resolved["profile_table"] = profile_table_record(engine, out_dir)
+        write_results(out_dir, result, summary, resolved)
     return summary, result
 
 

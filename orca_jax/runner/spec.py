@@ -127,6 +127,9 @@ class JaxEngineSpec:
     sampling: str = "greedy"  # greedy, or temperature:T[:top_k[:top_p]]
     clock: str = "profiled"  # profiled (a fit of what each step holds, measured at warm-up) or wall
     tp: int = 1  # devices the step is split over
+    # The profiled clock's per-bucket table: read if the file exists, else measured and
+    # written there (default: measured, and written beside the results).
+    profile_table: Optional[str] = None
 
     def __post_init__(self) -> None:
         _check_choice("engine", "dtype", self.dtype, DTYPES)
@@ -134,6 +137,9 @@ class JaxEngineSpec:
         _check_choice("engine", "clock", self.clock, CLOCKS)
         sampling_params(self.sampling)  # fails early, naming the value
         _check_at_least("engine", "tp", self.tp, 1)
+        if self.profile_table is not None and self.clock != "profiled":
+            raise ValueError(f"engine.profile_table ({self.profile_table!r}) is the profiled "
+                             f"clock's table; engine.clock is {self.clock!r}")
         if not (self.checkpoint and os.path.isfile(os.path.join(self.checkpoint, "config.json"))):
             get_model_config(self.model)  # a preset gives the shapes: fails early, naming them
 

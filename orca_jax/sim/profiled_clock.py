@@ -15,19 +15,33 @@ buckets with short contexts. `ProfiledClock` prices a step by what it holds:
    and its `step_s` is the fit's price of the step's real query and KV
    lengths.
 
-The same step always costs the same within a run, and a fit saved with
-`calibration.save_fit` can be passed back (`fit=`) so runs in other processes
-price identically. That makes it reproducible, not exact: the fit's error
-against the wall clock is what `benchmarks/engine_throughput.py` reports.
-Nothing here imports jax.
+The same step always costs the same within a run. Across processes the table
+is what repeats a run: `table_file` names a file (the `calibration.save_fit`
+format, so it also serves the simulator as a `--cost_fit`) that is loaded if it
+exists — checked against `identity`, what the table was measured for (model,
+dtype, attention, page geometry) and the warmed buckets — and written after
+profiling otherwise; a rerun with it prices every step bit for bit as the first
+run did. That makes it reproducible, not exact: the fit's error against the
+wall clock is what `benchmarks/engine_throughput.py` reports. Nothing here
+imports jax.
 """
 
 from __future__ import annotations
 
-from typing import Mapping, Optional
+import hashlib
+import os
+from typing import Any, Mapping, Optional
 
-from orca_jax.core.engine_api import Bucket, Engine, EngineWrapper, StepInputs, StepOutput
-from orca_jax.sim.calibration import fit_linear
+from orca_jax.core.engine_api import (
+    Bucket,
+    Engine,
+    EngineConfigError,
+    EngineWrapper,
+    StepInputs,
+    StepOutput,
+)
+from orca_jax.core.json_files import to_json_value
+from orca_jax.sim.calibration import fit_linear, load_fit, save_fit
 from orca_jax.sim.cost_model import LinearStepTime, real_lengths
 from orca_jax.sim.step_profile import measure_step_times
 
@@ -45,17 +59,35 @@ class ProfiledClock(EngineWrapper):
         composition's median over them).
       fit: a fit to price by instead of profiling (`{bucket tokens: LinearStepTime}`,
         e.g. `calibration.load_fit(path)[0]`); it must cover every warmed bucket.
+      table_file: the per-bucket table's file: loaded (and checked against
+        `identity` and the warmed buckets) if it exists, else written once profiled.
+      identity: what the table is measured for (JSON values: the model, dtype,
+        attention, ...); a loaded table must say the same. The grid's geometry
+        (context, page size, page-table width, pages) is always part of it.
+
+    Raises:
+      EngineConfigError: `table_file` exists but is no table, or one measured for
+        something else (naming the file and the first field that differs).
     """
 
     def __init__(self, engine: Engine, *, max_model_len: int, page_size: int,
                  pages_per_seq: int, num_pages: int, num_repeats: int = 2,
-                 fit: Optional[Mapping[int, LinearStepTime]] = None) -> None:
+                 fit: Optional[Mapping[int, LinearStepTime]] = None,
+                 table_file: Optional[str] = None,
+                 identity: Optional[Mapping[str, Any]] = None) -> None:
         if num_repeats < 1:
             raise ValueError(f"ProfiledClock: num_repeats={num_repeats} must be >= 1")
+        if fit is not None and table_file is not None:
+            raise ValueError("ProfiledClock: give a fit or a table_file, not both")
         super().__init__(engine)
         self._grid = dict(max_model_len=max_model_len, page_size=page_size,
                           pages_per_seq=pages_per_seq, num_pages=num_pages)
         self.num_repeats = num_repeats
+        self.identity: dict[str, Any] = to_json_value({**dict(identity or {}), **self._grid})
+        self.table_file = table_file
+        self.table_loaded = table_file is not None and os.path.exists(table_file)
+        if self.table_loaded:
+            fit = self._load_table(table_file)
         self._fit: dict[int, LinearStepTime] = dict(fit or {})
         self._fit_given = fit is not None
         self._warm: frozenset[Bucket] = frozenset()
@@ -65,7 +97,24 @@ class ProfiledClock(EngineWrapper):
         """The per-bucket price model (empty before warm-up unless one was given)."""
         return dict(self._fit)
 
+    def _load_table(self, path: str) -> dict[int, LinearStepTime]:
+        try:
+            fit, metadata = load_fit(path)
+        except (OSError, ValueError) as e:
+            raise EngineConfigError(f"profile table {path}: {e}") from None
+        differ = [f"{key}={metadata.get(key)!r} (this run: {want!r})"
+                  for key, want in self.identity.items() if metadata.get(key) != want]
+        if differ:
+            raise EngineConfigError(
+                f"profile table {path} was measured for another setup: {', '.join(differ)}; "
+                f"give another --profile_table (a missing one is measured and written)")
+        return fit
+
     def _prepare(self, buckets: list[Bucket]) -> None:
+        tokens = sorted({b.num_tokens for b in buckets})
+        if self.table_loaded and sorted(self._fit) != tokens:
+            raise EngineConfigError(f"profile table {self.table_file} has buckets "
+                                    f"{sorted(self._fit)}, this run has {tokens}")
         missing = [b for b in buckets if b.num_tokens not in self._fit]
         if missing and self._fit_given:
             raise ValueError(f"ProfiledClock.warmup: the given fit has no price for buckets "
@@ -74,9 +123,18 @@ class ProfiledClock(EngineWrapper):
             samples = measure_step_times(self.engine, missing, num_repeats=self.num_repeats,
                                          **self._grid)
             self._fit.update(fit_linear(samples, self._grid["page_size"]))
+            if self.table_file is not None:
+                self.save_table(self.table_file)
         else:
             self.engine.warmup(buckets)
         self._warm = self._warm | frozenset(buckets)
+
+    def save_table(self, path: str) -> str:
+        """Writes the per-bucket table (with `identity`) to `path`; returns its sha256."""
+        if not self._fit:
+            raise ValueError("ProfiledClock.save_table: nothing profiled yet (warm up first)")
+        save_fit(path, self._fit, metadata={"kind": "profiled_clock", **self.identity})
+        return table_digest(path)
 
     def step(self, inputs: StepInputs) -> StepOutput:
         """Runs the step on the wrapped engine; `step_s` is the fit's price of it."""
@@ -85,3 +143,9 @@ class ProfiledClock(EngineWrapper):
         q_lens, kv_lens = real_lengths(inputs)
         return StepOutput(sampled_tokens=output.sampled_tokens,
                           step_s=self._fit[inputs.bucket.num_tokens].seconds(q_lens, kv_lens))
+
+
+def table_digest(path: str) -> str:
+    """sha256 of a table file's bytes: config.json names the table a run used by it."""
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
