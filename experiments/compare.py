@@ -45,6 +45,14 @@ FAIRNESS_COLUMNS = ("kv_reservation", "count_host_time")
 PLOT_METRICS = (("throughput_tok_s", "output tokens/s"), ("latency_p50_s", "latency p50 (s)"),
                 ("normalized_latency_mean_s", "normalized latency (s/token)"),
                 ("ttft_p99_s", "TTFT p99 (s)"))
+# A bar of the figure only when an SLO is set (the summaries then have it).
+SLO_PLOT_METRICS = (("goodput_req_s", "goodput (requests/s within SLO)"),)
+
+
+def plotted_metrics(rows: Sequence[dict[str, Any]]) -> list[tuple[str, str]]:
+    """The figure's panels: `PLOT_METRICS`, and goodput where the runs had an SLO."""
+    return [*PLOT_METRICS, *((key, label) for key, label in SLO_PLOT_METRICS
+                             if any(row.get(key) is not None for row in rows))]
 
 
 def run_orders(names: Sequence[str], repeats: int) -> list[list[str]]:
@@ -110,9 +118,10 @@ def _plot(rows: list[dict], path: str) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    fig, axes = plt.subplots(1, len(PLOT_METRICS), figsize=(4 * len(PLOT_METRICS), 3.2))
+    panels = plotted_metrics(rows)
+    fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.2))
     names = [row["policy_label"] for row in rows]
-    for ax, (key, label) in zip(axes, PLOT_METRICS):
+    for ax, (key, label) in zip(axes, panels):
         heights = [row.get(key) or 0.0 for row in rows]
         # Over repeats: a bar's whisker spans the repeats' min to max.
         ranges = [row.get("spread", {}).get(key) for row in rows]

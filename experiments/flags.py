@@ -146,7 +146,8 @@ TABLE_COLUMNS = ("policy", "num_finished", "num_rejected", "num_steps", "duratio
                  "throughput_req_s", "throughput_tok_s", "ttft_p50_s", "ttft_p99_s",
                  "tpot_p50_s", "tpot_p99_s", "latency_p50_s", "latency_p99_s",
                  "normalized_latency_mean_s", "num_preemptions", "padding_fraction",
-                 "prefix_hit_rate")  # the last only with prefix caching active ('-' otherwise)
+                 "prefix_hit_rate",  # only with prefix caching active ('-' otherwise)
+                 "goodput_req_s", "slo_attainment")  # only with an SLO set ('-' otherwise)
 
 # Deprecated flag -> the flag it sets now (kept for one release).
 RENAMED_FLAGS = {"max_batch_size": "max_num_seqs", "token_budget": "max_num_tokens"}

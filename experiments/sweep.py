@@ -29,12 +29,15 @@ from orca_jax.results.sweep_store import SweepConfigError, aggregate
 from orca_jax.runner.sweep import PolicyRun, SweepError, run_sweep
 
 METRICS = {"normalized_latency": "normalized_latency_mean_s", "ttft_p99": "ttft_p99_s",
-           "tpot_p99": "tpot_p99_s"}
+           "tpot_p99": "tpot_p99_s", "goodput": "goodput_req_s",
+           "slo_attainment": "slo_attainment"}
+SLO_METRICS = ("goodput", "slo_attainment")  # need --ttft_slo_s or --tpot_slo_s
 THROUGHPUTS = {"req": "throughput_req_s", "tok": "throughput_tok_s"}
 
 flags.DEFINE_list("rates", ["2", "4", "8", "16"], "Request rates to sweep (requests/s).")
 flags.DEFINE_list("seeds", ["0"], "Workload seeds to sweep (the band is over these).")
-flags.DEFINE_enum("metric", "normalized_latency", list(METRICS), "Latency metric of the figure.")
+flags.DEFINE_enum("metric", "normalized_latency", list(METRICS), "Metric of the figure: a latency, "
+                  "or goodput or slo_attainment (with --ttft_slo_s and/or --tpot_slo_s).")
 flags.DEFINE_enum("throughput", "req", list(THROUGHPUTS), "Throughput axis: requests/s or "
                   "output tokens/s.")
 flags.DEFINE_enum("band", "minmax", ["minmax", "std"], "Band over seeds: min-max or mean ± std.")
@@ -68,6 +71,9 @@ def main(argv: list[str]) -> None:
     if spec.workload.arrival == "burst":
         raise app.UsageError("--workload=burst has every request at t=0: there is no rate to "
                              "sweep (use poisson, gamma or a trace)")
+    if FLAGS.metric in SLO_METRICS and spec.ttft_slo_s is None and spec.tpot_slo_s is None:
+        raise app.UsageError(f"--metric={FLAGS.metric} counts requests within the SLOs; set "
+                             "--ttft_slo_s and/or --tpot_slo_s")
     names = list(FLAGS.policies)
     options = options_by_policy(FLAGS.policy_opts, names)
     rates = _parse_list("rates", FLAGS.rates, float)
