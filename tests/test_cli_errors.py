@@ -43,17 +43,21 @@ class Case:
 
 def _cases(files: Path) -> list[Case]:
     return [
-        Case("rate_zero", (*SIM, "--rate=0"), 2, r"workload\.rate .*> 0.*got 0\.0"),
-        Case("rate_nan", (*SIM, "--rate=nan"), 2, r"workload\.rate .*got nan"),
-        Case("rate_inf", (*SIM, "--rate=inf"), 2, r"workload\.rate .*got inf"),
-        Case("cv_zero", (*SIM, "--workload=gamma", "--cv=0"), 2, r"workload\.cv .*got 0\.0"),
-        Case("kv_memory_zero", (*SIM, "--kv_memory_gb=0"), 2, r"kv_memory_gb .*got 0\.0"),
-        Case("step_time_zero", (*SIM, "--step_time_ms=0"), 2, r"step_time_ms .*got 0\.0"),
+        Case("rate_zero", (*SIM, "--rate=0"), 2, r"--rate: workload\.rate .*> 0.*got 0\.0"),
+        Case("rate_nan", (*SIM, "--rate=nan"), 2, r"--rate: workload\.rate .*got nan"),
+        Case("rate_inf", (*SIM, "--rate=inf"), 2, r"--rate: workload\.rate .*got inf"),
+        Case("cv_zero", (*SIM, "--workload=gamma", "--cv=0"), 2, r"--cv: workload\.cv .*got 0\.0"),
+        Case("kv_memory_zero", (*SIM, "--kv_memory_gb=0"), 2,
+             r"--kv_memory_gb: limits\.kv_memory_gb .*got 0\.0"),
+        Case("step_time_zero", (*SIM, "--step_time_ms=0"), 2,
+             r"--step_time_ms: engine\.step_time_ms .*got 0\.0"),
         Case("buckets_text", (*SIM, "--buckets=abc"), 2, r"--buckets=abc: expected integers"),
         Case("buckets_unsorted", (*SIM, "--buckets=2048,16"), 2,
-             r"token_buckets must ascend.*\(2048, 16\)"),
+             r"--buckets: limits\.token_buckets must ascend.*\(2048, 16\)"),
         Case("buckets_short_of_budget", (*SIM, "--buckets=16,32"), 2,
-             r"token_buckets .*max_num_tokens \(2048\).*\(16, 32\)"),
+             r"--buckets: limits\.token_buckets .*max_num_tokens \(2048\).*\(16, 32\)"),
+        Case("cost_fit_missing", (*SIM, "--cost_fit=no_such_fit.json"), 2,
+             r"cost fit no_such_fit\.json: No such file"),
         Case("hardware_unknown", (*SIM, "--hardware=nope"), 2, r"hardware preset 'nope'"),
         Case("model_unknown_sim", (*SIM, "--model=nope"), 2, r"unknown model 'nope'"),
         Case("model_unknown_jax", ("--engine=jax", "--model=nope"), 2, r"unknown model 'nope'"),
@@ -197,7 +201,7 @@ def test_an_error_in_a_plugin_shows_its_own_frames_ending_at_its_line(tmp_path):
 
 
 def test_an_error_raised_inside_the_framework_keeps_its_whole_traceback():
-    from experiments.flags import clean_errors, plugin_traceback
+    from experiments.cli_errors import clean_errors, plugin_traceback
     from orca_jax.workloads.synthetic import arrival_times
 
     # This test's frame stands where a plugin's would: it called into the framework, which
@@ -209,12 +213,19 @@ def test_an_error_raised_inside_the_framework_keeps_its_whole_traceback():
 
 
 def test_sigint_prints_one_line_and_exits_130(tmp_path):
+    # The child ignores SIGINT while it imports, then takes Python's own handler (a shell's
+    # background job, CI's say, would hand it SIGINT ignored) and says it is ready.
+    start = ("import runpy, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN);"
+             " import experiments.flags, policies;"
+             " signal.signal(signal.SIGINT, signal.default_int_handler);"
+             " print('ready', flush=True); sys.argv = ['run', *sys.argv[1:]];"
+             " runpy.run_module('experiments.run', run_name='__main__', alter_sys=True)")
     process = subprocess.Popen(
-        [sys.executable, "-m", "experiments.run", "--engine=sim", "--num_requests=200000",
+        [sys.executable, "-c", start, "--engine=sim", "--num_requests=200000",
          f"--out_dir={tmp_path / 'out'}"], cwd=REPO, env=_env(), stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    time.sleep(2.0)  # inside the run: the workload alone takes longer than the imports
+        stderr=subprocess.PIPE, text=True)
+    assert process.stdout.readline() == "ready\n"
+    time.sleep(1.0)  # into the run: building 2e5 requests alone takes longer
     process.send_signal(signal.SIGINT)
     _, stderr = process.communicate(timeout=120)
     assert process.returncode == 130, stderr

@@ -12,7 +12,7 @@ import json
 import os
 from typing import Any, Optional
 
-from orca_jax.core.engine_api import Engine
+from orca_jax.core.engine_api import Engine, EngineConfigError
 from orca_jax.core.packing import pages_per_seq_for
 from orca_jax.core.request import Request
 from orca_jax.core.scheduler import SchedulerConfig
@@ -113,7 +113,12 @@ def build_engine(spec: RunSpec, config: SchedulerConfig) -> Engine:
 def _cost_config(engine: SimEngineSpec) -> cost_model.CostModelConfig:
     if engine.cost_fit is not None:
         from orca_jax.sim.calibration import cost_config_from_fit
-        return cost_config_from_fit(engine.cost_fit, engine.model)
+        try:
+            return cost_config_from_fit(engine.cost_fit, engine.model)
+        except OSError as e:  # a missing or unreadable file: the user's input
+            raise EngineConfigError(f"cost fit {engine.cost_fit}: {e.strerror or e}") from None
+        except ValueError as e:  # not a fit: the message names the file
+            raise EngineConfigError(str(e)) from None
     if engine.step_time_ms is not None:
         return cost_model.CostModelConfig(mode="fixed", model=engine.model,
                                           hardware=engine.hardware, tp=engine.tp,
