@@ -193,3 +193,21 @@ def test_the_flags_choose_a_prefix_workload_with_the_engines_defaults(tmp_path):
                f"--out_dir={tmp_path / 'bad'}")
     assert bad.returncode != 0 and "prefix_len" in bad.stderr and "fixed:0" in bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+def test_requests_beyond_the_context_get_ids_that_take_no_memory():
+    shared = shared_prefix_workload(num_requests=4, rate=1.0, num_prefixes=2,
+                                    prefix_len="fixed:2000000000", prefix_zipf=0.0,
+                                    suffix_len="fixed:8", output_len="fixed:2", seed=0,
+                                    vocab_size=512, context=1024)
+    assert all(r.prompt_len == 2_000_000_008 and r.prompt_tokens.strides == (0,) for r in shared)
+    # A conversation's turns fit until its history outgrows the context; then none does.
+    turns = conversation_workload(num_requests=6, rate=0.01, num_turns="fixed:6",
+                                  think_time_ms="fixed:1", message_len="fixed:10",
+                                  output_len="fixed:10", seed=0, vocab_size=512, context=45)
+    fits = [r.prompt_len + r.output_len <= 45 for r in turns]
+    assert fits == [True, True, False, False, False, False]
+    assert [r.prompt_tokens.strides == (0,) for r in turns] == [not f for f in fits]
+    assert [r.planned_output_tokens.strides == (0,) for r in turns] == [not f for f in fits]
+    assert np.array_equal(turns[1].prompt_tokens[:20],
+                          np.concatenate([turns[0].prompt_tokens, turns[0].planned_output_tokens]))

@@ -58,13 +58,14 @@ def build_workload(spec: RunSpec) -> list[Request]:
             num_requests=workload.num_requests, rate=workload.rate,
             num_prefixes=workload.num_prefixes, prefix_len=workload.prefix_len,
             prefix_zipf=workload.prefix_zipf, suffix_len=workload.suffix_len,
-            output_len=workload.output_len, seed=spec.seed, vocab_size=vocab)
+            output_len=workload.output_len, seed=spec.seed, vocab_size=vocab,
+            context=max_model_len(spec))
     if workload.arrival == "conversation":
         return conversation_workload(
             num_requests=workload.num_requests, rate=workload.rate,
             num_turns=workload.num_turns, think_time_ms=workload.think_time_ms,
             message_len=workload.suffix_len, output_len=workload.output_len, seed=spec.seed,
-            vocab_size=vocab)
+            vocab_size=vocab, context=max_model_len(spec))
     return synthetic_workload(
         num_requests=workload.num_requests, arrival=workload.arrival,
         rate=None if workload.arrival == "burst" else workload.rate, cv=workload.cv,

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import math
-from typing import Union
+from typing import Optional, Union
 
 import numpy as np
 
@@ -26,6 +26,7 @@ from orca_jax.workloads.synthetic import (
     as_distribution,
     check_seed,
     check_vocab_size,
+    placeholder_tokens,
     random_tokens,
 )
 
@@ -37,6 +38,11 @@ def _check_count(name: str, value: int) -> None:
         raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
 
 
+def _fits(num_tokens: int, context: Optional[int]) -> bool:
+    """Whether a request of `num_tokens` (prompt and output) can run: within the context."""
+    return context is None or num_tokens <= context
+
+
 def _check_rate(rate: float, what: str) -> None:
     if not (isinstance(rate, (int, float)) and math.isfinite(rate) and rate > 0):
         raise ValueError(f"rate must be a finite number > 0 ({what} per second), got {rate!r}")
@@ -44,7 +50,8 @@ def _check_rate(rate: float, what: str) -> None:
 
 def shared_prefix_workload(*, num_requests: int, rate: float, num_prefixes: int,
                            prefix_len: Length, prefix_zipf: float, suffix_len: Length,
-                           output_len: Length, seed: int, vocab_size: int) -> list[Request]:
+                           output_len: Length, seed: int, vocab_size: int,
+                           context: Optional[int] = None) -> list[Request]:
     """Requests whose prompts are a shared system prompt and a private suffix.
 
     `num_prefixes` system prompts are drawn once (each its own length from
@@ -63,6 +70,9 @@ def shared_prefix_workload(*, num_requests: int, rate: float, num_prefixes: int,
       output_len: the outputs' length distribution.
       seed: non-negative integer; the same seed gives the same workload bit for bit.
       vocab_size: ids are drawn from [1, vocab_size).
+      context: the run's context limit, if known: a system prompt longer than it, or
+        a request whose prompt and output exceed it, gets `placeholder_tokens` (it is
+        rejected before any step reads them) instead of drawn ids.
 
     Returns:
       The requests in arrival order, with ids 0..N-1.
@@ -83,7 +93,8 @@ def shared_prefix_workload(*, num_requests: int, rate: float, num_prefixes: int,
     arrivals = arrival_times("poisson", num_requests, np.random.default_rng(arrival_seq),
                              rate=rate)  # [N]
     prefix_rng = np.random.default_rng(prefix_seq)
-    prefixes = [random_tokens(prefix_rng, int(n), vocab_size)
+    prefixes = [random_tokens(prefix_rng, int(n), vocab_size) if _fits(int(n), context)
+                else placeholder_tokens(int(n))
                 for n in prefix_dist.sample(prefix_rng, num_prefixes)]
     weights = np.arange(1, num_prefixes + 1, dtype=np.float64) ** -float(prefix_zipf)  # [P]
     choices = np.random.default_rng(choice_seq).choice(
@@ -93,8 +104,13 @@ def shared_prefix_workload(*, num_requests: int, rate: float, num_prefixes: int,
     token_rng = np.random.default_rng(suffix_token_seq)
     requests = []
     for i in range(num_requests):
-        prompt = np.concatenate([prefixes[choices[i]],
-                                 random_tokens(token_rng, int(suffix_lens[i]), vocab_size)])
+        prefix = prefixes[choices[i]]
+        total = len(prefix) + int(suffix_lens[i])
+        if _fits(total + int(output_lens[i]), context):
+            prompt = np.concatenate([prefix, random_tokens(token_rng, int(suffix_lens[i]),
+                                                           vocab_size)])
+        else:
+            prompt = placeholder_tokens(total)
         requests.append(Request(id=i, arrival_s=float(arrivals[i]), prompt_len=len(prompt),
                                 output_len=int(output_lens[i]), prompt_tokens=prompt))
     return requests
@@ -102,11 +118,14 @@ def shared_prefix_workload(*, num_requests: int, rate: float, num_prefixes: int,
 
 def _conversation(index: int, start_s: float, seed: int, num_turns: LengthDistribution,
                   think_time_ms: LengthDistribution, message_len: LengthDistribution,
-                  output_len: LengthDistribution, vocab_size: int) -> list[Request]:
+                  output_len: LengthDistribution, vocab_size: int,
+                  context: Optional[int] = None) -> list[Request]:
     """Conversation `index`'s turns (ids still to be given), from its own streams.
 
     Its streams depend on (seed, index) alone, so a conversation is the same
-    whichever others are drawn beside it.
+    whichever others are drawn beside it. From the first turn that exceeds
+    `context` on, every turn does (the history only grows): those get
+    `placeholder_tokens`, prompt and answer.
     """
     # spawn_key (1, index): the children of the seed's second stream (the first is arrivals).
     length_seq, think_seq, token_seq = np.random.SeedSequence(
@@ -121,20 +140,27 @@ def _conversation(index: int, start_s: float, seed: int, num_turns: LengthDistri
     arrival_s = start_s
     turns = []
     for k in range(count):
-        prompt = np.concatenate([history, random_tokens(token_rng, int(message_lens[k]),
-                                                        vocab_size)])
-        answer = random_tokens(token_rng, int(output_lens[k]), vocab_size)
+        prompt_len = len(history) + int(message_lens[k])
+        if _fits(prompt_len + int(output_lens[k]), context):
+            prompt = np.concatenate([history, random_tokens(token_rng, int(message_lens[k]),
+                                                            vocab_size)])
+            answer = random_tokens(token_rng, int(output_lens[k]), vocab_size)
+            history = np.concatenate([prompt, answer])
+        else:  # too long for the context: this turn and every later one
+            prompt = placeholder_tokens(prompt_len)
+            answer = placeholder_tokens(int(output_lens[k]))
+            history = placeholder_tokens(prompt_len + len(answer))
         turns.append(Request(id=0, arrival_s=arrival_s, prompt_len=len(prompt),
                              output_len=len(answer), prompt_tokens=prompt,
                              planned_output_tokens=answer, conversation_id=index, turn=k))
-        history = np.concatenate([prompt, answer])
         arrival_s += float(thinks_s[k])
     return turns
 
 
 def conversation_workload(*, num_requests: int, rate: float, num_turns: Length,
                           think_time_ms: Length, message_len: Length, output_len: Length,
-                          seed: int, vocab_size: int) -> list[Request]:
+                          seed: int, vocab_size: int,
+                          context: Optional[int] = None) -> list[Request]:
     """Multi-turn conversations: each turn a request whose prompt holds the conversation so far.
 
     Conversations start as a Poisson process at `rate`. Conversation c has a
@@ -161,6 +187,8 @@ def conversation_workload(*, num_requests: int, rate: float, num_turns: Length,
       output_len: each turn's answer's length distribution.
       seed: non-negative integer; the same seed gives the same workload bit for bit.
       vocab_size: ids are drawn from [1, vocab_size).
+      context: the run's context limit, if known: turns that exceed it get
+        `placeholder_tokens` (they are rejected before any step reads them).
 
     Returns:
       The turns in arrival order, with ids 0..N-1; each carries its
@@ -182,7 +210,7 @@ def conversation_workload(*, num_requests: int, rate: float, num_turns: Length,
     # A later conversation's turns all arrive at or after its start, and sort after the
     # turns drawn so far on ties: once N turns arrive by the next start, the first N are known.
     while num_settled < num_requests:
-        for turn in _conversation(index, start_s, seed, *dists, vocab_size):
+        for turn in _conversation(index, start_s, seed, *dists, vocab_size, context):
             turns.append(turn)
             heapq.heappush(pending, turn.arrival_s)
         index += 1
