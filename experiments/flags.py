@@ -113,6 +113,9 @@ flags.DEFINE_list("buckets", None, "Step token sizes to pad to (default: powers 
 flags.DEFINE_float("ttft_slo_s", None, "TTFT SLO for goodput, seconds.")
 flags.DEFINE_float("tpot_slo_s", None, "TPOT SLO for goodput, seconds.")
 flags.DEFINE_integer("seed", 0, "Workload and sampling seed.", lower_bound=0)
+flags.DEFINE_integer("no_progress_steps", 10_000, "Fail the run after this many iterations in "
+                     "a row in which no request gains a computed token or finishes.",
+                     lower_bound=1)
 flags.DEFINE_integer("num_replicas", 1, "sim: replicas behind a global router, each with its own "
                      "scheduler, KV pool and engine.", lower_bound=1)
 flags.DEFINE_string("router", "round_robin", "How --num_replicas > 1 replicas share the "
@@ -250,7 +253,8 @@ def spec_from_flags() -> RunSpec:
                               page_size=FLAGS.page_size, max_model_len=FLAGS.max_model_len,
                               token_buckets=_buckets(),
                               log_step_requests=FLAGS.log_step_requests,
-                              count_host_time=FLAGS.count_host_time),
+                              count_host_time=FLAGS.count_host_time,
+                              no_progress_steps=FLAGS.no_progress_steps),
             cluster=ClusterSpec(num_replicas=FLAGS.num_replicas, router=FLAGS.router,
                                 router_opts=FLAGS.router_opts),
             seed=FLAGS.seed, ttft_slo_s=FLAGS.ttft_slo_s, tpot_slo_s=FLAGS.tpot_slo_s)

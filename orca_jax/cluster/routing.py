@@ -53,12 +53,17 @@ class ClusterView:
       requests: the workload's facts (arrival, prompt and output length,
         priority, tenant) by request index, from a `RequestTableView`; progress
         fields here are replica 0's, so read progress through `replicas[r]`.
+      seed: the run's seed (`--seed`): seed a randomized router with it.
+      ttft_slo_s, tpot_slo_s: the run's SLOs (None when unset).
     """
 
     def __init__(self, cluster: ClusterState) -> None:
         self._cluster = cluster
         self.replicas: tuple[SchedulerView, ...] = tuple(cluster.replica_views)
         self.requests = self.replicas[0].requests
+        self.seed: int = self.replicas[0].seed
+        self.ttft_slo_s: Optional[float] = self.replicas[0].ttft_slo_s
+        self.tpot_slo_s: Optional[float] = self.replicas[0].tpot_slo_s
 
     @property
     def num_replicas(self) -> int:

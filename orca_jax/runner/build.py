@@ -93,6 +93,8 @@ def scheduler_config(spec: RunSpec) -> SchedulerConfig:
                            page_size=limits.page_size, max_model_len=context,
                            token_buckets=limits.token_buckets, temperature=temperature,
                            top_k=top_k, top_p=top_p, seed=spec.seed,
+                           ttft_slo_s=spec.ttft_slo_s, tpot_slo_s=spec.tpot_slo_s,
+                           no_progress_steps=limits.no_progress_steps,
                            log_step_requests=limits.log_step_requests,
                            kv_layout=limits.kv_layout,
                            count_host_time=limits.count_host_time)

@@ -169,9 +169,12 @@ class LimitsSpec:
     kv_layout: str = "paged"
     # Add the scheduler's measured host time to the virtual clock (no longer repeatable).
     count_host_time: bool = False
+    # Fail the run (no_progress) after this many iterations in a row without progress.
+    no_progress_steps: int = 10_000
 
     def __post_init__(self) -> None:
-        for field in ("max_num_seqs", "max_num_tokens", "num_kv_pages", "page_size"):
+        for field in ("max_num_seqs", "max_num_tokens", "num_kv_pages", "page_size",
+                      "no_progress_steps"):
             _check_at_least("limits", field, getattr(self, field), 1)
         _check_at_least("limits", "max_model_len", self.max_model_len, 2)
         _check_choice("limits", "kv_layout", self.kv_layout, KV_LAYOUTS)
