@@ -40,6 +40,7 @@ from orca_jax.core.plan_checks import check_plan
 from orca_jax.core.policy import KV_RESERVATIONS, Policy, check_kv_reservation
 from orca_jax.core.prefix_cache import PrefixCache
 from orca_jax.core.prefix_hits import PrefixHits
+from orca_jax.core.progress import ProgressWatchdog
 from orca_jax.core.request import Request, RequestState, sort_by_arrival
 from orca_jax.core.request_table import RequestTable
 from orca_jax.core.run_record import RunRecord, StepLog
@@ -193,10 +194,7 @@ class Scheduler:
             if cache is not None else None)
         self._step_cached_tokens = 0
         self._num_done += reject_impossible(self.table, self.kv, config, self._reserve_tokens)
-        # The progress watchdog: the most tokens each request ever had computed, and
-        # the iterations in a row in which nothing moved past that.
-        self._most_computed = np.zeros(n, dtype=np.int64)
-        self._stalled_iterations = 0
+        self.watchdog = ProgressWatchdog(n, config.no_progress_steps)
         self.view = SchedulerView(self)
 
     # ------------------------------------------------------------- queries
@@ -358,11 +356,7 @@ class Scheduler:
         # With count_host_time the engine starts only once the host has planned the step.
         end_s = start_s + output.step_s + (host_s if self.config.count_host_time else 0.0)
         self._update(ids, tokens, output, end_s)
-        computed = self.table.num_computed[ids]
-        gained = computed > self._most_computed[ids]
-        if gained.any():
-            self._most_computed[ids[gained]] = computed[gained]
-            progressed = True
+        progressed = self.watchdog.computed(ids, self.table.num_computed[ids]) or progressed
         update_s = time.perf_counter() - update_start
         host_s += update_s
         if self.config.count_host_time:
@@ -382,19 +376,12 @@ class Scheduler:
         return True
 
     def _watch_progress(self, progressed: bool) -> None:
-        """Counts an iteration toward the watchdog; fails the run once it runs out."""
-        if progressed or self.done:
-            self._stalled_iterations = 0
-            return
-        self._stalled_iterations += 1
-        limit = self.config.no_progress_steps
-        if self._stalled_iterations >= limit:
-            raise PlanError(self.policy.name, "no_progress",
-                            f"no request gained a computed token or finished in {limit} "
-                            f"iterations (step {self.num_steps}, {self.now_s:.6f} s; "
-                            f"{self.waiting.size} waiting, {self.running.size} running, "
-                            f"{self.record.num_preemptions} preemptions so far); raise "
-                            "SchedulerConfig.no_progress_steps if the policy means it")
+        """Counts an iteration toward the watchdog (`no_progress` once it runs out)."""
+        self.watchdog.iteration(
+            progressed or self.done, policy=self.policy.name, step=self.num_steps,
+            now_s=self.now_s,
+            situation=lambda: (f"{self.waiting.size} waiting, {self.running.size} running, "
+                               f"{self.record.num_preemptions} preemptions so far"))
 
     def _idle(self, plan: StepPlan) -> bool:
         """An iteration that runs nothing: jump to the next arrival, or fail if stuck.
