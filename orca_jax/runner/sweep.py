@@ -235,7 +235,8 @@ def _run_point(store: SweepStore, key: PointKey, spec: RunSpec, run: PolicyRun,
     """Runs one point and appends it to the store; returns its stored line."""
     start = time.perf_counter()
     summary, result = run_policy(spec, run.spec, dict(run.options), out_dir=run_dir,
-                                 requests=requests, engine=engine, progress=False)
+                                 requests=requests, engine=engine, progress=False,
+                                 label=run.label)
     if extra_metrics:
         summary.update(extra_metrics(result))
     extra: dict[str, object] = {"wall_s": time.perf_counter() - start}
