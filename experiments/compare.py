@@ -5,10 +5,10 @@ engine and the same bucket set; results go to one subfolder per policy (named
 by its label, `--policies=LABEL=SPEC`, by default the policy's name) under
 --out_dir, with a table (comparison.txt, comparison.json; the terminal gets its
 key columns) and, with matplotlib installed, a figure (comparison.png). Every
-policy, knob and the router are checked before the first run. The table says what the comparison holds
-equal and what it does not: each policy's KV reservation mode
-(`kv_reservation`) and whether host time was counted on the clock
-(`count_host_time`).
+policy, knob and the router are checked before the first run. The table says
+what the comparison holds equal and what it does not: each policy's KV
+reservation mode (`kv_reservation`) and whether host time was counted on the
+clock (`count_host_time`).
 
 A wall-clock comparison (`--engine=jax --clock=wall`) measures a machine that
 drifts (clocks, heat, neighbours' jobs), so `--repeats=N` runs every policy N
