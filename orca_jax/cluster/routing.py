@@ -107,12 +107,16 @@ def registered_routers() -> dict[str, type[Router]]:
     return dict(_ROUTERS)
 
 
+def resolve_router_class(spec: str) -> type[Router]:
+    """Finds the router class for a registered name, `module:Class` or `file.py:Class`."""
+    return plugins.resolve_class(spec, kind="router", plural="routers", registry=_ROUTERS,
+                                 base=Router)
+
+
 def make_router(spec: str, options: Optional[Mapping[str, str]] = None) -> Router:
     """Builds a router from its spec and string options (`--router_opts`).
 
     Raises:
       PolicyLoadError: the spec does not resolve, or an option is unknown or mistyped.
     """
-    cls = plugins.resolve_class(spec, kind="router", plural="routers", registry=_ROUTERS,
-                                base=Router)
-    return plugins.build(cls, options, "router")
+    return plugins.build(resolve_router_class(spec), options, "router")

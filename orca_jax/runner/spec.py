@@ -71,7 +71,8 @@ class WorkloadSpec:
     arrival: str = "poisson"
     trace: Optional[str] = None  # the trace file (JSONL or CSV) of arrival "trace"
     trace_time_scale: float = 1.0  # multiplies a trace's arrival times (0.5: twice the rate)
-    num_requests: int = 200  # of a trace: its first N; of conversation: turns
+    # Of a trace: its first N (None: the whole trace); of conversation: turns.
+    num_requests: Optional[int] = 200
     rate: float = 4.0  # requests/s (poisson, gamma, shared_prefix); conversations/s
     cv: float = 1.0  # coefficient of variation of gamma inter-arrival gaps
     prompt_len: str = "uniform:32:512"  # a length spec (`workloads.synthetic.parse_length_spec`)

@@ -24,12 +24,16 @@ Nothing here imports jax.
 
 from __future__ import annotations
 
+import logging
+import time
 from typing import Mapping, Optional
 
 from orca_jax.core.engine_api import Bucket, Engine, EngineWrapper, StepInputs, StepOutput
 from orca_jax.sim.calibration import fit_linear
 from orca_jax.sim.cost_model import LinearStepTime, real_lengths
 from orca_jax.sim.step_profile import measure_step_times
+
+_log = logging.getLogger(__name__)
 
 
 class ProfiledClock(EngineWrapper):
@@ -71,9 +75,13 @@ class ProfiledClock(EngineWrapper):
             raise ValueError(f"ProfiledClock.warmup: the given fit has no price for buckets "
                              f"{[b.num_tokens for b in missing]}; fitted: {sorted(self._fit)}")
         if missing:  # profiled once: a later warm-up of the same buckets (compare) reuses it
+            _log.info("profiled clock: timing a grid of step compositions of %d buckets",
+                      len(missing))
+            start = time.perf_counter()
             samples = measure_step_times(self.engine, missing, num_repeats=self.num_repeats,
                                          **self._grid)
             self._fit.update(fit_linear(samples, self._grid["page_size"]))
+            _log.info("profiled clock: fitted in %.1f s", time.perf_counter() - start)
         else:
             self.engine.warmup(buckets)
         self._warm = self._warm | frozenset(buckets)
