@@ -1,12 +1,14 @@
 """Compares policies on one identical workload: `python -m experiments.compare`.
 
 Each policy runs on the same requests (built once from the seed), the same
-engine and the same bucket set; results go to one subfolder per policy under
---out_dir, with a table (comparison.txt, comparison.json) and, with matplotlib
-installed, a figure (comparison.png). The table says what the comparison holds
-equal and what it does not: each policy's KV reservation mode
-(`kv_reservation`) and whether host time was counted on the clock
-(`count_host_time`).
+engine and the same bucket set; results go to one subfolder per policy (named
+by its label, `--policies=LABEL=SPEC`, by default the policy's name) under
+--out_dir, with a table (comparison.txt, comparison.json; the terminal gets its
+key columns) and, with matplotlib installed, a figure (comparison.png). Every
+policy, knob and the router are checked before the first run. The table says
+what the comparison holds equal and what it does not: each policy's KV
+reservation mode (`kv_reservation`) and whether host time was counted on the
+clock (`count_host_time`).
 
 A wall-clock comparison (`--engine=jax --clock=wall`) measures a machine that
 drifts (clocks, heat, neighbours' jobs), so `--repeats=N` runs every policy N
@@ -27,14 +29,23 @@ from typing import Any, Sequence
 from absl import app, flags
 
 from experiments import flags as run_flags
-from experiments.policy_flags import options_by_policy, policy_label
-from orca_jax import make_policy
+from experiments import policy_flags
+from experiments.policy_flags import resolve_policies
+from experiments.terminal_table import fit_table
 from orca_jax.core.json_files import to_json_value, write_json_atomic
 from orca_jax.results.metrics import format_table
-from orca_jax.runner.build import build_engine, build_workload, scheduler_config
+from orca_jax.runner.build import (
+    build_engine,
+    build_workload,
+    check_policies,
+    scheduler_config,
+    workload_line,
+)
 from orca_jax.runner.experiment import run_policy
 from orca_jax.runner.spec import JaxEngineSpec, RunSpec
 
+flags.adopt_module_key_flags(run_flags)
+flags.adopt_module_key_flags(policy_flags)
 flags.DEFINE_integer("repeats", 1, "Runs of each policy on the same engine, in alternating order "
                      "(A B, B A, A B, ...); with N > 1 the table gives each metric's median and "
                      "min-max over them, and each run is kept in POLICY/repeat_K. For wall-clock "
@@ -120,7 +131,7 @@ def _plot(rows: list[dict], path: str) -> bool:
         return False
     panels = plotted_metrics(rows)
     fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.2))
-    names = [row["policy_label"] for row in rows]
+    names = [row["policy"] for row in rows]
     for ax, (key, label) in zip(axes, panels):
         heights = [row.get(key) or 0.0 for row in rows]
         # Over repeats: a bar's whisker spans the repeats' min to max.
@@ -141,16 +152,19 @@ def _plot(rows: list[dict], path: str) -> bool:
 def main(argv: list[str]) -> None:
     del argv
     spec = run_flags.spec_from_flags()
-    names = list(run_flags.FLAGS.policies)
-    options = options_by_policy(run_flags.FLAGS.policy_opts, names)
+    entries = resolve_policies(list(run_flags.FLAGS.policies), run_flags.FLAGS.policy_opts)
+    labels = [entry.label for entry in entries]
+    by_label = {entry.label: entry for entry in entries}
     repeats = run_flags.FLAGS.repeats
     out = run_flags.FLAGS.out_dir
-    # Built once up front: a bad policy fails before anything runs, and each one's KV
-    # reservation mode (a class attribute or a knob) is read off it.
-    kv_reservation = {name: make_policy(name, options.get(name)).kv_reservation
-                      for name in names}
-    requests = build_workload(spec)
     config = scheduler_config(spec)
+    # Every policy and the router are built and checked before anything runs (a typo in
+    # the last policy's knob fails now, not after the others ran); each one's KV
+    # reservation mode (a class attribute or a knob) is read off it.
+    built = check_policies(spec, config, [(entry.spec, entry.options) for entry in entries])
+    kv_reservation = {label: policy.kv_reservation for label, policy in zip(labels, built)}
+    requests = build_workload(spec)
+    print(workload_line(spec, requests))
     # One engine for every policy: the very same compiled steps (and the same KV cache
     # buffers) serve each of them.
     engine = build_engine(spec, config)
@@ -158,31 +172,34 @@ def main(argv: list[str]) -> None:
     if repeats > 1 and clock is not None:
         print(f"--repeats={repeats} on a deterministic clock ({clock}): the repeats will be "
               "identical but for the measured host time")
-    summaries: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
-    for k, order in enumerate(run_orders(names, repeats)):
+    summaries: dict[str, list[dict[str, Any]]] = {label: [] for label in labels}
+    for k, order in enumerate(run_orders(labels, repeats)):
         if repeats > 1:
-            print(f"repeat {k}: {', '.join(policy_label(name) for name in order)}")
-        for name in order:
-            folder = os.path.join(out, policy_label(name).replace("/", "_"))
-            summary, _ = run_policy(spec, name, options.get(name),
+            print(f"repeat {k}: {', '.join(order)}")
+        for label in order:
+            entry = by_label[label]
+            folder = os.path.join(out, label)
+            summary, _ = run_policy(spec, entry.spec, entry.options,
                                     out_dir=os.path.join(folder, f"repeat_{k}")
                                     if repeats > 1 else folder,
-                                    requests=requests, engine=engine)
-            summaries[name].append(summary)
+                                    requests=requests, engine=engine, label=label)
+            summaries[label].append(summary)
     rows = []
-    for name in names:
-        row = summaries[name][0] if repeats == 1 else over_repeats(summaries[name])
-        rows.append({**row, "policy_label": policy_label(name),
-                     "kv_reservation": kv_reservation[name],
+    for label in labels:
+        row = summaries[label][0] if repeats == 1 else over_repeats(summaries[label])
+        rows.append({**row, "policy": label, "kv_reservation": kv_reservation[label],
                      "count_host_time": config.count_host_time})
     columns = [run_flags.TABLE_COLUMNS[0], *FAIRNESS_COLUMNS, *run_flags.TABLE_COLUMNS[1:]]
     table = format_table(table_rows(rows), columns)
+    shown = fit_table(table_rows(rows))
     if repeats > 1:
-        table = (f"{repeats} repeats per policy, in alternating order; each metric: median "
-                 f"(min–max), or one value where every repeat agrees\n{table}")
-    print(table)
+        note = (f"{repeats} repeats per policy, in alternating order; each metric: median "
+                f"(min–max), or one value where every repeat agrees\n")
+        table, shown = note + table, note + shown
+    print(shown)
     with open(os.path.join(out, "comparison.txt"), "w") as f:
         f.write(table + "\n")
+    print(f"every column: {os.path.join(out, 'comparison.txt')}")
     write_json_atomic(os.path.join(out, "comparison.json"), to_json_value(rows),
                       sort_keys=False)
     if _plot(rows, os.path.join(out, "comparison.png")):

@@ -75,7 +75,8 @@ flags.DEFINE_string("trace", None, "Trace file (JSONL or CSV) for --workload=tra
 flags.DEFINE_float("trace_time_scale", 1.0, "Multiplies the trace's arrival times (and "
                    "deadlines): 0.5 replays it at twice its request rate.")
 flags.DEFINE_integer("num_requests", None, "Requests in the workload (the first N of a trace; "
-                     "of conversation: turns). Default: 64 on jax, 1000 on sim.", lower_bound=1)
+                     "of conversation: turns). Default: a whole trace; else 64 on jax, 1000 on "
+                     "sim.", lower_bound=1)
 flags.DEFINE_float("rate", None, "Arrival rate in requests/s (poisson, gamma, shared_prefix; "
                    "conversation: conversations/s). Default: 40 on jax (tiny on a CPU), 32 on "
                    "sim.", lower_bound=0.0)
@@ -117,13 +118,17 @@ flags.DEFINE_list("buckets", None, "Step token sizes to pad to (default: powers 
 flags.DEFINE_float("ttft_slo_s", None, "TTFT SLO for goodput, seconds.")
 flags.DEFINE_float("tpot_slo_s", None, "TPOT SLO for goodput, seconds.")
 flags.DEFINE_integer("seed", 0, "Workload and sampling seed.", lower_bound=0)
+flags.DEFINE_integer("no_progress_steps", 10_000, "Fail the run after this many iterations in "
+                     "a row in which no request gains a computed token or finishes.",
+                     lower_bound=1)
 flags.DEFINE_integer("num_replicas", 1, "sim: replicas behind a global router, each with its own "
                      "scheduler, KV pool and engine.", lower_bound=1)
 flags.DEFINE_string("router", "round_robin", "How --num_replicas > 1 replicas share the "
                     "arrivals: round_robin, least_outstanding (fewest requests not yet done), "
                     "least_work (fewest tokens left: an oracle), or a plugin as "
                     "package.module:Class or path/to/file.py:Class.")
-flags.DEFINE_string("router_opts", "", "Router knobs: key=value,...")
+flags.DEFINE_string("router_opts", "", "Router knobs: key=value,... (with --num_replicas > 1; "
+                    "with one replica --router and --router_opts are refused)")
 flags.DEFINE_bool("count_host_time", False, "Add the scheduler's measured host time (planning, "
                   "packing, bookkeeping) to the virtual clock, as a real server pays it; runs "
                   "are then no longer repeatable bit for bit.")
@@ -131,7 +136,10 @@ flags.DEFINE_bool("log_step_requests", False, "Write each step's request ids and
                   "to steps.jsonl (request_ids, request_tokens).")
 flags.DEFINE_string("out_dir", "runs/latest", "Output directory.")
 flags.DEFINE_string("policy_opts", "", "Policy knobs: key=value,... (in compare and sweep: "
-                    "policy.key=value, policy as named in --policies).")
+                    "label.key=value, label as named in --policies). A knob named like a "
+                    "scheduler limit (max_num_seqs, max_num_tokens, num_kv_pages, "
+                    "max_model_len) may not exceed the run's flag of that name: that is an "
+                    "error, not a silent cap.")
 
 TABLE_COLUMNS = ("policy", "num_finished", "num_rejected", "num_steps", "duration_s",
                  "throughput_req_s", "throughput_tok_s", "ttft_p50_s", "ttft_p99_s",
@@ -202,9 +210,19 @@ def _take_renamed_flags() -> None:
         FLAGS[new].value = value
 
 
+def _check_router_flags() -> None:
+    """Refuses --router or --router_opts given with one replica (they would do nothing)."""
+    given = [f"--{name}={FLAGS[name].value}" for name in ("router", "router_opts")
+             if FLAGS[name].present]
+    if given and FLAGS.num_replicas == 1:
+        raise app.UsageError(f"{' '.join(given)} routes between replicas, but --num_replicas=1; "
+                             "give --num_replicas > 1 or drop the router flags")
+
+
 def spec_from_flags() -> RunSpec:
     """The RunSpec the flags describe (unset flags take the engine's defaults)."""
     _take_renamed_flags()
+    _check_router_flags()
     defaults = ENGINE_DEFAULTS[FLAGS.engine]
 
     def pick(name: str):
@@ -231,7 +249,9 @@ def spec_from_flags() -> RunSpec:
         return RunSpec(
             workload=WorkloadSpec(arrival=FLAGS.workload, trace=FLAGS.trace,
                                   trace_time_scale=FLAGS.trace_time_scale,
-                                  num_requests=pick("num_requests"), rate=pick("rate"),
+                                  num_requests=FLAGS.num_requests
+                                  if FLAGS.workload == "trace" else pick("num_requests"),
+                                  rate=pick("rate"),
                                   cv=FLAGS.cv, prompt_len=pick("prompt_len"),
                                   output_len=pick("output_len"), **prefix_knobs),
             engine=engine,
@@ -241,7 +261,8 @@ def spec_from_flags() -> RunSpec:
                               page_size=FLAGS.page_size, max_model_len=FLAGS.max_model_len,
                               token_buckets=_buckets(),
                               log_step_requests=FLAGS.log_step_requests,
-                              count_host_time=FLAGS.count_host_time),
+                              count_host_time=FLAGS.count_host_time,
+                              no_progress_steps=FLAGS.no_progress_steps),
             cluster=ClusterSpec(num_replicas=FLAGS.num_replicas, router=FLAGS.router,
                                 router_opts=FLAGS.router_opts),
             seed=FLAGS.seed, ttft_slo_s=FLAGS.ttft_slo_s, tpot_slo_s=FLAGS.tpot_slo_s)

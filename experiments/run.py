@@ -1,7 +1,8 @@
 """Runs one policy: `python -m experiments.run --policy=orca --engine=sim ...`.
 
 Writes config.json, requests.jsonl, steps.jsonl and summary.json to --out_dir
-and prints the summary as a table.
+and prints the summary as a table. `--describe_policy=NAME_OR_PATH` prints a
+policy's (or router's) knobs, with their types, defaults and docs, and exits.
 """
 
 from __future__ import annotations
@@ -10,21 +11,50 @@ from absl import app, flags
 
 import policies
 from experiments import flags as run_flags
-from orca_jax.results.metrics import format_table
+from experiments.terminal_table import fit_table
+from orca_jax.cluster.routing import resolve_router_class
+from orca_jax.core import plugins
+from orca_jax.core.policy import PolicyLoadError, resolve_policy_class
+from orca_jax.runner.build import build_workload, check_policies, scheduler_config, workload_line
 from orca_jax.runner.experiment import run_policy
 
+flags.adopt_module_key_flags(run_flags)
 flags.DEFINE_string("policy", "orca", "Policy: a registered name, package.module:Class, or "
                     "path/to/file.py:Class.")
+flags.DEFINE_string("describe_policy", None, "Print the knobs (types, defaults, docs) of this "
+                    "policy or router (a registered name, package.module:Class or "
+                    "path/to/file.py:Class) and exit.")
+
+
+def describe(spec: str) -> str:
+    """The knobs of the policy `spec`, or of the router `spec` if no policy is called so.
+
+    Raises:
+      PolicyLoadError: `spec` is neither (the policy's message).
+    """
+    try:
+        return plugins.describe(resolve_policy_class(spec), "policy")
+    except PolicyLoadError as policy_error:
+        try:
+            return plugins.describe(resolve_router_class(spec), "router")
+        except PolicyLoadError:
+            raise policy_error from None
 
 
 @run_flags.clean_errors()
 def main(argv: list[str]) -> None:
     del argv
+    if run_flags.FLAGS.describe_policy:
+        print(describe(run_flags.FLAGS.describe_policy))
+        return
     spec = run_flags.spec_from_flags()
     options = policies.parse_options(run_flags.FLAGS.policy_opts)
+    check_policies(spec, scheduler_config(spec), [(run_flags.FLAGS.policy, options)])
+    requests = build_workload(spec)
+    print(workload_line(spec, requests))
     summary, _ = run_policy(spec, run_flags.FLAGS.policy, options,
-                            out_dir=run_flags.FLAGS.out_dir)
-    print(format_table([summary], list(run_flags.TABLE_COLUMNS)))
+                            out_dir=run_flags.FLAGS.out_dir, requests=requests)
+    print(fit_table([summary]))
     print(f"results in {run_flags.FLAGS.out_dir}")
 
 

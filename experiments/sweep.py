@@ -22,10 +22,12 @@ from typing import Sequence
 from absl import app, flags
 
 from experiments import flags as run_flags
-from experiments.policy_flags import options_by_policy, policy_label
+from experiments import policy_flags
+from experiments.policy_flags import resolve_policies
 from orca_jax.results.metrics import format_table
 from orca_jax.results.plots import METRIC_LABELS, plot_sweep
 from orca_jax.results.sweep_store import SweepConfigError, aggregate
+from orca_jax.runner.build import check_policies, scheduler_config
 from orca_jax.runner.sweep import PolicyRun, SweepError, run_sweep
 
 METRICS = {"normalized_latency": "normalized_latency_mean_s", "ttft_p99": "ttft_p99_s",
@@ -33,6 +35,12 @@ METRICS = {"normalized_latency": "normalized_latency_mean_s", "ttft_p99": "ttft_
            "slo_attainment": "slo_attainment"}
 SLO_METRICS = ("goodput", "slo_attainment")  # need --ttft_slo_s or --tpot_slo_s
 THROUGHPUTS = {"req": "throughput_req_s", "tok": "throughput_tok_s"}
+
+# --help lists the shared flags but --rate and --seed, which --rates and --seeds replace.
+for _flag in flags.FLAGS.get_flags_for_module(run_flags):
+    if _flag.name not in ("rate", "seed"):
+        flags.declare_key_flag(_flag.name)
+flags.adopt_module_key_flags(policy_flags)
 
 flags.DEFINE_list("rates", ["2", "4", "8", "16"], "Request rates to sweep (requests/s).")
 flags.DEFINE_list("seeds", ["0"], "Workload seeds to sweep (the band is over these).")
@@ -74,11 +82,13 @@ def main(argv: list[str]) -> None:
     if FLAGS.metric in SLO_METRICS and spec.ttft_slo_s is None and spec.tpot_slo_s is None:
         raise app.UsageError(f"--metric={FLAGS.metric} counts requests within the SLOs; set "
                              "--ttft_slo_s and/or --tpot_slo_s")
-    names = list(FLAGS.policies)
-    options = options_by_policy(FLAGS.policy_opts, names)
+    entries = resolve_policies(list(FLAGS.policies), FLAGS.policy_opts)
     rates = _parse_list("rates", FLAGS.rates, float)
     seeds = _parse_list("seeds", FLAGS.seeds, int)
-    runs = [PolicyRun(policy_label(name), name, options.get(name, {})) for name in names]
+    # Every policy and the router load, and every knob is valid, before the first point.
+    check_policies(spec, scheduler_config(spec),
+                   [(entry.spec, entry.options) for entry in entries])
+    runs = [PolicyRun(entry.label, entry.spec, dict(entry.options)) for entry in entries]
     try:
         store, keys = run_sweep(spec, runs, rates, seeds, FLAGS.out_dir,
                                 point_runs=FLAGS.point_runs, progress=True)

@@ -17,6 +17,14 @@ is free, the lowest-ranked running requests are preempted by recompute; a
 waiting request waits for free pages instead of evicting (ranks move both ways
 as jobs are demoted, and evicting for admissions would thrash). A request not scheduled for
 `starvation_s` seconds goes back to the top queue.
+
+A waiting request is admitted only when the free pages cover what it needs to
+reach its next token (its whole prompt, chunked or not) on top of what every
+running request still needs to reach its own. Admitting on the first chunk's
+pages alone let the admitted jobs' prefills outgrow the pool together: the
+lowest-ranked were preempted to feed the others, promoted again once starved,
+readmitted, and preempted again, and with a short `starvation_s` no job ever
+finished (a livelock the scheduler's `no_progress` watchdog now also catches).
 """
 
 from __future__ import annotations
@@ -28,7 +36,7 @@ from typing import Optional
 import numpy as np
 from numpy.typing import NDArray
 
-from orca_jax import Policy, SchedulerView, StepPlan, plan_in_order, register
+from orca_jax import Policy, RequestState, SchedulerView, StepPlan, plan_in_order, register
 from policies._common import LastScheduled, candidates
 
 
@@ -119,7 +127,7 @@ class MLFQ(Policy):
         starved = ids[(self._last.idle_s(view, ids) >= self.starvation_s) & (level[ids] > 0)]
         level[starved], used[starved] = 0, 0.0
         self._enqueue(np.sort(starved))
-        order = ids[np.lexsort((ticket[ids], level[ids]))]
+        order = _admissible(view, ids[np.lexsort((ticket[ids], level[ids]))])
         plan = plan_in_order(view, order, admission_preempts=False)
         self._last.mark(view, plan)
         self._charge(view, plan)
@@ -139,3 +147,24 @@ class MLFQ(Policy):
         self._level[spent] += 1
         self._used[spent] = 0.0
         self._enqueue(spent)  # a demoted job joins the tail of its new queue
+
+
+def _admissible(view: SchedulerView, order: NDArray[np.int64]) -> NDArray[np.int64]:
+    """`order` (ranked, `[k]`) less the waiting requests whose admission would leave the
+    pool unable to take every admitted request to its next token: from the first
+    waiting one that does not fit on, so a large job is not overtaken forever."""
+    requests = view.requests
+    running = requests.state[order] == RequestState.RUNNING  # [k]
+    owed = int(view.pages_needed(order[running], requests.num_uncomputed(order[running])).sum())
+    waiting = order[~running]
+    if waiting.size == 0:
+        return order
+    left = requests.num_uncomputed(waiting)
+    if view.prefix_caching:
+        left = left - view.cached_tokens(waiting)
+    need = np.cumsum(view.pages_needed(waiting, left))  # [w]
+    room = view.num_free_pages - view.watermark_pages - owed
+    fits = need <= room
+    if fits.all():
+        return order
+    return order[running | np.isin(order, waiting[:int(np.argmin(fits))])]  # ranks kept

@@ -24,7 +24,7 @@ prefill is done: the next step.
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import ClassVar, Optional
 
 from orca_jax import Policy, SchedulerView, StepPlan, fit_to_budget, register
 
@@ -44,6 +44,7 @@ class Orca(Policy):
 
     max_num_seqs: Optional[int] = None
     kv_reservation: str = "max"
+    preempts: ClassVar[bool] = False  # so it refuses kv_reservation=none (Policy.preempts)
 
     def schedule(self, view: SchedulerView) -> StepPlan:
         cap = min(self.max_num_seqs or view.max_num_seqs, view.max_num_seqs)

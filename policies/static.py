@@ -10,7 +10,7 @@ context, like Orca, so the comparison isolates the scheduling granularity.
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import ClassVar, Optional
 
 import numpy as np
 
@@ -36,6 +36,7 @@ class Static(Policy):
     max_num_seqs: Optional[int] = None
     hold_batch_shape: bool = True
     kv_reservation: str = "max"
+    preempts: ClassVar[bool] = False  # so it refuses kv_reservation=none (Policy.preempts)
     defer_release: bool = dataclasses.field(default=True, init=False)
     _batch: np.ndarray = dataclasses.field(  # request indices of the current batch
         default_factory=lambda: np.zeros(0, np.int64), init=False, repr=False)

@@ -165,6 +165,7 @@ def test_step_inputs_lay_out_positions_slots_and_distinct_pages():
                         num_pages=10)
 
 
+@pytest.mark.slow
 def test_calibrate_command_on_tiny_writes_fit_table_and_runs(tmp_path):
     out = tmp_path / "cal"
     env = dict(os.environ, JAX_PLATFORMS="cpu")

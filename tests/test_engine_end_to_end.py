@@ -22,6 +22,8 @@ from orca_jax.model.llama import dense_forward, init_model
 from orca_jax.model.weights import init_params
 from orca_jax.specs.model_config import get_model_config
 
+# Whole runs of the real engine, compiled: `pytest -m "not slow"` skips the module.
+pytestmark = pytest.mark.slow
 CONFIG = get_model_config("tiny")
 PAGE_SIZE = 4
 MAX_LEN = 64

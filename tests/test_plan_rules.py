@@ -157,6 +157,19 @@ CASES: dict[str, tuple] = {
     # A deferring policy may release only finished, unreleased requests; 0 is still running.
     "release_not_finished_running": (REQUESTS, CONFIG, {"defer_release": True}, 1,
                                      lambda v: StepPlan([1], [1], release=[0])),
+    # A plan rejects only waiting requests: 0 runs (cap 1), 2 is finished, 3 is to come.
+    "reject_not_waiting": (REQUESTS, dataclasses.replace(CONFIG, max_num_seqs=1), {}, 1,
+                           lambda v: StepPlan([0], [1], reject={0: "too slow"})),
+    "reject_not_waiting_finished": (REQUESTS, CONFIG, {}, 2,
+                                    lambda v: StepPlan([0], [1], reject={2: "too slow"})),
+    "reject_not_waiting_not_arrived": (
+        REQUESTS[:3] + [Request(id=3, arrival_s=5.0, prompt_len=4, output_len=2)], CONFIG, {},
+        1, lambda v: StepPlan(reject={3: "too slow"})),
+    "reject_and_schedule": (REQUESTS, CONFIG, {}, 0,
+                            lambda v: StepPlan([0, 1], [10, 12], reject={1: "too slow"})),
+    "unknown_reject": (REQUESTS, CONFIG, {}, 0, lambda v: StepPlan(reject={9: "too slow"})),
+    "duplicate_reject": (REQUESTS, CONFIG, {}, 0,
+                         lambda v: StepPlan(reject=[(1, "too slow"), (1, "again")])),
     # With nothing left to arrive, a plan that runs nothing would loop forever.
     "no_progress": (REQUESTS, CONFIG, {}, 1, lambda v: StepPlan()),
     "not_a_plan": (REQUESTS, CONFIG, {}, 1, lambda v: v.running.tolist()),
@@ -167,10 +180,11 @@ CASES: dict[str, tuple] = {
 def rule_of(case: str) -> str:
     for rule in ("kv_pages", "unknown_request", "finished_request", "duplicate_request",
                  "nonpositive_tokens", "decode_before_prefill_done", "release_not_finished",
-                 "not_a_plan"):
+                 "not_a_plan", "reject_not_waiting"):
         if case.startswith(rule):
             return rule
-    return {"unknown_preempt": "unknown_request", "duplicate_preempt": "duplicate_request"
+    return {"unknown_preempt": "unknown_request", "duplicate_preempt": "duplicate_request",
+            "unknown_reject": "unknown_request", "duplicate_reject": "duplicate_request",
             }.get(case, case)
 
 

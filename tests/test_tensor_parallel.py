@@ -89,6 +89,7 @@ def _outputs(out_dir):
     return {row["id"]: row["output_tokens"] for row in rows}, summary
 
 
+@pytest.mark.slow
 def test_tp2_generates_the_same_tokens_with_half_the_cache_per_device(tmp_path):
     runs = {}
     for name, flags in {"tp1": ["--tp=1"], "tp2": ["--tp=2"],
@@ -109,6 +110,7 @@ def test_tp2_generates_the_same_tokens_with_half_the_cache_per_device(tmp_path):
     assert runs["tp2"][1]["compiled_fingerprints"] != summary["compiled_fingerprints"]
 
 
+@pytest.mark.slow
 def test_tp_beyond_the_devices_is_a_clean_error(tmp_path):
     result = _run(tmp_path / "run", "--tp=2", devices=1)
     assert result.returncode != 0

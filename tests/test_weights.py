@@ -119,6 +119,7 @@ def logits_of(config, params, tokens) -> np.ndarray:
 TOKENS = np.array([5, 300, 17, 17, 42, 511, 0, 128, 9, 77, 3, 260], np.int32)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sharded,tied", [(False, False), (True, False), (True, True)])
 def test_llama_folder_matches_hf_reference_forward(tmp_path, sharded, tied):
     tensors = random_hf_tensors(tied)

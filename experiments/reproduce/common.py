@@ -8,12 +8,13 @@ latency bound, which is how the papers compare systems at equal latency.
 
 from __future__ import annotations
 
-import argparse
 import os
+import sys
 import time
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
+from absl import app, flags
 
 import policies  # noqa: F401  (registers the built-in policies)
 from orca_jax.core.json_files import to_json_value, write_json_atomic
@@ -116,7 +117,7 @@ def write_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str], out_d
     return table
 
 
-def write_figure_and_report(curves: Sequence[Curve], args: argparse.Namespace, *,
+def write_figure_and_report(curves: Sequence[Curve], args: flags.FlagValues, *,
                             max_y: float, x_field: str, y_field: str, title: str,
                             tables: Sequence[str], start: float) -> None:
     """Draws the curves (clipped at `max_y`) to `--figure`, then says where the figure
@@ -129,31 +130,89 @@ def write_figure_and_report(curves: Sequence[Curve], args: argparse.Namespace, *
           f"({time.perf_counter() - start:.0f} s)")
 
 
-def reproduction_parser(doc: str, name: str, figure: str,
-                        setup_defaults: Any) -> argparse.ArgumentParser:
+class RatesParser(flags.ArgumentParser):
+    """`0.5,1,2` -> (0.5, 1.0, 2.0), every rate > 0 (a tuple default is taken as it is)."""
+
+    syntactic_help = "comma-separated request rates > 0 (req/s)"
+
+    def parse(self, argument: Any) -> tuple[float, ...]:
+        return parse_rates(argument if isinstance(argument, str)
+                           else ",".join(str(r) for r in argument))
+
+    def flag_type(self) -> str:
+        return "list of floats"
+
+
+def reproduction_flags(name: str, figure: str, setup_defaults: Any) -> flags.FlagValues:
     """The flags every reproduction takes: --out_dir, --figure, --num_requests, --rates.
 
+    Each reproduction holds its flags in a `FlagValues` of its own, not absl's global
+    one: they reuse the names of the run flags (`--out_dir`, `--num_requests`,
+    `--workload`, `--trace`) with other defaults and meanings, and a process (the
+    tests) may import them all. `run_app` makes one an absl app; `parse_flags` parses
+    a command line into it.
+
     Args:
-      doc: the module docstring (its first line describes the command).
       name: the reproduction's name (its default output folder).
       figure: the PNG it writes by default.
       setup_defaults: its setup class, whose `num_requests` and `rates` are the defaults.
     """
-    parser = argparse.ArgumentParser(description=doc.split("\n")[0])
-    parser.add_argument("--out_dir", default=f"runs/reproduce/{name}",
-                        help="points.jsonl (resumable) and the tables")
-    parser.add_argument("--figure", default=figure, help="the PNG to write")
-    parser.add_argument("--num_requests", type=int, default=setup_defaults.num_requests)
-    parser.add_argument("--rates", type=parse_rates, default=setup_defaults.rates)
-    return parser
+    flag_values = flags.FlagValues()
+    flags.DEFINE_string("out_dir", f"runs/reproduce/{name}", "points.jsonl (resumable) and "
+                        "the tables", flag_values=flag_values)
+    flags.DEFINE_string("figure", figure, "the PNG to write", flag_values=flag_values)
+    flags.DEFINE_integer("num_requests", setup_defaults.num_requests, "requests per point",
+                         lower_bound=1, flag_values=flag_values)
+    flags.DEFINE(RatesParser(), "rates", setup_defaults.rates, "the request rates to sweep",
+                 flag_values=flag_values, serializer=flags.ListSerializer(","))
+    return flag_values
+
+
+def parse_flags(flag_values: flags.FlagValues,
+                argv: Optional[Sequence[str]] = None) -> flags.FlagValues:
+    """Parses a reproduction's command line (without the program name; None: `sys.argv`'s)
+    into its flags, from their defaults; returns them.
+
+    Raises:
+      app.UsageError: a flag is unknown or its value bad (one line naming it).
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    flag_values.unparse_flags()
+    try:
+        rest = flag_values([sys.argv[0], *argv])
+    except flags.Error as e:
+        raise app.UsageError(str(e)) from None
+    if len(rest) > 1:
+        raise app.UsageError(f"unexpected arguments: {' '.join(rest[1:])}")
+    return flag_values
+
+
+def run_app(main: Callable[[Sequence[str]], None], flag_values: flags.FlagValues,
+            doc: str) -> None:
+    """Runs a reproduction's `main(argv)` (argv without the program name) as an absl app;
+    `--help` lists the reproduction's own flags."""
+
+    def parse(argv: list[str]) -> list[str]:
+        if any(arg in ("-h", "-?", "--help", "--helpshort", "--helpfull") for arg in argv[1:]):
+            print(f"{doc.strip().splitlines()[0]}\n\nflags:\n"
+                  f"{flag_values.get_help(include_special_flags=False)}")
+            sys.exit(0)
+        flags.FLAGS(argv[:1])  # absl's own flags keep their defaults
+        return argv
+
+    app.run(lambda argv: main(argv[1:]), flags_parser=parse)
 
 
 def parse_rates(text: str) -> tuple[float, ...]:
-    """`0.5,1,2` -> (0.5, 1.0, 2.0); every rate > 0."""
+    """`0.5,1,2` -> (0.5, 1.0, 2.0); every rate > 0.
+
+    Raises:
+      ValueError: a rate is not a number, or not > 0.
+    """
     try:
         rates = tuple(float(r) for r in text.split(","))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--rates={text}: expected comma-separated numbers")
+        raise ValueError("expected comma-separated numbers") from None
     if not rates or any(not r > 0 for r in rates):
-        raise argparse.ArgumentTypeError(f"--rates={text}: every rate must be > 0")
+        raise ValueError("every rate must be > 0")
     return rates

@@ -33,7 +33,9 @@ from typing import Any, Optional, Sequence
 
 from experiments.reproduce.common import (
     PolicyRun,
-    reproduction_parser,
+    parse_flags,
+    reproduction_flags,
+    run_app,
     run_grid,
     throughput_at_bound,
     write_figure_and_report,
@@ -122,10 +124,16 @@ def run(setup: OrcaSetup, out_dir: str) -> OrcaResult:
     return OrcaResult(curves=curves, rows=rows, ratios=ratios)
 
 
+FLAGS = reproduction_flags("orca", FIGURE, OrcaSetup)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> None:
-    """The command: parse flags, run the sweep, print and write the tables and the figure."""
-    parser = reproduction_parser(__doc__, "orca", FIGURE, OrcaSetup)
-    args = parser.parse_args(argv)
+    """The command: parse flags, run the sweep, print and write the tables and the figure.
+
+    Args:
+      argv: the flags (without the program name); None: the command line's.
+    """
+    args = parse_flags(FLAGS, argv)
     setup = OrcaSetup(num_requests=args.num_requests, rates=args.rates)
     os.makedirs(args.out_dir, exist_ok=True)
     start = time.perf_counter()
@@ -144,4 +152,4 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_app(main, FLAGS, __doc__)

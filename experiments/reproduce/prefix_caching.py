@@ -28,9 +28,13 @@ import os
 import time
 from typing import Any, Optional, Sequence
 
+from absl import flags
+
 from experiments.reproduce.common import (
     PolicyRun,
-    reproduction_parser,
+    parse_flags,
+    reproduction_flags,
+    run_app,
     run_grid,
     write_figure_and_report,
     write_table,
@@ -150,14 +154,19 @@ def trace_router_rows(setup: PrefixCachingSetup) -> list[dict[str, Any]]:
     return rows
 
 
+FLAGS = reproduction_flags("prefix_caching", FIGURE, PrefixCachingSetup)
+flags.DEFINE_string("trace", MOONCAKE, "the Mooncake conversation trace", flag_values=FLAGS)
+flags.DEFINE_integer("trace_requests", PrefixCachingSetup.trace_requests,
+                     "(b): the trace's first N requests", lower_bound=1, flag_values=FLAGS)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> None:
-    """The command: run both experiments, print and write the tables and the figure."""
-    parser = reproduction_parser(__doc__, "prefix_caching", FIGURE, PrefixCachingSetup)
-    parser.add_argument("--trace", default=MOONCAKE, help="the Mooncake conversation trace")
-    parser.add_argument("--trace_requests", type=int,
-                        default=PrefixCachingSetup.trace_requests,
-                        help="(b): the trace's first N requests")
-    args = parser.parse_args(argv)
+    """The command: run both experiments, print and write the tables and the figure.
+
+    Args:
+      argv: the flags (without the program name); None: the command line's.
+    """
+    args = parse_flags(FLAGS, argv)
     setup = PrefixCachingSetup(num_requests=args.num_requests, rates=args.rates,
                                trace=args.trace, trace_requests=args.trace_requests)
     os.makedirs(args.out_dir, exist_ok=True)
@@ -189,4 +198,4 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_app(main, FLAGS, __doc__)

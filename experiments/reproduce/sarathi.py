@@ -42,9 +42,13 @@ import os
 import time
 from typing import Any, Optional, Sequence
 
+from absl import flags
+
 from experiments.reproduce.common import (
     PolicyRun,
-    reproduction_parser,
+    parse_flags,
+    reproduction_flags,
+    run_app,
     run_grid,
     throughput_at_bound,
     write_figure_and_report,
@@ -167,17 +171,23 @@ def run(setup: SarathiSetup, out_dir: str) -> SarathiResult:
     return SarathiResult(curves=curves, rows=rows, capacity=capacity)
 
 
+FLAGS = reproduction_flags("sarathi", FIGURE, SarathiSetup)
+flags.DEFINE_enum("workload", "synthetic", list(WORKLOADS), "synthetic lognormal lengths, or "
+                  "the paper's arXiv lengths file (default out_dir and figure get an _arxiv "
+                  "suffix)", flag_values=FLAGS)
+flags.DEFINE_string("lengths_file", ARXIV_LENGTHS, "the Arxiv-Summarization lengths CSV of "
+                    "--workload=arxiv", flag_values=FLAGS)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> None:
-    """The command: parse flags, run the sweep, print and write the tables and the figure."""
-    parser = reproduction_parser(__doc__, "sarathi", FIGURE, SarathiSetup)
-    parser.add_argument("--workload", choices=WORKLOADS, default="synthetic",
-                        help="synthetic lognormal lengths, or the paper's arXiv lengths file "
-                             "(default out_dir and figure get an _arxiv suffix)")
-    parser.add_argument("--lengths_file", default=ARXIV_LENGTHS,
-                        help="the Arxiv-Summarization lengths CSV of --workload=arxiv")
-    args = parser.parse_args(argv)
+    """The command: parse flags, run the sweep, print and write the tables and the figure.
+
+    Args:
+      argv: the flags (without the program name); None: the command line's.
+    """
+    args = parse_flags(FLAGS, argv)
     if args.workload != "synthetic":
-        if args.out_dir == parser.get_default("out_dir"):
+        if args.out_dir == args["out_dir"].default:
             args.out_dir += f"_{args.workload}"
         if args.figure == FIGURE:
             args.figure = FIGURE.replace(".png", f"_{args.workload}.png")
@@ -201,4 +211,4 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_app(main, FLAGS, __doc__)

@@ -27,16 +27,19 @@ is the request rate at which its mean normalized latency crosses
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import math
 import os
 import time
 from typing import Any, Optional, Sequence
 
+from absl import flags
+
 from experiments.reproduce.common import (
     PolicyRun,
-    reproduction_parser,
+    parse_flags,
+    reproduction_flags,
+    run_app,
     run_grid,
     throughput_at_bound,
     write_figure_and_report,
@@ -166,13 +169,20 @@ def run(setup: VLLMSetup, out_dir: str) -> VLLMResult:
     return VLLMResult(curves=curves, rows=rows, summary=summary, buddy_summary=buddy_summary)
 
 
+FLAGS = reproduction_flags("vllm_memory", FIGURE, VLLMSetup)
+flags.DEFINE_float("latency_bound_s", VLLMSetup.latency_bound_s, "capacity: the rate at which "
+                   "mean normalized latency reaches this (s/token)", flag_values=FLAGS)
+flags.DEFINE_bool("buddy", True, "also run the Orca variants under the buddy KV layout "
+                  "(--nobuddy: not)", flag_values=FLAGS)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> None:
-    """The command: parse flags, run the sweep, print and write the tables and the figure."""
-    parser = reproduction_parser(__doc__, "vllm_memory", FIGURE, VLLMSetup)
-    parser.add_argument("--latency_bound_s", type=float, default=VLLMSetup.latency_bound_s)
-    parser.add_argument("--buddy", action=argparse.BooleanOptionalAction, default=True,
-                        help="also run the Orca variants under the buddy KV layout")
-    args = parser.parse_args(argv)
+    """The command: parse flags, run the sweep, print and write the tables and the figure.
+
+    Args:
+      argv: the flags (without the program name); None: the command line's.
+    """
+    args = parse_flags(FLAGS, argv)
     setup = VLLMSetup(num_requests=args.num_requests, rates=args.rates,
                       latency_bound_s=args.latency_bound_s, buddy=args.buddy)
     os.makedirs(args.out_dir, exist_ok=True)
@@ -199,4 +209,4 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_app(main, FLAGS, __doc__)

@@ -85,9 +85,19 @@ class Cluster:
         return np.concatenate([np.asarray(pending, dtype=np.int64), scheduler.waiting,
                                scheduler.running, scheduler.unreleased])
 
-    def run(self) -> RunResult:
+    @property
+    def num_done(self) -> int:
+        """Requests done: finished on their replica, or rejected up front."""
+        return int(self._routed.sum() - self.outstanding().sum()) + self._num_rejected
+
+    def run(self, progress: Optional[Callable[[int], None]] = None) -> RunResult:
         """Routes every request at its arrival, runs each replica to the end, and
-        returns the replicas' results joined (`RunResult.concat`)."""
+        returns the replicas' results joined (`RunResult.concat`).
+
+        Args:
+          progress: called with `num_done` after each routed request and each
+            step of the final drain.
+        """
         for replica in self.replicas:
             replica.engine.warmup(replica.bucket_config.buckets())
         table = self.replicas[0].table
@@ -109,7 +119,11 @@ class Cluster:
                 if index != target:
                     replica.withdraw([request])
                     self._withdrawn[index] += 1
+            if progress:
+                progress(self.num_done)
         for replica in self.replicas:
             while not replica.done:
                 replica.step()
+                if progress:
+                    progress(self.num_done)
         return RunResult.concat([r.result() for r in self.replicas], router=self.router.name)

@@ -53,12 +53,17 @@ class ClusterView:
       requests: the workload's facts (arrival, prompt and output length,
         priority, tenant) by request index, from a `RequestTableView`; progress
         fields here are replica 0's, so read progress through `replicas[r]`.
+      seed: the run's seed (`--seed`): seed a randomized router with it.
+      ttft_slo_s, tpot_slo_s: the run's SLOs (None when unset).
     """
 
     def __init__(self, cluster: ClusterState) -> None:
         self._cluster = cluster
         self.replicas: tuple[SchedulerView, ...] = tuple(cluster.replica_views)
         self.requests = self.replicas[0].requests
+        self.seed: int = self.replicas[0].seed
+        self.ttft_slo_s: Optional[float] = self.replicas[0].ttft_slo_s
+        self.tpot_slo_s: Optional[float] = self.replicas[0].tpot_slo_s
 
     @property
     def num_replicas(self) -> int:
@@ -102,12 +107,16 @@ def registered_routers() -> dict[str, type[Router]]:
     return dict(_ROUTERS)
 
 
+def resolve_router_class(spec: str) -> type[Router]:
+    """Finds the router class for a registered name, `module:Class` or `file.py:Class`."""
+    return plugins.resolve_class(spec, kind="router", plural="routers", registry=_ROUTERS,
+                                 base=Router)
+
+
 def make_router(spec: str, options: Optional[Mapping[str, str]] = None) -> Router:
     """Builds a router from its spec and string options (`--router_opts`).
 
     Raises:
       PolicyLoadError: the spec does not resolve, or an option is unknown or mistyped.
     """
-    cls = plugins.resolve_class(spec, kind="router", plural="routers", registry=_ROUTERS,
-                                base=Router)
-    return plugins.build(cls, options, "router")
+    return plugins.build(resolve_router_class(spec), options, "router")

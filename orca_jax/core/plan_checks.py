@@ -41,6 +41,22 @@ def _check_indices(name: str, field: str, ids: NDArray[np.int64], num_requests: 
                             f"{field} names request {int(ordered[1:][dup][0])} more than once")
 
 
+def _check_rejections(name: str, scheduler: SchedulerState, plan: StepPlan) -> None:
+    """A plan rejects only waiting requests, and none it also schedules."""
+    table = scheduler.table
+    reject = plan.reject_ids
+    not_waiting = table.state[reject] != _WAITING
+    if not_waiting.any():
+        request = _first(reject, not_waiting)
+        raise PlanError(name, "reject_not_waiting",
+                        f"request {request} is {RequestState(table.state[request]).name}, only "
+                        "waiting requests can be rejected")
+    both = np.isin(reject, plan.request_ids)
+    if both.any():
+        raise PlanError(name, "reject_and_schedule",
+                        f"request {_first(reject, both)} is both rejected and scheduled")
+
+
 def check_plan(scheduler: SchedulerState, plan: StepPlan) -> NDArray[np.int64]:
     """Raises PlanError if `plan` breaks a rule; returns the new pages each request needs.
 
@@ -58,6 +74,9 @@ def check_plan(scheduler: SchedulerState, plan: StepPlan) -> NDArray[np.int64]:
     _check_indices(name, "request_ids", ids, n_requests)
     _check_indices(name, "preempt", plan.preempt, n_requests)
     _check_indices(name, "release", plan.release, n_requests)
+    _check_indices(name, "reject", plan.reject_ids, n_requests)
+    if plan.reject_ids.size:
+        _check_rejections(name, scheduler, plan)
 
     if plan.release.size:
         if not scheduler.policy.defer_release:
@@ -144,15 +163,31 @@ def kv_rule_broken(scheduler: SchedulerState, ids: NDArray[np.int64],  # [n]
     # Shared pages: a page free only when its last holder goes, a hit page taken once.
     total_needed, freed = scheduler.pool_demand(ids, needed, preempt)
     available = scheduler.kv.num_free + freed
+    admitting = bool((scheduler.table.state[ids] == _WAITING).any())
+    # Under the buddy layout the total is not enough: each admission needs a free block.
+    blocks_fit = not total_needed or scheduler.kv.blocks_fit(ids, needed, preempt)
+    return pool_rule_broken(total_needed, available, scheduler.config.watermark_pages,
+                            admitting=admitting, blocks_fit=blocks_fit, freed=freed,
+                            block_sizes=needed[needed > 0].tolist())
+
+
+def pool_rule_broken(total_needed: int, available: int, watermark: int, *, admitting: bool,
+                     blocks_fit: bool = True, freed: int = 0,
+                     block_sizes: Optional[list[int]] = None) -> Optional[tuple[str, str]]:
+    """`(rule, detail)` if taking `total_needed` pages from `available` breaks the KV
+    rule (`kv_pages`, or `kv_watermark` when the step admits a request); None if not.
+
+    The one KV rule: the plan check asks it of each plan (`kv_rule_broken`), and
+    the scheduler asks it, before the run, of each request alone in the empty pool
+    with its whole context (`Scheduler` rejects up front the requests it refuses),
+    so a request that is not rejected can always be admitted once the pool drains.
+    """
     if total_needed > available:
         return ("kv_pages", f"the plan needs {total_needed} new KV pages, {available} are free"
                 + (f" (counting {freed} freed by preemption)" if freed else ""))
-    # Under the buddy layout the total is not enough: each admission needs a free block.
-    if total_needed and not scheduler.kv.blocks_fit(ids, needed, preempt):
-        return ("kv_pages", f"no free contiguous blocks of {needed[needed > 0].tolist()} KV "
+    if not blocks_fit:
+        return ("kv_pages", f"no free contiguous blocks of {block_sizes} KV "
                 f"pages ({available} pages free in smaller blocks; buddy layout)")
-    watermark = scheduler.config.watermark_pages
-    admitting = (scheduler.table.state[ids] == _WAITING).any()
     if watermark and admitting and available - total_needed < watermark:
         return ("kv_watermark", f"admitting leaves {available - total_needed} free pages, "
                 f"below the watermark of {watermark}")

@@ -14,8 +14,11 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.util
+import inspect
 import os
+import re
 import sys
+import textwrap
 import types
 import typing
 import warnings
@@ -207,3 +210,64 @@ def parse_options(text: str) -> dict[str, str]:
             raise PolicyLoadError(f"option {item!r} is not key=value")
         options[key.strip()] = value.strip()
     return options
+
+
+def _knob_docs(doc: str) -> dict[str, str]:
+    """Each entry of a Google-style docstring's `Attributes:` and `Args:` sections."""
+    docs: dict[str, str] = {}
+    indent: Optional[int] = None  # the entries' indentation, inside a section
+    current = None
+    for line in doc.splitlines():
+        stripped = line.strip()
+        if stripped in ("Attributes:", "Args:"):
+            indent, current = -1, None
+            continue
+        if indent is None or not stripped:
+            continue
+        depth = len(line) - len(line.lstrip())
+        if depth == 0:  # the next section or paragraph
+            indent, current = None, None
+            continue
+        entry = re.match(r"(\w+)(?: \([^)]*\))?:\s*(.*)", stripped)
+        if entry and (indent == -1 or depth <= indent):
+            indent, current = depth, entry.group(1)
+            docs[current] = entry.group(2)
+        elif current is not None and depth > indent:
+            docs[current] += " " + stripped
+    return docs
+
+
+def _type_name(hint: Any) -> str:
+    return hint.__name__ if isinstance(hint, type) else str(hint).replace("typing.", "")
+
+
+def describe(cls: type, kind: str) -> str:
+    """A plugin's knobs for the terminal: each init field's type, default and doc.
+
+    The docs come from the class docstring's `Attributes:` or `Args:` section (Google
+    style), as the built-ins write them.
+    """
+    doc = inspect.getdoc(cls) or ""
+    summary = doc.split("\n\n")[0].replace("\n", " ") if cls.__doc__ else ""
+    lines = [f"{kind} {cls.name!r} ({cls.__module__}.{cls.__qualname__})"
+             + (f": {summary}" if summary else "")]
+    if not dataclasses.is_dataclass(cls):
+        return "\n".join(lines + ["no knobs (not a dataclass)"])
+    knobs = [f for f in dataclasses.fields(cls) if f.init]
+    if not knobs:
+        return "\n".join(lines + ["no knobs"])
+    hints = typing.get_type_hints(cls)
+    docs = _knob_docs(doc)
+    lines.append(f"knobs (--{kind}_opts=key=value,...):")
+    for f in knobs:
+        if f.default is not dataclasses.MISSING:
+            default = repr(f.default)
+        elif f.default_factory is not dataclasses.MISSING:
+            default = repr(f.default_factory())
+        else:
+            default = "(required)"
+        lines.append(f"  {f.name}: {_type_name(hints.get(f.name, f.type))} = {default}")
+        if docs.get(f.name):
+            lines.extend(textwrap.wrap(docs[f.name], 96, initial_indent=" " * 6,
+                                       subsequent_indent=" " * 6))
+    return "\n".join(lines)

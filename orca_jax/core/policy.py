@@ -20,7 +20,7 @@ Policies never import jax: decisions are plain Python and numpy.
 from __future__ import annotations
 
 import abc
-from typing import ClassVar, Mapping
+from typing import ClassVar, Mapping, Type
 
 from orca_jax.core import plugins
 from orca_jax.core.plan import StepPlan
@@ -51,6 +51,9 @@ class Policy(abc.ABC):
         waiting request count from there (`view.cached_tokens`).
       renamed_options: old knob name -> new name, for knobs renamed in a release;
         `--policy_opts` still takes the old name, with a DeprecationWarning.
+      preempts: False for a policy that never preempts: it cannot free pages when
+        an on-demand pool runs out, so it refuses `kv_reservation = "none"` at
+        load time (`make_policy` raises PolicyLoadError).
     """
 
     name: ClassVar[str] = ""
@@ -58,6 +61,7 @@ class Policy(abc.ABC):
     kv_reservation: str = "none"
     defer_release: bool = False
     prefix_caching: bool = False
+    preempts: ClassVar[bool] = True
 
     @abc.abstractmethod
     def schedule(self, view: SchedulerView) -> StepPlan:
@@ -101,7 +105,17 @@ def make_policy(spec: str, options: Mapping[str, str] | None = None) -> Policy:
     """
     cls = resolve_policy_class(spec)
     policy = plugins.build(cls, options, "policy")
-    if policy.kv_reservation not in KV_RESERVATIONS:
-        raise PolicyLoadError(f"policy {cls.name!r}: kv_reservation {policy.kv_reservation!r} "
-                              f"is not one of {KV_RESERVATIONS}")
+    check_kv_reservation(policy, PolicyLoadError)
     return policy
+
+
+def check_kv_reservation(policy: Policy, error: Type[Exception]) -> None:
+    """Raises `error` (one line naming policy and knob) if the policy's `kv_reservation`
+    is unknown, or `none` for a policy that never preempts (`Policy.preempts`)."""
+    if policy.kv_reservation not in KV_RESERVATIONS:
+        raise error(f"policy {policy.name!r}: kv_reservation {policy.kv_reservation!r} "
+                    f"is not one of {KV_RESERVATIONS}")
+    if policy.kv_reservation == "none" and not policy.preempts:
+        raise error(f"policy {policy.name!r}: kv_reservation 'none' takes KV pages as requests "
+                    "grow, and this policy never preempts to free them when the pool runs "
+                    f"out; use one of {KV_RESERVATIONS[1:]}")

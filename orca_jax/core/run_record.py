@@ -42,10 +42,14 @@ class RunRecord:
     _token_req: list[NDArray[np.int64]] = dataclasses.field(default_factory=list)
     _token_time: list[float] = dataclasses.field(default_factory=list)
     _token_count: list[int] = dataclasses.field(default_factory=list)
-    # (request indices [n], tokens [n], requests holding a batch place after it [m]) of
-    # each step, when `logs_step_requests`.
-    step_requests: list[tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]] = (
-        dataclasses.field(default_factory=list))
+    # (request indices [n], tokens [n], requests holding a batch place after it [m],
+    # preempted [p], rejected by the policy [j]) of each step, when `logs_step_requests`.
+    step_requests: list[tuple[NDArray[np.int64], ...]] = dataclasses.field(
+        default_factory=list)
+    # Preempted and rejected since the last logged step (an iteration that runs
+    # nothing logs no step: its removals go with the next step that does).
+    _removed: list[tuple[NDArray[np.int64], NDArray[np.int64]]] = dataclasses.field(
+        default_factory=list)
 
     def log_step(self, entry: StepLog) -> None:
         self.steps.append(entry)
@@ -55,8 +59,32 @@ class RunRecord:
                           held: NDArray[np.int64]) -> None:  # [m]
         """Records the requests the step just logged computed, their token counts, and
         the requests that hold a place in the batch after it."""
+        preempted, rejected = self._take_removed()
         self.step_requests.append((np.array(requests, np.int64), np.array(num_tokens, np.int64),
-                                   np.array(held, np.int64)))
+                                   np.array(held, np.int64), preempted, rejected))
+
+    def log_removed(self, preempted: NDArray[np.int64],  # [p]
+                    rejected: NDArray[np.int64]) -> None:  # [j]
+        """Records the requests an iteration's plan preempted and rejected (logged with
+        the next step, or the last one if none follows: `flush_removed`)."""
+        if preempted.size or rejected.size:
+            self._removed.append((np.array(preempted, np.int64), np.array(rejected, np.int64)))
+
+    def _take_removed(self) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+        removed, self._removed = self._removed, []
+        if not removed:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        return (np.concatenate([p for p, _ in removed]),
+                np.concatenate([j for _, j in removed]))
+
+    def flush_removed(self) -> None:
+        """Adds removals no step has logged yet to the last logged step."""
+        if not self._removed or not self.step_requests:
+            return
+        preempted, rejected = self._take_removed()
+        *kept, last_preempted, last_rejected = self.step_requests[-1]
+        self.step_requests[-1] = (*kept, np.concatenate([last_preempted, preempted]),
+                                  np.concatenate([last_rejected, rejected]))
 
     def log_tokens(self, requests: NDArray[np.int64], time_s: float) -> None:  # [k]
         """Records that `requests` each got a token at `time_s`."""

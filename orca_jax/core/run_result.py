@@ -55,7 +55,8 @@ class RunResult:
     finish_s: NDArray[np.float64]  # [N] when its answer went back to the client
     num_generated: NDArray[np.int64]  # [N] output tokens sampled
     num_preemptions: NDArray[np.int64]  # [N] times it was preempted
-    reject_reason: tuple[Optional[str], ...]  # [N] why it was rejected up front; None if not
+    # [N] why it was rejected (up front by the core, or `policy <name>: ...`); None if not
+    reject_reason: tuple[Optional[str], ...]
     num_cached_tokens: NDArray[np.int64]  # [N] tokens its first admission took from the cache
     # [N] of [num_generated[i]] int32 token ids; None when the engine produces no ids.
     output_tokens: Optional[tuple[NDArray[np.int32], ...]]
@@ -71,6 +72,10 @@ class RunResult:
     step_requests: Optional[tuple[NDArray[np.int64], ...]]
     step_tokens: Optional[tuple[NDArray[np.int64], ...]]
     step_held: Optional[tuple[NDArray[np.int64], ...]]
+    # [S] of [p] and [j]: the requests preempted and rejected by the plans since the
+    # previous step (removals after the last step go with it). None as step_requests.
+    step_preempted: Optional[tuple[NDArray[np.int64], ...]] = None
+    step_rejected: Optional[tuple[NDArray[np.int64], ...]] = None
     # ---------------------------------------------------------- the run
     total_preemptions: int  # preemptions over the run (every request's, summed)
     virtual_end_s: float  # the clock when the run ended (a cluster: its last replica's)
@@ -128,9 +133,11 @@ class RunResult:
                            tuple(_frozen(np.asarray(t, np.int32)) for t in output_tokens)),
             token_req=_frozen(token_req), token_time_s=_frozen(token_time),
             steps=tuple(record.steps), step_replica=_frozen(np.zeros(len(record.steps), np.int64)),
-            step_requests=None if held is None else tuple(_frozen(r) for r, _, _ in held),
-            step_tokens=None if held is None else tuple(_frozen(t) for _, t, _ in held),
-            step_held=None if held is None else tuple(_frozen(h) for _, _, h in held),
+            step_requests=None if held is None else tuple(_frozen(s[0]) for s in held),
+            step_tokens=None if held is None else tuple(_frozen(s[1]) for s in held),
+            step_held=None if held is None else tuple(_frozen(s[2]) for s in held),
+            step_preempted=None if held is None else tuple(_frozen(s[3]) for s in held),
+            step_rejected=None if held is None else tuple(_frozen(s[4]) for s in held),
             total_preemptions=record.num_preemptions, virtual_end_s=float(virtual_end_s),
             replica=_frozen(np.zeros(n, np.int64)),
             num_replicas=1, router=None, prefix_caching=prefix_caching,
@@ -143,8 +150,9 @@ class RunResult:
         Every replica's result covers the whole workload. A request's row comes
         from the replica that served it, the one where it is not ROUTED_AWAY; a
         request rejected up front is rejected on every replica, and its row is
-        replica 0's (its replica -1). Token logs merge in time order (ties keep
-        replica order); steps follow each other replica by replica.
+        replica 0's (its replica -1); one a replica's policy rejected is that
+        replica's. Token logs merge in time order (ties keep replica order); steps
+        follow each other replica by replica.
 
         Args:
           results: one result per replica, each of one scheduler.
@@ -166,7 +174,8 @@ class RunResult:
                                  "than result 0")
         state = np.stack([r.state for r in results])  # [R, N]
         kept = state != RequestState.ROUTED_AWAY  # [R, N]
-        rejected = first.state == RequestState.REJECTED  # [N]
+        # Rejected up front: on every replica (a policy's rejection is on its replica only).
+        rejected = (state == RequestState.REJECTED).all(axis=0)  # [N]
         unrouted = (kept.sum(axis=0) != 1) & ~rejected
         if len(results) > 1 and unrouted.any():
             i = int(np.argmax(unrouted))
@@ -201,6 +210,10 @@ class RunResult:
                            if logged else None),
             step_tokens=tuple(a for r in results for a in r.step_tokens) if logged else None,
             step_held=tuple(a for r in results for a in r.step_held) if logged else None,
+            step_preempted=(tuple(a for r in results for a in r.step_preempted)
+                            if logged else None),
+            step_rejected=(tuple(a for r in results for a in r.step_rejected)
+                           if logged else None),
             total_preemptions=sum(r.total_preemptions for r in results),
             virtual_end_s=max(r.virtual_end_s for r in results),
             replica=_frozen(np.where(rejected, -1, serving)), num_replicas=len(results),

@@ -7,7 +7,10 @@ preemptions free their pages, admissions and growth get pages; `pack()` builds
 the padded StepInputs; the engine runs one step; the requests' counters and
 timestamps are updated and finished requests leave at once, their pages freed.
 The clock advances by the step's seconds; when nothing can run it jumps to the
-next arrival instead of sleeping.
+next arrival instead of sleeping. A plan may also reject waiting requests, with
+a reason. Requests that no admission could ever take are rejected up front
+(`orca_jax.core.admission`), and a run in which no request gains a computed
+token or finishes for `no_progress_steps` iterations fails (`no_progress`).
 
 With prefix caching active (`SchedulerConfig.enable_prefix_caching` and the
 policy's `prefix_caching`), an admission shares the cached pages of its known
@@ -28,14 +31,16 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 from numpy.typing import NDArray
 
+from orca_jax.core.admission import reject_impossible, reservation_tokens
 from orca_jax.core.engine_api import Engine, StepOutput
 from orca_jax.core.kv_pages import KV_LAYOUTS, KVPageManager
 from orca_jax.core.packing import SamplingArrays, bucket_config_for, pack
 from orca_jax.core.plan import PlanError, StepPlan
 from orca_jax.core.plan_checks import check_plan
-from orca_jax.core.policy import KV_RESERVATIONS, Policy
+from orca_jax.core.policy import KV_RESERVATIONS, Policy, check_kv_reservation
 from orca_jax.core.prefix_cache import PrefixCache
 from orca_jax.core.prefix_hits import PrefixHits
+from orca_jax.core.progress import ProgressWatchdog
 from orca_jax.core.request import Request, RequestState, sort_by_arrival
 from orca_jax.core.request_table import RequestTable
 from orca_jax.core.run_record import RunRecord, StepLog
@@ -71,7 +76,14 @@ class SchedulerConfig:
         each, and which hold a batch place after it (`RunResult.step_requests`,
         `step_tokens`, `step_held`; memory grows with steps x batch).
       temperature, top_k, top_p: sampling parameters of every request (greedy default).
-      seed: mixed into every request's sampling seed.
+      seed: mixed into every request's sampling seed; policies and routers read it
+        (`SchedulerView.seed`) to seed their own randomness.
+      ttft_slo_s, tpot_slo_s: the run's SLOs (None: unset), for policies to read
+        (`SchedulerView.ttft_slo_s`); the core does not enforce them.
+      no_progress_steps: the run fails (`no_progress`) after this many iterations
+        in a row in which no request computed a token past the most it had ever
+        computed, finished, was released or was rejected, while work remains (a
+        livelock: preempting and readmitting forever).
     """
 
     max_num_seqs: int = 256
@@ -89,10 +101,13 @@ class SchedulerConfig:
     top_k: int = 0
     top_p: float = 1.0
     seed: int = 0
+    ttft_slo_s: Optional[float] = None
+    tpot_slo_s: Optional[float] = None
+    no_progress_steps: int = 10_000
 
     def __post_init__(self) -> None:
         for field in ("max_num_seqs", "max_num_tokens", "num_kv_pages", "page_size",
-                      "max_model_len"):
+                      "max_model_len", "no_progress_steps"):
             if getattr(self, field) < 1:
                 raise ValueError(f"SchedulerConfig.{field} must be >= 1, "
                                  f"got {getattr(self, field)}")
@@ -102,18 +117,10 @@ class SchedulerConfig:
         if self.kv_layout not in KV_LAYOUTS:
             raise ValueError(f"SchedulerConfig.kv_layout {self.kv_layout!r} is not one of "
                              f"{KV_LAYOUTS}")
-
-
-def _reservation_tokens(mode: str, table: RequestTable, max_model_len: int) -> NDArray[np.int64]:
-    total = table.prompt_len + table.output_len
-    if mode == "none":
-        return np.zeros(len(table), dtype=np.int64)
-    if mode == "exact":
-        return total
-    if mode == "pow2":
-        return np.minimum(2 ** np.ceil(np.log2(np.maximum(total, 1))).astype(np.int64),
-                          max_model_len)
-    return np.full(len(table), max_model_len, dtype=np.int64)  # "max"
+        for field in ("ttft_slo_s", "tpot_slo_s"):
+            value = getattr(self, field)
+            if value is not None and not value > 0:
+                raise ValueError(f"SchedulerConfig.{field} must be > 0 or None, got {value}")
 
 
 def _frozen(array: NDArray[np.int64]) -> NDArray[np.int64]:
@@ -139,9 +146,7 @@ class Scheduler:
         self.config = config
         self.policy = policy
         self.engine = engine
-        if policy.kv_reservation not in KV_RESERVATIONS:
-            raise ValueError(f"policy {policy.name!r}: kv_reservation {policy.kv_reservation!r} "
-                             f"is not one of {KV_RESERVATIONS}")
+        check_kv_reservation(policy, ValueError)
         self.kv_reservation = policy.kv_reservation
         if config.kv_layout == "buddy" and self.kv_reservation == "none":
             raise ValueError(f"policy {policy.name!r}: kv_layout 'buddy' gives each request one "
@@ -164,8 +169,8 @@ class Scheduler:
         self.kv = KVPageManager(num_kv_pages=config.num_kv_pages, page_size=config.page_size,
                                 max_pages_per_seq=self.bucket_config.pages_per_seq,
                                 num_requests=n, layout=config.kv_layout, prefix_cache=cache)
-        self._reserve_tokens = _reservation_tokens(self.kv_reservation, self.table,
-                                                   config.max_model_len)
+        self._reserve_tokens = reservation_tokens(self.kv_reservation, self.table,
+                                                  config.max_model_len)
         seeds = (np.arange(n, dtype=np.uint64) * np.uint64(0x9E3779B1)
                  + np.uint64(config.seed)) & np.uint64(0xFFFFFFFF)
         self.sampling = SamplingArrays(
@@ -188,32 +193,9 @@ class Scheduler:
             PrefixHits(self.table, self.kv, cache, uses_planned_output=not engine.needs_token_ids)
             if cache is not None else None)
         self._step_cached_tokens = 0
-        self._reject_impossible()
+        self._num_done += reject_impossible(self.table, self.kv, config, self._reserve_tokens)
+        self.watchdog = ProgressWatchdog(n, config.no_progress_steps)
         self.view = SchedulerView(self)
-
-    # ----------------------------------------------------------------- set-up
-    def _reject_impossible(self) -> None:
-        """Rejects, with a reason, requests that can never fit the context or the pool."""
-        table, config = self.table, self.config
-        total = table.prompt_len + table.output_len
-        pages = self.kv.pages_taken(
-            self.kv.pages_for_tokens(np.maximum(total, self._reserve_tokens)))
-        # A reservation is taken whole at admission, which must leave the watermark free.
-        usable = min(config.num_kv_pages - (config.watermark_pages
-                                            if self.kv_reservation != "none" else 0),
-                     self.kv.largest_block)
-        for i in np.flatnonzero((total > config.max_model_len) | (pages > usable)):
-            if total[i] > config.max_model_len:
-                reason = (f"prompt {table.prompt_len[i]} + output {table.output_len[i]} tokens "
-                          f"exceed the context of {config.max_model_len}")
-            else:
-                reason = (f"needs {pages[i]} KV pages, the pool has {usable}"
-                          + (" in its largest buddy block" if usable == self.kv.largest_block
-                             < config.num_kv_pages else
-                             " beside the watermark" if usable < config.num_kv_pages else ""))
-            table.state[i] = RequestState.REJECTED
-            table.reject_reason[int(i)] = reason
-            self._num_done += 1
 
     # ------------------------------------------------------------- queries
     def next_arrival_s(self) -> Optional[float]:
@@ -326,6 +308,7 @@ class Scheduler:
 
     def result(self) -> RunResult:
         """The run so far, as a value (a copy: stepping on does not change it)."""
+        self.record.flush_removed()
         return RunResult.from_log(
             self.table, self.record, policy=self.policy.name, engine=self.engine.name,
             virtual_end_s=self.now_s,
@@ -347,8 +330,13 @@ class Scheduler:
         self.last_finished = self._empty  # "finished since the previous schedule() call"
         self._apply_release(plan.release)
         self._apply_preemption(plan.preempt)
+        self._apply_rejection(plan)
+        if self.config.log_step_requests:
+            self.record.log_removed(plan.preempt, plan.reject_ids)
+        progressed = bool(plan.release.size or plan.reject_ids.size)
         if plan.request_ids.size == 0:
-            self._idle(plan)
+            if not self._idle(plan):
+                self._watch_progress(progressed)
             return True
         ids, tokens = plan.request_ids, plan.num_tokens
         self._step_cached_tokens = 0
@@ -368,6 +356,7 @@ class Scheduler:
         # With count_host_time the engine starts only once the host has planned the step.
         end_s = start_s + output.step_s + (host_s if self.config.count_host_time else 0.0)
         self._update(ids, tokens, output, end_s)
+        progressed = self.watchdog.computed(ids, self.table.num_computed[ids]) or progressed
         update_s = time.perf_counter() - update_start
         host_s += update_s
         if self.config.count_host_time:
@@ -383,14 +372,24 @@ class Scheduler:
                                           np.concatenate([self.running, self.unreleased]))
         self.num_steps += 1
         self.now_s = end_s
+        self._watch_progress(progressed)
         return True
 
-    def _idle(self, plan: StepPlan) -> None:
-        """An iteration that runs nothing: jump to the next arrival, or fail if stuck."""
-        if plan.release.size or plan.preempt.size:
-            return  # the plan changed state; let the policy look again
+    def _watch_progress(self, progressed: bool) -> None:
+        """Counts an iteration toward the watchdog (`no_progress` once it runs out)."""
+        self.watchdog.iteration(
+            progressed or self.done, policy=self.policy.name, step=self.num_steps,
+            now_s=self.now_s,
+            situation=lambda: (f"{self.waiting.size} waiting, {self.running.size} running, "
+                               f"{self.record.num_preemptions} preemptions so far"))
+
+    def _idle(self, plan: StepPlan) -> bool:
+        """An iteration that runs nothing: jump to the next arrival, or fail if stuck.
+        Returns True when the clock jumped (waiting for work is no livelock)."""
+        if plan.release.size or plan.preempt.size or plan.reject_ids.size:
+            return False  # the plan changed state; let the policy look again
         if self.done:
-            return
+            return False
         upcoming = self.next_arrival_s()
         if upcoming is None:
             raise PlanError(self.policy.name, "no_progress",
@@ -398,6 +397,7 @@ class Scheduler:
                             f"{self.waiting.size} waiting, {self.running.size} running, "
                             f"{self.unreleased.size} unreleased and no arrivals to come")
         self.now_s = max(self.now_s, upcoming)
+        return True
 
     # ------------------------------------------------------ state changes
     def _admit_arrivals(self) -> None:
@@ -433,6 +433,17 @@ class Scheduler:
         self.running = _frozen(self.running[table.state[self.running] == _RUNNING])
         self.waiting = _frozen(np.sort(np.concatenate([self.waiting, preempt])))
         self.record.num_preemptions += int(preempt.size)
+
+    def _apply_rejection(self, plan: StepPlan) -> None:
+        reject = plan.reject_ids
+        if reject.size == 0:
+            return
+        table = self.table
+        table.state[reject] = RequestState.REJECTED
+        for request, reason in zip(reject.tolist(), plan.reject_reasons):
+            table.reject_reason[request] = f"policy {self.policy.name}: {reason}"
+        self.waiting = _frozen(self.waiting[table.state[self.waiting] == _WAITING])
+        self._num_done += int(reject.size)
 
     def _admit(self, ids: NDArray[np.int64]) -> None:
         table = self.table

@@ -36,6 +36,15 @@ class SchedulerLimits(Protocol):
     @property
     def watermark_pages(self) -> int: ...
 
+    @property
+    def seed(self) -> int: ...
+
+    @property
+    def ttft_slo_s(self) -> Optional[float]: ...
+
+    @property
+    def tpot_slo_s(self) -> Optional[float]: ...
+
 
 class PolicyTraits(Protocol):
     """What the checks read of the policy: its name (for errors) and its release mode."""

@@ -58,6 +58,11 @@ class SchedulerView:
         free total is not enough, see `kv_fits`).
       prefix_caching: whether prefix caching is active (the config's switch and
         the policy's): an admission then starts past its hit (`cached_tokens`).
+      ttft_slo_s, tpot_slo_s: the run's SLOs in seconds (`--ttft_slo_s`,
+        `--tpot_slo_s`), None when unset; the core does not enforce them, a policy
+        may (reject a request with `StepPlan(reject=...)`).
+      seed: the run's seed (`--seed`): seed a policy's own randomness with it, so
+        that sweeping seeds varies it and a rerun repeats it.
     """
 
     def __init__(self, scheduler: SchedulerState) -> None:
@@ -74,6 +79,9 @@ class SchedulerView:
         self.watermark_pages = config.watermark_pages
         self.kv_layout = scheduler.kv.layout
         self.prefix_caching = scheduler.prefix_caching
+        self.ttft_slo_s: Optional[float] = config.ttft_slo_s
+        self.tpot_slo_s: Optional[float] = config.tpot_slo_s
+        self.seed: int = config.seed
 
     token_budget = _renamed("token_budget")
     max_batch_size = _renamed("max_batch_size")

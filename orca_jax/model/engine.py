@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import logging
 import re
 import statistics
 import time
@@ -37,6 +38,7 @@ from orca_jax.model import llama as model_lib
 from orca_jax.model import sharding
 from orca_jax.specs.model_config import ModelConfig
 
+_log = logging.getLogger(__name__)
 CLOCKS = ("wall", "bucket")
 _BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 _backend_compiles = 0  # process-wide count of XLA compilations seen by the listener
@@ -216,9 +218,14 @@ class JaxEngine(Engine):
 
     def _prepare(self, buckets: list[Bucket]) -> None:
         """Compiles each bucket not yet compiled, then times `num_timed_runs` dummy steps of it."""
-        for bucket in buckets:
-            if bucket in self._compiled:
-                continue
+        todo = [bucket for bucket in buckets if bucket not in self._compiled]
+        if not todo:
+            return
+        # Compiling takes seconds per bucket: say so, or a run looks stuck before its first step.
+        _log.info("jax engine: compiling %d step buckets (%s tokens)", len(todo),
+                  ",".join(str(b.num_tokens) for b in todo))
+        start = time.perf_counter()
+        for bucket in todo:
             dummy = self._dummy_inputs(bucket)
             shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(
                 a.shape, a.dtype, sharding=self._inputs_sharding), dummy)
@@ -231,6 +238,8 @@ class JaxEngine(Engine):
             times = [self._run(bucket, dummy)[1] for _ in range(self.num_timed_runs)]
             if times:
                 self._bucket_s[bucket] = statistics.median(times)
+        _log.info("jax engine: %d buckets compiled in %.1f s", len(todo),
+                  time.perf_counter() - start)
 
     def step(self, inputs: StepInputs) -> StepOutput:
         """Runs one compiled step; `step_s` is the wall or the bucket time per `clock`.

@@ -90,7 +90,8 @@ def _replica_shares(result: RunResult) -> dict[str, Any]:
 
 def request_rows(result: RunResult) -> list[dict[str, Any]]:
     """One dict per request (requests.jsonl), in arrival order; with several replicas,
-    each row ends with the `replica` that served it (-1: rejected up front)."""
+    each row ends with the `replica` that served it (-1: rejected up front). A rejected
+    request's `reason` is the core's (up front) or `policy <name>: <its text>`."""
     rows = []
     for i in range(result.num_requests):
         state = RequestState(result.state[i])
@@ -122,8 +123,10 @@ def request_rows(result: RunResult) -> list[dict[str, Any]]:
 def step_rows(result: RunResult) -> list[dict[str, Any]]:
     """One dict per step (steps.jsonl); with several replicas, each row starts with the
     `replica` that ran it; with `log_step_requests`, it also holds the step's
-    `request_ids` (the requests' ids, as in requests.jsonl) and `request_tokens`.
-    `num_cached_tokens` is written only when prefix caching was active."""
+    `request_ids` (the requests' ids, as in requests.jsonl) and `request_tokens`, and
+    the ids the plans since the previous step preempted (`preempted_ids`) and
+    rejected (`rejected_ids`). `num_cached_tokens` is written only when prefix
+    caching was active."""
     dropped = () if result.prefix_caching else ("num_cached_tokens",)
     rows = [{k: to_json_value(v) for k, v in s._asdict().items() if k not in dropped}
             for s in result.steps]
@@ -133,6 +136,10 @@ def step_rows(result: RunResult) -> list[dict[str, Any]]:
         for row, requests, tokens in zip(rows, result.step_requests, result.step_tokens):
             row["request_ids"] = [result.request_ids[i] for i in requests.tolist()]
             row["request_tokens"] = tokens.tolist()
+    if result.step_preempted is not None and result.step_rejected is not None:
+        for row, preempted, rejected in zip(rows, result.step_preempted, result.step_rejected):
+            row["preempted_ids"] = [result.request_ids[i] for i in preempted.tolist()]
+            row["rejected_ids"] = [result.request_ids[i] for i in rejected.tolist()]
     return rows
 
 

@@ -2,6 +2,8 @@
 
 Each is built on its own, so a caller that compares policies builds the
 workload and the engine once and hands them to every run (`run_policy`).
+`check_policies` loads every policy and the router, and checks their knobs
+against the run's limits, before anything runs.
 """
 
 from __future__ import annotations
@@ -10,10 +12,13 @@ import dataclasses
 import hashlib
 import json
 import os
-from typing import Any, Optional
+from typing import Any, Mapping, Optional, Sequence
 
+from orca_jax.cluster.routing import Router, make_router, resolve_router_class
 from orca_jax.core.engine_api import Engine, EngineConfigError
 from orca_jax.core.packing import pages_per_seq_for
+from orca_jax.core.plugins import PolicyLoadError, parse_options
+from orca_jax.core.policy import Policy, make_policy
 from orca_jax.core.request import Request
 from orca_jax.core.scheduler import SchedulerConfig
 from orca_jax.runner.spec import JaxEngineSpec, RunSpec, SimEngineSpec, sampling_params
@@ -73,6 +78,16 @@ def build_workload(spec: RunSpec) -> list[Request]:
         vocab_size=vocab if real else None, context=max_model_len(spec) if real else None)
 
 
+def workload_line(spec: RunSpec, requests: Sequence[Request]) -> str:
+    """What the run took, for the terminal: `workload: 8819 requests from trace FILE`."""
+    workload = spec.workload
+    if workload.arrival != "trace":
+        return f"workload: {len(requests)} requests ({workload.arrival})"
+    cut = ("" if workload.num_requests is None else
+           f" (its first {workload.num_requests} at most: --num_requests)")
+    return f"workload: {len(requests)} requests from trace {workload.trace}{cut}"
+
+
 def max_model_len(spec: RunSpec) -> int:
     """The context limit of the run."""
     return spec.limits.max_model_len or model_config(spec).max_context
@@ -98,6 +113,8 @@ def scheduler_config(spec: RunSpec) -> SchedulerConfig:
                            page_size=limits.page_size, max_model_len=context,
                            token_buckets=limits.token_buckets, temperature=temperature,
                            top_k=top_k, top_p=top_p, seed=spec.seed,
+                           ttft_slo_s=spec.ttft_slo_s, tpot_slo_s=spec.tpot_slo_s,
+                           no_progress_steps=limits.no_progress_steps,
                            log_step_requests=limits.log_step_requests,
                            kv_layout=limits.kv_layout,
                            count_host_time=limits.count_host_time)
@@ -192,3 +209,70 @@ def profile_table_record(engine: Engine, out_dir: str) -> Optional[dict[str, Any
     else:
         digest = table_digest(path)
     return {"path": os.path.abspath(path), "sha256": digest, "loaded": engine.table_loaded}
+
+
+def _limits(config: SchedulerConfig) -> dict[str, int]:
+    """The scheduler's capacities by name: its int `max_*` and `num_*` fields."""
+    return {f.name: getattr(config, f.name) for f in dataclasses.fields(config)
+            if f.name.startswith(("max_", "num_")) and type(getattr(config, f.name)) is int}
+
+
+def check_policy_limits(policy: Policy, options: Optional[Mapping[str, str]],
+                        config: SchedulerConfig) -> None:
+    """Refuses a knob set in `options` above the scheduler limit of the same name.
+
+    A policy knob named like a scheduler capacity (`max_num_seqs`, `max_num_tokens`,
+    `num_kv_pages`, `max_model_len`) cannot take effect above it: the core caps every
+    plan at the scheduler's limits, so the knob would silently do nothing. Knobs left
+    at their defaults are not checked (a default above the run's cap means "up to the
+    scheduler's").
+
+    Raises:
+      PolicyLoadError: names the policy, the knob and the run's limit.
+    """
+    renamed: Mapping[str, str] = getattr(policy, "renamed_options", {})
+    limits = _limits(config)
+    for key in options or {}:
+        knob = renamed.get(key, key)
+        value, limit = getattr(policy, knob, None), limits.get(knob)
+        if limit is not None and type(value) is int and value > limit:
+            raise PolicyLoadError(
+                f"policy {policy.name!r}: option {knob}={value} exceeds the run's "
+                f"--{knob}={limit}, which caps every step; raise --{knob} or lower the option")
+
+
+def check_router(spec: RunSpec) -> Optional[Router]:
+    """The run's router, built from its spec and options (None with one replica).
+
+    With one replica the router class is still resolved, so a misspelt router fails.
+
+    Raises:
+      PolicyLoadError: the router does not resolve, or an option is unknown or mistyped.
+    """
+    cluster = spec.cluster
+    if cluster.num_replicas == 1:
+        resolve_router_class(cluster.router)
+        return None
+    return make_router(cluster.router, parse_options(cluster.router_opts))
+
+
+def check_policies(spec: RunSpec, config: SchedulerConfig,
+                   policies: Sequence[tuple[str, Optional[Mapping[str, str]]]]) -> list[Policy]:
+    """Builds every policy (spec, options) and the router before anything runs.
+
+    So a comparison or a sweep fails on its last policy's typo before its first run.
+
+    Returns:
+      The policies, built (fresh ones are built again for each run).
+
+    Raises:
+      PolicyLoadError: a policy or the router does not load, an option is unknown or
+        mistyped, or a knob exceeds a scheduler limit (`check_policy_limits`).
+    """
+    built = []
+    for policy_spec, options in policies:
+        policy = make_policy(policy_spec, options)
+        check_policy_limits(policy, options, config)
+        built.append(policy)
+    check_router(spec)
+    return built

@@ -79,7 +79,8 @@ class WorkloadSpec:
     arrival: str = "poisson"
     trace: Optional[str] = None  # the trace file (JSONL or CSV) of arrival "trace"
     trace_time_scale: float = 1.0  # multiplies a trace's arrival times (0.5: twice the rate)
-    num_requests: int = 200  # of a trace: its first N; of conversation: turns
+    # Of a trace: its first N (None: the whole trace); of conversation: turns.
+    num_requests: Optional[int] = 200
     rate: float = 4.0  # requests/s (poisson, gamma, shared_prefix); conversations/s
     cv: float = 1.0  # coefficient of variation of gamma inter-arrival gaps
     prompt_len: str = "uniform:32:512"  # a length spec (`workloads.synthetic.parse_length_spec`)
@@ -185,9 +186,12 @@ class LimitsSpec:
     kv_layout: str = "paged"
     # Add the scheduler's measured host time to the virtual clock (no longer repeatable).
     count_host_time: bool = False
+    # Fail the run (no_progress) after this many iterations in a row without progress.
+    no_progress_steps: int = 10_000
 
     def __post_init__(self) -> None:
-        for field in ("max_num_seqs", "max_num_tokens", "num_kv_pages", "page_size"):
+        for field in ("max_num_seqs", "max_num_tokens", "num_kv_pages", "page_size",
+                      "no_progress_steps"):
             _check_at_least("limits", field, getattr(self, field), 1)
         _check_at_least("limits", "max_model_len", self.max_model_len, 2)
         _check_choice("limits", "kv_layout", self.kv_layout, KV_LAYOUTS)

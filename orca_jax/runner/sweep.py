@@ -29,6 +29,7 @@ from orca_jax.core.run_result import RunResult
 from orca_jax.results.sweep_store import PointKey, SweepStore, point_key
 from orca_jax.runner.build import build_engine, build_workload, scheduler_config
 from orca_jax.runner.experiment import run_policy
+from orca_jax.runner.progress import Progress
 from orca_jax.runner.spec import JaxEngineSpec, RunSpec
 
 # Test-only: the process dies (os._exit) right after this many points, as a kill would.
@@ -104,27 +105,6 @@ def workload_at(spec: RunSpec, base: list[Request], rate: float) -> list[Request
     return [dataclasses.replace(r, arrival_s=r.arrival_s * scale) for r in base]
 
 
-class _ProgressBar:
-    """`sweep: [###...] done/total points, elapsed` on one stderr line."""
-
-    def __init__(self, total: int, done: int) -> None:
-        self.total, self.done, self.resumed = total, done, done
-        self.start = time.perf_counter()
-
-    def show(self, current: Optional[PointKey] = None) -> None:
-        width = 30
-        filled = width * self.done // max(self.total, 1)
-        now = (f" running {current.policy} rate={current.rate:g} seed={current.seed}"
-               if current else "")
-        line = (f"sweep: [{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} "
-                f"points ({self.resumed} resumed), {time.perf_counter() - self.start:.0f}s{now}")
-        if sys.stderr.isatty():  # redraw in place; a log file gets one line per update
-            sys.stderr.write(f"\r{line}\033[K" + ("\n" if current is None else ""))
-        else:
-            sys.stderr.write(line + "\n")
-        sys.stderr.flush()
-
-
 def run_sweep(spec: RunSpec, policies: Sequence[PolicyRun], rates: Sequence[float],
               seeds: Sequence[int], out_dir: str, *, build_per_point: bool = False,
               saturated: Optional[Callable[[float, Mapping[str, object]], bool]] = None,
@@ -154,7 +134,7 @@ def run_sweep(spec: RunSpec, policies: Sequence[PolicyRun], rates: Sequence[floa
       extra_metrics: more summary fields from a finished run (the second value of
         `run_policy`), stored with the point.
       point_runs: also write each point's run folder under `out_dir/points/`.
-      progress: draw a progress bar on stderr.
+      progress: show progress on stderr (`orca_jax.runner.progress`).
 
     Returns:
       The store and the keys that were run or found (the grid to aggregate).
@@ -187,7 +167,9 @@ def run_sweep(spec: RunSpec, policies: Sequence[PolicyRun], rates: Sequence[floa
     rate_order = sorted(float(r) for r in rates) if saturated else [float(r) for r in rates]
     grid_keys = [PointKey(label, rate, int(seed))
                  for label in labels for rate in rate_order for seed in seeds]
-    bar = _ProgressBar(len(grid_keys), sum(k in points for k in grid_keys)) if progress else None
+    num_resumed = sum(k in points for k in grid_keys)
+    bar = Progress(f"sweep, {num_resumed} resumed", len(grid_keys), "points",
+                   initial=num_resumed, delay_s=0.0) if progress else None
     exit_after = int(os.environ.get(EXIT_AFTER_ENV, "0"))
     num_ran = 0
     workloads = _Workloads(spec, build_per_point)
@@ -201,7 +183,8 @@ def run_sweep(spec: RunSpec, policies: Sequence[PolicyRun], rates: Sequence[floa
                 if key in points:
                     continue
                 if bar:
-                    bar.show(key)
+                    bar.update(bar.count, f"running {key.policy} rate={key.rate:g} "
+                                          f"seed={key.seed}")
                 this_spec = point_spec(spec, rate, key.seed)
                 if key.seed not in engines:
                     engines[key.seed] = build_engine(this_spec, scheduler_config(this_spec))
@@ -212,14 +195,14 @@ def run_sweep(spec: RunSpec, policies: Sequence[PolicyRun], rates: Sequence[floa
                                          engines[key.seed], run_dir, extra_metrics)
                 num_ran += 1
                 if bar:
-                    bar.done += 1
+                    bar.update(bar.count + 1)
                 if exit_after and num_ran >= exit_after:
                     sys.stderr.flush()
                     os._exit(3)
             if saturated and all(saturated(rate, points[key]["summary"]) for key in row):
                 break
     if bar:
-        bar.show()
+        bar.close()
     return store, keys
 
 
@@ -252,7 +235,8 @@ def _run_point(store: SweepStore, key: PointKey, spec: RunSpec, run: PolicyRun,
     """Runs one point and appends it to the store; returns its stored line."""
     start = time.perf_counter()
     summary, result = run_policy(spec, run.spec, dict(run.options), out_dir=run_dir,
-                                 requests=requests, engine=engine, progress=False)
+                                 requests=requests, engine=engine, progress=False,
+                                 label=run.label)
     if extra_metrics:
         summary.update(extra_metrics(result))
     extra: dict[str, object] = {"wall_s": time.perf_counter() - start}

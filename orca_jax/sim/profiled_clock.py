@@ -29,7 +29,9 @@ imports jax.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
+import time
 from typing import Any, Mapping, Optional
 
 from orca_jax.core.engine_api import (
@@ -44,6 +46,8 @@ from orca_jax.core.json_files import to_json_value
 from orca_jax.sim.calibration import fit_linear, load_fit, save_fit
 from orca_jax.sim.cost_model import LinearStepTime, real_lengths
 from orca_jax.sim.step_profile import measure_step_times
+
+_log = logging.getLogger(__name__)
 
 
 class ProfiledClock(EngineWrapper):
@@ -120,9 +124,13 @@ class ProfiledClock(EngineWrapper):
             raise ValueError(f"ProfiledClock.warmup: the given fit has no price for buckets "
                              f"{[b.num_tokens for b in missing]}; fitted: {sorted(self._fit)}")
         if missing:  # profiled once: a later warm-up of the same buckets (compare) reuses it
+            _log.info("profiled clock: timing a grid of step compositions of %d buckets",
+                      len(missing))
+            start = time.perf_counter()
             samples = measure_step_times(self.engine, missing, num_repeats=self.num_repeats,
                                          **self._grid)
             self._fit.update(fit_linear(samples, self._grid["page_size"]))
+            _log.info("profiled clock: fitted in %.1f s", time.perf_counter() - start)
             if self.table_file is not None:
                 self.save_table(self.table_file)
         else:

@@ -1,0 +1,59 @@
+"""The progress watchdog: a run in which nothing moves forward fails instead of spinning.
+
+The plan check's `no_progress` catches a plan that runs nothing while nothing
+can change. A livelock runs something every step and throws it away again
+(preempting and readmitting forever), so the watchdog measures progress as
+something a run cannot undo: a request computing a token past the most it has
+ever computed, or a request leaving (finished, released or rejected).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+from numpy.typing import NDArray
+
+from orca_jax.core.plan import PlanError
+
+
+class ProgressWatchdog:
+    """Counts the iterations in a row without progress; raises at `limit`.
+
+    Args:
+      num_requests: N, the run's requests.
+      limit: iterations without progress that fail the run (`no_progress_steps`).
+    """
+
+    def __init__(self, num_requests: int, limit: int) -> None:
+        self.limit = limit
+        self._most_computed = np.zeros(num_requests, dtype=np.int64)  # [N]
+        self._stalled = 0
+
+    def computed(self, ids: NDArray[np.int64],  # [n] distinct
+                 num_computed: NDArray[np.int64]) -> bool:  # [n]
+        """Records the requests' computed counts after a step; True if one got further."""
+        gained = num_computed > self._most_computed[ids]
+        if not gained.any():
+            return False
+        self._most_computed[ids[gained]] = num_computed[gained]
+        return True
+
+    def iteration(self, progressed: bool, *, policy: str, step: int, now_s: float,
+                  situation: Callable[[], str]) -> None:
+        """Counts one iteration (that did not just wait for an arrival).
+
+        Raises:
+          PlanError: rule `no_progress`, on the `limit`-th iteration in a row without
+            progress; `situation()` (queues, preemptions: built only then) goes into
+            its message.
+        """
+        if progressed:
+            self._stalled = 0
+            return
+        self._stalled += 1
+        if self._stalled >= self.limit:
+            raise PlanError(policy, "no_progress",
+                            f"no request gained a computed token or finished in {self.limit} "
+                            f"iterations (step {step}, {now_s:.6f} s; {situation()}); raise "
+                            "SchedulerConfig.no_progress_steps if the policy means it")
