@@ -31,6 +31,7 @@ from experiments.policy_flags import options_by_policy, policy_label
 from orca_jax import make_policy
 from orca_jax.core.json_files import to_json_value, write_json_atomic
 from orca_jax.results.metrics import format_table
+from orca_jax.results.run_folder import check_writable_dir
 from orca_jax.runner.build import build_engine, build_workload, scheduler_config
 from orca_jax.runner.experiment import run_policy
 from orca_jax.runner.spec import JaxEngineSpec, RunSpec
@@ -86,6 +87,15 @@ def over_repeats(summaries: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return row
 
 
+def flat_row(row: dict[str, Any]) -> dict[str, Any]:
+    """A comparison.json row: flat, each metric's spread over repeats as `KEY_min` and
+    `KEY_max` beside its median (`pandas.json_normalize` reads it as it is)."""
+    flat = {key: value for key, value in row.items() if key != "spread"}
+    for key, spread in row.get("spread", {}).items():
+        flat[f"{key}_min"], flat[f"{key}_max"] = spread["min"], spread["max"]
+    return flat
+
+
 def _number(value: float) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
@@ -136,6 +146,7 @@ def main(argv: list[str]) -> None:
     options = options_by_policy(run_flags.FLAGS.policy_opts, names)
     repeats = run_flags.FLAGS.repeats
     out = run_flags.FLAGS.out_dir
+    check_writable_dir(out)  # before anything runs; each policy's folder is staged (run_folder)
     # Built once up front: a bad policy fails before anything runs, and each one's KV
     # reservation mode (a class attribute or a knob) is read off it.
     kv_reservation = {name: make_policy(name, options.get(name)).kv_reservation
@@ -174,8 +185,8 @@ def main(argv: list[str]) -> None:
     print(table)
     with open(os.path.join(out, "comparison.txt"), "w") as f:
         f.write(table + "\n")
-    write_json_atomic(os.path.join(out, "comparison.json"), to_json_value(rows),
-                      sort_keys=False)
+    write_json_atomic(os.path.join(out, "comparison.json"),
+                      to_json_value([flat_row(row) for row in rows]), sort_keys=False)
     if _plot(rows, os.path.join(out, "comparison.png")):
         print(f"figure: {os.path.join(out, 'comparison.png')}")
     print(f"results in {out}")

@@ -91,6 +91,25 @@ def check_out_dir(out_dir: Union[str, os.PathLike]) -> Path:
     return target
 
 
+def check_writable_dir(out_dir: Union[str, os.PathLike]) -> Path:
+    """Creates `out_dir` (a folder of several runs: a comparison's, a sweep's) if missing
+    and checks it can be written, before anything runs.
+
+    Raises:
+      OutDirError: it is a file, or cannot be created or written.
+    """
+    target = Path(out_dir)
+    if target.exists() and not target.is_dir():
+        raise OutDirError(f"--out_dir {out_dir}: is a file, not a folder")
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OutDirError(f"--out_dir {out_dir}: cannot create it: {_one_line(e)}") from None
+    if not os.access(target, os.W_OK | os.X_OK):
+        raise OutDirError(f"--out_dir {out_dir}: is not writable")
+    return target
+
+
 class RunFolder:
     """One run's results, staged beside `out_dir` and moved into place at the end.
 
@@ -241,7 +260,7 @@ class RunFolder:
 
 
 def read_status(folder: Union[str, os.PathLike]) -> Optional[dict[str, Any]]:
-    """A run folder's status.json, or None when it has none (a run from before 0.3)."""
+    """A run folder's status.json, or None when it has none (a run written before runs kept one)."""
     path = Path(folder) / STATUS_FILE
     if not path.exists():
         return None

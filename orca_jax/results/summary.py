@@ -87,6 +87,19 @@ def summarize_run(result: RunResult, *, ttft_slo_s: Optional[float] = None,
             {name: to_json_value(rows) for name, rows in tables.items()})
 
 
+def flatten(fields: Mapping[str, Any]) -> dict[str, Any]:
+    """`fields` with each nested mapping spread into `parent.child` keys, as
+    `pandas.json_normalize` names them (e.g. an engine's `compiled_fingerprints` by
+    bucket: `compiled_fingerprints.16`), so summary.json stays flat."""
+    flat: dict[str, Any] = {}
+    for key, value in fields.items():
+        if isinstance(value, Mapping):
+            flat.update({f"{key}.{inner}": leaf for inner, leaf in flatten(value).items()})
+        else:
+            flat[key] = value
+    return flat
+
+
 def _prefix_caching(result: RunResult) -> dict[str, Any]:
     """How much of the admitted prompts the prefix cache served, and what it evicted."""
     admitted = ~np.isnan(result.first_scheduled_s)

@@ -22,7 +22,12 @@ from orca_jax.core.request import Request
 from orca_jax.core.run_result import RunResult
 from orca_jax.core.scheduler import Scheduler, SchedulerConfig
 from orca_jax.results.run_folder import ResultsWriteError, RunFolder
-from orca_jax.results.summary import iter_request_rows, iter_step_rows, summarize_run
+from orca_jax.results.summary import (
+    flatten,
+    iter_request_rows,
+    iter_step_rows,
+    summarize_run,
+)
 from orca_jax.runner.build import build_engine, build_workload, scheduler_config
 from orca_jax.runner.live_results import StreamResults
 from orca_jax.runner.spec import RunSpec
@@ -113,7 +118,7 @@ def run_policy(spec: RunSpec, policy_spec: str, policy_options: Optional[Mapping
     del scheduler, stream  # its logs are in the result now: free them before the summary
     summary, tables = summarize_run(result, ttft_slo_s=spec.ttft_slo_s,
                                     tpot_slo_s=spec.tpot_slo_s)
-    summary.update(engine.facts())
+    summary.update(flatten(engine.facts()))
     if folder is not None:
         # The streamed steps are the file; the requests, streamed as they finished, are
         # written again in arrival order, each row now with every field.

@@ -27,6 +27,7 @@ from orca_jax.core.plugins import current_options
 from orca_jax.core.policy import make_policy, parse_options, resolve_policy_class
 from orca_jax.core.request import Request
 from orca_jax.core.run_result import RunResult
+from orca_jax.results.run_folder import check_writable_dir
 from orca_jax.results.sweep_store import PointKey, SweepLock, SweepStore, point_key
 from orca_jax.runner.build import build_engine, build_workload, scheduler_config
 from orca_jax.runner.experiment import run_policy
@@ -162,10 +163,12 @@ def run_sweep(spec: RunSpec, policies: Sequence[PolicyRun], rates: Sequence[floa
 
     Raises:
       SweepError: two policies share a label, or `build_per_point` with a trace.
+      OutDirError: `out_dir` is a file, or cannot be created or written.
       SweepConfigError: `out_dir` holds a sweep of another configuration.
       SweepLockedError: another sweep is running into `out_dir` (a `SweepConfigError`).
       PolicyLoadError: a policy, knob or router does not load (nothing is written).
     """
+    check_writable_dir(out_dir)
     labels = [run.label for run in policies]
     if len(set(labels)) != len(labels):
         raise SweepError(f"policies {[run.spec for run in policies]}: two share a label "
