@@ -74,7 +74,7 @@ def test_a_plugin_that_raises_leaves_its_partial_logs_marked_failed(orca_run, tm
     status = read_status(orca_run)
     assert status["status"] == "failed" and status["reason"] == "error"
     assert status["error"] == "RuntimeError: planted failure at step 7"
-    assert status["error_at"].endswith("raising_policy.py:17")
+    assert status["error_at"].endswith("raising_policy.py:21")
     assert status["step"] == 7 and status["virtual_time_s"] == pytest.approx(0.07, abs=0.06)
     # The earlier run's summary is gone: nothing in the folder looks like a finished run.
     assert not (orca_run / "summary.json").exists()
@@ -84,6 +84,17 @@ def test_a_plugin_that_raises_leaves_its_partial_logs_marked_failed(orca_run, tm
     rows = _lines(orca_run / "requests.jsonl")
     assert len(rows) == 60 and {r["status"] for r in rows} <= {"finished", "unfinished"}
     assert any(r["status"] == "unfinished" for r in rows)
+    assert _leftovers(tmp_path) == []
+
+
+def test_ctrl_c_marks_the_run_failed_as_interrupted(tmp_path):
+    out = tmp_path / "run"
+    with pytest.raises(KeyboardInterrupt):
+        run_policy(SPEC, RAISES, {"fail_at_step": "3", "interrupt": "true"}, out_dir=str(out),
+                   progress=False)
+    status = read_status(out)
+    assert (status["status"], status["reason"], status["step"]) == ("failed", "interrupted", 3)
+    assert [s["step"] for s in _lines(out / "steps.jsonl")] == [0, 1, 2]
     assert _leftovers(tmp_path) == []
 
 

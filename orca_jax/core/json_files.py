@@ -29,6 +29,11 @@ def to_json_value(value: object) -> object:
     object JSON cannot hold, which the writer then rejects naming its type) is
     returned as is.
     """
+    kind = type(value)
+    if kind is str or kind is int or value is None:  # the common case, first: rows are many
+        return value
+    if kind is float:
+        return value if math.isfinite(value) else None
     if isinstance(value, (bool, np.bool_)):
         return bool(value)
     if isinstance(value, np.integer):

@@ -145,10 +145,11 @@ def request_row(columns: Any, i: int, *, request_id: int, tenant: str, reason: O
     """
     state = RequestState(columns.state[i])
     row = {
-        "id": request_id, "arrival_s": columns.arrival_s[i],
-        "first_scheduled_s": columns.first_scheduled_s[i],
-        "first_token_s": columns.first_token_s[i], "last_token_s": columns.last_token_s[i],
-        "finish_s": columns.finish_s[i], "prompt_len": int(columns.prompt_len[i]),
+        "id": request_id, "arrival_s": float(columns.arrival_s[i]),
+        "first_scheduled_s": float(columns.first_scheduled_s[i]),
+        "first_token_s": float(columns.first_token_s[i]),
+        "last_token_s": float(columns.last_token_s[i]),
+        "finish_s": float(columns.finish_s[i]), "prompt_len": int(columns.prompt_len[i]),
         "output_len": int(columns.output_len[i]),
         "num_generated": int(columns.num_generated[i]),
         "num_preemptions": int(columns.num_preemptions[i]),

@@ -65,6 +65,8 @@ class StreamResults:
         """Appends the requests finished (and released) since the last call."""
         scheduler = self.scheduler
         table = scheduler.table
+        if scheduler.last_finished.size == 0 and self._awaiting_release.size == 0:
+            return  # most steps finish nothing
         candidates = np.concatenate([self._awaiting_release, scheduler.last_finished])
         candidates = np.unique(candidates[~self._written[candidates]])
         released = np.isfinite(table.finish_s[candidates])
