@@ -131,6 +131,26 @@ def test_disk_full_is_one_line_and_leaves_the_old_run_and_no_tmp(orca_run, tmp_p
     assert exited.value.code == f"error: {message}"
 
 
+def test_disk_full_while_streaming_stops_the_run_with_one_line(orca_run, tmp_path,
+                                                               monkeypatch):
+    real = run_folder.RunFolder._append
+    calls = []
+
+    def fills_the_disk(self, name, rows):
+        calls.append(name)
+        if len(calls) == 5:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real(self, name, rows)
+
+    monkeypatch.setattr(run_folder.RunFolder, "_append", fills_the_disk)
+    before = {p.name: p.read_bytes() for p in orca_run.iterdir()}
+    with pytest.raises(ResultsWriteError, match="disk full"):
+        run_policy(SPEC, "vllm", out_dir=str(orca_run), progress=False)
+    assert len(calls) == 5  # the run stopped at the failed write
+    assert {p.name: p.read_bytes() for p in orca_run.iterdir()} == before
+    assert _leftovers(tmp_path) == []
+
+
 @pytest.mark.parametrize("make, expected", [
     (lambda p: p.write_text("x"), "is a file, not a folder"),
     (lambda p: (p.mkdir(), (p / "notes.txt").write_text("mine")), "holds notes.txt, not a run"),

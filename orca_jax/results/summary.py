@@ -2,7 +2,10 @@
 
 Everything here reads a finished run's `RunResult`, of one scheduler or of a
 cluster (`Cluster.run()`); a cluster's files say which replica served each
-request and ran each step, and its summary each replica's share.
+request and ran each step, and its replicas.jsonl each replica's share. Rows
+are made one at a time (`iter_request_rows`, `iter_step_rows`), so writing a
+run of 10^5 requests holds no list of them; `request_row` and `step_row` also
+make a live run's streamed rows (`orca_jax.runner.live_results`).
 
 The field names are a contract researchers script against (see the README);
 add to them, do not rename them.
