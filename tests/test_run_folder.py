@@ -5,6 +5,7 @@ Through the public entry points: `run_policy(..., out_dir=...)` and
 `orca_jax/results/run_folder.py`.
 """
 
+import dataclasses
 import errno
 import json
 import os
@@ -21,7 +22,13 @@ from orca_jax.results import run_folder
 from orca_jax.results.run_folder import OutDirError, ResultsWriteError, read_status
 from orca_jax.results.summary import request_rows, step_rows
 from orca_jax.runner.experiment import run_policy
-from orca_jax.runner.spec import LimitsSpec, RunSpec, SimEngineSpec, WorkloadSpec
+from orca_jax.runner.spec import (
+    ClusterSpec,
+    LimitsSpec,
+    RunSpec,
+    SimEngineSpec,
+    WorkloadSpec,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 RAISES = str(REPO / "tests/plugins/raising_policy.py") + ":RaisesAtStep"
@@ -84,6 +91,16 @@ def test_a_plugin_that_raises_leaves_its_partial_logs_marked_failed(orca_run, tm
     rows = _lines(orca_run / "requests.jsonl")
     assert len(rows) == 60 and {r["status"] for r in rows} <= {"finished", "unfinished"}
     assert any(r["status"] == "unfinished" for r in rows)
+    assert _leftovers(tmp_path) == []
+
+
+def test_a_cluster_run_that_raises_is_marked_failed_too(orca_run, tmp_path):
+    spec = dataclasses.replace(SPEC, cluster=ClusterSpec(num_replicas=2))
+    with pytest.raises(RuntimeError, match="planted failure at step 4"):
+        run_policy(spec, RAISES, {"fail_at_step": "4"}, out_dir=str(orca_run), progress=False)
+    status = read_status(orca_run)
+    assert (status["status"], status["step"]) == ("failed", 4)
+    assert sorted(p.name for p in orca_run.iterdir()) == ["config.json", "status.json"]
     assert _leftovers(tmp_path) == []
 
 

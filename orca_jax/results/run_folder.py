@@ -157,11 +157,12 @@ class RunFolder:
         self._status["updated_at"] = time.time()
         write_json_atomic(self.staging / STATUS_FILE, self._status, fsync=False)
 
-    def begin(self, config: Mapping[str, Any]) -> None:
-        """Writes config.json and opens the streamed logs."""
+    def begin(self, config: Mapping[str, Any], *, stream: bool = True) -> None:
+        """Writes config.json and, to `stream` the logs, opens them (a run that cannot
+        stream writes them whole at the end, `write_rows`)."""
         def start() -> None:
             write_json_atomic(self.staging / "config.json", config)
-            for name in ("requests.jsonl", "steps.jsonl"):
+            for name in ("requests.jsonl", "steps.jsonl") if stream else ():
                 self._streams[name] = open(self.staging / name, "w")
         self._guard(start)
 

@@ -93,14 +93,17 @@ def run_policy(spec: RunSpec, policy_spec: str, policy_options: Optional[Mapping
         config = scheduler_config(spec)
         workload = requests if requests is not None else build_workload(spec)
         if spec.cluster.num_replicas > 1:
-            return _run_cluster(spec, policy_spec, policy_options, config, workload, folder)
-        policy = make_policy(policy_spec, policy_options)
-        engine = engine if engine is not None else build_engine(spec, config)
-        scheduler = Scheduler(workload, policy, engine, config)
+            cluster = _cluster(spec, policy_spec, policy_options, config, workload)
+        else:
+            policy = make_policy(policy_spec, policy_options)
+            engine = engine if engine is not None else build_engine(spec, config)
+            scheduler = Scheduler(workload, policy, engine, config)
     except BaseException:
         if folder is not None:
             folder.discard()  # nothing ran: the old folder stays as it was
         raise
+    if spec.cluster.num_replicas > 1:
+        return _run_cluster(spec, policy_spec, config, cluster, folder)
     bar = _Progress(policy.name, len(workload)) if progress else None
     stream = None
     if folder is not None:
@@ -108,22 +111,27 @@ def run_policy(spec: RunSpec, policy_spec: str, policy_options: Optional[Mapping
         stream = StreamResults(folder, scheduler)
     try:
         result = scheduler.run(progress=_observers(bar, stream))
+        if stream is not None:
+            stream.stream_steps()  # a last step the observer did not see, if any
     except BaseException as error:
         if folder is not None and not isinstance(error, ResultsWriteError):
             _fail(folder, error, stream, scheduler.result, scheduler.num_steps,
                   scheduler.now_s)
         raise
-    if stream is not None:
-        stream.stream_steps()  # a last step the observer did not see, if any
     del scheduler, stream  # its logs are in the result now: free them before the summary
-    summary, tables = summarize_run(result, ttft_slo_s=spec.ttft_slo_s,
-                                    tpot_slo_s=spec.tpot_slo_s)
-    summary.update(flatten(engine.facts()))
-    if folder is not None:
-        # The streamed steps are the file; the requests, streamed as they finished, are
-        # written again in arrival order, each row now with every field.
-        folder.keep_streamed("steps.jsonl")
-        _finish(folder, result, summary, tables)
+    try:
+        summary, tables = summarize_run(result, ttft_slo_s=spec.ttft_slo_s,
+                                        tpot_slo_s=spec.tpot_slo_s)
+        summary.update(flatten(engine.facts()))
+        if folder is not None:
+            # The streamed steps are the file; the requests, streamed as they finished,
+            # are written again in arrival order, each row now with every field.
+            folder.keep_streamed("steps.jsonl")
+            _finish(folder, result, summary, tables)
+    except BaseException as error:
+        if folder is not None and not isinstance(error, ResultsWriteError):
+            _fail(folder, error, None, lambda: result, result.num_steps, result.virtual_end_s)
+        raise
     return summary, result
 
 
@@ -170,35 +178,40 @@ def _fail(folder: RunFolder, error: BaseException, stream: Optional[StreamResult
         pass  # the folder was removed; the run's error says what went wrong
 
 
-def _run_cluster(spec: RunSpec, policy_spec: str, policy_options: Optional[Mapping[str, str]],
-                 config: SchedulerConfig, workload: list[Request],
+def _cluster(spec: RunSpec, policy_spec: str, policy_options: Optional[Mapping[str, str]],
+             config: SchedulerConfig, workload: list[Request]) -> Cluster:
+    """`spec.cluster.num_replicas` simulated replicas behind `spec.cluster.router`."""
+    return Cluster(workload, num_replicas=spec.cluster.num_replicas,
+                   router=spec.cluster.router,
+                   router_options=parse_options(spec.cluster.router_opts),
+                   make_policy=lambda: make_policy(policy_spec, policy_options),
+                   make_engine=lambda: build_engine(spec, config), config=config)
+
+
+def _run_cluster(spec: RunSpec, policy_spec: str, config: SchedulerConfig, cluster: Cluster,
                  folder: Optional[RunFolder]) -> tuple[dict[str, Any], RunResult]:
-    """`spec.cluster.num_replicas` simulated replicas behind `spec.cluster.router`.
+    """Runs a cluster and writes its results.
 
     A cluster has no per-step hook: its folder says `running` until the end, and its
-    logs are written whole when the run ends (on a failure, status `failed` alone).
+    logs are written whole when the run ends (on a failure: config.json and status.json
+    `failed`, no logs).
     """
-    cluster = Cluster(workload, num_replicas=spec.cluster.num_replicas,
-                      router=spec.cluster.router,
-                      router_options=parse_options(spec.cluster.router_opts),
-                      make_policy=lambda: make_policy(policy_spec, policy_options),
-                      make_engine=lambda: build_engine(spec, config), config=config)
     if folder is not None:
         first = cluster.replicas[0]
-        folder.begin(_resolved_config(spec, policy_spec, first.policy, config, first.engine))
+        folder.begin(_resolved_config(spec, policy_spec, first.policy, config, first.engine),
+                     stream=False)
     try:
         result = cluster.run()
+        summary, tables = summarize_run(result, ttft_slo_s=spec.ttft_slo_s,
+                                        tpot_slo_s=spec.tpot_slo_s)
+        if folder is not None:
+            _finish(folder, result, summary, tables, write_steps=True)
     except BaseException as error:
         if folder is not None and not isinstance(error, ResultsWriteError):
             _fail(folder, error, None, cluster.replicas[0].result,
                   max(r.num_steps for r in cluster.replicas),
                   max(r.now_s for r in cluster.replicas))
         raise
-    del cluster
-    summary, tables = summarize_run(result, ttft_slo_s=spec.ttft_slo_s,
-                                    tpot_slo_s=spec.tpot_slo_s)
-    if folder is not None:
-        _finish(folder, result, summary, tables, write_steps=True)
     return summary, result
 
 
