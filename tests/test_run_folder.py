@@ -21,6 +21,7 @@ from experiments import flags as run_flags
 from orca_jax.results import run_folder
 from orca_jax.results.run_folder import OutDirError, ResultsWriteError, read_status
 from orca_jax.results.summary import request_rows, step_rows
+from orca_jax.runner.build import build_workload
 from orca_jax.runner.experiment import run_policy
 from orca_jax.runner.spec import (
     ClusterSpec,
@@ -73,6 +74,20 @@ def test_a_finished_run_streams_its_logs_and_ends_with_every_row_in_order(tmp_pa
     assert sorted(p.name for p in orca_run.iterdir()) == [
         "config.json", "requests.jsonl", "status.json", "steps.jsonl", "summary.json"]
     assert _leftovers(tmp_path) == []
+
+
+def test_several_tenants_get_a_flat_summary_and_a_tenants_table(tmp_path):
+    requests = [dataclasses.replace(r, tenant="ab"[r.id % 3 == 0])
+                for r in build_workload(SPEC)]
+    summary, _ = run_policy(SPEC, "orca", out_dir=str(tmp_path / "run"), requests=requests,
+                            progress=False)
+    stored = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert stored == summary and stored["num_tenants"] == 2
+    assert all(not isinstance(v, (dict, list)) for v in stored.values())
+    tenants = _lines(tmp_path / "run" / "tenants.jsonl")
+    assert [t["tenant"] for t in tenants] == ["a", "b"]
+    assert [t["num_requests"] for t in tenants] == [40, 20]
+    assert sum(t["num_finished"] for t in tenants) == stored["num_finished"] == 60
 
 
 def test_a_plugin_that_raises_leaves_its_partial_logs_marked_failed(orca_run, tmp_path):
