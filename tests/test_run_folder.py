@@ -199,13 +199,18 @@ def test_an_out_dir_that_cannot_hold_the_results_is_refused_before_the_run(tmp_p
     assert _leftovers(tmp_path) == []
 
 
-def test_run_cli_with_a_file_as_out_dir_says_one_line_and_exits_2(tmp_path):
+@pytest.mark.parametrize("command", [
+    ["experiments.run", "--policy=orca"],
+    ["experiments.compare", "--policies=orca,vllm"],
+    ["experiments.sweep", "--policies=orca", "--rates=4"],
+])
+def test_a_file_as_out_dir_is_one_line_and_exit_2_before_anything_runs(tmp_path, command):
     out = tmp_path / "a_file"
     out.write_text("not a folder")
     start = time.perf_counter()
     result = subprocess.run(
-        [sys.executable, "-m", "experiments.run", "--engine=sim", "--policy=orca",
-         "--num_requests=5000000", f"--out_dir={out}"],
+        [sys.executable, "-m", *command, "--engine=sim", "--num_requests=5000000",
+         f"--out_dir={out}"],
         cwd=REPO, env=dict(os.environ, JAX_PLATFORMS="cpu"), capture_output=True, text=True,
         timeout=120)
     assert result.returncode == 2, result.stderr[-2000:]
