@@ -156,6 +156,10 @@ def test_compare_repeats_alternate_the_order_and_are_identical_on_a_deterministi
     for name in ("static", "orca"):
         runs = [(out / name / f"repeat_{k}" / "requests.jsonl").read_text() for k in range(3)]
         assert runs[0] == runs[1] == runs[2]
+        # Each repeat's folder is a run's folder: staged, then moved in finished.
+        assert {json.loads((out / name / f"repeat_{k}" / "status.json").read_text())["status"]
+                for k in range(3)} == {"finished"}
+    assert not [p for p in out.rglob("*") if ".running-" in p.name or ".old-" in p.name]
     rows = json.loads((out / "comparison.json").read_text())
     for row in rows:
         assert row["num_repeats"] == 3
