@@ -29,7 +29,7 @@ from absl import app, flags
 from experiments import flags as run_flags
 from experiments.policy_flags import options_by_policy, policy_label
 from orca_jax import make_policy
-from orca_jax.core.json_files import to_json_value, write_json_atomic
+from orca_jax.core.json_files import to_json_value, write_json_atomic, write_text_atomic
 from orca_jax.results.metrics import format_table
 from orca_jax.results.run_folder import check_writable_dir
 from orca_jax.runner.build import build_engine, build_workload, scheduler_config
@@ -183,8 +183,7 @@ def main(argv: list[str]) -> None:
         table = (f"{repeats} repeats per policy, in alternating order; each metric: median "
                  f"(min–max), or one value where every repeat agrees\n{table}")
     print(table)
-    with open(os.path.join(out, "comparison.txt"), "w") as f:
-        f.write(table + "\n")
+    write_text_atomic(os.path.join(out, "comparison.txt"), table + "\n")
     write_json_atomic(os.path.join(out, "comparison.json"),
                       to_json_value([flat_row(row) for row in rows]), sort_keys=False)
     if _plot(rows, os.path.join(out, "comparison.png")):

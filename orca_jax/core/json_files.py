@@ -74,6 +74,11 @@ def write_jsonl_atomic(path: Union[str, os.PathLike], rows: Iterable[object]) ->
     _replace_atomic(Path(path), (json.dumps(row) + "\n" for row in rows), fsync=True)
 
 
+def write_text_atomic(path: Union[str, os.PathLike], text: str) -> None:
+    """Writes `text` to `path`, atomically (a printed table beside the JSON results)."""
+    _replace_atomic(Path(path), [text], fsync=True)
+
+
 def _replace_atomic(path: Path, chunks: Iterable[str], fsync: bool) -> None:
     # Beside the target, so the rename never crosses a file system.
     tmp = path.with_name(path.name + ".tmp")
