@@ -18,6 +18,7 @@ from absl import app, flags
 from orca_jax.core.engine_api import EngineConfigError
 from orca_jax.core.plan import PlanError
 from orca_jax.core.policy import PolicyLoadError
+from orca_jax.results.run_folder import OutDirError, ResultsWriteError
 from orca_jax.runner.spec import (
     ATTENTIONS,
     CLOCKS,
@@ -200,6 +201,11 @@ def clean_errors() -> Iterator[None]:
     except (PolicyLoadError, TraceError, EngineConfigError) as e:
         raise app.UsageError(str(e)) from None
     except PlanError as e:
+        sys.exit(f"error: {e}")
+    except OutDirError as e:  # found before the run: bad usage
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except ResultsWriteError as e:
         sys.exit(f"error: {e}")
 
 
