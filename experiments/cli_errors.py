@@ -4,8 +4,10 @@
 (`app.run(main, flags_parser=parse_flags)`). Both are re-exported by `experiments.flags`.
 
   * Bad input (`USAGE_ERRORS`: a flag, a trace, a checkpoint, a policy's spec or
-    knobs, an engine setting): `error: ...` naming the culprit, exit status 2.
-  * A failed run (`RUN_ERRORS`: a plan that breaks a rule): one line, exit status 1.
+    knobs, an engine setting, an --out_dir that cannot hold results): `error: ...`
+    naming the culprit, exit status 2.
+  * A failed run (`RUN_ERRORS`: a plan that breaks a rule, results that could not be
+    written): one line, exit status 1.
   * SIGINT: one line, exit status 130 (128 + the signal, as a shell reports it). The
     interruption is Python's `KeyboardInterrupt` until it reaches the entry point, so
     the run's own code can mark its results interrupted on the way out.
@@ -31,11 +33,13 @@ import orca_jax
 from orca_jax.core.engine_api import EngineConfigError
 from orca_jax.core.plan import PlanError
 from orca_jax.core.policy import PolicyLoadError
+from orca_jax.results.run_folder import OutDirError, ResultsWriteError
 from orca_jax.workloads.traces import TraceError
 
 USAGE_ERRORS: tuple[type[BaseException], ...] = (
-    app.UsageError, flags.Error, PolicyLoadError, TraceError, EngineConfigError)
-RUN_ERRORS: tuple[type[BaseException], ...] = (PlanError,)
+    app.UsageError, flags.Error, PolicyLoadError, TraceError, EngineConfigError, OutDirError)
+# A plan that breaks a rule; results that could not be written (a full disk).
+RUN_ERRORS: tuple[type[BaseException], ...] = (PlanError, ResultsWriteError)
 USAGE_EXIT, RUN_EXIT, INTERRUPT_EXIT = 2, 1, 130
 
 

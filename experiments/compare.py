@@ -32,8 +32,9 @@ from experiments import flags as run_flags
 from experiments import policy_flags
 from experiments.policy_flags import resolve_policies
 from experiments.terminal_table import fit_table
-from orca_jax.core.json_files import to_json_value, write_json_atomic
+from orca_jax.core.json_files import to_json_value, write_json_atomic, write_text_atomic
 from orca_jax.results.metrics import format_table
+from orca_jax.results.run_folder import check_writable_dir
 from orca_jax.runner.build import (
     build_engine,
     build_workload,
@@ -105,6 +106,15 @@ def over_repeats(summaries: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return row
 
 
+def flat_row(row: dict[str, Any]) -> dict[str, Any]:
+    """A comparison.json row: flat, each metric's spread over repeats as `KEY_min` and
+    `KEY_max` beside its median (`pandas.json_normalize` reads it as it is)."""
+    flat = {key: value for key, value in row.items() if key != "spread"}
+    for key, spread in row.get("spread", {}).items():
+        flat[f"{key}_min"], flat[f"{key}_max"] = spread["min"], spread["max"]
+    return flat
+
+
 def _number(value: float) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
@@ -159,9 +169,10 @@ def main(argv: list[str]) -> None:
     out = run_flags.FLAGS.out_dir
     config = scheduler_config(spec)
     # Every policy and the router are built and checked before anything runs (a typo in
-    # the last policy's knob fails now, not after the others ran); each one's KV
-    # reservation mode (a class attribute or a knob) is read off it.
+    # the last policy's knob fails now, not after the others ran, and leaves no folder);
+    # each one's KV reservation mode (a class attribute or a knob) is read off it.
     built = check_policies(spec, config, [(entry.spec, entry.options) for entry in entries])
+    check_writable_dir(out)  # before anything runs; each policy's folder is staged (run_folder)
     kv_reservation = {label: policy.kv_reservation for label, policy in zip(labels, built)}
     requests = build_workload(spec)
     print(workload_line(spec, requests))
@@ -197,11 +208,10 @@ def main(argv: list[str]) -> None:
                 f"(min–max), or one value where every repeat agrees\n")
         table, shown = note + table, note + shown
     print(shown)
-    with open(os.path.join(out, "comparison.txt"), "w") as f:
-        f.write(table + "\n")
+    write_text_atomic(os.path.join(out, "comparison.txt"), table + "\n")
     print(f"every column: {os.path.join(out, 'comparison.txt')}")
-    write_json_atomic(os.path.join(out, "comparison.json"), to_json_value(rows),
-                      sort_keys=False)
+    write_json_atomic(os.path.join(out, "comparison.json"),
+                      to_json_value([flat_row(row) for row in rows]), sort_keys=False)
     if _plot(rows, os.path.join(out, "comparison.png")):
         print(f"figure: {os.path.join(out, 'comparison.png')}")
     print(f"results in {out}")

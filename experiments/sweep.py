@@ -24,6 +24,7 @@ from absl import app, flags
 from experiments import flags as run_flags
 from experiments import policy_flags
 from experiments.policy_flags import resolve_policies
+from orca_jax.core.json_files import write_text_atomic
 from orca_jax.results.metrics import format_table
 from orca_jax.results.plots import METRIC_LABELS, plot_sweep
 from orca_jax.results.sweep_store import SweepConfigError, aggregate
@@ -102,8 +103,7 @@ def main(argv: list[str]) -> None:
             zip(c.rates, c.num_seeds, c.x_mean, c.y_mean, c.y_low, c.y_high)]
     table = format_table(rows, list(rows[0]) if rows else ["policy"])
     print(table)
-    with open(os.path.join(FLAGS.out_dir, "sweep.txt"), "w") as f:
-        f.write(table + "\n")
+    write_text_atomic(os.path.join(FLAGS.out_dir, "sweep.txt"), table + "\n")
     figure = os.path.join(FLAGS.out_dir, "sweep.png")
     band = "min–max over seeds" if FLAGS.band == "minmax" else "±1 std over seeds"
     if plot_sweep(curves, figure, x_field=x_field, y_field=y_field, band_label=band,

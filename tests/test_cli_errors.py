@@ -191,7 +191,7 @@ def test_an_error_in_a_plugin_shows_its_own_frames_ending_at_its_line(tmp_path):
     assert result.returncode == 1
     lines = result.stderr.rstrip("\n").splitlines()
     assert lines[0].startswith("Traceback")
-    assert lines[-1] == "RuntimeError: planted failure at step 3"
+    assert lines[-1] == "RuntimeError: planted failure at step 5"
     files = re.findall(r'File "([^"]+)", line (\d+)', result.stderr)
     assert files and all(path.endswith("raising_policy.py") for path, _ in files), files
     plugin_source = (REPO / RAISING).read_text().splitlines()

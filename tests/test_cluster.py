@@ -17,7 +17,7 @@ from orca_jax.core.plan import PlanError
 from orca_jax.core.policy import PolicyLoadError
 from orca_jax.core.request import RequestState
 from orca_jax.core.run_result import RunResult
-from orca_jax.results.summary import summarize
+from orca_jax.results.summary import replica_rows, summarize
 from orca_jax.runner.spec import ClusterSpec, JaxEngineSpec, RunSpec
 from orca_jax.sim.cost_model import CostModelConfig
 from orca_jax.sim.engine import SimEngine
@@ -81,9 +81,8 @@ def test_each_replica_serves_its_share_as_if_alone(router):
 def test_round_robin_deals_requests_in_arrival_order():
     cluster = _cluster(_workload(n=10), 3, "round_robin")
     np.testing.assert_array_equal(cluster.replica, np.arange(10) % 3)
-    summary = summarize(cluster)
-    assert summary["replica_num_requests"] == [4, 3, 3]
-    assert summary["num_finished"] == 10
+    assert [row["num_requests"] for row in replica_rows(cluster)] == [4, 3, 3]
+    assert summarize(cluster)["num_finished"] == 10
 
 
 def test_least_outstanding_sends_work_to_the_replica_that_freed_up():
@@ -126,12 +125,11 @@ def test_every_request_finishes_once_across_replicas(policy):
     np.testing.assert_array_equal(counts[~rejected], cluster.output_len[~rejected])
     summary = summarize(cluster)
     assert summary["num_finished"] == 80 and summary["num_rejected"] == 1
-    assert sum(summary["replica_num_requests"]) == 80
+    assert sum(row["num_requests"] for row in replica_rows(cluster)) == 80
     assert summary["load_imbalance"] >= 1.0
 
 
-CLUSTER_KEYS = {"num_replicas", "router", "replica_num_requests", "replica_num_steps",
-                "load_imbalance"}
+CLUSTER_KEYS = {"num_replicas", "router", "load_imbalance"}
 
 
 def test_a_cluster_summary_has_every_key_of_a_single_run_and_its_own():
@@ -143,7 +141,9 @@ def test_a_cluster_summary_has_every_key_of_a_single_run_and_its_own():
     assert "fairness_jain_tokens" in single and "mean_batch_size" in single
     assert CLUSTER_KEYS.isdisjoint(single) and one_replica.keys() == single.keys()
     assert two_replicas.keys() == single.keys() | CLUSTER_KEYS
-    assert two_replicas["num_steps"] == sum(two_replicas["replica_num_steps"])
+    replicas = replica_rows(_cluster(requests, 2, "round_robin"))
+    assert two_replicas["num_steps"] == sum(row["num_steps"] for row in replicas)
+    assert [row["replica"] for row in replicas] == [0, 1]
 
 
 def test_concat_needs_every_request_routed_to_one_replica():
@@ -193,7 +193,10 @@ def test_run_cli_writes_each_request_s_replica(tmp_path):
     rows = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
     steps = [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
     assert summary["num_replicas"] == 2 and summary["router"] == "least_outstanding"
-    assert [sum(r["replica"] == k for r in rows) for k in (0, 1)] == summary["replica_num_requests"]
+    replicas = [json.loads(line) for line in (out / "replicas.jsonl").read_text().splitlines()]
+    assert [sum(r["replica"] == k for r in rows) for k in (0, 1)] == [
+        r["num_requests"] for r in replicas]
+    assert json.loads((out / "status.json").read_text())["status"] == "finished"
     assert {s["replica"] for s in steps} == {0, 1}
     assert len(steps) == summary["num_steps"]
     assert all(r["status"] == "finished" for r in rows)

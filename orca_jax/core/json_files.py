@@ -29,6 +29,11 @@ def to_json_value(value: object) -> object:
     object JSON cannot hold, which the writer then rejects naming its type) is
     returned as is.
     """
+    kind = type(value)
+    if kind is str or kind is int or value is None:  # the common case, first: rows are many
+        return value
+    if kind is float:
+        return value if math.isfinite(value) else None
     if isinstance(value, (bool, np.bool_)):
         return bool(value)
     if isinstance(value, np.integer):
@@ -67,6 +72,11 @@ def write_jsonl_atomic(path: Union[str, os.PathLike], rows: Iterable[object]) ->
       rows: JSON values (see `to_json_value`), one per line.
     """
     _replace_atomic(Path(path), (json.dumps(row) + "\n" for row in rows), fsync=True)
+
+
+def write_text_atomic(path: Union[str, os.PathLike], text: str) -> None:
+    """Writes `text` to `path`, atomically (a printed table beside the JSON results)."""
+    _replace_atomic(Path(path), [text], fsync=True)
 
 
 def _replace_atomic(path: Path, chunks: Iterable[str], fsync: bool) -> None:

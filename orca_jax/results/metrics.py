@@ -17,7 +17,7 @@ finished requests only.
 from __future__ import annotations
 
 import math
-from typing import Any, Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -25,17 +25,62 @@ from numpy.typing import ArrayLike, NDArray
 PERCENTILES = (50, 90, 99)
 
 
-def _gaps_by_request(token_req: ArrayLike,
-                     token_time_s: ArrayLike) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
+# Tokens handled at once by the chunked gap computations: a run's token log can hold
+# millions (10^5 requests: 6.5M), and sorting it whole would take several copies of it.
+CHUNK_TOKENS = 1 << 16
+
+
+def _token_log(token_req: ArrayLike,
+               token_time_s: ArrayLike) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
+    """The token log as arrays (no copy of arrays already so), checked chunk by chunk."""
     req = np.asarray(token_req, dtype=np.int64)
     times = np.asarray(token_time_s, dtype=np.float64)
     if req.ndim != 1 or req.shape != times.shape:
         raise ValueError(f"token_req {req.shape} and token_time_s {times.shape} must be 1-D "
                          f"arrays of the same length")
-    if times.size > 1 and np.any(np.diff(times) < 0):
-        k = int(np.argmax(np.diff(times) < 0)) + 1
-        raise ValueError(f"token_time_s must be in time order; token {k} at {times[k]} comes "
-                         f"after {times[k - 1]}")
+    for start in range(0, max(times.size - 1, 0), CHUNK_TOKENS):
+        backwards = np.diff(times[start:start + CHUNK_TOKENS + 1]) < 0
+        if backwards.any():
+            k = start + int(np.argmax(backwards)) + 1
+            raise ValueError(f"token_time_s must be in time order; token {k} at {times[k]} "
+                             f"comes after {times[k - 1]}")
+    return req, times
+
+
+def _gap_chunks(req: NDArray[np.int64], times: NDArray[np.float64], n: int
+                ) -> Iterator[tuple[NDArray[np.int64], NDArray[np.float64]]]:
+    """Yields `([g] request index, [g] gap)` for the token log a slice of time at a time:
+    every gap between consecutive tokens of the same request, once, in no set order.
+
+    One pass over the log, `CHUNK_TOKENS` tokens at a time; each request's last token
+    time so far is carried from one slice to the next, so a gap across two slices counts.
+
+    Args:
+      req: `[K]` request index of each token, in [0, n).
+      times: `[K]` its time, non-decreasing.
+      n: the number of requests.
+    """
+    last_seen = np.full(n, np.nan)  # [N] each request's latest token time so far
+    for start in range(0, req.size, CHUNK_TOKENS):
+        # A stable sort by request keeps each request's tokens in time order.
+        order = np.argsort(req[start:start + CHUNK_TOKENS], kind="stable")
+        chunk_req = req[start:start + CHUNK_TOKENS][order]
+        chunk_times = times[start:start + CHUNK_TOKENS][order]
+        starts = np.ones(chunk_req.size, dtype=bool)  # a request's first token in the slice
+        starts[1:] = chunk_req[1:] != chunk_req[:-1]
+        previous = np.empty_like(chunk_times)
+        previous[1:] = chunk_times[:-1]
+        previous[starts] = last_seen[chunk_req[starts]]
+        ends = np.ones(chunk_req.size, dtype=bool)  # its last token in the slice
+        ends[:-1] = starts[1:]
+        last_seen[chunk_req[ends]] = chunk_times[ends]
+        has_previous = ~np.isnan(previous)
+        yield chunk_req[has_previous], (chunk_times - previous)[has_previous]
+
+
+def _gaps_by_request(token_req: ArrayLike,
+                     token_time_s: ArrayLike) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
+    req, times = _token_log(token_req, token_time_s)
     # A stable sort by request keeps each request's tokens in time order.
     order = np.argsort(req, kind="stable")
     req, times = req[order], times[order]
@@ -93,19 +138,18 @@ def request_metrics(arrival_s: ArrayLike, first_scheduled_s: ArrayLike, first_to
     for name, value in arrays.items():
         if value.shape != (n,):
             raise ValueError(f"{name} has shape {value.shape}, expected ({n},) like arrival_s")
-    req = np.asarray(token_req, dtype=np.int64)
-    times = np.asarray(token_time_s, dtype=np.float64)
+    req, times = _token_log(token_req, token_time_s)
     if req.size and (req.min() < 0 or req.max() >= n):
         raise ValueError(f"token_req holds request indices outside [0, {n}): "
                          f"min {req.min()}, max {req.max()}")
-    gap_req, gaps = _gaps_by_request(req, times)
     arrival, finish, out_len = arrays["arrival_s"], arrays["finish_s"], arrays["output_len"]
     finished = np.isfinite(finish)
 
     last_token = np.full(n, -np.inf)
     np.maximum.at(last_token, req, times)
     max_itl = np.full(n, -np.inf)
-    np.maximum.at(max_itl, gap_req, gaps)
+    for gap_req, gaps in _gap_chunks(req, times, n):
+        np.maximum.at(max_itl, gap_req, gaps)
     with np.errstate(invalid="ignore", divide="ignore"):
         tpot = (last_token - arrays["first_token_s"]) / (out_len - 1)
         latency = finish - arrival
@@ -228,8 +272,7 @@ def run_summary(arrival_s: ArrayLike, first_scheduled_s: ArrayLike, first_token_
         "normalized_latency_mean_s": _mean(done["normalized_latency_s"]),
         "queueing_delay_mean_s": _mean(done["queueing_delay_s"]),
     }
-    gap_req, gaps = inter_token_gaps_by_request(token_req, token_time_s)
-    summary["itl_p99_s"] = _percentile(gaps[finished[gap_req]], 99)
+    summary["itl_p99_s"] = _finished_gaps_percentile(token_req, token_time_s, finished, 99)
     summary["max_itl_p99_s"] = _percentile(done["max_itl_s"], 99)
 
     if ttft_slo_s is not None or tpot_slo_s is not None:
@@ -245,6 +288,26 @@ def run_summary(arrival_s: ArrayLike, first_scheduled_s: ArrayLike, first_token_
     if tenants is not None:
         summary.update(_tenant_summary(tenants, finished, per_request))
     return summary
+
+
+def _finished_gaps_percentile(token_req: ArrayLike, token_time_s: ArrayLike,
+                              finished: NDArray[np.bool_], p: float) -> Optional[float]:
+    """The `p`th percentile of every inter-token gap of the finished requests.
+
+    The gaps are gathered slice by slice into one array of their exact count (the
+    percentile needs them all) and partitioned in place: no copy of the token log.
+    """
+    req, times = _token_log(token_req, token_time_s)
+    tokens = np.bincount(req, minlength=finished.size)[:finished.size]  # [N]
+    gaps = np.empty(int(np.maximum(tokens[finished] - 1, 0).sum()))  # [G] filled below
+    filled = 0
+    for gap_req, chunk_gaps in _gap_chunks(req, times, finished.size):
+        kept = chunk_gaps[finished[gap_req]]
+        gaps[filled:filled + kept.size] = kept
+        filled += kept.size
+    if gaps.size == 0:
+        return None
+    return float(np.percentile(gaps, p, overwrite_input=True))
 
 
 def _tenant_summary(tenants: Sequence[Any], finished: NDArray[np.bool_],

@@ -1,8 +1,11 @@
-"""A run's results: requests.jsonl, steps.jsonl, summary.json and config.json.
+"""A run's results: requests.jsonl, steps.jsonl, summary.json, config.json and tables.
 
 Everything here reads a finished run's `RunResult`, of one scheduler or of a
 cluster (`Cluster.run()`); a cluster's files say which replica served each
-request and ran each step, and its summary each replica's share.
+request and ran each step, and its replicas.jsonl each replica's share. Rows
+are made one at a time (`iter_request_rows`, `iter_step_rows`), so writing a
+run of 10^5 requests holds no list of them; `request_row` and `step_row` also
+make a live run's streamed rows (`orca_jax.runner.live_results`).
 
 The field names are a contract researchers script against (see the README);
 add to them, do not rename them.
@@ -12,25 +15,41 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any, Iterator, Mapping, Optional, Sequence
 
 import numpy as np
 
 from orca_jax.core.json_files import to_json_value, write_json_atomic, write_jsonl_atomic
 from orca_jax.core.request import RequestState
+from orca_jax.core.run_record import StepLog
 from orca_jax.core.run_result import RunResult
 from orca_jax.results import metrics
 
 
 def summarize(result: RunResult, *, ttft_slo_s: Optional[float] = None,
               tpot_slo_s: Optional[float] = None) -> dict[str, Any]:
-    """The run's summary.json content (metrics of orca_jax.results.metrics plus run facts).
+    """The run's summary.json content: flat, one scalar per field (see `summarize_run`)."""
+    return summarize_run(result, ttft_slo_s=ttft_slo_s, tpot_slo_s=tpot_slo_s)[0]
 
-    A run of several replicas also gets `num_replicas`, `router`, and each
-    replica's share (`replica_num_requests`, `replica_num_steps`, `load_imbalance`).
-    A run with prefix caching active also gets `prefix_hit_rate` (prompt tokens
-    taken from the cache over the prompt tokens of admitted requests) and
-    `num_evictions` (cached pages evicted); other runs' summaries stay as they were.
+
+def summarize_run(result: RunResult, *, ttft_slo_s: Optional[float] = None,
+                  tpot_slo_s: Optional[float] = None
+                  ) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:
+    """The run's summary.json content and the tables written beside it.
+
+    The summary is flat (every value a number, a string, a bool or null), so
+    `pandas.read_json(path, typ="series")` reads it as it is: metrics of
+    orca_jax.results.metrics plus run facts. A run of several replicas also gets
+    `num_replicas`, `router` and `load_imbalance`; a run with prefix caching
+    active also gets `prefix_hit_rate` (prompt tokens taken from the cache over
+    the prompt tokens of admitted requests) and `num_evictions` (cached pages
+    evicted); a run of several tenants, `num_tenants` and the fairness indices.
+
+    The parts with one row per something are tables (name -> rows), each written
+    as NAME.jsonl: `tenants` (one row per tenant: `tenant`, `num_requests`,
+    `num_finished`, `tokens_served`, `normalized_latency_mean_s`) with several
+    tenants, `replicas` (`replica`, `num_requests`, `num_steps`) with several
+    replicas.
     """
     tenants = ([result.tenant_names[t] for t in result.tenant]
                if len(result.tenant_names) > 1 else None)
@@ -43,24 +62,45 @@ def summarize(result: RunResult, *, ttft_slo_s: Optional[float] = None,
         result.output_len, result.token_req, result.token_time_s,
         rejected=result.state == RequestState.REJECTED, tenants=tenants,
         ttft_slo_s=ttft_slo_s, tpot_slo_s=tpot_slo_s))
+    tables: dict[str, list[dict[str, Any]]] = {}
+    per_tenant = summary.pop("tenants", None)
+    if per_tenant is not None:
+        summary["num_tenants"] = len(per_tenant)
+        tables["tenants"] = [{"tenant": name, **values} for name, values in per_tenant.items()]
     steps = result.steps
     real = sum(s.num_tokens for s in steps)
     padded = sum(s.num_padded_tokens for s in steps)
-    host = np.asarray([s.host_s for s in steps]) if steps else np.zeros(1)
+    host = np.fromiter((s.host_s for s in steps), np.float64, len(steps)) if steps else np.zeros(1)
     summary.update({
         "num_steps": len(steps),
         "virtual_end_s": result.virtual_end_s,
         "padding_fraction": (padded - real) / padded if padded else 0.0,
         "num_preemptions": result.total_preemptions,
-        "mean_batch_size": float(np.mean([s.num_seqs for s in steps])) if steps else 0.0,
+        "mean_batch_size": (float(np.fromiter((s.num_seqs for s in steps), np.float64,
+                                              len(steps)).mean()) if steps else 0.0),
         "host_us_per_step_median": float(np.median(host) * 1e6),
         "engine_s_total": float(sum(s.step_s for s in steps)),
     })
     if result.prefix_caching:
         summary.update(_prefix_caching(result))
     if clustered:
-        summary.update(_replica_shares(result))
-    return {k: to_json_value(v) for k, v in summary.items()}
+        summary["load_imbalance"] = _load_imbalance(result)
+        tables["replicas"] = replica_rows(result)
+    return ({k: to_json_value(v) for k, v in summary.items()},
+            {name: to_json_value(rows) for name, rows in tables.items()})
+
+
+def flatten(fields: Mapping[str, Any]) -> dict[str, Any]:
+    """`fields` with each nested mapping spread into `parent.child` keys, as
+    `pandas.json_normalize` names them (e.g. an engine's `compiled_fingerprints` by
+    bucket: `compiled_fingerprints.16`), so summary.json stays flat."""
+    flat: dict[str, Any] = {}
+    for key, value in fields.items():
+        if isinstance(value, Mapping):
+            flat.update({f"{key}.{inner}": leaf for inner, leaf in flatten(value).items()})
+        else:
+            flat[key] = value
+    return flat
 
 
 def _prefix_caching(result: RunResult) -> dict[str, Any]:
@@ -74,82 +114,147 @@ def _prefix_caching(result: RunResult) -> dict[str, Any]:
             "num_evictions": result.num_evictions}
 
 
-def _replica_shares(result: RunResult) -> dict[str, Any]:
-    """Each replica's requests and steps, and how unevenly the output tokens were routed."""
-    replicas = range(result.num_replicas)
-    routed_tokens = np.array([result.output_len[result.replica == r].sum() for r in replicas],
-                             dtype=np.float64)
-    return {
-        "replica_num_requests": [int(np.count_nonzero(result.replica == r)) for r in replicas],
-        "replica_num_steps": [int(np.count_nonzero(result.step_replica == r)) for r in replicas],
-        # Most output tokens routed to one replica over the mean: 1.0 is perfect balance.
-        "load_imbalance": (float(routed_tokens.max() / routed_tokens.mean())
-                           if routed_tokens.sum() else 1.0),
+def _load_imbalance(result: RunResult) -> float:
+    """Most output tokens routed to one replica over the mean: 1.0 is perfect balance."""
+    routed_tokens = np.bincount(result.replica[result.replica >= 0],
+                                weights=result.output_len[result.replica >= 0],
+                                minlength=result.num_replicas)
+    return float(routed_tokens.max() / routed_tokens.mean()) if routed_tokens.sum() else 1.0
+
+
+def replica_rows(result: RunResult) -> list[dict[str, Any]]:
+    """replicas.jsonl: each replica's `num_requests` (routed to it) and `num_steps`."""
+    requests = np.bincount(result.replica[result.replica >= 0], minlength=result.num_replicas)
+    steps = np.bincount(result.step_replica, minlength=result.num_replicas)
+    return [{"replica": r, "num_requests": int(requests[r]), "num_steps": int(steps[r])}
+            for r in range(result.num_replicas)]
+
+
+def request_row(columns: Any, i: int, *, request_id: int, tenant: str, reason: Optional[str],
+                output_tokens: Optional[Sequence[int]], prefix_caching: bool,
+                replica: Optional[int] = None) -> dict[str, Any]:
+    """Request `i`'s requests.jsonl row.
+
+    Args:
+      columns: the per-request arrays by their `RunResult` names (a `RunResult`, or a
+        live run's `RequestTable`, which names them the same).
+      i: the request's index (arrival order).
+      request_id: its `Request.id`.
+      tenant: its tenant's name.
+      reason: why it was rejected up front (None if it was not).
+      output_tokens: its generated token ids, or None when the engine makes none.
+      prefix_caching: whether the run had prefix caching active.
+      replica: the replica that served it, in a run of several (-1: rejected up front).
+    """
+    state = RequestState(columns.state[i])
+    row = {
+        "id": request_id, "arrival_s": float(columns.arrival_s[i]),
+        "first_scheduled_s": float(columns.first_scheduled_s[i]),
+        "first_token_s": float(columns.first_token_s[i]),
+        "last_token_s": float(columns.last_token_s[i]),
+        "finish_s": float(columns.finish_s[i]), "prompt_len": int(columns.prompt_len[i]),
+        "output_len": int(columns.output_len[i]),
+        "num_generated": int(columns.num_generated[i]),
+        "num_preemptions": int(columns.num_preemptions[i]),
+        "priority": int(columns.priority[i]),
+        "tenant": tenant,
+        "status": "finished" if state == RequestState.FINISHED else (
+            "rejected" if state == RequestState.REJECTED else "unfinished"),
     }
+    if state == RequestState.REJECTED:
+        row["reason"] = reason
+    if prefix_caching:
+        row["num_cached_tokens"] = int(columns.num_cached_tokens[i])
+    if output_tokens is not None:
+        row["output_tokens"] = list(output_tokens)
+    if replica is not None:
+        row["replica"] = int(replica)
+    return {k: to_json_value(v) for k, v in row.items()}
+
+
+def iter_request_rows(result: RunResult) -> Iterator[dict[str, Any]]:
+    """One dict per request (requests.jsonl), in arrival order, made one at a time; with
+    several replicas, each row ends with the `replica` that served it (-1: rejected up
+    front). A rejected request's `reason` is the core's (up front) or
+    `policy <name>: <its text>`."""
+    for i in range(result.num_requests):
+        yield request_row(
+            result, i, request_id=result.request_ids[i],
+            tenant=result.tenant_names[result.tenant[i]], reason=result.reject_reason[i],
+            output_tokens=(None if result.output_tokens is None
+                           else result.output_tokens[i].tolist()),
+            prefix_caching=result.prefix_caching,
+            replica=int(result.replica[i]) if result.num_replicas > 1 else None)
 
 
 def request_rows(result: RunResult) -> list[dict[str, Any]]:
-    """One dict per request (requests.jsonl), in arrival order; with several replicas,
-    each row ends with the `replica` that served it (-1: rejected up front). A rejected
-    request's `reason` is the core's (up front) or `policy <name>: <its text>`."""
-    rows = []
-    for i in range(result.num_requests):
-        state = RequestState(result.state[i])
-        row = {
-            "id": result.request_ids[i], "arrival_s": result.arrival_s[i],
-            "first_scheduled_s": result.first_scheduled_s[i],
-            "first_token_s": result.first_token_s[i], "last_token_s": result.last_token_s[i],
-            "finish_s": result.finish_s[i], "prompt_len": int(result.prompt_len[i]),
-            "output_len": int(result.output_len[i]),
-            "num_generated": int(result.num_generated[i]),
-            "num_preemptions": int(result.num_preemptions[i]),
-            "priority": int(result.priority[i]),
-            "tenant": result.tenant_names[result.tenant[i]],
-            "status": "finished" if state == RequestState.FINISHED else (
-                "rejected" if state == RequestState.REJECTED else "unfinished"),
-        }
-        if state == RequestState.REJECTED:
-            row["reason"] = result.reject_reason[i]
-        if result.prefix_caching:
-            row["num_cached_tokens"] = int(result.num_cached_tokens[i])
-        if result.output_tokens is not None:
-            row["output_tokens"] = result.output_tokens[i].tolist()
-        if result.num_replicas > 1:
-            row["replica"] = int(result.replica[i])
-        rows.append({k: to_json_value(v) for k, v in row.items()})
-    return rows
+    """`iter_request_rows` as a list (for a small run; files are written row by row)."""
+    return list(iter_request_rows(result))
+
+
+def step_row(step: StepLog, *, prefix_caching: bool, replica: Optional[int] = None,
+             request_ids: Optional[Sequence[int]] = None,
+             request_tokens: Optional[Sequence[int]] = None,
+             preempted_ids: Optional[Sequence[int]] = None,
+             rejected_ids: Optional[Sequence[int]] = None) -> dict[str, Any]:
+    """One steps.jsonl row: `replica` first in a run of several; `num_cached_tokens` only
+    with prefix caching active; with `log_step_requests`, `request_ids`/`request_tokens`
+    and the ids the plans since the previous step preempted (`preempted_ids`) and
+    rejected (`rejected_ids`)."""
+    row = {k: to_json_value(v) for k, v in step._asdict().items()
+           if prefix_caching or k != "num_cached_tokens"}
+    if replica is not None:
+        row = {"replica": int(replica), **row}
+    if request_ids is not None and request_tokens is not None:
+        row["request_ids"] = list(request_ids)
+        row["request_tokens"] = list(request_tokens)
+    if preempted_ids is not None and rejected_ids is not None:
+        row["preempted_ids"] = list(preempted_ids)
+        row["rejected_ids"] = list(rejected_ids)
+    return row
+
+
+def iter_step_rows(result: RunResult) -> Iterator[dict[str, Any]]:
+    """One dict per step (steps.jsonl), made one at a time; with several replicas, each
+    row starts with the `replica` that ran it; with `log_step_requests`, it also holds
+    the step's `request_ids` (the requests' ids, as in requests.jsonl), `request_tokens`,
+    `preempted_ids` and `rejected_ids`. `num_cached_tokens` is written only when prefix
+    caching was active."""
+    logged = result.step_requests is not None and result.step_tokens is not None
+    removed = result.step_preempted is not None and result.step_rejected is not None
+    ids = result.request_ids
+    for s, step in enumerate(result.steps):
+        yield step_row(
+            step, prefix_caching=result.prefix_caching,
+            replica=int(result.step_replica[s]) if result.num_replicas > 1 else None,
+            request_ids=([result.request_ids[i] for i in result.step_requests[s].tolist()]
+                         if logged else None),
+            request_tokens=result.step_tokens[s].tolist() if logged else None,
+            preempted_ids=([ids[i] for i in result.step_preempted[s].tolist()]
+                           if removed else None),
+            rejected_ids=([ids[i] for i in result.step_rejected[s].tolist()]
+                          if removed else None))
 
 
 def step_rows(result: RunResult) -> list[dict[str, Any]]:
-    """One dict per step (steps.jsonl); with several replicas, each row starts with the
-    `replica` that ran it; with `log_step_requests`, it also holds the step's
-    `request_ids` (the requests' ids, as in requests.jsonl) and `request_tokens`, and
-    the ids the plans since the previous step preempted (`preempted_ids`) and
-    rejected (`rejected_ids`). `num_cached_tokens` is written only when prefix
-    caching was active."""
-    dropped = () if result.prefix_caching else ("num_cached_tokens",)
-    rows = [{k: to_json_value(v) for k, v in s._asdict().items() if k not in dropped}
-            for s in result.steps]
-    if result.num_replicas > 1:
-        rows = [{"replica": int(r), **row} for r, row in zip(result.step_replica, rows)]
-    if result.step_requests is not None and result.step_tokens is not None:
-        for row, requests, tokens in zip(rows, result.step_requests, result.step_tokens):
-            row["request_ids"] = [result.request_ids[i] for i in requests.tolist()]
-            row["request_tokens"] = tokens.tolist()
-    if result.step_preempted is not None and result.step_rejected is not None:
-        for row, preempted, rejected in zip(rows, result.step_preempted, result.step_rejected):
-            row["preempted_ids"] = [result.request_ids[i] for i in preempted.tolist()]
-            row["rejected_ids"] = [result.request_ids[i] for i in rejected.tolist()]
-    return rows
+    """`iter_step_rows` as a list (for a small run; files are written row by row)."""
+    return list(iter_step_rows(result))
 
 
 def write_results(out_dir: os.PathLike, result: RunResult, summary: Mapping[str, Any],
-                  config: Mapping[str, Any]) -> Path:
-    """Writes config.json, requests.jsonl, steps.jsonl and summary.json into `out_dir`."""
+                  config: Mapping[str, Any],
+                  tables: Optional[Mapping[str, Sequence[Mapping[str, Any]]]] = None) -> Path:
+    """Writes config.json, requests.jsonl, steps.jsonl, summary.json (and each of `tables`
+    as NAME.jsonl) into `out_dir`, each file atomically, row by row.
+
+    A command's run goes through `RunFolder` instead (staged, streamed, with a status).
+    """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out / "config.json", config)
-    write_jsonl_atomic(out / "requests.jsonl", request_rows(result))
-    write_jsonl_atomic(out / "steps.jsonl", step_rows(result))
+    write_jsonl_atomic(out / "requests.jsonl", iter_request_rows(result))
+    write_jsonl_atomic(out / "steps.jsonl", iter_step_rows(result))
+    for name, rows in (tables or {}).items():
+        write_jsonl_atomic(out / f"{name}.jsonl", rows)
     write_json_atomic(out / "summary.json", summary)
     return out

@@ -3,6 +3,7 @@
     spec         `RunSpec` and its parts (what the command-line flags resolve to)
     build        the run's workload, scheduler limits and engine from its spec
     experiment   running one policy (or a cluster) and writing its results
+    live_results streaming a live run's steps and finished requests into its folder
     sweep        the sweep runner that the sweep command and the reproductions share
 
 May import: every other part of `orca_jax` (it is the top layer); never

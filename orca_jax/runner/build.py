@@ -189,11 +189,14 @@ def _model_digest(model: ModelConfig) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def profile_table_record(engine: Engine, out_dir: str) -> Optional[dict[str, Any]]:
+def profile_table_record(engine: Engine, out_dir: str, *, write_dir: Optional[str] = None
+                         ) -> Optional[dict[str, Any]]:
     """The profiled clock's per-bucket table of a finished run, for config.json.
 
     The table the run used (loaded from, or written to, `--profile_table`), or else
-    written now to `profile.json` in `out_dir`; None for an engine without one.
+    written now as `profile.json` into `write_dir` (default `out_dir`; a staging folder
+    that becomes `out_dir`), and named by its path in `out_dir`. None for an engine
+    without one.
 
     Returns:
       `{"path", "sha256", "loaded"}`: the file, the hash of its bytes, and whether
@@ -203,9 +206,10 @@ def profile_table_record(engine: Engine, out_dir: str) -> Optional[dict[str, Any
         return None
     path = engine.table_file
     if path is None:
-        os.makedirs(out_dir, exist_ok=True)
+        directory = write_dir if write_dir is not None else out_dir
+        os.makedirs(directory, exist_ok=True)
+        digest = engine.save_table(os.path.join(directory, PROFILE_TABLE_FILE))
         path = os.path.join(out_dir, PROFILE_TABLE_FILE)
-        digest = engine.save_table(path)
     else:
         digest = table_digest(path)
     return {"path": os.path.abspath(path), "sha256": digest, "loaded": engine.table_loaded}

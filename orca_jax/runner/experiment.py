@@ -10,7 +10,7 @@ steps.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
 from orca_jax.cluster.replicas import Cluster
 from orca_jax.cluster.routing import Router
@@ -20,13 +20,20 @@ from orca_jax.core.policy import Policy, make_policy, parse_options
 from orca_jax.core.request import Request
 from orca_jax.core.run_result import RunResult
 from orca_jax.core.scheduler import Scheduler, SchedulerConfig
-from orca_jax.results.summary import summarize, write_results
+from orca_jax.results.run_folder import ResultsWriteError, RunFolder
+from orca_jax.results.summary import (
+    flatten,
+    iter_request_rows,
+    iter_step_rows,
+    summarize_run,
+)
 from orca_jax.runner.build import (
     build_engine,
     build_workload,
     profile_table_record,
     scheduler_config,
 )
+from orca_jax.runner.live_results import StreamResults
 from orca_jax.runner.progress import Progress
 from orca_jax.runner.spec import RunSpec
 
@@ -49,11 +56,17 @@ def run_policy(spec: RunSpec, policy_spec: str, policy_options: Optional[Mapping
                label: Optional[str] = None) -> tuple[dict[str, Any], RunResult]:
     """Runs one policy on the spec's workload; writes results if `out_dir` is given.
 
+    The results folder is checked before anything is built, staged beside
+    `out_dir` while the run goes (requests.jsonl and steps.jsonl streamed,
+    status.json `running`) and moved into place when it ends: finished, or
+    failed with its partial logs (`orca_jax.results.run_folder`).
+
     Args:
       spec: the run's plumbing.
       policy_spec: registered name, `package.module:Class` or `file.py:Class`.
       policy_options: the policy's knobs as text (`--policy_opts`).
-      out_dir: where to write config.json, requests.jsonl, steps.jsonl, summary.json.
+      out_dir: where to write config.json, requests.jsonl, steps.jsonl, summary.json,
+        status.json (and tenants.jsonl, replicas.jsonl where the run has them).
       requests: the workload, if already built (compare builds it once).
       engine: the engine, if already built (compare shares one between policies,
         so every policy runs the very same compiled steps).
@@ -63,50 +76,157 @@ def run_policy(spec: RunSpec, policy_spec: str, policy_options: Optional[Mapping
 
     Returns:
       The summary dict and the finished run (of every replica, with several).
+
+    Raises:
+      OutDirError: `out_dir` cannot hold the results (before anything runs).
+      ResultsWriteError: writing failed (e.g. disk full); `out_dir` is as it was.
     """
-    config = scheduler_config(spec)
-    workload = requests if requests is not None else build_workload(spec)
+    folder = (RunFolder(out_dir, label=label or policy_spec) if out_dir is not None
+              else None)
+    try:
+        config = scheduler_config(spec)
+        workload = requests if requests is not None else build_workload(spec)
+        if spec.cluster.num_replicas > 1:
+            cluster = _cluster(spec, policy_spec, policy_options, config, workload)
+        else:
+            policy = make_policy(policy_spec, policy_options)
+            engine = engine if engine is not None else build_engine(spec, config)
+            scheduler = Scheduler(workload, policy, engine, config)
+    except BaseException:
+        if folder is not None:
+            folder.discard()  # nothing ran: the old folder stays as it was
+        raise
     if spec.cluster.num_replicas > 1:
-        return _run_cluster(spec, policy_spec, policy_options, config, workload, out_dir,
-                            label, progress)
-    policy = make_policy(policy_spec, policy_options)
-    engine = engine if engine is not None else build_engine(spec, config)
-    scheduler = Scheduler(workload, policy, engine, config)
+        return _run_cluster(spec, policy_spec, config, cluster, folder, label, progress,
+                            len(workload))
     label = label or policy.name
-    result = scheduler.run(progress=_RunProgress(label, len(workload)) if progress else None)
-    summary = summarize(result, ttft_slo_s=spec.ttft_slo_s, tpot_slo_s=spec.tpot_slo_s)
-    summary.update(engine.facts())
-    summary["policy"] = label
-    if out_dir is not None:
-        resolved = _resolved_config(spec, policy_spec, policy, config, engine, label)
-        # The profiled clock's table, so a rerun in another process can price steps alike.
-        resolved["profile_table"] = profile_table_record(engine, out_dir)
-        write_results(out_dir, result, summary, resolved)
+    bar = _RunProgress(label, len(workload)) if progress else None
+    stream = None
+    resolved = _resolved_config(spec, policy_spec, policy, config, engine, label)
+    if folder is not None:
+        folder.begin(resolved)
+        stream = StreamResults(folder, scheduler)
+    try:
+        result = scheduler.run(progress=_observers(bar, stream))
+        if stream is not None:
+            stream.stream_steps()  # a last step the observer did not see, if any
+    except BaseException as error:
+        if folder is not None and not isinstance(error, ResultsWriteError):
+            _fail(folder, error, stream, scheduler.result, scheduler.num_steps,
+                  scheduler.now_s)
+        raise
+    del scheduler, stream  # its logs are in the result now: free them before the summary
+    try:
+        summary, tables = summarize_run(result, ttft_slo_s=spec.ttft_slo_s,
+                                        tpot_slo_s=spec.tpot_slo_s)
+        summary.update(flatten(engine.facts()))
+        summary["policy"] = label
+        if folder is not None:
+            # The streamed steps are the file; the requests, streamed as they finished,
+            # are written again in arrival order, each row now with every field. With
+            # step requests logged, the run's end may add removals to the last step
+            # (`RunRecord.flush_removed`) after it streamed: the steps are written again.
+            rewrite_steps = config.log_step_requests
+            if not rewrite_steps:
+                folder.keep_streamed("steps.jsonl")
+            # The profiled clock's table (measured only at warm-up, after config.json was
+            # begun), so a rerun in another process can price every step alike.
+            table = profile_table_record(engine, str(folder.target),
+                                         write_dir=str(folder.staging))
+            if table is not None:
+                folder.write_json("config.json", {**resolved, "profile_table": table})
+            _finish(folder, result, summary, tables, write_steps=rewrite_steps)
+    except BaseException as error:
+        if folder is not None and not isinstance(error, ResultsWriteError):
+            _fail(folder, error, None, lambda: result, result.num_steps, result.virtual_end_s)
+        raise
     return summary, result
 
 
-def _run_cluster(spec: RunSpec, policy_spec: str, policy_options: Optional[Mapping[str, str]],
-                 config: SchedulerConfig, workload: list[Request],
-                 out_dir: Optional[str], label: Optional[str],
-                 progress: bool) -> tuple[dict[str, Any], RunResult]:
+def _observers(*observers: Optional[Callable[[Scheduler], None]]
+               ) -> Optional[Callable[[Scheduler], None]]:
+    """One per-step callback calling each given observer in turn (None if none)."""
+    given = [o for o in observers if o is not None]
+    if not given:
+        return None
+
+    def each_step(scheduler: Scheduler) -> None:
+        for observer in given:
+            observer(scheduler)
+    return each_step
+
+
+def _finish(folder: RunFolder, result: RunResult, summary: Mapping[str, Any],
+            tables: Mapping[str, Any], *, write_steps: bool = False) -> None:
+    """Writes the finished run's files into its folder and moves it into place."""
+    folder.write_rows("requests.jsonl", iter_request_rows(result))
+    if write_steps:
+        folder.write_rows("steps.jsonl", iter_step_rows(result))
+    for name, rows in tables.items():
+        folder.write_rows(f"{name}.jsonl", rows)
+    folder.write_json("summary.json", summary)
+    folder.finish(num_steps=result.num_steps, virtual_time_s=result.virtual_end_s)
+
+
+def _fail(folder: RunFolder, error: BaseException, stream: Optional[StreamResults],
+          partial: Callable[[], RunResult], step: int, now_s: float) -> None:
+    """Marks the run failed, its logs as far as it got (every request's row, with its
+    status then), and moves it into place; the run's own error is what propagates."""
+    try:
+        if stream is not None:
+            stream.stream_steps()
+            try:
+                rows = iter_request_rows(partial())
+            except Exception:  # noqa: BLE001  (a scheduler broken mid-step: keep what streamed)
+                rows = None
+            if rows is not None:
+                folder.write_rows("requests.jsonl", rows)
+        folder.fail(error, step=step, virtual_time_s=now_s)
+    except ResultsWriteError:
+        pass  # the folder was removed; the run's error says what went wrong
+
+
+def _cluster(spec: RunSpec, policy_spec: str, policy_options: Optional[Mapping[str, str]],
+             config: SchedulerConfig, workload: list[Request]) -> Cluster:
     """`spec.cluster.num_replicas` simulated replicas behind `spec.cluster.router`."""
-    cluster = Cluster(workload, num_replicas=spec.cluster.num_replicas,
-                      router=spec.cluster.router,
-                      router_options=parse_options(spec.cluster.router_opts),
-                      make_policy=lambda: make_policy(policy_spec, policy_options),
-                      make_engine=lambda: build_engine(spec, config), config=config)
+    return Cluster(workload, num_replicas=spec.cluster.num_replicas,
+                   router=spec.cluster.router,
+                   router_options=parse_options(spec.cluster.router_opts),
+                   make_policy=lambda: make_policy(policy_spec, policy_options),
+                   make_engine=lambda: build_engine(spec, config), config=config)
+
+
+def _run_cluster(spec: RunSpec, policy_spec: str, config: SchedulerConfig, cluster: Cluster,
+                 folder: Optional[RunFolder], label: Optional[str], progress: bool,
+                 num_requests: int) -> tuple[dict[str, Any], RunResult]:
+    """Runs a cluster and writes its results.
+
+    A cluster has no per-step hook: its folder says `running` until the end, and its
+    logs are written whole when the run ends (on a failure: config.json and status.json
+    `failed`, no logs).
+    """
     first = cluster.replicas[0]
     label = label or first.policy.name
-    bar = Progress(f"run {label} on {spec.cluster.num_replicas} replicas", len(workload),
-                   "requests") if progress else None
-    result = cluster.run(progress=bar.update if bar else None)
-    if bar:
-        bar.close()
-    summary = summarize(result, ttft_slo_s=spec.ttft_slo_s, tpot_slo_s=spec.tpot_slo_s)
-    summary["policy"] = label
-    if out_dir is not None:
-        write_results(out_dir, result, summary, _resolved_config(
-            spec, policy_spec, first.policy, config, first.engine, label, cluster.router))
+    if folder is not None:
+        folder.begin(_resolved_config(spec, policy_spec, first.policy, config, first.engine,
+                                      label, cluster.router), stream=False)
+    bar = (Progress(f"run {label} on {spec.cluster.num_replicas} replicas", num_requests,
+                    "requests") if progress else None)
+    try:
+        result = cluster.run(progress=bar.update if bar else None)
+        if bar:
+            bar.close()
+        summary, tables = summarize_run(result, ttft_slo_s=spec.ttft_slo_s,
+                                        tpot_slo_s=spec.tpot_slo_s)
+        summary["policy"] = label
+        if folder is not None:
+            _finish(folder, result, summary, tables, write_steps=True)
+    except BaseException as error:
+        if folder is not None and not isinstance(error, ResultsWriteError):
+            _fail(folder, error, None, cluster.replicas[0].result,
+                  max(r.num_steps for r in cluster.replicas),
+                  max(r.now_s for r in cluster.replicas))
+        raise
     return summary, result
 
 

@@ -21,12 +21,14 @@ import sys
 import time
 from typing import Callable, Mapping, Optional, Sequence
 
+from orca_jax.cluster.routing import make_router
 from orca_jax.core.engine_api import Engine
 from orca_jax.core.plugins import current_options
-from orca_jax.core.policy import resolve_policy_class
+from orca_jax.core.policy import make_policy, parse_options, resolve_policy_class
 from orca_jax.core.request import Request
 from orca_jax.core.run_result import RunResult
-from orca_jax.results.sweep_store import PointKey, SweepStore, point_key
+from orca_jax.results.run_folder import check_writable_dir
+from orca_jax.results.sweep_store import PointKey, SweepLock, SweepStore, point_key
 from orca_jax.runner.build import build_engine, build_workload, scheduler_config
 from orca_jax.runner.experiment import run_policy
 from orca_jax.runner.progress import Progress
@@ -141,8 +143,12 @@ def run_sweep(spec: RunSpec, policies: Sequence[PolicyRun], rates: Sequence[floa
 
     Raises:
       SweepError: two policies share a label, or `build_per_point` with a trace.
+      OutDirError: `out_dir` is a file, or cannot be created or written.
       SweepConfigError: `out_dir` holds a sweep of another configuration.
+      SweepLockedError: another sweep is running into `out_dir` (a `SweepConfigError`).
+      PolicyLoadError: a policy, knob or router does not load (nothing is written).
     """
+    check_writable_dir(out_dir)
     labels = [run.label for run in policies]
     if len(set(labels)) != len(labels):
         raise SweepError(f"policies {[run.spec for run in policies]}: two share a label "
@@ -155,6 +161,26 @@ def run_sweep(spec: RunSpec, policies: Sequence[PolicyRun], rates: Sequence[floa
     policies = [dataclasses.replace(run, options=current_options(classes[run.label],
                                                                   run.options, "policy"))
                 for run in policies]
+    # Every policy, knob and router loads before the folder is touched: a typo leaves no
+    # sweep.json behind to refuse the corrected rerun.
+    for run in policies:
+        make_policy(run.spec, run.options)
+    if spec.cluster.num_replicas > 1:
+        make_router(spec.cluster.router, parse_options(spec.cluster.router_opts))
+    with SweepLock(out_dir):
+        return _run_grid(spec, policies, classes, rates, seeds, out_dir,
+                         build_per_point=build_per_point, saturated=saturated,
+                         extra_metrics=extra_metrics, point_runs=point_runs, progress=progress)
+
+
+def _run_grid(spec: RunSpec, policies: Sequence[PolicyRun], classes: Mapping[str, type],
+              rates: Sequence[float], seeds: Sequence[int], out_dir: str, *,
+              build_per_point: bool,
+              saturated: Optional[Callable[[float, Mapping[str, object]], bool]],
+              extra_metrics: Optional[Callable[[RunResult], Mapping[str, object]]],
+              point_runs: bool, progress: bool) -> tuple[SweepStore, list[PointKey]]:
+    """`run_sweep` once its policies have loaded and it holds the folder's lock."""
+    labels = [run.label for run in policies]
     store = SweepStore(out_dir, run_config(spec),
                        {run.label: {"spec": run.spec, "options": dict(run.options)}
                         for run in policies},

@@ -1,33 +1,31 @@
-"""Plugin policies that fail, for tests/test_cli_errors.py: one in its own code at its third
-plan (the CLI shows a traceback of this file's frames only, ending at the line that raised),
-one whose plan breaks a rule (one line)."""
+"""A plugin that raises at a chosen step: what a run that fails mid-way leaves behind."""
 
 import dataclasses
 
-import numpy as np
-
-from orca_jax import Policy, SchedulerView, StepPlan, plan_in_order
+from orca_jax import Policy, SchedulerView, StepPlan
+from policies.orca import Orca
 
 
 @dataclasses.dataclass(kw_only=True)
-class RaisesAtStep(Policy):
-    """Plans like orca until step `fail_at`, then fails in its own helper."""
+class RaisesAtStep(Orca):
+    """Orca, until step `fail_at_step`, where schedule() raises (or, with `interrupt`,
+    is interrupted as Ctrl-C would)."""
 
-    fail_at: int = 3
-    kv_reservation: str = "max"
+    fail_at_step: int = 5
+    interrupt: bool = False
 
     def schedule(self, view: SchedulerView) -> StepPlan:
-        if view.step_index >= self.fail_at:
-            self._broken_rule(view)
-        return plan_in_order(view, np.concatenate([view.running, view.waiting]))
-
-    def _broken_rule(self, view: SchedulerView) -> None:
-        raise RuntimeError(f"planted failure at step {view.step_index}")  # RAISES HERE
+        if view.step_index >= self.fail_at_step and self.interrupt:
+            raise KeyboardInterrupt
+        if view.step_index >= self.fail_at_step:
+            raise RuntimeError(f"planted failure at step {view.step_index}")  # RAISES HERE
+        return super().schedule(view)
 
 
 @dataclasses.dataclass(kw_only=True)
 class UnknownRequest(Policy):
-    """Plans a request id the run does not have: a plan error, not a plugin crash."""
+    """Plans a request id the run does not have: a plan error (one line from the CLI), not a
+    plugin crash (a traceback of this file's frames, ending at the line that raised)."""
 
     kv_reservation: str = "max"
 

@@ -1,0 +1,268 @@
+"""A run's results folder that never describes two runs: staged beside, moved in at the end.
+
+A run writes into a fresh staging folder beside its `--out_dir`
+(`<out_dir>.running-<pid>-<id>`), streaming `requests.jsonl` and `steps.jsonl`
+as it goes and keeping `status.json` (`running`, then `finished` or `failed`).
+When the run ends, finished or failed, the staging folder replaces `--out_dir`
+whole; until then `--out_dir` holds the previous run untouched. So:
+
+* a finished run's folder holds only its own files, status `finished`;
+* a run that raised (a plugin's error, a plan error, Ctrl-C) leaves its partial
+  logs in `--out_dir`, status `failed` with the error, the step and the virtual
+  time (Ctrl-C: reason `interrupted`); the previous run's files are gone, so
+  none of them can look current;
+* a run killed outright (SIGKILL, power loss) leaves `--out_dir` as it was and
+  its staging folder beside it, status still `running` with the dead pid;
+* a write that fails (disk full) removes the staging folder: `--out_dir` as it
+  was, no `.tmp` left, and a `ResultsWriteError` of one line.
+
+`--out_dir` is checked before the run (`check_out_dir`): not a file, its
+parent creatable and writable, and, if it exists, holding nothing but a run's
+results files (JSON and JSON Lines files), so a mistyped `--out_dir=.` cannot
+replace a folder of other things.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import socket
+import time
+import traceback
+import uuid
+from pathlib import Path
+from typing import IO, Any, Iterable, Mapping, Optional, Union
+
+from orca_jax.core.json_files import to_json_value, write_json_atomic, write_jsonl_atomic
+
+STATUS_FILE = "status.json"
+# What a results folder may hold, so replacing it loses nothing else: a run's files
+# (config, requests, steps, summary, status, tables beside the summary) are JSON or
+# JSON Lines.
+RESULT_SUFFIXES = (".json", ".jsonl")
+# How often the streamed logs reach the file (a SIGKILL loses at most this much).
+FLUSH_EVERY_S = 1.0
+
+
+class OutDirError(ValueError):
+    """`--out_dir` cannot hold the run's results (found before the run starts)."""
+
+
+class ResultsWriteError(RuntimeError):
+    """Writing the results failed (e.g. the disk is full); the folder was left as it was."""
+
+
+def _one_line(error: OSError) -> str:
+    return error.strerror or str(error)
+
+
+def check_out_dir(out_dir: Union[str, os.PathLike]) -> Path:
+    """Checks that a run's results can go to `out_dir`, before anything runs.
+
+    Args:
+      out_dir: the run's folder (created at the end if missing).
+
+    Returns:
+      `out_dir` as an absolute path.
+
+    Raises:
+      OutDirError: it is a file, it holds something that is not a run's results
+        file, or its parent cannot be created or written.
+    """
+    target = Path(out_dir).absolute()
+    if target.exists() and not target.is_dir():
+        raise OutDirError(f"--out_dir {out_dir}: is a file, not a folder")
+    if target.is_dir():
+        foreign = sorted(p.name for p in target.iterdir()
+                         if not (p.is_file() and p.suffix in RESULT_SUFFIXES))
+        if foreign:
+            raise OutDirError(f"--out_dir {out_dir}: holds {', '.join(foreign[:3])}"
+                              f"{' ...' if len(foreign) > 3 else ''}, not a run's results; a run "
+                              "replaces its folder whole, so choose a new or empty one")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OutDirError(f"--out_dir {out_dir}: cannot create {target.parent}: "
+                          f"{_one_line(e)}") from None
+    if not os.access(target.parent, os.W_OK | os.X_OK):
+        raise OutDirError(f"--out_dir {out_dir}: {target.parent} is not writable")
+    return target
+
+
+def check_writable_dir(out_dir: Union[str, os.PathLike]) -> Path:
+    """Creates `out_dir` (a folder of several runs: a comparison's, a sweep's) if missing
+    and checks it can be written, before anything runs.
+
+    Raises:
+      OutDirError: it is a file, or cannot be created or written.
+    """
+    target = Path(out_dir)
+    if target.exists() and not target.is_dir():
+        raise OutDirError(f"--out_dir {out_dir}: is a file, not a folder")
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OutDirError(f"--out_dir {out_dir}: cannot create it: {_one_line(e)}") from None
+    if not os.access(target, os.W_OK | os.X_OK):
+        raise OutDirError(f"--out_dir {out_dir}: is not writable")
+    return target
+
+
+class RunFolder:
+    """One run's results, staged beside `out_dir` and moved into place at the end.
+
+    Use: `RunFolder(out_dir)` (checks `out_dir`, creates the staging folder,
+    status `running`), `begin(config)`, then `append_requests`/`append_steps`
+    as the run goes, and one of `finish(...)`, `fail(error, ...)` or
+    `discard()`.
+
+    Args:
+      out_dir: the run's folder.
+      label: the run's name in status.json (the policy).
+
+    Raises:
+      OutDirError: as `check_out_dir`, or the staging folder cannot be made.
+    """
+
+    def __init__(self, out_dir: Union[str, os.PathLike], label: str = "") -> None:
+        self.target = check_out_dir(out_dir)
+        self.staging = self.target.with_name(
+            f"{self.target.name}.running-{os.getpid()}-{uuid.uuid4().hex[:6]}")
+        self._status: dict[str, Any] = {
+            "status": "running", "label": label, "pid": os.getpid(),
+            "host": socket.gethostname(), "started_at": time.time()}
+        self._streams: dict[str, IO[str]] = {}
+        self._last_flush = time.monotonic()
+        try:
+            self.staging.mkdir()
+        except OSError as e:
+            raise OutDirError(f"--out_dir {out_dir}: cannot write beside it in "
+                              f"{self.target.parent}: {_one_line(e)}") from None
+        self._guard(self._write_status)
+
+    # ------------------------------------------------------------ writing
+    def _guard(self, write, *args) -> Any:
+        """Runs one write; a failure (disk full) removes the staging folder and says so."""
+        try:
+            return write(*args)
+        except OSError as e:
+            self.discard()
+            what = "disk full" if e.errno == errno.ENOSPC else _one_line(e)
+            raise ResultsWriteError(f"cannot write the results of {self.target}: {what} "
+                                    "(the folder is as it was)") from None
+
+    def _write_status(self) -> None:
+        self._status["updated_at"] = time.time()
+        write_json_atomic(self.staging / STATUS_FILE, self._status, fsync=False)
+
+    def begin(self, config: Mapping[str, Any], *, stream: bool = True) -> None:
+        """Writes config.json and, to `stream` the logs, opens them (a run that cannot
+        stream writes them whole at the end, `write_rows`)."""
+        def start() -> None:
+            write_json_atomic(self.staging / "config.json", config)
+            for name in ("requests.jsonl", "steps.jsonl") if stream else ():
+                self._streams[name] = open(self.staging / name, "w")
+        self._guard(start)
+
+    def append_requests(self, rows: Iterable[Mapping[str, Any]]) -> None:
+        """Appends requests.jsonl rows (finished requests, in the order they finished)."""
+        self._guard(self._append, "requests.jsonl", rows)
+
+    def append_steps(self, rows: Iterable[Mapping[str, Any]]) -> None:
+        """Appends steps.jsonl rows, in step order."""
+        self._guard(self._append, "steps.jsonl", rows)
+
+    def _append(self, name: str, rows: Iterable[Mapping[str, Any]]) -> None:
+        stream = self._streams[name]
+        for row in rows:
+            stream.write(json.dumps(row) + "\n")
+        now = time.monotonic()
+        if now - self._last_flush >= FLUSH_EVERY_S:
+            self._last_flush = now
+            for open_stream in self._streams.values():
+                open_stream.flush()
+
+    def _close_streams(self) -> None:
+        streams, self._streams = self._streams, {}
+        for stream in streams.values():
+            stream.close()
+
+    def write_rows(self, name: str, rows: Iterable[Mapping[str, Any]]) -> None:
+        """Writes `name` whole (replacing its streamed version) from `rows`, one by one."""
+        def write() -> None:
+            stream = self._streams.pop(name, None)
+            if stream is not None:
+                stream.close()
+            write_jsonl_atomic(self.staging / name, rows)
+        self._guard(write)
+
+    def keep_streamed(self, name: str) -> None:
+        """Keeps the streamed `name` as the final file (it already holds every row)."""
+        def close() -> None:
+            stream = self._streams.pop(name)
+            stream.flush()
+            os.fsync(stream.fileno())
+            stream.close()
+        self._guard(close)
+
+    def write_json(self, name: str, obj: object) -> None:
+        """Writes one JSON file of the run (summary.json, ...)."""
+        self._guard(write_json_atomic, self.staging / name, obj)
+
+    # ------------------------------------------------------------ ending
+    def finish(self, **facts: Any) -> Path:
+        """Marks the run finished (with `facts`, e.g. steps and virtual time) and moves it
+        into place. Returns the run's folder."""
+        self._guard(self._close_streams)
+        self._status.update(status="finished", **to_json_value(facts))
+        self._guard(self._write_status)
+        return self._guard(self._move_into_place)
+
+    def fail(self, error: BaseException, **facts: Any) -> Path:
+        """Marks the run failed with `error` (and `facts`: the step, the virtual time) and
+        moves its partial logs into place. Returns the run's folder."""
+        if isinstance(error, KeyboardInterrupt):
+            message, reason = "interrupted (Ctrl-C)", "interrupted"
+        else:
+            message = f"{type(error).__name__}: {error}"
+            reason = "error"
+        where = traceback.extract_tb(error.__traceback__)
+        self._status.update(status="failed", reason=reason, error=message,
+                            error_at=(f"{where[-1].filename}:{where[-1].lineno}"
+                                      if where else None), **to_json_value(facts))
+        self._guard(self._close_streams)
+        self._guard(self._write_status)
+        return self._guard(self._move_into_place)
+
+    def discard(self) -> None:
+        """Removes the staging folder (the target stays as it was)."""
+        for stream in self._streams.values():
+            try:
+                stream.close()
+            except OSError:
+                pass  # a full disk cannot take the buffer; the folder goes anyway
+        self._streams = {}
+        shutil.rmtree(self.staging, ignore_errors=True)
+
+    def _move_into_place(self) -> Path:
+        # A folder cannot be renamed over a non-empty one: the old one steps aside first,
+        # and goes once the new one is in place.
+        old = None
+        if self.target.exists():
+            old = self.target.with_name(f"{self.target.name}.old-{os.getpid()}-"
+                                        f"{uuid.uuid4().hex[:6]}")
+            os.rename(self.target, old)
+        os.rename(self.staging, self.target)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+        return self.target
+
+
+def read_status(folder: Union[str, os.PathLike]) -> Optional[dict[str, Any]]:
+    """A run folder's status.json, or None when it has none (a run written before runs kept one)."""
+    path = Path(folder) / STATUS_FILE
+    if not path.exists():
+        return None
+    return json.loads(path.read_text())

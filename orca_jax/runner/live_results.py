@@ -1,0 +1,86 @@
+"""Streams a live run's logs into its `RunFolder`, step by step.
+
+`StreamResults` is a per-step observer (`Scheduler.run(progress=...)` calls it
+after every iteration): it appends the steps the scheduler logged since the last
+call to steps.jsonl, and the requests that finished since then to
+requests.jsonl, in the order they finished. Its rows are the rows of the
+finished run's files (`orca_jax.results.summary.step_row`, `request_row`), but
+for `output_tokens`, which a request's streamed row leaves out (the live
+scheduler keeps them to itself); the finished run's requests.jsonl, rewritten in
+arrival order at the end, has them.
+
+Only this runner layer reads a live scheduler; `orca_jax.results` reads values.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from orca_jax.core.scheduler import Scheduler
+from orca_jax.results.run_folder import RunFolder
+from orca_jax.results.summary import request_row, step_row
+
+
+class StreamResults:
+    """Appends a live scheduler's new steps and finished requests to `folder`'s logs.
+
+    Args:
+      folder: the run's folder, begun (`RunFolder.begin`).
+      scheduler: the run's scheduler.
+    """
+
+    def __init__(self, folder: RunFolder, scheduler: Scheduler) -> None:
+        self.folder = folder
+        self.scheduler = scheduler
+        self.num_steps_written = 0
+        self._written = np.zeros(len(scheduler.table), dtype=bool)  # [N] request rows out
+        # Finished but not yet released (a policy that defers release): their row waits
+        # for the finish time the release gives them.
+        self._awaiting_release = np.zeros(0, dtype=np.int64)
+
+    def __call__(self, scheduler: Scheduler) -> None:
+        del scheduler  # the one given at construction
+        self.stream_steps()
+        self.stream_requests()
+
+    def stream_steps(self) -> None:
+        """Appends every step logged since the last call."""
+        record = self.scheduler.record
+        new = record.steps[self.num_steps_written:]
+        if not new:
+            return
+        ids = self.scheduler.table.specs
+        logged = record.step_requests[self.num_steps_written:] if record.logs_step_requests \
+            else None
+        prefix_caching = self.scheduler.prefix_caching
+        self.folder.append_steps(
+            step_row(step, prefix_caching=prefix_caching,
+                     request_ids=([ids[i].id for i in logged[k][0].tolist()]
+                                  if logged is not None else None),
+                     request_tokens=logged[k][1].tolist() if logged is not None else None,
+                     preempted_ids=([ids[i].id for i in logged[k][3].tolist()]
+                                    if logged is not None else None),
+                     rejected_ids=([ids[i].id for i in logged[k][4].tolist()]
+                                   if logged is not None else None))
+            for k, step in enumerate(new))
+        self.num_steps_written += len(new)
+
+    def stream_requests(self) -> None:
+        """Appends the requests finished (and released) since the last call."""
+        scheduler = self.scheduler
+        table = scheduler.table
+        if scheduler.last_finished.size == 0 and self._awaiting_release.size == 0:
+            return  # most steps finish nothing
+        candidates = np.concatenate([self._awaiting_release, scheduler.last_finished])
+        candidates = np.unique(candidates[~self._written[candidates]])
+        released = np.isfinite(table.finish_s[candidates])
+        self._awaiting_release = candidates[~released]
+        done = candidates[released]
+        if done.size == 0:
+            return
+        self._written[done] = True
+        self.folder.append_requests(
+            request_row(table, i, request_id=table.specs[i].id,
+                        tenant=table.tenant_names[table.tenant[i]], reason=None,
+                        output_tokens=None, prefix_caching=scheduler.prefix_caching)
+            for i in done.tolist())
