@@ -139,7 +139,7 @@ def test_a_bad_knob_fails_before_the_folder_changes(orca_run, tmp_path):
 
 
 def test_disk_full_is_one_line_and_leaves_the_old_run_and_no_tmp(orca_run, tmp_path,
-                                                                 monkeypatch):
+                                                                 monkeypatch, capsys):
     real = run_folder.write_jsonl_atomic
 
     def fills_the_disk(path, rows):
@@ -160,7 +160,8 @@ def test_disk_full_is_one_line_and_leaves_the_old_run_and_no_tmp(orca_run, tmp_p
     assert _leftovers(tmp_path) == []
     with pytest.raises(SystemExit) as exited, run_flags.clean_errors():
         raise caught.value
-    assert exited.value.code == f"error: {message}"
+    assert exited.value.code == 1  # a failed run, not bad usage
+    assert capsys.readouterr().err == f"error: {message}\n"
 
 
 def test_disk_full_while_streaming_stops_the_run_with_one_line(orca_run, tmp_path,
