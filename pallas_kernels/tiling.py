@@ -223,7 +223,8 @@ def plan_passes(*, num_tokens: int, num_slots: int, num_q_heads: int, num_kv_hea
         max_tiles = -(-pages_per_seq * page_size // decode.block_kv)
         if config.num_kv_splits:  # forced: every context is split evenly, however short
             decode = dataclasses.replace(decode, num_kv_splits=config.num_kv_splits,
-                                         min_tiles_per_split=1)
+                                         min_tiles_per_split=1 if config.num_kv_splits > 1
+                                         else MIN_TILES_PER_SPLIT)
         else:
             decode = dataclasses.replace(decode, num_kv_splits=choose_kv_splits(
                 num_kv_heads=num_kv_heads, num_items=items, max_kv_tiles=max_tiles,
