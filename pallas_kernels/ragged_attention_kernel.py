@@ -13,10 +13,11 @@ Both work lists are built in XLA without loops (cumsum, scatter, cummax, sort):
 the lowered wrapper holds no `while`.
 
 Inside the KV loop a tile is whole pages: their ids are one contiguous load of
-`block_kv // page_size` int32s, K and V are loaded per page with a mask and zero
-fill past the sequence's end, and the softmax runs in base 2 with the scale
-folded into one multiply. Pointer offsets are 64-bit whenever a cache exceeds
-4 GiB (Pallas's rule); the wrapper rejects the one layout that rule misses.
+`block_kv // page_size` int32s, widened per token in registers; K and V are
+loaded as [block_kv, D] tiles with a mask and zero fill past the sequence's end;
+the softmax runs in base 2 with the scale folded into one multiply. Pointer
+offsets are 64-bit whenever a cache exceeds 4 GiB (Pallas's rule); the wrapper
+rejects the one layout that rule misses.
 """
 
 from __future__ import annotations
@@ -142,23 +143,25 @@ def _kernel(work_seq_ref, work_block_ref, num_work_ref, cu_q_lens_ref, kv_lens_r
     q = q_ref[rows, :]  # [R, D]
     head_dim = q.shape[-1]
     page_base = seq * pages_per_row
-    # A tile's K or V is [pages_per_tile, page_size, D], addressed by three index arrays
-    # (interpret mode's masked loads take index arrays only, no slices).
-    tile_shape = (pages_per_tile, page_size, head_dim)
-    in_page = lax.broadcasted_iota(jnp.int32, tile_shape, 1)
-    dims = lax.broadcasted_iota(jnp.int32, tile_shape, 2)
-    in_tile = lax.broadcasted_iota(jnp.int32, tile_shape, 0) * page_size + in_page
+    # A tile's K or V is loaded as [block_kv, D] straight into the dot (the pattern
+    # Triton's pipeliner overlaps), addressed by three index arrays (interpret mode's
+    # masked loads take index arrays only, no slices): page, slot in page, dim.
+    tile_shape = (block_kv, head_dim)
     kv_iota = lax.broadcasted_iota(jnp.int32, (block_kv,), 0)
+    in_page = jnp.broadcast_to((kv_iota & (page_size - 1))[:, None], tile_shape)
+    dims = lax.broadcasted_iota(jnp.int32, tile_shape, 1)
 
     def body(tile, carry):
         acc, m, l = carry  # [R, D], [R], [R]
         kv_start = tile * block_kv
+        # One id per page of the tile, widened to one per token in registers.
         page_ids = pages_ref[pl.ds(page_base + tile * pages_per_tile, pages_per_tile)]
-        at = (jnp.broadcast_to(page_ids[:, None, None], tile_shape), in_page, dims)
+        page_of_token = jnp.broadcast_to(page_ids[:, None], (pages_per_tile, page_size))
+        at = (jnp.broadcast_to(page_of_token.reshape(block_kv, 1), tile_shape), in_page, dims)
         # Slots past kv_len hold stale or NaN data: load zeros there (0 * NaN = NaN).
-        in_seq = kv_start + in_tile < kv_len
-        k = plgpu.load(k_ref.at[at], mask=in_seq, other=0).reshape(block_kv, head_dim)
-        v = plgpu.load(v_ref.at[at], mask=in_seq, other=0).reshape(block_kv, head_dim)
+        in_seq = jnp.broadcast_to((kv_start + kv_iota < kv_len)[:, None], tile_shape)
+        k = plgpu.load(k_ref.at[at], mask=in_seq, other=0)  # [block_kv, D]
+        v = plgpu.load(v_ref.at[at], mask=in_seq, other=0)
         s = lax.dot_general(q, k, (((1,), (1,)), ((), ())),
                             preferred_element_type=jnp.float32) * qk_scale  # [R, block_kv]
         mask = (kv_start + kv_iota)[None, :] <= q_pos[:, None]
