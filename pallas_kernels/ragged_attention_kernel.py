@@ -255,9 +255,9 @@ def _merge_splits(parts, work, cu_q_lens, tiles: PassTiles, num_q_heads: int,
     o_parts, m_parts, l_parts = parts  # [splits, C, D], [splits, C], [splits, C]
     m_max = jnp.max(m_parts, axis=0)
     weights = jnp.exp2(m_parts - m_max)  # empty splits have l = 0
-    denom = jnp.sum(weights * l_parts, axis=0)
-    merged = jnp.sum(o_parts * weights[..., None], axis=0) / jnp.where(denom > 0, denom, 1.0)[
-        :, None]
+    denom = jnp.sum(weights * l_parts, axis=0)  # [C]; 0 only for idle items' rows
+    denom = jnp.where(denom > 0, denom, 1.0)
+    merged = jnp.sum(o_parts * weights[..., None], axis=0) / denom[:, None]  # [C, D]
     work_seq, work_block, num_work = work
     group = tiles.rows // tiles.block_q
     num_kv_heads = merged.shape[0] // (tiles.max_work * tiles.rows)
