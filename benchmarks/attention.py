@@ -17,6 +17,9 @@ shrinks the contexts (default 1/8) so the run takes seconds.
 
     python benchmarks/attention.py                  # CPU: reference vs dense, 1/8 contexts
     python benchmarks/attention.py --scale 1        # GPU: full contexts, pallas included
+
+The H200 check (correctness against float64, every kernel config, bandwidth against a
+measured ceiling) is `python3 -m benchmarks.attention_gpu`; docs/attention_kernel.md.
 """
 
 from __future__ import annotations

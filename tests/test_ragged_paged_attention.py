@@ -17,6 +17,7 @@ from pallas_kernels.ragged_paged_attention import (
     ragged_paged_attention,
     ragged_paged_attention_reference,
 )
+from pallas_kernels.tiling import plan_passes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,7 +118,8 @@ CASES = {
     "empty_sequences": ([(0, 0), (4, 4), (0, 12), (1, 12), (0, 3)], BUCKET),
     "full_bucket": ([(8, 8)] * 4 + [(8, 24)] * 2 + [(15, 15), (1, 2)], BUCKET),
 }
-HEADS = {"mha": (4, 4), "gqa": (4, 2), "mqa": (4, 1)}
+# GQA groups 1, 4 and 8 (query heads per KV head).
+HEADS = {"mha": (4, 4), "gqa": (4, 2), "mqa": (4, 1), "g4": (8, 2), "g8": (8, 1)}
 NUM_PAGES = 48  # one pool size for every case, so shapes repeat
 
 
@@ -143,7 +145,7 @@ def _case_batches(heads: str, page_size: int, dtype, seed: int = 0):
 
 @pytest.mark.parametrize("dtype", [np.float32, jnp.bfloat16], ids=["f32", "bf16"])
 @pytest.mark.parametrize("page_size", [8, 16])
-@pytest.mark.parametrize("heads", list(HEADS))
+@pytest.mark.parametrize("heads", ["mha", "gqa", "mqa"])
 def test_reference_matches_dense_oracle(heads, page_size, dtype):
     for name, batch in _case_batches(heads, page_size, dtype):
         out = ragged_paged_attention_reference(*batch.args(), sm_scale=0.3)
@@ -200,24 +202,36 @@ def _assert_kernel_matches_reference(batch: Batch, dtype, config=None, msg: str 
     assert np.all(np.asarray(out, np.float32)[batch.num_real_tokens:] == 0.0), msg
 
 
-# Kernel compiles dominate the run time, so each head layout meets both page sizes and
-# both dtypes across the list rather than in a full product.
-@pytest.mark.parametrize("heads, page_size, dtype", [
-    ("mha", 8, np.float32), ("mha", 16, jnp.bfloat16), ("gqa", 8, jnp.bfloat16),
-    ("gqa", 16, np.float32), ("mqa", 8, np.float32), ("mqa", 16, jnp.bfloat16),
-], ids=["mha-8-f32", "mha-16-bf16", "gqa-8-bf16", "gqa-16-f32", "mqa-8-f32", "mqa-16-bf16"])
-def test_kernel_matches_reference(heads, page_size, dtype):
+# Kernel compiles dominate the run time (two passes per bucket), so each GQA group meets
+# each page size, dtype and tile choice across the list rather than in a full product.
+# head_dim 32 takes the tables' 128-token (bf16) or 64-token (f32) KV tile, one tile for
+# these 64-token contexts; block_kv=16 walks 4 tiles of 1 or 2 pages.
+KERNEL_GRID = {
+    "g1-p8-f32-tables": ("mha", 8, np.float32, None),
+    "g4-p16-bf16-tables": ("g4", 16, jnp.bfloat16, None),
+    "g8-p32-f32-tables": ("g8", 32, np.float32, None),
+    "g1-p16-bf16-kv16": ("mha", 16, jnp.bfloat16, RaggedAttentionConfig(block_kv=16)),
+    "g4-p8-f32-kv16": ("g4", 8, np.float32, RaggedAttentionConfig(block_kv=16)),
+    "g8-p8-bf16-kv32-bq2": ("g8", 8, jnp.bfloat16, RaggedAttentionConfig(block_kv=32, block_q=2)),
+    "g4-p32-bf16-one-pass": ("g4", 32, jnp.bfloat16, RaggedAttentionConfig(decode_pass=False)),
+}
+
+
+@pytest.mark.parametrize("heads, page_size, dtype, config", list(KERNEL_GRID.values()),
+                         ids=list(KERNEL_GRID))
+def test_kernel_matches_reference(heads, page_size, dtype, config):
     for name, batch in _case_batches(heads, page_size, dtype, seed=3):
-        _assert_kernel_matches_reference(batch, dtype, msg=name)
+        _assert_kernel_matches_reference(batch, dtype, config, msg=name)
 
 
-@pytest.mark.parametrize("config", [
-    RaggedAttentionConfig(num_kv_splits=4, block_kv=16),
-    RaggedAttentionConfig(num_kv_splits=2, block_q=8, block_kv=64),
-], ids=["split4", "split2_block_q8"])
-@pytest.mark.parametrize("dtype", [np.float32, jnp.bfloat16], ids=["f32", "bf16"])
-def test_split_kv_kernel_matches_reference(config, dtype):
-    for name, batch in _case_batches("gqa", 8, dtype, seed=4):
+@pytest.mark.parametrize("heads, page_size, dtype, config", [
+    ("g4", 8, np.float32, RaggedAttentionConfig(num_kv_splits=4, block_kv=16)),
+    ("g8", 16, jnp.bfloat16, RaggedAttentionConfig(num_kv_splits=2, block_kv=16)),
+], ids=["g4-p8-f32-split4", "g8-p16-bf16-split2"])
+def test_split_kv_kernel_matches_reference(heads, page_size, dtype, config):
+    # Forced splits divide every context evenly: 4 tiles of 16 over 4 splits, so the
+    # merge of partial (o, m, l) is exercised, empty splits included.
+    for name, batch in _case_batches(heads, page_size, dtype, seed=4):
         if name in ("decode_only", "mixed", "chunk_of_half_done_prefill", "empty_sequences"):
             _assert_kernel_matches_reference(batch, dtype, config, name)
 
@@ -234,7 +248,7 @@ def test_kernel_matches_reference_on_random_ragged_batches(seqs, splits, seed):
     batch = make_batch(seqs, num_slots=6, num_tokens=72, num_q_heads=8, num_kv_heads=2,
                        page_size=8, pages_per_seq=8, seed=seed, num_pages=NUM_PAGES)
     _assert_kernel_matches_reference(batch, np.float32,
-                                     RaggedAttentionConfig(num_kv_splits=splits))
+                                     RaggedAttentionConfig(num_kv_splits=splits, block_kv=16))
 
 
 def test_kernel_does_not_recompile_for_new_counts():
@@ -248,8 +262,20 @@ def test_kernel_does_not_recompile_for_new_counts():
     assert traced._cache_size() == 1
 
 
+def test_kernel_output_ignores_nan_in_the_cache_past_each_sequence():
+    # make_batch fills every unowned slot with NaN; a long tile (128 tokens over 32-token
+    # contexts) reads mostly NaN slots, which the masked loads must replace by zeros.
+    batch = make_batch([(1, 3), (2, 17), (5, 5)], num_slots=4, num_tokens=8, page_size=8,
+                       pages_per_seq=4, num_pages=12, seed=5)
+    out = ragged_paged_attention(*batch.args(), sm_scale=0.5, interpret=True,
+                                 config=RaggedAttentionConfig(block_kv=128))
+    assert np.isfinite(np.asarray(out)).all()
+    _assert_valid_rows_close(out, dense_oracle(batch, 0.5), batch, np.float32)
+
+
 @pytest.mark.parametrize("field, value", [("block_q", 3), ("block_kv", 8), ("block_kv", 24),
-                                          ("num_kv_splits", 0), ("num_warps", 0)])
+                                          ("num_kv_splits", 0), ("num_warps", 0),
+                                          ("num_stages", -1)])
 def test_config_rejects_bad_knobs_by_name(field, value):
     with pytest.raises(ValueError, match=f"RaggedAttentionConfig.{field}"):
         RaggedAttentionConfig(**{field: value})
@@ -260,10 +286,31 @@ def test_kernel_rejects_untileable_head_layouts():
     with pytest.raises(ValueError, match="power of two, got 6 // 2 = 3"):
         ragged_paged_attention(*batch.args(), sm_scale=1.0, interpret=True)
     batch = make_batch([(2, 2)], num_slots=2, num_tokens=4, num_q_heads=2, num_kv_heads=2)
-    with pytest.raises(ValueError, match=r"config.block_q \(4\) \* group \(1\) must be >= 16"):
+    with pytest.raises(ValueError, match=r"RaggedAttentionConfig.block_q: block_q \(4\) \* "
+                                         r"group \(1\) = 4 rows"):
         ragged_paged_attention(*batch.args(), sm_scale=1.0, interpret=True,
                                config=RaggedAttentionConfig(block_q=4))
+    with pytest.raises(ValueError, match=r"block_q \(256\) \* group \(1\) = 256 rows"):
+        ragged_paged_attention(*batch.args(), sm_scale=1.0, interpret=True,
+                               config=RaggedAttentionConfig(block_q=256))
     # The reference has no tiling constraints: the same layout works there.
     batch = make_batch([(2, 3)], num_slots=2, num_tokens=4, num_q_heads=6, num_kv_heads=2)
     _assert_valid_rows_close(ragged_paged_attention_reference(*batch.args(), sm_scale=1.0),
                              dense_oracle(batch, 1.0), batch, np.float32)
+
+
+def test_kernel_rejects_a_non_power_of_two_page_size():
+    batch = make_batch([(2, 2)], num_slots=2, num_tokens=4, page_size=12, pages_per_seq=2)
+    with pytest.raises(ValueError, match=r"power-of-two page size \(k_pages.shape\[1\]\), "
+                                         "got 12"):
+        ragged_paged_attention(*batch.args(), sm_scale=1.0, interpret=True)
+
+
+def test_plan_passes_is_what_the_kernel_launches():
+    # The plan for the test bucket: decode tiles of 16 // 4 = 4 tokens; a prefill sequence
+    # has >= 5 tokens, so at most 64 // 5 = 12 of them, in 64 // 4 = 16-token tiles.
+    plan = plan_passes(num_tokens=64, num_slots=8, num_q_heads=8, num_kv_heads=2, head_dim=32,
+                       page_size=8, pages_per_seq=8, itemsize=4)
+    assert (plan.decode.block_q, plan.decode.rows, plan.decode.max_work) == (4, 16, 8)
+    assert (plan.prefill.block_q, plan.prefill.rows) == (16, 64)
+    assert plan.prefill.max_work == min(64, (64 + 8 * 15) // 16)
