@@ -217,7 +217,7 @@ def test_bad_flags_fail_with_a_clear_message(flag, words):
 def test_pallas_attention_runs_end_to_end_with_the_reference_tokens(tmp_path):
     # Off a GPU, --attention=pallas runs the same kernel in interpret mode.
     tokens = {}
-    for attention in ("pallas", "reference"):
+    for attention in ("pallas", "reference", "bucketed"):
         out = tmp_path / attention
         _run("experiments.run", "--policy=orca", "--engine=jax", f"--attention={attention}",
              "--num_requests=4", "--prompt_len=uniform:3:9", "--output_len=fixed:4",
@@ -225,5 +225,5 @@ def test_pallas_attention_runs_end_to_end_with_the_reference_tokens(tmp_path):
         config = json.loads((out / "config.json").read_text())
         assert config["run"]["engine"]["attention"] == attention
         tokens[attention] = [r["output_tokens"] for r in _jsonl(out / "requests.jsonl")]
-    assert tokens["pallas"] == tokens["reference"]
+    assert tokens["pallas"] == tokens["reference"] == tokens["bucketed"]
     assert all(len(t) == 4 for t in tokens["pallas"])

@@ -148,3 +148,32 @@ def test_bad_construction_and_inputs_name_the_problem(engine, engine_parts):
     plain_mlp = dataclasses.replace(config, name="tiny-opt", gated_mlp=False)
     with pytest.raises(EngineConfigError, match="'tiny-opt'.*gated_mlp=False.*simulator"):
         weights.init_params(plain_mlp)
+
+
+def test_bucketed_attention_gives_the_reference_tokens_and_compiles_only_its_buckets(
+        engine, engine_parts):
+    # The op's switch between context widths is tested in test_bucketed_attention.py; here
+    # the engine: the same greedy tokens as the reference op, and no compile past warm-up.
+    config, params = engine_parts
+    bucketed = jax_engine.JaxEngine(config, params, num_cache_pages=NUM_PAGES,
+                                    page_size=PAGE_SIZE, pages_per_seq=PAGES_PER_SEQ,
+                                    attention="bucketed", num_timed_runs=1)
+    bucketed.warmup([SMALL, LARGE])
+    assert bucketed.num_compiles == 2
+    before = jax_engine.backend_compiles()
+    rng = np.random.default_rng(8)
+    prompts = {r: list(rng.integers(0, config.vocab_size, n)) for r, n in
+               (("a", 9), ("b", 14), ("c", 5))}
+    pages = {"a": [11, 3, 20, 7, 1, 30, 12, 2], "b": [4, 25, 6, 19, 8, 9], "c": [33, 10, 13]}
+    plans = ([[("b", 14), ("a", 4)], [("c", 5), ("a", 5), ("b", 1)]]
+             + [[("a", 1), ("b", 1), ("c", 1)]] * 6)
+    requests = {r: (prompts[r], pages[r]) for r in prompts}
+    got = generate(bucketed, requests, plans, LARGE)
+    assert got == generate(engine, requests, plans, LARGE)
+    assert [len(got[r]) for r in "abc"] == [7, 8, 7]
+    alone = generate(bucketed, {"a": requests["a"]}, [[("a", 9)]] + [[("a", 1)]] * 6, SMALL)
+    assert alone["a"] == got["a"]  # batching invariance holds on the bucketed op too
+    assert jax_engine.backend_compiles() == before and bucketed.num_compiles == 2
+    facts = bucketed.facts()
+    assert facts["attention"] == "bucketed" and facts["attention_kv_buckets"] == "32"
+    assert facts["attention_variants"] == 2

@@ -85,8 +85,9 @@ def tiny():
     return config, graphdef, params
 
 
-@pytest.mark.parametrize("attention", [attention_oracle, "reference", "pallas_interpret"],
-                         ids=["oracle", "reference", "pallas_interpret"])
+@pytest.mark.parametrize("attention",
+                         [attention_oracle, "reference", "bucketed", "pallas_interpret"],
+                         ids=["oracle", "reference", "bucketed", "pallas_interpret"])
 def test_paged_step_matches_dense_forward(tiny, attention):
     config, graphdef, params = tiny
     step = jax.jit(functools.partial(model_lib.step, graphdef, attention=attention),

@@ -36,6 +36,7 @@ from orca_jax.core.engine_api import (
 from orca_jax.core.packing import build_step_inputs
 from orca_jax.model import llama as model_lib
 from orca_jax.model import sharding
+from orca_jax.model.bucketed_attention import kv_bucket_pages
 from orca_jax.specs.model_config import ModelConfig
 
 _log = logging.getLogger(__name__)
@@ -92,7 +93,8 @@ class JaxEngine(Engine):
       page_size: tokens per page.
       pages_per_seq: page-table width P of every bucket.
       dtype: parameter, activation and KV cache dtype.
-      attention: `reference` | `pallas` | `pallas_interpret` (see `model.attention_op`).
+      attention: `reference` | `bucketed` | `pallas` | `pallas_interpret` (see
+        `model.attention_op`; `bucketed` is the vectorized CPU op).
       clock: `wall` (step_s is the measured time) or `bucket` (step_s is the
         bucket's median warm-up time: repeatable, but blind to what a step holds;
         runs use `orca_jax.sim.profiled_clock.ProfiledClock` over a `wall` engine,
@@ -206,11 +208,19 @@ class JaxEngine(Engine):
         return dict(self._bucket_s)
 
     def facts(self) -> dict[str, object]:
-        """Compiles, their HLO fingerprints by bucket tokens, tp and KV bytes per device."""
-        return {"num_compiles": self.num_compiles,
-                "compiled_fingerprints": {str(b.num_tokens): h for b, h in
-                                          sorted(self._fingerprints.items())},
-                "tp": self.tp, "kv_cache_bytes_per_device": self.kv_cache_bytes_per_device}
+        """Compiles, their HLO fingerprints by bucket tokens, tp and KV bytes per device,
+        and the attention op with its context buckets (variants inside each compiled step)."""
+        facts: dict[str, object] = {
+            "num_compiles": self.num_compiles,
+            "compiled_fingerprints": {str(b.num_tokens): h for b, h in
+                                      sorted(self._fingerprints.items())},
+            "tp": self.tp, "kv_cache_bytes_per_device": self.kv_cache_bytes_per_device,
+            "attention": self.attention if isinstance(self.attention, str) else "custom"}
+        if self.attention == "bucketed":
+            widths = kv_bucket_pages(self.page_size, self.pages_per_seq)
+            facts["attention_kv_buckets"] = ",".join(str(w * self.page_size) for w in widths)
+            facts["attention_variants"] = len(widths) * len(self._compiled)
+        return facts
 
     def fingerprints(self) -> dict[Bucket, str]:
         """sha256 of each compiled step's optimized HLO text, by bucket."""

@@ -28,7 +28,7 @@ from orca_jax.specs.model_config import ModelConfig
 
 # q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, num_seqs, *, sm_scale -> out
 AttentionFn = Callable[..., jax.Array]
-ATTENTION_OPS = ("reference", "pallas", "pallas_interpret")
+ATTENTION_OPS = ("reference", "bucketed", "pallas", "pallas_interpret")
 
 
 def rope_inv_freq(config: ModelConfig) -> np.ndarray:  # [head_dim // 2] float64
@@ -178,12 +178,16 @@ class StepResult(NamedTuple):
 
 
 def attention_op(attention: Union[str, AttentionFn]) -> AttentionFn:
-    """Resolves an attention choice (`reference` | `pallas` | `pallas_interpret`, or a
-    function with `ragged_paged_attention_reference`'s signature)."""
+    """Resolves an attention choice (`reference` | `bucketed` | `pallas` |
+    `pallas_interpret`, or a function with `ragged_paged_attention_reference`'s
+    signature). `bucketed` is the vectorized CPU path (`bucketed_attention`)."""
     if callable(attention):
         return attention
     if attention not in ATTENTION_OPS:
         raise ValueError(f"unknown attention op {attention!r}; choose one of {ATTENTION_OPS}")
+    if attention == "bucketed":
+        from orca_jax.model.bucketed_attention import bucketed_attention
+        return bucketed_attention
     # Imported here so the model module loads before (and without) the kernel package.
     from pallas_kernels import ragged_paged_attention as rpa
     if attention == "reference":

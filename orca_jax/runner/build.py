@@ -161,7 +161,7 @@ def _jax_engine(spec: RunSpec, engine: JaxEngineSpec, config: SchedulerConfig) -
     attention = engine.attention
     on_gpu = jax.default_backend() == "gpu"
     if attention == "auto":
-        attention = "pallas" if on_gpu else "reference"
+        attention = "pallas" if on_gpu else "bucketed"  # bucketed: the vectorized CPU op
     elif attention == "pallas" and not on_gpu:
         attention = "pallas_interpret"  # the same kernel, run by the Pallas interpreter
     mesh = sharding.make_mesh(engine.tp, model) if engine.tp > 1 else None

@@ -25,7 +25,7 @@ from orca_jax.workloads.synthetic import parse_length_spec
 WORKLOADS = ("poisson", "gamma", "burst", "trace", "shared_prefix", "conversation")
 ENGINES = ("sim", "jax")
 DTYPES = ("float32", "bfloat16")
-ATTENTIONS = ("auto", "reference", "pallas", "pallas_interpret")
+ATTENTIONS = ("auto", "reference", "bucketed", "pallas", "pallas_interpret")
 CLOCKS = ("profiled", "wall")
 # The prefix workloads' length specs -> the column an `empirical:PATH` spec of each reads.
 LENGTH_COLUMNS = {"prefix_len": "prompt_len", "suffix_len": "prompt_len",
@@ -124,7 +124,7 @@ class JaxEngineSpec:
     model: str = "llama3-8b"  # a preset, or the name of the checkpoint's model
     checkpoint: Optional[str] = None  # an orbax directory or a LLaMA-format folder
     dtype: str = "float32"  # parameters, activations and KV cache
-    attention: str = "auto"  # auto (pallas on GPU, reference elsewhere), reference, pallas
+    attention: str = "auto"  # auto (pallas on GPU, bucketed elsewhere), reference, bucketed, pallas
     sampling: str = "greedy"  # greedy, or temperature:T[:top_k[:top_p]]
     clock: str = "profiled"  # profiled (a fit of what each step holds, measured at warm-up) or wall
     tp: int = 1  # devices the step is split over
