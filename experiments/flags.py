@@ -52,6 +52,10 @@ flags.DEFINE_string("sampling", "greedy", "jax: greedy, or temperature:T[:TOP_K[
 flags.DEFINE_enum("clock", "profiled", list(CLOCKS), "jax: advance the virtual clock by "
                   "each bucket's warm-up median (repeatable) or by measured wall time.")
 # Not --profile_file: absl.app owns that name (a pstats dump of the process).
+flags.DEFINE_string("compile_cache", None, "jax: folder of JAX's persistent compilation cache "
+                    "(default: $XDG_CACHE_HOME/orca_jax/jax, else ~/.cache/orca_jax/jax); a "
+                    "second run with the same model and buckets loads its compiled steps from "
+                    "there. 'none' turns it off.")
 flags.DEFINE_string("profile_table", None, "jax, --clock=profiled: the per-bucket table of the "
                     "profiled clock. If the file exists it is read (it must be of the same "
                     "model, buckets, dtype, attention and page geometry), so a run in another "
@@ -240,6 +244,9 @@ def spec_from_flags() -> RunSpec:
     try:
         engine: JaxEngineSpec | SimEngineSpec
         if FLAGS.engine == "jax":
+            # A process setting, not part of the spec: a cached program is the same program.
+            from orca_jax.model import compile_cache
+            compile_cache.enable(FLAGS.compile_cache)
             engine = JaxEngineSpec(model=pick("model"), checkpoint=FLAGS.checkpoint,
                                    dtype=FLAGS.dtype, attention=FLAGS.attention,
                                    sampling=FLAGS.sampling, clock=FLAGS.clock, tp=FLAGS.tp,

@@ -183,9 +183,10 @@ def test_compare_repeats_on_the_wall_clock_do_not_claim_to_be_identical(tmp_path
 @pytest.mark.slow
 def test_jax_engine_run_records_tokens_and_compiles(tmp_path):
     out = tmp_path / "jax"
-    result = _run("experiments.run", "--policy=orca", "--engine=jax", "--num_requests=6",
-                  "--prompt_len=uniform:4:20", "--output_len=fixed:5", "--max_num_tokens=32",
-                  f"--out_dir={out}")
+    args = ("experiments.run", "--policy=orca", "--engine=jax", "--num_requests=6",
+            "--prompt_len=uniform:4:20", "--output_len=fixed:5", "--max_num_tokens=32",
+            f"--compile_cache={tmp_path / 'cache'}")
+    result = _run(*args, f"--out_dir={out}")
     # The compile phase says so, in log lines (stderr is a pipe here): never a \r frame.
     assert "jax engine: compiling 2 step buckets (16,32 tokens)" in result.stderr
     assert "\r" not in result.stderr
@@ -196,8 +197,18 @@ def test_jax_engine_run_records_tokens_and_compiles(tmp_path):
         "compiled_fingerprints.16", "compiled_fingerprints.32"]
     assert all(isinstance(v, (str, int, float, bool, type(None))) for v in summary.values())
     assert summary["num_compiles"] == 2
+    assert summary["compile_s"] > 0 and summary["compile_cache_hit"] is False
     requests = _jsonl(out / "requests.jsonl")
     assert all(len(r["output_tokens"]) == 5 for r in requests)
+    # Again: the steps come from the persistent cache, the same programs, the same tokens.
+    _run(*args, f"--out_dir={tmp_path / 'again'}")
+    again = json.loads((tmp_path / "again" / "summary.json").read_text())
+    assert again["compile_cache_hit"] is True and again["compile_cache_hits"] == 2
+    assert again["num_compiles"] == 2
+    assert {k: v for k, v in again.items() if k.startswith("compiled_fingerprints")} == {
+        k: v for k, v in summary.items() if k.startswith("compiled_fingerprints")}
+    assert [r["output_tokens"] for r in _jsonl(tmp_path / "again" / "requests.jsonl")] == [
+        r["output_tokens"] for r in requests]
 
 
 @pytest.mark.parametrize("flag, words", [

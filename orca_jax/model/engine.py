@@ -34,15 +34,17 @@ from orca_jax.core.engine_api import (
     bucket_arrays_are_consistent,
 )
 from orca_jax.core.packing import build_step_inputs
+from orca_jax.model import compile_cache, sharding
 from orca_jax.model import llama as model_lib
-from orca_jax.model import sharding
 from orca_jax.model.bucketed_attention import kv_bucket_pages
 from orca_jax.specs.model_config import ModelConfig
 
 _log = logging.getLogger(__name__)
 CLOCKS = ("wall", "bucket")
 _BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+_CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
 _backend_compiles = 0  # process-wide count of XLA compilations seen by the listener
+_cache_hits = 0  # of which loaded from the persistent compilation cache
 _listening = False
 
 
@@ -52,13 +54,28 @@ def _on_duration_event(event: str, duration_secs: float, **kwargs: object) -> No
         _backend_compiles += 1
 
 
+def _on_event(event: str, **kwargs: object) -> None:
+    global _cache_hits
+    # A hit still reports a backend compile event (jax times the whole compile-or-load).
+    if event == _CACHE_HIT_EVENT:
+        _cache_hits += 1
+
+
 def backend_compiles() -> int:
-    """XLA compilations in this process since the first call (installs the listener once)."""
+    """XLA compilations in this process since the first call (installs the listeners once);
+    a program loaded from the persistent compilation cache counts as one too."""
     global _listening
     if not _listening:
         jax.monitoring.register_event_duration_secs_listener(_on_duration_event)
+        jax.monitoring.register_event_listener(_on_event)
         _listening = True
     return _backend_compiles
+
+
+def cache_hits() -> int:
+    """Of `backend_compiles()`, those loaded from the persistent compilation cache."""
+    backend_compiles()  # installs the listeners
+    return _cache_hits
 
 
 def hlo_fingerprint(compiled: jax.stages.Compiled) -> str:
@@ -161,6 +178,8 @@ class JaxEngine(Engine):
         self._fingerprints: dict[Bucket, str] = {}
         self._bucket_s: dict[Bucket, float] = {}
         self._num_compiles = 0
+        self._num_cache_hits = 0
+        self._compile_s = 0.0
 
     @staticmethod
     def _check_params(abstract: nnx.State, params: nnx.State) -> None:
@@ -215,7 +234,13 @@ class JaxEngine(Engine):
             "compiled_fingerprints": {str(b.num_tokens): h for b, h in
                                       sorted(self._fingerprints.items())},
             "tp": self.tp, "kv_cache_bytes_per_device": self.kv_cache_bytes_per_device,
-            "attention": self.attention if isinstance(self.attention, str) else "custom"}
+            "attention": self.attention if isinstance(self.attention, str) else "custom",
+            "compile_s": round(self._compile_s, 3),
+            # Compiled programs loaded from the persistent cache (`compile_cache`) instead.
+            "compile_cache_hits": self._num_cache_hits,
+            "compile_cache_hit": self._num_compiles > 0
+            and self._num_cache_hits == self._num_compiles,
+            "compile_cache_dir": compile_cache.current_dir() or "none"}
         if self.attention == "bucketed":
             widths = kv_bucket_pages(self.page_size, self.pages_per_seq)
             facts["attention_kv_buckets"] = ",".join(str(w * self.page_size) for w in widths)
@@ -239,9 +264,12 @@ class JaxEngine(Engine):
             dummy = self._dummy_inputs(bucket)
             shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(
                 a.shape, a.dtype, sharding=self._inputs_sharding), dummy)
-            before = backend_compiles()
+            before, hits_before = backend_compiles(), cache_hits()
+            compile_start = time.perf_counter()
             compiled = self._jitted.lower(self._params, self._cache, shapes).compile()
+            self._compile_s += time.perf_counter() - compile_start
             self._num_compiles += backend_compiles() - before
+            self._num_cache_hits += cache_hits() - hits_before
             self._compiled[bucket] = compiled
             self._fingerprints[bucket] = hlo_fingerprint(compiled)
             self._run(bucket, dummy)  # first run pays one-off allocation costs
