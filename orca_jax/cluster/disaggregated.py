@@ -311,4 +311,5 @@ class DisaggregatedCluster:
 def _progress_marks(scheduler: Scheduler) -> tuple:
     """What any iteration that did something changes."""
     return (scheduler.num_steps, scheduler.now_s, scheduler.num_done, scheduler.waiting.size,
-            scheduler.running.size, scheduler.unreleased.size, scheduler.in_transfer.size)
+            scheduler.running.size, scheduler.unreleased.size, scheduler.in_transfer.size,
+            scheduler.kv.num_free)

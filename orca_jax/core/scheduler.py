@@ -397,6 +397,13 @@ class Scheduler:
             return False
         if self.in_transfer.size:
             return True  # a transfer's end frees or brings pages: its cluster steps us again
+        stalled = self.waiting[self.kv.num_held[self.waiting] > 0]  # received with their KV
+        if stalled.size and not self.running.size:  # and their pages block every admission
+            self.kv.free(stalled)  # so they recompute, as if preempted
+            self.table.num_computed[stalled] = 0
+            self.table.num_preemptions[stalled] += 1
+            self.record.num_preemptions += int(stalled.size)
+            return False
         upcoming = self.next_arrival_s()
         if upcoming is None:
             raise PlanError(self.policy.name, "no_progress",
