@@ -223,3 +223,46 @@ def test_received_requests_that_stall_the_decode_pool_give_their_pages_back():
     np.testing.assert_array_equal(result.num_generated, [r.output_len for r in requests])
     assert result.num_preemptions[[8, 9]].sum() > 0  # a received request recomputed
     assert cluster.decode[0].kv.num_free == 3
+
+
+def test_a_disaggregated_run_writes_transfers_and_per_gpu_goodput(tmp_path):
+    import json
+
+    from orca_jax.runner.experiment import run_policy
+    from orca_jax.runner.spec import ClusterSpec, LimitsSpec, RunSpec, SimEngineSpec, WorkloadSpec
+
+    spec = RunSpec(workload=WorkloadSpec(num_requests=30, rate=20.0, prompt_len="uniform:32:256",
+                                         output_len="uniform:2:32"),
+                   engine=SimEngineSpec(model="llama3-8b", tp=2),
+                   limits=LimitsSpec(max_num_seqs=16, num_kv_pages=2000),
+                   cluster=ClusterSpec(num_prefill_replicas=2, num_decode_replicas=1,
+                                       decode_policy="orca", kv_link="ib400"),
+                   ttft_slo_s=10.0, tpot_slo_s=10.0)
+    summary, result = run_policy(spec, "sarathi", out_dir=str(tmp_path))
+    assert (summary["prefill_policy"], summary["decode_policy"]) == ("sarathi", "orca")
+    assert summary["num_finished"] == 30 and summary["num_transfers"] == 30
+    assert summary["num_gpus"] == 6  # three replicas of TP 2
+    assert summary["goodput_req_s_per_gpu"] == pytest.approx(summary["goodput_req_s"] / 6)
+    rows = [json.loads(line) for line in (tmp_path / "transfers.jsonl").read_text().splitlines()]
+    assert len(rows) == 30 and {r["to"] for r in rows} == {2}
+    llama = get_model_config("llama3-8b")
+    by_id = {r["id"]: r for r in map(json.loads,
+                                      (tmp_path / "requests.jsonl").read_text().splitlines())}
+    for row in rows:  # one TP shard's KV (4 of 8 heads, bf16) of the prompt, over 50 GB/s
+        prompt = by_id[row["request"]]["prompt_len"]
+        assert row["bytes"] == llama.num_layers * 4 * llama.head_dim * 2 * 2 * prompt
+        assert row["end_s"] - row["start_s"] == pytest.approx(20e-6 + row["bytes"] / 50e9)
+        assert by_id[row["request"]]["prefill_replica"] == row["from"]
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["pools"]["kv_link"]["name"] == "ib400"
+
+
+def test_a_half_disaggregated_cluster_is_refused_by_name():
+    from orca_jax.runner.spec import ClusterSpec
+
+    with pytest.raises(ValueError, match="num_prefill_replicas=2, num_decode_replicas=0"):
+        ClusterSpec(num_prefill_replicas=2)
+    with pytest.raises(ValueError, match="unknown KV link preset 'infiniband'"):
+        ClusterSpec(num_prefill_replicas=1, num_decode_replicas=1, kv_link="infiniband")
+    with pytest.raises(ValueError, match="num_replicas=2 .* both set"):
+        ClusterSpec(num_replicas=2, num_prefill_replicas=1, num_decode_replicas=1)

@@ -88,6 +88,7 @@ class RunResult:
     # ran each request's prompt (-1: none), `replica` being its decode replica; its KV
     # transfers in the order they started. None and () otherwise.
     prefill_replica: Optional[NDArray[np.int64]] = None
+    num_prefill_replicas: int = 0  # replicas 0..num_prefill_replicas - 1 are the prefill pool
     transfers: tuple[TransferLog, ...] = ()
 
     @property

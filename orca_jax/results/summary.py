@@ -23,7 +23,8 @@ from orca_jax.results import metrics
 
 
 def summarize(result: RunResult, *, ttft_slo_s: Optional[float] = None,
-              tpot_slo_s: Optional[float] = None) -> dict[str, Any]:
+              tpot_slo_s: Optional[float] = None,
+              num_gpus: Optional[int] = None) -> dict[str, Any]:
     """The run's summary.json content (metrics of orca_jax.results.metrics plus run facts).
 
     A run of several replicas also gets `num_replicas`, `router`, and each
@@ -31,6 +32,10 @@ def summarize(result: RunResult, *, ttft_slo_s: Optional[float] = None,
     A run with prefix caching active also gets `prefix_hit_rate` (prompt tokens
     taken from the cache over the prompt tokens of admitted requests) and
     `num_evictions` (cached pages evicted); other runs' summaries stay as they were.
+    With an SLO, `goodput_req_s_per_gpu` is the goodput over `num_gpus` (default:
+    one per replica). A disaggregated run also gets `num_prefill_replicas` and its
+    transfers' figures (`num_transfers`, `transfer_bytes_total`, `transfer_s_mean`,
+    `transfer_wait_s_mean`: from the first token to the transfer's start).
     """
     tenants = ([result.tenant_names[t] for t in result.tenant]
                if len(result.tenant_names) > 1 else None)
@@ -56,6 +61,12 @@ def summarize(result: RunResult, *, ttft_slo_s: Optional[float] = None,
         "host_us_per_step_median": float(np.median(host) * 1e6),
         "engine_s_total": float(sum(s.step_s for s in steps)),
     })
+    if summary.get("goodput_req_s") is not None:
+        gpus = num_gpus if num_gpus is not None else result.num_replicas
+        summary["num_gpus"] = gpus
+        summary["goodput_req_s_per_gpu"] = summary["goodput_req_s"] / gpus
+    if result.prefill_replica is not None:
+        summary.update(_transfers(result))
     if result.prefix_caching:
         summary.update(_prefix_caching(result))
     if clustered:
@@ -74,13 +85,30 @@ def _prefix_caching(result: RunResult) -> dict[str, Any]:
             "num_evictions": result.num_evictions}
 
 
+def _transfers(result: RunResult) -> dict[str, Any]:
+    """A disaggregated run's prefill pool and KV transfers."""
+    transfers = result.transfers
+    seconds = np.array([t.end_s - t.start_s for t in transfers])
+    waits = np.array([t.start_s - t.ready_s for t in transfers])
+    return {"num_prefill_replicas": result.num_prefill_replicas,
+            "num_transfers": len(transfers),
+            "transfer_bytes_total": int(sum(t.num_bytes for t in transfers)),
+            "transfer_s_mean": float(seconds.mean()) if transfers else None,
+            "transfer_wait_s_mean": float(waits.mean()) if transfers else None}
+
+
 def _replica_shares(result: RunResult) -> dict[str, Any]:
     """Each replica's requests and steps, and how unevenly the output tokens were routed."""
     replicas = range(result.num_replicas)
-    routed_tokens = np.array([result.output_len[result.replica == r].sum() for r in replicas],
-                             dtype=np.float64)
+    # Disaggregated: a prefill replica's requests are those whose prompt it ran; the output
+    # tokens' balance is the decode pool's.
+    prefilled = (result.prefill_replica if result.prefill_replica is not None
+                 else np.full(result.num_requests, -1))
+    routed_tokens = np.array([result.output_len[result.replica == r].sum()
+                              for r in replicas[result.num_prefill_replicas:]], dtype=np.float64)
     return {
-        "replica_num_requests": [int(np.count_nonzero(result.replica == r)) for r in replicas],
+        "replica_num_requests": [int(np.count_nonzero(result.replica == r)
+                                     + np.count_nonzero(prefilled == r)) for r in replicas],
         "replica_num_steps": [int(np.count_nonzero(result.step_replica == r)) for r in replicas],
         # Most output tokens routed to one replica over the mean: 1.0 is perfect balance.
         "load_imbalance": (float(routed_tokens.max() / routed_tokens.mean())
@@ -116,6 +144,8 @@ def request_rows(result: RunResult) -> list[dict[str, Any]]:
             row["output_tokens"] = result.output_tokens[i].tolist()
         if result.num_replicas > 1:
             row["replica"] = int(result.replica[i])
+        if result.prefill_replica is not None:
+            row["prefill_replica"] = int(result.prefill_replica[i])
         rows.append({k: to_json_value(v) for k, v in row.items()})
     return rows
 
@@ -143,13 +173,27 @@ def step_rows(result: RunResult) -> list[dict[str, Any]]:
     return rows
 
 
+def transfer_rows(result: RunResult) -> list[dict[str, Any]]:
+    """One dict per KV transfer of a disaggregated run (transfers.jsonl), in the order
+    they started: the request's id, `from` (prefill) and `to` (decode) replica, `bytes`
+    (one TP shard's), and `ready_s` (first token), `start_s`, `end_s`."""
+    return [{"request": result.request_ids[t.request], "from": t.from_replica,
+             "to": t.to_replica, "bytes": t.num_bytes, "ready_s": t.ready_s,
+             "start_s": t.start_s, "end_s": t.end_s} for t in result.transfers]
+
+
 def write_results(out_dir: os.PathLike, result: RunResult, summary: Mapping[str, Any],
                   config: Mapping[str, Any]) -> Path:
-    """Writes config.json, requests.jsonl, steps.jsonl and summary.json into `out_dir`."""
+    """Writes config.json, requests.jsonl, steps.jsonl and summary.json into `out_dir`
+    (and transfers.jsonl for a disaggregated run)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out / "config.json", config)
     write_jsonl_atomic(out / "requests.jsonl", request_rows(result))
     write_jsonl_atomic(out / "steps.jsonl", step_rows(result))
+    if result.prefill_replica is not None:
+        write_jsonl_atomic(out / "transfers.jsonl",
+                           [{k: to_json_value(v) for k, v in row.items()}
+                            for row in transfer_rows(result)])
     write_json_atomic(out / "summary.json", summary)
     return out

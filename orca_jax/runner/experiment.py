@@ -23,6 +23,7 @@ from orca_jax.core.run_result import RunResult
 from orca_jax.core.scheduler import Scheduler, SchedulerConfig
 from orca_jax.results.summary import summarize, write_results
 from orca_jax.runner.build import build_engine, build_workload, scheduler_config
+from orca_jax.runner.disaggregated import num_gpus, run_disaggregated
 from orca_jax.runner.spec import RunSpec
 
 
@@ -73,13 +74,22 @@ def run_policy(spec: RunSpec, policy_spec: str, policy_options: Optional[Mapping
     """
     config = scheduler_config(spec)
     workload = requests if requests is not None else build_workload(spec)
+    if spec.cluster.disaggregated:
+        summary, result, cluster, pools = run_disaggregated(spec, policy_spec, policy_options,
+                                                            config, workload)
+        if out_dir is not None:
+            decode = cluster.decode[0]
+            write_results(out_dir, result, summary, {**_resolved_config(
+                spec, policy_spec, decode.policy, config, decode.engine), "pools": pools})
+        return summary, result
     if spec.cluster.num_replicas > 1:
         return _run_cluster(spec, policy_spec, policy_options, config, workload, out_dir)
     policy = make_policy(policy_spec, policy_options)
     engine = engine if engine is not None else build_engine(spec, config)
     scheduler = Scheduler(workload, policy, engine, config)
     result = scheduler.run(progress=_Progress(policy.name, len(workload)) if progress else None)
-    summary = summarize(result, ttft_slo_s=spec.ttft_slo_s, tpot_slo_s=spec.tpot_slo_s)
+    summary = summarize(result, ttft_slo_s=spec.ttft_slo_s, tpot_slo_s=spec.tpot_slo_s,
+                        num_gpus=num_gpus(spec))
     summary.update(engine.facts())
     if out_dir is not None:
         write_results(out_dir, result, summary,
@@ -97,7 +107,8 @@ def _run_cluster(spec: RunSpec, policy_spec: str, policy_options: Optional[Mappi
                       make_policy=lambda: make_policy(policy_spec, policy_options),
                       make_engine=lambda: build_engine(spec, config), config=config)
     result = cluster.run()
-    summary = summarize(result, ttft_slo_s=spec.ttft_slo_s, tpot_slo_s=spec.tpot_slo_s)
+    summary = summarize(result, ttft_slo_s=spec.ttft_slo_s, tpot_slo_s=spec.tpot_slo_s,
+                        num_gpus=num_gpus(spec))
     if out_dir is not None:
         first = cluster.replicas[0]
         write_results(out_dir, result, summary, _resolved_config(
