@@ -224,6 +224,21 @@ def capacities(points: Sequence[dict], setup: DistServeSetup) -> list[dict]:
     return rows
 
 
+def goodput_rows(points: Sequence[dict], setup: DistServeSetup) -> list[dict]:
+    """One row per workload, TPOT SLO and system: its goodput per GPU at each rate."""
+    rows = []
+    for workload in setup.workloads():
+        for slo in ("tight", "loose"):
+            for system in setup.systems:
+                row: dict = {"workload": workload.name, "tpot_slo": slo, "system": system.label}
+                for p in points:
+                    if (p["workload"], p["tpot_slo"], p["system"]) == (workload.name, slo,
+                                                                       system.label):
+                        row[f"{p['rate_per_gpu']:g}"] = p["goodput_per_gpu"]
+                rows.append(row)
+    return rows
+
+
 def plot(points: Sequence[dict], setup: DistServeSetup, path: str) -> bool:
     """Goodput per GPU against rate per GPU: a row per workload and SLO, a column per GPU
     count. Returns False without matplotlib."""
@@ -295,7 +310,11 @@ def main(argv: Sequence[str]) -> None:
                                     "capacity_per_gpu", "past_range", "over_vllm"])
     with open(os.path.join(out_dir, "capacity.txt"), "w") as f:
         f.write(table + "\n")
-    print(f"capacity: the rate per GPU (req/s) at which {ATTAINMENT_TARGET:.0%} of the requests "
+    print("goodput per GPU (req/s) at each offered rate per GPU (req/s); '-': not run, "
+          "past the system's capacity:")
+    print(format_table(goodput_rows(points, setup), ["workload", "tpot_slo", "system",
+                                                     *(f"{r:g}" for r in setup.rates)]))
+    print(f"\ncapacity: the rate per GPU (req/s) at which {ATTAINMENT_TARGET:.0%} of the requests "
           "meet both SLOs, and its ratio to colocated vllm on as many GPUs:")
     print(table)
     print("\nthe papers: " + "; ".join(PAPER_CLAIMS))
