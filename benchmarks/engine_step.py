@@ -78,7 +78,7 @@ def _step_shape(bucket: Bucket, kv_len: int) -> tuple[np.ndarray, np.ndarray]:
     return q_lens, kv_len - q_lens
 
 
-def _parts(config, graphdef, params, cache, inputs, attention_ops):
+def _parts(config, graphdef, params, held, inputs, attention_ops):
     """Jitted part functions on `inputs`' shapes: name -> zero-argument blocking call."""
     model = nnx.merge(graphdef, params)
     inv_freq = model_lib.rope_inv_freq(config)
@@ -106,8 +106,6 @@ def _parts(config, graphdef, params, cache, inputs, attention_ops):
             new_k.append(k_pages)
             new_v.append(v_pages)
         return model_lib.KVCache(tuple(new_k), tuple(new_v)), outs
-
-    held = {"cache": cache}  # donated like the engine's, so writes update it in place
 
     def run_attention(fn):
         held["cache"], outs = fn(held["cache"], inputs)
@@ -159,7 +157,8 @@ def run_model(name: str, kv_lens: list[int], repeats: int, gflops: float, gbs: f
                for op in ("reference", "bucketed")}
     for engine in engines.values():
         engine.warmup(list(BUCKETS))
-    cache = model_lib.init_kv_cache(config, num_pages=num_pages, page_size=PAGE_SIZE)
+    # Donated like the engine's cache (so writes update it in place): the part calls swap it.
+    held = {"cache": model_lib.init_kv_cache(config, num_pages=num_pages, page_size=PAGE_SIZE)}
     for kv_len in kv_lens:
         for bucket in BUCKETS:
             q_lens, computed = _step_shape(bucket, kv_len)
@@ -176,7 +175,7 @@ def run_model(name: str, kv_lens: list[int], repeats: int, gflops: float, gbs: f
             same = np.array_equal(tokens["reference"], tokens["bucketed"])
             host = _median_s(lambda: jax.block_until_ready(jax.device_put(pack())), repeats)
             parts = {part: _median_s(fn, repeats) for part, fn in
-                     _parts(config, graphdef, params, cache, jax.device_put(inputs),
+                     _parts(config, graphdef, params, held, jax.device_put(inputs),
                             {"old": "reference", "new": "bucketed"}).items()}
             roof = _roofline(config, bucket, kv_len, gflops, gbs)
             load = os.getloadavg()[0]

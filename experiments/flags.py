@@ -45,9 +45,9 @@ flags.DEFINE_string("checkpoint", None, "jax: an orbax checkpoint directory or a
                     "folder (config.json + *.safetensors); default: seeded random weights.")
 flags.DEFINE_enum("dtype", "float32", list(DTYPES), "jax: parameter, activation and KV dtype.")
 flags.DEFINE_enum("attention", "auto", list(ATTENTIONS), "jax: attention op (auto: the Pallas "
-                  "kernel on a GPU, bucketed (vectorized, sized by the step's longest context) "
-                  "elsewhere; reference: the ragged jnp loop, the kernel's oracle; pallas off a "
-                  "GPU runs the kernel in interpret mode).")
+                  "kernel on a GPU, bucketed (all queries at once, KV chunks up to the step's "
+                  "longest context) elsewhere; reference: the ragged jnp loop, the kernel's "
+                  "oracle; pallas off a GPU runs the kernel in interpret mode).")
 flags.DEFINE_string("sampling", "greedy", "jax: greedy, or temperature:T[:TOP_K[:TOP_P]].")
 flags.DEFINE_enum("clock", "profiled", list(CLOCKS), "jax: advance the virtual clock by "
                   "each bucket's warm-up median (repeatable) or by measured wall time.")

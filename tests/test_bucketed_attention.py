@@ -7,21 +7,18 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from orca_jax.model.bucketed_attention import bucketed_attention, kv_bucket_pages
+from orca_jax.model.bucketed_attention import bucketed_attention, kv_chunk_pages
 from pallas_kernels.ragged_paged_attention import ragged_paged_attention_reference
 
 PAGE_SIZE, PAGES_PER_SEQ, NUM_PAGES = 4, 64, 300
 NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM = 4, 2, 16
 
 
-def test_context_buckets_double_from_64_tokens_to_the_table_width():
-    assert kv_bucket_pages(4, 64) == (16, 32, 64)
-    assert kv_bucket_pages(16, 128) == (4, 8, 16, 32, 64, 128)
-    assert kv_bucket_pages(16, 100) == (4, 8, 16, 32, 64, 100)  # the last is the full width
-    assert kv_bucket_pages(128, 3) == (1, 2, 3)
-    assert kv_bucket_pages(4, 8) == (8,)  # a short table: one width, no switch
+def test_kv_chunks_are_128_tokens_of_whole_pages():
+    assert kv_chunk_pages(16) == 8 and kv_chunk_pages(4) == 32
+    assert kv_chunk_pages(256) == 1  # a page larger than a chunk: one page at a time
     with pytest.raises(ValueError, match="page_size=0"):
-        kv_bucket_pages(0, 8)
+        kv_chunk_pages(0)
 
 
 def _case(rng, q_lens, kv_lens, num_tokens, num_slots):
@@ -40,8 +37,8 @@ def _case(rng, q_lens, kv_lens, num_tokens, num_slots):
     ([1] * 16, [3, 70, 129, 256, 1, 40, 64, 65, 100, 200, 9, 17, 33, 250, 5, 128], 16, 16),
     ([3, 1, 5], [10, 100, 5], 16, 4),  # mixed, padding rows and padding sequences
     ([64, 1], [64, 200], 128, 4),  # prefill beside a long decode, query chunks
-    ([128], [256], 128, 2),  # a chunk of a long prompt: the widest context bucket
-    ([2, 2], [2, 2], 8, 8),  # short contexts: the narrowest bucket
+    ([128], [256], 128, 2),  # a chunk of a long prompt: the whole page table, two KV chunks
+    ([2, 2], [2, 2], 8, 8),  # short contexts: one KV chunk
 ])
 def test_matches_the_ragged_reference(q_lens, kv_lens, num_tokens, num_slots):
     rng = np.random.default_rng(sum(kv_lens))

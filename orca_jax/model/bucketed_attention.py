@@ -3,55 +3,38 @@
 The jnp reference (`pallas_kernels.ragged_paged_attention_reference`) loops over
 sequences and KV blocks with traced counts, so a decode step pays one `lax` loop
 iteration per sequence per block per layer: on a CPU its cost is loop overhead,
-not arithmetic. Here every query attends at once. The step's rows are cut into
-query blocks (one row per block in a decode bucket, 16 rows of one sequence
-otherwise), each block gathers its sequence's pages up to a *context bucket* (a
-power-of-two number of pages covering the step's longest `kv_len`), masked
-causally per row, one softmax in fp32. The widths are a short static list
-(`kv_bucket_pages`); the op picks one with `lax.switch` off the traced `kv_lens`,
-so one compiled program per step bucket holds every width (a bounded number of
-variants, none compiled at run time) and only the chosen width runs.
+not arithmetic. Here every query of the step attends at once. Its rows are cut
+into query blocks (one row per block in a decode bucket, up to 16 rows of one
+sequence otherwise); one loop iteration reads a 128-token KV chunk of every
+block's sequence (one gather per block, masked causally per row, online softmax
+in fp32), and the step runs ceil(longest kv_len / 128) iterations: sized by the
+step's longest real context, never by the number of sequences. One compiled
+program per step bucket (no variants); the count is a traced value, so a new
+context length never compiles.
 
 The reference stays the Pallas kernel's oracle; this op is tested against it.
 """
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 from jax import lax
 
-__all__ = ["MIN_KV_BUCKET_TOKENS", "bucketed_attention", "kv_bucket_pages", "query_block"]
+__all__ = ["KV_CHUNK_TOKENS", "bucketed_attention", "kv_chunk_pages", "query_block"]
 
-MIN_KV_BUCKET_TOKENS = 64  # the narrowest context bucket: below it the step is not attention-bound
+# Tokens of KV each loop iteration reads for every query block: a step runs
+# ceil(longest context / this) iterations, whatever its number of sequences.
+KV_CHUNK_TOKENS = 128
 # Finite, so a fully masked row gives exp(0) instead of NaN; masked weights are zeroed too.
 _MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
 
 
-def kv_bucket_pages(page_size: int, pages_per_seq: int) -> tuple[int, ...]:
-    """Page counts of the context buckets: powers of two from `MIN_KV_BUCKET_TOKENS`
-    worth of pages, doubling, the last one the full page-table width.
-
-    Args:
-      page_size: tokens per page.
-      pages_per_seq: the page-table width (the longest context's pages).
-
-    Returns:
-      Increasing page counts; at most `log2(pages_per_seq) + 1` of them.
-    """
-    if page_size < 1 or pages_per_seq < 1:
-        raise ValueError(f"kv_bucket_pages: page_size={page_size} and pages_per_seq="
-                         f"{pages_per_seq} must be >= 1")
-    width = 1
-    while width * page_size < MIN_KV_BUCKET_TOKENS:
-        width *= 2
-    widths = []
-    while width < pages_per_seq:
-        widths.append(width)
-        width *= 2
-    return (*widths, pages_per_seq)
+def kv_chunk_pages(page_size: int) -> int:
+    """Pages per KV chunk: `KV_CHUNK_TOKENS` worth, at least one page."""
+    if page_size < 1:
+        raise ValueError(f"kv_chunk_pages: page_size={page_size} must be >= 1")
+    return max(1, KV_CHUNK_TOKENS // page_size)
 
 
 def query_block(num_tokens: int, num_slots: int) -> int:
@@ -59,30 +42,44 @@ def query_block(num_tokens: int, num_slots: int) -> int:
     return 1 if num_tokens <= num_slots else 16
 
 
-def _attend_width(width: int, sm_scale: float,
-                  q: jax.Array,  # [B, block_q, num_kv_heads, group, head_dim] fp32
-                  k_pages: jax.Array,  # [num_pages, page_size, num_kv_heads, head_dim]
-                  v_pages: jax.Array,  # [num_pages, page_size, num_kv_heads, head_dim]
-                  block_pages: jax.Array,  # [B, pages_per_seq] int32 each block's page row
-                  q_pos: jax.Array,  # [B, block_q] int32 absolute position of each query
-                  valid: jax.Array,  # [B, block_q] bool, False on padding rows
-                  ) -> jax.Array:  # [B, block_q, num_kv_heads, group, head_dim] fp32
-    """Each query block against the first `width` pages of its sequence, causally masked."""
+def _attend_chunks(sm_scale: float, chunk_pages: int,
+                   num_chunks: jax.Array,  # [] int32 KV chunks covering the longest context
+                   q: jax.Array,  # [B, block_q, num_kv_heads, group, head_dim] fp32
+                   k_pages: jax.Array,  # [num_pages, page_size, num_kv_heads, head_dim]
+                   v_pages: jax.Array,  # [num_pages, page_size, num_kv_heads, head_dim]
+                   block_pages: jax.Array,  # [B, chunks * chunk_pages] int32 page rows
+                   q_pos: jax.Array,  # [B, block_q] int32 absolute position of each query
+                   valid: jax.Array,  # [B, block_q] bool, False on padding rows
+                   ) -> jax.Array:  # [B, block_q, num_kv_heads, group, head_dim] fp32
+    """Every query block against its sequence's pages, one KV chunk of all blocks at a
+    time (online softmax in fp32), for `num_chunks` chunks only."""
     num_blocks, _, num_kv_heads, _, head_dim = q.shape
-    length = width * k_pages.shape[1]
+    length = chunk_pages * k_pages.shape[1]
     hi = lax.Precision.HIGHEST
-    rows = block_pages[:, :width]
-    # One gather per block (not per token): a prefill chunk's 16 rows share their K/V.
-    k = k_pages[rows].reshape(num_blocks, length, num_kv_heads, head_dim).astype(jnp.float32)
-    v = v_pages[rows].reshape(num_blocks, length, num_kv_heads, head_dim).astype(jnp.float32)
-    scores = jnp.einsum("bqkgd,blkd->bqkgl", q, k, precision=hi) * sm_scale
-    kv_pos = jnp.arange(length, dtype=jnp.int32)
-    mask = ((kv_pos <= q_pos[..., None]) & valid[..., None])[:, :, None, None, :]
-    scores = jnp.where(mask, scores, _MASK_VALUE)
-    weights = jnp.where(mask, jnp.exp(scores - scores.max(axis=-1, keepdims=True)), 0.0)
-    denom = weights.sum(axis=-1)[..., None]  # [B, block_q, Hkv, G, 1]; 0 on padding rows
-    out = jnp.einsum("bqkgl,blkd->bqkgd", weights, v, precision=hi)
-    return jnp.where(denom > 0, out / jnp.where(denom > 0, denom, 1.0), 0.0)
+    chunk_pos = jnp.arange(length, dtype=jnp.int32)
+
+    def body(chunk, carry):
+        top, total, acc = carry  # [B, bq, Hkv, G], same, [B, bq, Hkv, G, D]
+        rows = lax.dynamic_slice_in_dim(block_pages, chunk * chunk_pages, chunk_pages, axis=1)
+        # One gather per block (not per token): a prefill chunk's 16 rows share their K/V.
+        k = k_pages[rows].reshape(num_blocks, length, num_kv_heads, head_dim)
+        v = v_pages[rows].reshape(num_blocks, length, num_kv_heads, head_dim)
+        scores = jnp.einsum("bqkgd,blkd->bqkgl", q, k.astype(jnp.float32), precision=hi)
+        kv_pos = chunk * length + chunk_pos
+        mask = ((kv_pos <= q_pos[..., None]) & valid[..., None])[:, :, None, None, :]
+        scores = jnp.where(mask, scores * sm_scale, _MASK_VALUE)
+        new_top = jnp.maximum(top, scores.max(axis=-1))
+        weights = jnp.where(mask, jnp.exp(scores - new_top[..., None]), 0.0)
+        rescale = jnp.exp(top - new_top)
+        acc = acc * rescale[..., None] + jnp.einsum("bqkgl,blkd->bqkgd", weights,
+                                                    v.astype(jnp.float32), precision=hi)
+        return new_top, total * rescale + weights.sum(axis=-1), acc
+
+    init = (jnp.full(q.shape[:-1], _MASK_VALUE, jnp.float32),
+            jnp.zeros(q.shape[:-1], jnp.float32), jnp.zeros(q.shape, jnp.float32))
+    _, total, acc = lax.fori_loop(0, num_chunks, body, init)
+    total = total[..., None]  # 0 on padding rows
+    return jnp.where(total > 0, acc / jnp.where(total > 0, total, 1.0), 0.0)
 
 
 def bucketed_attention(
@@ -114,11 +111,9 @@ def bucketed_attention(
     num_tokens, num_q_heads, head_dim = q.shape
     _, page_size, num_kv_heads, _ = k_pages.shape
     num_slots, pages_per_seq = page_indices.shape
-    widths = kv_bucket_pages(page_size, pages_per_seq)
     real_seq = jnp.arange(num_slots) < num_seqs[0]
     longest = jnp.max(jnp.where(real_seq, kv_lens, 0))
     needed_pages = (longest + page_size - 1) // page_size
-    branch = jnp.sum(jnp.asarray(widths, jnp.int32) < needed_pages)  # first width that covers it
     # Query blocks: sequence i's q_len rows split into ceil(q_len / block_q) blocks. Every
     # real sequence has a row, so sum(ceil(q_len_i / block_q)) <= S + (T - S) // block_q.
     block_q = query_block(num_tokens, num_slots)
@@ -137,9 +132,12 @@ def bucketed_attention(
     group = num_q_heads // num_kv_heads
     q_rows = jnp.pad(q.astype(jnp.float32).reshape(num_tokens, num_kv_heads, group, head_dim),
                      ((0, 1), (0, 0), (0, 0), (0, 0)))  # row T: zeros for padding slots
-    branches = [functools.partial(_attend_width, w, float(sm_scale)) for w in widths]
-    out = lax.switch(jnp.minimum(branch, len(widths) - 1), branches,
-                     q_rows[row], k_pages, v_pages, page_indices[seq], q_pos, valid)
+    chunk_pages = kv_chunk_pages(page_size)
+    num_chunks = (needed_pages + chunk_pages - 1) // chunk_pages
+    total_chunks = -(-pages_per_seq // chunk_pages)
+    table = jnp.pad(page_indices, ((0, 0), (0, total_chunks * chunk_pages - pages_per_seq)))
+    out = _attend_chunks(float(sm_scale), chunk_pages, num_chunks, q_rows[row], k_pages,
+                         v_pages, table[seq], q_pos, valid)
     # Each real row sits in exactly one block; padding slots scatter to the dropped row T.
     flat = jnp.zeros((num_tokens + 1, num_kv_heads, group, head_dim), jnp.float32)
     flat = flat.at[row.reshape(-1)].set(out.reshape(-1, num_kv_heads, group, head_dim))

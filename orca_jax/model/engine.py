@@ -36,7 +36,7 @@ from orca_jax.core.engine_api import (
 from orca_jax.core.packing import build_step_inputs
 from orca_jax.model import compile_cache, sharding
 from orca_jax.model import llama as model_lib
-from orca_jax.model.bucketed_attention import kv_bucket_pages
+from orca_jax.model.bucketed_attention import kv_chunk_pages
 from orca_jax.specs.model_config import ModelConfig
 
 _log = logging.getLogger(__name__)
@@ -242,9 +242,8 @@ class JaxEngine(Engine):
             and self._num_cache_hits == self._num_compiles,
             "compile_cache_dir": compile_cache.current_dir() or "none"}
         if self.attention == "bucketed":
-            widths = kv_bucket_pages(self.page_size, self.pages_per_seq)
-            facts["attention_kv_buckets"] = ",".join(str(w * self.page_size) for w in widths)
-            facts["attention_variants"] = len(widths) * len(self._compiled)
+            # One program per bucket; it loops over this many KV tokens at a time.
+            facts["attention_kv_chunk_tokens"] = kv_chunk_pages(self.page_size) * self.page_size
         return facts
 
     def fingerprints(self) -> dict[Bucket, str]:
