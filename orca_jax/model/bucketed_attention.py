@@ -53,33 +53,38 @@ def _attend_chunks(sm_scale: float, chunk_pages: int,
                    ) -> jax.Array:  # [B, block_q, num_kv_heads, group, head_dim] fp32
     """Every query block against its sequence's pages, one KV chunk of all blocks at a
     time (online softmax in fp32), for `num_chunks` chunks only."""
-    num_blocks, _, num_kv_heads, _, head_dim = q.shape
+    num_blocks, block_q, num_kv_heads, group, head_dim = q.shape
     length = chunk_pages * k_pages.shape[1]
     hi = lax.Precision.HIGHEST
     chunk_pos = jnp.arange(length, dtype=jnp.int32)
+    # Heads first, a block's rows x the KV head's query heads as one matrix (m = row * G + g):
+    # each (block, KV head) is then one [m, D] x [D, L] product.
+    rows_q = q.transpose(0, 2, 1, 3, 4).reshape(num_blocks, num_kv_heads, -1, head_dim)
+    row_pos = jnp.repeat(q_pos, group, axis=1)[:, None, :, None]  # [B, 1, m, 1]
+    row_ok = jnp.repeat(valid, group, axis=1)[:, None, :, None]  # [B, 1, m, 1]
 
     def body(chunk, carry):
-        top, total, acc = carry  # [B, bq, Hkv, G], same, [B, bq, Hkv, G, D]
+        top, total, acc = carry  # [B, Hkv, m], same, [B, Hkv, m, D]
         rows = lax.dynamic_slice_in_dim(block_pages, chunk * chunk_pages, chunk_pages, axis=1)
         # One gather per block (not per token): a prefill chunk's 16 rows share their K/V.
         k = k_pages[rows].reshape(num_blocks, length, num_kv_heads, head_dim)
         v = v_pages[rows].reshape(num_blocks, length, num_kv_heads, head_dim)
-        scores = jnp.einsum("bqkgd,blkd->bqkgl", q, k.astype(jnp.float32), precision=hi)
-        kv_pos = chunk * length + chunk_pos
-        mask = ((kv_pos <= q_pos[..., None]) & valid[..., None])[:, :, None, None, :]
+        scores = jnp.einsum("bkmd,blkd->bkml", rows_q, k.astype(jnp.float32), precision=hi)
+        mask = ((chunk * length + chunk_pos) <= row_pos) & row_ok  # [B, 1, m, L]
         scores = jnp.where(mask, scores * sm_scale, _MASK_VALUE)
         new_top = jnp.maximum(top, scores.max(axis=-1))
         weights = jnp.where(mask, jnp.exp(scores - new_top[..., None]), 0.0)
         rescale = jnp.exp(top - new_top)
-        acc = acc * rescale[..., None] + jnp.einsum("bqkgl,blkd->bqkgd", weights,
+        acc = acc * rescale[..., None] + jnp.einsum("bkml,blkd->bkmd", weights,
                                                     v.astype(jnp.float32), precision=hi)
         return new_top, total * rescale + weights.sum(axis=-1), acc
 
-    init = (jnp.full(q.shape[:-1], _MASK_VALUE, jnp.float32),
-            jnp.zeros(q.shape[:-1], jnp.float32), jnp.zeros(q.shape, jnp.float32))
+    init = (jnp.full(rows_q.shape[:-1], _MASK_VALUE, jnp.float32),
+            jnp.zeros(rows_q.shape[:-1], jnp.float32), jnp.zeros(rows_q.shape, jnp.float32))
     _, total, acc = lax.fori_loop(0, num_chunks, body, init)
     total = total[..., None]  # 0 on padding rows
-    return jnp.where(total > 0, acc / jnp.where(total > 0, total, 1.0), 0.0)
+    out = jnp.where(total > 0, acc / jnp.where(total > 0, total, 1.0), 0.0)
+    return out.reshape(num_blocks, num_kv_heads, block_q, group, head_dim).transpose(0, 2, 1, 3, 4)
 
 
 def bucketed_attention(
