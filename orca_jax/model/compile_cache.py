@@ -12,6 +12,7 @@ and HLO fingerprints do not change.
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Optional
@@ -43,7 +44,7 @@ def enable(where: Optional[str]) -> Optional[Path]:
     """
     if where == DISABLED:
         jax.config.update("jax_compilation_cache_dir", None)
-        compilation_cache.reset_cache()
+        _reset()
         return None
     folder = Path(where).expanduser() if where else default_dir()
     try:
@@ -55,8 +56,19 @@ def enable(where: Optional[str]) -> Optional[Path]:
     # Cache every program: a small CPU step compiles in well under JAX's 1 s default.
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
-    compilation_cache.reset_cache()  # a cache checked before now would stay off
+    _reset()  # a cache checked before now would stay off
     return folder
+
+
+def _reset() -> None:
+    """JAX's `reset_cache`, without its INFO line (a bad-flag error stays one line)."""
+    jax_logger = logging.getLogger("jax._src.compilation_cache")
+    level = jax_logger.level
+    jax_logger.setLevel(logging.WARNING)
+    try:
+        compilation_cache.reset_cache()
+    finally:
+        jax_logger.setLevel(level)
 
 
 def current_dir() -> Optional[str]:
