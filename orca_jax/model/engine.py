@@ -34,8 +34,8 @@ from orca_jax.core.engine_api import (
     bucket_arrays_are_consistent,
 )
 from orca_jax.core.packing import build_step_inputs
+from orca_jax.model import distributed, sharding
 from orca_jax.model import llama as model_lib
-from orca_jax.model import sharding
 from orca_jax.specs.model_config import ModelConfig
 
 _log = logging.getLogger(__name__)
@@ -102,6 +102,9 @@ class JaxEngine(Engine):
         the full page-table width, the bucket's worst case.
       mesh: a `tp` mesh (`sharding.make_mesh`) to split the weights, the KV cache
         and attention over (tensor parallelism); None runs on the default device.
+        After `distributed.initialize` the mesh may span processes: every process
+        builds the same engine and runs the same steps, and each step's time is
+        process 0's (`distributed.agree_on_step`), so the clocks agree.
     """
 
     def __init__(self, model_config: ModelConfig, params: nnx.State, *, num_cache_pages: int,
@@ -159,6 +162,7 @@ class JaxEngine(Engine):
         self._fingerprints: dict[Bucket, str] = {}
         self._bucket_s: dict[Bucket, float] = {}
         self._num_compiles = 0
+        self._multiprocess = distributed.is_multiprocess()
 
     @staticmethod
     def _check_params(abstract: nnx.State, params: nnx.State) -> None:
@@ -264,11 +268,24 @@ class JaxEngine(Engine):
         before = backend_compiles()
         start = time.perf_counter()
         self._cache, result = self._compiled[bucket](
-            self._params, self._cache, jax.device_put(inputs, self._inputs_sharding))
-        tokens = np.asarray(result.tokens.block_until_ready())  # [S]
+            self._params, self._cache, self._to_device(inputs))
+        # The tokens are replicated: this process's shard is all of them (under a mesh
+        # spanning processes the array is not fully addressable, so no np.asarray of it).
+        tokens = np.asarray(result.tokens.addressable_shards[0].data.block_until_ready())  # [S]
         elapsed = time.perf_counter() - start
         self._num_compiles += backend_compiles() - before
+        if self._multiprocess:  # one clock for all processes: process 0's, descriptors checked
+            elapsed = distributed.agree_on_step(elapsed, inputs)
         return tokens, elapsed
+
+    def _to_device(self, inputs: StepInputs) -> StepInputs:
+        """The descriptor on the mesh's devices (replicated), or on the default device."""
+        if not self._multiprocess:
+            return jax.device_put(inputs, self._inputs_sharding)
+        # jax.device_put onto a mesh spanning processes compiles a transfer program per
+        # shape; building the global array from this process's copies compiles nothing.
+        return jax.tree.map(lambda a: jax.make_array_from_callback(
+            a.shape, self._inputs_sharding, lambda index: a[index]), inputs)
 
     def _dummy_inputs(self, bucket: Bucket) -> StepInputs:
         """A full bucket: up to S sequences sharing T tokens, each at the end of a
