@@ -62,6 +62,10 @@ flags.DEFINE_string("hardware", "a100", "Hardware preset of the simulator: a100 
 flags.DEFINE_integer("tp", 1, "Tensor-parallel degree: of the simulated replica (sim), or the "
                      "number of local devices the jax engine splits weights, KV cache and "
                      "attention over.", lower_bound=1)
+flags.DEFINE_bool("overlap", True, "jax: plan and pack step N+1 while step N runs on the "
+                  "device (its decodes read N's sampled tokens there; N's tokens come back one "
+                  "step late). Plans, steps and tokens are the same with it off; not active "
+                  "with prefix caching.")
 flags.DEFINE_integer("num_processes", 1, "jax: processes of one run (jax.distributed); the "
                      "--tp mesh spans their devices and every process runs the same steps. "
                      "Every process gets the same flags but --process_id.", lower_bound=1)
@@ -249,7 +253,7 @@ def spec_from_flags() -> RunSpec:
             engine = JaxEngineSpec(model=pick("model"), checkpoint=FLAGS.checkpoint,
                                    dtype=FLAGS.dtype, attention=FLAGS.attention,
                                    sampling=FLAGS.sampling, clock=FLAGS.clock, tp=FLAGS.tp,
-                                   profile_table=FLAGS.profile_table)
+                                   profile_table=FLAGS.profile_table, overlap=FLAGS.overlap)
         else:
             engine = SimEngineSpec(model=pick("model"), hardware=FLAGS.hardware, tp=FLAGS.tp,
                                    step_time_ms=FLAGS.step_time_ms, cost_fit=FLAGS.cost_fit)
