@@ -139,6 +139,46 @@ def test_an_engine_that_does_not_feed_refuses_a_token_source():
         Engine.step_async(FeedingEngine(False), None, np.zeros(4, np.int32))
 
 
+def test_jax_engine_feeds_the_previous_step_tokens_by_row():
+    from orca_jax.core.engine_api import Bucket
+    from orca_jax.core.packing import build_step_inputs
+    from orca_jax.model import weights
+    from orca_jax.model.engine import JaxEngine
+    from orca_jax.specs.model_config import get_model_config
+
+    tiny, bucket = get_model_config("tiny"), Bucket(16, 4)
+    pages = np.array([[1, 2, 0, 0], [3, 4, 0, 0]], np.int32)
+
+    def engine(feed):
+        built = JaxEngine(tiny, weights.init_params(tiny, seed=0), num_cache_pages=8,
+                          page_size=4, pages_per_seq=4, num_timed_runs=0, feed_tokens=feed)
+        built.warmup([bucket])
+        return built
+
+    def inputs(num_tokens, num_computed, rows, token_ids):
+        return build_step_inputs(bucket, num_tokens=np.array(num_tokens),
+                                 num_computed=np.array(num_computed), page_rows=pages[rows],
+                                 page_size=4, token_ids=np.array(token_ids, np.int32))
+
+    prefill = inputs([3, 2], [0, 0], [0, 1], [5, 6, 7, 9, 10])
+    plain, fed = engine(False), engine(True)
+    first = plain.step(prefill).sampled_tokens
+    pending = fed.step_async(prefill)
+    # The second step decodes the sequences in the other order, with their new tokens
+    # known to the plain engine's host and only "on the device" to the feeding one.
+    second = plain.step(inputs([1, 1], [2, 3], [1, 0], [first[1], first[0]])).sampled_tokens
+    source = np.full(16, -1, np.int32)
+    source[:2] = [1, 0]
+    fed_second = fed.step_async(inputs([1, 1], [2, 3], [1, 0], [0, 0]), source)
+    np.testing.assert_array_equal(pending.output().sampled_tokens[:2], first[:2])
+    np.testing.assert_array_equal(fed_second.output().sampled_tokens[:2], second[:2])
+    assert fed.num_compiles == plain.num_compiles == 1  # one bucket, each way
+    with pytest.raises(ValueError, match="token_source needs feed_tokens=True"):
+        plain.step_async(prefill, source)
+    with pytest.raises(ValueError, match=r"token_source has shape \(3,\)"):
+        fed.step_async(prefill, source[:3])
+
+
 def _cli(out_dir, *flags):
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     return subprocess.run(

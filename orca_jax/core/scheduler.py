@@ -367,19 +367,21 @@ class Scheduler:
                       page_size=self.config.page_size, sampling=self.sampling,
                       token_ids=self._token_ids(ids, tokens),
                       min_bucket_tokens=plan.min_bucket_tokens)
+        source = None if self.in_flight is None else self.in_flight.token_source(
+            ids, tokens, self.table.num_computed[ids],
+            self.table.prompt_len[ids] + self.table.num_generated[ids], inputs.bucket.num_tokens)
         host_s = time.perf_counter() - host_start
         pending: Optional[PendingStep] = None
         if self.in_flight is None:
             output = self.engine.step(inputs)
             step_s = output.step_s
         else:  # dispatch, then read the previous step's tokens back while this one runs
-            pending = self.engine.step_async(inputs, self.in_flight.token_source(
-                ids, tokens, self.table.num_computed[ids],
-                self.table.prompt_len[ids] + self.table.num_generated[ids],
-                inputs.bucket.num_tokens))
+            pending = self.engine.step_async(inputs, source)
             output, step_s = None, pending.step_s
-            self._land_in_flight()
+            landed = self.in_flight.land()  # waits for the previous step: not host time
         update_start = time.perf_counter()
+        if self.in_flight is not None:
+            self._record_tokens(*landed)
         start_s = self.now_s
         # With count_host_time the engine starts only once the host has planned the step.
         end_s = start_s + step_s + (host_s if self.config.count_host_time else 0.0)
