@@ -29,6 +29,41 @@ def default_token_sizes(max_num_tokens: int, smallest: int = 16) -> tuple[int, .
     return tuple(sizes)
 
 
+BUCKET_LADDERS = ("pow2", "geometric:R", "step:N")
+_LADDER_ALIGN = 8  # geometric sizes round up to a multiple of this (a sublane's rows)
+
+
+def ladder_token_sizes(ladder: str, max_num_tokens: int, smallest: int = 16) -> tuple[int, ...]:
+    """The step token sizes of a named ladder, up to and including `max_num_tokens`.
+
+    `pow2`: powers of two from `smallest` (`default_token_sizes`). `geometric:R`: from
+    `smallest`, each size about R times the last (R > 1), rounded up to a multiple of 8;
+    padding wastes at most a fraction 1 - 1/R of a step, against 1/2 for pow2. `step:N`:
+    the multiples of N, as vLLM's CUDA-graph sizes are (at most N - 1 padded tokens a step).
+    The largest size is always `max_num_tokens`.
+
+    Raises:
+      ValueError: an unknown ladder or a bad R or N, naming the ladder.
+    """
+    kind, _, arg = ladder.partition(":")
+    if kind == "pow2" and not arg:
+        return default_token_sizes(max_num_tokens, smallest)
+    try:
+        value = float(arg) if kind == "geometric" else int(arg)
+    except ValueError:
+        value = None
+    if kind == "geometric" and value is not None and value > 1.0:
+        sizes = [min(smallest, max_num_tokens)]
+        while sizes[-1] < max_num_tokens:
+            grown = -(-int(np.ceil(sizes[-1] * value)) // _LADDER_ALIGN) * _LADDER_ALIGN
+            sizes.append(min(max(grown, sizes[-1] + 1), max_num_tokens))
+        return tuple(sizes)
+    if kind == "step" and value is not None and value >= 1:
+        return tuple(range(int(value), max_num_tokens, int(value))) + (max_num_tokens,)
+    raise ValueError(f"bucket ladder {ladder!r}: expected one of {', '.join(BUCKET_LADDERS)} "
+                     "(R > 1, N >= 1)")
+
+
 @dataclasses.dataclass(frozen=True)
 class BucketConfig:
     """The set of step shapes.
