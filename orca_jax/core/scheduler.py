@@ -343,9 +343,14 @@ class Scheduler:
         self._admit(ids)
         if needed.any():
             self.kv.allocate(ids, self.table.num_computed[ids] + tokens)
+        num_computed = self.table.num_computed[ids]
+        # Only the pages of the step's widest context: a row's later pages (reserved ahead,
+        # or null) are never read by this step, and copying max_model_len-wide rows would
+        # make the host's page-table work grow with max_model_len instead of the contexts.
+        width = -(-int((num_computed + tokens).max()) // self.config.page_size)
         inputs = pack(bucket_config=self.bucket_config, request_ids=ids, num_tokens=tokens,
-                      num_computed=self.table.num_computed[ids],
-                      page_rows=self.kv.page_table[self.kv.row_of[ids]],
+                      num_computed=num_computed,
+                      page_rows=self.kv.page_table[self.kv.row_of[ids], :width],
                       page_size=self.config.page_size, sampling=self.sampling,
                       token_ids=self._token_ids(ids, tokens),
                       min_bucket_tokens=plan.min_bucket_tokens)
