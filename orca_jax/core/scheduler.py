@@ -250,9 +250,11 @@ class Scheduler:
         """
         if self.hits is None:
             return int(needed.sum()), int(self.kv.num_held[preempt].sum()) if preempt.size else 0
-        admitting = self.table.state[ids] == _WAITING
-        hit = self.hits.hit_pages(ids[admitting])  # [h] distinct
-        overcount = self.hits.free_hit_overcount(ids[admitting], hit)
+        admitted = ids[self.table.state[ids] == _WAITING]
+        if admitted.size == 0 and preempt.size == 0:  # most steps: nothing shared is taken
+            return int(needed.sum()), 0
+        hit = self.hits.hit_pages(admitted)  # [h] distinct
+        overcount = self.hits.free_hit_overcount(admitted, hit)
         freed = self.kv.num_freed_by(preempt, hit) if preempt.size else 0
         return int(needed.sum()) - overcount, freed
 
