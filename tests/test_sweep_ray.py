@@ -11,6 +11,7 @@ import pytest
 
 from orca_jax.results.sweep_store import PointKey, SweepStore
 from orca_jax.runner import sweep
+from orca_jax.runner.spec import LimitsSpec, RunSpec, SimEngineSpec, WorkloadSpec
 
 pytest.importorskip("ray")
 
@@ -94,3 +95,24 @@ def test_a_rerun_runs_only_the_failed_points_again_and_their_new_lines_stand(tmp
     assert sessions == {rerun[0]["session"]}
     assert store.finished_keys() == {PointKey(p, 2.0, s) for p in ("static", "orca")
                                      for s in (0, 1)}
+
+
+def _saturated_past_4(rate: float, summary) -> bool:
+    return rate >= 4.0
+
+
+def test_on_ray_a_policy_s_rates_still_stop_after_its_first_saturated_row(tmp_path):
+    spec = RunSpec(workload=WorkloadSpec(num_requests=8, prompt_len="uniform:8:64",
+                                         output_len="uniform:1:16"),
+                   engine=SimEngineSpec(model="tiny", step_time_ms=5.0),
+                   limits=LimitsSpec(max_num_seqs=4))
+    runs = [sweep.PolicyRun("orca", "orca"), sweep.PolicyRun("vllm", "vllm")]
+    rates, seeds = [16.0, 2.0, 4.0, 8.0], [0, 1]
+    serial_store, serial_keys = sweep.run_sweep(spec, runs, rates, seeds, str(tmp_path / "s"),
+                                                saturated=_saturated_past_4)
+    ray_store, ray_keys = sweep.run_sweep(spec, runs, rates, seeds, str(tmp_path / "r"),
+                                          saturated=_saturated_past_4,
+                                          executor=sweep.SweepExecutor("ray", num_cpus=2))
+    assert ray_keys == serial_keys
+    assert {k.rate for k in ray_keys} == {2.0, 4.0}  # 8 and 16 never ran
+    assert _store(tmp_path / "r") == _store(tmp_path / "s")
