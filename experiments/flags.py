@@ -133,6 +133,25 @@ flags.DEFINE_string("router", "round_robin", "How --num_replicas > 1 replicas sh
                     "package.module:Class or path/to/file.py:Class.")
 flags.DEFINE_string("router_opts", "", "Router knobs: key=value,... (with --num_replicas > 1; "
                     "with one replica --router and --router_opts are refused)")
+flags.DEFINE_integer("prefill_replicas", 0, "Disaggregated prefill and decode: replicas of the "
+                     "prefill pool (with --decode_replicas; 0: colocated).", lower_bound=0)
+flags.DEFINE_integer("decode_replicas", 0, "Disaggregated: replicas of the decode pool.",
+                     lower_bound=0)
+flags.DEFINE_string("prefill_policy", None, "Disaggregated: the prefill pool's policy "
+                    "(default: --policy).")
+flags.DEFINE_string("decode_policy", None, "Disaggregated: the decode pool's policy "
+                    "(default: --policy).")
+flags.DEFINE_string("prefill_policy_opts", None, "Disaggregated: the prefill policy's knobs "
+                    "(default: --policy_opts when it is --policy).")
+flags.DEFINE_string("decode_policy_opts", None, "Disaggregated: the decode policy's knobs.")
+flags.DEFINE_string("prefill_router", "least_outstanding", "Disaggregated: which prefill "
+                    "replica takes each arrival (a router, as --router).")
+flags.DEFINE_string("decode_router", "least_outstanding", "Disaggregated: which decode "
+                    "replica takes each prefilled request (a router, as --router).")
+flags.DEFINE_string("kv_link", "ib200", "Disaggregated: the KV link preset: nvlink (nvlink3), "
+                    "nvlink4, ib200, ib400, pcie4, pcie5.")
+flags.DEFINE_integer("kv_link_max_concurrent", 1, "Disaggregated: KV transfers in flight on one "
+                     "(prefill, decode) link at once; the rest queue.", lower_bound=1)
 flags.DEFINE_bool("count_host_time", False, "Add the scheduler's measured host time (planning, "
                   "packing, bookkeeping) to the virtual clock, as a real server pays it; runs "
                   "are then no longer repeatable bit for bit.")
@@ -276,7 +295,16 @@ def spec_from_flags() -> RunSpec:
                               count_host_time=FLAGS.count_host_time,
                               no_progress_steps=FLAGS.no_progress_steps),
             cluster=ClusterSpec(num_replicas=FLAGS.num_replicas, router=FLAGS.router,
-                                router_opts=FLAGS.router_opts),
+                                router_opts=FLAGS.router_opts,
+                                num_prefill_replicas=FLAGS.prefill_replicas,
+                                num_decode_replicas=FLAGS.decode_replicas,
+                                prefill_policy=FLAGS.prefill_policy,
+                                decode_policy=FLAGS.decode_policy,
+                                prefill_policy_opts=FLAGS.prefill_policy_opts,
+                                decode_policy_opts=FLAGS.decode_policy_opts,
+                                prefill_router=FLAGS.prefill_router,
+                                decode_router=FLAGS.decode_router, kv_link=FLAGS.kv_link,
+                                kv_link_max_concurrent=FLAGS.kv_link_max_concurrent),
             seed=FLAGS.seed, ttft_slo_s=FLAGS.ttft_slo_s, tpot_slo_s=FLAGS.tpot_slo_s)
     except ValueError as e:
         raise _spec_usage_error(e) from e

@@ -123,7 +123,9 @@ class Sarathi(Policy):
         before = np.cumsum(want) - want  # [c]
         tokens = np.minimum(want, budget - before)  # [c]
         pages = view.pages_needed(candidates, np.maximum(tokens, 1))  # [c]
-        full_pages = -(-requests.num_known(candidates) // view.page_size)  # [c]
+        # Less the pages it holds: one received with its KV (disaggregated decode) has them.
+        full_pages = (-(-requests.num_known(candidates) // view.page_size)
+                      - view.pages_held(candidates))  # [c]
         fits = (before < budget) & (
             full_pages + view.watermark_pages <= free - (np.cumsum(pages) - pages))
         num_admitted = int(fits.size) if fits.all() else int(np.argmin(fits))

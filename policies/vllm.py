@@ -202,7 +202,9 @@ class VLLM(Policy):
         if view.prefix_caching:  # its whole sequence's pages, less its hits
             full_pages = view.pages_needed(candidates, uncached)  # [c]
         else:
-            full_pages = -(-requests.num_known(candidates) // view.page_size)  # [c]
+            # Less the pages it holds: one received with its KV (disaggregated decode) has them.
+            full_pages = (-(-requests.num_known(candidates) // view.page_size)
+                          - view.pages_held(candidates))  # [c]
         pages = view.pages_needed(candidates, np.maximum(tokens, 1))  # [c]
         free_before = free - (np.cumsum(pages) - pages)  # [c]
         fits &= full_pages + view.watermark_pages <= free_before

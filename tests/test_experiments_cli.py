@@ -85,7 +85,14 @@ def test_config_run_section_is_the_spec_grouped_in_its_parts(tmp_path):
     assert run["engine"] == {"kind": "sim", "model": "llama3-8b", "hardware": "a100", "tp": 1,
                              "step_time_ms": 5.0, "cost_fit": None}  # no jax-only settings
     assert run["limits"]["max_num_seqs"] == 8 and run["limits"]["max_num_tokens"] == 2048
-    assert run["cluster"] == {"num_replicas": 1, "router": "round_robin", "router_opts": ""}
+    assert run["cluster"] == {"num_replicas": 1, "router": "round_robin", "router_opts": "",
+                              # colocated: the disaggregated pools' settings at their defaults
+                              "num_prefill_replicas": 0, "num_decode_replicas": 0,
+                              "prefill_policy": None, "decode_policy": None,
+                              "prefill_policy_opts": None, "decode_policy_opts": None,
+                              "prefill_router": "least_outstanding",
+                              "decode_router": "least_outstanding", "kv_link": "ib200",
+                              "kv_link_max_concurrent": 1}
 
 
 def test_step_requests_log_accounts_for_every_token_computed(tmp_path):

@@ -1,10 +1,12 @@
 """Several replicas behind a global router, on one virtual clock.
 
-Owns the router plugin API (`routing`: `Router`, `ClusterView`) and the
+Owns the router plugin API (`routing`: `Router`, `ClusterView`), the
 cluster that runs one scheduler per replica and routes each arrival
-(`replicas`).
+(`replicas`), and the disaggregated cluster of a prefill and a decode pool
+(`disaggregated`, its joined result in `disaggregated_result`) with its priced
+KV transfers (`transfers`).
 
-May import: numpy, `orca_jax.core`.
+May import: numpy, `orca_jax.core`, `orca_jax.specs` (model shapes and KV links).
 """
 
 from orca_jax.cluster.replicas import *  # noqa: F401,F403  (the old `orca_jax.cluster` module's names)

@@ -106,12 +106,7 @@ class Cluster:
             for replica in self.replicas:
                 while replica.now_s < self.now_s and replica.has_work(self.now_s):
                     replica.step()
-            target = self.router.route(self.view, request)
-            if not (isinstance(target, (int, np.integer)) and 0 <= target < self.num_replicas):
-                raise PlanError(self.router.name, "replica_out_of_range",
-                                f"route() returned {target!r} for request {request}; replicas "
-                                f"are 0..{self.num_replicas - 1}", kind="router")
-            target = int(target)
+            target = route_checked(self.router, self.view, request)
             self.replica[request] = target
             self._routed[target] += 1
             self._not_admitted[target].append(request)
@@ -127,3 +122,17 @@ class Cluster:
                 if progress:
                     progress(self.num_done)
         return RunResult.concat([r.result() for r in self.replicas], router=self.router.name)
+
+
+def route_checked(router: Router, view: ClusterView, request: int) -> int:
+    """`router.route(view, request)`, checked to name one of the view's replicas.
+
+    Raises:
+      PlanError: the router returned something else (kind `router`).
+    """
+    target = router.route(view, request)
+    if not (isinstance(target, (int, np.integer)) and 0 <= target < view.num_replicas):
+        raise PlanError(router.name, "replica_out_of_range",
+                        f"route() returned {target!r} for request {request}; replicas "
+                        f"are 0..{view.num_replicas - 1}", kind="router")
+    return int(target)

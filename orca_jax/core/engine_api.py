@@ -141,6 +141,17 @@ class Engine(abc.ABC):
         """
         return {}
 
+    def read_kv_pages(self, pages: NDArray[np.int32]) -> object:  # [n]
+        """The KV these cache pages hold, for `write_kv_pages` of another engine of the
+        same model (a disaggregated cluster's transfer). An engine without a cache (the
+        simulator) returns None."""
+        del pages
+        return None
+
+    def write_kv_pages(self, pages: NDArray[np.int32], kv: object) -> None:  # [n]
+        """Writes `kv` from `read_kv_pages` into these pages, in order (None: nothing)."""
+        del pages, kv
+
     def _check_warm(self, bucket: Bucket, warm: Collection[Bucket]) -> None:
         """Raises ValueError naming `bucket` and the `warm` ones if it is not among them."""
         if bucket not in warm:
@@ -172,6 +183,12 @@ class EngineWrapper(Engine):
 
     def _prepare(self, buckets: list[Bucket]) -> None:
         self.engine.warmup(buckets)
+
+    def read_kv_pages(self, pages: NDArray[np.int32]) -> object:  # [n]
+        return self.engine.read_kv_pages(pages)
+
+    def write_kv_pages(self, pages: NDArray[np.int32], kv: object) -> None:  # [n]
+        self.engine.write_kv_pages(pages, kv)
 
 
 def bucket_arrays_are_consistent(inputs: StepInputs) -> bool:

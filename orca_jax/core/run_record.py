@@ -31,6 +31,18 @@ class StepLog(NamedTuple):
     num_cached_tokens: int = 0  # tokens this step's admissions took from the prefix cache
 
 
+class TransferLog(NamedTuple):
+    """One KV transfer of a disaggregated cluster, as written to transfers.jsonl."""
+
+    request: int  # request index (arrival order)
+    from_replica: int  # the prefill replica (cluster numbering)
+    to_replica: int  # the decode replica (cluster numbering)
+    num_bytes: int  # the request's KV on one TP shard (what each shard's link carries)
+    ready_s: float  # the first token was sampled: the transfer queued
+    start_s: float  # a link slot and the decode pages were free
+    end_s: float  # the decode replica may admit it; the prefill replica frees its pages
+
+
 @dataclasses.dataclass
 class RunRecord:
     """The scheduler's append-only log of one run: its steps, tokens and preemptions."""

@@ -17,7 +17,7 @@ from numpy.typing import NDArray
 
 from orca_jax.core.request import RequestState
 from orca_jax.core.request_table import RequestTable
-from orca_jax.core.run_record import RunRecord, StepLog
+from orca_jax.core.run_record import RunRecord, StepLog, TransferLog
 
 _Array = TypeVar("_Array", bound=np.ndarray)
 
@@ -84,6 +84,12 @@ class RunResult:
     router: Optional[str]  # the router's name; None for one scheduler
     prefix_caching: bool = False  # whether prefix caching was active (on some replica)
     num_evictions: int = 0  # cached KV pages evicted over the run (every replica's, summed)
+    # A disaggregated cluster (orca_jax.cluster.disaggregated): [N] the prefill replica that
+    # ran each request's prompt (-1: none), `replica` being its decode replica; its KV
+    # transfers in the order they started. None and () otherwise.
+    prefill_replica: Optional[NDArray[np.int64]] = None
+    num_prefill_replicas: int = 0  # replicas 0..num_prefill_replicas - 1 are the prefill pool
+    transfers: tuple[TransferLog, ...] = ()
 
     @property
     def num_requests(self) -> int:
@@ -144,7 +150,8 @@ class RunResult:
             num_evictions=num_evictions)
 
     @classmethod
-    def concat(cls, results: Sequence[RunResult], *, router: str) -> RunResult:
+    def concat(cls, results: Sequence[RunResult], *, router: str,
+               unrouted_ok: bool = False) -> RunResult:
         """A cluster's run: its replicas' results (replica r's at index r) joined.
 
         Every replica's result covers the whole workload. A request's row comes
@@ -157,6 +164,9 @@ class RunResult:
         Args:
           results: one result per replica, each of one scheduler.
           router: the router's name.
+          unrouted_ok: a request routed away on every replica is kept, as replica
+            0's row with replica -1 (a disaggregated cluster's decode pool never
+            receives the requests its prefill pool rejected).
 
         Raises:
           ValueError: no results, a result of several replicas, results of
@@ -176,13 +186,14 @@ class RunResult:
         kept = state != RequestState.ROUTED_AWAY  # [R, N]
         # Rejected up front: on every replica (a policy's rejection is on its replica only).
         rejected = (state == RequestState.REJECTED).all(axis=0)  # [N]
-        unrouted = (kept.sum(axis=0) != 1) & ~rejected
+        missing = (kept.sum(axis=0) == 0) & unrouted_ok  # [N] kept, as replica -1
+        unrouted = (kept.sum(axis=0) != 1) & ~rejected & ~missing
         if len(results) > 1 and unrouted.any():
             i = int(np.argmax(unrouted))
             raise ValueError(f"RunResult.concat: request {first.request_ids[i]} is on replicas "
                              f"{np.flatnonzero(kept[:, i]).tolist()}; each request must be "
                              "routed to one (run the cluster to the end)")
-        serving = np.where(rejected, 0, np.argmax(kept, axis=0))  # [N]
+        serving = np.where(rejected | missing, 0, np.argmax(kept, axis=0))  # [N]
         rows = np.arange(len(first.request_ids))
 
         def served(field: str) -> NDArray:  # [N]
@@ -216,6 +227,7 @@ class RunResult:
                            if logged else None),
             total_preemptions=sum(r.total_preemptions for r in results),
             virtual_end_s=max(r.virtual_end_s for r in results),
-            replica=_frozen(np.where(rejected, -1, serving)), num_replicas=len(results),
+            replica=_frozen(np.where(rejected | missing, -1, serving)),
+            num_replicas=len(results),
             router=router, prefix_caching=any(r.prefix_caching for r in results),
             num_evictions=sum(r.num_evictions for r in results))

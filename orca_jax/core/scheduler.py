@@ -80,6 +80,8 @@ class SchedulerConfig:
         (`SchedulerView.seed`) to seed their own randomness.
       ttft_slo_s, tpot_slo_s: the run's SLOs (None: unset), for policies to read
         (`SchedulerView.ttft_slo_s`); the core does not enforce them.
+      kv_handoff: a finished request keeps its KV pages (in `in_transfer`) until a
+        transfer hands them on (`orca_jax.core.handoff`: a disaggregated prefill replica).
       no_progress_steps: the run fails (`no_progress`) after this many iterations
         in a row in which no request computed a token past the most it had ever
         computed, finished, was released or was rejected, while work remains (a
@@ -104,6 +106,7 @@ class SchedulerConfig:
     ttft_slo_s: Optional[float] = None
     tpot_slo_s: Optional[float] = None
     no_progress_steps: int = 10_000
+    kv_handoff: bool = False
 
     def __post_init__(self) -> None:
         for field in ("max_num_seqs", "max_num_tokens", "num_kv_pages", "page_size",
@@ -187,6 +190,8 @@ class Scheduler:
         self._next_arrival = 0
         self._empty = _frozen(np.zeros(0, dtype=np.int64))
         self.waiting = self.running = self.unreleased = self.last_finished = self._empty
+        # Requests whose KV pages a transfer holds, outside the queues (`core.handoff`).
+        self.in_transfer = self._empty
         self._num_done = 0
         self.record = RunRecord(num_requests=n, logs_step_requests=config.log_step_requests)
         self.hits: Optional[PrefixHits] = (
@@ -397,6 +402,15 @@ class Scheduler:
             return False  # the plan changed state; let the policy look again
         if self.done:
             return False
+        if self.in_transfer.size:
+            return True  # a transfer's end frees or brings pages: its cluster steps us again
+        stalled = self.waiting[self.kv.num_held[self.waiting] > 0]  # received with their KV
+        if stalled.size and not self.running.size:  # and their pages block every admission
+            self.kv.free(stalled)  # so they recompute, as if preempted
+            self.table.num_computed[stalled] = 0
+            self.table.num_preemptions[stalled] += 1
+            self.record.num_preemptions += int(stalled.size)
+            return False
         upcoming = self.next_arrival_s()
         if upcoming is None:
             raise PlanError(self.policy.name, "no_progress",
@@ -447,6 +461,7 @@ class Scheduler:
             return
         table = self.table
         table.state[reject] = RequestState.REJECTED
+        self.kv.free(reject)  # a request received with its KV (core.handoff) waits with pages
         for request, reason in zip(reject.tolist(), plan.reject_reasons):
             table.reject_reason[request] = f"policy {self.policy.name}: {reason}"
         self.waiting = _frozen(self.waiting[table.state[self.waiting] == _WAITING])
@@ -517,7 +532,10 @@ class Scheduler:
         if finished.size == 0:
             return
         table.state[finished] = _FINISHED
-        self.kv.free(finished)
+        if self.config.kv_handoff:  # its pages go on to a decode replica (core.handoff)
+            self.in_transfer = _frozen(np.concatenate([self.in_transfer, finished]))
+        else:
+            self.kv.free(finished)
         if self.hits is not None:
             self.hits.forget(finished)
         self.running = _frozen(self.running[table.state[self.running] == _RUNNING])

@@ -260,6 +260,27 @@ class JaxEngine(Engine):
         step_s = elapsed if self.clock == "wall" else self._bucket_s[bucket]
         return StepOutput(sampled_tokens=tokens, step_s=step_s)
 
+    def read_kv_pages(self, pages: np.ndarray) -> tuple[int, model_lib.KVCache]:  # [n]
+        """These pages' K and V (a disaggregated transfer's payload), padded to the
+        page-table width with the null page so that one compiled gather serves all."""
+        return len(pages), _gather_pages(self._cache, self._padded(pages))
+
+    def write_kv_pages(self, pages: np.ndarray, kv: object) -> None:  # [n]
+        """Writes another engine's `read_kv_pages` into these pages, in order."""
+        count, data = kv  # type: ignore[misc]
+        if count != len(pages):
+            raise ValueError(f"JaxEngine.write_kv_pages: {count} pages of KV for "
+                             f"{len(pages)} pages")
+        self._cache = _scatter_pages(self._cache, self._padded(pages), data)
+
+    def _padded(self, pages: np.ndarray) -> np.ndarray:  # [n] -> [P]
+        if len(pages) > self.pages_per_seq:
+            raise ValueError(f"JaxEngine: {len(pages)} pages are more than a sequence holds "
+                             f"({self.pages_per_seq})")
+        padded = np.full(self.pages_per_seq, NULL_PAGE, np.int32)
+        padded[:len(pages)] = pages
+        return padded
+
     def _run(self, bucket: Bucket, inputs: StepInputs) -> tuple[np.ndarray, float]:
         before = backend_compiles()
         start = time.perf_counter()
@@ -280,3 +301,19 @@ class JaxEngine(Engine):
             bucket, num_tokens=q_lens, num_computed=self.warmup_kv_len - q_lens,
             page_rows=np.full((q_lens.size, self.pages_per_seq), NULL_PAGE, np.int32),
             page_size=self.page_size)
+
+
+@jax.jit
+def _gather_pages(cache: model_lib.KVCache, pages: jax.Array  # [P]
+                  ) -> model_lib.KVCache:  # layers x [P, page_size, kv_heads, head_dim]
+    return model_lib.KVCache(k=tuple(k[pages] for k in cache.k),
+                             v=tuple(v[pages] for v in cache.v))
+
+
+@functools.partial(jax.jit, donate_argnums=0)
+def _scatter_pages(cache: model_lib.KVCache, pages: jax.Array,  # [P]
+                   kv: model_lib.KVCache) -> model_lib.KVCache:
+    # Padding rows carry the source's null page into this cache's null page, which no
+    # request reads.
+    return model_lib.KVCache(k=tuple(k.at[pages].set(x) for k, x in zip(cache.k, kv.k)),
+                             v=tuple(v.at[pages].set(x) for v, x in zip(cache.v, kv.v)))

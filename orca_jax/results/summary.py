@@ -27,13 +27,15 @@ from orca_jax.results import metrics
 
 
 def summarize(result: RunResult, *, ttft_slo_s: Optional[float] = None,
-              tpot_slo_s: Optional[float] = None) -> dict[str, Any]:
+              tpot_slo_s: Optional[float] = None,
+              num_gpus: Optional[int] = None) -> dict[str, Any]:
     """The run's summary.json content: flat, one scalar per field (see `summarize_run`)."""
-    return summarize_run(result, ttft_slo_s=ttft_slo_s, tpot_slo_s=tpot_slo_s)[0]
+    return summarize_run(result, ttft_slo_s=ttft_slo_s, tpot_slo_s=tpot_slo_s,
+                         num_gpus=num_gpus)[0]
 
 
 def summarize_run(result: RunResult, *, ttft_slo_s: Optional[float] = None,
-                  tpot_slo_s: Optional[float] = None
+                  tpot_slo_s: Optional[float] = None, num_gpus: Optional[int] = None
                   ) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:
     """The run's summary.json content and the tables written beside it.
 
@@ -44,12 +46,17 @@ def summarize_run(result: RunResult, *, ttft_slo_s: Optional[float] = None,
     active also gets `prefix_hit_rate` (prompt tokens taken from the cache over
     the prompt tokens of admitted requests) and `num_evictions` (cached pages
     evicted); a run of several tenants, `num_tenants` and the fairness indices.
+    With an SLO, `goodput_req_s_per_gpu` is the goodput over `num_gpus` (default:
+    one per replica). A disaggregated run also gets `num_prefill_replicas` and its
+    transfers' figures (`num_transfers`, `transfer_bytes_total`, `transfer_s_mean`,
+    `transfer_wait_s_mean`: from the first token to the transfer's start).
 
     The parts with one row per something are tables (name -> rows), each written
     as NAME.jsonl: `tenants` (one row per tenant: `tenant`, `num_requests`,
     `num_finished`, `tokens_served`, `normalized_latency_mean_s`) with several
     tenants, `replicas` (`replica`, `num_requests`, `num_steps`) with several
-    replicas.
+    replicas (a disaggregated run's prefill replicas count the prompts they ran),
+    `transfers` (`transfer_rows`) in a disaggregated run.
     """
     tenants = ([result.tenant_names[t] for t in result.tenant]
                if len(result.tenant_names) > 1 else None)
@@ -81,6 +88,13 @@ def summarize_run(result: RunResult, *, ttft_slo_s: Optional[float] = None,
         "host_us_per_step_median": float(np.median(host) * 1e6),
         "engine_s_total": float(sum(s.step_s for s in steps)),
     })
+    if summary.get("goodput_req_s") is not None:
+        gpus = num_gpus if num_gpus is not None else result.num_replicas
+        summary["num_gpus"] = gpus
+        summary["goodput_req_s_per_gpu"] = summary["goodput_req_s"] / gpus
+    if result.prefill_replica is not None:
+        summary.update(_transfers(result))
+        tables["transfers"] = transfer_rows(result)
     if result.prefix_caching:
         summary.update(_prefix_caching(result))
     if clustered:
@@ -114,17 +128,44 @@ def _prefix_caching(result: RunResult) -> dict[str, Any]:
             "num_evictions": result.num_evictions}
 
 
+def _transfers(result: RunResult) -> dict[str, Any]:
+    """A disaggregated run's prefill pool and KV transfers."""
+    transfers = result.transfers
+    seconds = np.array([t.end_s - t.start_s for t in transfers])
+    waits = np.array([t.start_s - t.ready_s for t in transfers])
+    return {"num_prefill_replicas": result.num_prefill_replicas,
+            "num_transfers": len(transfers),
+            "transfer_bytes_total": int(sum(t.num_bytes for t in transfers)),
+            "transfer_s_mean": float(seconds.mean()) if transfers else None,
+            "transfer_wait_s_mean": float(waits.mean()) if transfers else None}
+
+
+def transfer_rows(result: RunResult) -> list[dict[str, Any]]:
+    """One dict per KV transfer of a disaggregated run (transfers.jsonl), in the order
+    they started: the request's id, `from` (prefill) and `to` (decode) replica, `bytes`
+    (one TP shard's), and `ready_s` (first token), `start_s`, `end_s`."""
+    return [{k: to_json_value(v) for k, v in {
+        "request": result.request_ids[t.request], "from": t.from_replica,
+        "to": t.to_replica, "bytes": t.num_bytes, "ready_s": t.ready_s,
+        "start_s": t.start_s, "end_s": t.end_s}.items()} for t in result.transfers]
+
+
 def _load_imbalance(result: RunResult) -> float:
-    """Most output tokens routed to one replica over the mean: 1.0 is perfect balance."""
-    routed_tokens = np.bincount(result.replica[result.replica >= 0],
-                                weights=result.output_len[result.replica >= 0],
-                                minlength=result.num_replicas)
+    """Most output tokens routed to one replica over the mean: 1.0 is perfect balance
+    (in a disaggregated run, over the decode pool, where the output tokens are made)."""
+    routed = result.replica >= 0
+    routed_tokens = np.bincount(result.replica[routed], weights=result.output_len[routed],
+                                minlength=result.num_replicas)[result.num_prefill_replicas:]
     return float(routed_tokens.max() / routed_tokens.mean()) if routed_tokens.sum() else 1.0
 
 
 def replica_rows(result: RunResult) -> list[dict[str, Any]]:
-    """replicas.jsonl: each replica's `num_requests` (routed to it) and `num_steps`."""
+    """replicas.jsonl: each replica's `num_requests` (routed to it; for a disaggregated
+    run's prefill replica, the prompts it ran) and `num_steps`."""
     requests = np.bincount(result.replica[result.replica >= 0], minlength=result.num_replicas)
+    if result.prefill_replica is not None:
+        prefilled = result.prefill_replica[result.prefill_replica >= 0]
+        requests = requests + np.bincount(prefilled, minlength=result.num_replicas)
     steps = np.bincount(result.step_replica, minlength=result.num_replicas)
     return [{"replica": r, "num_requests": int(requests[r]), "num_steps": int(steps[r])}
             for r in range(result.num_replicas)]
@@ -132,7 +173,8 @@ def replica_rows(result: RunResult) -> list[dict[str, Any]]:
 
 def request_row(columns: Any, i: int, *, request_id: int, tenant: str, reason: Optional[str],
                 output_tokens: Optional[Sequence[int]], prefix_caching: bool,
-                replica: Optional[int] = None) -> dict[str, Any]:
+                replica: Optional[int] = None,
+                prefill_replica: Optional[int] = None) -> dict[str, Any]:
     """Request `i`'s requests.jsonl row.
 
     Args:
@@ -145,6 +187,7 @@ def request_row(columns: Any, i: int, *, request_id: int, tenant: str, reason: O
       output_tokens: its generated token ids, or None when the engine makes none.
       prefix_caching: whether the run had prefix caching active.
       replica: the replica that served it, in a run of several (-1: rejected up front).
+      prefill_replica: the replica that ran its prompt, in a disaggregated run.
     """
     state = RequestState(columns.state[i])
     row = {
@@ -169,6 +212,8 @@ def request_row(columns: Any, i: int, *, request_id: int, tenant: str, reason: O
         row["output_tokens"] = list(output_tokens)
     if replica is not None:
         row["replica"] = int(replica)
+    if prefill_replica is not None:
+        row["prefill_replica"] = int(prefill_replica)
     return {k: to_json_value(v) for k, v in row.items()}
 
 
@@ -184,7 +229,9 @@ def iter_request_rows(result: RunResult) -> Iterator[dict[str, Any]]:
             output_tokens=(None if result.output_tokens is None
                            else result.output_tokens[i].tolist()),
             prefix_caching=result.prefix_caching,
-            replica=int(result.replica[i]) if result.num_replicas > 1 else None)
+            replica=int(result.replica[i]) if result.num_replicas > 1 else None,
+            prefill_replica=(int(result.prefill_replica[i])
+                             if result.prefill_replica is not None else None))
 
 
 def request_rows(result: RunResult) -> list[dict[str, Any]]:

@@ -16,7 +16,7 @@ from orca_jax.cluster.replicas import Cluster
 from orca_jax.cluster.routing import Router
 from orca_jax.core.engine_api import Engine
 from orca_jax.core.json_files import to_json_value
-from orca_jax.core.policy import Policy, make_policy, parse_options
+from orca_jax.core.policy import Policy, PolicyLoadError, make_policy, parse_options
 from orca_jax.core.request import Request
 from orca_jax.core.run_result import RunResult
 from orca_jax.core.scheduler import Scheduler, SchedulerConfig
@@ -33,6 +33,7 @@ from orca_jax.runner.build import (
     profile_table_record,
     scheduler_config,
 )
+from orca_jax.runner.disaggregated import num_gpus, run_disaggregated
 from orca_jax.runner.live_results import StreamResults
 from orca_jax.runner.progress import Progress
 from orca_jax.runner.spec import RunSpec
@@ -86,7 +87,9 @@ def run_policy(spec: RunSpec, policy_spec: str, policy_options: Optional[Mapping
     try:
         config = scheduler_config(spec)
         workload = requests if requests is not None else build_workload(spec)
-        if spec.cluster.num_replicas > 1:
+        if spec.cluster.disaggregated:
+            pass  # its pools are built by `run_disaggregated`, in `_run_disaggregated`
+        elif spec.cluster.num_replicas > 1:
             cluster = _cluster(spec, policy_spec, policy_options, config, workload)
         else:
             policy = make_policy(policy_spec, policy_options)
@@ -96,6 +99,9 @@ def run_policy(spec: RunSpec, policy_spec: str, policy_options: Optional[Mapping
         if folder is not None:
             folder.discard()  # nothing ran: the old folder stays as it was
         raise
+    if spec.cluster.disaggregated:
+        return _run_disaggregated(spec, policy_spec, policy_options, config, workload, folder,
+                                  label)
     if spec.cluster.num_replicas > 1:
         return _run_cluster(spec, policy_spec, config, cluster, folder, label, progress,
                             len(workload))
@@ -118,7 +124,8 @@ def run_policy(spec: RunSpec, policy_spec: str, policy_options: Optional[Mapping
     del scheduler, stream  # its logs are in the result now: free them before the summary
     try:
         summary, tables = summarize_run(result, ttft_slo_s=spec.ttft_slo_s,
-                                        tpot_slo_s=spec.tpot_slo_s)
+                                        tpot_slo_s=spec.tpot_slo_s,
+                                        num_gpus=num_gpus(spec))
         summary.update(flatten(engine.facts()))
         summary["policy"] = label
         if folder is not None:
@@ -217,7 +224,8 @@ def _run_cluster(spec: RunSpec, policy_spec: str, config: SchedulerConfig, clust
         if bar:
             bar.close()
         summary, tables = summarize_run(result, ttft_slo_s=spec.ttft_slo_s,
-                                        tpot_slo_s=spec.tpot_slo_s)
+                                        tpot_slo_s=spec.tpot_slo_s,
+                                        num_gpus=num_gpus(spec))
         summary["policy"] = label
         if folder is not None:
             _finish(folder, result, summary, tables, write_steps=True)
@@ -227,6 +235,37 @@ def _run_cluster(spec: RunSpec, policy_spec: str, config: SchedulerConfig, clust
                   max(r.num_steps for r in cluster.replicas),
                   max(r.now_s for r in cluster.replicas))
         raise
+    return summary, result
+
+
+def _run_disaggregated(spec: RunSpec, policy_spec: str,
+                       policy_options: Optional[Mapping[str, str]], config: SchedulerConfig,
+                       workload: list[Request], folder: Optional[RunFolder],
+                       label: Optional[str]) -> tuple[dict[str, Any], RunResult]:
+    """Runs the spec's prefill and decode pools (`runner.disaggregated`) and writes their
+    results, as a cluster's: whole when the run ends (on a failure: status.json
+    `failed`, no logs)."""
+    try:
+        summary, tables, result, cluster, pools = run_disaggregated(
+            spec, policy_spec, policy_options, config, workload)
+    except PolicyLoadError:
+        if folder is not None:
+            folder.discard()  # a pool's policy did not load: nothing ran
+        raise
+    except BaseException as error:
+        if folder is not None:
+            try:
+                folder.fail(error, step=0, virtual_time_s=0.0)
+            except ResultsWriteError:
+                pass  # the folder was removed; the run's error says what went wrong
+        raise
+    decode = cluster.decode[0]
+    label = label or decode.policy.name
+    summary["policy"] = label
+    if folder is not None:
+        folder.begin({**_resolved_config(spec, policy_spec, decode.policy, config,
+                                         decode.engine, label), "pools": pools}, stream=False)
+        _finish(folder, result, summary, tables, write_steps=True)
     return summary, result
 
 

@@ -18,7 +18,7 @@ from typing import Optional, Union
 
 from orca_jax.core.kv_pages import KV_LAYOUTS
 from orca_jax.core.plugins import parse_options
-from orca_jax.specs.hardware import get_hardware
+from orca_jax.specs.hardware import get_hardware, get_kv_link
 from orca_jax.specs.model_config import get_model_config
 from orca_jax.workloads.synthetic import parse_length_spec
 
@@ -206,15 +206,53 @@ class LimitsSpec:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ClusterSpec:
-    """Replicas behind a global router (`orca_jax.cluster`); one replica by default."""
+    """Replicas behind a global router (`orca_jax.cluster`); one replica by default.
+
+    With `num_prefill_replicas` and `num_decode_replicas` (both >= 1) the cluster
+    is disaggregated (`orca_jax.cluster.disaggregated`): a prefill pool and a
+    decode pool, each behind its own router, with each request's KV moved between
+    them over `kv_link`. Each pool runs the run's policy unless
+    `prefill_policy`/`decode_policy` name another (knobs: `*_policy_opts`, or
+    the run's when the policy is the run's).
+    """
 
     num_replicas: int = 1  # sim only: each with its own scheduler, KV pool and engine
     router: str = "round_robin"  # a registered router, module:Class or file.py:Class
     router_opts: str = ""  # the router's knobs, key=value,...
+    num_prefill_replicas: int = 0  # disaggregated: the prefill pool (0: colocated)
+    num_decode_replicas: int = 0  # disaggregated: the decode pool
+    prefill_policy: Optional[str] = None  # default: the run's policy
+    decode_policy: Optional[str] = None
+    prefill_policy_opts: Optional[str] = None  # default: the run's options, for its policy
+    decode_policy_opts: Optional[str] = None
+    prefill_router: str = "least_outstanding"
+    decode_router: str = "least_outstanding"
+    kv_link: str = "ib200"  # a KV link preset (orca_jax.specs.hardware.KV_LINK_PRESETS)
+    kv_link_max_concurrent: int = 1  # transfers in flight on one link at once
 
     def __post_init__(self) -> None:
         _check_at_least("cluster", "num_replicas", self.num_replicas, 1)
         parse_options(self.router_opts)  # fails early, naming the bad option
+        _check_at_least("cluster", "num_prefill_replicas", self.num_prefill_replicas, 0)
+        _check_at_least("cluster", "num_decode_replicas", self.num_decode_replicas, 0)
+        _check_at_least("cluster", "kv_link_max_concurrent", self.kv_link_max_concurrent, 1)
+        if (self.num_prefill_replicas == 0) != (self.num_decode_replicas == 0):
+            raise ValueError(f"cluster: a disaggregated cluster needs both pools; got "
+                             f"num_prefill_replicas={self.num_prefill_replicas}, "
+                             f"num_decode_replicas={self.num_decode_replicas}")
+        if self.disaggregated and self.num_replicas > 1:
+            raise ValueError(f"cluster: num_replicas={self.num_replicas} (colocated) and "
+                             f"prefill/decode pools ({self.num_prefill_replicas}+"
+                             f"{self.num_decode_replicas}) both set; choose one")
+        get_kv_link(self.kv_link)  # fails early, naming the presets
+        for field in ("prefill_policy_opts", "decode_policy_opts"):
+            if getattr(self, field) is not None:
+                parse_options(getattr(self, field))
+
+    @property
+    def disaggregated(self) -> bool:
+        """Whether the cluster has a prefill and a decode pool."""
+        return self.num_prefill_replicas > 0
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -242,3 +242,74 @@ def get_hardware(name: str) -> HardwareSpec:
         valid = sorted([*HARDWARE_PRESETS, *HARDWARE_ALIASES])
         raise ValueError(f"unknown hardware preset {name!r}; valid names: {', '.join(valid)}")
     return HARDWARE_PRESETS[key]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class KVLinkSpec:
+    """A path that carries a request's KV cache from a prefill GPU to a decode GPU.
+
+    A transfer of `b` bytes takes `latency_s + b / bytes_per_s`; at most
+    `max_concurrent` transfers share the path at once (each at the full rate, so
+    1 is the honest default: a burst queues behind the link), the rest wait.
+
+    Attributes:
+      name: the preset's name.
+      latency_s: fixed time of one transfer (setup, the first byte, completion).
+      bytes_per_s: one direction's bandwidth.
+      max_concurrent: transfers in flight on one link at once.
+      source: where the numbers come from.
+    """
+
+    name: str
+    latency_s: float
+    bytes_per_s: float
+    max_concurrent: int = 1
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        _check_seconds("KVLinkSpec", "latency_s", self.latency_s)
+        if not (math.isfinite(self.bytes_per_s) and self.bytes_per_s > 0):
+            raise ValueError(f"KVLinkSpec.bytes_per_s must be finite and > 0, "
+                             f"got {self.bytes_per_s!r}")
+        if not isinstance(self.max_concurrent, int) or self.max_concurrent < 1:
+            raise ValueError(f"KVLinkSpec.max_concurrent must be an integer >= 1, "
+                             f"got {self.max_concurrent!r}")
+
+
+# Bandwidths are datasheet line rates, one direction; latencies are assumptions (a
+# GPU-to-GPU copy or an RDMA write with its completion is 5-20 us), small beside the
+# milliseconds a prompt's KV takes at these rates.
+KV_LINK_PRESETS: dict[str, KVLinkSpec] = {
+    # A100 datasheet: third-generation NVLink, 600 GB/s bidirectional per GPU.
+    "nvlink3": KVLinkSpec(name="nvlink3", latency_s=10e-6, bytes_per_s=300e9,
+                          source="NVIDIA A100 datasheet: NVLink 600 GB/s (both directions)"),
+    # H100 SXM datasheet: fourth-generation NVLink, 900 GB/s bidirectional per GPU.
+    "nvlink4": KVLinkSpec(name="nvlink4", latency_s=10e-6, bytes_per_s=450e9,
+                          source="NVIDIA H100 datasheet: NVLink 900 GB/s (both directions)"),
+    # ConnectX-6 HDR InfiniBand, 200 Gb/s per port (one per GPU in a DGX A100; Splitwise's
+    # A100 cluster).
+    "ib200": KVLinkSpec(name="ib200", latency_s=20e-6, bytes_per_s=200e9 / 8,
+                        source="NVIDIA ConnectX-6 HDR InfiniBand: 200 Gb/s per port"),
+    # ConnectX-7 NDR InfiniBand, 400 Gb/s per port (one per GPU in a DGX H100).
+    "ib400": KVLinkSpec(name="ib400", latency_s=20e-6, bytes_per_s=400e9 / 8,
+                        source="NVIDIA ConnectX-7 NDR InfiniBand: 400 Gb/s per port"),
+    # PCIe 4.0 x16: 16 GT/s per lane, 128b/130b coding: 31.5 GB/s per direction.
+    "pcie4": KVLinkSpec(name="pcie4", latency_s=10e-6, bytes_per_s=16e9 * 16 * 128 / 130 / 8,
+                        source="PCI-SIG PCIe 4.0: 16 GT/s x16, 128b/130b"),
+    # PCIe 5.0 x16: 32 GT/s per lane: 63 GB/s per direction.
+    "pcie5": KVLinkSpec(name="pcie5", latency_s=10e-6, bytes_per_s=32e9 * 16 * 128 / 130 / 8,
+                        source="PCI-SIG PCIe 5.0: 32 GT/s x16, 128b/130b"),
+}
+KV_LINK_ALIASES: dict[str, str] = {"nvlink": "nvlink3"}
+
+
+def get_kv_link(name: str, max_concurrent: Optional[int] = None) -> KVLinkSpec:
+    """Looks up a KV link preset by name or alias (`nvlink` is A100's NVLink3), with
+    `max_concurrent` transfers per link if given."""
+    key = KV_LINK_ALIASES.get(name, name)
+    if key not in KV_LINK_PRESETS:
+        valid = sorted([*KV_LINK_PRESETS, *KV_LINK_ALIASES])
+        raise ValueError(f"unknown KV link preset {name!r}; valid names: {', '.join(valid)}")
+    link = KV_LINK_PRESETS[key]
+    return link if max_concurrent is None else dataclasses.replace(
+        link, max_concurrent=max_concurrent)

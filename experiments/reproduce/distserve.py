@@ -1,0 +1,328 @@
+"""DistServe (OSDI'24) and Splitwise (ISCA'24): goodput of disaggregated against colocated serving.
+
+    python -m experiments.reproduce.distserve
+
+DistServe runs each request's prompt on prefill GPUs and its decode on other
+GPUs, so a long prefill never stalls a running decode and each phase gets its
+own batch; it pays a KV transfer per request and may leave one pool idle while
+the other is the bottleneck. It reports up to 7.4x the requests served within
+both a TTFT and a TPOT SLO (goodput) of colocated vLLM; Splitwise reports 1.4x
+the throughput at 20% lower cost. We compare, at equal GPU count (2 GPUs:
+2 colocated replicas against 1 prefill + 1 decode; 4 GPUs: 4 against 2+2 and
+3+1), colocated `vllm` (whole prompts, as DistServe's vLLM baseline), colocated
+`sarathi` (prompts in 512-token chunks beside the decodes) and disaggregated
+`vllm` pools, on the simulator. Goodput per GPU: requests per second that meet
+both SLOs, over the GPUs; capacity: the highest rate per GPU at which 90% of the
+requests meet both SLOs (DistServe's measure), linear between swept rates.
+
+Two workloads, served by LLaMA-3 8B on A100s (bf16, one GPU per replica, KV
+moved over NVLink as DistServe places a prefill and a decode instance in one
+node): `synthetic`, Poisson arrivals of long prompts (lognormal, mean 1,500
+tokens) and short answers (mean 150, sigma 0.5 each), DistServe's long-prompt
+regime where a whole prefill stalls the decodes batched with it; and `azure`,
+the Azure LLM inference conversation trace (2023) read in place from `--trace`,
+its first requests with their arrival pattern rescaled to each rate. SLOs:
+TTFT 1 s, and TPOT 15 ms (tight: a decode step of a growing batch) or 50 ms
+(loose). A system's rates stop once fewer than 30% of its requests meet the
+loose SLO.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import time
+from typing import Optional, Sequence
+
+from absl import app, flags
+
+import policies  # noqa: F401  (registers the built-in policies)
+from orca_jax.core.json_files import to_json_value, write_json_atomic
+from orca_jax.results.metrics import format_table
+from orca_jax.results.summary import summarize
+from orca_jax.runner.disaggregated import num_gpus
+from orca_jax.runner.experiment import run_policy
+from orca_jax.runner.spec import ClusterSpec, LimitsSpec, RunSpec, SimEngineSpec, WorkloadSpec
+
+FIGURE = "docs/figures/distserve_goodput.png"
+AZURE_CONV = "../shared/traces/azure_conv_2023.csv"
+ATTAINMENT_TARGET = 0.9  # DistServe's: 90% of the requests within both SLOs
+# The papers' headline numbers, as their abstracts state them.
+PAPER_CLAIMS = (
+    "DistServe (OSDI'24): 7.4x more requests, or 12.6x tighter SLOs, within the latency "
+    "targets for > 90% of requests, against colocated vLLM and DeepSpeed-MII; "
+    "2.0x-4.6x higher rate per GPU than vLLM on its OPT-13B chatbot workload",
+    "Splitwise (ISCA'24): 1.4x the throughput at 20% lower cost, or 2.35x the throughput "
+    "at the same cost and power, against colocated serving")
+
+
+@dataclasses.dataclass(frozen=True)
+class System:
+    """One way to spend the GPUs: colocated replicas of one policy, or two pools."""
+
+    label: str
+    policy: str
+    num_gpus: int
+    num_prefill: int = 0  # 0: colocated
+    num_decode: int = 0
+
+    @property
+    def disaggregated(self) -> bool:
+        return self.num_prefill > 0
+
+
+SYSTEMS = (System("vllm x2", "vllm", 2), System("sarathi x2", "sarathi", 2),
+           System("disagg 1+1", "vllm", 2, 1, 1),
+           System("vllm x4", "vllm", 4), System("sarathi x4", "sarathi", 4),
+           System("disagg 2+2", "vllm", 4, 2, 2), System("disagg 3+1", "vllm", 4, 3, 1))
+POLICY_OPTIONS = {"vllm": {"enable_chunked_prefill": "false", "max_num_tokens": "8192"},
+                  "sarathi": {"max_num_tokens": "512"}}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Workload:
+    """A workload and the model that serves it, with its SLOs."""
+
+    name: str
+    model: str
+    ttft_slo_s: float
+    tpot_slos_s: tuple[float, float]  # (tight, loose)
+    prompt_len: str = ""
+    output_len: str = ""
+    trace: Optional[str] = None
+
+    def spec(self, setup: "DistServeSetup", system: System, rate_per_gpu: float) -> RunSpec:
+        """The run of `system` at `rate_per_gpu` requests/s per GPU."""
+        rate = rate_per_gpu * system.num_gpus
+        if self.trace is None:
+            workload = WorkloadSpec(arrival="poisson", num_requests=setup.num_requests,
+                                    rate=rate, prompt_len=self.prompt_len,
+                                    output_len=self.output_len)
+        else:
+            workload = WorkloadSpec(arrival="trace", trace=self.trace,
+                                    num_requests=setup.num_requests,
+                                    trace_time_scale=trace_rate(self.trace, setup.num_requests)
+                                    / rate)
+        cluster = (ClusterSpec(num_prefill_replicas=system.num_prefill,
+                               num_decode_replicas=system.num_decode, kv_link=setup.kv_link)
+                   if system.disaggregated else
+                   ClusterSpec(num_replicas=system.num_gpus, router="least_outstanding"))
+        return RunSpec(workload=workload, engine=SimEngineSpec(model=self.model, hardware="a100"),
+                       limits=LimitsSpec(max_num_seqs=setup.max_num_seqs, max_num_tokens=8192),
+                       cluster=cluster, seed=setup.seed)
+
+
+def trace_rate(path: str, num_requests: int) -> float:
+    """The mean request rate of a trace's first `num_requests` arrivals (req/s)."""
+    from orca_jax.workloads.traces import load_trace
+
+    arrivals = [r.arrival_s for r in load_trace(path, max_requests=num_requests)]
+    return (len(arrivals) - 1) / (max(arrivals) - min(arrivals))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DistServeSetup:
+    """The experiment (defaults: the documented figure and table; about 2 minutes)."""
+
+    num_requests: int = 150
+    rates: tuple[float, ...] = (1.0, 2.0, 3.0, 4.0, 6.0, 8.0)  # per GPU
+    model: str = "llama3-8b"
+    tpot_slos_s: tuple[float, float] = (0.015, 0.05)  # (tight, loose)
+    systems: tuple[System, ...] = SYSTEMS
+    max_num_seqs: int = 128
+    kv_link: str = "nvlink"
+    seed: int = 0
+    trace: str = AZURE_CONV
+
+    def workloads(self) -> tuple[Workload, ...]:
+        return (Workload(name="synthetic", model=self.model, ttft_slo_s=1.0,
+                         tpot_slos_s=self.tpot_slos_s, prompt_len="lognormal:1500:0.5",
+                         output_len="lognormal:150:0.5"),
+                Workload(name="azure", model=self.model, ttft_slo_s=1.0,
+                         tpot_slos_s=self.tpot_slos_s, trace=self.trace))
+
+
+def run(setup: DistServeSetup, out_dir: Optional[str] = None) -> tuple[list[dict], list[dict]]:
+    """Every system at every rate on both workloads; each rate's goodput under both SLOs.
+
+    A system's rates stop after the first at which fewer than 30% of the requests
+    meet the loose SLO (it is far past its capacity).
+
+    Returns:
+      The points (one row per workload, system, rate and TPOT SLO) and the
+      capacities (one row per workload, TPOT SLO and system).
+    """
+    points = []
+    for workload in setup.workloads():
+        for system in setup.systems:
+            for rate in setup.rates:
+                spec = workload.spec(setup, system, rate)
+                _, result = run_policy(spec, system.policy, POLICY_OPTIONS[system.policy],
+                                       progress=False)
+                loose_attainment = 1.0
+                for slo_name, tpot_slo in zip(("tight", "loose"), workload.tpot_slos_s):
+                    summary = summarize(result, ttft_slo_s=workload.ttft_slo_s,
+                                        tpot_slo_s=tpot_slo, num_gpus=num_gpus(spec))
+                    points.append({
+                        "workload": workload.name, "tpot_slo": slo_name,
+                        "tpot_slo_s": tpot_slo, "system": system.label,
+                        "num_gpus": system.num_gpus, "rate_per_gpu": rate,
+                        "goodput_per_gpu": summary["goodput_req_s_per_gpu"] or 0.0,
+                        "attainment": summary["slo_attainment"],
+                        "ttft_p90_s": summary.get("ttft_p90_s"),
+                        "tpot_p90_s": summary.get("tpot_p90_s"),
+                        "num_rejected": summary["num_rejected"]})
+                    loose_attainment = summary["slo_attainment"]
+                if loose_attainment < 0.3:
+                    break
+    capacity = capacities(points, setup)
+    if out_dir is not None:
+        os.makedirs(out_dir, exist_ok=True)
+        write_json_atomic(os.path.join(out_dir, "points.json"),
+                          to_json_value({"setup": dataclasses.asdict(setup), "points": points,
+                                         "capacity": capacity}), sort_keys=False)
+    return points, capacity
+
+
+def capacity_at(rates: Sequence[float], attainment: Sequence[float],
+                target: float = ATTAINMENT_TARGET) -> Optional[float]:
+    """The rate at which the attainment curve first falls below `target` (linear between
+    rates); None if the first rate is already below it, the last rate if it never falls."""
+    for i, value in enumerate(attainment):
+        if value < target:
+            if i == 0:
+                return None
+            fraction = (attainment[i - 1] - target) / (attainment[i - 1] - value)
+            return rates[i - 1] + fraction * (rates[i] - rates[i - 1])
+    return rates[-1] if rates else None
+
+
+def capacities(points: Sequence[dict], setup: DistServeSetup) -> list[dict]:
+    """Per workload, TPOT SLO and system: its capacity per GPU, and over colocated vllm's
+    at the same GPU count."""
+    rows = []
+    for workload in setup.workloads():
+        for slo in ("tight", "loose"):
+            found = {}
+            for system in setup.systems:
+                curve = [p for p in points if (p["workload"], p["tpot_slo"], p["system"])
+                         == (workload.name, slo, system.label)]
+                found[system] = capacity_at([p["rate_per_gpu"] for p in curve],
+                                            [p["attainment"] for p in curve])
+            for system, value in found.items():
+                baseline = found[next(s for s in setup.systems
+                                      if s.num_gpus == system.num_gpus and s.policy == "vllm"
+                                      and not s.disaggregated)]
+                rows.append({"workload": workload.name, "tpot_slo": slo,
+                             "system": system.label, "num_gpus": system.num_gpus,
+                             "capacity_per_gpu": value,
+                             # never below the target: the capacity is past the swept range
+                             "past_range": value is not None and value >= setup.rates[-1],
+                             "over_vllm": (value / baseline if value is not None and baseline
+                                           else None)})
+    return rows
+
+
+def goodput_rows(points: Sequence[dict], setup: DistServeSetup) -> list[dict]:
+    """One row per workload, TPOT SLO and system: its goodput per GPU at each rate."""
+    rows = []
+    for workload in setup.workloads():
+        for slo in ("tight", "loose"):
+            for system in setup.systems:
+                row: dict = {"workload": workload.name, "tpot_slo": slo, "system": system.label}
+                for p in points:
+                    if (p["workload"], p["tpot_slo"], p["system"]) == (workload.name, slo,
+                                                                       system.label):
+                        row[f"{p['rate_per_gpu']:g}"] = p["goodput_per_gpu"]
+                rows.append(row)
+    return rows
+
+
+def plot(points: Sequence[dict], setup: DistServeSetup, path: str) -> bool:
+    """Goodput per GPU against rate per GPU: a row per workload and SLO, a column per GPU
+    count. Returns False without matplotlib."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    workloads = setup.workloads()
+    gpu_counts = sorted({s.num_gpus for s in setup.systems})
+    panels = [(w, slo) for w in workloads for slo in ("tight", "loose")]
+    fig, axes = plt.subplots(len(panels), len(gpu_counts), squeeze=False,
+                             figsize=(4.6 * len(gpu_counts), 2.7 * len(panels)))
+    for row, (workload, slo) in enumerate(panels):
+        tpot = dict(zip(("tight", "loose"), workload.tpot_slos_s))[slo]
+        for col, gpus in enumerate(gpu_counts):
+            ax = axes[row][col]
+            for system in (s for s in setup.systems if s.num_gpus == gpus):
+                curve = [p for p in points if (p["workload"], p["tpot_slo"], p["system"])
+                         == (workload.name, slo, system.label)]
+                ax.plot([p["rate_per_gpu"] for p in curve],
+                        [p["goodput_per_gpu"] for p in curve], marker="o",
+                        linestyle="--" if system.disaggregated else "-", label=system.label)
+            ax.set_title(f"{workload.name} ({workload.model}), {gpus} GPUs: TTFT <= "
+                         f"{workload.ttft_slo_s:g} s, TPOT <= {tpot:g} s", fontsize=9)
+            ax.set_xlabel("offered rate per GPU (req/s)")
+            ax.set_ylabel("goodput per GPU (req/s)")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return True
+
+
+def define_flags() -> None:
+    """The command's flags (defined only when it runs, so importing it defines none)."""
+    for name, default, text in (
+            ("out_dir", "runs/reproduce/distserve", "where points.json goes"),
+            ("figure", FIGURE, "the PNG to write"),
+            ("trace", AZURE_CONV, "the Azure conversation trace (read in place)")):
+        if name not in flags.FLAGS:
+            flags.DEFINE_string(name, default, text)
+    if "num_requests" not in flags.FLAGS:
+        flags.DEFINE_integer("num_requests", DistServeSetup.num_requests, "requests per point")
+    if "rates" not in flags.FLAGS:
+        flags.DEFINE_list("rates", [f"{r:g}" for r in DistServeSetup.rates],
+                          "request rates per GPU (req/s)")
+
+
+def main(argv: Sequence[str]) -> None:
+    """The command: run the grid, print the capacity table, draw the figure."""
+    del argv
+    values = flags.FLAGS
+    try:
+        rates = tuple(float(r) for r in values.rates)
+    except ValueError:
+        raise app.UsageError(f"--rates={','.join(values.rates)}: expected numbers") from None
+    if not rates or any(not r > 0 or not math.isfinite(r) for r in rates):
+        raise app.UsageError(f"--rates={','.join(values.rates)}: every rate must be > 0")
+    setup = DistServeSetup(num_requests=values.num_requests, rates=rates,
+                           trace=values.trace)
+    out_dir = values.out_dir or "runs/reproduce/distserve"
+    start = time.perf_counter()
+    points, capacity = run(setup, out_dir)
+    table = format_table(capacity, ["workload", "tpot_slo", "system", "num_gpus",
+                                    "capacity_per_gpu", "past_range", "over_vllm"])
+    with open(os.path.join(out_dir, "capacity.txt"), "w") as f:
+        f.write(table + "\n")
+    print("goodput per GPU (req/s) at each offered rate per GPU (req/s); '-': not run, "
+          "past the system's capacity:")
+    print(format_table(goodput_rows(points, setup), ["workload", "tpot_slo", "system",
+                                                     *(f"{r:g}" for r in setup.rates)]))
+    print(f"\ncapacity: the rate per GPU (req/s) at which {ATTAINMENT_TARGET:.0%} of the requests "
+          "meet both SLOs, and its ratio to colocated vllm on as many GPUs:")
+    print(table)
+    print("\nthe papers: " + "; ".join(PAPER_CLAIMS))
+    if plot(points, setup, values.figure or FIGURE):
+        print(f"figure: {values.figure or FIGURE}")
+    print(f"points: {out_dir}/points.json ({time.perf_counter() - start:.0f} s)")
+
+
+if __name__ == "__main__":
+    define_flags()
+    app.run(main)

@@ -1,0 +1,93 @@
+"""A disaggregated run from its spec: a prefill pool, a decode pool, the KV link.
+
+`run_disaggregated` is `run_policy`'s path for a `ClusterSpec` with prefill and
+decode pools (`orca_jax.cluster.disaggregated`): each pool runs its own policy
+(the run's by default) on engines built from the run's engine spec, and the
+KV transfers are priced from the model's shapes, the engine's dtype and TP
+degree, and the `kv_link` preset. Its results add `transfers.jsonl`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional
+
+from orca_jax.cluster.disaggregated import DisaggregatedCluster, PoolSpec
+from orca_jax.cluster.transfers import KVTransferCost, kv_transfer_cost
+from orca_jax.core.plugins import parse_options
+from orca_jax.core.policy import make_policy
+from orca_jax.core.request import Request
+from orca_jax.core.run_result import RunResult
+from orca_jax.core.scheduler import SchedulerConfig
+from orca_jax.results.summary import summarize_run
+from orca_jax.runner.build import build_engine, model_config
+from orca_jax.runner.spec import JaxEngineSpec, RunSpec
+from orca_jax.specs.hardware import get_kv_link
+
+
+def num_gpus(spec: RunSpec) -> int:
+    """GPUs the run occupies: every replica's TP degree, summed."""
+    cluster = spec.cluster
+    replicas = (cluster.num_prefill_replicas + cluster.num_decode_replicas
+                if cluster.disaggregated else cluster.num_replicas)
+    return replicas * spec.engine.tp
+
+
+def transfer_cost(spec: RunSpec) -> KVTransferCost:
+    """The price of moving a request's KV: the model's KV on one TP shard, over the link."""
+    engine = spec.engine
+    dtype_bytes = 4 if isinstance(engine, JaxEngineSpec) and engine.dtype == "float32" else 2
+    return kv_transfer_cost(model_config(spec),
+                            get_kv_link(spec.cluster.kv_link, spec.cluster.kv_link_max_concurrent),
+                            tp=engine.tp, dtype_bytes=dtype_bytes)
+
+
+def _pool_policy(policy_spec: str, policy_options: Optional[Mapping[str, str]],
+                 pool_policy: Optional[str], pool_options: Optional[str]
+                 ) -> tuple[str, Optional[Mapping[str, str]]]:
+    """A pool's policy and knobs: its own, or the run's."""
+    name = pool_policy or policy_spec
+    if pool_options is not None:
+        return name, parse_options(pool_options)
+    return name, (policy_options if name == policy_spec else None)
+
+
+def run_disaggregated(spec: RunSpec, policy_spec: str,
+                      policy_options: Optional[Mapping[str, str]], config: SchedulerConfig,
+                      workload: list[Request]
+                      ) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]], RunResult,
+                                 DisaggregatedCluster, dict[str, Any]]:
+    """Runs `workload` on the spec's prefill and decode pools.
+
+    Returns:
+      The summary (with each pool's policy), the tables beside it (`summarize_run`:
+      transfers, replicas), the joined result, the cluster (its replicas, for
+      config.json), and config.json's `pools` section.
+    """
+    cluster_spec = spec.cluster
+    pools = {}
+    for role, count, policy, options, router in (
+            ("prefill", cluster_spec.num_prefill_replicas, cluster_spec.prefill_policy,
+             cluster_spec.prefill_policy_opts, cluster_spec.prefill_router),
+            ("decode", cluster_spec.num_decode_replicas, cluster_spec.decode_policy,
+             cluster_spec.decode_policy_opts, cluster_spec.decode_router)):
+        name, knobs = _pool_policy(policy_spec, policy_options, policy, options)
+        make_policy(name, knobs)  # a bad pool policy fails here, before any engine is built
+        pools[role] = PoolSpec(num_replicas=count,
+                               make_policy=lambda name=name, knobs=knobs: make_policy(name, knobs),
+                               make_engine=lambda: build_engine(spec, config), config=config,
+                               router=router)
+    cost = transfer_cost(spec)
+    cluster = DisaggregatedCluster(workload, prefill=pools["prefill"], decode=pools["decode"],
+                                   transfer_cost=cost)
+    result = cluster.run()
+    summary, tables = summarize_run(result, ttft_slo_s=spec.ttft_slo_s,
+                                    tpot_slo_s=spec.tpot_slo_s, num_gpus=num_gpus(spec))
+    prefill_policy, decode_policy = cluster.prefill[0].policy, cluster.decode[0].policy
+    summary["prefill_policy"], summary["decode_policy"] = prefill_policy.name, decode_policy.name
+    pool_config = {"prefill_policy": prefill_policy.name, "decode_policy": decode_policy.name,
+                   "kv_link": {"name": cost.link.name, "latency_s": cost.link.latency_s,
+                               "bytes_per_s": cost.link.bytes_per_s,
+                               "max_concurrent": cost.link.max_concurrent,
+                               "source": cost.link.source},
+                   "kv_bytes_per_token_per_shard": cost.bytes_per_token}
+    return summary, tables, result, cluster, pool_config
