@@ -116,3 +116,12 @@ def test_on_ray_a_policy_s_rates_still_stop_after_its_first_saturated_row(tmp_pa
     assert ray_keys == serial_keys
     assert {k.rate for k in ray_keys} == {2.0, 4.0}  # 8 and 16 never ran
     assert _store(tmp_path / "r") == _store(tmp_path / "s")
+
+
+def test_without_ray_installed_the_ray_executor_says_how_to_get_it(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError
+    spec = RunSpec(workload=WorkloadSpec(num_requests=4), engine=SimEngineSpec(model="tiny"))
+    with pytest.raises(sweep.SweepError, match=r'needs Ray: pip install -e "\.\[ray\]"'):
+        sweep.run_sweep(spec, [sweep.PolicyRun("orca", "orca")], [2.0], [0], str(tmp_path),
+                        executor=sweep.SweepExecutor("ray"))
+    assert list(tmp_path.iterdir()) == []  # refused before the folder was touched

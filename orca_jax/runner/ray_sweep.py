@@ -50,7 +50,12 @@ def _point_task(key: PointKey, spec: RunSpec, run: PolicyRun, build_per_point: b
                      run_dir, extra_metrics)
 
 
-def _import_ray() -> Any:
+def import_ray() -> Any:
+    """The `ray` module.
+
+    Raises:
+      SweepError: Ray is not installed (saying how to install it).
+    """
     try:
         import ray
     except ImportError:
@@ -78,7 +83,7 @@ def run_rows_on_ray(executor: SweepExecutor, spec: RunSpec,
       record: appends a finished point to the store (the driver's only write).
       build_per_point, saturated, extra_metrics, point_runs: as in `run_sweep`.
     """
-    ray = _import_ray()
+    ray = import_ray()
     started_here = not ray.is_initialized()
     if started_here:
         ray.init(address=executor.ray_address,

@@ -144,6 +144,9 @@ def run_sweep(spec: RunSpec, policies: Sequence[PolicyRun], rates: Sequence[floa
     executor = executor or SweepExecutor()
     if executor.kind not in ("serial", "ray"):
         raise SweepError(f"executor {executor.kind!r}: expected 'serial' or 'ray'")
+    if executor.kind == "ray":
+        from orca_jax.runner.ray_sweep import import_ray  # Ray is an extra: only when asked
+        import_ray()  # missing: one line, before the folder is touched
     with SweepLock(out_dir):
         return _run_grid(spec, policies, classes, rates, seeds, out_dir,
                          build_per_point=build_per_point, saturated=saturated,
