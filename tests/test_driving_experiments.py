@@ -7,9 +7,11 @@ import logging
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from cli_runner import REPO
+from cli_runner import read_jsonl as _jsonl
+from cli_runner import run_module as _run
 
 import policies  # noqa: F401  (registers the built-ins)
 from experiments.policy_flags import resolve_policies
@@ -19,22 +21,8 @@ from orca_jax.core.scheduler import SchedulerConfig
 from orca_jax.runner.build import check_policy_limits
 from orca_jax.runner.progress import Progress
 
-REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = "examples/least_attained_service.py:LeastAttainedService"  # registered as `las`
 SIM = ["--engine=sim", "--num_requests=20", "--rate=100", "--step_time_ms=5"]
-
-
-def _run(*args, check=True):
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
-    result = subprocess.run([sys.executable, "-m", *args], cwd=REPO, env=env,
-                            capture_output=True, text=True, timeout=300)
-    if check and result.returncode != 0:
-        raise AssertionError(result.stderr[-3000:])
-    return result
-
-
-def _jsonl(path):
-    return [json.loads(line) for line in Path(path).read_text().splitlines()]
 
 
 # ----------------------------------------------------------------------- labels

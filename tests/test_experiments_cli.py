@@ -1,14 +1,11 @@
 """The command lines researchers script against: flags, output files and their fields."""
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from cli_runner import read_jsonl as _jsonl
+from cli_runner import run_module as _run
 
-REPO = Path(__file__).resolve().parents[1]
 SUMMARY_KEYS = {"policy", "engine", "num_requests", "num_finished", "num_rejected", "num_steps",
                 "duration_s", "throughput_req_s", "throughput_tok_s", "ttft_p50_s", "ttft_p99_s",
                 "tpot_p50_s", "tpot_p99_s", "latency_p50_s", "latency_p99_s",
@@ -17,19 +14,6 @@ REQUEST_KEYS = {"id", "arrival_s", "first_scheduled_s", "first_token_s", "finish
                 "output_len", "num_preemptions", "status"}
 STEP_KEYS = {"step", "start_s", "num_seqs", "num_tokens", "num_padded_tokens", "bucket", "host_s",
              "step_s"}
-
-
-def _run(*args, check=True):
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
-    result = subprocess.run([sys.executable, "-m", *args], cwd=REPO, env=env,
-                            capture_output=True, text=True, timeout=300)
-    if check and result.returncode != 0:
-        raise AssertionError(result.stderr[-3000:])
-    return result
-
-
-def _jsonl(path):
-    return [json.loads(line) for line in Path(path).read_text().splitlines()]
 
 
 def test_run_writes_the_result_contract(tmp_path):
