@@ -63,6 +63,17 @@ flags.DEFINE_string("hardware", "a100", "Hardware preset of the simulator: a100 
 flags.DEFINE_integer("tp", 1, "Tensor-parallel degree: of the simulated replica (sim), or the "
                      "number of local devices the jax engine splits weights, KV cache and "
                      "attention over.", lower_bound=1)
+flags.DEFINE_bool("overlap", True, "jax: plan and pack step N+1 while step N runs on the "
+                  "device (its decodes read N's sampled tokens there; N's tokens come back one "
+                  "step late). Plans, steps and tokens are the same with it off; not active "
+                  "with prefix caching.")
+flags.DEFINE_integer("num_processes", 1, "jax: processes of one run (jax.distributed); the "
+                     "--tp mesh spans their devices and every process runs the same steps. "
+                     "Every process gets the same flags but --process_id.", lower_bound=1)
+flags.DEFINE_integer("process_id", 0, "jax, --num_processes > 1: this process's rank; process 0 "
+                     "writes --out_dir, process k writes OUT_DIR.processK.", lower_bound=0)
+flags.DEFINE_string("coordinator", None, "jax, --num_processes > 1: HOST:PORT of process 0's "
+                    "coordinator (the same on every process).")
 flags.DEFINE_float("step_time_ms", None, "Fixed simulator step time in ms (instead of the "
                    "roofline cost model).", lower_bound=0.0)
 flags.DEFINE_string("cost_fit", None, "sim: step times from a cost fit JSON written by "
@@ -273,7 +284,7 @@ def spec_from_flags() -> RunSpec:
             engine = JaxEngineSpec(model=pick("model"), checkpoint=FLAGS.checkpoint,
                                    dtype=FLAGS.dtype, attention=FLAGS.attention,
                                    sampling=FLAGS.sampling, clock=FLAGS.clock, tp=FLAGS.tp,
-                                   profile_table=FLAGS.profile_table)
+                                   profile_table=FLAGS.profile_table, overlap=FLAGS.overlap)
         else:
             engine = SimEngineSpec(model=pick("model"), hardware=FLAGS.hardware, tp=FLAGS.tp,
                                    step_time_ms=FLAGS.step_time_ms, cost_fit=FLAGS.cost_fit)
@@ -319,3 +330,32 @@ def _spec_usage_error(error: ValueError) -> app.UsageError:
     match = re.match(r"(?:workload|engine|limits|cluster|run)\.(\w+)", str(error))
     flag = _FLAG_OF_FIELD.get(match.group(1), match.group(1)) if match else None
     return app.UsageError(f"--{flag}: {error}" if flag and flag in FLAGS else str(error))
+
+
+def join_processes() -> Optional[str]:
+    """Joins --num_processes processes (jax.distributed) before any jax use.
+
+    Returns:
+      The output folder of this process: --out_dir on process 0 (and on a single
+      process), OUT_DIR.processK on process K.
+
+    Raises:
+      app.UsageError: naming the flag and value that cannot make a process group.
+    """
+    if FLAGS.num_processes == 1:
+        return FLAGS.out_dir
+    if FLAGS.engine != "jax":
+        raise app.UsageError(f"--num_processes={FLAGS.num_processes} runs the jax engine over "
+                             f"several processes; --engine={FLAGS.engine} runs in one")
+    from orca_jax.model import distributed
+
+    try:
+        group = distributed.ProcessGroup(coordinator=FLAGS.coordinator,
+                                         num_processes=FLAGS.num_processes,
+                                         process_id=FLAGS.process_id)
+    except ValueError as error:
+        raise app.UsageError(str(error)) from None
+    distributed.initialize(group)
+    if FLAGS.process_id == 0 or FLAGS.out_dir is None:
+        return FLAGS.out_dir
+    return f"{FLAGS.out_dir.rstrip('/')}.process{FLAGS.process_id}"

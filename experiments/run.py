@@ -48,14 +48,15 @@ def main(argv: list[str]) -> None:
         print(describe(run_flags.FLAGS.describe_policy))
         return
     spec = run_flags.spec_from_flags()
+    out_dir = run_flags.join_processes()  # before any jax use
     options = policies.parse_options(run_flags.FLAGS.policy_opts)
     check_policies(spec, scheduler_config(spec), [(run_flags.FLAGS.policy, options)])
     requests = build_workload(spec)
     print(workload_line(spec, requests))
     summary, _ = run_policy(spec, run_flags.FLAGS.policy, options,
-                            out_dir=run_flags.FLAGS.out_dir, requests=requests)
+                            out_dir=out_dir, requests=requests)
     print(fit_table([summary]))
-    print(f"results in {run_flags.FLAGS.out_dir}")
+    print(f"results in {out_dir}")
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from typing import Collection, Sequence
+from typing import Collection, Optional, Sequence
 
 import numpy as np
 from numpy.typing import NDArray
@@ -87,6 +87,38 @@ class StepOutput:
     step_s: float  # seconds the step took (measured, profiled, or from a cost model)
 
 
+class PendingStep(abc.ABC):
+    """A dispatched step whose sampled tokens may still be on the device.
+
+    `Engine.step_async` returns one, so the host can plan and pack the next step
+    while this one runs (overlap scheduling); `output()` waits for the tokens.
+    """
+
+    @property
+    @abc.abstractmethod
+    def step_s(self) -> float:
+        """The step's seconds: known at dispatch for a clock that prices the
+        descriptor, else (a measured wall clock) after waiting for the step."""
+
+    @abc.abstractmethod
+    def output(self) -> StepOutput:
+        """Waits for the step and returns its output (the same value on every call)."""
+
+
+class FinishedStep(PendingStep):
+    """A step that already ran: an engine without asynchronous steps returns this."""
+
+    def __init__(self, output: StepOutput) -> None:
+        self._output = output
+
+    @property
+    def step_s(self) -> float:
+        return self._output.step_s
+
+    def output(self) -> StepOutput:
+        return self._output
+
+
 class Engine(abc.ABC):
     """What the scheduler needs of an engine; `JaxEngine` and `SimEngine` are ones.
 
@@ -132,6 +164,31 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def step(self, inputs: StepInputs) -> StepOutput:
         """Runs one step."""
+
+    @property
+    def feeds_tokens(self) -> bool:
+        """Whether `step_async` takes a `token_source` (the device keeps the last step's
+        sampled tokens and feeds them to the next step's decodes)."""
+        return False
+
+    def step_async(self, inputs: StepInputs,
+                   token_source: Optional[NDArray[np.int32]] = None) -> PendingStep:
+        """Dispatches one step without waiting for its tokens (default: runs `step`).
+
+        Args:
+          inputs: the step's descriptor.
+          token_source: [T] or None; row t >= 0 means "token t of this step is the token
+            sampled for sequence `token_source[t]` of the previous step dispatched on this
+            engine" (its `inputs.token_ids[t]` is a placeholder); -1 means take
+            `inputs.token_ids[t]`. Only an engine that `feeds_tokens` takes one.
+
+        Raises:
+          ValueError: a `token_source` given to an engine that does not feed tokens.
+        """
+        if token_source is not None:
+            raise ValueError(f"{type(self).__name__}.step_async: this engine does not feed "
+                             "sampled tokens on the device (feeds_tokens is False)")
+        return FinishedStep(self.step(inputs))
 
     def facts(self) -> dict[str, object]:
         """What a run's summary should say of this engine (JSON values; none by default).

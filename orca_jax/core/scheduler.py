@@ -32,8 +32,9 @@ import numpy as np
 from numpy.typing import NDArray
 
 from orca_jax.core.admission import reject_impossible, reservation_tokens
-from orca_jax.core.engine_api import Engine, StepOutput
+from orca_jax.core.engine_api import Engine, PendingStep, StepOutput
 from orca_jax.core.kv_pages import KV_LAYOUTS, KVPageManager
+from orca_jax.core.overlap import InFlightTokens
 from orca_jax.core.packing import SamplingArrays, bucket_config_for, pack
 from orca_jax.core.plan import PlanError, StepPlan
 from orca_jax.core.plan_checks import check_plan
@@ -72,6 +73,12 @@ class SchedulerConfig:
         run is exactly as without caching. Not with the `buddy` layout.
       count_host_time: add measured host time to the virtual clock (then runs
         are no longer bit-for-bit repeatable).
+      overlap: plan and pack step N+1 while step N runs, its decodes fed step N's
+        tokens on the device and N's tokens read back one step late
+        (`orca_jax.core.overlap`); plans, steps and tokens are the same as without.
+        Needs an engine that `feeds_tokens`, and not active with prefix caching
+        (pages are named by token values before the next plan) or `kv_handoff` (the
+        transfer carries the first token); else it runs in step.
       log_step_requests: record which requests each step computed, how many tokens
         each, and which hold a batch place after it (`RunResult.step_requests`,
         `step_tokens`, `step_held`; memory grows with steps x batch).
@@ -98,6 +105,7 @@ class SchedulerConfig:
     kv_layout: str = "paged"
     enable_prefix_caching: bool = True
     count_host_time: bool = False
+    overlap: bool = False
     log_step_requests: bool = False
     temperature: float = 0.0
     top_k: int = 0
@@ -200,6 +208,10 @@ class Scheduler:
         self._step_cached_tokens = 0
         self._num_done += reject_impossible(self.table, self.kv, config, self._reserve_tokens)
         self.watchdog = ProgressWatchdog(n, config.no_progress_steps)
+        self.in_flight: Optional[InFlightTokens] = (
+            InFlightTokens(n) if (config.overlap and engine.feeds_tokens and self.hits is None
+                                  and not config.kv_handoff)  # a handoff reads the first token
+            else None)
         self.view = SchedulerView(self)
 
     # ------------------------------------------------------------- queries
@@ -315,6 +327,7 @@ class Scheduler:
 
     def result(self) -> RunResult:
         """The run so far, as a value (a copy: stepping on does not change it)."""
+        self._land_in_flight()
         self.record.flush_removed()
         return RunResult.from_log(
             self.table, self.record, policy=self.policy.name, engine=self.engine.name,
@@ -361,13 +374,25 @@ class Scheduler:
                       page_size=self.config.page_size, sampling=self.sampling,
                       token_ids=self._token_ids(ids, tokens),
                       min_bucket_tokens=plan.min_bucket_tokens)
+        source = None if self.in_flight is None else self.in_flight.token_source(
+            ids, tokens, self.table.num_computed[ids],
+            self.table.prompt_len[ids] + self.table.num_generated[ids], inputs.bucket.num_tokens)
         host_s = time.perf_counter() - host_start
-        output = self.engine.step(inputs)
+        pending: Optional[PendingStep] = None
+        if self.in_flight is None:
+            output = self.engine.step(inputs)
+            step_s = output.step_s
+        else:  # dispatch, then read the previous step's tokens back while this one runs
+            pending = self.engine.step_async(inputs, source)
+            output, step_s = None, pending.step_s
+            landed = self.in_flight.land()  # waits for the previous step: not host time
         update_start = time.perf_counter()
+        if self.in_flight is not None:
+            self._record_tokens(*landed)
         start_s = self.now_s
         # With count_host_time the engine starts only once the host has planned the step.
-        end_s = start_s + output.step_s + (host_s if self.config.count_host_time else 0.0)
-        self._update(ids, tokens, output, end_s)
+        end_s = start_s + step_s + (host_s if self.config.count_host_time else 0.0)
+        self._update(ids, tokens, output, end_s, pending)
         progressed = self.watchdog.computed(ids, self.table.num_computed[ids]) or progressed
         update_s = time.perf_counter() - update_start
         host_s += update_s
@@ -376,7 +401,7 @@ class Scheduler:
         self.record.log_step(StepLog(
             step=self.num_steps, start_s=start_s, num_seqs=int(ids.size),
             num_tokens=int(inputs.num_real_tokens), num_padded_tokens=inputs.bucket.num_tokens,
-            bucket=inputs.bucket.num_tokens, host_s=host_s, step_s=output.step_s,
+            bucket=inputs.bucket.num_tokens, host_s=host_s, step_s=step_s,
             num_running=int(self.running.size), num_waiting=int(self.waiting.size),
             num_free_pages=self.kv.num_free, num_cached_tokens=self._step_cached_tokens))
         if self.config.log_step_requests:
@@ -500,13 +525,32 @@ class Scheduler:
         pieces = []
         for request, start, count in zip(ids.tolist(), computed.tolist(), tokens.tolist()):
             spec = table.specs[request]
-            known = np.concatenate([spec.prompt_tokens,
-                                    np.asarray(self._generated[request], dtype=np.int32)])
+            generated = self._generated[request]
+            if self.in_flight is not None and self.in_flight.row[request] >= 0:
+                generated = [*generated, 0]  # the newest is on the device: token_source
+            known = np.concatenate([spec.prompt_tokens, np.asarray(generated, dtype=np.int32)])
             pieces.append(known[start:start + count])
         return np.concatenate(pieces).astype(np.int32)
 
-    def _update(self, ids: NDArray[np.int64], tokens: NDArray[np.int64], output: StepOutput,
-                end_s: float) -> None:
+    def _land_in_flight(self) -> None:
+        """Reads the tokens of the step in flight back (waits for it), if any."""
+        if self.in_flight is not None and self.in_flight.holding:
+            self._record_tokens(*self.in_flight.land())
+
+    def _record_tokens(self, sampled: NDArray[np.int64],  # [m]
+                       new_tokens: NDArray[np.int32]) -> None:  # [m]
+        self.table.last_token[sampled] = new_tokens
+        if self.hits is not None:
+            self.hits.record(sampled, new_tokens)
+        if self._generated is not None:
+            for request, token in zip(sampled.tolist(), new_tokens.tolist()):
+                self._generated[request].append(token)
+
+    def _update(self, ids: NDArray[np.int64], tokens: NDArray[np.int64],
+                output: Optional[StepOutput], end_s: float,
+                pending: Optional[PendingStep]) -> None:
+        """Counts the step's tokens; its sampled token values are `output`'s, or (None)
+        stay on the device in `pending` until `_land_in_flight`."""
         table = self.table
         computed = table.num_computed[ids] + tokens
         table.num_computed[ids] = computed
@@ -516,18 +560,15 @@ class Scheduler:
         sampled = ids[sampled_mask]
         if sampled.size == 0:
             return
-        new_tokens = output.sampled_tokens[:ids.size][sampled_mask]
         table.num_generated[sampled] += 1
-        table.last_token[sampled] = new_tokens
+        if output is not None:
+            self._record_tokens(sampled, output.sampled_tokens[:ids.size][sampled_mask])
+        else:
+            self.in_flight.hold(pending, sampled, np.flatnonzero(sampled_mask))
         table.last_token_s[sampled] = end_s
         first = sampled[np.isnan(table.first_token_s[sampled])]
         table.first_token_s[first] = end_s
         self.record.log_tokens(sampled, end_s)
-        if self.hits is not None:
-            self.hits.record(sampled, new_tokens)
-        if self._generated is not None:
-            for request, token in zip(sampled.tolist(), new_tokens.tolist()):
-                self._generated[request].append(token)
         finished = sampled[table.num_generated[sampled] == table.output_len[sampled]]
         if finished.size == 0:
             return

@@ -11,13 +11,14 @@ would show in `num_compiles`.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import logging
 import re
 import statistics
 import time
-from typing import Optional
+from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
@@ -29,13 +30,14 @@ from orca_jax.core.engine_api import (
     Bucket,
     Engine,
     EngineConfigError,
+    PendingStep,
     StepInputs,
     StepOutput,
     bucket_arrays_are_consistent,
 )
 from orca_jax.core.packing import build_step_inputs
+from orca_jax.model import distributed, sharding
 from orca_jax.model import llama as model_lib
-from orca_jax.model import sharding
 from orca_jax.specs.model_config import ModelConfig
 
 _log = logging.getLogger(__name__)
@@ -102,13 +104,20 @@ class JaxEngine(Engine):
         the full page-table width, the bucket's worst case.
       mesh: a `tp` mesh (`sharding.make_mesh`) to split the weights, the KV cache
         and attention over (tensor parallelism); None runs on the default device.
+        After `distributed.initialize` the mesh may span processes: every process
+        builds the same engine and runs the same steps, and each step's time is
+        process 0's (`distributed.agree_on_step`), so the clocks agree.
+      feed_tokens: compile the step with a device-side token buffer: each step
+        keeps its sampled tokens on the device and `step_async(inputs, token_source)`
+        feeds them to the next step's decodes, so the host never waits for them
+        (overlap scheduling). Off, the compiled step is the plain one.
     """
 
     def __init__(self, model_config: ModelConfig, params: nnx.State, *, num_cache_pages: int,
                  page_size: int, pages_per_seq: int, dtype: jnp.dtype = jnp.float32,
                  attention: str = "reference", clock: str = "wall", num_timed_runs: int = 3,
                  warmup_kv_len: Optional[int] = None,
-                 mesh: Optional[jax.sharding.Mesh] = None) -> None:
+                 mesh: Optional[jax.sharding.Mesh] = None, feed_tokens: bool = False) -> None:
         if clock not in CLOCKS:
             raise ValueError(f"JaxEngine: clock={clock!r}, choose one of {CLOCKS}")
         if num_cache_pages < 2 or page_size < 1 or pages_per_seq < 1:
@@ -153,12 +162,16 @@ class JaxEngine(Engine):
             # Built in place, split: the whole cache never sits on one device.
             self._cache = jax.jit(new_cache, out_shardings=sharding.kv_cache_sharding(mesh))()
             self._inputs_sharding = sharding.replicated(mesh)
-        self._jitted = jax.jit(functools.partial(model_lib.step, graphdef, attention=attend),
-                               donate_argnums=1)
+        self._feed = feed_tokens
+        self._fed_size = 0  # rows of the device token buffer: the widest bucket's S
+        self._fed: Optional[jax.Array] = None  # [fed_size] the last step's sampled tokens
+        step_fn = _step_feeding_tokens if feed_tokens else _plain_step
+        self._jitted = jax.jit(functools.partial(step_fn, graphdef, attend), donate_argnums=1)
         self._compiled: dict[Bucket, jax.stages.Compiled] = {}
         self._fingerprints: dict[Bucket, str] = {}
         self._bucket_s: dict[Bucket, float] = {}
         self._num_compiles = 0
+        self._multiprocess = distributed.is_multiprocess()
 
     @staticmethod
     def _check_params(abstract: nnx.State, params: nnx.State) -> None:
@@ -225,12 +238,26 @@ class JaxEngine(Engine):
         _log.info("jax engine: compiling %d step buckets (%s tokens)", len(todo),
                   ",".join(str(b.num_tokens) for b in todo))
         start = time.perf_counter()
+        if self._feed:
+            widest = max(bucket.num_seqs for bucket in buckets)
+            if self._fed is not None and widest > self._fed_size:
+                raise ValueError(f"JaxEngine.warmup: feed_tokens fixed the token buffer at "
+                                 f"{self._fed_size} sequences at the first warm-up; bucket "
+                                 f"S={widest} needs more (warm every bucket up at once)")
+            if self._fed is None:
+                self._fed_size = widest
+                self._fed = self._to_device(np.zeros(widest, np.int32))
         for bucket in todo:
             dummy = self._dummy_inputs(bucket)
             shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(
                 a.shape, a.dtype, sharding=self._inputs_sharding), dummy)
+            extra = ()
+            if self._feed:
+                extra = tuple(jax.ShapeDtypeStruct((size,), jnp.int32,
+                                                   sharding=self._inputs_sharding)
+                              for size in (self._fed_size, bucket.num_tokens))
             before = backend_compiles()
-            compiled = self._jitted.lower(self._params, self._cache, shapes).compile()
+            compiled = self._jitted.lower(self._params, self._cache, shapes, *extra).compile()
             self._num_compiles += backend_compiles() - before
             self._compiled[bucket] = compiled
             self._fingerprints[bucket] = hlo_fingerprint(compiled)
@@ -241,6 +268,10 @@ class JaxEngine(Engine):
         _log.info("jax engine: %d buckets compiled in %.1f s", len(todo),
                   time.perf_counter() - start)
 
+    @property
+    def feeds_tokens(self) -> bool:
+        return self._feed
+
     def step(self, inputs: StepInputs) -> StepOutput:
         """Runs one compiled step; `step_s` is the wall or the bucket time per `clock`.
 
@@ -248,6 +279,29 @@ class JaxEngine(Engine):
           ValueError: the bucket was not warmed up (it would compile), or the
             arrays do not match the bucket or this engine's page-table width.
         """
+        return self.step_async(inputs).output()
+
+    def step_async(self, inputs: StepInputs,
+                   token_source: Optional[np.ndarray] = None) -> PendingStep:
+        """Dispatches one compiled step and returns at once (JAX runs it asynchronously).
+
+        Args:
+          inputs: the step's descriptor.
+          token_source: [T] int32 or None (needs `feed_tokens`): row t >= 0 takes token
+            t from sequence `token_source[t]`'s sampled token of the previous step
+            dispatched here, -1 takes `inputs.token_ids[t]`.
+
+        Raises:
+          ValueError: as `step`, or a `token_source` without `feed_tokens`, or one
+            that is not [T].
+        """
+        if token_source is not None:
+            if not self._feed:
+                raise ValueError("JaxEngine.step_async: token_source needs feed_tokens=True")
+            if token_source.shape != (inputs.bucket.num_tokens,):
+                raise ValueError(f"JaxEngine.step_async: token_source has shape "
+                                 f"{token_source.shape}, bucket {inputs.bucket} needs "
+                                 f"({inputs.bucket.num_tokens},)")
         bucket = inputs.bucket
         self._check_warm(bucket, self._compiled)
         if not bucket_arrays_are_consistent(inputs):
@@ -256,9 +310,8 @@ class JaxEngine(Engine):
             raise ValueError(f"JaxEngine.step: page_indices has {inputs.page_indices.shape[1]} "
                              f"columns, the engine was built with pages_per_seq="
                              f"{self.pages_per_seq}")
-        tokens, elapsed = self._run(bucket, inputs)
-        step_s = elapsed if self.clock == "wall" else self._bucket_s[bucket]
-        return StepOutput(sampled_tokens=tokens, step_s=step_s)
+        return _DispatchedStep(self, inputs, token_source,
+                               None if self.clock == "wall" else self._bucket_s[bucket])
 
     def read_kv_pages(self, pages: np.ndarray) -> tuple[int, model_lib.KVCache]:  # [n]
         """These pages' K and V (a disaggregated transfer's payload), padded to the
@@ -282,14 +335,31 @@ class JaxEngine(Engine):
         return padded
 
     def _run(self, bucket: Bucket, inputs: StepInputs) -> tuple[np.ndarray, float]:
+        """Runs a step and waits: (its sampled tokens [S], its measured seconds)."""
+        return _DispatchedStep(self, inputs, None, None).wait()
+
+    def _dispatch(self, inputs: StepInputs, token_source: Optional[np.ndarray]) -> jax.Array:
+        """Calls the bucket's compiled step; returns its sampled tokens [S], on the device."""
         before = backend_compiles()
-        start = time.perf_counter()
-        self._cache, result = self._compiled[bucket](
-            self._params, self._cache, jax.device_put(inputs, self._inputs_sharding))
-        tokens = np.asarray(result.tokens.block_until_ready())  # [S]
-        elapsed = time.perf_counter() - start
+        args = (self._params, self._cache, self._to_device(inputs))
+        if self._feed:
+            if token_source is None:
+                token_source = np.full(inputs.bucket.num_tokens, -1, np.int32)
+            self._cache, result, self._fed = self._compiled[inputs.bucket](
+                *args, self._fed, self._to_device(token_source.astype(np.int32)))
+        else:
+            self._cache, result = self._compiled[inputs.bucket](*args)
         self._num_compiles += backend_compiles() - before
-        return tokens, elapsed
+        return result.tokens
+
+    def _to_device(self, inputs: Any) -> Any:
+        """The descriptor on the mesh's devices (replicated), or on the default device."""
+        if not self._multiprocess:
+            return jax.device_put(inputs, self._inputs_sharding)
+        # jax.device_put onto a mesh spanning processes compiles a transfer program per
+        # shape; building the global array from this process's copies compiles nothing.
+        return jax.tree.map(lambda a: jax.make_array_from_callback(
+            a.shape, self._inputs_sharding, lambda index: a[index]), inputs)
 
     def _dummy_inputs(self, bucket: Bucket) -> StepInputs:
         """A full bucket: up to S sequences sharing T tokens, each at the end of a
@@ -301,6 +371,61 @@ class JaxEngine(Engine):
             bucket, num_tokens=q_lens, num_computed=self.warmup_kv_len - q_lens,
             page_rows=np.full((q_lens.size, self.pages_per_seq), NULL_PAGE, np.int32),
             page_size=self.page_size)
+
+
+def _plain_step(graphdef: nnx.GraphDef, attend: Any, params: nnx.State,
+                cache: model_lib.KVCache, inputs: StepInputs
+                ) -> tuple[model_lib.KVCache, model_lib.StepResult]:
+    return model_lib.step(graphdef, params, cache, inputs, attention=attend)
+
+
+def _step_feeding_tokens(graphdef: nnx.GraphDef, attend: Any, params: nnx.State,
+                         cache: model_lib.KVCache, inputs: StepInputs,
+                         fed: jax.Array,  # [F] the previous step's sampled tokens
+                         token_source: jax.Array,  # [T] row of `fed`, or -1: the host's id
+                         ) -> tuple[model_lib.KVCache, model_lib.StepResult, jax.Array]:
+    """The step, with decode inputs taken from the previous step's tokens on the device;
+    returns this step's tokens in a new [F] buffer for the next one."""
+    from_device = fed[jnp.clip(token_source, 0, fed.shape[0] - 1)]  # [T]
+    inputs = dataclasses.replace(
+        inputs, token_ids=jnp.where(token_source >= 0, from_device, inputs.token_ids))
+    cache, result = model_lib.step(graphdef, params, cache, inputs, attention=attend)
+    rows = min(fed.shape[0], result.tokens.shape[0])
+    return cache, result, jnp.zeros_like(fed).at[:rows].set(result.tokens[:rows])
+
+
+class _DispatchedStep(PendingStep):
+    """A JaxEngine step in flight: its tokens are read back (and, with a wall clock, its
+    time measured) on the first `output()`, so the host can work meanwhile."""
+
+    def __init__(self, engine: JaxEngine, inputs: StepInputs,
+                 token_source: Optional[np.ndarray], bucket_s: Optional[float]) -> None:
+        self._engine, self._inputs, self._bucket_s = engine, inputs, bucket_s
+        self._start = time.perf_counter()
+        self._device_tokens = engine._dispatch(inputs, token_source)  # [S], on the device
+        self._done: Optional[tuple[np.ndarray, float]] = None
+
+    def wait(self) -> tuple[np.ndarray, float]:
+        """(sampled tokens [S], seconds from dispatch until they were on the host)."""
+        if self._done is None:
+            # The tokens are replicated: this process's shard is all of them (under a mesh
+            # spanning processes the array is not fully addressable, so no np.asarray).
+            shard = self._device_tokens.addressable_shards[0].data
+            tokens = np.asarray(shard.block_until_ready())  # [S]
+            elapsed = time.perf_counter() - self._start
+            if self._engine._multiprocess:  # one clock: process 0's; descriptors checked
+                elapsed = distributed.agree_on_step(elapsed, self._inputs)
+            self._done = (tokens, elapsed)
+        return self._done
+
+    @property
+    def step_s(self) -> float:
+        return self._bucket_s if self._bucket_s is not None else self.wait()[1]
+
+    def output(self) -> StepOutput:
+        tokens, elapsed = self.wait()
+        return StepOutput(sampled_tokens=tokens,
+                          step_s=self._bucket_s if self._bucket_s is not None else elapsed)
 
 
 @jax.jit

@@ -117,7 +117,8 @@ def scheduler_config(spec: RunSpec) -> SchedulerConfig:
                            no_progress_steps=limits.no_progress_steps,
                            log_step_requests=limits.log_step_requests,
                            kv_layout=limits.kv_layout,
-                           count_host_time=limits.count_host_time)
+                           count_host_time=limits.count_host_time,
+                           overlap=isinstance(engine, JaxEngineSpec) and engine.overlap)
 
 
 def build_engine(spec: RunSpec, config: SchedulerConfig) -> Engine:
@@ -168,7 +169,7 @@ def _jax_engine(spec: RunSpec, engine: JaxEngineSpec, config: SchedulerConfig) -
     pages_per_seq = pages_per_seq_for(config.max_model_len, config.page_size)
     real = JaxEngine(model, params, num_cache_pages=config.num_kv_pages + 1,  # + the null page
                      page_size=config.page_size, pages_per_seq=pages_per_seq, dtype=dtype,
-                     attention=attention, clock="wall", mesh=mesh)
+                     attention=attention, clock="wall", mesh=mesh, feed_tokens=engine.overlap)
     if engine.clock == "wall":
         return real
     # The profiled clock prices each step by a fit of what it holds, measured at warm-up or

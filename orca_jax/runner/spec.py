@@ -131,6 +131,9 @@ class JaxEngineSpec:
     # The profiled clock's per-bucket table: read if the file exists, else measured and
     # written there (default: measured, and written beside the results).
     profile_table: Optional[str] = None
+    # Plan and pack step N+1 while step N runs (the decodes fed N's tokens on the device);
+    # the same plans, steps and tokens as without (SchedulerConfig.overlap).
+    overlap: bool = True
 
     def __post_init__(self) -> None:
         _check_choice("engine", "dtype", self.dtype, DTYPES)

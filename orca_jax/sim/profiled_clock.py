@@ -34,11 +34,15 @@ import os
 import time
 from typing import Any, Mapping, Optional
 
+import numpy as np
+from numpy.typing import NDArray
+
 from orca_jax.core.engine_api import (
     Bucket,
     Engine,
     EngineConfigError,
     EngineWrapper,
+    PendingStep,
     StepInputs,
     StepOutput,
 )
@@ -148,9 +152,37 @@ class ProfiledClock(EngineWrapper):
         """Runs the step on the wrapped engine; `step_s` is the fit's price of it."""
         self._check_warm(inputs.bucket, self._warm)
         output = self.engine.step(inputs)
+        return StepOutput(sampled_tokens=output.sampled_tokens, step_s=self._price(inputs))
+
+    @property
+    def feeds_tokens(self) -> bool:
+        return self.engine.feeds_tokens
+
+    def step_async(self, inputs: StepInputs,
+                   token_source: Optional[NDArray[np.int32]] = None) -> PendingStep:
+        """Dispatches the step on the wrapped engine; its price is known at once, so
+        the scheduler plans the next step without waiting for this one."""
+        self._check_warm(inputs.bucket, self._warm)
+        return _PricedStep(self.engine.step_async(inputs, token_source), self._price(inputs))
+
+    def _price(self, inputs: StepInputs) -> float:
         q_lens, kv_lens = real_lengths(inputs)
-        return StepOutput(sampled_tokens=output.sampled_tokens,
-                          step_s=self._fit[inputs.bucket.num_tokens].seconds(q_lens, kv_lens))
+        return self._fit[inputs.bucket.num_tokens].seconds(q_lens, kv_lens)
+
+
+class _PricedStep(PendingStep):
+    """A wrapped engine's pending step, with the profiled clock's price as its time."""
+
+    def __init__(self, pending: PendingStep, step_s: float) -> None:
+        self._pending, self._step_s = pending, step_s
+
+    @property
+    def step_s(self) -> float:
+        return self._step_s
+
+    def output(self) -> StepOutput:
+        return StepOutput(sampled_tokens=self._pending.output().sampled_tokens,
+                          step_s=self._step_s)
 
 
 def table_digest(path: str) -> str:
