@@ -16,6 +16,7 @@ from typing import Optional
 from absl import app, flags
 
 from experiments.cli_errors import clean_errors, parse_flags  # noqa: F401 (entry points' API)
+from orca_jax.core.packing import ladder_token_sizes
 from orca_jax.runner.spec import (
     ATTENTIONS,
     CLOCKS,
@@ -131,6 +132,9 @@ flags.DEFINE_integer("page_size", 16, "Tokens per KV page.", lower_bound=1)
 flags.DEFINE_integer("max_model_len", None, "Context limit (default: the model's).", lower_bound=2)
 flags.DEFINE_list("buckets", None, "Step token sizes to pad to (default: powers of two up to "
                   "--max_num_tokens).")
+flags.DEFINE_string("bucket_ladder", None, "Step token sizes by rule instead of --buckets: pow2 "
+                    "(the default), geometric:R (each about R times the last, e.g. 1.41) or "
+                    "step:N (multiples of N); each tops out at --max_num_tokens.")
 flags.DEFINE_float("ttft_slo_s", None, "TTFT SLO for goodput, seconds.")
 flags.DEFINE_float("tpot_slo_s", None, "TPOT SLO for goodput, seconds.")
 flags.DEFINE_integer("seed", 0, "Workload and sampling seed.", lower_bound=0)
@@ -218,7 +222,15 @@ for _name, _column in LENGTH_COLUMNS.items():
     _validate_length(_name, _column)
 
 
-def _buckets() -> Optional[tuple[int, ...]]:
+def _buckets(max_num_tokens: int) -> Optional[tuple[int, ...]]:
+    if FLAGS.bucket_ladder is not None:
+        if FLAGS.buckets:
+            raise app.UsageError("--buckets and --bucket_ladder both choose the step sizes: "
+                                 "give one")
+        try:
+            return ladder_token_sizes(FLAGS.bucket_ladder, max_num_tokens)
+        except ValueError as e:
+            raise app.UsageError(f"--bucket_ladder: {e}") from None
     if not FLAGS.buckets:
         return None
     try:
@@ -297,7 +309,7 @@ def spec_from_flags() -> RunSpec:
                               max_num_tokens=pick("max_num_tokens"),
                               num_kv_pages=FLAGS.num_kv_pages, kv_memory_gb=FLAGS.kv_memory_gb,
                               page_size=FLAGS.page_size, max_model_len=FLAGS.max_model_len,
-                              token_buckets=_buckets(),
+                              token_buckets=_buckets(pick("max_num_tokens")),
                               log_step_requests=FLAGS.log_step_requests,
                               count_host_time=FLAGS.count_host_time,
                               no_progress_steps=FLAGS.no_progress_steps),

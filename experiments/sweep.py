@@ -8,7 +8,10 @@ a rate only compresses the arrivals), with the shared run flags (`--rate` and
 `--seed` are replaced by `--rates` and `--seeds`). Each finished point is
 appended to `points.jsonl` in --out_dir (see `orca_jax.results.sweep_store`), so a
 killed sweep rerun with the same command runs only the missing points; a
-rerun with another workload into the same folder is refused. Then sweep.png:
+rerun with another workload into the same folder is refused. A point that
+raises is stored failed with its error and the sweep goes on (the command then
+exits 1 naming it; a rerun retries it). `--executor=ray` runs each point as a
+Ray task (a local Ray, `--ray_num_cpus`, or a cluster's `--ray_address`). Then sweep.png:
 the chosen latency metric against throughput, one curve per policy, mean over
 seeds with a band over seeds.
 """
@@ -27,9 +30,9 @@ from experiments.policy_flags import resolve_policies
 from orca_jax.core.json_files import write_text_atomic
 from orca_jax.results.metrics import format_table
 from orca_jax.results.plots import METRIC_LABELS, plot_sweep
-from orca_jax.results.sweep_store import SweepConfigError, aggregate
+from orca_jax.results.sweep_store import SweepConfigError, aggregate, point_key
 from orca_jax.runner.build import check_policies, scheduler_config
-from orca_jax.runner.sweep import PolicyRun, SweepError, run_sweep
+from orca_jax.runner.sweep import PolicyRun, SweepError, SweepExecutor, run_sweep
 
 METRICS = {"normalized_latency": "normalized_latency_mean_s", "ttft_p99": "ttft_p99_s",
            "tpot_p99": "tpot_p99_s", "goodput": "goodput_req_s",
@@ -52,6 +55,13 @@ flags.DEFINE_enum("throughput", "req", list(THROUGHPUTS), "Throughput axis: requ
 flags.DEFINE_enum("band", "minmax", ["minmax", "std"], "Band over seeds: min-max or mean ± std.")
 flags.DEFINE_bool("point_runs", False, "Also write each point's run folder (requests.jsonl, "
                   "steps.jsonl, ...) under --out_dir/points/.")
+flags.DEFINE_enum("executor", "serial", ["serial", "ray"], "Where points run: here, one after "
+                  "another, or one Ray task each (pip install -e \".[ray]\"); this process alone "
+                  "writes the store either way.")
+flags.DEFINE_string("ray_address", None, "--executor=ray: a running Ray cluster's address "
+                    "(ray start --head prints it); unset starts a local Ray.")
+flags.DEFINE_integer("ray_num_cpus", None, "--executor=ray without --ray_address: the local "
+                     "Ray's CPUs, i.e. points at once (default: every CPU).", lower_bound=1)
 flags.FLAGS.set_default("out_dir", "runs/sweep")
 
 FLAGS = flags.FLAGS
@@ -90,9 +100,12 @@ def main(argv: list[str]) -> None:
     check_policies(spec, scheduler_config(spec),
                    [(entry.spec, entry.options) for entry in entries])
     runs = [PolicyRun(entry.label, entry.spec, dict(entry.options)) for entry in entries]
+    if FLAGS.executor != "ray" and (FLAGS.ray_address or FLAGS.ray_num_cpus):
+        raise app.UsageError("--ray_address and --ray_num_cpus need --executor=ray")
+    executor = SweepExecutor(FLAGS.executor, FLAGS.ray_address, FLAGS.ray_num_cpus)
     try:
         store, keys = run_sweep(spec, runs, rates, seeds, FLAGS.out_dir,
-                                point_runs=FLAGS.point_runs, progress=True)
+                                point_runs=FLAGS.point_runs, progress=True, executor=executor)
     except (SweepConfigError, SweepError) as e:
         sys.exit(f"error: {e}")
     x_field, y_field = THROUGHPUTS[FLAGS.throughput], METRICS[FLAGS.metric]
@@ -113,6 +126,13 @@ def main(argv: list[str]) -> None:
     else:
         print("matplotlib is not installed: no figure (the points are in points.jsonl)")
     print(f"points in {store.points_path}")
+    wanted = set(keys)
+    failed = [p for p in store.load() if p.get("error") and point_key(p) in wanted]
+    if failed:
+        first = failed[0]
+        sys.exit(f"error: {len(failed)} of {len(keys)} points failed (first: {first['policy']} "
+                 f"rate={first['rate']:g} seed={first['seed']}: {first['error']}); the others "
+                 "are in the store, and a rerun runs the failed ones again")
 
 
 if __name__ == "__main__":

@@ -22,9 +22,9 @@ from orca_jax.core.run_result import RunResult
 from orca_jax.results import metrics
 from orca_jax.results.metrics import format_table
 from orca_jax.results.plots import plot_sweep
-from orca_jax.results.sweep_store import Curve, PointKey
+from orca_jax.results.sweep_store import Curve, PointKey, point_key
 from orca_jax.runner.spec import RunSpec
-from orca_jax.runner.sweep import PolicyRun, run_sweep
+from orca_jax.runner.sweep import PolicyRun, SweepError, SweepExecutor, run_sweep
 
 
 def request_percentiles(result: RunResult) -> dict[str, Optional[float]]:
@@ -44,7 +44,8 @@ def request_percentiles(result: RunResult) -> dict[str, Optional[float]]:
 
 def run_grid(spec: RunSpec, runs: Sequence[PolicyRun], rates: Sequence[float],
              seeds: Sequence[int], out_dir: str, *,
-             saturated: Optional[Callable[[float, Mapping[str, Any]], bool]] = None
+             saturated: Optional[Callable[[float, Mapping[str, Any]], bool]] = None,
+             executor: Optional[SweepExecutor] = None
              ) -> tuple[list[dict[str, Any]], list[PointKey]]:
     """Runs every policy over ascending rates and seeds, into a resumable `SweepStore`.
 
@@ -62,14 +63,27 @@ def run_grid(spec: RunSpec, runs: Sequence[PolicyRun], rates: Sequence[float],
       out_dir: the store's folder.
       saturated: whether a point (its rate, its summary) is past the policy's capacity
         (default `falls_behind`).
+      executor: where the points run (`orca_jax.runner.sweep.SweepExecutor`; default
+        serially in this process, `SweepExecutor("ray")` as Ray tasks).
 
     Returns:
       The store's points and the keys that were run or found (the grid to aggregate).
+
+    Raises:
+      SweepError: a point raised (it is stored failed, with its error; the others ran).
     """
     store, keys = run_sweep(spec, runs, rates, seeds, out_dir, build_per_point=True,
                             saturated=saturated or falls_behind,
-                            extra_metrics=request_percentiles)
-    return store.load(), keys
+                            extra_metrics=request_percentiles, executor=executor)
+    points = store.load()
+    wanted = set(keys)
+    failed = [p for p in points if p.get("error") and point_key(p) in wanted]
+    if failed:  # the tables need every point; the finished ones stay in the store
+        first = failed[0]
+        raise SweepError(f"{out_dir}: {len(failed)} of {len(keys)} points failed (first: "
+                         f"{first['policy']} rate={first['rate']:g} seed={first['seed']}: "
+                         f"{first['error']}); a rerun runs them again")
+    return points, keys
 
 
 def falls_behind(rate: float, summary: Mapping[str, Any]) -> bool:

@@ -29,6 +29,41 @@ def default_token_sizes(max_num_tokens: int, smallest: int = 16) -> tuple[int, .
     return tuple(sizes)
 
 
+BUCKET_LADDERS = ("pow2", "geometric:R", "step:N")
+_LADDER_ALIGN = 8  # geometric sizes round up to a multiple of this (a sublane's rows)
+
+
+def ladder_token_sizes(ladder: str, max_num_tokens: int, smallest: int = 16) -> tuple[int, ...]:
+    """The step token sizes of a named ladder, up to and including `max_num_tokens`.
+
+    `pow2`: powers of two from `smallest` (`default_token_sizes`). `geometric:R`: from
+    `smallest`, each size about R times the last (R > 1), rounded up to a multiple of 8;
+    padding wastes at most a fraction 1 - 1/R of a step, against 1/2 for pow2. `step:N`:
+    the multiples of N, as vLLM's CUDA-graph sizes are (at most N - 1 padded tokens a step).
+    The largest size is always `max_num_tokens`.
+
+    Raises:
+      ValueError: an unknown ladder or a bad R or N, naming the ladder.
+    """
+    kind, _, arg = ladder.partition(":")
+    if kind == "pow2" and not arg:
+        return default_token_sizes(max_num_tokens, smallest)
+    try:
+        value = float(arg) if kind == "geometric" else int(arg)
+    except ValueError:
+        value = None
+    if kind == "geometric" and value is not None and value > 1.0:
+        sizes = [min(smallest, max_num_tokens)]
+        while sizes[-1] < max_num_tokens:
+            grown = -(-int(np.ceil(sizes[-1] * value)) // _LADDER_ALIGN) * _LADDER_ALIGN
+            sizes.append(min(max(grown, sizes[-1] + 1), max_num_tokens))
+        return tuple(sizes)
+    if kind == "step" and value is not None and value >= 1:
+        return tuple(range(int(value), max_num_tokens, int(value))) + (max_num_tokens,)
+    raise ValueError(f"bucket ladder {ladder!r}: expected one of {', '.join(BUCKET_LADDERS)} "
+                     "(R > 1, N >= 1)")
+
+
 @dataclasses.dataclass(frozen=True)
 class BucketConfig:
     """The set of step shapes.
@@ -95,6 +130,7 @@ def build_step_inputs(bucket: Bucket, *,
                       token_ids: Optional[NDArray[np.int32]] = None,  # [sum(num_tokens)] or None
                       sampling: Optional[SamplingArrays] = None,
                       sampling_rows: Optional[NDArray[np.int64]] = None,  # [n] or None
+                      pages_per_seq: Optional[int] = None,
                       ) -> StepInputs:
     """The step descriptor of `n` real sequences, padded to `bucket` (engine_api's layout).
 
@@ -110,13 +146,17 @@ def build_step_inputs(bucket: Bucket, *,
       bucket: the compiled step shape to pad to.
       num_tokens: tokens each sequence computes this step (>= 1).
       num_computed: tokens each sequence has in its KV cache before the step.
-      page_rows: each sequence's KV pages; its width is the page-table width P.
+      page_rows: each sequence's KV pages, in order: at least the pages of its context
+        after the step (`pack` cuts the rows to the step's widest context, so a step's
+        page-table work follows the real contexts, not `max_model_len`).
       page_size: tokens per KV page.
       token_ids: the flat ids of the new tokens, or None (zeros) for an engine
         that needs none.
       sampling: sampling parameters by row, or None for greedy.
       sampling_rows: the row of `sampling` each sequence takes (None: row i for
         sequence i).
+      pages_per_seq: the page-table width P of the descriptor (None: `page_rows`'
+        width); columns past `page_rows` hold the null page.
 
     Returns:
       The padded StepInputs.
@@ -146,8 +186,9 @@ def build_step_inputs(bucket: Bucket, *,
     slot_mapping[:total] = (page_rows[seq_of_token, real_positions // page_size] * page_size
                             + real_positions % page_size)
 
-    page_indices = np.zeros((s, page_rows.shape[1]), dtype=np.int32)
-    page_indices[:num_seqs] = page_rows
+    width = page_rows.shape[1]
+    page_indices = np.zeros((s, width if pages_per_seq is None else pages_per_seq), np.int32)
+    page_indices[:num_seqs, :width] = page_rows
 
     sample_indices = np.zeros(s, dtype=np.int32)
     sample_indices[:num_seqs] = cu_q_lens[1:num_seqs + 1] - 1
@@ -186,7 +227,7 @@ def pack(*, bucket_config: BucketConfig,
          request_ids: NDArray[np.int64],  # [n] in pack order
          num_tokens: NDArray[np.int64],  # [n] tokens to compute for each
          num_computed: NDArray[np.int64],  # [n] tokens already in each one's KV cache
-         page_rows: NDArray[np.int32],  # [n, P] each request's page-table row
+         page_rows: NDArray[np.int32],  # [n, W] each request's pages, W <= P
          page_size: int,
          sampling: SamplingArrays,
          token_ids: Optional[NDArray[np.int32]] = None,  # [sum(num_tokens)] or None
@@ -199,7 +240,9 @@ def pack(*, bucket_config: BucketConfig,
       request_ids: the plan's requests, in the order their tokens are stacked.
       num_tokens: tokens each computes this step (>= 1).
       num_computed: tokens each has in its KV cache before the step.
-      page_rows: each request's pages (the core allocated enough for this step).
+      page_rows: each request's pages (the core allocated enough for this step), at
+        least its context after the step; the descriptor is padded to the configured
+        width with the null page.
       page_size: tokens per KV page.
       sampling: per-request sampling parameters (indexed by request index).
       token_ids: the flat ids of the tokens to compute, or None (zeros) for an
@@ -212,7 +255,8 @@ def pack(*, bucket_config: BucketConfig,
     bucket = bucket_config.select(max(int(num_tokens.sum()), min_bucket_tokens))
     return build_step_inputs(bucket, num_tokens=num_tokens, num_computed=num_computed,
                              page_rows=page_rows, page_size=page_size, token_ids=token_ids,
-                             sampling=sampling, sampling_rows=request_ids)
+                             sampling=sampling, sampling_rows=request_ids,
+                             pages_per_seq=bucket_config.pages_per_seq)
 
 
 def bucket_config_for(*, max_num_tokens: int, max_num_seqs: int, max_model_len: int,

@@ -28,6 +28,8 @@ def _first(ids: NDArray[np.int64], mask: NDArray[np.bool_]) -> int:
 
 
 def _check_indices(name: str, field: str, ids: NDArray[np.int64], num_requests: int) -> None:
+    if ids.size == 0:  # most steps preempt, release and reject nothing
+        return
     bad = (ids < 0) | (ids >= num_requests)
     if bad.any():
         raise PlanError(name, "unknown_request",

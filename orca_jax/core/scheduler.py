@@ -267,9 +267,11 @@ class Scheduler:
         """
         if self.hits is None:
             return int(needed.sum()), int(self.kv.num_held[preempt].sum()) if preempt.size else 0
-        admitting = self.table.state[ids] == _WAITING
-        hit = self.hits.hit_pages(ids[admitting])  # [h] distinct
-        overcount = self.hits.free_hit_overcount(ids[admitting], hit)
+        admitted = ids[self.table.state[ids] == _WAITING]
+        if admitted.size == 0 and preempt.size == 0:  # most steps: nothing shared is taken
+            return int(needed.sum()), 0
+        hit = self.hits.hit_pages(admitted)  # [h] distinct
+        overcount = self.hits.free_hit_overcount(admitted, hit)
         freed = self.kv.num_freed_by(preempt, hit) if preempt.size else 0
         return int(needed.sum()) - overcount, freed
 
@@ -361,9 +363,14 @@ class Scheduler:
         self._admit(ids)
         if needed.any():
             self.kv.allocate(ids, self.table.num_computed[ids] + tokens)
+        num_computed = self.table.num_computed[ids]
+        # Only the pages of the step's widest context: a row's later pages (reserved ahead,
+        # or null) are never read by this step, and copying max_model_len-wide rows would
+        # make the host's page-table work grow with max_model_len instead of the contexts.
+        width = -(-int((num_computed + tokens).max()) // self.config.page_size)
         inputs = pack(bucket_config=self.bucket_config, request_ids=ids, num_tokens=tokens,
-                      num_computed=self.table.num_computed[ids],
-                      page_rows=self.kv.page_table[self.kv.row_of[ids]],
+                      num_computed=num_computed,
+                      page_rows=self.kv.page_table[self.kv.row_of[ids], :width],
                       page_size=self.config.page_size, sampling=self.sampling,
                       token_ids=self._token_ids(ids, tokens),
                       min_bucket_tokens=plan.min_bucket_tokens)

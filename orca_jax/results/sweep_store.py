@@ -4,7 +4,9 @@ A sweep runs every policy x rate x seed. Each finished point is appended to
 `points.jsonl` in the sweep's folder as one line holding its key (policy,
 rate, seed), the run's summary, and where it came from (`session`, the id of
 the process that ran it, and `finished_at`). Rerunning the sweep reads the
-file and runs only the missing points.
+file and runs only the missing points. A point that raised is stored too, with
+its `error` (`Type: message`) and an empty summary; a rerun runs it again, and
+its new line then stands for it.
 
 Why a crash cannot break a resume: a line is written with a single
 `os.write` of the whole line on a file opened with `O_APPEND`, then
@@ -237,7 +239,8 @@ class SweepStore:
 
     # ------------------------------------------------------------- reading
     def load(self) -> list[dict[str, Any]]:
-        """Every finished point, in the order written (a repeated key keeps its first line).
+        """Every finished point, in the order written (a repeated key keeps its first line,
+        except that a failed point's line, one with `error`, gives way to a later line).
 
         A trailing line without its newline (a write cut short by a kill) is
         dropped and truncated from the file, so the next append starts clean.
@@ -255,7 +258,8 @@ class SweepStore:
                 f.flush()
                 os.fsync(f.fileno())
             data = data[:complete_end]
-        points, seen = [], set()
+        points: list[dict[str, Any]] = []
+        seen: dict[PointKey, int] = {}  # key -> its index in points
         for number, line in enumerate(data.splitlines(), start=1):
             if not line.strip():
                 continue
@@ -266,13 +270,15 @@ class SweepStore:
                 raise ValueError(f"{self.points_path}:{number}: not a sweep point "
                                  f"({type(e).__name__}: {e})") from None
             if key not in seen:
-                seen.add(key)
+                seen[key] = len(points)
                 points.append(point)
+            elif points[seen[key]].get("error"):  # a failed point, since rerun: the rerun counts
+                points[seen[key]] = point
         return points
 
     def finished_keys(self) -> set[PointKey]:
-        """The keys of the points already in the store."""
-        return {point_key(p) for p in self.load()}
+        """The keys of the points already in the store that did not fail."""
+        return {point_key(p) for p in self.load() if not p.get("error")}
 
     # ------------------------------------------------------------- writing
     def append(self, key: PointKey, summary: Mapping[str, Any],

@@ -5,6 +5,8 @@
     experiment   running one policy (or a cluster) and writing its results
     live_results streaming a live run's steps and finished requests into its folder
     sweep        the sweep runner that the sweep command and the reproductions share
+    sweep_point  one point of a sweep (its workload, run and outcome), here or in a Ray task
+    ray_sweep    a sweep's points as Ray tasks (`--executor=ray`; Ray is an extra)
 
 May import: every other part of `orca_jax` (it is the top layer); never
 `experiments`.

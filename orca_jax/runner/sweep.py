@@ -18,21 +18,33 @@ import dataclasses
 import hashlib
 import os
 import sys
-import time
 from typing import Callable, Mapping, Optional, Sequence
 
 from orca_jax.cluster.routing import make_router
 from orca_jax.core.engine_api import Engine
 from orca_jax.core.plugins import current_options
 from orca_jax.core.policy import make_policy, parse_options, resolve_policy_class
-from orca_jax.core.request import Request
 from orca_jax.core.run_result import RunResult
 from orca_jax.results.run_folder import check_writable_dir
 from orca_jax.results.sweep_store import PointKey, SweepLock, SweepStore, point_key
-from orca_jax.runner.build import build_engine, build_workload, scheduler_config
-from orca_jax.runner.experiment import run_policy
+from orca_jax.runner.build import build_engine, scheduler_config
 from orca_jax.runner.progress import Progress
 from orca_jax.runner.spec import JaxEngineSpec, RunSpec
+from orca_jax.runner.sweep_point import (
+    PointOutcome,
+    PointWorkloads,
+    PolicyRun,
+    SweepError,
+    SweepExecutor,
+    point_run_dir,
+    point_spec,
+    row_saturated,
+    run_point,
+    workload_at,
+)
+
+__all__ = ["EXIT_AFTER_ENV", "PointOutcome", "PolicyRun", "SweepError", "SweepExecutor",
+           "point_spec", "run_config", "run_sweep", "workload_at"]
 
 # Test-only: the process dies (os._exit) right after this many points, as a kill would.
 EXIT_AFTER_ENV = "ORCA_JAX_SWEEP_EXIT_AFTER"
@@ -40,25 +52,6 @@ EXIT_AFTER_ENV = "ORCA_JAX_SWEEP_EXIT_AFTER"
 # parts (and before the knobs were renamed) gives them: such a sweep still resumes.
 OLD_SETTING_NAMES = {"workload": "arrival", "max_batch_size": "max_num_seqs",
                      "token_budget": "max_num_tokens"}
-
-
-class SweepError(ValueError):
-    """A sweep that cannot run as asked (names the policies or the trace at fault)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class PolicyRun:
-    """One curve of a sweep: a policy with its knobs, under a label."""
-
-    label: str  # the curve's name, and the key of its points in the store
-    spec: str  # registered name, `package.module:Class` or `file.py:Class`
-    options: Mapping[str, str] = dataclasses.field(default_factory=dict)
-
-
-def point_spec(spec: RunSpec, rate: float, seed: int) -> RunSpec:
-    """The spec of one point: the sweep's spec at `rate` and `seed`."""
-    return dataclasses.replace(spec, workload=dataclasses.replace(spec.workload, rate=rate),
-                               seed=seed)
 
 
 def _settings(spec: RunSpec) -> dict[str, object]:
@@ -84,35 +77,12 @@ def run_config(spec: RunSpec) -> dict[str, object]:
     return config
 
 
-def workload_at(spec: RunSpec, base: list[Request], rate: float) -> list[Request]:
-    """The seed's workload at `rate`: same requests, arrivals rescaled.
-
-    Synthetic arrivals are drawn as unit gaps divided by the rate, so building
-    at rate 1 and scaling by 1 / `rate` is the workload built at `rate` (its
-    arrival times up to rounding in the last bit). A trace keeps its arrival
-    pattern, rescaled so its mean rate is `rate`.
-
-    Raises:
-      SweepError: a trace whose arrivals are all at one time (it has no rate).
-    """
-    if spec.workload.arrival == "trace":
-        span = (max(r.arrival_s for r in base) - min(r.arrival_s for r in base)
-                if len(base) >= 2 else 0.0)
-        if span <= 0:
-            raise SweepError(f"trace {spec.workload.trace}: all arrivals at one time; a rate sweep "
-                             "needs arrivals spread in time")
-        scale = (len(base) - 1) / span / rate
-    else:
-        scale = 1.0 / rate
-    return [dataclasses.replace(r, arrival_s=r.arrival_s * scale) for r in base]
-
-
 def run_sweep(spec: RunSpec, policies: Sequence[PolicyRun], rates: Sequence[float],
               seeds: Sequence[int], out_dir: str, *, build_per_point: bool = False,
               saturated: Optional[Callable[[float, Mapping[str, object]], bool]] = None,
               extra_metrics: Optional[Callable[[RunResult], Mapping[str, object]]] = None,
-              point_runs: bool = False,
-              progress: bool = False) -> tuple[SweepStore, list[PointKey]]:
+              point_runs: bool = False, progress: bool = False,
+              executor: Optional["SweepExecutor"] = None) -> tuple[SweepStore, list[PointKey]]:
     """Runs the grid's missing points into the store in `out_dir`.
 
     Points run policy-major, then rate, then seed. Points already in the store
@@ -136,7 +106,11 @@ def run_sweep(spec: RunSpec, policies: Sequence[PolicyRun], rates: Sequence[floa
       extra_metrics: more summary fields from a finished run (the second value of
         `run_policy`), stored with the point.
       point_runs: also write each point's run folder under `out_dir/points/`.
-      progress: show progress on stderr (`orca_jax.runner.progress`).
+      progress: show progress on stderr (`orca_jax.runner.progress`): finished points.
+      executor: where points run: here, one after another (the default), or as Ray tasks
+        (`SweepExecutor("ray")`). Either way this process alone appends to the store, and a
+        point that raises is recorded failed with its error (`error` in its line, an empty
+        summary) while the sweep goes on; a rerun retries failed points.
 
     Returns:
       The store and the keys that were run or found (the grid to aggregate).
@@ -167,10 +141,17 @@ def run_sweep(spec: RunSpec, policies: Sequence[PolicyRun], rates: Sequence[floa
         make_policy(run.spec, run.options)
     if spec.cluster.num_replicas > 1:
         make_router(spec.cluster.router, parse_options(spec.cluster.router_opts))
+    executor = executor or SweepExecutor()
+    if executor.kind not in ("serial", "ray"):
+        raise SweepError(f"executor {executor.kind!r}: expected 'serial' or 'ray'")
+    if executor.kind == "ray":
+        from orca_jax.runner.ray_sweep import import_ray  # Ray is an extra: only when asked
+        import_ray()  # missing: one line, before the folder is touched
     with SweepLock(out_dir):
         return _run_grid(spec, policies, classes, rates, seeds, out_dir,
                          build_per_point=build_per_point, saturated=saturated,
-                         extra_metrics=extra_metrics, point_runs=point_runs, progress=progress)
+                         extra_metrics=extra_metrics, point_runs=point_runs, progress=progress,
+                         executor=executor)
 
 
 def _run_grid(spec: RunSpec, policies: Sequence[PolicyRun], classes: Mapping[str, type],
@@ -178,7 +159,8 @@ def _run_grid(spec: RunSpec, policies: Sequence[PolicyRun], classes: Mapping[str
               build_per_point: bool,
               saturated: Optional[Callable[[float, Mapping[str, object]], bool]],
               extra_metrics: Optional[Callable[[RunResult], Mapping[str, object]]],
-              point_runs: bool, progress: bool) -> tuple[SweepStore, list[PointKey]]:
+              point_runs: bool, progress: bool,
+              executor: "SweepExecutor") -> tuple[SweepStore, list[PointKey]]:
     """`run_sweep` once its policies have loaded and it holds the folder's lock."""
     labels = [run.label for run in policies]
     store = SweepStore(out_dir, run_config(spec),
@@ -193,79 +175,98 @@ def _run_grid(spec: RunSpec, policies: Sequence[PolicyRun], classes: Mapping[str
     rate_order = sorted(float(r) for r in rates) if saturated else [float(r) for r in rates]
     grid_keys = [PointKey(label, rate, int(seed))
                  for label in labels for rate in rate_order for seed in seeds]
-    num_resumed = sum(k in points for k in grid_keys)
+    num_resumed = sum(k in points and not points[k].get("error") for k in grid_keys)
     bar = Progress(f"sweep, {num_resumed} resumed", len(grid_keys), "points",
                    initial=num_resumed, delay_s=0.0) if progress else None
-    exit_after = int(os.environ.get(EXIT_AFTER_ENV, "0"))
-    num_ran = 0
-    workloads = _Workloads(spec, build_per_point)
-    engines: dict[int, Engine] = {}
+    record = _Recorder(store, points, bar)
+    rows = [(run, rate) for run in policies for rate in rate_order]
+    if executor.kind == "ray":
+        from orca_jax.runner.ray_sweep import run_rows_on_ray  # only when asked: Ray is an extra
+        run_rows_on_ray(executor, spec, rows, seeds, out_dir, points, record,
+                        build_per_point=build_per_point, saturated=saturated,
+                        extra_metrics=extra_metrics, point_runs=point_runs)
+    else:
+        _run_rows_serially(spec, rows, seeds, out_dir, points, record,
+                           build_per_point=build_per_point, saturated=saturated,
+                           extra_metrics=extra_metrics, point_runs=point_runs)
+    if bar:
+        bar.close()
     keys: list[PointKey] = []
-    for run in policies:
+    for run in policies:  # the grid up to each policy's last run rate
         for rate in rate_order:
             row = [PointKey(run.label, rate, int(seed)) for seed in seeds]
             keys += row
-            for key in row:
-                if key in points:
-                    continue
-                if bar:
-                    bar.update(bar.count, f"running {key.policy} rate={key.rate:g} "
-                                          f"seed={key.seed}")
-                this_spec = point_spec(spec, rate, key.seed)
-                if key.seed not in engines:
-                    engines[key.seed] = build_engine(this_spec, scheduler_config(this_spec))
-                run_dir = (os.path.join(out_dir, "points", key.policy,
-                                        f"rate_{key.rate:g}_seed_{key.seed}")
-                           if point_runs else None)
-                points[key] = _run_point(store, key, this_spec, run, workloads.at(rate, key.seed),
-                                         engines[key.seed], run_dir, extra_metrics)
-                num_ran += 1
-                if bar:
-                    bar.update(bar.count + 1)
-                if exit_after and num_ran >= exit_after:
-                    sys.stderr.flush()
-                    os._exit(3)
-            if saturated and all(saturated(rate, points[key]["summary"]) for key in row):
+            if row_saturated(saturated, rate, row, points):
                 break
-    if bar:
-        bar.close()
     return store, keys
 
 
-class _Workloads:
-    """Each point's requests; a built workload is kept for the next policy's points."""
+class _Recorder:
+    """The driver's side of finished points: appends each to the store (alone, so lines
+    never interleave), keeps it in `points`, moves the bar, and honours the test-only
+    kill (`EXIT_AFTER_ENV`)."""
 
-    def __init__(self, spec: RunSpec, build_per_point: bool) -> None:
-        # A conversation's think times do not follow the rate: rescaling its arrivals
-        # would compress them too, so each point is built at its own rate.
-        self.spec = spec
-        self.build_per_point = build_per_point or spec.workload.arrival == "conversation"
-        self._per_point: dict[tuple[float, int], list[Request]] = {}
-        self._at_rate_1: dict[int, list[Request]] = {}  # by seed
+    def __init__(self, store: SweepStore, points: dict[PointKey, dict[str, object]],
+                 bar: Optional[Progress]) -> None:
+        self.store, self.points, self.bar = store, points, bar
+        self.exit_after = int(os.environ.get(EXIT_AFTER_ENV, "0"))
+        self.num_recorded = 0
+        self.failed: list[PointKey] = []
 
-    def at(self, rate: float, seed: int) -> list[Request]:
-        """The requests of the point at `rate` and `seed`."""
-        if self.build_per_point:
-            if (rate, seed) not in self._per_point:
-                self._per_point[rate, seed] = build_workload(point_spec(self.spec, rate, seed))
-            return self._per_point[rate, seed]
-        if seed not in self._at_rate_1:
-            self._at_rate_1[seed] = build_workload(point_spec(self.spec, 1.0, seed))
-        return workload_at(self.spec, self._at_rate_1[seed], rate)
+    def running(self, note: str) -> None:
+        if self.bar:
+            self.bar.update(self.bar.count, note)
+
+    def __call__(self, key: PointKey, outcome: "PointOutcome") -> None:
+        extra: dict[str, object] = {"wall_s": outcome.wall_s}
+        if outcome.run_dir:
+            extra["run_dir"] = outcome.run_dir
+        if outcome.error is not None:
+            extra["error"] = outcome.error
+            self.failed.append(key)
+        self.points[key] = self.store.append(key, outcome.summary, extra)
+        self.num_recorded += 1
+        if self.bar:
+            self.bar.update(self.bar.count + 1,
+                            f"{len(self.failed)} failed" if self.failed else "")
+        if self.exit_after and self.num_recorded >= self.exit_after:
+            sys.stderr.flush()
+            ray = sys.modules.get("ray")
+            if ray is not None and ray.is_initialized():
+                # A local Ray's agents outlive an os._exit of the process that started it:
+                # tests must not leave them behind. The store is already as a kill leaves it.
+                ray.shutdown()
+            os._exit(3)
 
 
-def _run_point(store: SweepStore, key: PointKey, spec: RunSpec, run: PolicyRun,
-               requests: list[Request], engine: Engine, run_dir: Optional[str],
-               extra_metrics: Optional[Callable[[RunResult], Mapping[str, object]]]
-               ) -> dict[str, object]:
-    """Runs one point and appends it to the store; returns its stored line."""
-    start = time.perf_counter()
-    summary, result = run_policy(spec, run.spec, dict(run.options), out_dir=run_dir,
-                                 requests=requests, engine=engine, progress=False,
-                                 label=run.label)
-    if extra_metrics:
-        summary.update(extra_metrics(result))
-    extra: dict[str, object] = {"wall_s": time.perf_counter() - start}
-    if run_dir:
-        extra["run_dir"] = run_dir
-    return store.append(key, summary, extra)
+def _run_rows_serially(spec: RunSpec, rows: Sequence[tuple[PolicyRun, float]],
+                       seeds: Sequence[int], out_dir: str,
+                       points: Mapping[PointKey, Mapping[str, object]], record: _Recorder, *,
+                       build_per_point: bool,
+                       saturated: Optional[Callable[[float, Mapping[str, object]], bool]],
+                       extra_metrics: Optional[Callable[[RunResult], Mapping[str, object]]],
+                       point_runs: bool) -> None:
+    """Runs the rows' missing points in this process, one engine per seed."""
+    workloads = PointWorkloads(spec, build_per_point)
+    engines: dict[int, Engine] = {}
+    done_policies: set[str] = set()
+    for run, rate in rows:
+        if run.label in done_policies:
+            continue
+        row = [PointKey(run.label, rate, int(seed)) for seed in seeds]
+        for key in row:
+            if key in points and not points[key].get("error"):
+                continue
+            record.running(f"running {key.policy} rate={key.rate:g} seed={key.seed}")
+            this_spec = point_spec(spec, rate, key.seed)
+
+            def engine_of_seed(seed: int = key.seed, this_spec: RunSpec = this_spec) -> Engine:
+                if seed not in engines:
+                    engines[seed] = build_engine(this_spec, scheduler_config(this_spec))
+                return engines[seed]
+
+            record(key, run_point(key, this_spec, run, lambda k=key: workloads.at(k.rate, k.seed),
+                                  engine_of_seed, point_run_dir(out_dir, key, point_runs),
+                                  extra_metrics))
+        if row_saturated(saturated, rate, row, points):
+            done_policies.add(run.label)

@@ -341,12 +341,20 @@ def roofline_max_cost(config: CostModelConfig, q_lens: NDArray[np.int64],
 def real_lengths(inputs: StepInputs) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
     """The `(q_lens, kv_lens)` of the real sequences of a descriptor, each `[num_seqs]`."""
     num_seqs = inputs.num_real_seqs
-    cu = inputs.cu_q_lens.astype(np.int64)
-    return np.diff(cu[:num_seqs + 1]), inputs.kv_lens[:num_seqs].astype(np.int64)
+    cu = inputs.cu_q_lens[:num_seqs + 1].astype(np.int64)
+    return cu[1:] - cu[:-1], inputs.kv_lens[:num_seqs].astype(np.int64)
 
 
-def step_seconds(config: CostModelConfig, inputs: StepInputs) -> float:
-    """Seconds one step takes under `config` (dispatches on the mode)."""
+def step_seconds(config: CostModelConfig, inputs: StepInputs,
+                 lengths: Optional[tuple[NDArray[np.int64], NDArray[np.int64]]] = None
+                 ) -> float:
+    """Seconds one step takes under `config` (dispatches on the mode).
+
+    Args:
+      config: the cost model.
+      inputs: the step's descriptor.
+      lengths: its `real_lengths`, if the caller has them already (they are priced as is).
+    """
     if config.mode == "fixed":
         assert config.step_time_s is not None
         return config.step_time_s
@@ -358,9 +366,9 @@ def step_seconds(config: CostModelConfig, inputs: StepInputs) -> float:
                            f"fitted buckets: {sorted(config.fitted_step_s)}")
         entry = config.fitted_step_s[num_tokens]
         if isinstance(entry, LinearStepTime):
-            return entry.seconds(*real_lengths(inputs))
+            return entry.seconds(*(lengths or real_lengths(inputs)))
         return entry
-    return roofline_seconds(config, *real_lengths(inputs))
+    return roofline_seconds(config, *(lengths or real_lengths(inputs)))
 
 
 def roofline_seconds(config: CostModelConfig, q_lens: NDArray[np.int64],

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Optional
 
 import numpy as np
+from numpy.typing import NDArray
 
 from orca_jax.core.engine_api import (
     Bucket,
@@ -68,15 +69,17 @@ class SimEngine(Engine):
         Raises:
           ValueError: the descriptor is inconsistent, or its bucket was not warmed up.
         """
-        _check_inputs(inputs)
+        lengths = _check_inputs(inputs)
         if self._warm_buckets is not None:
             self._check_warm(inputs.bucket, self._warm_buckets)
         sampled = (inputs.kv_lens.astype(np.int64) % self.vocab_size).astype(np.int32)
-        return StepOutput(sampled_tokens=sampled, step_s=step_seconds(self.config, inputs))
+        return StepOutput(sampled_tokens=sampled,
+                          step_s=step_seconds(self.config, inputs, lengths))
 
 
-def _check_inputs(inputs: StepInputs) -> None:
-    """Rejects descriptors the cost model would misprice (and a real engine misrun)."""
+def _check_inputs(inputs: StepInputs) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    """Rejects descriptors the cost model would misprice (and a real engine misrun);
+    returns their `real_lengths` (`[num_seqs]` each), checked."""
     if not bucket_arrays_are_consistent(inputs):
         raise ValueError(f"SimEngine.step: array shapes do not match bucket {inputs.bucket} "
                          f"(token_ids {inputs.token_ids.shape}, cu_q_lens "
@@ -100,3 +103,4 @@ def _check_inputs(inputs: StepInputs) -> None:
         i = int(np.argmax(short))
         raise ValueError(f"SimEngine.step: kv_lens[{i}]={kv_lens[i]} is less than the "
                          f"sequence's {q_lens[i]} new tokens (kv_lens counts them)")
+    return q_lens, kv_lens

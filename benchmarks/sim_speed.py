@@ -1,0 +1,64 @@
+"""How fast the simulator runs: requests and steps simulated per second of process time.
+
+    python benchmarks/sim_speed.py > benchmarks/results/sim_speed.txt
+
+Each case is one `python -m experiments.run --engine=sim --policy=vllm --model=llama3-8b
+--hardware=a100` process on Poisson arrivals at 30 req/s per replica (with N replicas the
+rate is 30 N, round robin), timed by the child's own process time (`resource`'s
+`RUSAGE_CHILDREN`: imports, workload, the run and writing its results).
+"""
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+RATE_PER_REPLICA = 30.0
+
+
+def run_case(num_requests: int, num_replicas: int) -> dict:
+    """Runs one case in a child process; its process time, steps and wall time."""
+    repo = Path(__file__).resolve().parents[1]
+    with tempfile.TemporaryDirectory() as out:
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        start = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "experiments.run", "--engine=sim", "--policy=vllm",
+                        "--model=llama3-8b", "--hardware=a100", f"--num_requests={num_requests}",
+                        f"--rate={RATE_PER_REPLICA * num_replicas:g}",
+                        f"--num_replicas={num_replicas}", f"--out_dir={out}"],
+                       cwd=repo, check=True, capture_output=True,
+                       env={**os.environ, "JAX_PLATFORMS": "cpu"})
+        wall_s = time.perf_counter() - start
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        num_steps = sum(1 for _ in open(os.path.join(out, "steps.jsonl")))
+    cpu_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return {"requests": num_requests, "replicas": num_replicas, "steps": num_steps,
+            "cpu_s": cpu_s, "wall_s": wall_s}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, nargs="+", default=[10_000, 100_000])
+    parser.add_argument("--replicas", type=int, nargs="+", default=[1, 8])
+    args = parser.parse_args()
+    print(f"# {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} {os.cpu_count()}-core "
+          f"machine, load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(f"{'requests':>9} {'replicas':>8} {'steps':>8} {'process s':>10} {'wall s':>8} "
+          f"{'requests/s':>11} {'steps/s':>9} {'us/step':>8}")
+    for num_requests in args.requests:
+        for num_replicas in args.replicas:
+            row = run_case(num_requests, num_replicas)
+            print(f"{row['requests']:>9} {row['replicas']:>8} {row['steps']:>8} "
+                  f"{row['cpu_s']:>10.2f} {row['wall_s']:>8.2f} "
+                  f"{row['requests'] / row['cpu_s']:>11.0f} {row['steps'] / row['cpu_s']:>9.0f} "
+                  f"{row['cpu_s'] / row['steps'] * 1e6:>8.1f}", flush=True)
+    print(json.dumps({"rate_per_replica": RATE_PER_REPLICA, "policy": "vllm"}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,158 @@
+"""One point of a sweep, wherever it runs: its spec, workload, outcome and run.
+
+What the serial sweep (`orca_jax.runner.sweep`) and the Ray tasks
+(`orca_jax.runner.ray_sweep`) share, kept apart from both so that neither
+imports the other.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from typing import Callable, Mapping, Optional, Sequence
+
+from orca_jax.core.engine_api import Engine
+from orca_jax.core.request import Request
+from orca_jax.core.run_result import RunResult
+from orca_jax.results.sweep_store import PointKey
+from orca_jax.runner.build import build_workload
+from orca_jax.runner.experiment import run_policy
+from orca_jax.runner.spec import RunSpec
+
+
+class SweepError(ValueError):
+    """A sweep that cannot run as asked (names the policies or the trace at fault)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicyRun:
+    """One curve of a sweep: a policy with its knobs, under a label."""
+
+    label: str  # the curve's name, and the key of its points in the store
+    spec: str  # registered name, `package.module:Class` or `file.py:Class`
+    options: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepExecutor:
+    """Where a sweep's points run.
+
+    Attributes:
+      kind: `serial` (this process, one point after another) or `ray` (one Ray task per point).
+      ray_address: a running Ray cluster's address (`ray start --head` prints it); None
+        starts a local Ray in this process.
+      num_cpus: a local Ray's CPUs (points at once); None: every CPU of the machine.
+    """
+
+    kind: str = "serial"
+    ray_address: Optional[str] = None
+    num_cpus: Optional[int] = None
+
+
+def point_spec(spec: RunSpec, rate: float, seed: int) -> RunSpec:
+    """The spec of one point: the sweep's spec at `rate` and `seed`."""
+    return dataclasses.replace(spec, workload=dataclasses.replace(spec.workload, rate=rate),
+                               seed=seed)
+
+
+def workload_at(spec: RunSpec, base: list[Request], rate: float) -> list[Request]:
+    """The seed's workload at `rate`: same requests, arrivals rescaled.
+
+    Synthetic arrivals are drawn as unit gaps divided by the rate, so building
+    at rate 1 and scaling by 1 / `rate` is the workload built at `rate` (its
+    arrival times up to rounding in the last bit). A trace keeps its arrival
+    pattern, rescaled so its mean rate is `rate`.
+
+    Raises:
+      SweepError: a trace whose arrivals are all at one time (it has no rate).
+    """
+    if spec.workload.arrival == "trace":
+        span = (max(r.arrival_s for r in base) - min(r.arrival_s for r in base)
+                if len(base) >= 2 else 0.0)
+        if span <= 0:
+            raise SweepError(f"trace {spec.workload.trace}: all arrivals at one time; a rate sweep "
+                             "needs arrivals spread in time")
+        scale = (len(base) - 1) / span / rate
+    else:
+        scale = 1.0 / rate
+    return [dataclasses.replace(r, arrival_s=r.arrival_s * scale) for r in base]
+
+
+def row_saturated(saturated: Optional[Callable[[float, Mapping[str, object]], bool]],
+                  rate: float, row: Sequence[PointKey],
+                  points: Mapping[PointKey, Mapping[str, object]]) -> bool:
+    """Whether a row (one policy's seeds at `rate`) ends its policy's rates: every seed
+    finished and saturated. A failed point is not saturated (its summary is empty)."""
+    return bool(saturated) and all(
+        key in points and not points[key].get("error") and saturated(rate, points[key]["summary"])
+        for key in row)
+
+
+def point_run_dir(out_dir: str, key: PointKey, point_runs: bool) -> Optional[str]:
+    """Where a point's run folder goes (with `point_runs`), else None."""
+    return (os.path.join(out_dir, "points", key.policy, f"rate_{key.rate:g}_seed_{key.seed}")
+            if point_runs else None)
+
+
+class PointWorkloads:
+    """Each point's requests; a built workload is kept for the next policy's points."""
+
+    def __init__(self, spec: RunSpec, build_per_point: bool) -> None:
+        # A conversation's think times do not follow the rate: rescaling its arrivals
+        # would compress them too, so each point is built at its own rate.
+        self.spec = spec
+        self.build_per_point = build_per_point or spec.workload.arrival == "conversation"
+        self._per_point: dict[tuple[float, int], list[Request]] = {}
+        self._at_rate_1: dict[int, list[Request]] = {}  # by seed
+
+    def at(self, rate: float, seed: int) -> list[Request]:
+        """The requests of the point at `rate` and `seed`."""
+        if self.build_per_point:
+            if (rate, seed) not in self._per_point:
+                self._per_point[rate, seed] = build_workload(point_spec(self.spec, rate, seed))
+            return self._per_point[rate, seed]
+        if seed not in self._at_rate_1:
+            self._at_rate_1[seed] = build_workload(point_spec(self.spec, 1.0, seed))
+        return workload_at(self.spec, self._at_rate_1[seed], rate)
+
+
+@dataclasses.dataclass(frozen=True)
+class PointOutcome:
+    """How one point ended: its summary, or the error it raised (summary empty)."""
+
+    summary: Mapping[str, object]
+    wall_s: float
+    error: Optional[str] = None  # `Type: message` of what the point raised
+    run_dir: Optional[str] = None
+
+
+def run_point(key: PointKey, spec: RunSpec, run: PolicyRun,
+              requests: Callable[[], list[Request]], engine: Callable[[], Engine],
+              run_dir: Optional[str],
+              extra_metrics: Optional[Callable[[RunResult], Mapping[str, object]]]
+              ) -> PointOutcome:
+    """Runs one point, here or in a Ray task. A point that raises (an `Exception`: a
+    policy's bug, a plan error, a run folder that cannot be written) comes back as a
+    failed outcome, so the sweep goes on; a Ctrl-C still stops the sweep.
+
+    Args:
+      key: the point.
+      spec: the point's spec (`point_spec`).
+      run: the policy.
+      requests: builds (or hands over) the point's workload.
+      engine: builds (or hands over) the engine of the point's seed.
+      run_dir: the point's run folder, or None.
+      extra_metrics: more summary fields from the finished run.
+    """
+    del key  # named for the caller's logs; the spec already holds rate and seed
+    start = time.perf_counter()
+    try:
+        summary, result = run_policy(spec, run.spec, dict(run.options), out_dir=run_dir,
+                                     requests=requests(), engine=engine(), progress=False,
+                                     label=run.label)
+        if extra_metrics:
+            summary.update(extra_metrics(result))
+    except Exception as e:  # noqa: BLE001 -- recorded with the point, the sweep goes on
+        return PointOutcome({}, time.perf_counter() - start, f"{type(e).__name__}: {e}", run_dir)
+    return PointOutcome(summary, time.perf_counter() - start, None, run_dir)

@@ -1,0 +1,67 @@
+"""The simulator's results, frozen: a change made for speed must not move a single bit.
+
+Each case runs `experiments.run --engine=sim` on a small workload and digests what the
+run wrote that does not depend on the host's speed: every requests.jsonl row, every
+steps.jsonl row but its measured `host_s`, and summary.json but its host-time fields.
+The digests were taken before the simulator's per-step work was cut (issue 14); a
+change that moves one is a change of results, to be made on purpose (update the digest
+and say why in the commit).
+"""
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+COMMON = ["--engine=sim", "--model=llama3-8b", "--hardware=a100", "--num_requests=300",
+          "--rate=30"]
+CASES = {
+    "vllm": ["--policy=vllm"],
+    "orca": ["--policy=orca"],
+    "sarathi_2_replicas": ["--policy=sarathi", "--num_replicas=2", "--router=least_outstanding"],
+}
+# Taken at 6b32c3e (before issue 14's changes) with `python tests/test_sim_results_frozen.py`.
+DIGESTS = {
+    "orca": "3d82416e8e639bd7",
+    "sarathi_2_replicas": "2f7a34e7b4b5da15",
+    "vllm": "4c2d4122f7833243",
+}
+
+
+def _digest(out: Path) -> str:
+    h = hashlib.sha256()
+    for line in (out / "requests.jsonl").read_text().splitlines():
+        h.update(json.dumps(json.loads(line), sort_keys=True).encode())
+    for line in (out / "steps.jsonl").read_text().splitlines():
+        row = {k: v for k, v in json.loads(line).items() if k != "host_s"}
+        h.update(json.dumps(row, sort_keys=True).encode())
+    summary = json.loads((out / "summary.json").read_text())
+    h.update(json.dumps({k: v for k, v in summary.items() if "host" not in k},
+                        sort_keys=True).encode())
+    return h.hexdigest()[:16]
+
+
+def run_case(name: str, out: Path) -> str:
+    args = CASES[name]
+    done = subprocess.run([sys.executable, "-m", "experiments.run", *COMMON, *args,
+                           f"--out_dir={out}"], cwd=REPO, capture_output=True, text=True,
+                          env={**os.environ, "JAX_PLATFORMS": "cpu"}, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return _digest(out)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_the_simulator_s_results_are_bit_for_bit_those_of_before(name, tmp_path):
+    assert run_case(name, tmp_path / name) == DIGESTS[name]
+
+
+if __name__ == "__main__":  # prints the digests of the code as it is
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        for case in sorted(CASES):
+            print(f'    "{case}": "{run_case(case, Path(tmp) / case)}",')

@@ -1,0 +1,127 @@
+"""Sweeps on Ray: killed mid-way and resumed, the store is a serial sweep's; a point that
+raises is stored failed with its error, on either executor, and the sweep goes on."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from orca_jax.results.sweep_store import PointKey, SweepStore
+from orca_jax.runner import sweep
+from orca_jax.runner.spec import LimitsSpec, RunSpec, SimEngineSpec, WorkloadSpec
+
+pytest.importorskip("ray")
+
+REPO = Path(__file__).resolve().parents[1]
+# 3 policies x 2 rates x 2 seeds = 12 points of 12 requests at a fixed 5 ms step; `boom`
+# raises at its third step, so its 4 points fail.
+ARGS = ["--engine=sim", "--policies=static,orca,boom=tests/plugins/raising_policy.py:RaisesAtStep",
+        "--policy_opts=boom.fail_at_step=3", "--rates=2,8", "--seeds=0,1", "--num_requests=12",
+        "--model=tiny", "--step_time_ms=5", "--max_num_seqs=4", "--prompt_len=uniform:8:64",
+        "--output_len=uniform:1:24"]
+RAY = ["--executor=ray", "--ray_num_cpus=2"]
+# Where and when a point ran, and the host's own timings: the rest must match exactly.
+VARIES = ("session", "finished_at", "wall_s")
+
+
+def _sweep(out_dir: Path, *extra: str, exit_after: int = 0) -> subprocess.CompletedProcess:
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "RAY_AUTH_MODE": "disabled"}
+    env.pop(sweep.EXIT_AFTER_ENV, None)
+    if exit_after:
+        env[sweep.EXIT_AFTER_ENV] = str(exit_after)
+    return subprocess.run([sys.executable, "-m", "experiments.sweep", *ARGS, *extra,
+                           f"--out_dir={out_dir}"], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+def _store(out_dir: Path) -> dict[tuple, dict]:
+    """The store's points by key, less what varies from run to run."""
+    points = {}
+    for line in (out_dir / "points.jsonl").read_text().splitlines():
+        point = json.loads(line)
+        key = (point["policy"], point["rate"], point["seed"])
+        assert key not in points, f"{key} stored twice"
+        point = {k: v for k, v in point.items() if k not in VARIES}
+        point["summary"] = {k: v for k, v in point["summary"].items() if "host" not in k}
+        points[key] = point
+    return points
+
+
+def test_a_ray_sweep_killed_and_resumed_stores_what_a_serial_sweep_stores(tmp_path):
+    serial = _sweep(tmp_path / "serial")
+    assert serial.returncode == 1, serial.stderr  # boom's points failed; the rest ran
+    assert "4 of 12 points failed (first: boom rate=2 seed=0: RuntimeError: planted failure " \
+           "at step 3)" in serial.stderr
+
+    killed = _sweep(tmp_path / "ray", *RAY, exit_after=5)
+    assert killed.returncode == 3, killed.stderr
+    stored = _store(tmp_path / "ray")
+    assert len(stored) == 5
+    resumed = _sweep(tmp_path / "ray", *RAY)
+    assert resumed.returncode == 1, resumed.stderr
+    num_finished = sum("error" not in p for p in stored.values())
+    assert f"{num_finished} resumed" in resumed.stderr  # failed points run again
+
+    expected = _store(tmp_path / "serial")
+    assert len(expected) == 12
+    failed = {key for key, p in expected.items() if "error" in p}
+    assert failed == {("boom", r, s) for r in (2.0, 8.0) for s in (0, 1)}
+    assert all(expected[k]["summary"] == {} for k in failed)
+    assert all(expected[k]["summary"]["num_finished"] == 12 for k in expected.keys() - failed)
+    assert _store(tmp_path / "ray") == expected
+
+
+def test_a_rerun_runs_only_the_failed_points_again_and_their_new_lines_stand(tmp_path):
+    out = tmp_path / "sweep"
+    args = ("--rates=2", "--seeds=0,1")
+    assert _sweep(out, *args).returncode == 1
+    first = (out / "points.jsonl").read_text().splitlines()
+    assert len(first) == 6
+    again = _sweep(out, *args)
+    assert again.returncode == 1, again.stderr
+    assert "4 resumed" in again.stderr  # the finished points count as done, the failed not
+    lines = (out / "points.jsonl").read_text().splitlines()
+    assert lines[:6] == first
+    rerun = [json.loads(line) for line in lines[6:]]
+    assert sorted((p["policy"], p["seed"]) for p in rerun) == [("boom", 0), ("boom", 1)]
+    store = SweepStore(out, json.loads((out / "sweep.json").read_text())["run"],
+                       json.loads((out / "sweep.json").read_text())["policies"])
+    loaded = store.load()
+    assert len(loaded) == 6  # one point per key: the rerun's line stands for the failed one
+    sessions = {p["session"] for p in loaded if p["policy"] == "boom"}
+    assert sessions == {rerun[0]["session"]}
+    assert store.finished_keys() == {PointKey(p, 2.0, s) for p in ("static", "orca")
+                                     for s in (0, 1)}
+
+
+def _saturated_past_4(rate: float, summary) -> bool:
+    return rate >= 4.0
+
+
+def test_on_ray_a_policy_s_rates_still_stop_after_its_first_saturated_row(tmp_path):
+    spec = RunSpec(workload=WorkloadSpec(num_requests=8, prompt_len="uniform:8:64",
+                                         output_len="uniform:1:16"),
+                   engine=SimEngineSpec(model="tiny", step_time_ms=5.0),
+                   limits=LimitsSpec(max_num_seqs=4))
+    runs = [sweep.PolicyRun("orca", "orca"), sweep.PolicyRun("vllm", "vllm")]
+    rates, seeds = [16.0, 2.0, 4.0, 8.0], [0, 1]
+    serial_store, serial_keys = sweep.run_sweep(spec, runs, rates, seeds, str(tmp_path / "s"),
+                                                saturated=_saturated_past_4)
+    ray_store, ray_keys = sweep.run_sweep(spec, runs, rates, seeds, str(tmp_path / "r"),
+                                          saturated=_saturated_past_4,
+                                          executor=sweep.SweepExecutor("ray", num_cpus=2))
+    assert ray_keys == serial_keys
+    assert {k.rate for k in ray_keys} == {2.0, 4.0}  # 8 and 16 never ran
+    assert _store(tmp_path / "r") == _store(tmp_path / "s")
+
+
+def test_without_ray_installed_the_ray_executor_says_how_to_get_it(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError
+    spec = RunSpec(workload=WorkloadSpec(num_requests=4), engine=SimEngineSpec(model="tiny"))
+    with pytest.raises(sweep.SweepError, match=r'needs Ray: pip install -e "\.\[ray\]"'):
+        sweep.run_sweep(spec, [sweep.PolicyRun("orca", "orca")], [2.0], [0], str(tmp_path),
+                        executor=sweep.SweepExecutor("ray"))
+    assert list(tmp_path.iterdir()) == []  # refused before the folder was touched
