@@ -85,9 +85,11 @@ def resolve_policies(items: list[str], options_text: str) -> list[LabeledPolicy]
     labels = [label for label, _ in entries]
     repeated = sorted({label for label in labels if labels.count(label) > 1})
     if repeated:
+        # The example names the variants' specs, e.g. `a=vllm,b=vllm` for two vllm runs.
+        specs = [spec for label, spec in entries if label == repeated[0]]
         raise PolicyLoadError(f"--policies={','.join(items)}: label {repeated[0]!r} is given "
-                              f"twice; give each variant its own, e.g. a={repeated[0]},"
-                              f"b={repeated[0]}")
+                              f"twice; give each variant its own, e.g. a={specs[0]},"
+                              f"b={specs[1]}")
     by_label = _split_options(options_text, entries)
     return [LabeledPolicy(label, spec, by_label.get(label, {})) for label, spec in entries]
 
