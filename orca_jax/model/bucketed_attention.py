@@ -6,11 +6,17 @@ iteration per sequence per block per layer: on a CPU its cost is loop overhead,
 not arithmetic. Here every query of the step attends at once. Its rows are cut
 into query blocks (one row per block in a decode bucket, up to 16 rows of one
 sequence otherwise); one loop iteration reads a 128-token KV chunk of every
-block's sequence (one gather per block, masked causally per row, online softmax
-in fp32), and the step runs ceil(longest kv_len / 128) iterations: sized by the
-step's longest real context, never by the number of sequences. One compiled
-program per step bucket (no variants); the count is a traced value, so a new
-context length never compiles.
+block's sequence (one gather per block, KV-head-major so that neither product
+transposes K; masked causally per row, online softmax in fp32), and the step
+runs ceil(longest kv_len / 128) iterations: sized by the step's longest real
+context, never by the number of sequences. One compiled program per step bucket
+(no variants); the count is a traced value, so a new context length never
+compiles.
+
+On a CPU its cost is the gathers and the many small products, not FLOPs: per
+CPU-second it does about what the reference does (`benchmarks/engine_step.py`
+prints both), and it is faster on the wall clock because its ops are large
+enough for XLA to split over the cores, where the reference's are not.
 
 The reference stays the Pallas kernel's oracle; this op is tested against it.
 """
