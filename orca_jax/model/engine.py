@@ -395,7 +395,9 @@ class JaxEngine(Engine):
         if self.mesh is None and not self._multiprocess:
             # The compiled step takes host arrays itself, in one C++ call: ~30 us for a
             # descriptor's dozen arrays, where `jax.device_put` of the pytree takes ~250 us
-            # (measured on a 2-core CPU), a tenth of a tiny model's decode step.
+            # (measured on a 2-core CPU), a tenth of a tiny model's decode step. On a CPU
+            # both may alias the host arrays while the step runs: a descriptor's arrays
+            # must not be written after dispatch (`build_step_inputs` makes new ones).
             return inputs
         if not self._multiprocess:
             return jax.device_put(inputs, self._inputs_sharding)
