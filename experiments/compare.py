@@ -181,7 +181,7 @@ def main(argv: list[str]) -> None:
     # that no policy's steps depend on which others are compared.
     spec, bucket_fit = with_fitted_buckets(spec, requests, progress=True)
     if bucket_fit is not None:
-        print(bucket_fit.line())
+        print(bucket_fit.lines())
         config = scheduler_config(spec)
     # One engine for every policy: the very same compiled steps (and the same KV cache
     # buffers) serve each of them.

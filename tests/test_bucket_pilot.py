@@ -70,7 +70,7 @@ def test_the_sim_default_fits_16_sizes_and_buckets_from_config_repeat_the_run(tm
     assert len(sizes) == 16 and sizes[-1] == 2048 and all(s % 8 == 0 for s in sizes)
     assert config["bucket_fit"]["token_sizes"] == sizes
     assert config["bucket_fit"]["pilot_policy"] == "vllm"
-    assert "buckets: 16 sizes fitted (fit:16)" in done.stdout
+    assert "buckets: 16 sizes fitted (fit:16) to a vllm pilot run" in done.stdout
     assert "16 step sizes" in done.stdout
     _cli("experiments.run", *SMALL, "--policy=orca", f"--buckets={','.join(map(str, sizes))}",
          f"--out_dir={tmp_path / 'b'}")

@@ -17,6 +17,7 @@ little as vllm's (`benchmarks/bucket_ladders.py`).
 from __future__ import annotations
 
 import dataclasses
+import textwrap
 import time
 from typing import Any, Optional, Sequence
 
@@ -53,11 +54,13 @@ class BucketFit:
         """The fit as config.json holds it."""
         return dataclasses.asdict(self)
 
-    def line(self) -> str:
-        """The fit for the terminal."""
-        return (f"buckets: {len(self.token_sizes)} sizes fitted ({self.ladder}) to the steps "
-                f"of a {self.pilot_policy} pilot run ({self.num_pilot_steps} steps, "
-                f"{self.pilot_s:.1f} s): {','.join(str(s) for s in self.token_sizes)}")
+    def lines(self) -> str:
+        """The fit for the terminal, in lines of at most 100 characters."""
+        head = (f"buckets: {len(self.token_sizes)} sizes fitted ({self.ladder}) to a "
+                f"{self.pilot_policy} pilot run's {self.num_pilot_steps} steps in "
+                f"{self.pilot_s:.1f} s:")
+        return head + "\n" + textwrap.fill(", ".join(str(s) for s in self.token_sizes), 100,
+                                           initial_indent="  ", subsequent_indent="  ")
 
 
 def needs_fit(spec: RunSpec) -> bool:
