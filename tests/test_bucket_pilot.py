@@ -12,7 +12,7 @@ import pytest
 
 from orca_jax.core.bucket_fit import fit_token_sizes
 from orca_jax.core.packing import ladder_token_sizes
-from orca_jax.runner import sweep
+from orca_jax.runner import bucket_pilot, sweep
 from orca_jax.runner.bucket_pilot import PILOT_POLICY, with_fitted_buckets
 from orca_jax.runner.build import build_workload
 from orca_jax.runner.experiment import run_policy
@@ -44,6 +44,20 @@ def test_the_ladder_is_fitted_to_a_vllm_pilot_on_multiples_of_8(cluster):
     assert fit.pilot_policy == PILOT_POLICY == "vllm" and fit.pilot_ladder == "step:8"
     assert fitted.limits.bucket_ladder == "fit:6"
     assert with_fitted_buckets(fitted, requests) == (fitted, None)  # fitted: as it is
+
+
+def test_the_pilot_plays_only_the_workload_s_first_requests(monkeypatch):
+    spec = _spec()
+    requests = build_workload(spec)
+    monkeypatch.setattr(bucket_pilot, "PILOT_MAX_REQUESTS", 40)
+    _, fit = with_fitted_buckets(spec, requests)
+    pilot = dataclasses.replace(spec, limits=dataclasses.replace(
+        spec.limits, bucket_ladder=None, token_buckets=ladder_token_sizes("step:8", 1024)))
+    _, head = run_policy(pilot, "vllm", requests=requests[:40], progress=False)
+    _, whole = run_policy(pilot, "vllm", requests=requests, progress=False)
+    assert fit.num_pilot_requests == 40 and fit.num_pilot_steps == head.num_steps
+    assert fit.num_pilot_steps < whole.num_steps
+    assert fit.token_sizes == fit_token_sizes(head.step_array("num_tokens"), 6, 1024)
 
 
 def _read(out: Path, name: str) -> dict:
