@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from typing import Collection, Optional, Sequence
+from typing import Callable, Collection, Optional, Sequence
 
 import numpy as np
 from numpy.typing import NDArray
@@ -77,6 +77,40 @@ class StepInputs:
     @property
     def num_real_seqs(self) -> int:
         return int(self.num_seqs[0])
+
+
+class PackedStep:
+    """One step as the scheduler packed it: its bucket and real lengths, and its padded
+    descriptor (`inputs`), built on first use.
+
+    An engine that prices a step from its lengths alone (the simulator) never has the
+    padded arrays built; every other engine reads `inputs`, which `pack_step` builds
+    with `build_step_inputs`, the one builder of descriptors, from copies taken at
+    packing (so it is the same whenever it is first read).
+
+    Attributes:
+      bucket: the step shape it is padded to.
+      q_lens: `[n]` new tokens of each real sequence (>= 1).
+      kv_lens: `[n]` tokens each real sequence attends to (its cache after the step).
+    """
+
+    __slots__ = ("bucket", "q_lens", "kv_lens", "_build", "_inputs")
+
+    def __init__(self, bucket: Bucket, q_lens: NDArray[np.int64],  # [n]
+                 kv_lens: NDArray[np.int64],  # [n]
+                 build: Callable[[], "StepInputs"]) -> None:
+        self.bucket = bucket
+        self.q_lens = q_lens
+        self.kv_lens = kv_lens
+        self._build = build
+        self._inputs: Optional[StepInputs] = None
+
+    @property
+    def inputs(self) -> "StepInputs":
+        """The padded descriptor (built on the first read, then kept)."""
+        if self._inputs is None:
+            self._inputs = self._build()
+        return self._inputs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,6 +198,14 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def step(self, inputs: StepInputs) -> StepOutput:
         """Runs one step."""
+
+    def step_packed(self, packed: PackedStep) -> StepOutput:
+        """Runs one step the scheduler packed: by default its descriptor through `step`.
+
+        An engine that needs only the step's lengths overrides this, and the padded
+        descriptor is never built (the simulator).
+        """
+        return self.step(packed.inputs)
 
     @property
     def feeds_tokens(self) -> bool:

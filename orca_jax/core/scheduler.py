@@ -35,7 +35,7 @@ from orca_jax.core.admission import reject_impossible, reservation_tokens
 from orca_jax.core.engine_api import Engine, PendingStep, StepOutput
 from orca_jax.core.kv_pages import KV_LAYOUTS, KVPageManager
 from orca_jax.core.overlap import InFlightTokens
-from orca_jax.core.packing import SamplingArrays, bucket_config_for, pack
+from orca_jax.core.packing import SamplingArrays, bucket_config_for, pack_step
 from orca_jax.core.plan import PlanError, StepPlan
 from orca_jax.core.plan_checks import check_plan
 from orca_jax.core.policy import KV_RESERVATIONS, Policy, check_kv_reservation
@@ -175,8 +175,12 @@ class Scheduler:
             max_num_tokens=config.max_num_tokens, max_num_seqs=config.max_num_seqs,
             max_model_len=config.max_model_len, page_size=config.page_size,
             token_sizes=config.token_buckets)
+        # A workload of lengths only has no ids to match: no admission could ever hit, so
+        # no cache is kept and every step takes the uncached path (same results, faster).
         cache = (PrefixCache(num_kv_pages=config.num_kv_pages, page_size=config.page_size,
-                             num_requests=n) if self.prefix_caching else None)
+                             num_requests=n)
+                 if self.prefix_caching and any(r.prompt_tokens is not None for r in ordered)
+                 else None)
         self.kv = KVPageManager(num_kv_pages=config.num_kv_pages, page_size=config.page_size,
                                 max_pages_per_seq=self.bucket_config.pages_per_seq,
                                 num_requests=n, layout=config.kv_layout, prefix_cache=cache)
@@ -209,7 +213,8 @@ class Scheduler:
         self._num_done += reject_impossible(self.table, self.kv, config, self._reserve_tokens)
         self.watchdog = ProgressWatchdog(n, config.no_progress_steps)
         self.in_flight: Optional[InFlightTokens] = (
-            InFlightTokens(n) if (config.overlap and engine.feeds_tokens and self.hits is None
+            InFlightTokens(n) if (config.overlap and engine.feeds_tokens
+                                  and not self.prefix_caching
                                   and not config.kv_handoff)  # a handoff reads the first token
             else None)
         self.view = SchedulerView(self)
@@ -368,22 +373,27 @@ class Scheduler:
         # or null) are never read by this step, and copying max_model_len-wide rows would
         # make the host's page-table work grow with max_model_len instead of the contexts.
         width = -(-int((num_computed + tokens).max()) // self.config.page_size)
-        inputs = pack(bucket_config=self.bucket_config, request_ids=ids, num_tokens=tokens,
-                      num_computed=num_computed,
-                      page_rows=self.kv.page_table[self.kv.row_of[ids], :width],
-                      page_size=self.config.page_size, sampling=self.sampling,
-                      token_ids=self._token_ids(ids, tokens),
-                      min_bucket_tokens=plan.min_bucket_tokens)
+        packed = pack_step(bucket_config=self.bucket_config, request_ids=ids, num_tokens=tokens,
+                           num_computed=num_computed,
+                           page_rows=self.kv.page_table[self.kv.row_of[ids], :width],
+                           page_size=self.config.page_size, sampling=self.sampling,
+                           token_ids=self._token_ids(ids, tokens),
+                           min_bucket_tokens=plan.min_bucket_tokens)
+        bucket = packed.bucket
         source = None if self.in_flight is None else self.in_flight.token_source(
             ids, tokens, self.table.num_computed[ids],
-            self.table.prompt_len[ids] + self.table.num_generated[ids], inputs.bucket.num_tokens)
+            self.table.prompt_len[ids] + self.table.num_generated[ids], bucket.num_tokens)
         host_s = time.perf_counter() - host_start
         pending: Optional[PendingStep] = None
         if self.in_flight is None:
-            output = self.engine.step(inputs)
+            engine = self.engine
+            # An `Engine` may price the step from its lengths, never building the padded
+            # descriptor (the simulator); a duck-typed engine has only `step`.
+            output = (engine.step_packed(packed) if isinstance(engine, Engine)
+                      else engine.step(packed.inputs))
             step_s = output.step_s
         else:  # dispatch, then read the previous step's tokens back while this one runs
-            pending = self.engine.step_async(inputs, source)
+            pending = self.engine.step_async(packed.inputs, source)
             output, step_s = None, pending.step_s
             landed = self.in_flight.land()  # waits for the previous step: not host time
         update_start = time.perf_counter()
@@ -400,8 +410,8 @@ class Scheduler:
             end_s += update_s
         self.record.log_step(StepLog(
             step=self.num_steps, start_s=start_s, num_seqs=int(ids.size),
-            num_tokens=int(inputs.num_real_tokens), num_padded_tokens=inputs.bucket.num_tokens,
-            bucket=inputs.bucket.num_tokens, host_s=host_s, step_s=step_s,
+            num_tokens=int(packed.q_lens.sum()), num_padded_tokens=bucket.num_tokens,
+            bucket=bucket.num_tokens, host_s=host_s, step_s=step_s,
             num_running=int(self.running.size), num_waiting=int(self.waiting.size),
             num_free_pages=self.kv.num_free, num_cached_tokens=self._step_cached_tokens))
         if self.config.log_step_requests:
