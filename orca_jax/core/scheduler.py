@@ -209,6 +209,9 @@ class Scheduler:
         self.hits: Optional[PrefixHits] = (
             PrefixHits(self.table, self.kv, cache, uses_planned_output=not engine.needs_token_ids)
             if cache is not None else None)
+        # Whether `pages_needed` counts exactly what `kv.allocate` will take (no page
+        # reserved at admission, no hit shared): the plan check's count is then reused.
+        self._needed_is_allocation = self.kv_reservation == "none" and self.hits is None
         self._step_cached_tokens = 0
         self._num_done += reject_impossible(self.table, self.kv, config, self._reserve_tokens)
         self.watchdog = ProgressWatchdog(n, config.no_progress_steps)
@@ -366,19 +369,23 @@ class Scheduler:
         ids, tokens = plan.request_ids, plan.num_tokens
         self._step_cached_tokens = 0
         self._admit(ids)
+        num_computed = self.table.num_computed[ids]  # [n] after admission (past any hit)
+        kv_lens = num_computed + tokens  # [n] each one's context after the step
         if needed.any():
-            self.kv.allocate(ids, self.table.num_computed[ids] + tokens)
-        num_computed = self.table.num_computed[ids]
+            # Without reservations or hits, admission took no pages: the check's count holds.
+            self.kv.allocate(ids, kv_lens, need=needed if self._needed_is_allocation else None)
         # Only the pages of the step's widest context: a row's later pages (reserved ahead,
         # or null) are never read by this step, and copying max_model_len-wide rows would
         # make the host's page-table work grow with max_model_len instead of the contexts.
-        width = -(-int((num_computed + tokens).max()) // self.config.page_size)
+        width = -(-int(kv_lens.max()) // self.config.page_size)
+        num_real_tokens = int(tokens.sum())
         packed = pack_step(bucket_config=self.bucket_config, request_ids=ids, num_tokens=tokens,
                            num_computed=num_computed,
                            page_rows=self.kv.page_table[self.kv.row_of[ids], :width],
                            page_size=self.config.page_size, sampling=self.sampling,
                            token_ids=self._token_ids(ids, tokens),
-                           min_bucket_tokens=plan.min_bucket_tokens)
+                           min_bucket_tokens=plan.min_bucket_tokens,
+                           num_real_tokens=num_real_tokens)
         bucket = packed.bucket
         source = None if self.in_flight is None else self.in_flight.token_source(
             ids, tokens, self.table.num_computed[ids],
@@ -402,15 +409,15 @@ class Scheduler:
         start_s = self.now_s
         # With count_host_time the engine starts only once the host has planned the step.
         end_s = start_s + step_s + (host_s if self.config.count_host_time else 0.0)
-        self._update(ids, tokens, output, end_s, pending)
-        progressed = self.watchdog.computed(ids, self.table.num_computed[ids]) or progressed
+        self._update(ids, kv_lens, output, end_s, pending)
+        progressed = self.watchdog.computed(ids, kv_lens) or progressed
         update_s = time.perf_counter() - update_start
         host_s += update_s
         if self.config.count_host_time:
             end_s += update_s
         self.record.log_step(StepLog(
             step=self.num_steps, start_s=start_s, num_seqs=int(ids.size),
-            num_tokens=int(packed.q_lens.sum()), num_padded_tokens=bucket.num_tokens,
+            num_tokens=num_real_tokens, num_padded_tokens=bucket.num_tokens,
             bucket=bucket.num_tokens, host_s=host_s, step_s=step_s,
             num_running=int(self.running.size), num_waiting=int(self.waiting.size),
             num_free_pages=self.kv.num_free, num_cached_tokens=self._step_cached_tokens))
@@ -462,6 +469,8 @@ class Scheduler:
             return
         if self.waiting.size == 0 and self.running.size == 0 and self.unreleased.size == 0:
             self.now_s = max(self.now_s, float(self.table.arrival_s[first]))  # idle gap
+        if self.table.arrival_s[first] > self.now_s:  # most steps: nobody new yet
+            return
         end = int(np.searchsorted(self.table.arrival_s, self.now_s, side="right"))
         if end <= first:
             return
@@ -556,13 +565,13 @@ class Scheduler:
             for request, token in zip(sampled.tolist(), new_tokens.tolist()):
                 self._generated[request].append(token)
 
-    def _update(self, ids: NDArray[np.int64], tokens: NDArray[np.int64],
+    def _update(self, ids: NDArray[np.int64],  # [n]
+                computed: NDArray[np.int64],  # [n] each one's computed tokens after the step
                 output: Optional[StepOutput], end_s: float,
                 pending: Optional[PendingStep]) -> None:
         """Counts the step's tokens; its sampled token values are `output`'s, or (None)
         stay on the device in `pending` until `_land_in_flight`."""
         table = self.table
-        computed = table.num_computed[ids] + tokens
         table.num_computed[ids] = computed
         if self.hits is not None:  # name the filled pages before finished ones free theirs
             self.hits.commit(ids)
