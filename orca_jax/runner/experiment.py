@@ -20,11 +20,11 @@ from orca_jax.core.policy import Policy, PolicyLoadError, make_policy, parse_opt
 from orca_jax.core.request import Request
 from orca_jax.core.run_result import RunResult
 from orca_jax.core.scheduler import Scheduler, SchedulerConfig
+from orca_jax.results.row_lines import iter_request_lines, iter_step_lines
 from orca_jax.results.run_folder import ResultsWriteError, RunFolder
 from orca_jax.results.summary import (
     flatten,
     iter_request_rows,
-    iter_step_rows,
     summarize_run,
 )
 from orca_jax.runner.build import (
@@ -166,9 +166,9 @@ def _observers(*observers: Optional[Callable[[Scheduler], None]]
 def _finish(folder: RunFolder, result: RunResult, summary: Mapping[str, Any],
             tables: Mapping[str, Any], *, write_steps: bool = False) -> None:
     """Writes the finished run's files into its folder and moves it into place."""
-    folder.write_rows("requests.jsonl", iter_request_rows(result))
+    folder.write_lines("requests.jsonl", iter_request_lines(result))
     if write_steps:
-        folder.write_rows("steps.jsonl", iter_step_rows(result))
+        folder.write_lines("steps.jsonl", iter_step_lines(result))
     for name, rows in tables.items():
         folder.write_rows(f"{name}.jsonl", rows)
     folder.write_json("summary.json", summary)

@@ -4,8 +4,9 @@
 after every iteration): it appends the steps the scheduler logged since the last
 call to steps.jsonl, and the requests that finished since then to
 requests.jsonl, in the order they finished. Its rows are the rows of the
-finished run's files (`orca_jax.results.summary.step_row`, `request_row`), but
-for `output_tokens`, which a request's streamed row leaves out (the live
+finished run's files (`orca_jax.results.summary.step_row`, `request_row`, encoded
+by `orca_jax.results.row_lines`), but for `output_tokens`, which a request's
+streamed row leaves out (the live
 scheduler keeps them to itself); the finished run's requests.jsonl, rewritten in
 arrival order at the end, has them.
 
@@ -17,8 +18,9 @@ from __future__ import annotations
 import numpy as np
 
 from orca_jax.core.scheduler import Scheduler
+from orca_jax.results.row_lines import request_line, step_line
 from orca_jax.results.run_folder import RunFolder
-from orca_jax.results.summary import request_row, step_row
+from orca_jax.results.summary import step_row
 
 
 class StreamResults:
@@ -53,6 +55,11 @@ class StreamResults:
         logged = record.step_requests[self.num_steps_written:] if record.logs_step_requests \
             else None
         prefix_caching = self.scheduler.prefix_caching
+        if logged is None:  # the common case, one line a step: made from a format
+            self.folder.append_lines("steps.jsonl", (
+                step_line(step, prefix_caching=prefix_caching) for step in new))
+            self.num_steps_written += len(new)
+            return
         self.folder.append_steps(
             step_row(step, prefix_caching=prefix_caching,
                      request_ids=([ids[i].id for i in logged[k][0].tolist()]
@@ -71,16 +78,20 @@ class StreamResults:
         table = scheduler.table
         if scheduler.last_finished.size == 0 and self._awaiting_release.size == 0:
             return  # most steps finish nothing
-        candidates = np.concatenate([self._awaiting_release, scheduler.last_finished])
-        candidates = np.unique(candidates[~self._written[candidates]])
+        candidates = scheduler.last_finished  # [f] distinct
+        if self._awaiting_release.size:
+            candidates = np.concatenate([self._awaiting_release, candidates])
+            candidates = np.unique(candidates[~self._written[candidates]])
+        else:  # no np.unique (a Python function): they are distinct already
+            candidates = np.sort(candidates[~self._written[candidates]])
         released = np.isfinite(table.finish_s[candidates])
         self._awaiting_release = candidates[~released]
         done = candidates[released]
         if done.size == 0:
             return
         self._written[done] = True
-        self.folder.append_requests(
-            request_row(table, i, request_id=table.specs[i].id,
-                        tenant=table.tenant_names[table.tenant[i]], reason=None,
-                        output_tokens=None, prefix_caching=scheduler.prefix_caching)
-            for i in done.tolist())
+        self.folder.append_lines("requests.jsonl", (
+            request_line(table, i, request_id=table.specs[i].id,
+                         tenant=table.tenant_names[table.tenant[i]], reason=None,
+                         output_tokens=None, prefix_caching=scheduler.prefix_caching)
+            for i in done.tolist()))
