@@ -579,7 +579,8 @@ class Scheduler:
         sampled = ids[sampled_mask]
         if sampled.size == 0:
             return
-        table.num_generated[sampled] += 1
+        generated = table.num_generated[sampled] + 1  # [s]
+        table.num_generated[sampled] = generated
         if output is not None:
             self._record_tokens(sampled, output.sampled_tokens[:ids.size][sampled_mask])
         else:
@@ -588,7 +589,7 @@ class Scheduler:
         first = sampled[np.isnan(table.first_token_s[sampled])]
         table.first_token_s[first] = end_s
         self.record.log_tokens(sampled, end_s)
-        finished = sampled[table.num_generated[sampled] == table.output_len[sampled]]
+        finished = sampled[generated == table.output_len[sampled]]
         if finished.size == 0:
             return
         table.state[finished] = _FINISHED

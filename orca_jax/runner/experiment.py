@@ -115,7 +115,7 @@ def run_policy(spec: RunSpec, policy_spec: str, policy_options: Optional[Mapping
     try:
         result = scheduler.run(progress=_observers(bar, stream))
         if stream is not None:
-            stream.stream_steps()  # a last step the observer did not see, if any
+            stream.flush()  # the steps and requests since its last flush
     except BaseException as error:
         if folder is not None and not isinstance(error, ResultsWriteError):
             _fail(folder, error, stream, scheduler.result, scheduler.num_steps,
@@ -181,7 +181,7 @@ def _fail(folder: RunFolder, error: BaseException, stream: Optional[StreamResult
     status then), and moves it into place; the run's own error is what propagates."""
     try:
         if stream is not None:
-            stream.stream_steps()
+            stream.flush()
             try:
                 rows = iter_request_rows(partial())
             except Exception:  # noqa: BLE001  (a scheduler broken mid-step: keep what streamed)
