@@ -90,7 +90,7 @@ class KVPageManager:
 
     def pages_for_tokens(self, num_tokens: NDArray[np.int64]) -> NDArray[np.int64]:
         """Pages needed to hold `num_tokens` tokens, elementwise. `[n] -> [n]`."""
-        return -(-num_tokens // self.page_size)
+        return (num_tokens + (self.page_size - 1)) // self.page_size  # ceil, for any int
 
     @property
     def largest_block(self) -> int:
@@ -251,8 +251,11 @@ class KVPageManager:
         elif held_ids.size:
             rows = self.row_of[held_ids]
             held = self.num_held[held_ids]
-            mask = np.arange(self.max_pages_per_seq)[None, :] < held[:, None]
-            pages = self.page_table[rows][mask]
+            if held_ids.size == 1:  # most frees: one request finishing
+                pages = self.page_table[rows[0], :held[0]].copy()
+            else:
+                mask = np.arange(self.max_pages_per_seq)[None, :] < held[:, None]
+                pages = self.page_table[rows][mask]
             if self.cache is None:
                 self.ref_count[pages] = 0
             else:
