@@ -5,6 +5,9 @@ fixed-shape numpy arrays padded to a bucket `(T, S)`. Every engine, real or
 simulated, receives exactly these arrays, so every policy drives the same
 compiled steps. `build_step_inputs` (also in packing) is the one writer of the
 layout below: `pack()`, a real engine's warm-up and the profiling grid all use it.
+The scheduler hands an engine its step as a `PackedStep` (`Engine.step_packed`):
+the bucket and real lengths at once, the descriptor built on first read, so an
+engine that prices lengths alone (the simulator) never pays for padded arrays.
 
 Layout (T = bucket tokens, S = bucket sequences, P = pages per sequence):
   * Sequence i of the step owns flat tokens `cu_q_lens[i]:cu_q_lens[i+1]`. Its
