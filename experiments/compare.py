@@ -35,6 +35,7 @@ from experiments.terminal_table import fit_table
 from orca_jax.core.json_files import to_json_value, write_json_atomic, write_text_atomic
 from orca_jax.results.metrics import format_table
 from orca_jax.results.run_folder import check_writable_dir
+from orca_jax.runner.bucket_pilot import token_sizes, with_fitted_buckets
 from orca_jax.runner.build import (
     build_engine,
     build_workload,
@@ -176,6 +177,12 @@ def main(argv: list[str]) -> None:
     kv_reservation = {label: policy.kv_reservation for label, policy in zip(labels, built)}
     requests = build_workload(spec)
     print(workload_line(spec, requests))
+    # One ladder for every policy, fitted (fit:K) to a pilot of a fixed reference policy, so
+    # that no policy's steps depend on which others are compared.
+    spec, bucket_fit = with_fitted_buckets(spec, requests, progress=True)
+    if bucket_fit is not None:
+        print(bucket_fit.lines())
+        config = scheduler_config(spec)
     # One engine for every policy: the very same compiled steps (and the same KV cache
     # buffers) serve each of them.
     engine = build_engine(spec, config)
@@ -193,13 +200,15 @@ def main(argv: list[str]) -> None:
             summary, _ = run_policy(spec, entry.spec, entry.options,
                                     out_dir=os.path.join(folder, f"repeat_{k}")
                                     if repeats > 1 else folder,
-                                    requests=requests, engine=engine, label=label)
+                                    requests=requests, engine=engine, label=label,
+                                    bucket_fit=bucket_fit)
             summaries[label].append(summary)
     rows = []
     for label in labels:
         row = summaries[label][0] if repeats == 1 else over_repeats(summaries[label])
         rows.append({**row, "policy": label, "kv_reservation": kv_reservation[label],
-                     "count_host_time": config.count_host_time})
+                     "count_host_time": config.count_host_time,
+                     "num_buckets": len(token_sizes(spec))})
     columns = [run_flags.TABLE_COLUMNS[0], *FAIRNESS_COLUMNS, *run_flags.TABLE_COLUMNS[1:]]
     table = format_table(table_rows(rows), columns)
     shown = fit_table(table_rows(rows))

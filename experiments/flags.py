@@ -16,6 +16,7 @@ from typing import Optional
 from absl import app, flags
 
 from experiments.cli_errors import clean_errors, parse_flags  # noqa: F401 (entry points' API)
+from orca_jax.core.bucket_fit import parse_fit_ladder
 from orca_jax.core.packing import ladder_token_sizes
 from orca_jax.runner.spec import (
     ATTENTIONS,
@@ -130,11 +131,19 @@ flags.DEFINE_integer("num_kv_pages", None, "KV pool size in pages (default: from
 flags.DEFINE_float("kv_memory_gb", None, "KV pool size in GB (decimal) over the replica.")
 flags.DEFINE_integer("page_size", 16, "Tokens per KV page.", lower_bound=1)
 flags.DEFINE_integer("max_model_len", None, "Context limit (default: the model's).", lower_bound=2)
-flags.DEFINE_list("buckets", None, "Step token sizes to pad to (default: powers of two up to "
-                  "--max_num_tokens).")
-flags.DEFINE_string("bucket_ladder", None, "Step token sizes by rule instead of --buckets: pow2 "
-                    "(the default), geometric:R (each about R times the last, e.g. 1.41) or "
-                    "step:N (multiples of N); each tops out at --max_num_tokens.")
+flags.DEFINE_list("buckets", None, "Step token sizes to pad to, ending at --max_num_tokens "
+                  "(default: --bucket_ladder).")
+flags.DEFINE_string("bucket_ladder", "auto", "Step token sizes by rule, unless --buckets gives "
+                    "them: pow2 (powers of two), geometric:R (each about R times the last, e.g. "
+                    "1.41), step:N (multiples of N), or fit:K: the K sizes (multiples of 8) that "
+                    "pad least the steps of a pilot run: the simulator on the same workload, "
+                    "limits, model, hardware and cluster, with the fixed reference policy vllm "
+                    "(whatever --policies says, so every policy compared, and every policy at "
+                    "one rate of a sweep, drives the same sizes) on a step:8 ladder; config.json "
+                    "records the sizes (repeat with --buckets=...) and the pilot. Each tops out "
+                    "at --max_num_tokens. auto: fit:16 on --engine=sim (pow2 with --cost_fit, "
+                    "which prices only its own buckets), pow2 on --engine=jax (each size is a "
+                    "compile there, and its clock is not the simulator's).")
 flags.DEFINE_float("ttft_slo_s", None, "TTFT SLO for goodput, seconds.")
 flags.DEFINE_float("tpot_slo_s", None, "TPOT SLO for goodput, seconds.")
 flags.DEFINE_integer("seed", 0, "Workload and sampling seed.", lower_bound=0)
@@ -184,6 +193,7 @@ TABLE_COLUMNS = ("policy", "num_finished", "num_rejected", "num_steps", "duratio
                  "throughput_req_s", "throughput_tok_s", "ttft_p50_s", "ttft_p99_s",
                  "tpot_p50_s", "tpot_p99_s", "latency_p50_s", "latency_p99_s",
                  "normalized_latency_mean_s", "num_preemptions", "padding_fraction",
+                 "num_buckets",  # the compiled step shapes (of the ladder) beside the padding
                  "prefix_hit_rate",  # only with prefix caching active ('-' otherwise)
                  "goodput_req_s", "slo_attainment")  # only with an SLO set ('-' otherwise)
 
@@ -222,22 +232,35 @@ for _name, _column in LENGTH_COLUMNS.items():
     _validate_length(_name, _column)
 
 
-def _buckets(max_num_tokens: int) -> Optional[tuple[int, ...]]:
-    if FLAGS.bucket_ladder is not None:
-        if FLAGS.buckets:
+AUTO_LADDER = {"sim": "fit:16", "jax": "pow2"}  # --bucket_ladder=auto, by engine
+
+
+def _buckets(max_num_tokens: int) -> tuple[Optional[tuple[int, ...]], Optional[str]]:
+    """(token_buckets, bucket_ladder) of the LimitsSpec: the sizes of --buckets or of a rule
+    ladder, or the `fit:K` ladder the runner fits (`runner.bucket_pilot`)."""
+    if FLAGS.buckets:
+        if FLAGS["bucket_ladder"].present:
             raise app.UsageError("--buckets and --bucket_ladder both choose the step sizes: "
                                  "give one")
         try:
-            return ladder_token_sizes(FLAGS.bucket_ladder, max_num_tokens)
-        except ValueError as e:
-            raise app.UsageError(f"--bucket_ladder: {e}") from None
-    if not FLAGS.buckets:
-        return None
+            return tuple(int(b) for b in FLAGS.buckets), None
+        except ValueError:
+            raise flags.ValidationError(f"--buckets={','.join(FLAGS.buckets)}: expected "
+                                        "integers") from None
+    ladder = FLAGS.bucket_ladder
+    if ladder == "auto":
+        ladder = "pow2" if FLAGS.cost_fit else AUTO_LADDER[FLAGS.engine]
+        if ladder == "pow2":
+            return None, None  # the library's default: the config (and a sweep's) as before
     try:
-        return tuple(int(b) for b in FLAGS.buckets)
-    except ValueError:
-        raise flags.ValidationError(f"--buckets={','.join(FLAGS.buckets)}: expected integers") \
-            from None
+        if parse_fit_ladder(ladder) is not None:
+            return None, ladder  # LimitsSpec checks K against --max_num_tokens
+    except ValueError as e:
+        raise app.UsageError(f"--bucket_ladder: {e}") from None
+    try:
+        return ladder_token_sizes(ladder, max_num_tokens), None
+    except ValueError as e:
+        raise app.UsageError(f"--bucket_ladder: {e}, fit:K (K >= 1) or auto") from None
 
 
 def _take_renamed_flags() -> None:
@@ -283,6 +306,7 @@ def spec_from_flags() -> RunSpec:
         prefix_knobs = dict(num_prefixes=FLAGS.num_prefixes, prefix_len=pick("prefix_len"),
                             prefix_zipf=FLAGS.prefix_zipf, suffix_len=pick("suffix_len"),
                             num_turns=pick("num_turns"), think_time_ms=FLAGS.think_time_ms)
+    token_buckets, bucket_ladder = _buckets(pick("max_num_tokens"))
     try:
         engine: JaxEngineSpec | SimEngineSpec
         if FLAGS.engine == "jax":
@@ -309,7 +333,7 @@ def spec_from_flags() -> RunSpec:
                               max_num_tokens=pick("max_num_tokens"),
                               num_kv_pages=FLAGS.num_kv_pages, kv_memory_gb=FLAGS.kv_memory_gb,
                               page_size=FLAGS.page_size, max_model_len=FLAGS.max_model_len,
-                              token_buckets=_buckets(pick("max_num_tokens")),
+                              token_buckets=token_buckets, bucket_ladder=bucket_ladder,
                               log_step_requests=FLAGS.log_step_requests,
                               count_host_time=FLAGS.count_host_time,
                               no_progress_steps=FLAGS.no_progress_steps),

@@ -15,6 +15,8 @@ from experiments.terminal_table import fit_table
 from orca_jax.cluster.routing import resolve_router_class
 from orca_jax.core import plugins
 from orca_jax.core.policy import PolicyLoadError, resolve_policy_class
+from orca_jax.results.run_folder import check_out_dir
+from orca_jax.runner.bucket_pilot import token_sizes, with_fitted_buckets
 from orca_jax.runner.build import build_workload, check_policies, scheduler_config, workload_line
 from orca_jax.runner.experiment import run_policy
 
@@ -53,9 +55,17 @@ def main(argv: list[str]) -> None:
     check_policies(spec, scheduler_config(spec), [(run_flags.FLAGS.policy, options)])
     requests = build_workload(spec)
     print(workload_line(spec, requests))
+    if out_dir is not None:
+        check_out_dir(out_dir)  # before the pilot run: a bad folder costs nothing
+    spec, bucket_fit = with_fitted_buckets(spec, requests, progress=True)
+    if bucket_fit is not None:
+        print(bucket_fit.lines())
     summary, _ = run_policy(spec, run_flags.FLAGS.policy, options,
-                            out_dir=out_dir, requests=requests)
+                            out_dir=out_dir, requests=requests, bucket_fit=bucket_fit)
     print(fit_table([summary]))
+    # The compiled step shapes beside the padding they leave (config.json holds the sizes).
+    print(f"padding: {summary['padding_fraction']:.4f} of the padded step tokens, "
+          f"{len(token_sizes(spec))} step sizes")
     print(f"results in {out_dir}")
 
 

@@ -53,9 +53,9 @@ def _run(out: Path, *extra: str) -> dict:
 
 
 def test_a_finer_ladder_pads_less_and_every_step_takes_its_smallest_bucket(tmp_path):
-    pow2 = _run(tmp_path / "pow2")
+    pow2 = _run(tmp_path / "pow2", "--bucket_ladder=pow2")
     fine = _run(tmp_path / "fine", "--bucket_ladder=geometric:1.41")
-    assert pow2["buckets"] is None
+    assert pow2["buckets"] == list(default_token_sizes(2048))
     assert len(fine["buckets"]) == 14
     for step in fine["steps"]:
         smaller = [b for b in fine["buckets"] if b < step["num_padded_tokens"]]
@@ -67,11 +67,21 @@ def test_a_finer_ladder_pads_less_and_every_step_takes_its_smallest_bucket(tmp_p
 
 def test_the_flag_refuses_a_bad_ladder_and_both_ways_of_choosing(tmp_path):
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    for extra, says in [(["--bucket_ladder=step:0"], "--bucket_ladder: bucket ladder 'step:0'"),
-                        (["--bucket_ladder=pow2", "--buckets=16,2048"],
-                         "--buckets and --bucket_ladder both choose the step sizes")]:
+    for extra, says in [
+            (["--bucket_ladder=step:0"], "--bucket_ladder: bucket ladder 'step:0'"),
+            (["--bucket_ladder=pow2", "--buckets=16,2048"],
+             "--buckets and --bucket_ladder both choose the step sizes"),
+            (["--bucket_ladder=fit:0"], "--bucket_ladder: bucket ladder 'fit:0': expected fit:K"),
+            (["--bucket_ladder=fit:x"], "--bucket_ladder: bucket ladder 'fit:x': expected fit:K"),
+            (["--bucket_ladder=fit:33", "--max_num_tokens=256"],
+             "--bucket_ladder: limits.bucket_ladder 'fit:33': at most 32 sizes fit under "
+             "max_num_tokens=256"),
+            (["--bucket_ladder=fit:4", "--engine=jax"],
+             "--bucket_ladder: limits.bucket_ladder 'fit:4' is fitted to a simulator pilot "
+             "run, not for engine 'jax'")]:
         done = subprocess.run([sys.executable, "-m", "experiments.run", "--engine=sim",
                                "--num_requests=4", *extra, f"--out_dir={tmp_path / 'x'}"],
                               cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
         assert done.returncode == 2 and says in done.stderr, done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1, done.stderr
         assert not (tmp_path / "x").exists()

@@ -27,6 +27,7 @@ from orca_jax.results.summary import (
     iter_request_rows,
     summarize_run,
 )
+from orca_jax.runner.bucket_pilot import BucketFit, needs_fit, with_fitted_buckets
 from orca_jax.runner.build import (
     build_engine,
     build_workload,
@@ -54,7 +55,8 @@ class _RunProgress:
 def run_policy(spec: RunSpec, policy_spec: str, policy_options: Optional[Mapping[str, str]] = None,
                *, out_dir: Optional[str] = None, requests: Optional[list[Request]] = None,
                engine: Optional[Engine] = None, progress: bool = True,
-               label: Optional[str] = None) -> tuple[dict[str, Any], RunResult]:
+               label: Optional[str] = None,
+               bucket_fit: Optional[BucketFit] = None) -> tuple[dict[str, Any], RunResult]:
     """Runs one policy on the spec's workload; writes results if `out_dir` is given.
 
     The results folder is checked before anything is built, staged beside
@@ -74,6 +76,9 @@ def run_policy(spec: RunSpec, policy_spec: str, policy_options: Optional[Mapping
       progress: show progress on runs longer than a few seconds (`runner.progress`).
       label: the run's name in its results (summary.json's `policy`; config.json's
         `policy.label`): compare's and sweep's label; default the policy's name.
+      bucket_fit: how the spec's `fit:K` sizes were fitted, for config.json, when the
+        caller fitted them (compare fits once for every policy); a spec whose sizes are
+        not fitted yet is fitted here (`runner.bucket_pilot`).
 
     Returns:
       The summary dict and the finished run (of every replica, with several).
@@ -85,8 +90,10 @@ def run_policy(spec: RunSpec, policy_spec: str, policy_options: Optional[Mapping
     folder = (RunFolder(out_dir, label=label or policy_spec) if out_dir is not None
               else None)
     try:
-        config = scheduler_config(spec)
         workload = requests if requests is not None else build_workload(spec)
+        if needs_fit(spec):
+            spec, bucket_fit = with_fitted_buckets(spec, workload, progress=progress)
+        config = scheduler_config(spec)
         if spec.cluster.disaggregated:
             pass  # its pools are built by `run_disaggregated`, in `_run_disaggregated`
         elif spec.cluster.num_replicas > 1:
@@ -101,14 +108,15 @@ def run_policy(spec: RunSpec, policy_spec: str, policy_options: Optional[Mapping
         raise
     if spec.cluster.disaggregated:
         return _run_disaggregated(spec, policy_spec, policy_options, config, workload, folder,
-                                  label)
+                                  label, bucket_fit)
     if spec.cluster.num_replicas > 1:
         return _run_cluster(spec, policy_spec, config, cluster, folder, label, progress,
-                            len(workload))
+                            len(workload), bucket_fit)
     label = label or policy.name
     bar = _RunProgress(label, len(workload)) if progress else None
     stream = None
-    resolved = _resolved_config(spec, policy_spec, policy, config, engine, label)
+    resolved = _resolved_config(spec, policy_spec, policy, config, engine, label,
+                                bucket_fit=bucket_fit)
     if folder is not None:
         folder.begin(resolved)
         stream = StreamResults(folder, scheduler)
@@ -205,7 +213,8 @@ def _cluster(spec: RunSpec, policy_spec: str, policy_options: Optional[Mapping[s
 
 def _run_cluster(spec: RunSpec, policy_spec: str, config: SchedulerConfig, cluster: Cluster,
                  folder: Optional[RunFolder], label: Optional[str], progress: bool,
-                 num_requests: int) -> tuple[dict[str, Any], RunResult]:
+                 num_requests: int,
+                 bucket_fit: Optional[BucketFit]) -> tuple[dict[str, Any], RunResult]:
     """Runs a cluster and writes its results.
 
     A cluster has no per-step hook: its folder says `running` until the end, and its
@@ -216,7 +225,7 @@ def _run_cluster(spec: RunSpec, policy_spec: str, config: SchedulerConfig, clust
     label = label or first.policy.name
     if folder is not None:
         folder.begin(_resolved_config(spec, policy_spec, first.policy, config, first.engine,
-                                      label, cluster.router), stream=False)
+                                      label, cluster.router, bucket_fit), stream=False)
     bar = (Progress(f"run {label} on {spec.cluster.num_replicas} replicas", num_requests,
                     "requests") if progress else None)
     try:
@@ -241,7 +250,8 @@ def _run_cluster(spec: RunSpec, policy_spec: str, config: SchedulerConfig, clust
 def _run_disaggregated(spec: RunSpec, policy_spec: str,
                        policy_options: Optional[Mapping[str, str]], config: SchedulerConfig,
                        workload: list[Request], folder: Optional[RunFolder],
-                       label: Optional[str]) -> tuple[dict[str, Any], RunResult]:
+                       label: Optional[str],
+                       bucket_fit: Optional[BucketFit]) -> tuple[dict[str, Any], RunResult]:
     """Runs the spec's prefill and decode pools (`runner.disaggregated`) and writes their
     results, as a cluster's: whole when the run ends (on a failure: status.json
     `failed`, no logs)."""
@@ -264,16 +274,17 @@ def _run_disaggregated(spec: RunSpec, policy_spec: str,
     summary["policy"] = label
     if folder is not None:
         folder.begin({**_resolved_config(spec, policy_spec, decode.policy, config,
-                                         decode.engine, label), "pools": pools}, stream=False)
+                                         decode.engine, label, bucket_fit=bucket_fit),
+                      "pools": pools}, stream=False)
         _finish(folder, result, summary, tables, write_steps=True)
     return summary, result
 
 
 def _resolved_config(spec: RunSpec, policy_spec: str, policy: Policy, config: SchedulerConfig,
-                     engine: Engine, label: str,
-                     router: Optional[Router] = None) -> dict[str, Any]:
+                     engine: Engine, label: str, router: Optional[Router] = None,
+                     bucket_fit: Optional[BucketFit] = None) -> dict[str, Any]:
     """config.json: the run, the policy's (and a cluster's router's) knobs, the
-    scheduler's limits, the engine."""
+    scheduler's limits, the engine, and how a `fit:K` ladder was fitted."""
     resolved = {
         "run": dataclasses.asdict(spec),
         "policy": {"spec": policy_spec, "name": policy.name, "label": label,
@@ -283,6 +294,8 @@ def _resolved_config(spec: RunSpec, policy_spec: str, policy: Policy, config: Sc
     }
     if router is not None:
         resolved["router"] = {"spec": spec.cluster.router, "name": router.name, **_knobs(router)}
+    if bucket_fit is not None:
+        resolved["bucket_fit"] = bucket_fit.record()
     return resolved
 
 

@@ -16,6 +16,7 @@ import math
 import os
 from typing import Optional, Union
 
+from orca_jax.core.bucket_fit import max_fitted_sizes, parse_fit_ladder
 from orca_jax.core.kv_pages import KV_LAYOUTS
 from orca_jax.core.plugins import parse_options
 from orca_jax.specs.hardware import get_hardware, get_kv_link
@@ -184,6 +185,9 @@ class LimitsSpec:
     page_size: int = 16  # tokens per KV page
     max_model_len: Optional[int] = None  # the context limit (default: the model's context)
     token_buckets: Optional[tuple[int, ...]] = None  # step sizes (default: powers of two)
+    # `fit:K`: token_buckets are fitted to a simulator pilot run (`runner.bucket_pilot`),
+    # which fills them in; None: token_buckets as given.
+    bucket_ladder: Optional[str] = None
     log_step_requests: bool = False  # steps.jsonl: each step's request ids and tokens
     # paged, or buddy: each reservation one power-of-two block (the vLLM paper's Orca)
     kv_layout: str = "paged"
@@ -205,6 +209,16 @@ class LimitsSpec:
                 and buckets[-1] == self.max_num_tokens):
             raise ValueError(f"limits.token_buckets must ascend from >= 1 to max_num_tokens "
                              f"({self.max_num_tokens}), got {buckets}")
+        if self.bucket_ladder is not None:
+            num_sizes = parse_fit_ladder(self.bucket_ladder)
+            if num_sizes is None:
+                raise ValueError(f"limits.bucket_ladder {self.bucket_ladder!r}: only fit:K is "
+                                 "resolved at run time (give a rule's sizes as token_buckets)")
+            most = max_fitted_sizes(self.max_num_tokens)
+            if num_sizes > most:
+                raise ValueError(f"limits.bucket_ladder {self.bucket_ladder!r}: at most {most} "
+                                 f"sizes fit under max_num_tokens={self.max_num_tokens} "
+                                 "(multiples of 8, and the budget)")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -282,6 +296,14 @@ class RunSpec:
         _check_at_least("run", "seed", self.seed, 0)
         _check_positive("run", "ttft_slo_s", self.ttft_slo_s)
         _check_positive("run", "tpot_slo_s", self.tpot_slo_s)
+        if self.limits.bucket_ladder is not None and self.engine.kind != "sim":
+            raise ValueError(f"limits.bucket_ladder {self.limits.bucket_ladder!r} is fitted to a "
+                             f"simulator pilot run, not for engine {self.engine.kind!r}: give "
+                             "its sizes (a sim run's config.json holds them) or a rule")
+        if (self.limits.bucket_ladder is not None and isinstance(self.engine, SimEngineSpec)
+                and self.engine.cost_fit is not None):
+            raise ValueError(f"limits.bucket_ladder {self.limits.bucket_ladder!r}: a cost fit "
+                             f"({self.engine.cost_fit}) prices only its own buckets; give them")
         if self.cluster.num_replicas > 1 and self.engine.kind != "sim":
             raise ValueError(f"num_replicas={self.cluster.num_replicas} needs engine 'sim' (the "
                              f"real engine runs one replica per process), got "

@@ -16,6 +16,7 @@ from orca_jax.core.engine_api import Engine
 from orca_jax.core.request import Request
 from orca_jax.core.run_result import RunResult
 from orca_jax.results.sweep_store import PointKey
+from orca_jax.runner.bucket_pilot import BucketFit
 from orca_jax.runner.build import build_workload
 from orca_jax.runner.experiment import run_policy
 from orca_jax.runner.spec import RunSpec
@@ -130,8 +131,8 @@ class PointOutcome:
 def run_point(key: PointKey, spec: RunSpec, run: PolicyRun,
               requests: Callable[[], list[Request]], engine: Callable[[], Engine],
               run_dir: Optional[str],
-              extra_metrics: Optional[Callable[[RunResult], Mapping[str, object]]]
-              ) -> PointOutcome:
+              extra_metrics: Optional[Callable[[RunResult], Mapping[str, object]]],
+              bucket_fit: Optional[BucketFit] = None) -> PointOutcome:
     """Runs one point, here or in a Ray task. A point that raises (an `Exception`: a
     policy's bug, a plan error, a run folder that cannot be written) comes back as a
     failed outcome, so the sweep goes on; a Ctrl-C still stops the sweep.
@@ -144,13 +145,16 @@ def run_point(key: PointKey, spec: RunSpec, run: PolicyRun,
       engine: builds (or hands over) the engine of the point's seed.
       run_dir: the point's run folder, or None.
       extra_metrics: more summary fields from the finished run.
+      bucket_fit: how the spec's `fit:K` sizes were fitted, if the caller fitted them (a
+        spec with its sizes not yet fitted is fitted by `run_policy`, the same for every
+        policy at the point: the pilot's policy is fixed).
     """
     del key  # named for the caller's logs; the spec already holds rate and seed
     start = time.perf_counter()
     try:
         summary, result = run_policy(spec, run.spec, dict(run.options), out_dir=run_dir,
                                      requests=requests(), engine=engine(), progress=False,
-                                     label=run.label)
+                                     label=run.label, bucket_fit=bucket_fit)
         if extra_metrics:
             summary.update(extra_metrics(result))
     except Exception as e:  # noqa: BLE001 -- recorded with the point, the sweep goes on
