@@ -1,11 +1,14 @@
 """Packed steps: the simulator prices a step from its lengths, never building its padded
 descriptor, and gives exactly what `step` gives on the descriptor `pack` would build."""
 
+import time
+
 import numpy as np
 import pytest
 
 import policies
 from orca_jax import Request, Scheduler, SchedulerConfig, StepOutput
+from orca_jax.core import packing
 from orca_jax.core.engine_api import Bucket, Engine
 from orca_jax.core.packing import SamplingArrays, bucket_config_for, pack, pack_step
 from orca_jax.sim.cost_model import CostModelConfig, LinearStepTime
@@ -55,7 +58,9 @@ def test_a_packed_step_is_priced_and_sampled_as_its_descriptor(mode, q_lens, com
 
 def test_the_descriptor_is_built_once_on_first_read_and_equals_pack_s():
     packed, inputs = _packed([9, 1, 3], [0, 30, 8])
+    assert packed.build_s == 0.0
     first = packed.inputs
+    assert packed.build_s > 0.0  # host work the scheduler counts
     assert packed.inputs is first
     for name in ("token_ids", "positions", "cu_q_lens", "kv_lens", "page_indices",
                  "slot_mapping", "sample_indices", "num_seqs", "top_p"):
@@ -90,14 +95,32 @@ class _CountingEngine(Engine):
                           step_s=0.01)
 
 
-def test_an_engine_reading_descriptors_gets_every_step_s_and_the_sim_none():
+def test_an_engine_reading_descriptors_gets_every_step_s_and_the_sim_none(monkeypatch):
     requests = [Request(id=i, arrival_s=0.0, prompt_len=10 + 3 * i, output_len=4)
                 for i in range(3)]
     config = SchedulerConfig(max_num_seqs=4, max_num_tokens=64, num_kv_pages=32, page_size=8,
                              max_model_len=64)
-    counting = _CountingEngine()
+    packed_steps = []
+
+    class Keeping(_CountingEngine):
+        def step_packed(self, packed):
+            packed_steps.append(packed)
+            return super().step_packed(packed)
+
+    real_build = packing.build_step_inputs
+
+    def slow_build(*args, **kwargs):  # a build far longer than the rest of an iteration
+        time.sleep(0.02)
+        return real_build(*args, **kwargs)
+
+    monkeypatch.setattr(packing, "build_step_inputs", slow_build)
+    counting = Keeping()
     result = Scheduler(requests, policies.make_policy("vllm", {}), counting, config).run()
     assert len(counting.seen) == result.num_steps
+    # Building the descriptor inside the engine's call is still the step's host time.
+    assert all(p.build_s >= 0.02 and step.host_s >= p.build_s
+               for p, step in zip(packed_steps, result.steps))
+    monkeypatch.undo()
     assert [int(s.cu_q_lens[int(s.num_seqs[0])]) for s in counting.seen] == [
         step.num_tokens for step in result.steps]
 

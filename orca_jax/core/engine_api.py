@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import time
 from typing import Callable, Collection, Optional, Sequence
 
 import numpy as np
@@ -95,9 +96,11 @@ class PackedStep:
       bucket: the step shape it is padded to.
       q_lens: `[n]` new tokens of each real sequence (>= 1).
       kv_lens: `[n]` tokens each real sequence attends to (its cache after the step).
+      build_s: seconds building the descriptor took (0 while unbuilt): host work,
+        which the scheduler counts as such wherever an engine asked for it.
     """
 
-    __slots__ = ("bucket", "q_lens", "kv_lens", "_build", "_inputs")
+    __slots__ = ("bucket", "q_lens", "kv_lens", "build_s", "_build", "_inputs")
 
     def __init__(self, bucket: Bucket, q_lens: NDArray[np.int64],  # [n]
                  kv_lens: NDArray[np.int64],  # [n]
@@ -105,6 +108,7 @@ class PackedStep:
         self.bucket = bucket
         self.q_lens = q_lens
         self.kv_lens = kv_lens
+        self.build_s = 0.0
         self._build = build
         self._inputs: Optional[StepInputs] = None
 
@@ -112,7 +116,9 @@ class PackedStep:
     def inputs(self) -> "StepInputs":
         """The padded descriptor (built on the first read, then kept)."""
         if self._inputs is None:
+            start = time.perf_counter()
             self._inputs = self._build()
+            self.build_s = time.perf_counter() - start
         return self._inputs
 
 

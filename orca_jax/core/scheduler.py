@@ -403,6 +403,7 @@ class Scheduler:
             pending = self.engine.step_async(packed.inputs, source)
             output, step_s = None, pending.step_s
             landed = self.in_flight.land()  # waits for the previous step: not host time
+        host_s += packed.build_s  # the descriptor, if an engine read it: host work
         update_start = time.perf_counter()
         if self.in_flight is not None:
             self._record_tokens(*landed)
