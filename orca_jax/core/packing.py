@@ -9,6 +9,7 @@ travel as arrays, never as Python ints, so they never trigger a compile.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 from typing import Optional, Sequence, Union
 
@@ -87,7 +88,9 @@ class BucketConfig:
             raise ValueError(f"max_num_seqs and pages_per_seq must be >= 1, got "
                              f"{self.max_num_seqs}, {self.pages_per_seq}")
         object.__setattr__(self, "token_sizes", sizes)
-        object.__setattr__(self, "_sizes_array", np.asarray(sizes, dtype=np.int64))
+        # Selected every step: made once (a Bucket is immutable, so one serves every step).
+        object.__setattr__(self, "_buckets",
+                           tuple(Bucket(t, min(t, self.max_num_seqs)) for t in sizes))
 
     @property
     def max_num_tokens(self) -> int:
@@ -99,12 +102,11 @@ class BucketConfig:
 
     def select(self, num_tokens: int) -> Bucket:
         """The smallest bucket holding `num_tokens` tokens."""
-        index = int(np.searchsorted(self._sizes_array, num_tokens))
+        index = bisect.bisect_left(self.token_sizes, num_tokens)
         if index == len(self.token_sizes):
             raise ValueError(f"{num_tokens} tokens exceed the largest bucket "
                              f"({self.max_num_tokens})")
-        t = self.token_sizes[index]
-        return Bucket(t, min(t, self.max_num_seqs))
+        return self._buckets[index]
 
 
 @dataclasses.dataclass(frozen=True)
