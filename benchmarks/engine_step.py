@@ -9,12 +9,15 @@ tokens of prefill beside decodes), at each context length, one run times:
 - its parts, each jitted alone on the same shapes: embedding; projections and
   MLP (every layer with attention stubbed out); KV write + attention (every
   layer, old and new op); LM head + sampling; host-side packing
-  (`build_step_inputs`) and transfer (`device_put`);
+  (`build_step_inputs`; the engine hands the host arrays to the compiled step,
+  so their transfer is inside the step's time);
 - a roofline for each part: max(FLOPs / measured matmul GFLOP/s, bytes /
   measured copy bandwidth), both measured here first.
 
 Medians of `--repeats` timed runs after one warm run. The load average is
-printed beside the figures: the machine may be shared.
+printed beside the figures: the machine may be shared, so each whole step also
+gets its process CPU time (median over the same runs; XLA's threads included),
+which a busy neighbour inflates far less than the wall clock.
 
     python benchmarks/engine_step.py [--models tiny small] [--kv_lens 128 1024]
 """
@@ -47,14 +50,20 @@ BUCKETS = (Bucket(num_tokens=16, num_seqs=16), Bucket(num_tokens=128, num_seqs=1
 
 
 def _median_s(fn: Callable[[], object], repeats: int) -> float:
-    """Median seconds of `fn()` (which blocks on its result) after one warm call."""
+    """Median wall seconds of `fn()` (which blocks on its result) after one warm call."""
+    return _median_wall_and_cpu_s(fn, repeats)[0]
+
+
+def _median_wall_and_cpu_s(fn: Callable[[], object], repeats: int) -> tuple[float, float]:
+    """Median wall and median process CPU seconds of `fn()`, after one warm call."""
     fn()
-    times = []
+    walls, cpus = [], []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        walls.append(time.perf_counter() - start)
+        cpus.append(time.process_time() - cpu_start)
+    return statistics.median(walls), statistics.median(cpus)
 
 
 def measure_machine(repeats: int) -> tuple[float, float]:
@@ -63,9 +72,18 @@ def measure_machine(repeats: int) -> tuple[float, float]:
     a = jnp.ones((n, n), jnp.float32)
     matmul = jax.jit(lambda x: x @ x)
     gflops = 2 * n ** 3 / _median_s(lambda: matmul(a).block_until_ready(), repeats) / 1e9
-    big = jnp.ones((16 << 20,), jnp.float32)
-    copy = jax.jit(lambda x: x * 1.0001)
-    gbs = 2 * big.nbytes / _median_s(lambda: copy(big).block_until_ready(), repeats) / 1e9
+    # Donated, so each pass reads and writes one resident buffer: a fresh 64 MiB output
+    # every call measured the kernel's page faults instead (2.6 GB/s where numpy copies
+    # at ~30 GB/s), and made every memory roofline below 10x too slow.
+    held = {"x": jnp.ones((16 << 20,), jnp.float32)}
+    nbytes = held["x"].nbytes
+    scale = jax.jit(lambda x: x * 1.0001, donate_argnums=0)
+
+    def copy() -> None:
+        held["x"] = scale(held["x"])
+        held["x"].block_until_ready()
+
+    gbs = 2 * nbytes / _median_s(copy, repeats) / 1e9
     return gflops, gbs
 
 
@@ -169,11 +187,13 @@ def run_model(name: str, kv_lens: list[int], repeats: int, gflops: float, gbs: f
                                      num_computed=computed, page_rows=rows,
                                      page_size=PAGE_SIZE, token_ids=ids)
             inputs = pack()
-            steps = {op: _median_s(lambda e=e: e.step(inputs), repeats)
+            timed = {op: _median_wall_and_cpu_s(lambda e=e: e.step(inputs), repeats)
                      for op, e in engines.items()}
+            steps = {op: wall for op, (wall, _) in timed.items()}
+            cpu = {op: cpu_s for op, (_, cpu_s) in timed.items()}
             tokens = {op: e.step(inputs).sampled_tokens for op, e in engines.items()}
             same = np.array_equal(tokens["reference"], tokens["bucketed"])
-            host = _median_s(lambda: jax.block_until_ready(jax.device_put(pack())), repeats)
+            host = _median_s(pack, repeats)
             parts = {part: _median_s(fn, repeats) for part, fn in
                      _parts(config, graphdef, params, held, jax.device_put(inputs),
                             {"old": "reference", "new": "bucketed"}).items()}
@@ -181,16 +201,19 @@ def run_model(name: str, kv_lens: list[int], repeats: int, gflops: float, gbs: f
             load = os.getloadavg()[0]
             print(f"\n{name} bucket T={bucket.num_tokens} S={bucket.num_seqs}, every sequence "
                   f"at context {kv_len} (load {load:.1f})")
-            print(f"  step old (reference)   {steps['reference'] * 1e3:8.2f} ms")
+            print(f"  step old (reference)   {steps['reference'] * 1e3:8.2f} ms   "
+                  f"(cpu {cpu['reference'] * 1e3:.2f} ms)")
             print(f"  step new (bucketed)    {steps['bucketed'] * 1e3:8.2f} ms   "
-                  f"{steps['reference'] / steps['bucketed']:.2f}x faster; "
+                  f"(cpu {cpu['bucketed'] * 1e3:.2f} ms)   "
+                  f"{steps['reference'] / steps['bucketed']:.2f}x faster "
+                  f"(cpu {cpu['reference'] / cpu['bucketed']:.2f}x); "
                   f"greedy tokens {'identical' if same else 'DIFFER'}")
             print(f"  {'part':32s} {'measured ms':>12s} {'roofline ms':>12s}")
             for part, seconds in parts.items():
                 best = roof.get(part.split(" (")[0])
                 roof_text = f"{best * 1e3:12.3f}" if best is not None else f"{'':12s}"
                 print(f"  {part:32s} {seconds * 1e3:12.3f} {roof_text}")
-            print(f"  {'host packing+transfer':32s} {host * 1e3:12.3f}")
+            print(f"  {'host packing':32s} {host * 1e3:12.3f}")
             new_sum = sum(v for k, v in parts.items() if "(old)" not in k) + host
             print(f"  sum of new parts {new_sum * 1e3:.2f} ms vs new step "
                   f"{steps['bucketed'] * 1e3:.2f} ms (+ packing, which the step excludes)")

@@ -20,6 +20,7 @@ from absl import app, flags
 
 from experiments import flags as run_flags
 from experiments.policy_flags import options_by_policy
+from experiments.process_exit import without_final_collection
 from orca_jax.core.json_files import to_json_value, write_json_atomic, write_jsonl_atomic
 from orca_jax.core.packing import bucket_config_for
 from orca_jax.core.run_result import RunResult
@@ -214,4 +215,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main, flags_parser=run_flags.parse_flags)
+    app.run(without_final_collection(main), flags_parser=run_flags.parse_flags)

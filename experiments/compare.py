@@ -31,6 +31,7 @@ from absl import app, flags
 from experiments import flags as run_flags
 from experiments import policy_flags
 from experiments.policy_flags import resolve_policies
+from experiments.process_exit import without_final_collection
 from experiments.terminal_table import fit_table
 from orca_jax.core.json_files import to_json_value, write_json_atomic, write_text_atomic
 from orca_jax.results.metrics import format_table
@@ -227,4 +228,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main, flags_parser=run_flags.parse_flags)
+    app.run(without_final_collection(main), flags_parser=run_flags.parse_flags)

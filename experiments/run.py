@@ -11,6 +11,7 @@ from absl import app, flags
 
 import policies
 from experiments import flags as run_flags
+from experiments.process_exit import without_final_collection
 from experiments.terminal_table import fit_table
 from orca_jax.cluster.routing import resolve_router_class
 from orca_jax.core import plugins
@@ -70,4 +71,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main, flags_parser=run_flags.parse_flags)
+    app.run(without_final_collection(main), flags_parser=run_flags.parse_flags)

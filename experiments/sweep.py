@@ -24,15 +24,16 @@ from typing import Sequence
 
 from absl import app, flags
 
+from experiments import executor_flags, policy_flags
 from experiments import flags as run_flags
-from experiments import policy_flags
 from experiments.policy_flags import resolve_policies
+from experiments.process_exit import without_final_collection
 from orca_jax.core.json_files import write_text_atomic
 from orca_jax.results.metrics import format_table
 from orca_jax.results.plots import METRIC_LABELS, plot_sweep
 from orca_jax.results.sweep_store import SweepConfigError, aggregate, point_key
 from orca_jax.runner.build import check_policies, scheduler_config
-from orca_jax.runner.sweep import PolicyRun, SweepError, SweepExecutor, run_sweep
+from orca_jax.runner.sweep import PolicyRun, SweepError, run_sweep
 
 METRICS = {"normalized_latency": "normalized_latency_mean_s", "ttft_p99": "ttft_p99_s",
            "tpot_p99": "tpot_p99_s", "goodput": "goodput_req_s",
@@ -55,13 +56,8 @@ flags.DEFINE_enum("throughput", "req", list(THROUGHPUTS), "Throughput axis: requ
 flags.DEFINE_enum("band", "minmax", ["minmax", "std"], "Band over seeds: min-max or mean ± std.")
 flags.DEFINE_bool("point_runs", False, "Also write each point's run folder (requests.jsonl, "
                   "steps.jsonl, ...) under --out_dir/points/.")
-flags.DEFINE_enum("executor", "serial", ["serial", "ray"], "Where points run: here, one after "
-                  "another, or one Ray task each (pip install -e \".[ray]\"); this process alone "
-                  "writes the store either way.")
-flags.DEFINE_string("ray_address", None, "--executor=ray: a running Ray cluster's address "
-                    "(ray start --head prints it); unset starts a local Ray.")
-flags.DEFINE_integer("ray_num_cpus", None, "--executor=ray without --ray_address: the local "
-                     "Ray's CPUs, i.e. points at once (default: every CPU).", lower_bound=1)
+executor_flags.define_executor_flags()
+flags.adopt_module_key_flags(executor_flags)
 flags.FLAGS.set_default("out_dir", "runs/sweep")
 
 FLAGS = flags.FLAGS
@@ -100,9 +96,7 @@ def main(argv: list[str]) -> None:
     check_policies(spec, scheduler_config(spec),
                    [(entry.spec, entry.options) for entry in entries])
     runs = [PolicyRun(entry.label, entry.spec, dict(entry.options)) for entry in entries]
-    if FLAGS.executor != "ray" and (FLAGS.ray_address or FLAGS.ray_num_cpus):
-        raise app.UsageError("--ray_address and --ray_num_cpus need --executor=ray")
-    executor = SweepExecutor(FLAGS.executor, FLAGS.ray_address, FLAGS.ray_num_cpus)
+    executor = executor_flags.executor_from_flags()
     try:
         store, keys = run_sweep(spec, runs, rates, seeds, FLAGS.out_dir,
                                 point_runs=FLAGS.point_runs, progress=True, executor=executor)
@@ -136,4 +130,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main, flags_parser=run_flags.parse_flags)
+    app.run(without_final_collection(main), flags_parser=run_flags.parse_flags)

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -59,3 +64,15 @@ def test_a_second_engine_loads_the_same_program_from_the_cache(cache_dir):
                                page_size=4, token_ids=np.arange(8, dtype=np.int32))
     np.testing.assert_array_equal(second.step(inputs).sampled_tokens,
                                   first.step(inputs).sampled_tokens)
+
+
+def test_the_suite_s_command_line_runs_cache_outside_the_user_s_home():
+    # What a CLI test's child process (cli_runner, the environment inherited) takes as
+    # its default --compile_cache.
+    folder = Path(subprocess.run(
+        [sys.executable, "-c", "from orca_jax.model import compile_cache; "
+                               "print(compile_cache.default_dir())"],
+        env=dict(os.environ), capture_output=True, text=True, check=True).stdout.strip())
+    home = Path(os.path.expanduser("~")).resolve()
+    assert folder.resolve().is_relative_to(Path(os.environ["XDG_CACHE_HOME"]).resolve())
+    assert not folder.resolve().is_relative_to(home)

@@ -206,6 +206,23 @@ def test_sampling_greedy_and_top_k_one():
                                   logits.argmax(-1))
 
 
+def test_greedy_tokens_are_argmax_on_ties_infinities_and_nans():
+    rng = np.random.default_rng(5)
+    logits = rng.normal(size=(8, 300)).astype(np.float32)
+    logits[0, [17, 4, 250]] = 9.0  # a tie: the first index wins
+    logits[1, :] = 0.5  # all tied
+    logits[2, 299] = np.inf
+    logits[3, :] = -np.inf
+    logits[4, [40, 12]] = np.nan  # argmax returns the first NaN
+    logits[5, [3, 200]] = [np.inf, np.nan]
+    logits[6, -1] = 1e30
+    logits[7] = np.round(logits[7])  # many ties among small integers
+    got = np.asarray(jax.jit(sampling.greedy_tokens)(jnp.asarray(logits)))
+    np.testing.assert_array_equal(got, np.asarray(jnp.argmax(jnp.asarray(logits), axis=-1)))
+    np.testing.assert_array_equal(got[:6], [4, 0, 299, 0, 12, 200])
+    assert got.dtype == np.int32
+
+
 def test_sampling_depends_on_seed_and_position_not_slot():
     row = np.random.default_rng(1).normal(size=50).astype(np.float32)
     other = np.random.default_rng(2).normal(size=(7, 50)).astype(np.float32)

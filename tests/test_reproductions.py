@@ -4,6 +4,7 @@ import json
 
 import numpy as np
 import pytest
+from absl import app
 
 from experiments.reproduce import common, orca, prefix_caching, sarathi, vllm_memory
 from orca_jax.results.sweep_store import Curve
@@ -134,3 +135,10 @@ def test_prefix_caching_unbounded_pool_reaches_the_ceiling(tmp_path):
     (row,) = prefix_caching.trace_pool_rows(setup)
     assert row["ceiling"] > 0.3
     assert row["prefix_hit_rate"] == pytest.approx(row["ceiling"])
+
+
+def test_a_reproduction_refuses_ray_settings_without_the_ray_executor(tmp_path):
+    with pytest.raises(app.UsageError, match=r"^--ray_address and --ray_num_cpus need "
+                                             r"--executor=ray$"):
+        orca.main([f"--out_dir={tmp_path / 'out'}", "--ray_num_cpus=2"])
+    assert not (tmp_path / "out").exists()  # refused before anything was written

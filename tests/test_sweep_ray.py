@@ -125,3 +125,40 @@ def test_without_ray_installed_the_ray_executor_says_how_to_get_it(tmp_path, mon
         sweep.run_sweep(spec, [sweep.PolicyRun("orca", "orca")], [2.0], [0], str(tmp_path),
                         executor=sweep.SweepExecutor("ray"))
     assert list(tmp_path.iterdir()) == []  # refused before the folder was touched
+
+
+
+def test_a_reproduction_on_ray_stores_and_tabulates_what_a_serial_one_does(tmp_path,
+                                                                           monkeypatch):
+    from experiments.reproduce import orca
+    from orca_jax.runner import ray_sweep
+
+    executors = []
+    run_rows_on_ray = ray_sweep.run_rows_on_ray
+
+    def spy(executor, *args, **kwargs):
+        executors.append(executor)
+        return run_rows_on_ray(executor, *args, **kwargs)
+
+    monkeypatch.setattr(ray_sweep, "run_rows_on_ray", spy)
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    monkeypatch.chdir(REPO)  # where the Ray workers import the reproduction's metrics from
+
+    def reproduce(out_dir: Path, *extra: str) -> None:
+        orca.main([f"--out_dir={out_dir}", f"--figure={out_dir / 'fig.png'}",
+                   "--num_requests=12", "--rates=0.1,0.5", *extra])
+
+    reproduce(tmp_path / "serial")
+    assert executors == []
+    reproduce(tmp_path / "ray", *RAY)
+    assert executors == [sweep.SweepExecutor("ray", num_cpus=2)]
+    expected = _store(tmp_path / "serial")
+    # 4 static and 3 orca batch sizes, each to its first saturated rate.
+    assert {key[0] for key in expected} == ({f"static bs={b}" for b in (1, 8, 16, 32)}
+                                            | {f"orca bs={b}" for b in (8, 16, 32)})
+    assert len(expected) > 7 and all(p["summary"]["num_finished"] == 12
+                                     for p in expected.values())
+    assert _store(tmp_path / "ray") == expected
+    for table in ("curves.json", "ratios.json"):
+        assert (json.loads((tmp_path / "ray" / table).read_text())
+                == json.loads((tmp_path / "serial" / table).read_text())), table

@@ -17,6 +17,7 @@ import numpy as np
 from absl import app, flags
 
 import policies  # noqa: F401  (registers the built-in policies)
+from experiments.executor_flags import define_executor_flags
 from orca_jax.core.json_files import to_json_value, write_json_atomic
 from orca_jax.core.run_result import RunResult
 from orca_jax.results import metrics
@@ -158,7 +159,9 @@ class RatesParser(flags.ArgumentParser):
 
 
 def reproduction_flags(name: str, figure: str, setup_defaults: Any) -> flags.FlagValues:
-    """The flags every reproduction takes: --out_dir, --figure, --num_requests, --rates.
+    """The flags every reproduction takes: --out_dir, --figure, --num_requests, --rates,
+    and where the grid's points run (the sweep's --executor, --ray_address, --ray_num_cpus;
+    `experiments.executor_flags.executor_from_flags` reads them).
 
     Each reproduction holds its flags in a `FlagValues` of its own, not absl's global
     one: they reuse the names of the run flags (`--out_dir`, `--num_requests`,
@@ -179,6 +182,7 @@ def reproduction_flags(name: str, figure: str, setup_defaults: Any) -> flags.Fla
                          lower_bound=1, flag_values=flag_values)
     flags.DEFINE(RatesParser(), "rates", setup_defaults.rates, "the request rates to sweep",
                  flag_values=flag_values, serializer=flags.ListSerializer(","))
+    define_executor_flags(flag_values)
     return flag_values
 
 

@@ -31,6 +31,7 @@ import os
 import time
 from typing import Any, Optional, Sequence
 
+from experiments.executor_flags import executor_from_flags
 from experiments.reproduce.common import (
     PolicyRun,
     parse_flags,
@@ -43,6 +44,7 @@ from experiments.reproduce.common import (
 )
 from orca_jax.results.sweep_store import Curve, PointKey, aggregate
 from orca_jax.runner.spec import LimitsSpec, RunSpec, SimEngineSpec, WorkloadSpec
+from orca_jax.runner.sweep import SweepExecutor
 
 FIGURE = "docs/figures/orca_gpt3_175b_latency_throughput.png"
 LATENCY = "normalized_latency_p50_s"
@@ -97,10 +99,12 @@ class OrcaResult:
     ratios: list[dict[str, Any]]  # one per latency bound: best static and orca, ratio
 
 
-def run(setup: OrcaSetup, out_dir: str) -> OrcaResult:
-    """Runs the sweep and reads the throughput ratio at each latency bound."""
+def run(setup: OrcaSetup, out_dir: str,
+        executor: Optional[SweepExecutor] = None) -> OrcaResult:
+    """Runs the sweep (on `executor`, default here) and reads the throughput ratio at each
+    latency bound."""
     points, keys = run_grid(setup.run_spec(), setup.policy_runs(), setup.rates, setup.seeds,
-                            out_dir)
+                            out_dir, executor=executor)
     curves = aggregate(points, keys, THROUGHPUT, LATENCY)
     by_key = {PointKey(p["policy"], float(p["rate"]), int(p["seed"])): p["summary"]
               for p in points}
@@ -134,10 +138,11 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
       argv: the flags (without the program name); None: the command line's.
     """
     args = parse_flags(FLAGS, argv)
+    executor = executor_from_flags(args)
     setup = OrcaSetup(num_requests=args.num_requests, rates=args.rates)
     os.makedirs(args.out_dir, exist_ok=True)
     start = time.perf_counter()
-    result = run(setup, args.out_dir)
+    result = run(setup, args.out_dir, executor)
     print(write_table(result.rows, ["policy", "rate", THROUGHPUT, LATENCY, "mean_batch_size"],
                       args.out_dir, "curves"))
     print("\nthroughput (req/s) at equal median normalized latency:")

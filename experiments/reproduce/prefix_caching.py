@@ -30,6 +30,7 @@ from typing import Any, Optional, Sequence
 
 from absl import flags
 
+from experiments.executor_flags import executor_from_flags
 from experiments.reproduce.common import (
     PolicyRun,
     parse_flags,
@@ -42,6 +43,7 @@ from experiments.reproduce.common import (
 from orca_jax.results.sweep_store import aggregate
 from orca_jax.runner.experiment import run_policy
 from orca_jax.runner.spec import ClusterSpec, LimitsSpec, RunSpec, SimEngineSpec, WorkloadSpec
+from orca_jax.runner.sweep import SweepExecutor
 from orca_jax.workloads.traces import prefix_cache_ceiling
 
 FIGURE = "docs/figures/prefix_caching_sglang.png"
@@ -103,10 +105,12 @@ class PrefixCachingSetup:
             cluster=ClusterSpec(num_replicas=num_replicas, router=router))
 
 
-def sglang_rows(setup: PrefixCachingSetup, out_dir: str) -> tuple[list[dict[str, Any]], list]:
-    """(a): every policy at every rate; one row per point, and the throughput curves."""
+def sglang_rows(setup: PrefixCachingSetup, out_dir: str,
+                executor: Optional[SweepExecutor] = None) -> tuple[list[dict[str, Any]], list]:
+    """(a): every policy at every rate (on `executor`, default here); one row per point, and
+    the throughput curves."""
     points, keys = run_grid(setup.sglang_spec(), setup.policy_runs(), setup.rates, setup.seeds,
-                            out_dir)
+                            out_dir, executor=executor)
     by_key = {(p["policy"], float(p["rate"]), int(p["seed"])): p["summary"] for p in points}
     rows = []
     for key in keys:
@@ -167,11 +171,12 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
       argv: the flags (without the program name); None: the command line's.
     """
     args = parse_flags(FLAGS, argv)
+    executor = executor_from_flags(args)
     setup = PrefixCachingSetup(num_requests=args.num_requests, rates=args.rates,
                                trace=args.trace, trace_requests=args.trace_requests)
     os.makedirs(args.out_dir, exist_ok=True)
     start = time.perf_counter()
-    rows, curves = sglang_rows(setup, args.out_dir)
+    rows, curves = sglang_rows(setup, args.out_dir, executor)
     print(f"(a) shared prefix: {setup.num_prefixes} system prompts of {setup.prefix_len} "
           f"(Zipf 1.1), suffix {setup.suffix_len}, output {setup.output_len}, "
           f"{setup.num_kv_pages} KV pages of 16:")

@@ -44,6 +44,7 @@ from typing import Any, Optional, Sequence
 
 from absl import flags
 
+from experiments.executor_flags import executor_from_flags
 from experiments.reproduce.common import (
     PolicyRun,
     parse_flags,
@@ -56,6 +57,7 @@ from experiments.reproduce.common import (
 )
 from orca_jax.results.sweep_store import Curve, PointKey, aggregate
 from orca_jax.runner.spec import LimitsSpec, RunSpec, SimEngineSpec, WorkloadSpec
+from orca_jax.runner.sweep import SweepExecutor
 
 FIGURE = "docs/figures/sarathi_mistral7b_tbt.png"
 TBT = "itl_p99_s"
@@ -131,15 +133,17 @@ class SarathiResult:
     capacity: list[dict[str, Any]]  # one per policy and SLO
 
 
-def run(setup: SarathiSetup, out_dir: str) -> SarathiResult:
-    """Runs the sweep and reads each policy's capacity under each TBT SLO."""
+def run(setup: SarathiSetup, out_dir: str,
+        executor: Optional[SweepExecutor] = None) -> SarathiResult:
+    """Runs the sweep (on `executor`, default here) and reads each policy's capacity under
+    each TBT SLO."""
     def saturated(rate: float, summary: dict[str, Any]) -> bool:
         # The queue, not the tail of a finite run, says a rate is past capacity.
         queueing = summary.get(QUEUEING)
         return not (queueing if queueing is not None else math.inf) <= 2 * setup.max_queueing_s
 
     points, keys = run_grid(setup.run_spec(), setup.policy_runs(), setup.rates, setup.seeds,
-                            out_dir, saturated=saturated)
+                            out_dir, saturated=saturated, executor=executor)
     for point in points:
         point["summary"][RATE] = point["rate"]
     curves = aggregate(points, keys, RATE, TBT)
@@ -186,6 +190,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
       argv: the flags (without the program name); None: the command line's.
     """
     args = parse_flags(FLAGS, argv)
+    executor = executor_from_flags(args)
     if args.workload != "synthetic":
         if args.out_dir == args["out_dir"].default:
             args.out_dir += f"_{args.workload}"
@@ -195,7 +200,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         args.workload, args.lengths_file)
     os.makedirs(args.out_dir, exist_ok=True)
     start = time.perf_counter()
-    result = run(setup, args.out_dir)
+    result = run(setup, args.out_dir, executor)
     print(write_table(result.rows, ["policy", "rate", THROUGHPUT, TBT, "tpot_p99_s",
                                     "ttft_p50_s", QUEUEING, "mean_batch_size"],
                       args.out_dir, "curves"))

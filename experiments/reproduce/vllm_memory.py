@@ -35,6 +35,7 @@ from typing import Any, Optional, Sequence
 
 from absl import flags
 
+from experiments.executor_flags import executor_from_flags
 from experiments.reproduce.common import (
     PolicyRun,
     parse_flags,
@@ -47,6 +48,7 @@ from experiments.reproduce.common import (
 )
 from orca_jax.results.sweep_store import Curve, PointKey, aggregate
 from orca_jax.runner.spec import LimitsSpec, RunSpec, SimEngineSpec, WorkloadSpec
+from orca_jax.runner.sweep import SweepExecutor
 
 FIGURE = "docs/figures/vllm_opt13b_sharegpt.png"
 LATENCY = "normalized_latency_mean_s"
@@ -101,14 +103,14 @@ class VLLMResult:
     buddy_summary: list[dict[str, Any]]  # the Orca variants under the buddy KV layout
 
 
-def _sweep(setup: VLLMSetup, spec: RunSpec, runs: list[PolicyRun], out_dir: str
-           ) -> tuple[list[Curve], list[dict[str, Any]]]:
+def _sweep(setup: VLLMSetup, spec: RunSpec, runs: list[PolicyRun], out_dir: str,
+           executor: Optional[SweepExecutor]) -> tuple[list[Curve], list[dict[str, Any]]]:
     """Runs one grid; returns its curves and its rows."""
     rates = tuple(sorted(set(setup.rates) | {setup.batch_rate}))
     # Past 3x the bound the curve only climbs: the rest of the sweep would add nothing.
     points, keys = run_grid(spec, runs, rates, setup.seeds, out_dir,
                             saturated=lambda rate, s: not (s.get(LATENCY) or math.inf)
-                            <= 3 * setup.latency_bound_s)
+                            <= 3 * setup.latency_bound_s, executor=executor)
     for point in points:  # the paper plots against the offered rate
         point["summary"][RATE] = point["rate"]
     curves = aggregate(points, keys, RATE, LATENCY)
@@ -147,13 +149,15 @@ def _summary(setup: VLLMSetup, curves: list[Curve], rows: list[dict[str, Any]],
     return out
 
 
-def run(setup: VLLMSetup, out_dir: str) -> VLLMResult:
-    """Runs the sweeps; reads each policy's capacity and its mean batch at `batch_rate`.
+def run(setup: VLLMSetup, out_dir: str, executor: Optional[SweepExecutor] = None
+        ) -> VLLMResult:
+    """Runs the sweeps (on `executor`, default here); reads each policy's capacity and its
+    mean batch at `batch_rate`.
 
     The Orca variants run again under the buddy KV layout (`setup.buddy`), in
     `out_dir/buddy`, against the same (paged) vLLM.
     """
-    curves, rows = _sweep(setup, setup.run_spec(), setup.policy_runs(), out_dir)
+    curves, rows = _sweep(setup, setup.run_spec(), setup.policy_runs(), out_dir, executor)
     summary = _summary(setup, curves, rows, {})
     buddy_summary: list[dict[str, Any]] = []
     if setup.buddy:
@@ -162,7 +166,8 @@ def run(setup: VLLMSetup, out_dir: str) -> VLLMResult:
                                                                     kv_layout="buddy"))
         runs = [PolicyRun(f"{label}, buddy", "orca", {"kv_reservation": mode})
                 for label, mode in RESERVATIONS.items()]
-        buddy_curves, buddy_rows = _sweep(setup, spec, runs, os.path.join(out_dir, "buddy"))
+        buddy_curves, buddy_rows = _sweep(setup, spec, runs, os.path.join(out_dir, "buddy"),
+                                          executor)
         vllm = next(r for r in summary if r["policy"] == "vLLM")
         buddy_summary = _summary(setup, buddy_curves, buddy_rows, vllm)
         curves, rows = curves + buddy_curves, rows + buddy_rows
@@ -183,11 +188,12 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
       argv: the flags (without the program name); None: the command line's.
     """
     args = parse_flags(FLAGS, argv)
+    executor = executor_from_flags(args)
     setup = VLLMSetup(num_requests=args.num_requests, rates=args.rates,
                       latency_bound_s=args.latency_bound_s, buddy=args.buddy)
     os.makedirs(args.out_dir, exist_ok=True)
     start = time.perf_counter()
-    result = run(setup, args.out_dir)
+    result = run(setup, args.out_dir, executor)
     print(write_table(result.rows, ["policy", "rate", THROUGHPUT, LATENCY, "mean_batch_size",
                                     "num_preemptions", "num_rejected"], args.out_dir, "curves"))
     print(f"\nmean batched requests at {setup.batch_rate:g} req/s and at the heaviest load; "

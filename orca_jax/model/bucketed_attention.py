@@ -6,11 +6,17 @@ iteration per sequence per block per layer: on a CPU its cost is loop overhead,
 not arithmetic. Here every query of the step attends at once. Its rows are cut
 into query blocks (one row per block in a decode bucket, up to 16 rows of one
 sequence otherwise); one loop iteration reads a 128-token KV chunk of every
-block's sequence (one gather per block, masked causally per row, online softmax
-in fp32), and the step runs ceil(longest kv_len / 128) iterations: sized by the
-step's longest real context, never by the number of sequences. One compiled
-program per step bucket (no variants); the count is a traced value, so a new
-context length never compiles.
+block's sequence (one gather per block, KV-head-major so that neither product
+transposes K; masked causally per row, online softmax in fp32), and the step
+runs ceil(longest kv_len / 128) iterations: sized by the step's longest real
+context, never by the number of sequences. One compiled program per step bucket
+(no variants); the count is a traced value, so a new context length never
+compiles.
+
+On a CPU its cost is the gathers and the many small products, not FLOPs: per
+CPU-second it does about what the reference does (`benchmarks/engine_step.py`
+prints both), and it is faster on the wall clock because its ops are large
+enough for XLA to split over the cores, where the reference's are not.
 
 The reference stays the Pallas kernel's oracle; this op is tested against it.
 """
@@ -63,19 +69,27 @@ def _attend_chunks(sm_scale: float, chunk_pages: int,
     row_pos = jnp.repeat(q_pos, group, axis=1)[:, None, :, None]  # [B, 1, m, 1]
     row_ok = jnp.repeat(valid, group, axis=1)[:, None, :, None]  # [B, 1, m, 1]
 
+    heads = jnp.arange(num_kv_heads, dtype=jnp.int32)[None, :, None]  # [1, Hkv, 1]
+
     def body(chunk, carry):
         top, total, acc = carry  # [B, Hkv, m], same, [B, Hkv, m, D]
         rows = lax.dynamic_slice_in_dim(block_pages, chunk * chunk_pages, chunk_pages, axis=1)
-        # One gather per block (not per token): a prefill chunk's 16 rows share their K/V.
-        k = k_pages[rows].reshape(num_blocks, length, num_kv_heads, head_dim)
-        v = v_pages[rows].reshape(num_blocks, length, num_kv_heads, head_dim)
-        scores = jnp.einsum("bkmd,blkd->bkml", rows_q, k.astype(jnp.float32), precision=hi)
+        # One gather per block and KV head (not per token): a prefill chunk's 16 rows share
+        # their K/V. Gathered head-major, [B, Hkv, L, D], each head's tokens are the rows of
+        # a matrix the dots read as they lie; a gather of whole pages, [B, L, Hkv, D], made
+        # XLA transpose K into [B, Hkv, D, L] for the product: ~3x the gather's time.
+        k = k_pages[rows[:, None, :], :, heads].reshape(num_blocks, num_kv_heads, length,
+                                                        head_dim)
+        v = v_pages[rows[:, None, :], :, heads].reshape(num_blocks, num_kv_heads, length,
+                                                        head_dim)
+        # K on the left ([L, D] x [D, m]): its contracted dim is minor, so no transpose.
+        scores = jnp.einsum("bkld,bkmd->bkml", k.astype(jnp.float32), rows_q, precision=hi)
         mask = ((chunk * length + chunk_pos) <= row_pos) & row_ok  # [B, 1, m, L]
         scores = jnp.where(mask, scores * sm_scale, _MASK_VALUE)
         new_top = jnp.maximum(top, scores.max(axis=-1))
         weights = jnp.where(mask, jnp.exp(scores - new_top[..., None]), 0.0)
         rescale = jnp.exp(top - new_top)
-        acc = acc * rescale[..., None] + jnp.einsum("bkml,blkd->bkmd", weights,
+        acc = acc * rescale[..., None] + jnp.einsum("bkml,bkld->bkmd", weights,
                                                     v.astype(jnp.float32), precision=hi)
         return new_top, total * rescale + weights.sum(axis=-1), acc
 

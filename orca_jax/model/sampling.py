@@ -38,6 +38,21 @@ def filter_logits(logits: jax.Array,  # [S, vocab] float32, already divided by t
     return jnp.where(logits >= threshold, logits, -jnp.inf)
 
 
+def greedy_tokens(logits: jax.Array,  # [S, vocab] float32
+                  ) -> jax.Array:  # [S] int32
+    """`jnp.argmax(logits, axis=-1)` exactly (first index of the maximum; the first NaN
+    if a row has one), as two plain reductions.
+
+    XLA's CPU argmax is a variadic (value, index) reduction that does not vectorize:
+    ~170 us for 16 rows of 2,048 logits on a 2-core CPU, against ~65 us for a max and
+    then a min over the indices that hold it.
+    """
+    vocab = logits.shape[-1]
+    top = jnp.max(logits, axis=-1, keepdims=True)  # NaN if the row has a NaN
+    hit = (logits == top) | jnp.isnan(logits)
+    return jnp.min(jnp.where(hit, jnp.arange(vocab, dtype=jnp.int32), vocab), axis=-1)
+
+
 def sample_tokens(logits: jax.Array,  # [S, vocab] float32
                   positions: jax.Array,  # [S] int32 position of the token being sampled
                   temperature: jax.Array,  # [S] float32, 0 = greedy
@@ -49,7 +64,7 @@ def sample_tokens(logits: jax.Array,  # [S, vocab] float32
 
     The sort behind top-k/top-p runs only when some row has temperature > 0.
     """
-    greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    greedy = greedy_tokens(logits)
 
     def draw() -> jax.Array:
         safe_t = jnp.where(temperature > 0, temperature, 1.0)

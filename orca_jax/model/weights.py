@@ -17,7 +17,6 @@ from typing import Any, Iterator, Optional, Union
 import jax
 import jax.numpy as jnp
 import numpy as np
-import orbax.checkpoint as ocp
 from flax import nnx
 from safetensors import safe_open
 
@@ -81,6 +80,8 @@ def init_params(config: ModelConfig, *, seed: int = 0, dtype: jnp.dtype = jnp.fl
 
 def save_params(directory: str, params: nnx.State) -> None:
     """Writes `params` as an orbax checkpoint at `directory` (which must not exist yet)."""
+    import orbax.checkpoint as ocp  # only for checkpoints: 0.1 s of every run's start else
+
     directory = os.path.abspath(directory)
     with ocp.StandardCheckpointer() as checkpointer:
         checkpointer.save(directory, nnx.to_pure_dict(params))
@@ -102,6 +103,8 @@ def restore_params(directory: str, config: ModelConfig, *, dtype: jnp.dtype = jn
     if not os.listdir(directory):
         raise CheckpointError(f"{directory}: empty folder; expected an orbax checkpoint or a "
                               f"LLaMA-format folder (config.json + *.safetensors)")
+    import orbax.checkpoint as ocp  # only for checkpoints: 0.1 s of every run's start else
+
     _, abstract = model_lib.abstract_model(config, dtype)
     target = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype),
                           nnx.to_pure_dict(abstract))
