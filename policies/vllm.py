@@ -97,19 +97,26 @@ class VLLM(Policy):
         threshold = self.long_prefill_token_threshold
         if running.size + view.waiting.size <= 1:
             threshold = 0  # a lone request has nobody to starve
-        want = view.requests.num_uncomputed(running)  # [r]
+        want = view.requests.num_uncomputed(running)  # [r] each >= 1
         if threshold:
             want = np.minimum(want, threshold)
-        # min(want, budget left) in order; the budget runs out on a prefix of running.
-        tokens = np.clip(budget - (np.cumsum(want) - want), 0, want)  # [r]
-        num_scheduled = int(np.count_nonzero(tokens))
-        ids, tokens = running[:num_scheduled], tokens[:num_scheduled]
+        wanted = np.cumsum(want)  # [r]
+        if running.size == 0 or wanted[-1] <= budget:  # most steps: every one gets its want
+            ids, tokens = running, want
+            num_tokens = int(wanted[-1]) if running.size else 0
+        else:
+            # min(want, budget left) in order; the budget runs out on a prefix of running.
+            tokens = np.minimum(np.maximum(budget - (wanted - want), 0), want)  # [r]
+            num_scheduled = int(np.count_nonzero(tokens))
+            ids, tokens = running[:num_scheduled], tokens[:num_scheduled]
+            num_tokens = int(tokens.sum())
         needed = view.pages_needed(ids, tokens)  # [s]
+        num_needed = int(needed.sum())
         free = view.num_free_pages
-        if int(needed.sum()) > free:
+        if num_needed > free:
             return self._schedule_with_preemption(view, budget, want, threshold)
-        budget -= int(tokens.sum())
-        free -= int(needed.sum())
+        budget -= num_tokens
+        free -= num_needed
         new_ids, new_tokens = self._admit(view, budget, free, int(running.size), threshold)
         if new_ids.size:
             ids, tokens = np.concatenate([ids, new_ids]), np.concatenate([tokens, new_tokens])

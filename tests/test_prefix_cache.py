@@ -265,10 +265,18 @@ def test_caching_off_or_not_opted_in_runs_as_before():
 
 
 def test_requests_without_token_ids_never_hit():
-    requests = [Request(id=i, arrival_s=0.1 * i, prompt_len=12, output_len=2) for i in range(3)]
-    scheduler = scheduler_for(requests)
+    # Same prompt lengths that share pages when they carry ids (test above): without ids
+    # nothing can match, so no cache is kept, and the run is the one without caching.
+    requests = [Request(id=i, arrival_s=0.1 * i, prompt_len=20, output_len=3) for i in range(3)]
+    scheduler = scheduler_for(requests, num_kv_pages=6)
     result = scheduler.run()
-    assert result.num_cached_tokens.tolist() == [0, 0, 0] and scheduler.kv.cache.num_cached == 0
+    assert scheduler.prefix_caching and scheduler.view.prefix_caching
+    assert scheduler.kv.cache is None and scheduler.view.num_cached_pages == 0
+    assert result.prefix_caching and result.num_cached_tokens.tolist() == [0, 0, 0]
+    off = scheduler_for(requests, num_kv_pages=6, caching=False).run()
+    assert [s._replace(host_s=0.0) for s in result.steps] == [
+        s._replace(host_s=0.0) for s in off.steps]
+    assert result.token_time_s.tolist() == off.token_time_s.tolist()
 
 
 def test_buddy_layout_and_caching_are_refused_together():

@@ -140,17 +140,17 @@ def test_a_bad_knob_fails_before_the_folder_changes(orca_run, tmp_path):
 
 def test_disk_full_is_one_line_and_leaves_the_old_run_and_no_tmp(orca_run, tmp_path,
                                                                  monkeypatch, capsys):
-    real = run_folder.write_jsonl_atomic
+    real = run_folder.write_lines_atomic  # requests.jsonl's writer, at the run's end
 
-    def fills_the_disk(path, rows):
-        def rows_until_full():
-            for k, row in enumerate(rows):
+    def fills_the_disk(path, lines):
+        def lines_until_full():
+            for k, line in enumerate(lines):
                 if k == 10:
                     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
-                yield row
-        real(path, rows_until_full())
+                yield line
+        real(path, lines_until_full())
 
-    monkeypatch.setattr(run_folder, "write_jsonl_atomic", fills_the_disk)
+    monkeypatch.setattr(run_folder, "write_lines_atomic", fills_the_disk)
     before = {p.name: p.read_bytes() for p in orca_run.iterdir()}
     with pytest.raises(ResultsWriteError) as caught:
         run_policy(SPEC, "vllm", out_dir=str(orca_run), progress=False)
@@ -166,16 +166,16 @@ def test_disk_full_is_one_line_and_leaves_the_old_run_and_no_tmp(orca_run, tmp_p
 
 def test_disk_full_while_streaming_stops_the_run_with_one_line(orca_run, tmp_path,
                                                                monkeypatch):
-    real = run_folder.RunFolder._append
+    real = run_folder.RunFolder._append_lines  # every streamed write
     calls = []
 
-    def fills_the_disk(self, name, rows):
+    def fills_the_disk(self, name, lines):
         calls.append(name)
         if len(calls) == 5:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        real(self, name, rows)
+        real(self, name, lines)
 
-    monkeypatch.setattr(run_folder.RunFolder, "_append", fills_the_disk)
+    monkeypatch.setattr(run_folder.RunFolder, "_append_lines", fills_the_disk)
     before = {p.name: p.read_bytes() for p in orca_run.iterdir()}
     with pytest.raises(ResultsWriteError, match="disk full"):
         run_policy(SPEC, "vllm", out_dir=str(orca_run), progress=False)

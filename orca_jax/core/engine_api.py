@@ -5,6 +5,9 @@ fixed-shape numpy arrays padded to a bucket `(T, S)`. Every engine, real or
 simulated, receives exactly these arrays, so every policy drives the same
 compiled steps. `build_step_inputs` (also in packing) is the one writer of the
 layout below: `pack()`, a real engine's warm-up and the profiling grid all use it.
+The scheduler hands an engine its step as a `PackedStep` (`Engine.step_packed`):
+the bucket and real lengths at once, the descriptor built on first read, so an
+engine that prices lengths alone (the simulator) never pays for padded arrays.
 
 Layout (T = bucket tokens, S = bucket sequences, P = pages per sequence):
   * Sequence i of the step owns flat tokens `cu_q_lens[i]:cu_q_lens[i+1]`. Its
@@ -24,7 +27,8 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from typing import Collection, Optional, Sequence
+import time
+from typing import Callable, Collection, Optional, Sequence
 
 import numpy as np
 from numpy.typing import NDArray
@@ -77,6 +81,45 @@ class StepInputs:
     @property
     def num_real_seqs(self) -> int:
         return int(self.num_seqs[0])
+
+
+class PackedStep:
+    """One step as the scheduler packed it: its bucket and real lengths, and its padded
+    descriptor (`inputs`), built on first use.
+
+    An engine that prices a step from its lengths alone (the simulator) never has the
+    padded arrays built; every other engine reads `inputs`, which `pack_step` builds
+    with `build_step_inputs`, the one builder of descriptors, from copies taken at
+    packing (so it is the same whenever it is first read).
+
+    Attributes:
+      bucket: the step shape it is padded to.
+      q_lens: `[n]` new tokens of each real sequence (>= 1).
+      kv_lens: `[n]` tokens each real sequence attends to (its cache after the step).
+      build_s: seconds building the descriptor took (0 while unbuilt): host work,
+        which the scheduler counts as such wherever an engine asked for it.
+    """
+
+    __slots__ = ("bucket", "q_lens", "kv_lens", "build_s", "_build", "_inputs")
+
+    def __init__(self, bucket: Bucket, q_lens: NDArray[np.int64],  # [n]
+                 kv_lens: NDArray[np.int64],  # [n]
+                 build: Callable[[], "StepInputs"]) -> None:
+        self.bucket = bucket
+        self.q_lens = q_lens
+        self.kv_lens = kv_lens
+        self.build_s = 0.0
+        self._build = build
+        self._inputs: Optional[StepInputs] = None
+
+    @property
+    def inputs(self) -> "StepInputs":
+        """The padded descriptor (built on the first read, then kept)."""
+        if self._inputs is None:
+            start = time.perf_counter()
+            self._inputs = self._build()
+            self.build_s = time.perf_counter() - start
+        return self._inputs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,6 +207,14 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def step(self, inputs: StepInputs) -> StepOutput:
         """Runs one step."""
+
+    def step_packed(self, packed: PackedStep) -> StepOutput:
+        """Runs one step the scheduler packed: by default its descriptor through `step`.
+
+        An engine that needs only the step's lengths overrides this, and the padded
+        descriptor is never built (the simulator).
+        """
+        return self.step(packed.inputs)
 
     @property
     def feeds_tokens(self) -> bool:

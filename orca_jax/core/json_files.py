@@ -71,7 +71,13 @@ def write_jsonl_atomic(path: Union[str, os.PathLike], rows: Iterable[object]) ->
       path: the file to write (replaced whole if it exists).
       rows: JSON values (see `to_json_value`), one per line.
     """
-    _replace_atomic(Path(path), (json.dumps(row) + "\n" for row in rows), fsync=True)
+    write_lines_atomic(path, (json.dumps(row) for row in rows))
+
+
+def write_lines_atomic(path: Union[str, os.PathLike], lines: Iterable[str]) -> None:
+    """Writes `lines` (each one JSON text, without its newline) to `path`, atomically: a
+    JSON Lines file whose lines were encoded already."""
+    _replace_atomic(Path(path), (line + "\n" for line in lines), fsync=True)
 
 
 def write_text_atomic(path: Union[str, os.PathLike], text: str) -> None:

@@ -90,7 +90,7 @@ class KVPageManager:
 
     def pages_for_tokens(self, num_tokens: NDArray[np.int64]) -> NDArray[np.int64]:
         """Pages needed to hold `num_tokens` tokens, elementwise. `[n] -> [n]`."""
-        return -(-num_tokens // self.page_size)
+        return (num_tokens + (self.page_size - 1)) // self.page_size  # ceil, for any int
 
     @property
     def largest_block(self) -> int:
@@ -136,29 +136,40 @@ class KVPageManager:
         return buddy.fits(block_order(int(p)) for p in pages[growing].tolist())
 
     def allocate(self, ids: NDArray[np.int64],  # [n] distinct
-                 target_tokens: NDArray[np.int64]) -> None:  # [n]
-        """Grows each request's pages to hold `target_tokens`; the caller checked capacity."""
+                 target_tokens: NDArray[np.int64],  # [n]
+                 need: Optional[NDArray[np.int64]] = None) -> None:  # [n]
+        """Grows each request's pages to hold `target_tokens`; the caller checked capacity.
+
+        `need`: `pages_needed(ids, target_tokens)`, if the caller has it already.
+        """
         if self._buddy is not None:
             self._allocate_blocks(ids, target_tokens)
             return
-        need = self.pages_needed(ids, target_tokens)
+        if need is None:
+            need = self.pages_needed(ids, target_tokens)
+        growing_mask = need > 0
+        growing = ids[growing_mask]  # [g]
+        need = need[growing_mask]  # [g]
         total = int(need.sum())
         if total == 0:
             return
         if total > self.num_free:
             raise RuntimeError(f"KV pool overcommitted: {total} pages asked, {self.num_free} free")
-        if int((self.num_held[ids] + need).max()) > self.max_pages_per_seq:
+        held = self.num_held[growing]  # [g]
+        if int((held + need).max()) > self.max_pages_per_seq:
             raise RuntimeError("a request would exceed max_pages_per_seq")
-        growing = ids[need > 0]
-        need = need[need > 0]
         self._assign_rows(growing)
         pages = self._take(total)
         self.ref_count[pages] = 1
-        rows = np.repeat(self.row_of[growing], need)
-        starts = np.repeat(self.num_held[growing], need)
-        within = np.arange(total) - np.repeat(np.cumsum(need) - need, need)
-        self.page_table[rows, starts + within] = pages
-        self.num_held[growing] += need
+        rows = self.row_of[growing]
+        if total == growing.size:  # one page each: most steps (decodes entering a page)
+            self.page_table[rows, held] = pages
+        else:
+            rows = np.repeat(rows, need)
+            starts = np.repeat(held, need)
+            within = np.arange(total) - np.repeat(np.cumsum(need) - need, need)
+            self.page_table[rows, starts + within] = pages
+        self.num_held[growing] = held + need
 
     def _take(self, count: int) -> NDArray[np.int32]:
         """`[count]` free pages: the free stack's first, then evicted cached ones."""
@@ -240,8 +251,11 @@ class KVPageManager:
         elif held_ids.size:
             rows = self.row_of[held_ids]
             held = self.num_held[held_ids]
-            mask = np.arange(self.max_pages_per_seq)[None, :] < held[:, None]
-            pages = self.page_table[rows][mask]
+            if held_ids.size == 1:  # most frees: one request finishing
+                pages = self.page_table[rows[0], :held[0]].copy()
+            else:
+                mask = np.arange(self.max_pages_per_seq)[None, :] < held[:, None]
+                pages = self.page_table[rows][mask]
             if self.cache is None:
                 self.ref_count[pages] = 0
             else:

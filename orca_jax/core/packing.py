@@ -9,13 +9,14 @@ travel as arrays, never as Python ints, so they never trigger a compile.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 from typing import Optional, Sequence, Union
 
 import numpy as np
 from numpy.typing import NDArray
 
-from orca_jax.core.engine_api import NULL_PAGE, Bucket, StepInputs
+from orca_jax.core.engine_api import NULL_PAGE, Bucket, PackedStep, StepInputs
 
 
 def default_token_sizes(max_num_tokens: int, smallest: int = 16) -> tuple[int, ...]:
@@ -87,7 +88,9 @@ class BucketConfig:
             raise ValueError(f"max_num_seqs and pages_per_seq must be >= 1, got "
                              f"{self.max_num_seqs}, {self.pages_per_seq}")
         object.__setattr__(self, "token_sizes", sizes)
-        object.__setattr__(self, "_sizes_array", np.asarray(sizes, dtype=np.int64))
+        # Selected every step: made once (a Bucket is immutable, so one serves every step).
+        object.__setattr__(self, "_buckets",
+                           tuple(Bucket(t, min(t, self.max_num_seqs)) for t in sizes))
 
     @property
     def max_num_tokens(self) -> int:
@@ -99,12 +102,11 @@ class BucketConfig:
 
     def select(self, num_tokens: int) -> Bucket:
         """The smallest bucket holding `num_tokens` tokens."""
-        index = int(np.searchsorted(self._sizes_array, num_tokens))
+        index = bisect.bisect_left(self.token_sizes, num_tokens)
         if index == len(self.token_sizes):
             raise ValueError(f"{num_tokens} tokens exceed the largest bucket "
                              f"({self.max_num_tokens})")
-        t = self.token_sizes[index]
-        return Bucket(t, min(t, self.max_num_seqs))
+        return self._buckets[index]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -252,11 +254,49 @@ def pack(*, bucket_config: BucketConfig,
     Returns:
       The padded StepInputs.
     """
-    bucket = bucket_config.select(max(int(num_tokens.sum()), min_bucket_tokens))
-    return build_step_inputs(bucket, num_tokens=num_tokens, num_computed=num_computed,
-                             page_rows=page_rows, page_size=page_size, token_ids=token_ids,
-                             sampling=sampling, sampling_rows=request_ids,
-                             pages_per_seq=bucket_config.pages_per_seq)
+    return pack_step(bucket_config=bucket_config, request_ids=request_ids,
+                     num_tokens=num_tokens, num_computed=num_computed, page_rows=page_rows,
+                     page_size=page_size, sampling=sampling, token_ids=token_ids,
+                     min_bucket_tokens=min_bucket_tokens).inputs
+
+
+def pack_step(*, bucket_config: BucketConfig,
+              request_ids: NDArray[np.int64],  # [n] in pack order
+              num_tokens: NDArray[np.int64],  # [n] tokens to compute for each
+              num_computed: NDArray[np.int64],  # [n] tokens already in each one's KV cache
+              page_rows: NDArray[np.int32],  # [n, W] each request's pages, W <= P
+              page_size: int,
+              sampling: SamplingArrays,
+              token_ids: Optional[NDArray[np.int32]] = None,  # [sum(num_tokens)] or None
+              min_bucket_tokens: int = 0,
+              num_real_tokens: Optional[int] = None,
+              ) -> PackedStep:
+    """`pack`, with the padded descriptor built only when an engine reads it.
+
+    The step's bucket and lengths are known at once; `PackedStep.inputs` builds the
+    descriptor (with `build_step_inputs`) on its first read. The arrays given are
+    kept as they are: pass copies (fancy-indexed rows are), not views of state that
+    changes after the step.
+
+    Args:
+      bucket_config, request_ids, num_tokens, num_computed, page_rows, page_size,
+        sampling, token_ids, min_bucket_tokens: as `pack`'s.
+      num_real_tokens: `sum(num_tokens)` if the caller has it already.
+
+    Returns:
+      The packed step.
+    """
+    total = int(num_tokens.sum()) if num_real_tokens is None else num_real_tokens
+    bucket = bucket_config.select(max(total, min_bucket_tokens))
+
+    def build() -> StepInputs:
+        return build_step_inputs(bucket, num_tokens=num_tokens, num_computed=num_computed,
+                                 page_rows=page_rows, page_size=page_size,
+                                 token_ids=token_ids, sampling=sampling,
+                                 sampling_rows=request_ids,
+                                 pages_per_seq=bucket_config.pages_per_seq)
+
+    return PackedStep(bucket, num_tokens, num_computed + num_tokens, build)
 
 
 def bucket_config_for(*, max_num_tokens: int, max_num_seqs: int, max_model_len: int,

@@ -23,7 +23,11 @@ _EMPTY.setflags(write=False)
 
 
 def _as_index_array(values: Optional[Iterable[int]], field: str) -> NDArray[np.int64]:
-    if values is None:
+    # The two common cases first, without numpy's dtype checks: a plan is made every step.
+    kind = type(values)
+    if kind is np.ndarray and values.dtype == np.int64 and values.ndim == 1:
+        return values if values.size else _EMPTY
+    if values is None or ((kind is tuple or kind is list) and not values):
         return _EMPTY
     array = np.asarray(values if isinstance(values, np.ndarray) else list(values))
     if array.size == 0:

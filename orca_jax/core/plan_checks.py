@@ -30,13 +30,13 @@ def _first(ids: NDArray[np.int64], mask: NDArray[np.bool_]) -> int:
 def _check_indices(name: str, field: str, ids: NDArray[np.int64], num_requests: int) -> None:
     if ids.size == 0:  # most steps preempt, release and reject nothing
         return
-    bad = (ids < 0) | (ids >= num_requests)
-    if bad.any():
+    ordered = np.sort(ids)
+    if ordered[0] < 0 or ordered[-1] >= num_requests:  # then name the first in plan order
+        bad = (ids < 0) | (ids >= num_requests)
         raise PlanError(name, "unknown_request",
                         f"{field} names request index {_first(ids, bad)}, but there are "
                         f"{num_requests} requests")
     if ids.size > 1:
-        ordered = np.sort(ids)
         dup = ordered[1:] == ordered[:-1]
         if dup.any():
             raise PlanError(name, "duplicate_request",
@@ -108,18 +108,10 @@ def check_plan(scheduler: SchedulerState, plan: StepPlan) -> NDArray[np.int64]:
         return np.zeros(0, dtype=np.int64)
 
     states = table.state[ids]
-    pending = states == _PENDING
-    if pending.any():
-        request = _first(ids, pending)
-        raise PlanError(name, "not_arrived",
-                        f"request {request} arrives at {table.arrival_s[request]:.6f} s, "
-                        f"now is {scheduler.now_s:.6f} s")
-    done = states >= _FINISHED  # finished, rejected or routed away: the terminal states
-    if done.any():
-        request = _first(ids, done)
-        raise PlanError(name, "finished_request",
-                        f"request {request} is {RequestState(table.state[request]).name}")
-    if (tokens < 1).any():
+    lowest = states.min()
+    if lowest < _WAITING or states.max() > _RUNNING:  # one has not arrived, or is done
+        _check_arrived_and_not_done(name, scheduler, ids, states)
+    if tokens.min() < 1:
         bad = tokens < 1
         raise PlanError(name, "nonpositive_tokens",
                         f"request {_first(ids, bad)} is given {int(tokens[bad][0])} tokens")
@@ -150,27 +142,50 @@ def check_plan(scheduler: SchedulerState, plan: StepPlan) -> NDArray[np.int64]:
         raise PlanError(name, "batch_cap", f"{ids.size} sequences > batch cap {cap}")
 
     needed = scheduler.pages_needed(ids, tokens)
-    broken = kv_rule_broken(scheduler, ids, needed, plan.preempt)
+    broken = kv_rule_broken(scheduler, ids, needed, plan.preempt,
+                            admitting=bool(lowest == _WAITING))  # states are 1 or 2 here
     if broken is not None:
         raise PlanError(name, *broken)
     return needed
 
 
+def _check_arrived_and_not_done(name: str, scheduler: SchedulerState,
+                                ids: NDArray[np.int64],  # [n]
+                                states: NDArray[np.int8]) -> None:  # [n]
+    """Raises for the first scheduled request that has not arrived, else for the first
+    that is done (finished, rejected or routed away: the terminal states)."""
+    table = scheduler.table
+    pending = states == _PENDING
+    if pending.any():
+        request = _first(ids, pending)
+        raise PlanError(name, "not_arrived",
+                        f"request {request} arrives at {table.arrival_s[request]:.6f} s, "
+                        f"now is {scheduler.now_s:.6f} s")
+    done = states >= _FINISHED
+    if done.any():
+        request = _first(ids, done)
+        raise PlanError(name, "finished_request",
+                        f"request {request} is {RequestState(table.state[request]).name}")
+
+
 def kv_rule_broken(scheduler: SchedulerState, ids: NDArray[np.int64],  # [n]
                    needed: NDArray[np.int64],  # [n] from pages_needed
-                   preempt: NDArray[np.int64]) -> Optional[tuple[str, str]]:  # [p]
+                   preempt: NDArray[np.int64],  # [p]
+                   admitting: Optional[bool] = None) -> Optional[tuple[str, str]]:
     """`(rule, detail)` of the KV rule that running `ids` (after preempting `preempt`)
     breaks: `kv_pages` or `kv_watermark`; None if the KV fits. Reads only; the plan
-    check and `SchedulerView.kv_fits` both ask it, so they never disagree."""
+    check and `SchedulerView.kv_fits` both ask it, so they never disagree.
+    `admitting`: whether one of `ids` is waiting, if the caller knows."""
     # Shared pages: a page free only when its last holder goes, a hit page taken once.
     total_needed, freed = scheduler.pool_demand(ids, needed, preempt)
     available = scheduler.kv.num_free + freed
-    admitting = bool((scheduler.table.state[ids] == _WAITING).any())
+    if admitting is None:
+        admitting = bool((scheduler.table.state[ids] == _WAITING).any())
     # Under the buddy layout the total is not enough: each admission needs a free block.
     blocks_fit = not total_needed or scheduler.kv.blocks_fit(ids, needed, preempt)
     return pool_rule_broken(total_needed, available, scheduler.config.watermark_pages,
                             admitting=admitting, blocks_fit=blocks_fit, freed=freed,
-                            block_sizes=needed[needed > 0].tolist())
+                            block_sizes=None if blocks_fit else needed[needed > 0].tolist())
 
 
 def pool_rule_broken(total_needed: int, available: int, watermark: int, *, admitting: bool,

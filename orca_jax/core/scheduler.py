@@ -35,7 +35,7 @@ from orca_jax.core.admission import reject_impossible, reservation_tokens
 from orca_jax.core.engine_api import Engine, PendingStep, StepOutput
 from orca_jax.core.kv_pages import KV_LAYOUTS, KVPageManager
 from orca_jax.core.overlap import InFlightTokens
-from orca_jax.core.packing import SamplingArrays, bucket_config_for, pack
+from orca_jax.core.packing import SamplingArrays, bucket_config_for, pack_step
 from orca_jax.core.plan import PlanError, StepPlan
 from orca_jax.core.plan_checks import check_plan
 from orca_jax.core.policy import KV_RESERVATIONS, Policy, check_kv_reservation
@@ -175,8 +175,12 @@ class Scheduler:
             max_num_tokens=config.max_num_tokens, max_num_seqs=config.max_num_seqs,
             max_model_len=config.max_model_len, page_size=config.page_size,
             token_sizes=config.token_buckets)
+        # A workload of lengths only has no ids to match: no admission could ever hit, so
+        # no cache is kept and every step takes the uncached path (same results, faster).
         cache = (PrefixCache(num_kv_pages=config.num_kv_pages, page_size=config.page_size,
-                             num_requests=n) if self.prefix_caching else None)
+                             num_requests=n)
+                 if self.prefix_caching and any(r.prompt_tokens is not None for r in ordered)
+                 else None)
         self.kv = KVPageManager(num_kv_pages=config.num_kv_pages, page_size=config.page_size,
                                 max_pages_per_seq=self.bucket_config.pages_per_seq,
                                 num_requests=n, layout=config.kv_layout, prefix_cache=cache)
@@ -205,11 +209,15 @@ class Scheduler:
         self.hits: Optional[PrefixHits] = (
             PrefixHits(self.table, self.kv, cache, uses_planned_output=not engine.needs_token_ids)
             if cache is not None else None)
+        # Whether `pages_needed` counts exactly what `kv.allocate` will take (no page
+        # reserved at admission, no hit shared): the plan check's count is then reused.
+        self._needed_is_allocation = self.kv_reservation == "none" and self.hits is None
         self._step_cached_tokens = 0
         self._num_done += reject_impossible(self.table, self.kv, config, self._reserve_tokens)
         self.watchdog = ProgressWatchdog(n, config.no_progress_steps)
         self.in_flight: Optional[InFlightTokens] = (
-            InFlightTokens(n) if (config.overlap and engine.feeds_tokens and self.hits is None
+            InFlightTokens(n) if (config.overlap and engine.feeds_tokens
+                                  and not self.prefix_caching
                                   and not config.kv_handoff)  # a handoff reads the first token
             else None)
         self.view = SchedulerView(self)
@@ -361,47 +369,57 @@ class Scheduler:
         ids, tokens = plan.request_ids, plan.num_tokens
         self._step_cached_tokens = 0
         self._admit(ids)
+        num_computed = self.table.num_computed[ids]  # [n] after admission (past any hit)
+        kv_lens = num_computed + tokens  # [n] each one's context after the step
         if needed.any():
-            self.kv.allocate(ids, self.table.num_computed[ids] + tokens)
-        num_computed = self.table.num_computed[ids]
+            # Without reservations or hits, admission took no pages: the check's count holds.
+            self.kv.allocate(ids, kv_lens, need=needed if self._needed_is_allocation else None)
         # Only the pages of the step's widest context: a row's later pages (reserved ahead,
         # or null) are never read by this step, and copying max_model_len-wide rows would
         # make the host's page-table work grow with max_model_len instead of the contexts.
-        width = -(-int((num_computed + tokens).max()) // self.config.page_size)
-        inputs = pack(bucket_config=self.bucket_config, request_ids=ids, num_tokens=tokens,
-                      num_computed=num_computed,
-                      page_rows=self.kv.page_table[self.kv.row_of[ids], :width],
-                      page_size=self.config.page_size, sampling=self.sampling,
-                      token_ids=self._token_ids(ids, tokens),
-                      min_bucket_tokens=plan.min_bucket_tokens)
+        width = -(-int(kv_lens.max()) // self.config.page_size)
+        num_real_tokens = int(tokens.sum())
+        packed = pack_step(bucket_config=self.bucket_config, request_ids=ids, num_tokens=tokens,
+                           num_computed=num_computed,
+                           page_rows=self.kv.page_table[self.kv.row_of[ids], :width],
+                           page_size=self.config.page_size, sampling=self.sampling,
+                           token_ids=self._token_ids(ids, tokens),
+                           min_bucket_tokens=plan.min_bucket_tokens,
+                           num_real_tokens=num_real_tokens)
+        bucket = packed.bucket
         source = None if self.in_flight is None else self.in_flight.token_source(
             ids, tokens, self.table.num_computed[ids],
-            self.table.prompt_len[ids] + self.table.num_generated[ids], inputs.bucket.num_tokens)
+            self.table.prompt_len[ids] + self.table.num_generated[ids], bucket.num_tokens)
         host_s = time.perf_counter() - host_start
         pending: Optional[PendingStep] = None
         if self.in_flight is None:
-            output = self.engine.step(inputs)
+            engine = self.engine
+            # An `Engine` may price the step from its lengths, never building the padded
+            # descriptor (the simulator); a duck-typed engine has only `step`.
+            output = (engine.step_packed(packed) if isinstance(engine, Engine)
+                      else engine.step(packed.inputs))
             step_s = output.step_s
         else:  # dispatch, then read the previous step's tokens back while this one runs
-            pending = self.engine.step_async(inputs, source)
+            pending = self.engine.step_async(packed.inputs, source)
             output, step_s = None, pending.step_s
             landed = self.in_flight.land()  # waits for the previous step: not host time
+        host_s += packed.build_s  # the descriptor, if an engine read it: host work
         update_start = time.perf_counter()
         if self.in_flight is not None:
             self._record_tokens(*landed)
         start_s = self.now_s
         # With count_host_time the engine starts only once the host has planned the step.
         end_s = start_s + step_s + (host_s if self.config.count_host_time else 0.0)
-        self._update(ids, tokens, output, end_s, pending)
-        progressed = self.watchdog.computed(ids, self.table.num_computed[ids]) or progressed
+        self._update(ids, kv_lens, output, end_s, pending)
+        progressed = self.watchdog.computed(ids, kv_lens) or progressed
         update_s = time.perf_counter() - update_start
         host_s += update_s
         if self.config.count_host_time:
             end_s += update_s
         self.record.log_step(StepLog(
             step=self.num_steps, start_s=start_s, num_seqs=int(ids.size),
-            num_tokens=int(inputs.num_real_tokens), num_padded_tokens=inputs.bucket.num_tokens,
-            bucket=inputs.bucket.num_tokens, host_s=host_s, step_s=step_s,
+            num_tokens=num_real_tokens, num_padded_tokens=bucket.num_tokens,
+            bucket=bucket.num_tokens, host_s=host_s, step_s=step_s,
             num_running=int(self.running.size), num_waiting=int(self.waiting.size),
             num_free_pages=self.kv.num_free, num_cached_tokens=self._step_cached_tokens))
         if self.config.log_step_requests:
@@ -452,6 +470,8 @@ class Scheduler:
             return
         if self.waiting.size == 0 and self.running.size == 0 and self.unreleased.size == 0:
             self.now_s = max(self.now_s, float(self.table.arrival_s[first]))  # idle gap
+        if self.table.arrival_s[first] > self.now_s:  # most steps: nobody new yet
+            return
         end = int(np.searchsorted(self.table.arrival_s, self.now_s, side="right"))
         if end <= first:
             return
@@ -546,13 +566,13 @@ class Scheduler:
             for request, token in zip(sampled.tolist(), new_tokens.tolist()):
                 self._generated[request].append(token)
 
-    def _update(self, ids: NDArray[np.int64], tokens: NDArray[np.int64],
+    def _update(self, ids: NDArray[np.int64],  # [n]
+                computed: NDArray[np.int64],  # [n] each one's computed tokens after the step
                 output: Optional[StepOutput], end_s: float,
                 pending: Optional[PendingStep]) -> None:
         """Counts the step's tokens; its sampled token values are `output`'s, or (None)
         stay on the device in `pending` until `_land_in_flight`."""
         table = self.table
-        computed = table.num_computed[ids] + tokens
         table.num_computed[ids] = computed
         if self.hits is not None:  # name the filled pages before finished ones free theirs
             self.hits.commit(ids)
@@ -560,7 +580,8 @@ class Scheduler:
         sampled = ids[sampled_mask]
         if sampled.size == 0:
             return
-        table.num_generated[sampled] += 1
+        generated = table.num_generated[sampled] + 1  # [s]
+        table.num_generated[sampled] = generated
         if output is not None:
             self._record_tokens(sampled, output.sampled_tokens[:ids.size][sampled_mask])
         else:
@@ -569,7 +590,7 @@ class Scheduler:
         first = sampled[np.isnan(table.first_token_s[sampled])]
         table.first_token_s[first] = end_s
         self.record.log_tokens(sampled, end_s)
-        finished = sampled[table.num_generated[sampled] == table.output_len[sampled]]
+        finished = sampled[generated == table.output_len[sampled]]
         if finished.size == 0:
             return
         table.state[finished] = _FINISHED

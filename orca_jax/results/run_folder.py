@@ -35,7 +35,12 @@ import uuid
 from pathlib import Path
 from typing import IO, Any, Iterable, Mapping, Optional, Union
 
-from orca_jax.core.json_files import to_json_value, write_json_atomic, write_jsonl_atomic
+from orca_jax.core.json_files import (
+    to_json_value,
+    write_json_atomic,
+    write_jsonl_atomic,
+    write_lines_atomic,
+)
 
 STATUS_FILE = "status.json"
 # What a results folder may hold, so replacing it loses nothing else: a run's files
@@ -174,10 +179,18 @@ class RunFolder:
         """Appends steps.jsonl rows, in step order."""
         self._guard(self._append, "steps.jsonl", rows)
 
+    def append_lines(self, name: str, lines: Iterable[str]) -> None:
+        """Appends rows already encoded (one JSON text each, no newline) to the streamed
+        `name` (requests.jsonl or steps.jsonl)."""
+        self._guard(self._append_lines, name, lines)
+
     def _append(self, name: str, rows: Iterable[Mapping[str, Any]]) -> None:
+        self._append_lines(name, (json.dumps(row) for row in rows))
+
+    def _append_lines(self, name: str, lines: Iterable[str]) -> None:
         stream = self._streams[name]
-        for row in rows:
-            stream.write(json.dumps(row) + "\n")
+        for line in lines:
+            stream.write(line + "\n")
         now = time.monotonic()
         if now - self._last_flush >= FLUSH_EVERY_S:
             self._last_flush = now
@@ -196,6 +209,15 @@ class RunFolder:
             if stream is not None:
                 stream.close()
             write_jsonl_atomic(self.staging / name, rows)
+        self._guard(write)
+
+    def write_lines(self, name: str, lines: Iterable[str]) -> None:
+        """`write_rows` of rows already encoded (one JSON text each, no newline)."""
+        def write() -> None:
+            stream = self._streams.pop(name, None)
+            if stream is not None:
+                stream.close()
+            write_lines_atomic(self.staging / name, lines)
         self._guard(write)
 
     def keep_streamed(self, name: str) -> None:

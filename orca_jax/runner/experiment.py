@@ -20,11 +20,11 @@ from orca_jax.core.policy import Policy, PolicyLoadError, make_policy, parse_opt
 from orca_jax.core.request import Request
 from orca_jax.core.run_result import RunResult
 from orca_jax.core.scheduler import Scheduler, SchedulerConfig
+from orca_jax.results.row_lines import iter_request_lines, iter_step_lines
 from orca_jax.results.run_folder import ResultsWriteError, RunFolder
 from orca_jax.results.summary import (
     flatten,
     iter_request_rows,
-    iter_step_rows,
     summarize_run,
 )
 from orca_jax.runner.bucket_pilot import BucketFit, needs_fit, with_fitted_buckets
@@ -123,7 +123,7 @@ def run_policy(spec: RunSpec, policy_spec: str, policy_options: Optional[Mapping
     try:
         result = scheduler.run(progress=_observers(bar, stream))
         if stream is not None:
-            stream.stream_steps()  # a last step the observer did not see, if any
+            stream.flush()  # the steps and requests since its last flush
     except BaseException as error:
         if folder is not None and not isinstance(error, ResultsWriteError):
             _fail(folder, error, stream, scheduler.result, scheduler.num_steps,
@@ -174,9 +174,9 @@ def _observers(*observers: Optional[Callable[[Scheduler], None]]
 def _finish(folder: RunFolder, result: RunResult, summary: Mapping[str, Any],
             tables: Mapping[str, Any], *, write_steps: bool = False) -> None:
     """Writes the finished run's files into its folder and moves it into place."""
-    folder.write_rows("requests.jsonl", iter_request_rows(result))
+    folder.write_lines("requests.jsonl", iter_request_lines(result))
     if write_steps:
-        folder.write_rows("steps.jsonl", iter_step_rows(result))
+        folder.write_lines("steps.jsonl", iter_step_lines(result))
     for name, rows in tables.items():
         folder.write_rows(f"{name}.jsonl", rows)
     folder.write_json("summary.json", summary)
@@ -189,7 +189,7 @@ def _fail(folder: RunFolder, error: BaseException, stream: Optional[StreamResult
     status then), and moves it into place; the run's own error is what propagates."""
     try:
         if stream is not None:
-            stream.stream_steps()
+            stream.flush()
             try:
                 rows = iter_request_rows(partial())
             except Exception:  # noqa: BLE001  (a scheduler broken mid-step: keep what streamed)

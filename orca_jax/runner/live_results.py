@@ -1,13 +1,14 @@
 """Streams a live run's logs into its `RunFolder`, step by step.
 
 `StreamResults` is a per-step observer (`Scheduler.run(progress=...)` calls it
-after every iteration): it appends the steps the scheduler logged since the last
-call to steps.jsonl, and the requests that finished since then to
-requests.jsonl, in the order they finished. Its rows are the rows of the
-finished run's files (`orca_jax.results.summary.step_row`, `request_row`), but
-for `output_tokens`, which a request's streamed row leaves out (the live
-scheduler keeps them to itself); the finished run's requests.jsonl, rewritten in
-arrival order at the end, has them.
+after every iteration): every `STREAM_EVERY_STEPS` iterations it appends the
+steps the scheduler logged since to steps.jsonl, and the requests that finished
+since then to requests.jsonl, in the order they finished; `flush()` (the run's
+end, a failure) appends the rest. Its rows are the rows of the finished run's
+files (`orca_jax.results.summary.step_row`, `request_row`, encoded by
+`orca_jax.results.row_lines`), but for `output_tokens`, which a request's
+streamed row leaves out (the live scheduler keeps them to itself); the finished
+run's requests.jsonl, rewritten in arrival order at the end, has them.
 
 Only this runner layer reads a live scheduler; `orca_jax.results` reads values.
 """
@@ -15,10 +16,16 @@ Only this runner layer reads a live scheduler; `orca_jax.results` reads values.
 from __future__ import annotations
 
 import numpy as np
+from numpy.typing import NDArray
 
 from orca_jax.core.scheduler import Scheduler
+from orca_jax.results.row_lines import request_line, step_line
 from orca_jax.results.run_folder import RunFolder
-from orca_jax.results.summary import request_row, step_row
+from orca_jax.results.summary import step_row
+
+# Rows go out every this many iterations (and at the run's end): a write per iteration
+# cost more than its rows. The file still reaches the disk every `FLUSH_EVERY_S`.
+STREAM_EVERY_STEPS = 32
 
 
 class StreamResults:
@@ -37,9 +44,21 @@ class StreamResults:
         # Finished but not yet released (a policy that defers release): their row waits
         # for the finish time the release gives them.
         self._awaiting_release = np.zeros(0, dtype=np.int64)
+        self._finished: list[NDArray[np.int64]] = []  # each iteration's since the last flush
+        self._num_calls = 0
 
     def __call__(self, scheduler: Scheduler) -> None:
         del scheduler  # the one given at construction
+        finished = self.scheduler.last_finished  # finished in this iteration only: keep
+        if finished.size:
+            self._finished.append(finished)
+        self._num_calls += 1
+        if self._num_calls % STREAM_EVERY_STEPS == 0:
+            self.flush()
+
+    def flush(self) -> None:
+        """Appends every step logged and every request finished (and released) since the
+        last flush (the run's end and a failure flush what is left)."""
         self.stream_steps()
         self.stream_requests()
 
@@ -53,6 +72,11 @@ class StreamResults:
         logged = record.step_requests[self.num_steps_written:] if record.logs_step_requests \
             else None
         prefix_caching = self.scheduler.prefix_caching
+        if logged is None:  # the common case, one line a step: made from a format
+            self.folder.append_lines("steps.jsonl", (
+                step_line(step, prefix_caching=prefix_caching) for step in new))
+            self.num_steps_written += len(new)
+            return
         self.folder.append_steps(
             step_row(step, prefix_caching=prefix_caching,
                      request_ids=([ids[i].id for i in logged[k][0].tolist()]
@@ -66,21 +90,31 @@ class StreamResults:
         self.num_steps_written += len(new)
 
     def stream_requests(self) -> None:
-        """Appends the requests finished (and released) since the last call."""
+        """Appends the requests finished (and released) since the last call: each
+        iteration's in index order, iterations in turn."""
         scheduler = self.scheduler
         table = scheduler.table
-        if scheduler.last_finished.size == 0 and self._awaiting_release.size == 0:
+        chunks, self._finished = self._finished, []
+        if not chunks and self._awaiting_release.size == 0:
             return  # most steps finish nothing
-        candidates = np.concatenate([self._awaiting_release, scheduler.last_finished])
-        candidates = np.unique(candidates[~self._written[candidates]])
-        released = np.isfinite(table.finish_s[candidates])
-        self._awaiting_release = candidates[~released]
-        done = candidates[released]
+        if self._awaiting_release.size:  # released ones join, in index order
+            candidates = np.concatenate([self._awaiting_release, *chunks])
+            candidates = np.unique(candidates[~self._written[candidates]])
+            released = np.isfinite(table.finish_s[candidates])
+            self._awaiting_release = candidates[~released]
+            groups = [candidates[released]]
+        else:  # no np.unique (a Python function): an iteration's are distinct already
+            groups = [np.sort(chunk[~self._written[chunk]]) for chunk in chunks]
+            released = [np.isfinite(table.finish_s[group]) for group in groups]
+            self._awaiting_release = np.concatenate(
+                [group[~done] for group, done in zip(groups, released)])
+            groups = [group[done] for group, done in zip(groups, released)]
+        done = np.concatenate(groups)
         if done.size == 0:
             return
         self._written[done] = True
-        self.folder.append_requests(
-            request_row(table, i, request_id=table.specs[i].id,
-                        tenant=table.tenant_names[table.tenant[i]], reason=None,
-                        output_tokens=None, prefix_caching=scheduler.prefix_caching)
-            for i in done.tolist())
+        self.folder.append_lines("requests.jsonl", (
+            request_line(table, i, request_id=table.specs[i].id,
+                         tenant=table.tenant_names[table.tenant[i]], reason=None,
+                         output_tokens=None, prefix_caching=scheduler.prefix_caching)
+            for i in done.tolist()))

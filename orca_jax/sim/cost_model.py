@@ -102,7 +102,7 @@ import dataclasses
 import functools
 import math
 import types
-from typing import Mapping, Optional, Union
+from typing import Callable, Mapping, Optional, Union
 
 import numpy as np
 from numpy.typing import NDArray
@@ -355,20 +355,38 @@ def step_seconds(config: CostModelConfig, inputs: StepInputs,
       inputs: the step's descriptor.
       lengths: its `real_lengths`, if the caller has them already (they are priced as is).
     """
+    return bucket_step_seconds(config, inputs.bucket.num_tokens,
+                               lambda: lengths or real_lengths(inputs))
+
+
+def bucket_step_seconds(config: CostModelConfig, bucket_tokens: int,
+                        lengths: Callable[[], tuple[NDArray[np.int64], NDArray[np.int64]]]
+                        ) -> float:
+    """Seconds one step of a bucket of `bucket_tokens` tokens takes under `config`.
+
+    Args:
+      config: the cost model.
+      bucket_tokens: the T of the step's bucket (a `fitted` model's key).
+      lengths: gives the step's `(q_lens, kv_lens)` (`[num_seqs]` each), asked only
+        by the modes that price them.
+
+    Raises:
+      ValueError: a `fitted` model has no time for the bucket.
+    """
     if config.mode == "fixed":
         assert config.step_time_s is not None
         return config.step_time_s
     if config.mode == "fitted":
         assert config.fitted_step_s is not None
-        num_tokens = inputs.bucket.num_tokens
-        if num_tokens not in config.fitted_step_s:
-            raise ValueError(f"fitted cost model has no time for bucket num_tokens={num_tokens}; "
-                           f"fitted buckets: {sorted(config.fitted_step_s)}")
-        entry = config.fitted_step_s[num_tokens]
+        if bucket_tokens not in config.fitted_step_s:
+            raise ValueError(f"fitted cost model has no time for bucket "
+                             f"num_tokens={bucket_tokens}; "
+                             f"fitted buckets: {sorted(config.fitted_step_s)}")
+        entry = config.fitted_step_s[bucket_tokens]
         if isinstance(entry, LinearStepTime):
-            return entry.seconds(*(lengths or real_lengths(inputs)))
+            return entry.seconds(*lengths())
         return entry
-    return roofline_seconds(config, *(lengths or real_lengths(inputs)))
+    return roofline_seconds(config, *lengths())
 
 
 def roofline_seconds(config: CostModelConfig, q_lens: NDArray[np.int64],

@@ -17,11 +17,17 @@ from numpy.typing import NDArray
 from orca_jax.core.engine_api import (
     Bucket,
     Engine,
+    PackedStep,
     StepInputs,
     StepOutput,
     bucket_arrays_are_consistent,
 )
-from orca_jax.sim.cost_model import CostModelConfig, real_lengths, step_seconds
+from orca_jax.sim.cost_model import (
+    CostModelConfig,
+    bucket_step_seconds,
+    real_lengths,
+    step_seconds,
+)
 
 
 class SimEngine(Engine):
@@ -75,6 +81,23 @@ class SimEngine(Engine):
         sampled = (inputs.kv_lens.astype(np.int64) % self.vocab_size).astype(np.int32)
         return StepOutput(sampled_tokens=sampled,
                           step_s=step_seconds(self.config, inputs, lengths))
+
+    def step_packed(self, packed: PackedStep) -> StepOutput:
+        """`step` of a packed step, from its lengths alone: its padded descriptor is never
+        built. `pack_step` made the lengths of a checked plan, so the descriptor checks of
+        `step` have nothing to find; the bucket must still be warm.
+
+        Raises:
+          ValueError: its bucket was not warmed up.
+        """
+        bucket = packed.bucket
+        if self._warm_buckets is not None:
+            self._check_warm(bucket, self._warm_buckets)
+        kv_lens = packed.kv_lens
+        sampled = np.zeros(bucket.num_seqs, dtype=np.int32)  # [S] padding samples 0 % vocab
+        sampled[:kv_lens.size] = kv_lens % self.vocab_size
+        return StepOutput(sampled_tokens=sampled, step_s=bucket_step_seconds(
+            self.config, bucket.num_tokens, lambda: (packed.q_lens, kv_lens)))
 
 
 def _check_inputs(inputs: StepInputs) -> tuple[NDArray[np.int64], NDArray[np.int64]]:

@@ -28,6 +28,8 @@ OPERATIONS = ("embedding", "norm", "qkv_proj", "rope", "attention_prefill", "att
 _PREFILL = OPERATIONS.index("attention_prefill")
 _DECODE = OPERATIONS.index("attention_decode")
 _LM_HEAD = OPERATIONS.index("lm_head")
+# The ufuncs' reductions called directly: `ndarray.sum` and `.max` add a Python layer.
+_sum, _max = np.add.reduce, np.maximum.reduce
 
 
 @dataclasses.dataclass(frozen=True)
@@ -240,15 +242,15 @@ def _step_work(q_lens: NDArray[np.int64], kv_lens: NDArray[np.int64]
     """
     q = np.asarray(q_lens, np.int64)
     k = np.asarray(kv_lens, np.int64)
-    num_tokens = int(q.sum())
-    kv_total = float(k.sum())
-    if num_tokens == len(q) and (len(q) == 0 or int(q.max()) == 1):  # decode only
-        return num_tokens, len(q), kv_total, 0.0, 0.0
+    num_seqs = len(q)
+    num_tokens = int(_sum(q))
+    if num_tokens == num_seqs and (num_seqs == 0 or int(_max(q)) == 1):  # decode only
+        return num_tokens, num_seqs, float(_sum(k)), 0.0, 0.0
     prefill = q > 1
     q_prefill = q[prefill].astype(np.float64)
     k_prefill = k[prefill].astype(np.float64)
-    kv_prefill = float(k_prefill.sum())
-    kv_decode = float(k[q == 1].sum())
+    kv_prefill = float(_sum(k_prefill))
+    kv_decode = float(_sum(k[q == 1]))
     # A chunk of q tokens on k - q cached ones: query j sees k - q + j + 1 keys.
     pairs = float(np.dot(q_prefill, k_prefill - (q_prefill - 1.0) / 2.0))
-    return num_tokens, len(q), kv_decode, kv_prefill, pairs
+    return num_tokens, num_seqs, kv_decode, kv_prefill, pairs

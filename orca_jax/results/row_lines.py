@@ -1,0 +1,128 @@
+"""requests.jsonl and steps.jsonl lines, made from one format string per row.
+
+A simulated run writes a steps.jsonl line every step and a requests.jsonl line
+for every request, twice (streamed as it finishes, then in arrival order): with
+`json.dumps` of `step_row`/`request_row` that was a quarter of a simulated run's
+process time. `step_line` and `request_line` are exactly `json.dumps` of those
+rows (tests compare them on every kind of value), made by one `%` format of the
+fields' texts instead of a dict and a `json.dumps` per row. A value the format
+does not expect (not a plain int, or a float that is not finite) takes the row
+and `json.dumps`, so a line is always the row's JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import operator
+import typing
+from json.encoder import encode_basestring_ascii  # json.dumps' own string encoder
+from typing import Any, Iterator, Optional, Sequence
+
+from orca_jax.core.json_files import to_json_value
+from orca_jax.core.request import RequestState
+from orca_jax.core.run_record import StepLog
+from orca_jax.core.run_result import RunResult
+from orca_jax.results.summary import iter_step_rows, request_row, step_row
+
+_FINISHED, _REJECTED = int(RequestState.FINISHED), int(RequestState.REJECTED)
+_STATUS = {_FINISHED: '"finished"', _REJECTED: '"rejected"'}  # else "unfinished"
+_float_repr = float.__repr__  # json.dumps' text of a finite float
+
+
+_STEP_KINDS = tuple(typing.get_type_hints(StepLog)[name] for name in StepLog._fields)
+_FLOAT_FIELDS = operator.itemgetter(*[k for k, kind in enumerate(_STEP_KINDS) if kind is float])
+_UNCACHED_FIELDS = operator.itemgetter(  # the fields of a run without prefix caching
+    *[k for k, name in enumerate(StepLog._fields) if name != "num_cached_tokens"])
+
+
+def _step_format(fields: Sequence[int]) -> str:
+    """`{"name": %d, "name": %r, ...}` of the StepLog fields of indices `fields`: `%d`
+    writes an int and `%r` a finite float as `json.dumps` does."""
+    return "{" + ", ".join(f'"{StepLog._fields[k]}": ' + ("%d" if _STEP_KINDS[k] is int
+                                                         else "%r") for k in fields) + "}"
+
+
+_STEP_FORMAT = {True: _step_format(range(len(StepLog._fields))),  # by prefix_caching
+                False: _step_format(_UNCACHED_FIELDS(range(len(StepLog._fields))))}
+
+
+def step_line(step: StepLog, *, prefix_caching: bool, replica: Optional[int] = None) -> str:
+    """`json.dumps(step_row(step, prefix_caching=..., replica=...))`: a steps.jsonl line
+    (without the fields of `log_step_requests`), no newline."""
+    # Plain ints and floats (a numpy value or a bool is not) and finite floats (an
+    # overflowing sum only sends a finite step the slow way).
+    if tuple(map(type, step)) != _STEP_KINDS or not math.isfinite(sum(_FLOAT_FIELDS(step))):
+        return json.dumps(step_row(step, prefix_caching=prefix_caching, replica=replica))
+    line = _STEP_FORMAT[prefix_caching] % (step if prefix_caching else _UNCACHED_FIELDS(step))
+    if replica is None:
+        return line
+    return f'{{"replica": {int(replica)}, {line[1:]}'
+
+
+def _time_text(value: Any) -> str:
+    """A time column's JSON: the float, or null where it is not finite (unset: NaN)."""
+    number = float(value)
+    return _float_repr(number) if number - number == 0.0 else "null"
+
+
+_REQUEST_FORMAT = ('{"id": %s, "arrival_s": %s, "first_scheduled_s": %s, "first_token_s": %s, '
+                   '"last_token_s": %s, "finish_s": %s, "prompt_len": %d, "output_len": %d, '
+                   '"num_generated": %d, "num_preemptions": %d, "priority": %d, "tenant": %s, '
+                   '"status": %s')
+
+
+def request_line(columns: Any, i: int, *, request_id: Any, tenant: str, reason: Optional[str],
+                 output_tokens: Optional[Sequence[int]], prefix_caching: bool,
+                 replica: Optional[int] = None, prefill_replica: Optional[int] = None) -> str:
+    """`json.dumps(request_row(columns, i, ...))` (the same arguments): a requests.jsonl
+    line, no newline."""
+    if type(request_id) is not int or type(tenant) is not str:  # a trace's own id, say
+        return json.dumps(request_row(
+            columns, i, request_id=request_id, tenant=tenant, reason=reason,
+            output_tokens=output_tokens, prefix_caching=prefix_caching, replica=replica,
+            prefill_replica=prefill_replica))
+    state = int(columns.state[i])
+    line = _REQUEST_FORMAT % (
+        int.__repr__(request_id), _time_text(columns.arrival_s[i]),
+        _time_text(columns.first_scheduled_s[i]), _time_text(columns.first_token_s[i]),
+        _time_text(columns.last_token_s[i]), _time_text(columns.finish_s[i]),
+        columns.prompt_len[i], columns.output_len[i], columns.num_generated[i],
+        columns.num_preemptions[i], columns.priority[i], encode_basestring_ascii(tenant),
+        _STATUS.get(state, '"unfinished"'))
+    if state == _REJECTED:
+        line += f', "reason": {json.dumps(to_json_value(reason))}'
+    if prefix_caching:
+        line += f', "num_cached_tokens": {int(columns.num_cached_tokens[i])}'
+    if output_tokens is not None:
+        line += f', "output_tokens": {json.dumps(to_json_value(list(output_tokens)))}'
+    if replica is not None:
+        line += f', "replica": {int(replica)}'
+    if prefill_replica is not None:
+        line += f', "prefill_replica": {int(prefill_replica)}'
+    return line + "}"
+
+
+def iter_request_lines(result: RunResult) -> Iterator[str]:
+    """`json.dumps` of each of `iter_request_rows(result)`, one at a time."""
+    for i in range(result.num_requests):
+        yield request_line(
+            result, i, request_id=result.request_ids[i],
+            tenant=result.tenant_names[result.tenant[i]], reason=result.reject_reason[i],
+            output_tokens=(None if result.output_tokens is None
+                           else result.output_tokens[i].tolist()),
+            prefix_caching=result.prefix_caching,
+            replica=int(result.replica[i]) if result.num_replicas > 1 else None,
+            prefill_replica=(int(result.prefill_replica[i])
+                             if result.prefill_replica is not None else None))
+
+
+def iter_step_lines(result: RunResult) -> Iterator[str]:
+    """`json.dumps` of each of `iter_step_rows(result)`, one at a time."""
+    if result.step_requests is not None or result.step_preempted is not None:
+        yield from (json.dumps(row) for row in iter_step_rows(result))
+        return
+    several = result.num_replicas > 1
+    for s, step in enumerate(result.steps):
+        yield step_line(step, prefix_caching=result.prefix_caching,
+                        replica=int(result.step_replica[s]) if several else None)

@@ -1,0 +1,114 @@
+"""The fast results lines are exactly `json.dumps` of the rows, for every kind of value."""
+
+import json
+import math
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from orca_jax import Request, Scheduler, SchedulerConfig, make_policy
+from orca_jax.core.request import RequestState
+from orca_jax.core.run_record import StepLog
+from orca_jax.core.run_result import RunResult
+from orca_jax.results.row_lines import (
+    iter_request_lines,
+    iter_step_lines,
+    request_line,
+    step_line,
+)
+from orca_jax.results.summary import iter_request_rows, iter_step_rows, request_row, step_row
+from orca_jax.sim.cost_model import CostModelConfig
+from orca_jax.sim.engine import SimEngine
+
+# Floats a row may hold: ordinary, tiny, huge, negative zero, unset (NaN) and infinite.
+FLOATS = st.one_of(st.floats(allow_nan=True, allow_infinity=True),
+                   st.sampled_from([0.1, 1e-300, 1e300, -0.0, 123456.789]))
+INTS = st.integers(min_value=-2**40, max_value=2**40)
+
+
+def _numpy_or_plain(draw, strategy, numpy_type):
+    value = draw(strategy)
+    return numpy_type(value) if draw(st.booleans()) else value
+
+
+@st.composite
+def step_logs(draw):
+    values = []
+    for name in StepLog._fields:
+        if name in ("start_s", "host_s", "step_s"):
+            values.append(_numpy_or_plain(draw, FLOATS, np.float64))
+        else:
+            values.append(_numpy_or_plain(draw, INTS, np.int64))
+    return StepLog(*values)
+
+
+@settings(max_examples=300, deadline=None)
+@given(step=step_logs(), prefix_caching=st.booleans(),
+       replica=st.one_of(st.none(), st.integers(0, 7)))
+def test_a_step_line_is_the_json_of_its_row(step, prefix_caching, replica):
+    row = step_row(step, prefix_caching=prefix_caching, replica=replica)
+    assert step_line(step, prefix_caching=prefix_caching, replica=replica) == json.dumps(row)
+
+
+def test_a_step_line_of_plain_values_keeps_every_digit():
+    step = StepLog(step=7, start_s=0.1 + 0.2, num_seqs=3, num_tokens=40, num_padded_tokens=64,
+                   bucket=64, host_s=1e-7, step_s=0.012345678901234567, num_running=3,
+                   num_waiting=0, num_free_pages=100, num_cached_tokens=16)
+    line = step_line(step, prefix_caching=True)
+    assert json.loads(line)["start_s"] == 0.1 + 0.2
+    assert line == json.dumps(step_row(step, prefix_caching=True))
+    assert "num_cached_tokens" not in step_line(step, prefix_caching=False)
+
+
+class _Columns:
+    """One request's columns, as a RunResult or a live RequestTable names them."""
+
+    def __init__(self, values: dict) -> None:
+        for name, value in values.items():
+            setattr(self, name, np.asarray([value]))
+
+
+@st.composite
+def request_columns(draw):
+    values = {name: draw(FLOATS) for name in ("arrival_s", "first_scheduled_s", "first_token_s",
+                                               "last_token_s", "finish_s")}
+    values.update({name: draw(INTS) for name in ("prompt_len", "output_len", "num_generated",
+                                                 "num_preemptions", "priority",
+                                                 "num_cached_tokens")})
+    values["state"] = draw(st.sampled_from(list(RequestState)))
+    return _Columns(values)
+
+
+@settings(max_examples=300, deadline=None)
+@given(columns=request_columns(),
+       request_id=st.one_of(INTS, st.text(max_size=5)),
+       tenant=st.text(max_size=8), reason=st.one_of(st.none(), st.text(max_size=8)),
+       output_tokens=st.one_of(st.none(), st.lists(st.integers(0, 2**31), max_size=4)),
+       prefix_caching=st.booleans(), replica=st.one_of(st.none(), st.integers(-1, 7)),
+       prefill_replica=st.one_of(st.none(), st.integers(-1, 7)))
+def test_a_request_line_is_the_json_of_its_row(columns, request_id, tenant, reason,
+                                               output_tokens, prefix_caching, replica,
+                                               prefill_replica):
+    args = dict(request_id=request_id, tenant=tenant, reason=reason,
+                output_tokens=output_tokens, prefix_caching=prefix_caching, replica=replica,
+                prefill_replica=prefill_replica)
+    assert request_line(columns, 0, **args) == json.dumps(request_row(columns, 0, **args))
+
+
+def _run(**config) -> RunResult:
+    requests = [Request(id=i, arrival_s=0.05 * i, prompt_len=30 + 11 * i, output_len=4 + i,
+                        tenant=f"t{i % 2}") for i in range(6)]
+    config = SchedulerConfig(max_num_seqs=4, max_num_tokens=64, num_kv_pages=64, page_size=8,
+                             max_model_len=256, **config)
+    engine = SimEngine(CostModelConfig(mode="fixed", step_time_s=0.01))
+    return Scheduler(requests, make_policy("vllm"), engine, config).run()
+
+
+def test_a_finished_run_s_lines_are_the_json_of_its_rows():
+    for result in (_run(), _run(log_step_requests=True)):
+        assert list(iter_request_lines(result)) == [
+            json.dumps(row) for row in iter_request_rows(result)]
+        assert list(iter_step_lines(result)) == [json.dumps(row) for row in iter_step_rows(result)]
+    finish = [json.loads(line)["finish_s"] for line in iter_request_lines(_run())]
+    assert all(isinstance(value, float) and math.isfinite(value) for value in finish)
