@@ -23,7 +23,7 @@ from orca_jax.core.json_files import to_json_value
 from orca_jax.core.request import RequestState
 from orca_jax.core.run_record import StepLog
 from orca_jax.core.run_result import RunResult
-from orca_jax.results.summary import iter_step_rows, request_row, step_row
+from orca_jax.results.summary import iter_step_rows, request_row, request_row_args, step_row
 
 _FINISHED, _REJECTED = int(RequestState.FINISHED), int(RequestState.REJECTED)
 _STATUS = {_FINISHED: '"finished"', _REJECTED: '"rejected"'}  # else "unfinished"
@@ -106,15 +106,7 @@ def request_line(columns: Any, i: int, *, request_id: Any, tenant: str, reason: 
 def iter_request_lines(result: RunResult) -> Iterator[str]:
     """`json.dumps` of each of `iter_request_rows(result)`, one at a time."""
     for i in range(result.num_requests):
-        yield request_line(
-            result, i, request_id=result.request_ids[i],
-            tenant=result.tenant_names[result.tenant[i]], reason=result.reject_reason[i],
-            output_tokens=(None if result.output_tokens is None
-                           else result.output_tokens[i].tolist()),
-            prefix_caching=result.prefix_caching,
-            replica=int(result.replica[i]) if result.num_replicas > 1 else None,
-            prefill_replica=(int(result.prefill_replica[i])
-                             if result.prefill_replica is not None else None))
+        yield request_line(result, i, **request_row_args(result, i))
 
 
 def iter_step_lines(result: RunResult) -> Iterator[str]:

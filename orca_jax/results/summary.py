@@ -223,15 +223,20 @@ def iter_request_rows(result: RunResult) -> Iterator[dict[str, Any]]:
     front). A rejected request's `reason` is the core's (up front) or
     `policy <name>: <its text>`."""
     for i in range(result.num_requests):
-        yield request_row(
-            result, i, request_id=result.request_ids[i],
-            tenant=result.tenant_names[result.tenant[i]], reason=result.reject_reason[i],
-            output_tokens=(None if result.output_tokens is None
-                           else result.output_tokens[i].tolist()),
-            prefix_caching=result.prefix_caching,
-            replica=int(result.replica[i]) if result.num_replicas > 1 else None,
-            prefill_replica=(int(result.prefill_replica[i])
-                             if result.prefill_replica is not None else None))
+        yield request_row(result, i, **request_row_args(result, i))
+
+
+def request_row_args(result: RunResult, i: int) -> dict[str, Any]:
+    """The keyword arguments of `request_row` (and `row_lines.request_line`) for request
+    `i` of a finished run."""
+    return dict(request_id=result.request_ids[i], tenant=result.tenant_names[result.tenant[i]],
+                reason=result.reject_reason[i],
+                output_tokens=(None if result.output_tokens is None
+                               else result.output_tokens[i].tolist()),
+                prefix_caching=result.prefix_caching,
+                replica=int(result.replica[i]) if result.num_replicas > 1 else None,
+                prefill_replica=(int(result.prefill_replica[i])
+                                 if result.prefill_replica is not None else None))
 
 
 def request_rows(result: RunResult) -> list[dict[str, Any]]:
