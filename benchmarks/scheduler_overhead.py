@@ -1,7 +1,7 @@
 """Host time per iteration of the scheduler in steady decode.
 
 Measures what the core does around the engine each iteration — the policy's
-schedule(), the plan checks, KV allocation, pack() and the state update — with
+schedule(), the plan checks, KV allocation, pack_step() and the state update — with
 32, 128, 256 and 512 running requests that are all decoding. The engine is a
 null engine (its time is excluded from `host_s` anyway). Prints the median µs
 per iteration and per running request, with prefix caching off and on (it is

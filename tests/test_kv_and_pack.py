@@ -1,4 +1,4 @@
-"""KVPageManager (allocation, growth, free, row reuse) and `pack()`'s exact arrays and buckets."""
+"""KVPageManager (allocation, growth, free, row reuse) and `pack_step()`'s arrays and buckets."""
 
 import numpy as np
 import pytest
@@ -12,7 +12,7 @@ from orca_jax.core.packing import (
     SamplingArrays,
     bucket_config_for,
     default_token_sizes,
-    pack,
+    pack_step,
 )
 
 
@@ -145,7 +145,7 @@ def test_random_operations_keep_the_pool_consistent(ops):
             assert (kv.row_of[r] >= 0) == (r in model)
 
 
-# ------------------------------------------------------------------ pack()
+# ------------------------------------------------------------- pack_step()
 PAGE = 4
 CONFIG = BucketConfig(token_sizes=(4, 8, 16, 32), max_num_seqs=8, pages_per_seq=4)
 
@@ -162,9 +162,9 @@ def test_pack_mixed_batch_exact_arrays():
     # whole 5-token prompt: 9 tokens of 3 sequences, padded to the (16, 8) bucket.
     page_rows = np.array([[3, 8, 6, 0], [2, 5, 0, 0], [1, 4, 0, 0]], dtype=np.int32)
     token_ids = np.arange(101, 110, dtype=np.int32)
-    inputs = pack(bucket_config=CONFIG, request_ids=ids(7, 2, 5), num_tokens=ids(1, 3, 5),
-                  num_computed=ids(9, 4, 0), page_rows=page_rows, page_size=PAGE,
-                  sampling=sampling(), token_ids=token_ids)
+    inputs = pack_step(bucket_config=CONFIG, request_ids=ids(7, 2, 5), num_tokens=ids(1, 3, 5),
+                       num_computed=ids(9, 4, 0), page_rows=page_rows, page_size=PAGE,
+                       sampling=sampling(), token_ids=token_ids).inputs
     assert inputs.bucket == Bucket(16, 8)
     assert bucket_arrays_are_consistent(inputs)
     pad = [0] * 7
@@ -195,9 +195,9 @@ def test_pack_mixed_batch_exact_arrays():
 
 def test_pack_all_decodes():
     page_rows = np.array([[2, 0, 0, 0], [5, 7, 0, 0], [1, 3, 4, 6]], dtype=np.int32)
-    inputs = pack(bucket_config=CONFIG, request_ids=ids(0, 1, 2), num_tokens=ids(1, 1, 1),
-                  num_computed=ids(0, 5, 15), page_rows=page_rows, page_size=PAGE,
-                  sampling=sampling(), token_ids=None)
+    inputs = pack_step(bucket_config=CONFIG, request_ids=ids(0, 1, 2), num_tokens=ids(1, 1, 1),
+                       num_computed=ids(0, 5, 15), page_rows=page_rows, page_size=PAGE,
+                       sampling=sampling(), token_ids=None).inputs
     assert inputs.bucket == Bucket(4, 4)  # S = min(T, max_num_seqs)
     np.testing.assert_array_equal(inputs.positions, [0, 5, 15, 0])
     np.testing.assert_array_equal(inputs.slot_mapping, [8, 29, 27, 0])
@@ -210,9 +210,9 @@ def test_pack_all_decodes():
 
 def test_pack_fills_a_bucket_exactly():
     page_rows = np.array([[1, 2, 0, 0]], dtype=np.int32)
-    inputs = pack(bucket_config=CONFIG, request_ids=ids(4), num_tokens=ids(8),
-                  num_computed=ids(0), page_rows=page_rows, page_size=PAGE,
-                  sampling=sampling(), token_ids=np.arange(1, 9, dtype=np.int32))
+    inputs = pack_step(bucket_config=CONFIG, request_ids=ids(4), num_tokens=ids(8),
+                       num_computed=ids(0), page_rows=page_rows, page_size=PAGE,
+                       sampling=sampling(), token_ids=np.arange(1, 9, dtype=np.int32)).inputs
     assert inputs.bucket == Bucket(8, 8)
     np.testing.assert_array_equal(inputs.slot_mapping, [4, 5, 6, 7, 8, 9, 10, 11])
     np.testing.assert_array_equal(inputs.cu_q_lens, [0, 8, 8, 8, 8, 8, 8, 8, 8])

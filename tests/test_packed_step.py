@@ -1,5 +1,5 @@
 """Packed steps: the simulator prices a step from its lengths, never building its padded
-descriptor, and gives exactly what `step` gives on the descriptor `pack` would build."""
+descriptor, and gives exactly what `step` gives on the descriptor `pack_step` builds."""
 
 import time
 
@@ -10,7 +10,7 @@ import policies
 from orca_jax import Request, Scheduler, SchedulerConfig, StepOutput
 from orca_jax.core import packing
 from orca_jax.core.engine_api import Bucket, Engine
-from orca_jax.core.packing import SamplingArrays, bucket_config_for, pack, pack_step
+from orca_jax.core.packing import SamplingArrays, bucket_config_for, pack_step
 from orca_jax.sim.cost_model import CostModelConfig, LinearStepTime
 from orca_jax.sim.engine import SimEngine
 
@@ -35,7 +35,7 @@ def _packed(q_lens, computed, rows_width=8):
     page_rows = (np.arange(n * rows_width, dtype=np.int32).reshape(n, rows_width) + 1)
     args = dict(bucket_config=config, request_ids=np.arange(n), num_tokens=q,
                 num_computed=computed, page_rows=page_rows, page_size=8, sampling=sampling)
-    return pack_step(**args), pack(**args)
+    return pack_step(**args), pack_step(**args).inputs  # the second built at once
 
 
 @pytest.mark.parametrize("mode", sorted(CONFIGS))

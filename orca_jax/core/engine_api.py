@@ -1,10 +1,10 @@
 """The contract between the host scheduler and an engine: StepInputs in, StepOutput out.
 
-`pack()` (orca_jax.core.packing) turns a policy's StepPlan into a `StepInputs`: flat,
+`pack_step()` (orca_jax.core.packing) turns a policy's StepPlan into a `StepInputs`: flat,
 fixed-shape numpy arrays padded to a bucket `(T, S)`. Every engine, real or
 simulated, receives exactly these arrays, so every policy drives the same
 compiled steps. `build_step_inputs` (also in packing) is the one writer of the
-layout below: `pack()`, a real engine's warm-up and the profiling grid all use it.
+layout below: `pack_step()`, a real engine's warm-up and the profiling grid all use it.
 The scheduler hands an engine its step as a `PackedStep` (`Engine.step_packed`):
 the bucket and real lengths at once, the descriptor built on first read, so an
 engine that prices lengths alone (the simulator) never pays for padded arrays.

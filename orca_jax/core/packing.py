@@ -1,4 +1,4 @@
-"""Buckets and `pack()`: from a checked StepPlan to fixed-shape StepInputs.
+"""Buckets and `pack_step()`: from a checked StepPlan to fixed-shape StepInputs.
 
 A bucket is a compiled step shape `(T tokens, S sequences)`. The configured
 token sizes are the only shapes an engine ever sees; a step is padded to the
@@ -136,7 +136,7 @@ def build_step_inputs(bucket: Bucket, *,
                       ) -> StepInputs:
     """The step descriptor of `n` real sequences, padded to `bucket` (engine_api's layout).
 
-    The one writer of the padding and null-page conventions: `pack()`, the
+    The one writer of the padding and null-page conventions: `pack_step()`, the
     engine's warm-up and the profiling grid all build their descriptors here.
     Sequence i's new tokens sit at positions `num_computed[i]` onwards and write
     their K/V through `page_rows[i]`; padding rows write into the null page, and
@@ -149,7 +149,7 @@ def build_step_inputs(bucket: Bucket, *,
       num_tokens: tokens each sequence computes this step (>= 1).
       num_computed: tokens each sequence has in its KV cache before the step.
       page_rows: each sequence's KV pages, in order: at least the pages of its context
-        after the step (`pack` cuts the rows to the step's widest context, so a step's
+        after the step (the scheduler cuts the rows to the step's widest context, so a step's
         page-table work follows the real contexts, not `max_model_len`).
       page_size: tokens per KV page.
       token_ids: the flat ids of the new tokens, or None (zeros) for an engine
@@ -225,17 +225,24 @@ def _per_seq(values: NDArray[np.generic],  # [N] one per row
     return out
 
 
-def pack(*, bucket_config: BucketConfig,
-         request_ids: NDArray[np.int64],  # [n] in pack order
-         num_tokens: NDArray[np.int64],  # [n] tokens to compute for each
-         num_computed: NDArray[np.int64],  # [n] tokens already in each one's KV cache
-         page_rows: NDArray[np.int32],  # [n, W] each request's pages, W <= P
-         page_size: int,
-         sampling: SamplingArrays,
-         token_ids: Optional[NDArray[np.int32]] = None,  # [sum(num_tokens)] or None
-         min_bucket_tokens: int = 0,
-         ) -> StepInputs:
-    """Packs one step's requests into StepInputs padded to the smallest fitting bucket.
+def pack_step(*, bucket_config: BucketConfig,
+              request_ids: NDArray[np.int64],  # [n] in pack order
+              num_tokens: NDArray[np.int64],  # [n] tokens to compute for each
+              num_computed: NDArray[np.int64],  # [n] tokens already in each one's KV cache
+              page_rows: NDArray[np.int32],  # [n, W] each request's pages, W <= P
+              page_size: int,
+              sampling: SamplingArrays,
+              token_ids: Optional[NDArray[np.int32]] = None,  # [sum(num_tokens)] or None
+              min_bucket_tokens: int = 0,
+              num_real_tokens: Optional[int] = None,
+              ) -> PackedStep:
+    """Packs one step's requests: the smallest fitting bucket, and the padded descriptor
+    (StepInputs), built only when an engine reads it.
+
+    The step's bucket and lengths are known at once; `PackedStep.inputs` builds the
+    descriptor (with `build_step_inputs`) on its first read. The arrays given are
+    kept as they are: pass copies (fancy-indexed rows are), not views of state that
+    changes after the step.
 
     Args:
       bucket_config: the configured step shapes.
@@ -250,37 +257,6 @@ def pack(*, bucket_config: BucketConfig,
       token_ids: the flat ids of the tokens to compute, or None (zeros) for an
         engine that needs none.
       min_bucket_tokens: pad to a bucket of at least this many tokens.
-
-    Returns:
-      The padded StepInputs.
-    """
-    return pack_step(bucket_config=bucket_config, request_ids=request_ids,
-                     num_tokens=num_tokens, num_computed=num_computed, page_rows=page_rows,
-                     page_size=page_size, sampling=sampling, token_ids=token_ids,
-                     min_bucket_tokens=min_bucket_tokens).inputs
-
-
-def pack_step(*, bucket_config: BucketConfig,
-              request_ids: NDArray[np.int64],  # [n] in pack order
-              num_tokens: NDArray[np.int64],  # [n] tokens to compute for each
-              num_computed: NDArray[np.int64],  # [n] tokens already in each one's KV cache
-              page_rows: NDArray[np.int32],  # [n, W] each request's pages, W <= P
-              page_size: int,
-              sampling: SamplingArrays,
-              token_ids: Optional[NDArray[np.int32]] = None,  # [sum(num_tokens)] or None
-              min_bucket_tokens: int = 0,
-              num_real_tokens: Optional[int] = None,
-              ) -> PackedStep:
-    """`pack`, with the padded descriptor built only when an engine reads it.
-
-    The step's bucket and lengths are known at once; `PackedStep.inputs` builds the
-    descriptor (with `build_step_inputs`) on its first read. The arrays given are
-    kept as they are: pass copies (fancy-indexed rows are), not views of state that
-    changes after the step.
-
-    Args:
-      bucket_config, request_ids, num_tokens, num_computed, page_rows, page_size,
-        sampling, token_ids, min_bucket_tokens: as `pack`'s.
       num_real_tokens: `sum(num_tokens)` if the caller has it already.
 
     Returns:

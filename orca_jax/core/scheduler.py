@@ -3,7 +3,7 @@
 Each iteration: requests whose arrival time has come join the waiting queue;
 the policy reads a `SchedulerView` and returns a `StepPlan`; the plan is checked
 (`plan_checks`, which changes nothing); finished answers are released,
-preemptions free their pages, admissions and growth get pages; `pack()` builds
+preemptions free their pages, admissions and growth get pages; `pack_step()` builds
 the padded StepInputs; the engine runs one step; the requests' counters and
 timestamps are updated and finished requests leave at once, their pages freed.
 The clock advances by the step's seconds; when nothing can run it jumps to the
@@ -32,7 +32,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from orca_jax.core.admission import reject_impossible, reservation_tokens
-from orca_jax.core.engine_api import Engine, PendingStep, StepOutput
+from orca_jax.core.engine_api import Engine, PackedStep, PendingStep, StepOutput
 from orca_jax.core.kv_pages import KV_LAYOUTS, KVPageManager
 from orca_jax.core.overlap import InFlightTokens
 from orca_jax.core.packing import SamplingArrays, bucket_config_for, pack_step
@@ -157,6 +157,11 @@ class Scheduler:
         self.config = config
         self.policy = policy
         self.engine = engine
+        # An `Engine` may price a step from its lengths, never building the padded
+        # descriptor (the simulator); a duck-typed engine has only `step`. Chosen once.
+        self._run_packed: Callable[[PackedStep], StepOutput] = (
+            engine.step_packed if isinstance(engine, Engine)
+            else lambda packed: engine.step(packed.inputs))
         check_kv_reservation(policy, ValueError)
         self.kv_reservation = policy.kv_reservation
         if config.kv_layout == "buddy" and self.kv_reservation == "none":
@@ -388,16 +393,12 @@ class Scheduler:
                            num_real_tokens=num_real_tokens)
         bucket = packed.bucket
         source = None if self.in_flight is None else self.in_flight.token_source(
-            ids, tokens, self.table.num_computed[ids],
+            ids, tokens, num_computed,
             self.table.prompt_len[ids] + self.table.num_generated[ids], bucket.num_tokens)
         host_s = time.perf_counter() - host_start
         pending: Optional[PendingStep] = None
         if self.in_flight is None:
-            engine = self.engine
-            # An `Engine` may price the step from its lengths, never building the padded
-            # descriptor (the simulator); a duck-typed engine has only `step`.
-            output = (engine.step_packed(packed) if isinstance(engine, Engine)
-                      else engine.step(packed.inputs))
+            output = self._run_packed(packed)
             step_s = output.step_s
         else:  # dispatch, then read the previous step's tokens back while this one runs
             pending = self.engine.step_async(packed.inputs, source)

@@ -112,20 +112,9 @@ def bucketed_attention(
     *,
     sm_scale: float,
 ) -> jax.Array:  # [T, num_q_heads, head_dim]
-    """Ragged paged attention with `ragged_paged_attention_reference`'s contract.
-
-    Args:
-      q: flat queries of all sequences, `[T, num_q_heads, head_dim]`.
-      k_pages: key cache, `[num_pages, page_size, num_kv_heads, head_dim]`.
-      v_pages: value cache, same shape as `k_pages`.
-      kv_lens: `[S]` cached tokens of each sequence, this step's included.
-      page_indices: `[S, pages_per_seq]` pages of each sequence, in order.
-      cu_q_lens: `[S+1]` query offsets; padded sequences repeat the last one.
-      num_seqs: `[1]` number of real sequences.
-      sm_scale: softmax scale (usually `head_dim ** -0.5`).
-
-    Returns:
-      `[T, num_q_heads, head_dim]` in q's dtype; padding rows are zeros.
+    """Ragged paged attention with `ragged_paged_attention_reference`'s contract: the
+    same arguments and result (`[T, num_q_heads, head_dim]` in q's dtype, padding rows
+    zeros), computed by query blocks against the step's KV chunks (module docstring).
     """
     num_tokens, num_q_heads, head_dim = q.shape
     _, page_size, num_kv_heads, _ = k_pages.shape
