@@ -22,15 +22,13 @@ import textwrap
 import time
 from typing import Any, Optional, Sequence
 
-from orca_jax.cluster.replicas import Cluster
 from orca_jax.core.bucket_fit import fit_token_sizes, padded_tokens, parse_fit_ladder
 from orca_jax.core.packing import default_token_sizes, ladder_token_sizes
-from orca_jax.core.plugins import parse_options
 from orca_jax.core.policy import make_policy
 from orca_jax.core.request import Request
 from orca_jax.core.run_result import RunResult
 from orca_jax.core.scheduler import Scheduler
-from orca_jax.runner.build import build_engine, build_workload, scheduler_config
+from orca_jax.runner.build import build_cluster, build_engine, build_workload, scheduler_config
 from orca_jax.runner.disaggregated import run_disaggregated
 from orca_jax.runner.progress import Progress
 from orca_jax.runner.spec import RunSpec
@@ -125,11 +123,7 @@ def _pilot_result(pilot: RunSpec, workload: list[Request], progress: bool) -> Ru
     if pilot.cluster.disaggregated:
         return run_disaggregated(pilot, PILOT_POLICY, None, config, workload)[2]
     if pilot.cluster.num_replicas > 1:
-        return Cluster(workload, num_replicas=pilot.cluster.num_replicas,
-                       router=pilot.cluster.router,
-                       router_options=parse_options(pilot.cluster.router_opts),
-                       make_policy=lambda: make_policy(PILOT_POLICY),
-                       make_engine=lambda: build_engine(pilot, config), config=config).run()
+        return build_cluster(pilot, PILOT_POLICY, None, config, workload).run()
     scheduler = Scheduler(workload, make_policy(PILOT_POLICY), build_engine(pilot, config), config)
     bar = Progress(f"bucket pilot ({PILOT_POLICY})", len(workload), "requests") if progress \
         else None

@@ -14,6 +14,7 @@ import json
 import os
 from typing import Any, Mapping, Optional, Sequence
 
+from orca_jax.cluster.replicas import Cluster
 from orca_jax.cluster.routing import Router, make_router, resolve_router_class
 from orca_jax.core.engine_api import Engine, EngineConfigError
 from orca_jax.core.packing import pages_per_seq_for
@@ -182,6 +183,18 @@ def _jax_engine(spec: RunSpec, engine: JaxEngineSpec, config: SchedulerConfig) -
     return ProfiledClock(real, max_model_len=config.max_model_len, page_size=config.page_size,
                          pages_per_seq=pages_per_seq, num_pages=config.num_kv_pages + 1,
                          table_file=engine.profile_table, identity=identity)
+
+
+
+def build_cluster(spec: RunSpec, policy_spec: str, policy_options: Optional[Mapping[str, str]],
+                  config: SchedulerConfig, workload: list[Request]) -> Cluster:
+    """`spec.cluster.num_replicas` simulated replicas of `policy_spec` behind
+    `spec.cluster.router`, each with its own engine of the spec."""
+    return Cluster(workload, num_replicas=spec.cluster.num_replicas,
+                   router=spec.cluster.router,
+                   router_options=parse_options(spec.cluster.router_opts),
+                   make_policy=lambda: make_policy(policy_spec, policy_options),
+                   make_engine=lambda: build_engine(spec, config), config=config)
 
 
 PROFILE_TABLE_FILE = "profile.json"  # beside the results, unless --profile_table names one

@@ -16,7 +16,7 @@ from orca_jax.cluster.replicas import Cluster
 from orca_jax.cluster.routing import Router
 from orca_jax.core.engine_api import Engine
 from orca_jax.core.json_files import to_json_value
-from orca_jax.core.policy import Policy, PolicyLoadError, make_policy, parse_options
+from orca_jax.core.policy import Policy, PolicyLoadError, make_policy
 from orca_jax.core.request import Request
 from orca_jax.core.run_result import RunResult
 from orca_jax.core.scheduler import Scheduler, SchedulerConfig
@@ -29,6 +29,7 @@ from orca_jax.results.summary import (
 )
 from orca_jax.runner.bucket_pilot import BucketFit, needs_fit, with_fitted_buckets
 from orca_jax.runner.build import (
+    build_cluster,
     build_engine,
     build_workload,
     profile_table_record,
@@ -97,7 +98,7 @@ def run_policy(spec: RunSpec, policy_spec: str, policy_options: Optional[Mapping
         if spec.cluster.disaggregated:
             pass  # its pools are built by `run_disaggregated`, in `_run_disaggregated`
         elif spec.cluster.num_replicas > 1:
-            cluster = _cluster(spec, policy_spec, policy_options, config, workload)
+            cluster = build_cluster(spec, policy_spec, policy_options, config, workload)
         else:
             policy = make_policy(policy_spec, policy_options)
             engine = engine if engine is not None else build_engine(spec, config)
@@ -199,16 +200,6 @@ def _fail(folder: RunFolder, error: BaseException, stream: Optional[StreamResult
         folder.fail(error, step=step, virtual_time_s=now_s)
     except ResultsWriteError:
         pass  # the folder was removed; the run's error says what went wrong
-
-
-def _cluster(spec: RunSpec, policy_spec: str, policy_options: Optional[Mapping[str, str]],
-             config: SchedulerConfig, workload: list[Request]) -> Cluster:
-    """`spec.cluster.num_replicas` simulated replicas behind `spec.cluster.router`."""
-    return Cluster(workload, num_replicas=spec.cluster.num_replicas,
-                   router=spec.cluster.router,
-                   router_options=parse_options(spec.cluster.router_opts),
-                   make_policy=lambda: make_policy(policy_spec, policy_options),
-                   make_engine=lambda: build_engine(spec, config), config=config)
 
 
 def _run_cluster(spec: RunSpec, policy_spec: str, config: SchedulerConfig, cluster: Cluster,
