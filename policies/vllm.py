@@ -206,12 +206,9 @@ class VLLM(Policy):
                     f"scheduler max_num_tokens={view.max_num_tokens})")
             fits &= want <= budget - before
         tokens = np.minimum(want, budget - before)  # [c]
-        if view.prefix_caching:  # its whole sequence's pages, less its hits
-            full_pages = view.pages_needed(candidates, uncached)  # [c]
-        else:
-            # Less the pages it holds: one received with its KV (disaggregated decode) has them.
-            full_pages = (-(-requests.num_known(candidates) // view.page_size)
-                          - view.pages_held(candidates))  # [c]
+        # Its whole sequence's pages, less its hits and the pages it holds (one received
+        # with its KV, in disaggregated decode, has them): what the core would allocate.
+        full_pages = view.pages_needed(candidates, uncached)  # [c]
         pages = view.pages_needed(candidates, np.maximum(tokens, 1))  # [c]
         free_before = free - (np.cumsum(pages) - pages)  # [c]
         fits &= full_pages + view.watermark_pages <= free_before
