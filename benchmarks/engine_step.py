@@ -5,7 +5,8 @@ tokens of prefill beside decodes), at each context length, one run times:
 
 - the whole step (`JaxEngine.step`, wall clock: transfer in, compiled step,
   sampled tokens back) with the old attention (`reference`, the ragged jnp loop)
-  and the new (`bucketed`), and checks both sample the same greedy tokens;
+  and the new (`--new`: `bucketed` on a CPU, the Pallas kernel on a GPU), and
+  checks both sample the same greedy tokens;
 - its parts, each jitted alone on the same shapes: embedding; projections and
   MLP (every layer with attention stubbed out); KV write + attention (every
   layer, old and new op); LM head + sampling; host-side packing
@@ -19,7 +20,7 @@ printed beside the figures: the machine may be shared, so each whole step also
 gets its process CPU time (median over the same runs; XLA's threads included),
 which a busy neighbour inflates far less than the wall clock.
 
-    python benchmarks/engine_step.py [--models tiny small] [--kv_lens 128 1024]
+    python benchmarks/engine_step.py [--models tiny small] [--kv_lens 128 1024] [--new auto]
 """
 
 from __future__ import annotations
@@ -163,7 +164,9 @@ def _roofline(config, bucket: Bucket, kv_len: int, gflops: float, gbs: float
             for name, (flops, nbytes) in parts.items()}
 
 
-def run_model(name: str, kv_lens: list[int], repeats: int, gflops: float, gbs: float) -> None:
+def run_model(name: str, kv_lens: list[int], repeats: int, gflops: float, gbs: float,
+              new_op: str) -> None:
+    """Times `name`'s buckets at each context: the reference beside `new_op`, and the parts."""
     config = get_model_config(name)
     params = weights.init_params(config, seed=0)
     graphdef, _ = model_lib.abstract_model(config)
@@ -172,7 +175,7 @@ def run_model(name: str, kv_lens: list[int], repeats: int, gflops: float, gbs: f
     rng = np.random.default_rng(0)
     engines = {op: JaxEngine(config, params, num_cache_pages=num_pages, page_size=PAGE_SIZE,
                              pages_per_seq=pages_per_seq, attention=op, num_timed_runs=0)
-               for op in ("reference", "bucketed")}
+               for op in ("reference", new_op)}
     for engine in engines.values():
         engine.warmup(list(BUCKETS))
     # Donated like the engine's cache (so writes update it in place): the part calls swap it.
@@ -192,21 +195,21 @@ def run_model(name: str, kv_lens: list[int], repeats: int, gflops: float, gbs: f
             steps = {op: wall for op, (wall, _) in timed.items()}
             cpu = {op: cpu_s for op, (_, cpu_s) in timed.items()}
             tokens = {op: e.step(inputs).sampled_tokens for op, e in engines.items()}
-            same = np.array_equal(tokens["reference"], tokens["bucketed"])
+            same = np.array_equal(tokens["reference"], tokens[new_op])
             host = _median_s(pack, repeats)
             parts = {part: _median_s(fn, repeats) for part, fn in
                      _parts(config, graphdef, params, held, jax.device_put(inputs),
-                            {"old": "reference", "new": "bucketed"}).items()}
+                            {"old": "reference", "new": new_op}).items()}
             roof = _roofline(config, bucket, kv_len, gflops, gbs)
             load = os.getloadavg()[0]
             print(f"\n{name} bucket T={bucket.num_tokens} S={bucket.num_seqs}, every sequence "
                   f"at context {kv_len} (load {load:.1f})")
             print(f"  step old (reference)   {steps['reference'] * 1e3:8.2f} ms   "
                   f"(cpu {cpu['reference'] * 1e3:.2f} ms)")
-            print(f"  step new (bucketed)    {steps['bucketed'] * 1e3:8.2f} ms   "
-                  f"(cpu {cpu['bucketed'] * 1e3:.2f} ms)   "
-                  f"{steps['reference'] / steps['bucketed']:.2f}x faster "
-                  f"(cpu {cpu['reference'] / cpu['bucketed']:.2f}x); "
+            print(f"  step new ({new_op}){' ' * (12 - len(new_op))}"
+                  f"{steps[new_op] * 1e3:8.2f} ms   (cpu {cpu[new_op] * 1e3:.2f} ms)   "
+                  f"{steps['reference'] / steps[new_op]:.2f}x faster "
+                  f"(cpu {cpu['reference'] / cpu[new_op]:.2f}x); "
                   f"greedy tokens {'identical' if same else 'DIFFER'}")
             print(f"  {'part':32s} {'measured ms':>12s} {'roofline ms':>12s}")
             for part, seconds in parts.items():
@@ -216,7 +219,7 @@ def run_model(name: str, kv_lens: list[int], repeats: int, gflops: float, gbs: f
             print(f"  {'host packing':32s} {host * 1e3:12.3f}")
             new_sum = sum(v for k, v in parts.items() if "(old)" not in k) + host
             print(f"  sum of new parts {new_sum * 1e3:.2f} ms vs new step "
-                  f"{steps['bucketed'] * 1e3:.2f} ms (+ packing, which the step excludes)")
+                  f"{steps[new_op] * 1e3:.2f} ms (+ packing, which the step excludes)")
 
 
 def main() -> None:
@@ -226,7 +229,12 @@ def main() -> None:
                         help="context lengths every sequence of a step ends at (multiples of "
                              f"{PAGE_SIZE}; the largest sets the page table)")
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--new", default="auto", choices=("auto", "bucketed", "pallas"),
+                        help="the op timed beside the reference (auto: pallas on a GPU, "
+                             "bucketed elsewhere, as the engine's --attention=auto)")
     args = parser.parse_args()
+    new_op = args.new if args.new != "auto" else (
+        "pallas" if jax.default_backend() == "gpu" else "bucketed")
     print(f"engine step on {jax.devices()[0].device_kind} ({jax.default_backend()}, "
           f"{os.cpu_count()} cpus), jax {jax.__version__}, python {platform.python_version()}, "
           f"fp32, page size {PAGE_SIZE}; medians of {args.repeats}")
@@ -234,7 +242,7 @@ def main() -> None:
     print(f"this machine: matmul {gflops:.1f} GFLOP/s, copy {gbs:.1f} GB/s "
           f"(load {os.getloadavg()[0]:.1f})")
     for name in args.models:
-        run_model(name, sorted(args.kv_lens), args.repeats, gflops, gbs)
+        run_model(name, sorted(args.kv_lens), args.repeats, gflops, gbs, new_op)
 
 
 if __name__ == "__main__":

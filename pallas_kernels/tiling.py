@@ -11,8 +11,9 @@ Two passes share one kernel body:
     fills 4 of 16 rows instead of 4 of 64. Long contexts with few sequences are
     split along the KV axis (`choose_kv_splits`).
   * prefill/mixed: every longer sequence, in tiles of `PREFILL_ROWS` rows.
-The tables are starting points for an H200 (sm_90, 228 KB shared memory per SM),
-to be tuned from `benchmarks/attention_gpu.py`'s figures.
+The tables are for an H200 (sm_90, 228 KB shared memory per SM); the head_dim-128
+entries are tuned from `benchmarks/attention_gpu.py`'s figures on one, the others
+are starting points.
 """
 
 from __future__ import annotations
@@ -44,9 +45,13 @@ class TileConfig:
 # Keyed by head_dim, for 2-byte caches (bf16/f16). A stage holds one K and one V tile,
 # 2 * block_kv * head_dim * 2 bytes: 32 KB at (64, 128), so 3 stages take 96 KB and two
 # programs still share an SM. 4-byte caches halve block_kv (`tile_config`).
+# Tuned on an H200 (benchmarks/results/attention_h200.txt, llama3-8b heads, bf16): at
+# head_dim 128 a decode tile of 128 KV tokens (3 stages, 192 KB) read 64 x {2k, 4k, 8k}
+# contexts at 66/74/78% of the measured HBM read ceiling where 64 tokens read 61/68/73%;
+# the prefill tile stays at 64 (128 there made the mixed step 15% slower).
 DECODE_TILES: dict[int, TileConfig] = {
     64: TileConfig(block_kv=128, num_warps=4, num_stages=3),
-    128: TileConfig(block_kv=64, num_warps=4, num_stages=3),
+    128: TileConfig(block_kv=128, num_warps=4, num_stages=3),
     256: TileConfig(block_kv=32, num_warps=4, num_stages=3),
 }
 PREFILL_TILES: dict[int, TileConfig] = {

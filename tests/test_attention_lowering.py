@@ -108,14 +108,14 @@ def test_decode_pass_has_16_row_tiles_per_page_loads_and_no_division_in_its_loop
     # The accumulator (and the m, l rows) the loop carries: 16 rows of head_dim 128.
     assert re.search(r"iter_args\(.*\) -> \(tensor<16x128xf32>, tensor<16xf32>, "
                      r"tensor<16xf32>\)", loop)
-    assert "tensor<16x128xbf16> * tensor<128x64xbf16> -> tensor<16x64xf32>" in loop
-    # One 4-element page-id load per 64-token tile (pages of 16), never one per token.
-    assert re.findall(r"tt\.load %\w+ : tensor<(\d+)x!tt\.ptr<i32>>", loop) == ["4"]
-    # K and V: [64 tokens, 128] tiles, masked and zero-filled, straight into the dots; the
+    assert "tensor<16x128xbf16> * tensor<128x128xbf16> -> tensor<16x128xf32>" in loop
+    # One 8-element page-id load per 128-token tile (pages of 16), never one per token.
+    assert re.findall(r"tt\.load %\w+ : tensor<(\d+)x!tt\.ptr<i32>>", loop) == ["8"]
+    # K and V: [128 tokens, 128] tiles, masked and zero-filled, straight into the dots; the
     # ids are widened per token in registers (the loop's one reshape is of int32 ids).
-    masked = re.findall(r"tt\.load %\w+, %\w+, %\w+ : tensor<64x128x!tt\.ptr<bf16>>", loop)
+    masked = re.findall(r"tt\.load %\w+, %\w+, %\w+ : tensor<128x128x!tt\.ptr<bf16>>", loop)
     assert len(masked) == 2
-    assert re.findall(r"tt\.reshape %\w+ : (tensor<[\dx]+\w+>)", loop) == ["tensor<4x16xi32>"]
+    assert re.findall(r"tt\.reshape %\w+ : (tensor<[\dx]+\w+>)", loop) == ["tensor<8x16xi32>"]
     assert not re.search(r"arith\.(div|rem|floordiv|ceildiv)[su]i", loop)
     assert "__nv_exp2f" in loop and "__nv_expf" not in loop
 
@@ -138,11 +138,11 @@ def test_cache_over_4_gib_gets_64_bit_offsets():
     big = dict(LLAMA3_8B, num_pages=140_000)
     _, modules = _lower_for_cuda(64, 64, **big)
     loop = _kv_loop(modules["ragged_paged_attention_decode"])
-    assert re.search(r"tt\.addptr %\w+, %\w+ : tensor<64x128x!tt\.ptr<bf16>>, "
-                     r"tensor<64x128xi64>", loop)
+    assert re.search(r"tt\.addptr %\w+, %\w+ : tensor<128x128x!tt\.ptr<bf16>>, "
+                     r"tensor<128x128xi64>", loop)
     _, modules = _lower_for_cuda(64, 64, **LLAMA3_8B)
     loop = _kv_loop(modules["ragged_paged_attention_decode"])
-    assert "tensor<64x128xi64>" not in loop
+    assert "tensor<128x128xi64>" not in loop
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])

@@ -60,7 +60,7 @@ def test_llama3_8b_decode_bucket_plan():
     # (512 programs), then 64-row prefill tiles for the <= 12 sequences of >= 5 tokens.
     plan = plan_passes(num_tokens=64, num_slots=64, pages_per_seq=512, **LLAMA3_8B)
     d, p = plan.decode, plan.prefill
-    assert (d.block_q, d.rows, d.block_kv, d.num_kv_splits, d.max_work) == (4, 16, 64, 1, 64)
+    assert (d.block_q, d.rows, d.block_kv, d.num_kv_splits, d.max_work) == (4, 16, 128, 1, 64)
     assert d.num_stages >= 3
     assert (p.block_q, p.rows, p.block_kv, p.num_kv_splits) == (16, 64, 64, 1)
     assert p.max_work == (64 + 12 * 15) // 16
@@ -89,8 +89,8 @@ def test_config_overrides_and_one_pass_mode():
 
 
 def test_tiles_follow_dtype_and_page_size():
-    assert tile_config(DECODE_TILES, 128, 2, 16).block_kv == 64
-    assert tile_config(DECODE_TILES, 128, 4, 16).block_kv == 32  # f32: half the tokens
+    assert tile_config(DECODE_TILES, 128, 2, 16).block_kv == 128
+    assert tile_config(DECODE_TILES, 128, 4, 16).block_kv == 64  # f32: half the tokens
     assert tile_config(DECODE_TILES, 128, 2, 256).block_kv == 256  # whole pages
     assert tile_config(DECODE_TILES, 96, 2, 16) == tile_config(DECODE_TILES, 128, 2, 16)
 
