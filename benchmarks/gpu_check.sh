@@ -29,6 +29,8 @@ part attention_h200 "${ATTENTION_S:-330}" python3 -m benchmarks.attention_gpu \
 # 2. The engine on the GPU: whole steps, reference vs the Pallas kernel, greedy tokens compared.
 part engine_step_h200 "${ENGINE_S:-150}" python3 benchmarks/engine_step.py --models tiny small \
   --kv_lens 128 1024 --repeats 20
-# 3. The README's main job twice on the GPU (Pallas attention): compile cache hit, same tokens.
+# 3. Steps loaded from the executable cache: the same tokens as compiled ones, step by step.
+part executable_cache_check_h200 "${CACHE_CHECK_S:-120}" python3 -m benchmarks.executable_cache_check
+# 4. The README's main job twice on the GPU (Pallas attention): the second from the caches.
 part readme_main_job_h200 "${MAIN_JOB_S:-150}" python3 -m benchmarks.readme_main_job --repeats 1
 exit $status

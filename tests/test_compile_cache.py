@@ -76,3 +76,85 @@ def test_the_suite_s_command_line_runs_cache_outside_the_user_s_home():
     home = Path(os.path.expanduser("~")).resolve()
     assert folder.resolve().is_relative_to(Path(os.environ["XDG_CACHE_HOME"]).resolve())
     assert not folder.resolve().is_relative_to(home)
+
+
+def _step(engine):
+    inputs = build_step_inputs(BUCKET, num_tokens=np.array([5, 3]), num_computed=np.array([0, 0]),
+                               page_rows=np.array([[1, 2, 0, 0], [3, 4, 0, 0]], np.int32),
+                               page_size=4, token_ids=np.arange(8, dtype=np.int32))
+    return engine.step(inputs).sampled_tokens
+
+
+def test_a_warm_engine_loads_its_steps_whole_without_tracing(cache_dir, monkeypatch):
+    config = get_model_config("tiny")
+    first = _engine(config, seed=0)
+    first.warmup([BUCKET])
+    assert first.facts()["executables_loaded"] == 0
+    assert len(list((cache_dir / "executables").iterdir())) == 1
+    second = _engine(config, seed=1)  # other weights: arguments, not part of the program
+
+    def no_tracing(*args, **kwargs):
+        raise AssertionError("a cached step was traced again")
+
+    monkeypatch.setattr(second._jitted, "lower", no_tracing, raising=False)
+    second.warmup([BUCKET])
+    facts = second.facts()
+    assert facts["executables_loaded"] == 1
+    assert facts["num_compiles"] == 1 and facts["compile_cache_hit"]  # counted as before
+    assert second.fingerprints() == first.fingerprints()
+    third = _engine(config, seed=1)
+    with compile_cache_disabled():
+        third.warmup([BUCKET])
+    assert third.facts()["executables_loaded"] == 0
+    np.testing.assert_array_equal(_step(second), _step(third))  # same weights, same tokens
+
+
+class compile_cache_disabled:
+    def __enter__(self):
+        self.folder = compile_cache.current_dir()
+        compile_cache.enable(compile_cache.DISABLED)
+
+    def __exit__(self, *exc):
+        compile_cache.enable(self.folder or compile_cache.DISABLED)
+
+
+def test_a_step_that_differs_in_any_part_of_its_key_compiles(cache_dir, monkeypatch):
+    from orca_jax.model import executable_cache
+
+    config = get_model_config("tiny")
+    _engine(config, seed=0).warmup([BUCKET])
+    other_op = JaxEngine(config, weights.init_params(config, seed=0), num_cache_pages=12,
+                         page_size=4, pages_per_seq=4, attention="reference", num_timed_runs=0)
+    other_op.warmup([BUCKET])
+    wider = _engine(config, seed=0)
+    wider.warmup([Bucket(num_tokens=16, num_seqs=8)])
+    monkeypatch.setattr(executable_cache, "_source_digest", lambda: "edited source")
+    edited = _engine(config, seed=0)
+    edited.warmup([BUCKET])
+    for engine in (other_op, wider, edited):
+        assert engine.facts()["executables_loaded"] == 0
+    assert len(list((cache_dir / "executables").iterdir())) == 4
+
+
+def test_an_unreadable_entry_is_compiled_again_and_replaced(cache_dir, caplog):
+    config = get_model_config("tiny")
+    first = _engine(config, seed=0)
+    first.warmup([BUCKET])
+    (entry,) = (cache_dir / "executables").iterdir()
+    entry.write_bytes(b"not a pickle")
+    second = _engine(config, seed=0)
+    second.warmup([BUCKET])
+    assert second.facts()["executables_loaded"] == 0
+    assert "unreadable" in caplog.text and str(entry) in caplog.text
+    assert second.fingerprints() == first.fingerprints()
+    third = _engine(config, seed=0)
+    third.warmup([BUCKET])  # the entry was written again
+    assert third.facts()["executables_loaded"] == 1
+
+
+def test_the_executable_cache_check_passes_on_this_backend():
+    from benchmarks import executable_cache_check
+
+    folder = compile_cache.current_dir()
+    assert executable_cache_check.check("tiny", count=6)
+    assert compile_cache.current_dir() == folder  # as it found it

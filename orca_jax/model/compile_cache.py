@@ -7,15 +7,18 @@ them instead. JAX's defaults skip programs that compile in under a second (every
 small CPU step), so `enable` lowers both thresholds. The cache is a process
 setting, not part of a run's spec: a cached executable is the same program, so
 compile counts (a cache hit counts as a compile, see `engine.backend_compiles`)
-and HLO fingerprints do not change.
+and HLO fingerprints do not change. The engine's steps go one further: the same
+folder holds them whole (`executable_cache`), so a warm run does not even trace
+and lower them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 import jax
 from jax.experimental.compilation_cache import compilation_cache
@@ -74,3 +77,24 @@ def _reset() -> None:
 def current_dir() -> Optional[str]:
     """The cache folder JAX writes to now, or None."""
     return jax.config.jax_compilation_cache_dir
+
+
+@contextlib.contextmanager
+def bypassed() -> Iterator[None]:
+    """Compiles inside skip JAX's persistent cache (neither read nor written there).
+
+    For `executable_cache`: an executable XLA:CPU loaded from JAX's cache serializes
+    into an entry that fails when run ("Function ... not found"), so the programs it
+    stores are compiled afresh.
+    """
+    folder = current_dir()
+    if folder is None:
+        yield
+        return
+    jax.config.update("jax_compilation_cache_dir", None)
+    _reset()
+    try:
+        yield
+    finally:
+        jax.config.update("jax_compilation_cache_dir", folder)
+        _reset()

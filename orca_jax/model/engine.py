@@ -36,7 +36,7 @@ from orca_jax.core.engine_api import (
     bucket_arrays_are_consistent,
 )
 from orca_jax.core.packing import build_step_inputs
-from orca_jax.model import compile_cache, distributed, sharding
+from orca_jax.model import compile_cache, distributed, executable_cache, sharding
 from orca_jax.model import llama as model_lib
 from orca_jax.model.bucketed_attention import kv_chunk_pages
 from orca_jax.specs.model_config import ModelConfig
@@ -191,6 +191,7 @@ class JaxEngine(Engine):
         self._bucket_s: dict[Bucket, float] = {}
         self._num_compiles = 0
         self._num_cache_hits = 0
+        self._num_executables_loaded = 0  # steps loaded from `executable_cache`
         self._compile_s = 0.0
         self._multiprocess = distributed.is_multiprocess()
 
@@ -253,6 +254,8 @@ class JaxEngine(Engine):
             "compile_cache_hits": self._num_cache_hits,
             "compile_cache_hit": self._num_compiles > 0
             and self._num_cache_hits == self._num_compiles,
+            # Of those, steps loaded whole from `executable_cache` (not traced or lowered).
+            "executables_loaded": self._num_executables_loaded,
             "compile_cache_dir": compile_cache.current_dir() or "none"}
         if self.attention == "bucketed":
             # One program per bucket; it loops over this many KV tokens at a time.
@@ -290,12 +293,9 @@ class JaxEngine(Engine):
                 extra = tuple(jax.ShapeDtypeStruct((size,), jnp.int32,
                                                    sharding=self._inputs_sharding)
                               for size in (self._fed_size, bucket.num_tokens))
-            before, hits_before = backend_compiles(), cache_hits()
             compile_start = time.perf_counter()
-            compiled = self._jitted.lower(self._params, self._cache, shapes, *extra).compile()
+            compiled = self._load_or_compile((self._params, self._cache, shapes, *extra))
             self._compile_s += time.perf_counter() - compile_start
-            self._num_compiles += backend_compiles() - before
-            self._num_cache_hits += cache_hits() - hits_before
             self._compiled[bucket] = compiled
             self._fingerprints[bucket] = hlo_fingerprint(compiled)
             self._run(bucket, dummy)  # first run pays one-off allocation costs
@@ -304,6 +304,42 @@ class JaxEngine(Engine):
                 self._bucket_s[bucket] = statistics.median(times)
         _log.info("jax engine: %d buckets compiled in %.1f s", len(todo),
                   time.perf_counter() - start)
+
+    def _load_or_compile(self, args: tuple[Any, ...]) -> jax.stages.Compiled:
+        """The step compiled for `args`' shapes: from the executable cache when it holds
+        it (no trace, no lowering), else compiled and stored there. A loaded program
+        counts the compiles (and cache hits) it took when it was stored."""
+        key = None
+        if (compile_cache.current_dir() is not None and isinstance(self.attention, str)
+                and not self._multiprocess):
+            key = executable_cache.program_key(self._static_choices(), args)
+            loaded = executable_cache.load(key)
+            if loaded is not None:
+                compiled, count = loaded
+                self._num_compiles += count
+                self._num_cache_hits += count
+                self._num_executables_loaded += 1
+                return compiled
+        before, hits_before = backend_compiles(), cache_hits()
+        if key is None:
+            compiled = self._jitted.lower(*args).compile()
+        else:
+            with compile_cache.bypassed():  # what it stores must be compiled here
+                compiled = self._jitted.lower(*args).compile()
+        count = backend_compiles() - before
+        self._num_compiles += count
+        self._num_cache_hits += cache_hits() - hits_before
+        if key is not None:
+            executable_cache.store(key, compiled, count)
+        return compiled
+
+    def _static_choices(self) -> dict[str, Any]:
+        """What the step's trace closes over besides its arguments (the cache key's part)."""
+        mesh = None if self.mesh is None else (tuple(self.mesh.axis_names),
+                                               [d.id for d in self.mesh.devices.flat])
+        return {"step": "feeding" if self._feed else "plain", "attention": self.attention,
+                "model": dataclasses.asdict(self.model_config), "dtype": str(self.dtype),
+                "mesh": mesh}
 
     @property
     def feeds_tokens(self) -> bool:

@@ -1,0 +1,145 @@
+"""Compiled step executables kept on disk, so a warm run skips tracing and lowering.
+
+JAX's persistent compilation cache (`compile_cache`) is keyed by the lowered
+program, so a run must still trace and lower every bucket to find its entry: on
+a CPU that is ~0.2 s a bucket, the largest cost left in a warm run of the
+README's main job. This cache sits in front of it, keyed by everything the
+lowered program is a function of:
+
+- the source of every module the step can run (`orca_jax`, `pallas_kernels`),
+- the versions of python, jax, jaxlib, flax and numpy, JAX's configuration
+  and `XLA_FLAGS`,
+- the devices (platform, kinds, ids),
+- the engine's static choices (step function, attention op, model shapes,
+  dtype, mesh) and the avals and shardings of the step's arguments.
+
+An entry is the executable as XLA serializes it
+(`jax.experimental.serialize_executable`), stored beside JAX's own entries in
+the compile cache's folder (`executables/`), so `--compile_cache=none` turns
+both off. A key that misses in any part compiles as before; an entry that
+cannot be read or loaded is compiled again and overwritten. A step whose
+attention is a user's function (code we cannot hash) is never cached.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import logging
+import os
+import pickle
+import platform
+import tempfile
+from pathlib import Path
+from typing import Any, Optional
+
+import jax
+import numpy as np
+from jax.experimental import serialize_executable
+
+import pallas_kernels
+from orca_jax.model import compile_cache
+
+__all__ = ["load", "program_key", "store"]
+
+_log = logging.getLogger(__name__)
+_FORMAT = 1  # bump when an entry's layout changes
+_FOLDER = "executables"
+
+
+@functools.lru_cache(maxsize=1)
+def _source_digest() -> str:
+    """sha256 over the path and bytes of every .py file of orca_jax and pallas_kernels."""
+    import orca_jax
+
+    digest = hashlib.sha256()
+    for package in (orca_jax, pallas_kernels):
+        root = Path(package.__file__).resolve().parent
+        for path in sorted(root.rglob("*.py")):
+            digest.update(str(path.relative_to(root.parent)).encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def _environment() -> dict[str, Any]:
+    """What outside the program shapes its lowering and compilation."""
+    import flax
+    import jaxlib
+
+    config = {name: value for name, value in sorted(jax.config.values.items())
+              if isinstance(value, (bool, int, float, str, type(None)))
+              and "compilation_cache" not in name and "persistent_cache" not in name}
+    return {"format": _FORMAT, "python": platform.python_version(), "jax": jax.__version__,
+            "jaxlib": jaxlib.__version__, "flax": flax.__version__, "numpy": np.__version__,
+            "xla_flags": os.environ.get("XLA_FLAGS", ""), "jax_config": config,
+            "devices": [(d.platform, d.device_kind, d.id) for d in jax.devices()],
+            "source": _source_digest()}
+
+
+def _avals(tree: Any) -> str:
+    """The tree's structure and each leaf's shape, dtype and sharding, as text."""
+    leaves, structure = jax.tree.flatten(tree)
+    return json.dumps([str(structure), [(tuple(leaf.shape), str(leaf.dtype),
+                                         str(getattr(leaf, "sharding", None)))
+                                        for leaf in leaves]])
+
+
+def program_key(static: dict[str, Any], args: tuple[Any, ...]) -> str:
+    """The cache key of a compiled step.
+
+    Args:
+      static: the engine's choices baked into the trace (names, configs), as
+        JSON-serializable values or values whose `repr` says all of them.
+      args: the step's arguments (arrays or `jax.ShapeDtypeStruct`s): only
+        their structure, avals and shardings enter the key.
+    """
+    text = json.dumps({"environment": _environment(), "static": static,
+                       "args": _avals(args)}, sort_keys=True, default=repr)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _entry_path(key: str) -> Optional[Path]:
+    folder = compile_cache.current_dir()
+    return None if folder is None else Path(folder) / _FOLDER / f"{key}.pkl"
+
+
+def load(key: str) -> Optional[tuple[jax.stages.Compiled, int]]:
+    """The executable stored under `key` and the XLA compiles it took, or None (no
+    cache, no entry, or an entry that cannot be loaded)."""
+    path = _entry_path(key)
+    if path is None or not path.is_file():
+        return None
+    try:
+        with open(path, "rb") as f:
+            entry = pickle.load(f)
+        if entry.get("format") != _FORMAT:
+            return None
+        compiled = serialize_executable.deserialize_and_load(
+            entry["executable"], entry["in_tree"], entry["out_tree"])
+        return compiled, int(entry["num_compiles"])
+    except Exception as error:  # noqa: BLE001 - any unreadable entry is compiled again
+        _log.warning("executable cache: %s unreadable (%s: %s); compiling again", path,
+                     type(error).__name__, error)
+        return None
+
+
+def store(key: str, compiled: jax.stages.Compiled, num_compiles: int) -> None:
+    """Writes `compiled` under `key` (atomically); a cache that cannot take it is skipped."""
+    path = _entry_path(key)
+    if path is None:
+        return
+    temporary = None
+    try:
+        executable, in_tree, out_tree = serialize_executable.serialize(compiled)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path.parent, suffix=".tmp", delete=False) as f:
+            temporary = f.name
+            pickle.dump({"format": _FORMAT, "executable": executable, "in_tree": in_tree,
+                         "out_tree": out_tree, "num_compiles": num_compiles}, f)
+        os.replace(temporary, path)  # readers see the whole entry or none
+    except Exception as error:  # noqa: BLE001 - the run goes on without the entry
+        _log.warning("executable cache: cannot store %s (%s: %s)", path,
+                     type(error).__name__, error)
+        if temporary is not None and os.path.exists(temporary):
+            os.unlink(temporary)
