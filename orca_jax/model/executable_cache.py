@@ -51,11 +51,9 @@ _FOLDER = "executables"
 @functools.lru_cache(maxsize=1)
 def _source_digest() -> str:
     """sha256 over the path and bytes of every .py file of orca_jax and pallas_kernels."""
-    import orca_jax
-
     digest = hashlib.sha256()
-    for package in (orca_jax, pallas_kernels):
-        root = Path(package.__file__).resolve().parent
+    orca_jax_root = Path(__file__).resolve().parents[1]  # this file is orca_jax/model/...
+    for root in (orca_jax_root, Path(pallas_kernels.__file__).resolve().parent):
         for path in sorted(root.rglob("*.py")):
             digest.update(str(path.relative_to(root.parent)).encode())
             digest.update(path.read_bytes())
