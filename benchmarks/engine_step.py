@@ -15,23 +15,36 @@ tokens of prefill beside decodes), at each context length, one run times:
 - a roofline for each part: max(FLOPs / measured matmul GFLOP/s, bytes /
   measured copy bandwidth), both measured here first.
 
+With `--old_rev REV` (a git revision of this repository), the whole step of the
+engine as it was at REV (its `reference` attention: the path an issue measured
+on that day) is timed too, in a child process on the same shapes and pages, and
+its greedy tokens are compared with the new step's.
+
 Medians of `--repeats` timed runs after one warm run. The load average is
 printed beside the figures: the machine may be shared, so each whole step also
 gets its process CPU time (median over the same runs; XLA's threads included),
 which a busy neighbour inflates far less than the wall clock.
 
     python benchmarks/engine_step.py [--models tiny small] [--kv_lens 128 1024] [--new auto]
+        [--old_rev 9a794d3]
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import io
+import json
 import os
 import platform
 import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
 import time
-from typing import Callable
+from pathlib import Path
+from typing import Callable, Optional
 
 import jax
 import jax.numpy as jnp
@@ -164,15 +177,92 @@ def _roofline(config, bucket: Bucket, kv_len: int, gflops: float, gbs: float
             for name, (flops, nbytes) in parts.items()}
 
 
+REPO = Path(__file__).resolve().parents[1]
+
+# Run in a child process against the code of another revision: the same shapes, pages
+# and token ids as `run_model` (both draw them from `_step_cases` with the same seed),
+# timed the same way; prints {"T,kv": [median seconds, tokens]} as JSON.
+_OLD_STEP_TIMER = """
+import json, statistics, sys, time
+import numpy as np
+from orca_jax.core.engine_api import Bucket
+from orca_jax.core.packing import build_step_inputs
+from orca_jax.model import weights
+from orca_jax.model.engine import JaxEngine
+from orca_jax.specs.model_config import get_model_config
+name, page_size, pages_per_seq, repeats, cases = json.loads(sys.argv[1])
+config = get_model_config(name)
+engine = JaxEngine(config, weights.init_params(config, seed=0), attention="reference",
+                   num_cache_pages=16 * pages_per_seq + 1, page_size=page_size,
+                   pages_per_seq=pages_per_seq)
+buckets = sorted({(c["T"], c["S"]) for c in cases})
+engine.warmup([Bucket(num_tokens=t, num_seqs=s) for t, s in buckets])
+out = {}
+for c in cases:
+    inputs = build_step_inputs(Bucket(num_tokens=c["T"], num_seqs=c["S"]),
+                               num_tokens=np.array(c["q_lens"]),
+                               num_computed=np.array(c["computed"]),
+                               page_rows=np.array(c["rows"], np.int32), page_size=page_size,
+                               token_ids=np.array(c["ids"], np.int32))
+    engine.step(inputs)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        tokens = engine.step(inputs).sampled_tokens
+        times.append(time.perf_counter() - start)
+    out[f"{c['T']},{c['kv']}"] = [statistics.median(times), np.asarray(tokens).tolist()]
+print(json.dumps(out))
+"""
+
+
+def _step_cases(config, kv_lens: list[int], num_pages: int, pages_per_seq: int):
+    """(bucket, kv_len, q_lens, cached, page rows, token ids) of every timed step, drawn
+    from one seeded generator in a fixed order (the old revision's child gets the same)."""
+    rng = np.random.default_rng(0)
+    for kv_len in kv_lens:
+        for bucket in BUCKETS:
+            q_lens, computed = _step_shape(bucket, kv_len)
+            rows = rng.permutation(np.arange(1, num_pages))[:16 * pages_per_seq]
+            rows = rows.reshape(16, pages_per_seq)[:bucket.num_seqs].astype(np.int32)
+            ids = rng.integers(0, config.vocab_size, int(q_lens.sum())).astype(np.int32)
+            yield bucket, kv_len, q_lens, computed, rows, ids
+
+
+def time_old_revision(rev: str, name: str, kv_lens: list[int], repeats: int
+                      ) -> dict[str, tuple[float, list[int]]]:
+    """Whole-step medians and sampled tokens of the engine at git revision `rev`
+    (reference attention), by "T,kv_len", from a child process on that code."""
+    config = get_model_config(name)
+    pages_per_seq = max(kv_lens) // PAGE_SIZE
+    cases = [{"T": b.num_tokens, "S": b.num_seqs, "kv": kv, "q_lens": q.tolist(),
+              "computed": c.tolist(), "rows": r.tolist(), "ids": i.tolist()}
+             for b, kv, q, c, r, i in _step_cases(config, kv_lens, 16 * pages_per_seq + 1,
+                                                  pages_per_seq)]
+    with tempfile.TemporaryDirectory(prefix="engine_step_old_") as folder:
+        archive = subprocess.run(["git", "-C", str(REPO), "archive", rev, "orca_jax",
+                                  "pallas_kernels"], capture_output=True, check=True).stdout
+        with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+            tar.extractall(folder, **({"filter": "data"} if hasattr(tarfile, "data_filter")
+                                      else {}))
+        result = subprocess.run(
+            [sys.executable, "-c", _OLD_STEP_TIMER,
+             json.dumps([name, PAGE_SIZE, pages_per_seq, repeats, cases])],
+            cwd=folder, env=dict(os.environ, PYTHONPATH=folder), capture_output=True, text=True)
+    if result.returncode != 0:
+        sys.exit(f"--old_rev {rev}: the old engine failed:\n{result.stderr[-2000:]}")
+    return {key: (seconds, tokens) for key, (seconds, tokens) in
+            json.loads(result.stdout.strip().splitlines()[-1]).items()}
+
+
 def run_model(name: str, kv_lens: list[int], repeats: int, gflops: float, gbs: float,
-              new_op: str) -> None:
+              new_op: str, old_rev: Optional[str] = None) -> None:
     """Times `name`'s buckets at each context: the reference beside `new_op`, and the parts."""
     config = get_model_config(name)
     params = weights.init_params(config, seed=0)
     graphdef, _ = model_lib.abstract_model(config)
     pages_per_seq = max(kv_lens) // PAGE_SIZE
     num_pages = 16 * pages_per_seq + 1
-    rng = np.random.default_rng(0)
+    old = time_old_revision(old_rev, name, kv_lens, repeats) if old_rev else {}
     engines = {op: JaxEngine(config, params, num_cache_pages=num_pages, page_size=PAGE_SIZE,
                              pages_per_seq=pages_per_seq, attention=op, num_timed_runs=0)
                for op in ("reference", new_op)}
@@ -180,46 +270,48 @@ def run_model(name: str, kv_lens: list[int], repeats: int, gflops: float, gbs: f
         engine.warmup(list(BUCKETS))
     # Donated like the engine's cache (so writes update it in place): the part calls swap it.
     held = {"cache": model_lib.init_kv_cache(config, num_pages=num_pages, page_size=PAGE_SIZE)}
-    for kv_len in kv_lens:
-        for bucket in BUCKETS:
-            q_lens, computed = _step_shape(bucket, kv_len)
-            rows = rng.permutation(np.arange(1, num_pages))[:16 * pages_per_seq]
-            rows = rows.reshape(16, pages_per_seq)[:bucket.num_seqs].astype(np.int32)
-            ids = rng.integers(0, config.vocab_size, int(q_lens.sum())).astype(np.int32)
-            pack = functools.partial(build_step_inputs, bucket, num_tokens=q_lens,
-                                     num_computed=computed, page_rows=rows,
-                                     page_size=PAGE_SIZE, token_ids=ids)
-            inputs = pack()
-            timed = {op: _median_wall_and_cpu_s(lambda e=e: e.step(inputs), repeats)
-                     for op, e in engines.items()}
-            steps = {op: wall for op, (wall, _) in timed.items()}
-            cpu = {op: cpu_s for op, (_, cpu_s) in timed.items()}
-            tokens = {op: e.step(inputs).sampled_tokens for op, e in engines.items()}
-            same = np.array_equal(tokens["reference"], tokens[new_op])
-            host = _median_s(pack, repeats)
-            parts = {part: _median_s(fn, repeats) for part, fn in
-                     _parts(config, graphdef, params, held, jax.device_put(inputs),
-                            {"old": "reference", "new": new_op}).items()}
-            roof = _roofline(config, bucket, kv_len, gflops, gbs)
-            load = os.getloadavg()[0]
-            print(f"\n{name} bucket T={bucket.num_tokens} S={bucket.num_seqs}, every sequence "
-                  f"at context {kv_len} (load {load:.1f})")
-            print(f"  step old (reference)   {steps['reference'] * 1e3:8.2f} ms   "
-                  f"(cpu {cpu['reference'] * 1e3:.2f} ms)")
-            print(f"  step new ({new_op}){' ' * (12 - len(new_op))}"
-                  f"{steps[new_op] * 1e3:8.2f} ms   (cpu {cpu[new_op] * 1e3:.2f} ms)   "
-                  f"{steps['reference'] / steps[new_op]:.2f}x faster "
-                  f"(cpu {cpu['reference'] / cpu[new_op]:.2f}x); "
-                  f"greedy tokens {'identical' if same else 'DIFFER'}")
-            print(f"  {'part':32s} {'measured ms':>12s} {'roofline ms':>12s}")
-            for part, seconds in parts.items():
-                best = roof.get(part.split(" (")[0])
-                roof_text = f"{best * 1e3:12.3f}" if best is not None else f"{'':12s}"
-                print(f"  {part:32s} {seconds * 1e3:12.3f} {roof_text}")
-            print(f"  {'host packing':32s} {host * 1e3:12.3f}")
-            new_sum = sum(v for k, v in parts.items() if "(old)" not in k) + host
-            print(f"  sum of new parts {new_sum * 1e3:.2f} ms vs new step "
-                  f"{steps[new_op] * 1e3:.2f} ms (+ packing, which the step excludes)")
+    for bucket, kv_len, q_lens, computed, rows, ids in _step_cases(config, kv_lens, num_pages,
+                                                                    pages_per_seq):
+        pack = functools.partial(build_step_inputs, bucket, num_tokens=q_lens,
+                                 num_computed=computed, page_rows=rows,
+                                 page_size=PAGE_SIZE, token_ids=ids)
+        inputs = pack()
+        timed = {op: _median_wall_and_cpu_s(lambda e=e: e.step(inputs), repeats)
+                 for op, e in engines.items()}
+        steps = {op: wall for op, (wall, _) in timed.items()}
+        cpu = {op: cpu_s for op, (_, cpu_s) in timed.items()}
+        tokens = {op: e.step(inputs).sampled_tokens for op, e in engines.items()}
+        same = np.array_equal(tokens["reference"], tokens[new_op])
+        host = _median_s(pack, repeats)
+        parts = {part: _median_s(fn, repeats) for part, fn in
+                 _parts(config, graphdef, params, held, jax.device_put(inputs),
+                        {"old": "reference", "new": new_op}).items()}
+        roof = _roofline(config, bucket, kv_len, gflops, gbs)
+        load = os.getloadavg()[0]
+        print(f"\n{name} bucket T={bucket.num_tokens} S={bucket.num_seqs}, every sequence "
+              f"at context {kv_len} (load {load:.1f})")
+        if old:
+            old_s, old_tokens = old[f"{bucket.num_tokens},{kv_len}"]
+            old_same = np.array_equal(old_tokens, tokens[new_op])
+            print(f"  step at {old_rev:<14s} {old_s * 1e3:8.2f} ms   (the engine at that "
+                  f"revision, reference attention)   {old_s / steps[new_op]:.2f}x slower than "
+                  f"new; greedy tokens {'identical' if old_same else 'DIFFER'}")
+        print(f"  step old (reference)   {steps['reference'] * 1e3:8.2f} ms   "
+              f"(cpu {cpu['reference'] * 1e3:.2f} ms)")
+        print(f"  step new ({new_op}){' ' * (12 - len(new_op))}"
+              f"{steps[new_op] * 1e3:8.2f} ms   (cpu {cpu[new_op] * 1e3:.2f} ms)   "
+              f"{steps['reference'] / steps[new_op]:.2f}x faster "
+              f"(cpu {cpu['reference'] / cpu[new_op]:.2f}x); "
+              f"greedy tokens {'identical' if same else 'DIFFER'}")
+        print(f"  {'part':32s} {'measured ms':>12s} {'roofline ms':>12s}")
+        for part, seconds in parts.items():
+            best = roof.get(part.split(" (")[0])
+            roof_text = f"{best * 1e3:12.3f}" if best is not None else f"{'':12s}"
+            print(f"  {part:32s} {seconds * 1e3:12.3f} {roof_text}")
+        print(f"  {'host packing':32s} {host * 1e3:12.3f}")
+        new_sum = sum(v for k, v in parts.items() if "(old)" not in k) + host
+        print(f"  sum of new parts {new_sum * 1e3:.2f} ms vs new step "
+              f"{steps[new_op] * 1e3:.2f} ms (+ packing, which the step excludes)")
 
 
 def main() -> None:
@@ -229,6 +321,9 @@ def main() -> None:
                         help="context lengths every sequence of a step ends at (multiples of "
                              f"{PAGE_SIZE}; the largest sets the page table)")
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--old_rev", default=None,
+                        help="also time the whole step of the engine at this git revision "
+                             "(e.g. the commit an issue measured), in a child process")
     parser.add_argument("--new", default="auto", choices=("auto", "bucketed", "pallas"),
                         help="the op timed beside the reference (auto: pallas on a GPU, "
                              "bucketed elsewhere, as the engine's --attention=auto)")
@@ -242,7 +337,7 @@ def main() -> None:
     print(f"this machine: matmul {gflops:.1f} GFLOP/s, copy {gbs:.1f} GB/s "
           f"(load {os.getloadavg()[0]:.1f})")
     for name in args.models:
-        run_model(name, sorted(args.kv_lens), args.repeats, gflops, gbs, new_op)
+        run_model(name, sorted(args.kv_lens), args.repeats, gflops, gbs, new_op, args.old_rev)
 
 
 if __name__ == "__main__":
