@@ -158,3 +158,17 @@ def test_the_executable_cache_check_passes_on_this_backend():
     folder = compile_cache.current_dir()
     assert executable_cache_check.check("tiny", count=6)
     assert compile_cache.current_dir() == folder  # as it found it
+
+
+def test_the_least_recently_used_entries_go_past_the_size_cap(cache_dir, monkeypatch):
+    from orca_jax.model import executable_cache
+
+    config = get_model_config("tiny")
+    first = _engine(config, seed=0)
+    first.warmup([BUCKET])
+    (old_entry,) = (cache_dir / "executables").iterdir()
+    os.utime(old_entry, (1, 1))  # long unused
+    monkeypatch.setattr(executable_cache, "MAX_BYTES", old_entry.stat().st_size + 1)
+    _engine(config, seed=0).warmup([Bucket(num_tokens=16, num_seqs=8)])
+    (kept,) = (cache_dir / "executables").iterdir()  # the new one alone fits under the cap
+    assert kept != old_entry

@@ -46,6 +46,9 @@ __all__ = ["load", "program_key", "store"]
 _log = logging.getLogger(__name__)
 _FORMAT = 1  # bump when an entry's layout changes
 _FOLDER = "executables"
+# Every edit of the source keys new entries, so the folder would only grow: past this
+# many bytes the least recently used entries go (a load marks its entry used).
+MAX_BYTES = 2 << 30
 
 
 @functools.lru_cache(maxsize=1)
@@ -115,6 +118,7 @@ def load(key: str) -> Optional[tuple[jax.stages.Compiled, int]]:
             return None
         compiled = serialize_executable.deserialize_and_load(
             entry["executable"], entry["in_tree"], entry["out_tree"])
+        os.utime(path)  # used now: the last to be evicted
         return compiled, int(entry["num_compiles"])
     except Exception as error:  # noqa: BLE001 - any unreadable entry is compiled again
         _log.warning("executable cache: %s unreadable (%s: %s); compiling again", path,
@@ -136,8 +140,29 @@ def store(key: str, compiled: jax.stages.Compiled, num_compiles: int) -> None:
             pickle.dump({"format": _FORMAT, "executable": executable, "in_tree": in_tree,
                          "out_tree": out_tree, "num_compiles": num_compiles}, f)
         os.replace(temporary, path)  # readers see the whole entry or none
+        _evict(path.parent, keep=path)
     except Exception as error:  # noqa: BLE001 - the run goes on without the entry
         _log.warning("executable cache: cannot store %s (%s: %s)", path,
                      type(error).__name__, error)
         if temporary is not None and os.path.exists(temporary):
             os.unlink(temporary)
+
+
+def _evict(folder: Path, keep: Path, max_bytes: Optional[int] = None) -> None:
+    """Deletes the least recently used entries of `folder` until it holds at most
+    `max_bytes` (`MAX_BYTES` by default), never `keep`."""
+    limit = MAX_BYTES if max_bytes is None else max_bytes
+    entries = []
+    for path in folder.glob("*.pkl"):
+        try:
+            stat = path.stat()
+        except FileNotFoundError:  # another process evicted it
+            continue
+        entries.append((stat.st_mtime, stat.st_size, path))
+    total = sum(size for _, size, _ in entries)
+    for _, size, path in sorted(entries):
+        if total <= limit:
+            break
+        if path != keep:
+            path.unlink(missing_ok=True)
+            total -= size
