@@ -44,10 +44,13 @@ from orca_jax.workloads.synthetic import synthetic_workload
 def _engine(model, config: SchedulerConfig, *, feed: bool) -> JaxEngine:
     # The in-step engine measures each step (clock=wall: its step_s is the device time);
     # the overlapped one prices a step by its bucket's warm-up median, known at dispatch.
+    # The attention a run gets by default (--attention=auto).
+    attention = "pallas" if jax.default_backend() == "gpu" else "bucketed"
     engine = JaxEngine(model, weights.init_params(model, seed=0),
                        num_cache_pages=config.num_kv_pages + 1, page_size=config.page_size,
                        pages_per_seq=-(-config.max_model_len // config.page_size),
-                       clock="bucket" if feed else "wall", feed_tokens=feed)
+                       clock="bucket" if feed else "wall", feed_tokens=feed,
+                       attention=attention)
     engine.warmup(bucket_config_for(max_num_tokens=config.max_num_tokens,
                                     max_num_seqs=config.max_num_seqs,
                                     max_model_len=config.max_model_len,
@@ -81,7 +84,8 @@ def main() -> None:
     print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
           f"jax {jax.__version__} on {jax.default_backend()}; load average at start "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    print(f"# orca, burst of {args.num_requests} requests, prompt {args.prompt_len}, output "
+    print(f"# attention {'pallas' if jax.default_backend() == 'gpu' else 'bucketed'}; "
+          f"orca, burst of {args.num_requests} requests, prompt {args.prompt_len}, output "
           f"{args.output_len}, max_num_seqs={args.max_num_seqs}, "
           f"max_num_tokens={args.max_num_tokens}; ms per step")
     header = (f"{'model':6} {'rep':>3} {'steps':>5} {'host':>7} {'device':>7} {'sum':>7} "
