@@ -162,3 +162,32 @@ def test_a_reproduction_on_ray_stores_and_tabulates_what_a_serial_one_does(tmp_p
     for table in ("curves.json", "ratios.json"):
         assert (json.loads((tmp_path / "ray" / table).read_text())
                 == json.loads((tmp_path / "serial" / table).read_text())), table
+
+
+def test_a_fitted_ladder_is_fitted_once_per_rate_and_seed_in_the_driver(tmp_path, monkeypatch):
+    # Two policies share each (rate, seed)'s fit: the driver fits 2 ladders for 4 points,
+    # and every point stores the fit a serial sweep stores.
+    from orca_jax.runner import ray_sweep
+    from orca_jax.runner.sweep_point import PolicyRun, SweepExecutor
+
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    spec = RunSpec(workload=WorkloadSpec(num_requests=16, prompt_len="uniform:8:64",
+                                         output_len="uniform:1:24"),
+                   engine=SimEngineSpec(model="tiny", step_time_ms=5.0),
+                   limits=LimitsSpec(max_num_seqs=4, bucket_ladder="fit:3"))
+    policies = [PolicyRun("static", "static"), PolicyRun("orca", "orca")]
+    fitted = []
+    fit = ray_sweep.with_fitted_buckets
+
+    def counting(point, requests):
+        fitted.append(point.workload.rate)
+        return fit(point, requests)
+
+    monkeypatch.setattr(ray_sweep, "with_fitted_buckets", counting)
+    sweep.run_sweep(spec, policies, [2.0, 8.0], [0], str(tmp_path / "ray"),
+                    executor=SweepExecutor("ray", num_cpus=2))
+    assert sorted(fitted) == [2.0, 8.0]
+    sweep.run_sweep(spec, policies, [2.0, 8.0], [0], str(tmp_path / "serial"))
+
+    ray_points, serial_points = _store(tmp_path / "ray"), _store(tmp_path / "serial")
+    assert len(ray_points) == 4 and ray_points == serial_points  # padding follows the fit

@@ -6,7 +6,9 @@ alone appends finished points to the store, as they finish, so the store's
 format, its resumption and its refusal of a changed workload are those of a
 serial sweep. A point's result does not depend on where it ran: its workload
 and engine follow from its spec and seed (a serial sweep shares one engine
-between a seed's points only to compile once).
+between a seed's points only to compile once). A `fit:K` ladder is fitted in the
+driver, once per rate and seed, and every policy's task there gets the fitted
+spec, as in a serial sweep.
 
 With `saturated`, a policy's rates still go in ascending order: the next row
 (its seeds at the next rate) is submitted when the row before has finished and
@@ -22,6 +24,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 from orca_jax.core.run_result import RunResult
 from orca_jax.results.sweep_store import PointKey
+from orca_jax.runner.bucket_pilot import BucketFit, needs_fit, with_fitted_buckets
 from orca_jax.runner.build import build_engine, scheduler_config
 from orca_jax.runner.spec import RunSpec
 from orca_jax.runner.sweep_point import (
@@ -37,17 +40,18 @@ from orca_jax.runner.sweep_point import (
 )
 
 
-def _point_task(key: PointKey, spec: RunSpec, run: PolicyRun, build_per_point: bool,
+def _point_task(key: PointKey, spec: RunSpec, this_spec: RunSpec,
+                bucket_fit: Optional[BucketFit], run: PolicyRun, build_per_point: bool,
                 run_dir: Optional[str],
                 extra_metrics: Optional[Callable[[RunResult], Mapping[str, object]]],
                 cwd: str) -> PointOutcome:
-    """One point, in a Ray worker: the workload and engine of its spec, then `run_point`."""
+    """One point, in a Ray worker: the workload of the sweep's `spec` at the point, the
+    engine of the point's (fitted) `this_spec`, then `run_point`."""
     os.chdir(cwd)  # relative paths (a `file.py:Class` policy, a trace) as the driver saw them
-    this_spec = point_spec(spec, key.rate, key.seed)
     return run_point(key, this_spec, run,
                      lambda: PointWorkloads(spec, build_per_point).at(key.rate, key.seed),
                      lambda: build_engine(this_spec, scheduler_config(this_spec)),
-                     run_dir, extra_metrics)
+                     run_dir, extra_metrics, bucket_fit)
 
 
 def import_ray() -> Any:
@@ -91,6 +95,20 @@ def run_rows_on_ray(executor: SweepExecutor, spec: RunSpec,
                  include_dashboard=False, logging_level="WARNING", log_to_driver=False)
     task = ray.remote(num_cpus=1)(_point_task)
     cwd = os.getcwd()
+    workloads = PointWorkloads(spec, build_per_point)
+    fits: dict[tuple[float, int], tuple[RunSpec, Optional[BucketFit]]] = {}
+
+    def fitted(rate: float, seed: int) -> tuple[RunSpec, Optional[BucketFit]]:
+        """The point spec with its `fit:K` sizes, fitted here once per rate and seed and
+        shared by every policy's task there (as a serial sweep does)."""
+        if (rate, seed) not in fits:
+            unfitted = point_spec(spec, rate, seed)
+            try:
+                fits[rate, seed] = (with_fitted_buckets(unfitted, workloads.at(rate, seed))
+                                    if needs_fit(unfitted) else (unfitted, None))
+            except Exception:  # noqa: BLE001 -- the point's own run fails on it, recorded
+                fits[rate, seed] = unfitted, None
+        return fits[rate, seed]
     # Each policy's rows in order; with `saturated` only one row of a policy is in flight.
     queues: dict[str, list[float]] = {}
     for run, rate in rows:
@@ -107,8 +125,10 @@ def run_rows_on_ray(executor: SweepExecutor, spec: RunSpec,
             row = [PointKey(label, rate, int(seed)) for seed in seeds]
             todo = [k for k in row if k not in points or points[k].get("error")]
             for key in todo:
-                ref = task.remote(key, spec, runs[label], build_per_point,
-                                  point_run_dir(out_dir, key, point_runs), extra_metrics, cwd)
+                this_spec, bucket_fit = fitted(key.rate, key.seed)
+                ref = task.remote(key, spec, this_spec, bucket_fit, runs[label],
+                                  build_per_point, point_run_dir(out_dir, key, point_runs),
+                                  extra_metrics, cwd)
                 in_flight[ref] = key
             if saturated is None:
                 continue
