@@ -195,7 +195,8 @@ def parse_flags(flag_values: flags.FlagValues,
       app.UsageError: a flag is unknown or its value bad (one line naming it).
     """
     argv = list(sys.argv[1:] if argv is None else argv)
-    flag_values.unparse_flags()
+    if flag_values.is_parsed():  # parse again from the defaults (absl logs a line for it)
+        flag_values.unparse_flags()
     try:
         rest = flag_values([sys.argv[0], *argv])
     except flags.Error as e:
