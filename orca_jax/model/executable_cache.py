@@ -7,9 +7,10 @@ README's main job. This cache sits in front of it, keyed by everything the
 lowered program is a function of:
 
 - the source of every module the step can run (`orca_jax`, `pallas_kernels`),
-- the versions of python, jax, jaxlib, flax and numpy, JAX's configuration
-  and `XLA_FLAGS`,
-- the devices (platform, kinds, ids),
+- the versions of python, flax, numpy and every jax distribution (jaxlib, the
+  CUDA plugins), JAX's configuration and `XLA_FLAGS`,
+- the host CPU (model and feature flags: XLA:CPU compiles for them) and the
+  devices (platform and its version, kinds, ids),
 - the engine's static choices (step function, attention op, model shapes,
   dtype, mesh) and the avals and shardings of the step's arguments.
 
@@ -63,16 +64,45 @@ def _source_digest() -> str:
     return digest.hexdigest()
 
 
+@functools.lru_cache(maxsize=1)
+def _host_cpu() -> tuple[str, str]:
+    """The host's architecture and CPU model and feature flags (Linux's /proc/cpuinfo):
+    XLA:CPU compiles for the features it finds, so an entry made on one machine must not
+    load on another (a cache folder on a shared home directory)."""
+    described = ""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            lines = f.read().split("\n\n", 1)[0].splitlines()  # the first processor
+        described = "\n".join(line for line in lines
+                              if line.split(":")[0].strip() in ("model name", "flags"))
+    except OSError:  # not Linux: the processor string is what there is
+        described = platform.processor()
+    return platform.machine(), hashlib.sha256(described.encode()).hexdigest()
+
+
+@functools.lru_cache(maxsize=1)
+def _package_versions() -> dict[str, str]:
+    """Versions of the packages that trace and compile the step: flax, numpy, and every
+    installed jax distribution (jax, jaxlib, the CUDA plugins, which hold XLA:GPU)."""
+    from importlib import metadata
+
+    versions = {}
+    for dist in metadata.distributions():
+        name = (dist.metadata["Name"] or "").lower().replace("_", "-")
+        if name.startswith("jax") or name in ("flax", "numpy", "ml-dtypes"):
+            versions[name] = dist.version
+    return dict(sorted(versions.items()))
+
+
 def _environment() -> dict[str, Any]:
     """What outside the program shapes its lowering and compilation."""
-    import flax
-    import jaxlib
-
     config = {name: value for name, value in sorted(jax.config.values.items())
               if isinstance(value, (bool, int, float, str, type(None)))
               and "compilation_cache" not in name and "persistent_cache" not in name}
+    backend = jax.devices()[0].client
     return {"format": _FORMAT, "python": platform.python_version(), "jax": jax.__version__,
-            "jaxlib": jaxlib.__version__, "flax": flax.__version__, "numpy": np.__version__,
+            "numpy": np.__version__, "packages": _package_versions(), "cpu": _host_cpu(),
+            "platform_version": backend.platform_version,
             "xla_flags": os.environ.get("XLA_FLAGS", ""), "jax_config": config,
             "devices": [(d.platform, d.device_kind, d.id) for d in jax.devices()],
             "source": _source_digest()}
