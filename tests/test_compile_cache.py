@@ -172,3 +172,22 @@ def test_the_least_recently_used_entries_go_past_the_size_cap(cache_dir, monkeyp
     _engine(config, seed=0).warmup([Bucket(num_tokens=16, num_seqs=8)])
     (kept,) = (cache_dir / "executables").iterdir()  # the new one alone fits under the cap
     assert kept != old_entry
+
+
+def test_a_backend_that_cannot_serialize_keeps_jax_s_cache(cache_dir, monkeypatch, caplog):
+    from orca_jax.model import executable_cache
+
+    def cannot(compiled):
+        raise NotImplementedError("no serialization here")
+
+    monkeypatch.setattr(executable_cache.serialize_executable, "serialize", cannot)
+    monkeypatch.setattr(executable_cache, "_serialize_failed", False)
+    config = get_model_config("tiny")
+    _engine(config, seed=0).warmup([BUCKET])  # compiled (bypassing JAX's cache), not stored
+    assert "do not serialize" in caplog.text and not executable_cache.usable()
+    first = _engine(config, seed=0)
+    first.warmup([Bucket(num_tokens=16, num_seqs=8)])  # JAX's cache written again
+    second = _engine(config, seed=0)
+    second.warmup([Bucket(num_tokens=16, num_seqs=8)])
+    assert second.facts()["compile_cache_hit"] and second.facts()["executables_loaded"] == 0
+    assert not (cache_dir / "executables").exists()

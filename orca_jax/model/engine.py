@@ -310,8 +310,8 @@ class JaxEngine(Engine):
         it (no trace, no lowering), else compiled and stored there. A loaded program
         counts the compiles (and cache hits) it took when it was stored."""
         key = None
-        if (compile_cache.current_dir() is not None and isinstance(self.attention, str)
-                and not self._multiprocess):
+        if (compile_cache.current_dir() is not None and executable_cache.usable()
+                and isinstance(self.attention, str) and not self._multiprocess):
             key = executable_cache.program_key(self._static_choices(), args)
             loaded = executable_cache.load(key)
             if loaded is not None:

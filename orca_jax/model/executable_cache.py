@@ -42,7 +42,7 @@ from jax.experimental import serialize_executable
 import pallas_kernels
 from orca_jax.model import compile_cache
 
-__all__ = ["load", "program_key", "store"]
+__all__ = ["load", "program_key", "store", "usable"]
 
 _log = logging.getLogger(__name__)
 _FORMAT = 1  # bump when an entry's layout changes
@@ -50,6 +50,14 @@ _FOLDER = "executables"
 # Every edit of the source keys new entries, so the folder would only grow: past this
 # many bytes the least recently used entries go (a load marks its entry used).
 MAX_BYTES = 2 << 30
+# Set when this backend cannot serialize an executable: the engine then stops keying and
+# storing (and so stops bypassing JAX's own cache, which compiles it what it stored).
+_serialize_failed = False
+
+
+def usable() -> bool:
+    """Whether steps are worth keying here: False once serializing one has failed."""
+    return not _serialize_failed
 
 
 @functools.lru_cache(maxsize=1)
@@ -161,9 +169,16 @@ def store(key: str, compiled: jax.stages.Compiled, num_compiles: int) -> None:
     path = _entry_path(key)
     if path is None:
         return
-    temporary = None
+    global _serialize_failed
     try:
         executable, in_tree, out_tree = serialize_executable.serialize(compiled)
+    except Exception as error:  # noqa: BLE001 - e.g. a backend that cannot serialize
+        _serialize_failed = True
+        _log.warning("executable cache: off in this process, this backend's executables "
+                     "do not serialize (%s: %s)", type(error).__name__, error)
+        return
+    temporary = None
+    try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=path.parent, suffix=".tmp", delete=False) as f:
             temporary = f.name
