@@ -19,7 +19,10 @@ An entry is the executable as XLA serializes it
 the compile cache's folder (`executables/`), so `--compile_cache=none` turns
 both off. A key that misses in any part compiles as before; an entry that
 cannot be read or loaded is compiled again and overwritten. A step whose
-attention is a user's function (code we cannot hash) is never cached.
+attention is a user's function (code we cannot hash) is never cached. What it
+stores is compiled afresh (`compile_cache.bypassed`): an XLA:CPU executable that
+JAX loaded from its own cache serializes into an entry that fails when run. The
+folder keeps at most `MAX_BYTES`, the least recently used entries going first.
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ _FOLDER = "executables"
 # many bytes the least recently used entries go (a load marks its entry used).
 MAX_BYTES = 2 << 30
 # Set when this backend cannot serialize an executable: the engine then stops keying and
-# storing (and so stops bypassing JAX's own cache, which compiles it what it stored).
+# storing steps, and its compiles go through JAX's own cache again (`usable`).
 _serialize_failed = False
 
 
@@ -77,7 +80,6 @@ def _host_cpu() -> tuple[str, str]:
     """The host's architecture and CPU model and feature flags (Linux's /proc/cpuinfo):
     XLA:CPU compiles for the features it finds, so an entry made on one machine must not
     load on another (a cache folder on a shared home directory)."""
-    described = ""
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
             lines = f.read().split("\n\n", 1)[0].splitlines()  # the first processor
