@@ -26,7 +26,7 @@ gets its process CPU time (median over the same runs; XLA's threads included),
 which a busy neighbour inflates far less than the wall clock.
 
     python benchmarks/engine_step.py [--models tiny small] [--kv_lens 128 1024] [--new auto]
-        [--old_rev 9a794d3]
+        [--old_rev 8729958]  # the engine issue 18 measured
 """
 
 from __future__ import annotations
