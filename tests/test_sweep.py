@@ -2,20 +2,18 @@
 
 import dataclasses
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from cli_runner import run_sweep
 
 from orca_jax.results.sweep_store import PointKey, SweepConfigError, SweepStore, aggregate, grid
 from orca_jax.runner import sweep
 from orca_jax.runner.build import build_workload
 from orca_jax.runner.spec import LimitsSpec, RunSpec, SimEngineSpec, WorkloadSpec
 
-REPO = Path(__file__).resolve().parents[1]
 # 2 policies x 2 rates x 2 seeds = 8 points of 12 requests at a fixed 5 ms step.
 ARGS = ["--engine=sim", "--policies=static,orca", "--rates=2,8", "--seeds=0,1", "--num_requests=12",
         "--model=tiny", "--step_time_ms=5", "--max_num_seqs=4", "--prompt_len=uniform:8:64",
@@ -23,13 +21,7 @@ ARGS = ["--engine=sim", "--policies=static,orca", "--rates=2,8", "--seeds=0,1", 
 
 
 def _sweep(out_dir: Path, *extra: str, exit_after: int = 0) -> subprocess.CompletedProcess:
-    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    env.pop(sweep.EXIT_AFTER_ENV, None)
-    if exit_after:
-        env[sweep.EXIT_AFTER_ENV] = str(exit_after)
-    return subprocess.run([sys.executable, "-m", "experiments.sweep", *ARGS, *extra,
-                           f"--out_dir={out_dir}"], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=120)
+    return run_sweep(out_dir, *ARGS, *extra, exit_after=exit_after)
 
 
 def _lines(out_dir: Path) -> list[bytes]:

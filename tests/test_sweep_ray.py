@@ -2,12 +2,12 @@
 raises is stored failed with its error, on either executor, and the sweep goes on."""
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from cli_runner import REPO, run_sweep
 
 from orca_jax.results.sweep_store import PointKey, SweepStore
 from orca_jax.runner import sweep
@@ -15,7 +15,6 @@ from orca_jax.runner.spec import LimitsSpec, RunSpec, SimEngineSpec, WorkloadSpe
 
 pytest.importorskip("ray")
 
-REPO = Path(__file__).resolve().parents[1]
 # 3 policies x 2 rates x 2 seeds = 12 points of 12 requests at a fixed 5 ms step; `boom`
 # raises at its third step, so its 4 points fail.
 ARGS = ["--engine=sim", "--policies=static,orca,boom=tests/plugins/raising_policy.py:RaisesAtStep",
@@ -28,13 +27,8 @@ VARIES = ("session", "finished_at", "wall_s")
 
 
 def _sweep(out_dir: Path, *extra: str, exit_after: int = 0) -> subprocess.CompletedProcess:
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "RAY_AUTH_MODE": "disabled"}
-    env.pop(sweep.EXIT_AFTER_ENV, None)
-    if exit_after:
-        env[sweep.EXIT_AFTER_ENV] = str(exit_after)
-    return subprocess.run([sys.executable, "-m", "experiments.sweep", *ARGS, *extra,
-                           f"--out_dir={out_dir}"], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=300)
+    return run_sweep(out_dir, *ARGS, *extra, exit_after=exit_after,
+                     env={"RAY_AUTH_MODE": "disabled"})
 
 
 def _store(out_dir: Path) -> dict[tuple, dict]:
@@ -167,7 +161,7 @@ def test_a_reproduction_on_ray_stores_and_tabulates_what_a_serial_one_does(tmp_p
 def test_a_fitted_ladder_is_fitted_once_per_rate_and_seed_in_the_driver(tmp_path, monkeypatch):
     # Two policies share each (rate, seed)'s fit: the driver fits 2 ladders for 4 points,
     # and every point stores the fit a serial sweep stores.
-    from orca_jax.runner import ray_sweep
+    from orca_jax.runner import sweep_point
     from orca_jax.runner.sweep_point import PolicyRun, SweepExecutor
 
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
@@ -177,13 +171,13 @@ def test_a_fitted_ladder_is_fitted_once_per_rate_and_seed_in_the_driver(tmp_path
                    limits=LimitsSpec(max_num_seqs=4, bucket_ladder="fit:3"))
     policies = [PolicyRun("static", "static"), PolicyRun("orca", "orca")]
     fitted = []
-    fit = ray_sweep.with_fitted_buckets
+    fit = sweep_point.with_fitted_buckets
 
     def counting(point, requests):
         fitted.append(point.workload.rate)
         return fit(point, requests)
 
-    monkeypatch.setattr(ray_sweep, "with_fitted_buckets", counting)
+    monkeypatch.setattr(sweep_point, "with_fitted_buckets", counting)
     sweep.run_sweep(spec, policies, [2.0, 8.0], [0], str(tmp_path / "ray"),
                     executor=SweepExecutor("ray", num_cpus=2))
     assert sorted(fitted) == [2.0, 8.0]

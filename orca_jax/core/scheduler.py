@@ -382,7 +382,7 @@ class Scheduler:
         # Only the pages of the step's widest context: a row's later pages (reserved ahead,
         # or null) are never read by this step, and copying max_model_len-wide rows would
         # make the host's page-table work grow with max_model_len instead of the contexts.
-        width = -(-int(kv_lens.max()) // self.config.page_size)
+        width = int(self.kv.pages_for_tokens(kv_lens.max()))
         num_real_tokens = int(tokens.sum())
         packed = pack_step(bucket_config=self.bucket_config, request_ids=ids, num_tokens=tokens,
                            num_computed=num_computed,

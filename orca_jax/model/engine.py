@@ -11,6 +11,7 @@ would show in `num_compiles`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -321,11 +322,9 @@ class JaxEngine(Engine):
                 self._num_executables_loaded += 1
                 return compiled
         before, hits_before = backend_compiles(), cache_hits()
-        if key is None:
+        # What the executable cache stores must be compiled here, not loaded from JAX's.
+        with compile_cache.bypassed() if key is not None else contextlib.nullcontext():
             compiled = self._jitted.lower(*args).compile()
-        else:
-            with compile_cache.bypassed():  # what it stores must be compiled here
-                compiled = self._jitted.lower(*args).compile()
         count = backend_compiles() - before
         self._num_compiles += count
         self._num_cache_hits += cache_hits() - hits_before

@@ -33,7 +33,7 @@ import time
 import traceback
 import uuid
 from pathlib import Path
-from typing import IO, Any, Iterable, Mapping, Optional, Union
+from typing import IO, Any, Callable, Iterable, Mapping, Optional, Union
 
 from orca_jax.core.json_files import (
     to_json_value,
@@ -204,21 +204,20 @@ class RunFolder:
 
     def write_rows(self, name: str, rows: Iterable[Mapping[str, Any]]) -> None:
         """Writes `name` whole (replacing its streamed version) from `rows`, one by one."""
-        def write() -> None:
-            stream = self._streams.pop(name, None)
-            if stream is not None:
-                stream.close()
-            write_jsonl_atomic(self.staging / name, rows)
-        self._guard(write)
+        self._replace_streamed(name, lambda: write_jsonl_atomic(self.staging / name, rows))
 
     def write_lines(self, name: str, lines: Iterable[str]) -> None:
         """`write_rows` of rows already encoded (one JSON text each, no newline)."""
-        def write() -> None:
+        self._replace_streamed(name, lambda: write_lines_atomic(self.staging / name, lines))
+
+    def _replace_streamed(self, name: str, write: Callable[[], None]) -> None:
+        """Closes `name`'s stream, if any, then `write`s the whole file (guarded)."""
+        def replace() -> None:
             stream = self._streams.pop(name, None)
             if stream is not None:
                 stream.close()
-            write_lines_atomic(self.staging / name, lines)
-        self._guard(write)
+            write()
+        self._guard(replace)
 
     def keep_streamed(self, name: str) -> None:
         """Keeps the streamed `name` as the final file (it already holds every row)."""

@@ -185,7 +185,6 @@ def _jax_engine(spec: RunSpec, engine: JaxEngineSpec, config: SchedulerConfig) -
                          table_file=engine.profile_table, identity=identity)
 
 
-
 def build_cluster(spec: RunSpec, policy_spec: str, policy_options: Optional[Mapping[str, str]],
                   config: SchedulerConfig, workload: list[Request]) -> Cluster:
     """`spec.cluster.num_replicas` simulated replicas of `policy_spec` behind

@@ -24,17 +24,17 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 from orca_jax.core.run_result import RunResult
 from orca_jax.results.sweep_store import PointKey
-from orca_jax.runner.bucket_pilot import BucketFit, needs_fit, with_fitted_buckets
+from orca_jax.runner.bucket_pilot import BucketFit
 from orca_jax.runner.build import build_engine, scheduler_config
 from orca_jax.runner.spec import RunSpec
 from orca_jax.runner.sweep_point import (
     PointOutcome,
+    PointSpecs,
     PointWorkloads,
     PolicyRun,
     SweepError,
     SweepExecutor,
     point_run_dir,
-    point_spec,
     row_saturated,
     run_point,
 )
@@ -95,20 +95,8 @@ def run_rows_on_ray(executor: SweepExecutor, spec: RunSpec,
                  include_dashboard=False, logging_level="WARNING", log_to_driver=False)
     task = ray.remote(num_cpus=1)(_point_task)
     cwd = os.getcwd()
-    workloads = PointWorkloads(spec, build_per_point)
-    fits: dict[tuple[float, int], tuple[RunSpec, Optional[BucketFit]]] = {}
-
-    def fitted(rate: float, seed: int) -> tuple[RunSpec, Optional[BucketFit]]:
-        """The point spec with its `fit:K` sizes, fitted here once per rate and seed and
-        shared by every policy's task there (as a serial sweep does)."""
-        if (rate, seed) not in fits:
-            unfitted = point_spec(spec, rate, seed)
-            try:
-                fits[rate, seed] = (with_fitted_buckets(unfitted, workloads.at(rate, seed))
-                                    if needs_fit(unfitted) else (unfitted, None))
-            except Exception:  # noqa: BLE001 -- the point's own run fails on it, recorded
-                fits[rate, seed] = unfitted, None
-        return fits[rate, seed]
+    # Fitted here, in the driver: every policy's task at a rate and seed gets the same fit.
+    specs = PointSpecs(spec, PointWorkloads(spec, build_per_point))
     # Each policy's rows in order; with `saturated` only one row of a policy is in flight.
     queues: dict[str, list[float]] = {}
     for run, rate in rows:
@@ -125,7 +113,7 @@ def run_rows_on_ray(executor: SweepExecutor, spec: RunSpec,
             row = [PointKey(label, rate, int(seed)) for seed in seeds]
             todo = [k for k in row if k not in points or points[k].get("error")]
             for key in todo:
-                this_spec, bucket_fit = fitted(key.rate, key.seed)
+                this_spec, bucket_fit = specs.at(key.rate, key.seed)
                 ref = task.remote(key, spec, this_spec, bucket_fit, runs[label],
                                   build_per_point, point_run_dir(out_dir, key, point_runs),
                                   extra_metrics, cwd)

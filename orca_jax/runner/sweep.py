@@ -27,12 +27,12 @@ from orca_jax.core.policy import make_policy, parse_options, resolve_policy_clas
 from orca_jax.core.run_result import RunResult
 from orca_jax.results.run_folder import check_writable_dir
 from orca_jax.results.sweep_store import PointKey, SweepLock, SweepStore, point_key
-from orca_jax.runner.bucket_pilot import BucketFit, with_fitted_buckets
 from orca_jax.runner.build import build_engine, scheduler_config
 from orca_jax.runner.progress import Progress
 from orca_jax.runner.spec import JaxEngineSpec, RunSpec
 from orca_jax.runner.sweep_point import (
     PointOutcome,
+    PointSpecs,
     PointWorkloads,
     PolicyRun,
     SweepError,
@@ -250,8 +250,8 @@ def _run_rows_serially(spec: RunSpec, rows: Sequence[tuple[PolicyRun, float]],
     """Runs the rows' missing points in this process, one engine per seed, and one fitted
     ladder (`fit:K`) per rate and seed, shared by every policy there."""
     workloads = PointWorkloads(spec, build_per_point)
+    specs = PointSpecs(spec, workloads)
     engines: dict[int, Engine] = {}
-    fits: dict[tuple[float, int], tuple[RunSpec, Optional[BucketFit]]] = {}
     done_policies: set[str] = set()
     for run, rate in rows:
         if run.label in done_policies:
@@ -261,14 +261,7 @@ def _run_rows_serially(spec: RunSpec, rows: Sequence[tuple[PolicyRun, float]],
             if key in points and not points[key].get("error"):
                 continue
             record.running(f"running {key.policy} rate={key.rate:g} seed={key.seed}")
-            if (rate, key.seed) not in fits:
-                unfitted = point_spec(spec, rate, key.seed)
-                try:
-                    fits[rate, key.seed] = with_fitted_buckets(unfitted,
-                                                               workloads.at(rate, key.seed))
-                except Exception:  # noqa: BLE001 -- the point's own run fails on it, recorded
-                    fits[rate, key.seed] = unfitted, None
-            this_spec, bucket_fit = fits[rate, key.seed]
+            this_spec, bucket_fit = specs.at(rate, key.seed)
 
             def engine_of_seed(seed: int = key.seed, this_spec: RunSpec = this_spec) -> Engine:
                 if seed not in engines:

@@ -16,7 +16,7 @@ from orca_jax.core.engine_api import Engine
 from orca_jax.core.request import Request
 from orca_jax.core.run_result import RunResult
 from orca_jax.results.sweep_store import PointKey
-from orca_jax.runner.bucket_pilot import BucketFit
+from orca_jax.runner.bucket_pilot import BucketFit, needs_fit, with_fitted_buckets
 from orca_jax.runner.build import build_workload
 from orca_jax.runner.experiment import run_policy
 from orca_jax.runner.spec import RunSpec
@@ -116,6 +116,27 @@ class PointWorkloads:
         if seed not in self._at_rate_1:
             self._at_rate_1[seed] = build_workload(point_spec(self.spec, 1.0, seed))
         return workload_at(self.spec, self._at_rate_1[seed], rate)
+
+
+class PointSpecs:
+    """Each point's spec with its `fit:K` sizes, fitted once per rate and seed and shared
+    by every policy there (the pilot's policy is fixed, so the fit is theirs alike)."""
+
+    def __init__(self, spec: RunSpec, workloads: PointWorkloads) -> None:
+        self.spec, self.workloads = spec, workloads
+        self._fits: dict[tuple[float, int], tuple[RunSpec, Optional[BucketFit]]] = {}
+
+    def at(self, rate: float, seed: int) -> tuple[RunSpec, Optional[BucketFit]]:
+        """The point's spec (fitted) and how it was fitted (None: nothing to fit)."""
+        if (rate, seed) not in self._fits:
+            unfitted = point_spec(self.spec, rate, seed)
+            try:
+                self._fits[rate, seed] = (
+                    with_fitted_buckets(unfitted, self.workloads.at(rate, seed))
+                    if needs_fit(unfitted) else (unfitted, None))
+            except Exception:  # noqa: BLE001 -- the point's own run fails on it, recorded
+                self._fits[rate, seed] = unfitted, None
+        return self._fits[rate, seed]
 
 
 @dataclasses.dataclass(frozen=True)
