@@ -323,7 +323,10 @@ def roofline_max_cost(config: CostModelConfig, q_lens: NDArray[np.int64],
                  + float(k.sum()) * kv_bytes_per_token(model, dtype_bytes))
     linear_flops = (2.0 * model.non_embedding_params * num_tokens
                     + 2.0 * model.d_model * model.vocab_size * q.shape[0])
-    attended = float(np.dot(q, k - (q - 1.0) / 2.0))
+    # Query j of a chunk of q sees k - q + j + 1 keys: q(2k-q+1)/2 pairs, an integer, summed
+    # exactly in int64 (np.dot would call BLAS, whose kernels differ by CPU).
+    q_int, k_int = np.asarray(q_lens, np.int64), np.asarray(kv_lens, np.int64)
+    attended = float(int((q_int * (2 * k_int - q_int + 1)).sum()) // 2)
     attention_flops = 4.0 * model.num_layers * model.num_q_heads * model.head_dim * attended
     num_flops = linear_flops + attention_flops
     allreduce_s = 0.0

@@ -207,14 +207,14 @@ class PerOpRoofline:
         if per_token is None:
             units = np.full(len(OPERATIONS), float(num_tokens))
             units[[_DECODE, _PREFILL, _LM_HEAD]] = 0.0
-            per_token = (float(np.dot(self.launch_seconds(units, units), self._launches))
+            per_token = (_exact_dot(self.launch_seconds(units, units), self._launches)
                          + self.allreduce_seconds(num_tokens))
             self._per_token_s[num_tokens] = per_token
         per_row = self._per_row_s.get(num_seqs)
         if per_row is None:
             units = np.zeros(len(OPERATIONS))
             units[_LM_HEAD] = num_seqs
-            per_row = float(np.dot(self.launch_seconds(units, units), self._launches))
+            per_row = _exact_dot(self.launch_seconds(units, units), self._launches)
             self._per_row_s[num_seqs] = per_row
         return (per_token + per_row + self._attention_seconds(_DECODE, kv_decode, kv_decode)
                 + self._attention_seconds(_PREFILL, kv_prefill, pairs_prefill))
@@ -229,6 +229,14 @@ class PerOpRoofline:
         compute_s = pairs * self._unit_flops_list[op] * self._s_per_flop_list[op]
         return self._launches_list[op] * (self._latency_s_list[op]
                                           + math.hypot(num_bytes * s_per_byte, compute_s))
+
+
+def _exact_dot(a: NDArray[np.float64],  # [ops]
+               b: NDArray[np.float64]) -> float:  # [ops]
+    """`a . b` rounded once (`math.fsum`): the same bits on every CPU. `np.dot` calls
+    BLAS, whose kernels (AVX2, AVX-512) add in different orders, so a step's price, and
+    every timestamp after it, moved in the last bits from one machine to another."""
+    return math.fsum((a * b).tolist())
 
 
 def _step_work(q_lens: NDArray[np.int64], kv_lens: NDArray[np.int64]
@@ -247,10 +255,10 @@ def _step_work(q_lens: NDArray[np.int64], kv_lens: NDArray[np.int64]
     if num_tokens == num_seqs and (num_seqs == 0 or int(_max(q)) == 1):  # decode only
         return num_tokens, num_seqs, float(_sum(k)), 0.0, 0.0
     prefill = q > 1
-    q_prefill = q[prefill].astype(np.float64)
-    k_prefill = k[prefill].astype(np.float64)
+    q_prefill, k_prefill = q[prefill], k[prefill]
     kv_prefill = float(_sum(k_prefill))
     kv_decode = float(_sum(k[q == 1]))
-    # A chunk of q tokens on k - q cached ones: query j sees k - q + j + 1 keys.
-    pairs = float(np.dot(q_prefill, k_prefill - (q_prefill - 1.0) / 2.0))
+    # A chunk of q tokens on k - q cached ones: query j sees k - q + j + 1 keys, q(2k-q+1)/2
+    # in all, an integer: summed in int64, exactly, on any CPU (np.dot would call BLAS).
+    pairs = float(int(_sum(q_prefill * (2 * k_prefill - q_prefill + 1))) // 2)
     return num_tokens, num_seqs, kv_decode, kv_prefill, pairs
