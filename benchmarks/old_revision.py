@@ -9,8 +9,11 @@ Shared by the benchmarks that take `--old_rev REV` (`engine_step.py`,
   `orca_jax`, `policies` and `experiments` (the tree alone on PYTHONPATH, so an editable
   install of another checkout cannot shadow it);
 - `interleaved(measure, trees, rounds)`: `measure(tree)` for each tree in turn, round
-  after round (old, new, old, new, ...), so a busy neighbour slows both sides alike;
-- `median_ratio(new, old)`: the new/old ratio of the medians, the figure each script prints.
+  after round, every other round in reverse (old, new, new, old, old, new, ...), so a
+  busy neighbour slows both sides alike, and load that grows or fades through the run
+  does not favour the tree measured first;
+- `median_ratio(new, old)`: the new/old ratio of the medians, the figure each script
+  prints (beside the geometric mean of those ratios over all its rows).
 """
 
 from __future__ import annotations
@@ -67,19 +70,21 @@ def tree_env(tree: Path, **extra: str) -> dict[str, str]:
 
 def interleaved(measure: Callable[[Path], Measured], trees: dict[str, Path],
                 rounds: int) -> dict[str, list[Measured]]:
-    """Runs `measure(tree)` for every tree, in order, `rounds` times over.
+    """Runs `measure(tree)` for every tree, `rounds` times over, alternating the order.
 
     Args:
       measure: one measurement of one tree (its result is kept as is).
-      trees: label -> tree root, in the order each round visits them.
+      trees: label -> tree root, in the order the even rounds visit them (odd rounds
+        visit them in reverse).
       rounds: how many times each tree is measured.
 
     Returns:
       label -> the `rounds` results, in the order they were taken.
     """
     results: dict[str, list[Measured]] = {label: [] for label in trees}
-    for _ in range(rounds):
-        for label, tree in trees.items():
+    for round_index in range(rounds):
+        order = list(trees.items())
+        for label, tree in order[::-1] if round_index % 2 else order:
             results[label].append(measure(tree))
     return results
 

@@ -20,10 +20,12 @@ For scale: vLLM 0.33's v1 scheduler needs about 11-12 µs per running request
 per step on a 2-core machine (../shared/peers/vllm_scheduler/results_all.txt).
 
 With `--old_rev REV`, both measurements also run at revision REV (its files from
-`git archive` in a temporary folder), each round the old tree then the current one
-(`--rounds` rounds), so machine load hits both alike; each row is the median over the
-rounds of the per-run medians, and `new/old` their ratio (below 1: the current tree
-spends less host time per step). The two parts reach the trees differently:
+`git archive` in a temporary folder), both trees each round, the order alternating
+from round to round (`--rounds` rounds; `old_revision.interleaved`), so machine load
+hits both alike; each row is the median over the rounds of the per-run figures, and
+`new/old` the ratio of the medians (below 1: the current tree spends less host time per
+step), summed up at the end by the geometric mean over all rows. The two parts reach
+the trees differently:
 
 - the null-engine loop drives the `Scheduler` in process, through the very API the
   mechanism's redesign reshapes, so each tree runs its own copy of this script in a
@@ -128,60 +130,68 @@ def measure_cli(policy: str, num_running: int, context: int, tree: Path = REPO
 
 
 def loop_rows_at(tree: Path, policy: str, policy_opts: str, num_steps: int, batch: int,
-                 context: int) -> dict[str, float]:
-    """Caching "off"/"on" -> median µs per iteration of `tree`'s own copy of this script
-    (the null-engine loop, one batch and context), from a child process on that tree."""
+                 context: int) -> dict[str, dict[str, float]]:
+    """Caching "off"/"on" -> median and p90 µs per iteration of `tree`'s own copy of this
+    script (the null-engine loop, one batch and context), from a child process on that tree."""
     result = subprocess.run(
         [sys.executable, str(tree / "benchmarks" / "scheduler_overhead.py"),
          f"--policy={policy}", f"--policy_opts={policy_opts}", f"--steps={num_steps}",
          f"--batch={batch}", f"--contexts={context}", "--cli_contexts"],
         cwd=tree, env=tree_env(tree), capture_output=True, text=True)
-    rows = {match[3]: float(match[4]) for match in
-            map(LOOP_ROW.match, result.stdout.splitlines()) if match}
+    rows = {match[3]: {"us_per_iter": float(match[4]), "p90_us_per_iter": float(match[5])}
+            for match in map(LOOP_ROW.match, result.stdout.splitlines()) if match}
     if result.returncode != 0 or set(rows) != {"off", "on"}:
         sys.exit(f"scheduler_overhead.py in {tree} printed no table rows:\n"
                  f"{result.stdout[-1000:]}{result.stderr[-2000:]}")
     return rows
 
 
+def print_tree_rows(lead: str, running: int, runs: dict[str, list[dict[str, float]]]
+                    ) -> float:
+    """Prints one row per tree (medians over its runs, after the `lead` columns) and
+    returns new/old of the median µs per iteration (`runs`: old tree first)."""
+    for label, rows in runs.items():
+        median_us = statistics.median(r["us_per_iter"] for r in rows)
+        p90_us = statistics.median(r["p90_us_per_iter"] for r in rows)
+        print(f"{lead} {median_us:>17.1f} {p90_us:>14.1f} {median_us / running:>11.3f}  "
+              f"{label}   runs: " + " ".join(f"{r['us_per_iter']:.1f}" for r in rows))
+    old, new = runs.values()
+    return median_ratio([r["us_per_iter"] for r in new], [r["us_per_iter"] for r in old])
+
+
 def compare_trees(args: argparse.Namespace, trees: dict[str, Path]) -> None:
     """Both measurements at each tree, interleaved over `args.rounds` rounds, and new/old."""
-    print(f"null-engine loop, each tree's own script; median over {args.rounds} rounds of "
-          "each run's median")
+    print(f"null-engine loop, each tree's own script; medians over {args.rounds} rounds of "
+          "each run's median and p90")
     print(f"{LOOP_COLUMNS}  tree")
+    ratios = []
     for context in args.contexts:
         for batch in args.batch:
             runs = interleaved(lambda tree: loop_rows_at(tree, args.policy, args.policy_opts,
                                                          args.steps, batch, context),
                                trees, args.rounds)
-            old, new = runs.values()
             for caching in ("off", "on"):
-                for label, rows in runs.items():
-                    median_us = statistics.median(r[caching] for r in rows)
-                    print(f"{context:>8} {batch:>8} {caching:>8} {median_us:>17.1f} "
-                          f"{'':>14} {median_us / batch:>11.3f}  {label}   runs: "
-                          + " ".join(f"{r[caching]:.1f}" for r in rows))
-                ratio = median_ratio([r[caching] for r in new], [r[caching] for r in old])
-                print(f"{'':>8} new/old {ratio:.3f}", flush=True)
-    if not args.cli_contexts:
-        return
-    print(f"\npython -m experiments.run --engine=sim --policy={args.policy} "
-          f"--model=llama3-8b, burst of {args.cli_running}, steady decode (median host_s of "
-          f"steps.jsonl), median over {args.rounds} rounds")
-    print(f"{CLI_COLUMNS}  tree")
+                ratios.append(print_tree_rows(
+                    f"{context:>8} {batch:>8} {caching:>8}", batch,
+                    {label: [r[caching] for r in rows] for label, rows in runs.items()}))
+                print(f"{'':>8} new/old {ratios[-1]:.3f}", flush=True)
+    if args.cli_contexts:
+        print(f"\npython -m experiments.run --engine=sim --policy={args.policy} "
+              f"--model=llama3-8b, burst of {args.cli_running}, steady decode (median host_s "
+              f"of steps.jsonl), medians over {args.rounds} rounds")
+        print(f"{CLI_COLUMNS}  tree")
     for context in args.cli_contexts:
         runs = interleaved(lambda tree: measure_cli(args.policy, args.cli_running, context,
                                                     tree), trees, args.rounds)
-        for label, rows in runs.items():
-            median_us = statistics.median(r["us_per_iter"] for r in rows)
-            print(f"{context:>8} {args.cli_running:>8} {rows[0]['steps']:>6} "
-                  f"{median_us:>17.1f} {'':>14} {median_us / args.cli_running:>11.3f}  "
-                  f"{label}   runs: " + " ".join(f"{r['us_per_iter']:.1f}" for r in rows))
-        old, new = runs.values()
-        ratio = median_ratio([r["us_per_iter"] for r in new], [r["us_per_iter"] for r in old])
-        same = {r["steps"] for r in old} == {r["steps"] for r in new}
-        print(f"{'':>8} new/old {ratio:.3f}; steady-decode steps "
+        steps = {label: {r["steps"] for r in rows} for label, rows in runs.items()}
+        ratios.append(print_tree_rows(f"{context:>8} {args.cli_running:>8} "
+                                      f"{min(min(s) for s in steps.values()):>6}",
+                                      args.cli_running, runs))
+        same = len({frozenset(s) for s in steps.values()}) == 1
+        print(f"{'':>8} new/old {ratios[-1]:.3f}; steady-decode steps "
               f"{'identical' if same else 'DIFFER'}", flush=True)
+    print(f"\nnew/old over all {len(ratios)} rows: geometric mean "
+          f"{statistics.geometric_mean(ratios):.3f}, range {min(ratios):.3f}-{max(ratios):.3f}")
 
 
 def main() -> None:

@@ -17,9 +17,10 @@ With `--old_rev REV`, every case also runs at revision REV (its files from `git 
 in a temporary folder): this script's own code runs the same command line with that
 tree as the working folder and alone on PYTHONPATH. The command line is the stable
 interface here (the library's internals are what a revision changes), so one script
-measures both trees. Each round runs the old tree then the current one (`--rounds`
-rounds), so machine load hits both alike; the rows are medians over the rounds, and
-`new/old` is the ratio of the median process times (below 1: the current tree is faster).
+measures both trees. Each round runs both trees, the order alternating from round to
+round (`--rounds` rounds; `old_revision.interleaved`), so machine load hits both
+alike; the rows are medians over the rounds, and `new/old` is the ratio of the median
+process times (below 1: the current tree is faster), summed up by their geometric mean.
 The step counts of both trees are compared too: a revision that changes no result
 simulates the same steps.
 """
@@ -81,8 +82,9 @@ def median_row(rows: list[dict]) -> dict:
 
 
 def compare_case(num_requests: int, num_replicas: int, bucket_ladder: str,
-                 trees: dict[str, Path], rounds: int) -> None:
-    """Prints one case at each tree (medians of `rounds` interleaved runs) and new/old."""
+                 trees: dict[str, Path], rounds: int) -> float:
+    """Prints one case at each tree (medians of `rounds` interleaved runs) and returns
+    new/old of the median process times."""
     rows = interleaved(lambda tree: run_case(num_requests, num_replicas, bucket_ladder, tree),
                        trees, rounds)
     (old_label, old_rows), (new_label, new_rows) = rows.items()
@@ -93,6 +95,7 @@ def compare_case(num_requests: int, num_replicas: int, bucket_ladder: str,
     same_steps = {r["steps"] for r in old_rows} == {r["steps"] for r in new_rows}
     print(f"{'':>9} new/old process time {ratio:.3f}; steps "
           f"{'identical' if same_steps else 'DIFFER'}", flush=True)
+    return ratio
 
 
 def main() -> None:
@@ -114,10 +117,11 @@ def main() -> None:
     if args.old_rev:
         with revision_tree(args.old_rev) as old_tree:
             trees = {args.old_rev: old_tree, "current": REPO}
-            for num_requests in args.requests:
-                for num_replicas in args.replicas:
-                    compare_case(num_requests, num_replicas, args.bucket_ladder, trees,
-                                 args.rounds)
+            ratios = [compare_case(num_requests, num_replicas, args.bucket_ladder, trees,
+                                   args.rounds)
+                      for num_requests in args.requests for num_replicas in args.replicas]
+        print(f"new/old over all {len(ratios)} cases: geometric mean "
+              f"{statistics.geometric_mean(ratios):.3f}")
     else:
         for num_requests in args.requests:
             for num_replicas in args.replicas:

@@ -30,11 +30,11 @@ def test_a_name_that_is_no_commit_stops_with_one_line():
             pass
 
 
-def test_interleaved_visits_the_trees_in_turn_and_median_ratio():
+def test_interleaved_alternates_the_order_of_the_trees_and_median_ratio():
     order = []
     trees = {"old": old_revision.REPO / "a", "new": old_revision.REPO / "b"}
     results = old_revision.interleaved(lambda tree: order.append(tree.name) or len(order),
                                        trees, rounds=3)
-    assert order == ["a", "b", "a", "b", "a", "b"]
-    assert results == {"old": [1, 3, 5], "new": [2, 4, 6]}
+    assert order == ["a", "b", "b", "a", "a", "b"]
+    assert results == {"old": [1, 4, 5], "new": [2, 3, 6]}
     assert old_revision.median_ratio([3.0, 1.0, 2.0], [4.0, 8.0, 6.0]) == pytest.approx(2 / 6)
