@@ -18,7 +18,7 @@
    `setup_min_venv.sh`: about 3 GB); without `--peer_python` there, this part says so
    and is skipped.
 
-    python benchmarks/mechanism_unchanged.py --old_rev 74740d2 [--policies sarathi vllm]
+    python benchmarks/mechanism_unchanged.py --old_rev 74740d2 [--policies sarathi orca vllm]
 """
 
 from __future__ import annotations
@@ -39,6 +39,10 @@ from benchmarks.old_revision import REPO, revision_tree, tree_env
 WORKLOAD = ("--num_requests=12", "--rate=50", "--prompt_len=uniform:4:40",
             "--output_len=uniform:1:24", "--max_num_seqs=4", "--max_num_tokens=64",
             "--buckets=16,64")
+# Knobs of a policy's runs: sarathi's 32-token budget (as in tests/test_overlap.py) splits
+# prompts of up to 40 tokens into chunks beside decodes; vllm caches prefixes (so overlap
+# is inactive: both of its runs take the in-step path).
+POLICY_OPTS = {"sarathi": "max_num_tokens=32"}
 PEER_SCRIPTS = ("vllm_peer_compare.py", "vllm_peer_prefix.py")
 # The lines of the peer scripts' reports that count steps and what they did.
 PEER_COUNT_LINES = ("busy steps", "preemptions", "saved tokens", "per-step decisions")
@@ -54,8 +58,9 @@ def run_tiny(tree: Path, policy: str, overlap: bool, profile_table: Path,
     """
     result = subprocess.run(
         [sys.executable, "-m", "experiments.run", "--engine=jax", "--model=tiny",
-         f"--policy={policy}", *WORKLOAD, "--overlap" if overlap else "--nooverlap",
-         f"--profile_table={profile_table}", f"--out_dir={out_dir}"],
+         f"--policy={policy}", f"--policy_opts={POLICY_OPTS.get(policy, '')}", *WORKLOAD,
+         "--overlap" if overlap else "--nooverlap", f"--profile_table={profile_table}",
+         f"--out_dir={out_dir}"],
         cwd=tree, env=tree_env(tree, JAX_PLATFORMS="cpu"), capture_output=True, text=True)
     if result.returncode != 0:
         sys.exit(f"experiments.run failed in {tree}:\n{result.stderr[-3000:]}")
@@ -144,14 +149,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--old_rev", default=None,
                         help="also run at this git revision (the reference)")
-    parser.add_argument("--policies", nargs="+", default=["sarathi", "orca"],
+    parser.add_argument("--policies", nargs="+", default=["sarathi", "orca", "vllm"],
                         help="policies of the tiny-engine runs")
     parser.add_argument("--peer_python", type=Path,
                         default=Path("/tmp/vllm_peer/venv/bin/python"))
     parser.add_argument("--peer_dir", type=Path, default=DEFAULT_PEER_DIR)
     args = parser.parse_args()
-    print(f"# mechanism unchanged: tiny engine (jax, cpu), {' '.join(WORKLOAD)}; "
-          f"{os.cpu_count()} cpus" + (f"; --old_rev={args.old_rev}" if args.old_rev else ""))
+    print(f"# mechanism unchanged: tiny engine (jax, cpu), {' '.join(WORKLOAD)}, policy knobs "
+          f"{POLICY_OPTS}; {os.cpu_count()} cpus"
+          + (f"; --old_rev={args.old_rev}" if args.old_rev else ""))
     with (revision_tree(args.old_rev) if args.old_rev else contextlib.nullcontext()
           ) as old_tree:
         trees = ({args.old_rev: old_tree} if args.old_rev else {}) | {"current": REPO}
