@@ -33,17 +33,13 @@ from __future__ import annotations
 
 import argparse
 import functools
-import io
 import json
 import os
 import platform
 import statistics
 import subprocess
 import sys
-import tarfile
-import tempfile
 import time
-from pathlib import Path
 from typing import Callable, Optional
 
 import jax
@@ -51,6 +47,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from benchmarks.old_revision import revision_tree, tree_env
 from orca_jax.core.engine_api import Bucket
 from orca_jax.core.packing import build_step_inputs
 from orca_jax.model import llama as model_lib
@@ -177,8 +174,6 @@ def _roofline(config, bucket: Bucket, kv_len: int, gflops: float, gbs: float
             for name, (flops, nbytes) in parts.items()}
 
 
-REPO = Path(__file__).resolve().parents[1]
-
 # Run in a child process against the code of another revision: the same shapes, pages
 # and token ids as `run_model` (both draw them from `_step_cases` with the same seed),
 # timed the same way; prints {"T,kv": [median seconds, tokens]} as JSON.
@@ -238,16 +233,11 @@ def time_old_revision(rev: str, name: str, kv_lens: list[int], repeats: int
               "computed": c.tolist(), "rows": r.tolist(), "ids": i.tolist()}
              for b, kv, q, c, r, i in _step_cases(config, kv_lens, 16 * pages_per_seq + 1,
                                                   pages_per_seq)]
-    with tempfile.TemporaryDirectory(prefix="engine_step_old_") as folder:
-        archive = subprocess.run(["git", "-C", str(REPO), "archive", rev, "orca_jax",
-                                  "pallas_kernels"], capture_output=True, check=True).stdout
-        with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
-            tar.extractall(folder, **({"filter": "data"} if hasattr(tarfile, "data_filter")
-                                      else {}))
+    with revision_tree(rev, ("orca_jax", "pallas_kernels")) as folder:
         result = subprocess.run(
             [sys.executable, "-c", _OLD_STEP_TIMER,
              json.dumps([name, PAGE_SIZE, pages_per_seq, repeats, cases])],
-            cwd=folder, env=dict(os.environ, PYTHONPATH=folder), capture_output=True, text=True)
+            cwd=folder, env=tree_env(folder), capture_output=True, text=True)
     if result.returncode != 0:
         sys.exit(f"--old_rev {rev}: the old engine failed:\n{result.stderr[-2000:]}")
     return {key: (seconds, tokens) for key, (seconds, tokens) in

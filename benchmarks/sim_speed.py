@@ -1,6 +1,7 @@
 """How fast the simulator runs: requests and steps simulated per second of process time.
 
     python benchmarks/sim_speed.py > benchmarks/results/sim_speed.txt
+    python benchmarks/sim_speed.py --old_rev 74740d2 --rounds 3   # beside an old revision
 
 Each case is one `python -m experiments.run --engine=sim --policy=vllm --model=llama3-8b
 --hardware=a100 --bucket_ladder=pow2` process on Poisson arrivals at 30 req/s per replica
@@ -11,34 +12,53 @@ Each case is one `python -m experiments.run --engine=sim --policy=vllm --model=l
 simulator's default `auto` ladder (`fit:16`) first simulates the whole workload once more,
 the pilot run it fits the step sizes to (`orca_jax.runner.bucket_pilot`);
 `--bucket_ladder=auto` measures the command as it runs by default, pilot included.
+
+With `--old_rev REV`, every case also runs at revision REV (its files from `git archive`
+in a temporary folder): this script's own code runs the same command line with that
+tree as the working folder and alone on PYTHONPATH. The command line is the stable
+interface here (the library's internals are what a revision changes), so one script
+measures both trees. Each round runs both trees, the order alternating from round to
+round (`--rounds` rounds; `old_revision.interleaved`), so machine load hits both
+alike; the rows are medians over the rounds, and `new/old` is the ratio of the median
+process times (below 1: the current tree is faster), summed up by their geometric mean.
+The step counts of both trees are compared too: a revision that changes no result
+simulates the same steps.
 """
+
+from __future__ import annotations
 
 import argparse
 import json
 import os
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.old_revision import REPO, interleaved, median_ratio, revision_tree, tree_env
+
 RATE_PER_REPLICA = 30.0
+COLUMNS = (f"{'requests':>9} {'replicas':>8} {'steps':>8} {'process s':>10} {'wall s':>8} "
+           f"{'requests/s':>11} {'steps/s':>9} {'us/step':>8}")
 
 
-def run_case(num_requests: int, num_replicas: int, bucket_ladder: str) -> dict:
-    """Runs one case in a child process; its process time, steps and wall time."""
-    repo = Path(__file__).resolve().parents[1]
+def run_case(num_requests: int, num_replicas: int, bucket_ladder: str,
+             tree: Path = REPO) -> dict:
+    """Runs one case in a child process on `tree`'s code; its process time, steps, wall time."""
     with tempfile.TemporaryDirectory() as out:
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         start = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "experiments.run", "--engine=sim", "--policy=vllm",
-                        "--model=llama3-8b", "--hardware=a100", f"--num_requests={num_requests}",
-                        f"--rate={RATE_PER_REPLICA * num_replicas:g}",
-                        f"--num_replicas={num_replicas}", f"--bucket_ladder={bucket_ladder}",
-                        f"--out_dir={out}"],
-                       cwd=repo, check=True, capture_output=True,
-                       env={**os.environ, "JAX_PLATFORMS": "cpu"})
+        result = subprocess.run(
+            [sys.executable, "-m", "experiments.run", "--engine=sim", "--policy=vllm",
+             "--model=llama3-8b", "--hardware=a100", f"--num_requests={num_requests}",
+             f"--rate={RATE_PER_REPLICA * num_replicas:g}", f"--num_replicas={num_replicas}",
+             f"--bucket_ladder={bucket_ladder}", f"--out_dir={out}"],
+            cwd=tree, env=tree_env(tree, JAX_PLATFORMS="cpu"), capture_output=True, text=True)
+        if result.returncode != 0:
+            sys.exit(f"experiments.run failed in {tree}:\n{result.stderr[-2000:]}")
         wall_s = time.perf_counter() - start
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         num_steps = sum(1 for _ in open(os.path.join(out, "steps.jsonl")))
@@ -47,27 +67,68 @@ def run_case(num_requests: int, num_replicas: int, bucket_ladder: str) -> dict:
             "cpu_s": cpu_s, "wall_s": wall_s}
 
 
+def format_row(row: dict, label: str = "") -> str:
+    """One table line of a case (`label`: the tree, when two are measured)."""
+    return (f"{row['requests']:>9} {row['replicas']:>8} {row['steps']:>8} "
+            f"{row['cpu_s']:>10.2f} {row['wall_s']:>8.2f} "
+            f"{row['requests'] / row['cpu_s']:>11.0f} {row['steps'] / row['cpu_s']:>9.0f} "
+            f"{row['cpu_s'] / row['steps'] * 1e6:>8.1f}" + (f"  {label}" if label else ""))
+
+
+def median_row(rows: list[dict]) -> dict:
+    """The rounds of one case as one row: median process and wall seconds."""
+    return {**rows[0], "cpu_s": statistics.median(r["cpu_s"] for r in rows),
+            "wall_s": statistics.median(r["wall_s"] for r in rows)}
+
+
+def compare_case(num_requests: int, num_replicas: int, bucket_ladder: str,
+                 trees: dict[str, Path], rounds: int) -> float:
+    """Prints one case at each tree (medians of `rounds` interleaved runs) and returns
+    new/old of the median process times."""
+    rows = interleaved(lambda tree: run_case(num_requests, num_replicas, bucket_ladder, tree),
+                       trees, rounds)
+    (old_label, old_rows), (new_label, new_rows) = rows.items()
+    for label, runs in rows.items():
+        print(format_row(median_row(runs), label) + "   process s: "
+              + " ".join(f"{r['cpu_s']:.2f}" for r in runs), flush=True)
+    ratio = median_ratio([r["cpu_s"] for r in new_rows], [r["cpu_s"] for r in old_rows])
+    same_steps = {r["steps"] for r in old_rows} == {r["steps"] for r in new_rows}
+    print(f"{'':>9} new/old process time {ratio:.3f}; steps "
+          f"{'identical' if same_steps else 'DIFFER'}", flush=True)
+    return ratio
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, nargs="+", default=[10_000, 100_000])
     parser.add_argument("--replicas", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--bucket_ladder", default="pow2",
                         help="the run's --bucket_ladder (auto: with the fit's pilot run)")
+    parser.add_argument("--old_rev", default=None,
+                        help="also run every case at this git revision, interleaved")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="with --old_rev: runs of each case at each tree")
     args = parser.parse_args()
     print(f"# {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} {os.cpu_count()}-core "
           f"machine, load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}, "
-          f"--bucket_ladder={args.bucket_ladder}")
-    print(f"{'requests':>9} {'replicas':>8} {'steps':>8} {'process s':>10} {'wall s':>8} "
-          f"{'requests/s':>11} {'steps/s':>9} {'us/step':>8}")
-    for num_requests in args.requests:
-        for num_replicas in args.replicas:
-            row = run_case(num_requests, num_replicas, args.bucket_ladder)
-            print(f"{row['requests']:>9} {row['replicas']:>8} {row['steps']:>8} "
-                  f"{row['cpu_s']:>10.2f} {row['wall_s']:>8.2f} "
-                  f"{row['requests'] / row['cpu_s']:>11.0f} {row['steps'] / row['cpu_s']:>9.0f} "
-                  f"{row['cpu_s'] / row['steps'] * 1e6:>8.1f}", flush=True)
+          f"--bucket_ladder={args.bucket_ladder}"
+          + (f", --old_rev={args.old_rev} --rounds={args.rounds}" if args.old_rev else ""))
+    print(COLUMNS + ("  tree" if args.old_rev else ""))
+    if args.old_rev:
+        with revision_tree(args.old_rev) as old_tree:
+            trees = {args.old_rev: old_tree, "current": REPO}
+            ratios = [compare_case(num_requests, num_replicas, args.bucket_ladder, trees,
+                                   args.rounds)
+                      for num_requests in args.requests for num_replicas in args.replicas]
+        print(f"new/old over all {len(ratios)} cases: geometric mean "
+              f"{statistics.geometric_mean(ratios):.3f}")
+    else:
+        for num_requests in args.requests:
+            for num_replicas in args.replicas:
+                print(format_row(run_case(num_requests, num_replicas, args.bucket_ladder)),
+                      flush=True)
     print(json.dumps({"rate_per_replica": RATE_PER_REPLICA, "policy": "vllm",
-                      "bucket_ladder": args.bucket_ladder}))
+                      "bucket_ladder": args.bucket_ladder, "old_rev": args.old_rev}))
 
 
 if __name__ == "__main__":
