@@ -16,6 +16,7 @@ import math
 import os
 from typing import Any, Optional, Union
 
+from orca_jax import _legacy
 from orca_jax.core.bucket_fit import max_fitted_sizes, parse_fit_ladder
 from orca_jax.core.kv_pages import KV_LAYOUTS
 from orca_jax.core.plugins import parse_options
@@ -379,11 +380,12 @@ class _TakesFlatKeywords(type):
     Every other call is the dataclass's own."""
 
     def __call__(cls, *args: Any, **kwargs: Any) -> Any:
-        own = {f.name for f in dataclasses.fields(cls)}
-        if kwargs.keys() <= own and not isinstance(kwargs.get("engine"), str) and not (
-                isinstance(kwargs.get("workload"), str)):
+        own = {field.name for field in dataclasses.fields(cls)}
+        # 0.1 named the engine and the arrival process by strings where parts go now.
+        flat = not kwargs.keys() <= own or any(isinstance(kwargs.get(part), str)
+                                               for part in ("engine", "workload"))
+        if not flat:
             return super().__call__(*args, **kwargs)
-        from orca_jax import _legacy
         parts = {"workload": WorkloadSpec, "jax": JaxEngineSpec, "sim": SimEngineSpec,
                  "limits": LimitsSpec, "cluster": ClusterSpec}
         return super().__call__(*args, **_legacy.nested_run_spec_keywords(kwargs, parts))
