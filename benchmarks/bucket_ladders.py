@@ -30,7 +30,7 @@ from orca_jax.runner.spec import LimitsSpec, RunSpec, SimEngineSpec, WorkloadSpe
 LADDERS = ["pow2", "geometric:1.5", "geometric:1.41", "geometric:1.3", "geometric:1.25",
            "geometric:1.2", "step:128", "step:64", "fit:8", "fit:12", "fit:16", "default"]
 POLICIES = ["orca", "vllm"]
-# The command line's sim defaults (experiments/flags.py ENGINE_DEFAULTS).
+# The command line's sim defaults (orca_jax.runner.spec.COMMAND_DEFAULTS["sim"]).
 SPEC = RunSpec(workload=WorkloadSpec(num_requests=1000, rate=32.0, prompt_len="uniform:32:512",
                                      output_len="uniform:1:128"),
                engine=SimEngineSpec(model="llama3-8b", hardware="a100"),

@@ -254,7 +254,7 @@ def run_model(name: str, kv_lens: list[int], repeats: int, gflops: float, gbs: f
     num_pages = 16 * pages_per_seq + 1
     old = time_old_revision(old_rev, name, kv_lens, repeats) if old_rev else {}
     engines = {op: JaxEngine(config, params, num_cache_pages=num_pages, page_size=PAGE_SIZE,
-                             pages_per_seq=pages_per_seq, attention=op, num_timed_runs=0)
+                             pages_per_seq=pages_per_seq, attention=op)
                for op in ("reference", new_op)}
     for engine in engines.values():
         engine.warmup(list(BUCKETS))

@@ -36,7 +36,7 @@ def _engine(name: str) -> JaxEngine:
     attention = "pallas" if jax.default_backend() == "gpu" else "bucketed"
     return JaxEngine(config, weights.init_params(config, seed=0),
                      num_cache_pages=SLOTS * PAGES_PER_SEQ + 1, page_size=PAGE_SIZE,
-                     pages_per_seq=PAGES_PER_SEQ, attention=attention, num_timed_runs=0)
+                     pages_per_seq=PAGES_PER_SEQ, attention=attention)
 
 
 def _steps(vocab: int, count: int, seed: int):

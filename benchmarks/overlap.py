@@ -32,25 +32,32 @@ import time
 import jax
 import numpy as np
 
+from orca_jax.core.engine_api import Engine
 from orca_jax.core.packing import bucket_config_for
 from orca_jax.core.policy import make_policy
 from orca_jax.core.scheduler import Scheduler, SchedulerConfig
 from orca_jax.model import weights
 from orca_jax.model.engine import JaxEngine
+from orca_jax.sim.profiled_clock import ProfiledClock
 from orca_jax.specs.model_config import get_model_config
 from orca_jax.workloads.synthetic import synthetic_workload
 
 
-def _engine(model, config: SchedulerConfig, *, feed: bool) -> JaxEngine:
-    # The in-step engine measures each step (clock=wall: its step_s is the device time);
-    # the overlapped one prices a step by its bucket's warm-up median, known at dispatch.
+def _engine(model, config: SchedulerConfig, *, feed: bool) -> Engine:
+    # The in-step engine measures each step (its step_s is the device time); the
+    # overlapped one is priced at dispatch by the profiled clock, as a run's is (a
+    # measured time would make the scheduler wait for the step it overlaps).
     # The attention a run gets by default (--attention=auto).
     attention = "pallas" if jax.default_backend() == "gpu" else "bucketed"
-    engine = JaxEngine(model, weights.init_params(model, seed=0),
-                       num_cache_pages=config.num_kv_pages + 1, page_size=config.page_size,
-                       pages_per_seq=-(-config.max_model_len // config.page_size),
-                       clock="bucket" if feed else "wall", feed_tokens=feed,
-                       attention=attention)
+    pages_per_seq = -(-config.max_model_len // config.page_size)
+    engine: Engine = JaxEngine(model, weights.init_params(model, seed=0),
+                               num_cache_pages=config.num_kv_pages + 1,
+                               page_size=config.page_size, pages_per_seq=pages_per_seq,
+                               feed_tokens=feed, attention=attention)
+    if feed:
+        engine = ProfiledClock(engine, max_model_len=config.max_model_len,
+                               page_size=config.page_size, pages_per_seq=pages_per_seq,
+                               num_pages=config.num_kv_pages + 1)
     engine.warmup(bucket_config_for(max_num_tokens=config.max_num_tokens,
                                     max_num_seqs=config.max_num_seqs,
                                     max_model_len=config.max_model_len,
@@ -58,7 +65,7 @@ def _engine(model, config: SchedulerConfig, *, feed: bool) -> JaxEngine:
     return engine
 
 
-def _serve(requests, engine: JaxEngine, config: SchedulerConfig) -> dict[str, object]:
+def _serve(requests, engine: Engine, config: SchedulerConfig) -> dict[str, object]:
     scheduler = Scheduler(requests, make_policy("orca"), engine, config)
     start = time.perf_counter()
     result = scheduler.run()  # the buckets are warm: run() compiles nothing

@@ -1,6 +1,8 @@
 """orca_jax: iteration-level scheduling of LLM serving, for research on policies.
 
-The package face is the plugin API: what a policy or router module imports.
+The package face is the plugin API: what a policy or router module imports
+(a policy: `Policy`, `register`, `SchedulerView`, `StepPlan`, `plan_in_order`;
+a router: `Router`, `register_router`, `ClusterView`).
 It is host-side only (numpy, no jax), so policies and the simulator import
 without jax. The parts live in subpackages, in layers that only look down:
 
@@ -20,6 +22,7 @@ Each subpackage's `__init__.py` says what it owns and what it may import;
 """
 
 from orca_jax import _legacy
+from orca_jax.cluster.routing import ClusterView, Router, register_router
 from orca_jax.core.engine_api import Bucket, Engine, StepInputs, StepOutput
 from orca_jax.core.plan import PlanError, StepPlan
 from orca_jax.core.plugins import PolicyLoadError, parse_options
@@ -31,9 +34,11 @@ from orca_jax.core.view import SchedulerView
 
 _legacy.install()
 
+__version__ = "0.2.0"  # setup.cfg's version says the same (tests/test_version.py)
+
 __all__ = [
-    "Bucket", "Engine", "PlanError", "Policy", "PolicyLoadError", "Request", "RequestState",
-    "Scheduler", "SchedulerConfig", "SchedulerView", "StepInputs", "StepOutput", "StepPlan",
-    "fit_to_budget", "make_policy", "parse_options", "plan_in_order", "register",
-    "registered_policies",
+    "Bucket", "ClusterView", "Engine", "PlanError", "Policy", "PolicyLoadError", "Request",
+    "RequestState", "Router", "Scheduler", "SchedulerConfig", "SchedulerView", "StepInputs",
+    "StepOutput", "StepPlan", "fit_to_budget", "make_policy", "parse_options", "plan_in_order",
+    "register", "register_router", "registered_policies",
 ]

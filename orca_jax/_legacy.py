@@ -1,9 +1,13 @@
-"""The module paths of the flat layout (before 0.2), kept importable for one release.
+"""0.1's public names, kept working for one release with a DeprecationWarning.
 
-`from orca_jax.policy import Policy, register` and the like, as plugins written
-against the old docs do, load the module at its new place and warn once
-(DeprecationWarning). Nothing is imported until such a path is asked for, so
-the package face stays free of jax.
+The module paths of the flat layout: `from orca_jax.policy import Policy,
+register` and the like, as plugins written against the old docs do, load the
+module at its new place and warn once. Nothing is imported until such a path
+is asked for, so the package face stays free of jax.
+
+0.1's flat `RunSpec(engine="sim", rate=8.0, max_batch_size=32, ...)`: its
+keywords become the nested spec's parts (`nested_run_spec_keywords`, called by
+`RunSpec`'s metaclass). (`policies._common.plan_in_order` warns in its module.)
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import importlib.util
 import sys
 import types
 import warnings
-from typing import Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
 # old module -> its place now
 MOVED: dict[str, str] = {
@@ -81,3 +85,79 @@ def install() -> None:
     """Puts the finder on `sys.meta_path` once."""
     if not any(isinstance(f, _MovedModuleFinder) for f in sys.meta_path):
         sys.meta_path.append(_MovedModuleFinder())
+
+
+# 0.1's flat RunSpec keywords -> (part, field) of the nested RunSpec: "run" is RunSpec's
+# own field; "jax" and "sim" are the engine parts, of which `engine=` (default "sim")
+# picks one. The renamed ones: workload -> arrival, max_batch_size -> max_num_seqs,
+# token_budget -> max_num_tokens.
+FLAT_RUN_SPEC: dict[str, tuple[str, str]] = {
+    "model": ("engine", "model"), "tp": ("engine", "tp"),
+    **{name: ("jax", name) for name in ("checkpoint", "dtype", "attention", "sampling",
+                                        "clock")},
+    **{name: ("sim", name) for name in ("hardware", "step_time_ms", "cost_fit")},
+    "workload": ("workload", "arrival"),
+    **{name: ("workload", name) for name in ("trace", "trace_time_scale", "num_requests",
+                                             "rate", "cv", "prompt_len", "output_len")},
+    "max_batch_size": ("limits", "max_num_seqs"), "token_budget": ("limits", "max_num_tokens"),
+    **{name: ("limits", name) for name in ("num_kv_pages", "kv_memory_gb", "page_size",
+                                           "max_model_len", "token_buckets",
+                                           "log_step_requests")},
+    **{name: ("cluster", name) for name in ("num_replicas", "router", "router_opts")},
+    **{name: ("run", name) for name in ("seed", "ttft_slo_s", "tpot_slo_s")},
+}
+_PART_CLASSES = {"workload": "WorkloadSpec", "engine": None, "limits": "LimitsSpec",
+                 "cluster": "ClusterSpec"}
+
+
+def nested_run_spec_keywords(flat: Mapping[str, object],
+                             parts: Mapping[str, type]) -> dict[str, object]:
+    """The nested `RunSpec` keywords that 0.1's flat ones mean, with a DeprecationWarning.
+
+    As in 0.1, a setting of the engine not chosen (`hardware` on `engine="jax"`) is
+    ignored; the warning names it.
+
+    Args:
+      flat: `RunSpec`'s keywords as 0.1 took them (`engine` a kind name).
+      parts: the part classes by part (`workload`, `limits`, `cluster`) and by engine kind
+        (`jax`, `sim`).
+
+    Raises:
+      TypeError: a keyword that is neither 0.1's nor a field, or flat keywords beside
+        nested parts.
+      ValueError: an engine kind other than 0.1's `sim` or `jax`.
+    """
+    nested = sorted(flat.keys() - FLAT_RUN_SPEC.keys() - {"engine"})
+    if nested:
+        flat_names = sorted(flat.keys() & FLAT_RUN_SPEC.keys())
+        raise TypeError(f"RunSpec: {nested[0]!r} is no field of 0.1's flat RunSpec, beside its "
+                        f"flat keywords {flat_names}: give the nested parts alone "
+                        "(workload=WorkloadSpec(...), engine=..., limits=LimitsSpec(...), "
+                        "cluster=ClusterSpec(...))")
+    kind = flat.get("engine", "sim")
+    if kind not in ("sim", "jax"):
+        raise ValueError(f"RunSpec: engine={kind!r}: 0.1's flat engine is 'sim' or 'jax'")
+    grouped: dict[str, dict[str, object]] = {part: {} for part in _PART_CLASSES}
+    run: dict[str, object] = {}
+    ignored = []
+    for old, value in flat.items():
+        if old == "engine":
+            continue
+        part, field = FLAT_RUN_SPEC[old]
+        if part in ("jax", "sim"):
+            if part != kind:
+                ignored.append(old)
+                continue
+            part = "engine"
+        (run if part == "run" else grouped[part])[field] = value
+    classes = {**_PART_CLASSES, "engine": parts[kind].__name__}
+    new_style = ", ".join(
+        [f"{part}={classes[part]}({', '.join(f'{k}=...' for k in fields)})"
+         for part, fields in grouped.items() if fields or part == "engine"]
+        + [f"{k}=..." for k in run])
+    warnings.warn(f"RunSpec({', '.join(f'{k}=...' for k in flat)}): 0.1's flat keywords are "
+                  f"deprecated and go in the next release; write RunSpec({new_style})"
+                  + (f" ({', '.join(ignored)} ignored: not settings of engine {kind!r})"
+                     if ignored else ""), DeprecationWarning, stacklevel=3)
+    return {**run, "engine": parts[kind](**grouped["engine"]),
+            **{part: parts[part](**grouped[part]) for part in ("workload", "limits", "cluster")}}

@@ -3,17 +3,21 @@
 The helpers a plugin author builds a plan with (`plan_in_order`,
 `fit_to_budget`) are public, in `orca_jax.core.policy_helpers` and the package
 face `orca_jax`; this module holds what only the policies of this package share.
+0.1's `policies._common.plan_in_order` still answers, with a DeprecationWarning,
+for one release (`__getattr__`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Optional, Sequence
+import warnings
+from typing import Any, Optional, Sequence
 
 import numpy as np
 from numpy.typing import NDArray
 
+import orca_jax
 from orca_jax import Policy, SchedulerView, StepPlan
 from orca_jax.learned.length_predictor import checked_predictions, get_predictor
 
@@ -84,3 +88,12 @@ class LengthRanked(Policy):
         if not self.starvation_s > 0:
             raise ValueError(f"starvation_s must be > 0, got {self.starvation_s}")
         self._lengths = PredictionCache(self.predictor)
+
+
+def __getattr__(name: str) -> Any:
+    """0.1's names here that moved to the package face: the face's, with a warning."""
+    if name == "plan_in_order":
+        warnings.warn("policies._common.plan_in_order is deprecated and goes in the next "
+                      "release; use orca_jax.plan_in_order", DeprecationWarning, stacklevel=2)
+        return orca_jax.plan_in_order
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -44,7 +44,7 @@ def test_an_uncreatable_folder_is_one_line_naming_it(tmp_path):
 
 def _engine(config, seed):
     return JaxEngine(config, weights.init_params(config, seed=seed), num_cache_pages=12,
-                     page_size=4, pages_per_seq=4, attention="bucketed", num_timed_runs=0)
+                     page_size=4, pages_per_seq=4, attention="bucketed")
 
 
 def test_a_second_engine_loads_the_same_program_from_the_cache(cache_dir):
@@ -124,7 +124,7 @@ def test_a_step_that_differs_in_any_part_of_its_key_compiles(cache_dir, monkeypa
     config = get_model_config("tiny")
     _engine(config, seed=0).warmup([BUCKET])
     other_op = JaxEngine(config, weights.init_params(config, seed=0), num_cache_pages=12,
-                         page_size=4, pages_per_seq=4, attention="reference", num_timed_runs=0)
+                         page_size=4, pages_per_seq=4, attention="reference")
     other_op.warmup([BUCKET])
     wider = _engine(config, seed=0)
     wider.warmup([Bucket(num_tokens=16, num_seqs=8)])

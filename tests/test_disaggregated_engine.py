@@ -32,8 +32,7 @@ def params():
 
 def _engine(params):
     return JaxEngine(MODEL, params, num_cache_pages=CONFIG.num_kv_pages + 1, page_size=PAGE_SIZE,
-                     pages_per_seq=MAX_LEN // PAGE_SIZE, attention="reference", clock="wall",
-                     num_timed_runs=0)
+                     pages_per_seq=MAX_LEN // PAGE_SIZE, attention="reference")
 
 
 def _requests():

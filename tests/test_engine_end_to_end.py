@@ -62,7 +62,7 @@ def engine():
     params = init_params(CONFIG, seed=3)
     engine = JaxEngine(CONFIG, params, num_cache_pages=4 * MAX_LEN // PAGE_SIZE + 1,
                        page_size=PAGE_SIZE, pages_per_seq=MAX_LEN // PAGE_SIZE,
-                       attention="reference", clock="bucket", num_timed_runs=1)
+                       attention="reference")
     return engine
 
 
@@ -118,8 +118,7 @@ def test_chunked_prefill_and_recompute_preemption_keep_tokens(engine, dense_toke
 def test_runs_compile_exactly_the_buckets_and_share_them(engine):
     fresh = JaxEngine(CONFIG, init_params(CONFIG, seed=3),
                       num_cache_pages=4 * MAX_LEN // PAGE_SIZE + 1, page_size=PAGE_SIZE,
-                      pages_per_seq=MAX_LEN // PAGE_SIZE, attention="reference",
-                      clock="bucket", num_timed_runs=1)
+                      pages_per_seq=MAX_LEN // PAGE_SIZE, attention="reference")
     _, static_run = _run(fresh, policies.make_policy("static"), range(4))
     assert fresh.num_compiles == len(BUCKETS)
     static_prints = fresh.fingerprints()

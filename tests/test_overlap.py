@@ -151,7 +151,7 @@ def test_jax_engine_feeds_the_previous_step_tokens_by_row():
 
     def engine(feed):
         built = JaxEngine(tiny, weights.init_params(tiny, seed=0), num_cache_pages=8,
-                          page_size=4, pages_per_seq=4, num_timed_runs=0, feed_tokens=feed)
+                          page_size=4, pages_per_seq=4, feed_tokens=feed)
         built.warmup([bucket])
         return built
 

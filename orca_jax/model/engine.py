@@ -17,7 +17,6 @@ import functools
 import hashlib
 import logging
 import re
-import statistics
 import time
 from typing import Any, Optional
 
@@ -43,7 +42,6 @@ from orca_jax.model.bucketed_attention import kv_chunk_pages
 from orca_jax.specs.model_config import ModelConfig
 
 _log = logging.getLogger(__name__)
-CLOCKS = ("wall", "bucket")
 _BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 _CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
 _backend_compiles = 0  # process-wide count of XLA compilations seen by the listener
@@ -115,11 +113,6 @@ class JaxEngine(Engine):
       dtype: parameter, activation and KV cache dtype.
       attention: `reference` | `bucketed` | `pallas` | `pallas_interpret` (see
         `model.attention_op`; `bucketed` is the vectorized CPU op).
-      clock: `wall` (step_s is the measured time) or `bucket` (step_s is the
-        bucket's median warm-up time: repeatable, but blind to what a step holds;
-        runs use `orca_jax.sim.profiled_clock.ProfiledClock` over a `wall` engine,
-        which prices each step by its real sequences).
-      num_timed_runs: timed warm-up runs per bucket (the median is kept).
       warmup_kv_len: context length of the warm-up's dummy sequences; None means
         the full page-table width, the bucket's worst case.
       mesh: a `tp` mesh (`sharding.make_mesh`) to split the weights, the KV cache
@@ -135,17 +128,13 @@ class JaxEngine(Engine):
 
     def __init__(self, model_config: ModelConfig, params: nnx.State, *, num_cache_pages: int,
                  page_size: int, pages_per_seq: int, dtype: jnp.dtype = jnp.float32,
-                 attention: str = "reference", clock: str = "wall", num_timed_runs: int = 3,
+                 attention: str = "reference",
                  warmup_kv_len: Optional[int] = None,
                  mesh: Optional[jax.sharding.Mesh] = None, feed_tokens: bool = False) -> None:
-        if clock not in CLOCKS:
-            raise ValueError(f"JaxEngine: clock={clock!r}, choose one of {CLOCKS}")
         if num_cache_pages < 2 or page_size < 1 or pages_per_seq < 1:
             raise ValueError(f"JaxEngine: needs num_cache_pages >= 2 (null page + one), "
                              f"page_size >= 1, pages_per_seq >= 1; got {num_cache_pages}, "
                              f"{page_size}, {pages_per_seq}")
-        if clock == "bucket" and num_timed_runs < 1:
-            raise ValueError("JaxEngine: clock='bucket' needs num_timed_runs >= 1")
         max_len = pages_per_seq * page_size
         if warmup_kv_len is not None and not 1 <= warmup_kv_len <= max_len:
             raise ValueError(f"JaxEngine: warmup_kv_len={warmup_kv_len} must be in [1, {max_len}]")
@@ -163,8 +152,6 @@ class JaxEngine(Engine):
         self.dtype = jnp.dtype(dtype)
         self.attention = attention
         self.mesh = mesh
-        self.clock = clock
-        self.num_timed_runs = num_timed_runs
         self.warmup_kv_len = warmup_kv_len if warmup_kv_len is not None else max_len
         graphdef, abstract = model_lib.abstract_model(model_config, self.dtype)
         self._check_params(abstract, params)
@@ -189,7 +176,6 @@ class JaxEngine(Engine):
         self._jitted = jax.jit(functools.partial(step_fn, graphdef, attend), donate_argnums=1)
         self._compiled: dict[Bucket, jax.stages.Compiled] = {}
         self._fingerprints: dict[Bucket, str] = {}
-        self._bucket_s: dict[Bucket, float] = {}
         self._num_compiles = 0
         self._num_cache_hits = 0
         self._num_executables_loaded = 0  # steps loaded from `executable_cache`
@@ -236,11 +222,6 @@ class JaxEngine(Engine):
         """XLA compilations this engine triggered (warm-up and steps)."""
         return self._num_compiles
 
-    @property
-    def bucket_step_s(self) -> dict[Bucket, float]:
-        """Median warm-up step seconds of each warmed bucket."""
-        return dict(self._bucket_s)
-
     def facts(self) -> dict[str, object]:
         """Compiles, their HLO fingerprints by bucket tokens, tp and KV bytes per device,
         the attention op, compile seconds and persistent-cache hits."""
@@ -268,7 +249,7 @@ class JaxEngine(Engine):
         return dict(self._fingerprints)
 
     def _prepare(self, buckets: list[Bucket]) -> None:
-        """Compiles each bucket not yet compiled, then times `num_timed_runs` dummy steps of it."""
+        """Compiles each bucket not yet compiled and runs it once on dummy inputs."""
         todo = [bucket for bucket in buckets if bucket not in self._compiled]
         if not todo:
             return
@@ -299,10 +280,7 @@ class JaxEngine(Engine):
             self._compile_s += time.perf_counter() - compile_start
             self._compiled[bucket] = compiled
             self._fingerprints[bucket] = hlo_fingerprint(compiled)
-            self._run(bucket, dummy)  # first run pays one-off allocation costs
-            times = [self._run(bucket, dummy)[1] for _ in range(self.num_timed_runs)]
-            if times:
-                self._bucket_s[bucket] = statistics.median(times)
+            _DispatchedStep(self, dummy, None).wait()  # the first run pays one-off allocations
         _log.info("jax engine: %d buckets compiled in %.1f s", len(todo),
                   time.perf_counter() - start)
 
@@ -345,7 +323,7 @@ class JaxEngine(Engine):
         return self._feed
 
     def step(self, inputs: StepInputs) -> StepOutput:
-        """Runs one compiled step; `step_s` is the wall or the bucket time per `clock`.
+        """Runs one compiled step; `step_s` is its measured wall time.
 
         Raises:
           ValueError: the bucket was not warmed up (it would compile), or the
@@ -382,8 +360,7 @@ class JaxEngine(Engine):
             raise ValueError(f"JaxEngine.step: page_indices has {inputs.page_indices.shape[1]} "
                              f"columns, the engine was built with pages_per_seq="
                              f"{self.pages_per_seq}")
-        return _DispatchedStep(self, inputs, token_source,
-                               None if self.clock == "wall" else self._bucket_s[bucket])
+        return _DispatchedStep(self, inputs, token_source)
 
     def read_kv_pages(self, pages: np.ndarray) -> tuple[int, model_lib.KVCache]:  # [n]
         """These pages' K and V (a disaggregated transfer's payload), padded to the
@@ -405,10 +382,6 @@ class JaxEngine(Engine):
         padded = np.full(self.pages_per_seq, NULL_PAGE, np.int32)
         padded[:len(pages)] = pages
         return padded
-
-    def _run(self, bucket: Bucket, inputs: StepInputs) -> tuple[np.ndarray, float]:
-        """Runs a step and waits: (its sampled tokens [S], its measured seconds)."""
-        return _DispatchedStep(self, inputs, None, None).wait()
 
     def _dispatch(self, inputs: StepInputs, token_source: Optional[np.ndarray]) -> jax.Array:
         """Calls the bucket's compiled step; returns its sampled tokens [S], on the device."""
@@ -475,12 +448,12 @@ def _step_feeding_tokens(graphdef: nnx.GraphDef, attend: Any, params: nnx.State,
 
 
 class _DispatchedStep(PendingStep):
-    """A JaxEngine step in flight: its tokens are read back (and, with a wall clock, its
-    time measured) on the first `output()`, so the host can work meanwhile."""
+    """A JaxEngine step in flight: its tokens are read back (and its time measured) on
+    the first `output()` or `step_s`, so the host can work meanwhile."""
 
     def __init__(self, engine: JaxEngine, inputs: StepInputs,
-                 token_source: Optional[np.ndarray], bucket_s: Optional[float]) -> None:
-        self._engine, self._inputs, self._bucket_s = engine, inputs, bucket_s
+                 token_source: Optional[np.ndarray]) -> None:
+        self._engine, self._inputs = engine, inputs
         self._start = time.perf_counter()
         self._device_tokens = engine._dispatch(inputs, token_source)  # [S], on the device
         self._done: Optional[tuple[np.ndarray, float]] = None
@@ -500,12 +473,11 @@ class _DispatchedStep(PendingStep):
 
     @property
     def step_s(self) -> float:
-        return self._bucket_s if self._bucket_s is not None else self.wait()[1]
+        return self.wait()[1]
 
     def output(self) -> StepOutput:
         tokens, elapsed = self.wait()
-        return StepOutput(sampled_tokens=tokens,
-                          step_s=self._bucket_s if self._bucket_s is not None else elapsed)
+        return StepOutput(sampled_tokens=tokens, step_s=elapsed)
 
 
 @jax.jit

@@ -13,13 +13,11 @@ add to them, do not rename them.
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
 from typing import Any, Iterator, Mapping, Optional, Sequence
 
 import numpy as np
 
-from orca_jax.core.json_files import to_json_value, write_json_atomic, write_jsonl_atomic
+from orca_jax.core.json_files import to_json_value
 from orca_jax.core.request import RequestState
 from orca_jax.core.run_record import StepLog
 from orca_jax.core.run_result import RunResult
@@ -292,21 +290,3 @@ def step_rows(result: RunResult) -> list[dict[str, Any]]:
     """`iter_step_rows` as a list (for a small run; files are written row by row)."""
     return list(iter_step_rows(result))
 
-
-def write_results(out_dir: os.PathLike, result: RunResult, summary: Mapping[str, Any],
-                  config: Mapping[str, Any],
-                  tables: Optional[Mapping[str, Sequence[Mapping[str, Any]]]] = None) -> Path:
-    """Writes config.json, requests.jsonl, steps.jsonl, summary.json (and each of `tables`
-    as NAME.jsonl) into `out_dir`, each file atomically, row by row.
-
-    A command's run goes through `RunFolder` instead (staged, streamed, with a status).
-    """
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(out / "config.json", config)
-    write_jsonl_atomic(out / "requests.jsonl", iter_request_rows(result))
-    write_jsonl_atomic(out / "steps.jsonl", iter_step_rows(result))
-    for name, rows in (tables or {}).items():
-        write_jsonl_atomic(out / f"{name}.jsonl", rows)
-    write_json_atomic(out / "summary.json", summary)
-    return out

@@ -170,10 +170,7 @@ def _jax_engine(spec: RunSpec, engine: JaxEngineSpec, config: SchedulerConfig) -
     pages_per_seq = pages_per_seq_for(config.max_model_len, config.page_size)
     real = JaxEngine(model, params, num_cache_pages=config.num_kv_pages + 1,  # + the null page
                      page_size=config.page_size, pages_per_seq=pages_per_seq, dtype=dtype,
-                     attention=attention, clock="wall", mesh=mesh, feed_tokens=engine.overlap,
-                     # A wall clock never reads the warm-up medians (the profiled clock
-                     # times its own grid): timing full-context dummy steps is waste.
-                     num_timed_runs=0)
+                     attention=attention, mesh=mesh, feed_tokens=engine.overlap)
     if engine.clock == "wall":
         return real
     # The profiled clock prices each step by a fit of what it holds, measured at warm-up or

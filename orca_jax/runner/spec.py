@@ -14,13 +14,21 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
+from orca_jax import _legacy
 from orca_jax.core.bucket_fit import max_fitted_sizes, parse_fit_ladder
 from orca_jax.core.kv_pages import KV_LAYOUTS
 from orca_jax.core.plugins import parse_options
-from orca_jax.specs.hardware import get_hardware, get_kv_link
-from orca_jax.specs.model_config import get_model_config
+from orca_jax.specs.hardware import (
+    HARDWARE_ALIASES,
+    HARDWARE_PRESETS,
+    KV_LINK_ALIASES,
+    KV_LINK_PRESETS,
+    get_hardware,
+    get_kv_link,
+)
+from orca_jax.specs.model_config import PRESETS, get_model_config
 from orca_jax.workloads.synthetic import parse_length_spec
 
 WORKLOADS = ("poisson", "gamma", "burst", "trace", "shared_prefix", "conversation")
@@ -31,6 +39,49 @@ CLOCKS = ("profiled", "wall")
 # The prefix workloads' length specs -> the column an `empirical:PATH` spec of each reads.
 LENGTH_COLUMNS = {"prefix_len": "prompt_len", "suffix_len": "prompt_len",
                   "num_turns": "num_turns", "think_time_ms": "think_time_ms"}
+MODEL_PRESETS = tuple(PRESETS)
+HARDWARE_NAMES = (*HARDWARE_PRESETS, *HARDWARE_ALIASES)
+KV_LINK_NAMES = (*KV_LINK_PRESETS, *KV_LINK_ALIASES)
+
+# The commands' defaults (`experiments/flags.py`) of the settings whose default depends on
+# the engine: a small workload the tiny real model serves in seconds on a laptop CPU, and a
+# GPU-scale one for the simulator. A field's own default is the library's (`RunSpec()` in a
+# script); the sim column differs from it only in num_requests (1000, not 200) and rate
+# (32, not 4): a command's simulation is sized like a GPU's load, a script's for a quick
+# check. A flag of one of these fields defaults to None (the engine's column) and its help
+# names both columns.
+COMMAND_DEFAULTS: dict[str, dict[str, object]] = {
+    "jax": dict(model="tiny", num_requests=64, rate=40.0, prompt_len="uniform:16:128",
+                output_len="uniform:16:64", max_num_seqs=16, max_num_tokens=256,
+                prefix_len="fixed:256", suffix_len="uniform:16:64", num_turns="uniform:1:6"),
+    "sim": dict(model="llama3-8b", num_requests=1000, rate=32.0, prompt_len="uniform:32:512",
+                output_len="uniform:1:128", max_num_seqs=64, max_num_tokens=2048,
+                prefix_len="fixed:1024", suffix_len="uniform:16:256", num_turns="uniform:1:8"),
+}
+
+
+def _knob(default: object, help_text: str, *, choices: tuple[str, ...] = (),
+          presets: tuple[str, ...] = (), registry: Optional[str] = None) -> Any:
+    """A spec field with its documentation as data: the command-line flag of the field takes
+    its default and help from here (`experiments/flags.py`, checked by
+    tests/test_flag_spec_consistency.py).
+
+    Args:
+      default: the field's default.
+      help_text: what the field means (the flag's help).
+      choices: the only values allowed (checked in `__post_init__`).
+      presets: the named presets a value may be (others may be allowed: a path, a name).
+      registry: the plugin registry whose names a value may be (`router`), besides a
+        plugin spec; filled in where the registry is (the built-ins register on import).
+    """
+    return dataclasses.field(default=default, metadata={
+        "help": help_text, "choices": choices, "presets": presets, "registry": registry})
+
+
+def field_doc(part: type, name: str) -> dict[str, Any]:
+    """A spec field's documentation (`_knob`'s metadata: help, choices, presets, registry);
+    empty for a field without one."""
+    return dict(next(f for f in dataclasses.fields(part) if f.name == name).metadata)
 
 
 def sampling_params(text: str) -> tuple[float, int, float]:
@@ -75,25 +126,36 @@ class WorkloadSpec:
     """The requests: an arrival process with length distributions, a trace file, or a
     workload whose prompts share prefixes (`workloads.prefix_workloads`)."""
 
-    # poisson, gamma, burst (all at t=0), trace, shared_prefix (system prompts and private
-    # suffixes, Poisson) or conversation (multi-turn chats, Poisson starts)
-    arrival: str = "poisson"
-    trace: Optional[str] = None  # the trace file (JSONL or CSV) of arrival "trace"
-    trace_time_scale: float = 1.0  # multiplies a trace's arrival times (0.5: twice the rate)
-    # Of a trace: its first N (None: the whole trace); of conversation: turns.
-    num_requests: Optional[int] = 200
-    rate: float = 4.0  # requests/s (poisson, gamma, shared_prefix); conversations/s
-    cv: float = 1.0  # coefficient of variation of gamma inter-arrival gaps
-    prompt_len: str = "uniform:32:512"  # a length spec (`workloads.synthetic.parse_length_spec`)
-    output_len: str = "uniform:1:128"
-    num_prefixes: int = 8  # shared_prefix: the system prompts
-    prefix_len: str = "fixed:1024"  # shared_prefix: each system prompt's length
-    prefix_zipf: float = 1.1  # shared_prefix: system prompt k's weight is (k + 1)**-prefix_zipf
-    # The private tokens of each prompt: after the system prompt (shared_prefix), or a
-    # turn's new message (conversation).
-    suffix_len: str = "uniform:16:256"
-    num_turns: str = "uniform:1:8"  # conversation: turns per conversation
-    think_time_ms: str = "lognormal:10000:1"  # conversation: from a turn's arrival to the next
+    arrival: str = _knob("poisson", "Arrival process, a trace file, or prompts that share "
+                         "prefixes: shared_prefix (a few system prompts, Zipf popularity, and "
+                         "private suffixes) or conversation (multi-turn chats whose turns hold "
+                         "the conversation so far).", choices=WORKLOADS)
+    trace: Optional[str] = _knob(None, "Trace file (JSONL or CSV) of arrival 'trace'.")
+    trace_time_scale: float = _knob(1.0, "Multiplies the trace's arrival times (and "
+                                    "deadlines): 0.5 replays it at twice its request rate.")
+    num_requests: Optional[int] = _knob(200, "Requests in the workload (the first N of a "
+                                        "trace, None: the whole trace; of conversation: "
+                                        "turns).")
+    rate: float = _knob(4.0, "Arrival rate in requests/s (poisson, gamma, shared_prefix; "
+                        "conversation: conversations/s).")
+    cv: float = _knob(1.0, "Coefficient of variation of gamma inter-arrival gaps.")
+    prompt_len: str = _knob("uniform:32:512", "Prompt length distribution: fixed:N, "
+                            "uniform:LO:HI, lognormal:MEAN:SIGMA, zipf:A:MAX, "
+                            "empirical:PATH[:COLUMN].")
+    output_len: str = _knob("uniform:1:128", "Output length distribution (as prompt_len).")
+    num_prefixes: int = _knob(8, "shared_prefix: the number of system prompts.")
+    prefix_len: str = _knob("fixed:1024", "shared_prefix: each system prompt's length (as "
+                            "prompt_len).")
+    prefix_zipf: float = _knob(1.1, "shared_prefix: the popularity exponent; system prompt k "
+                               "(from 0) is picked with weight (k + 1)**-prefix_zipf (0: "
+                               "uniform).")
+    suffix_len: str = _knob("uniform:16:256", "The private part of each prompt (as "
+                            "prompt_len): the suffix after the system prompt (shared_prefix), "
+                            "or each turn's new message (conversation).")
+    num_turns: str = _knob("uniform:1:8", "conversation: turns per conversation (as "
+                           "prompt_len).")
+    think_time_ms: str = _knob("lognormal:10000:1", "conversation: milliseconds from a turn's "
+                               "arrival to the next turn's (as prompt_len).")
 
     def __post_init__(self) -> None:
         _check_choice("workload", "arrival", self.arrival, WORKLOADS)
@@ -122,19 +184,34 @@ class JaxEngineSpec:
     """The real engine: the Flax model on this machine's devices."""
 
     kind: str = dataclasses.field(default="jax", init=False)  # names the engine in config.json
-    model: str = "llama3-8b"  # a preset, or the name of the checkpoint's model
-    checkpoint: Optional[str] = None  # an orbax directory or a LLaMA-format folder
-    dtype: str = "float32"  # parameters, activations and KV cache
-    attention: str = "auto"  # auto (pallas on GPU, bucketed elsewhere), reference, bucketed, pallas
-    sampling: str = "greedy"  # greedy, or temperature:T[:top_k[:top_p]]
-    clock: str = "profiled"  # profiled (a fit of what each step holds, measured at warm-up) or wall
-    tp: int = 1  # devices the step is split over
-    # The profiled clock's per-bucket table: read if the file exists, else measured and
-    # written there (default: measured, and written beside the results).
-    profile_table: Optional[str] = None
-    # Plan and pack step N+1 while step N runs (the decodes fed N's tokens on the device);
-    # the same plans, steps and tokens as without (SchedulerConfig.overlap).
-    overlap: bool = True
+    model: str = _knob("llama3-8b", "Model preset (or the name of --checkpoint's model).",
+                       presets=MODEL_PRESETS)
+    checkpoint: Optional[str] = _knob(None, "An orbax checkpoint directory or a LLaMA-format "
+                                      "folder (config.json + *.safetensors); None: seeded "
+                                      "random weights.")
+    dtype: str = _knob("float32", "Parameter, activation and KV cache dtype.", choices=DTYPES)
+    attention: str = _knob("auto", "Attention op. auto: the Pallas kernel on a GPU, bucketed "
+                           "(all queries at once, KV chunks up to the step's longest context) "
+                           "elsewhere; reference: the ragged jnp loop, the kernel's oracle; "
+                           "pallas off a GPU runs the kernel in interpret mode.",
+                           choices=ATTENTIONS)
+    sampling: str = _knob("greedy", "greedy, or temperature:T[:TOP_K[:TOP_P]].")
+    clock: str = _knob("profiled", "What advances the virtual clock. profiled: each step is "
+                       "priced by a per-bucket fit of what it holds, measured at warm-up (or "
+                       "read from profile_table): repeatable; wall: each step's measured wall "
+                       "time.", choices=CLOCKS)
+    tp: int = _knob(1, "Tensor parallelism: the local devices the engine splits weights, KV "
+                    "cache and attention over.")
+    profile_table: Optional[str] = _knob(
+        None, "clock profiled: the per-bucket table of the profiled clock. If the file exists "
+        "it is read (it must be of the same model, buckets, dtype, attention and page "
+        "geometry), so a run in another process repeats this one's timings bit for bit; if "
+        "not, the table is measured and written there. None: measured, and written to "
+        "profile.json beside the results. config.json names the table and its sha256.")
+    overlap: bool = _knob(True, "Plan and pack step N+1 while step N runs on the device (its "
+                          "decodes read N's sampled tokens there; N's tokens come back one "
+                          "step late). Plans, steps and tokens are the same with it off; not "
+                          "active with prefix caching.")
 
     def __post_init__(self) -> None:
         _check_choice("engine", "dtype", self.dtype, DTYPES)
@@ -154,11 +231,15 @@ class SimEngineSpec:
     """The simulator: a cost model of the model on a hardware preset."""
 
     kind: str = dataclasses.field(default="sim", init=False)  # names the engine in config.json
-    model: str = "llama3-8b"  # a model preset
-    hardware: str = "a100"  # a hardware preset
-    tp: int = 1  # the replica's tensor-parallel degree
-    step_time_ms: Optional[float] = None  # a fixed step time instead of the roofline
-    cost_fit: Optional[str] = None  # a cost fit JSON written by experiments.calibrate
+    model: str = _knob("llama3-8b", "Model preset.", presets=MODEL_PRESETS)
+    hardware: str = _knob("a100", "Hardware preset of the simulated replica.",
+                          presets=HARDWARE_NAMES)
+    tp: int = _knob(1, "Tensor parallelism: the simulated replica's degree.")
+    step_time_ms: Optional[float] = _knob(None, "A fixed step time in ms (instead of the "
+                                          "roofline cost model).")
+    cost_fit: Optional[str] = _knob(None, "Step times from a cost fit JSON written by "
+                                    "experiments.calibrate (instead of the roofline); use the "
+                                    "fitted model's model and the same buckets.")
 
     def __post_init__(self) -> None:
         get_model_config(self.model)  # fails early, naming the presets
@@ -178,23 +259,31 @@ class LimitsSpec:
     """The scheduler's limits and clock setting (resolved into a `SchedulerConfig` by
     `build.scheduler_config`)."""
 
-    max_num_seqs: int = 64  # most sequences in one step (the batch cap)
-    max_num_tokens: int = 2048  # most tokens in one step (the largest bucket)
-    num_kv_pages: Optional[int] = None  # the KV pool in pages (default: kv_memory_gb, the GPU)
-    kv_memory_gb: Optional[float] = None  # the KV pool in GB (decimal) over the replica
-    page_size: int = 16  # tokens per KV page
-    max_model_len: Optional[int] = None  # the context limit (default: the model's context)
-    token_buckets: Optional[tuple[int, ...]] = None  # step sizes (default: powers of two)
-    # `fit:K`: token_buckets are fitted to a simulator pilot run (`runner.bucket_pilot`),
-    # which fills them in; None: token_buckets as given.
-    bucket_ladder: Optional[str] = None
-    log_step_requests: bool = False  # steps.jsonl: each step's request ids and tokens
-    # paged, or buddy: each reservation one power-of-two block (the vLLM paper's Orca)
-    kv_layout: str = "paged"
-    # Add the scheduler's measured host time to the virtual clock (no longer repeatable).
-    count_host_time: bool = False
-    # Fail the run (no_progress) after this many iterations in a row without progress.
-    no_progress_steps: int = 10_000
+    max_num_seqs: int = _knob(64, "Batch cap: most sequences in one step.")
+    max_num_tokens: int = _knob(2048, "Most tokens in one step (the largest bucket).")
+    num_kv_pages: Optional[int] = _knob(None, "KV pool size in pages (None: from kv_memory_gb, "
+                                        "else what the GPU holds beside the weights; jax: a "
+                                        "full batch of full contexts).")
+    kv_memory_gb: Optional[float] = _knob(None, "KV pool size in GB (decimal) over the "
+                                          "replica.")
+    page_size: int = _knob(16, "Tokens per KV page.")
+    max_model_len: Optional[int] = _knob(None, "Context limit (None: the model's).")
+    token_buckets: Optional[tuple[int, ...]] = _knob(None, "Step token sizes to pad to, "
+                                                     "ending at max_num_tokens (None: powers "
+                                                     "of two).")
+    bucket_ladder: Optional[str] = _knob(None, "fit:K: token_buckets are fitted to a simulator "
+                                         "pilot run (runner.bucket_pilot), which fills them "
+                                         "in; None: token_buckets as given.")
+    log_step_requests: bool = _knob(False, "Write each step's request ids and token counts to "
+                                    "steps.jsonl (request_ids, request_tokens).")
+    kv_layout: str = _knob("paged", "KV pages: paged, or buddy: each reservation one "
+                           "power-of-two block (the vLLM paper's Orca).", choices=KV_LAYOUTS)
+    count_host_time: bool = _knob(False, "Add the scheduler's measured host time (planning, "
+                                  "packing, bookkeeping) to the virtual clock, as a real "
+                                  "server pays it; runs are then no longer repeatable bit for "
+                                  "bit.")
+    no_progress_steps: int = _knob(10_000, "Fail the run after this many iterations in a row "
+                                   "in which no request gains a computed token or finishes.")
 
     def __post_init__(self) -> None:
         for field in ("max_num_seqs", "max_num_tokens", "num_kv_pages", "page_size",
@@ -233,19 +322,31 @@ class ClusterSpec:
     the run's when the policy is the run's).
     """
 
-    num_replicas: int = 1  # sim only: each with its own scheduler, KV pool and engine
-    router: str = "round_robin"  # a registered router, module:Class or file.py:Class
-    router_opts: str = ""  # the router's knobs, key=value,...
-    num_prefill_replicas: int = 0  # disaggregated: the prefill pool (0: colocated)
-    num_decode_replicas: int = 0  # disaggregated: the decode pool
-    prefill_policy: Optional[str] = None  # default: the run's policy
-    decode_policy: Optional[str] = None
-    prefill_policy_opts: Optional[str] = None  # default: the run's options, for its policy
-    decode_policy_opts: Optional[str] = None
-    prefill_router: str = "least_outstanding"
-    decode_router: str = "least_outstanding"
-    kv_link: str = "ib200"  # a KV link preset (orca_jax.specs.hardware.KV_LINK_PRESETS)
-    kv_link_max_concurrent: int = 1  # transfers in flight on one link at once
+    num_replicas: int = _knob(1, "sim: replicas behind a global router, each with its own "
+                              "scheduler, KV pool and engine.")
+    router: str = _knob("round_robin", "How num_replicas > 1 replicas share the arrivals: a "
+                        "registered router, or a plugin as package.module:Class or "
+                        "path/to/file.py:Class.", registry="router")
+    router_opts: str = _knob("", "Router knobs: key=value,... (with num_replicas > 1).")
+    num_prefill_replicas: int = _knob(0, "Disaggregated prefill and decode: replicas of the "
+                                      "prefill pool (with the decode pool's; 0: colocated).")
+    num_decode_replicas: int = _knob(0, "Disaggregated: replicas of the decode pool.")
+    prefill_policy: Optional[str] = _knob(None, "Disaggregated: the prefill pool's policy "
+                                          "(None: the run's).")
+    decode_policy: Optional[str] = _knob(None, "Disaggregated: the decode pool's policy (None: "
+                                         "the run's).")
+    prefill_policy_opts: Optional[str] = _knob(None, "Disaggregated: the prefill policy's knobs "
+                                               "(None: the run's, when it is the run's "
+                                               "policy).")
+    decode_policy_opts: Optional[str] = _knob(None, "Disaggregated: the decode policy's knobs.")
+    prefill_router: str = _knob("least_outstanding", "Disaggregated: which prefill replica "
+                                "takes each arrival (a router, as router).", registry="router")
+    decode_router: str = _knob("least_outstanding", "Disaggregated: which decode replica takes "
+                               "each prefilled request (a router, as router).",
+                               registry="router")
+    kv_link: str = _knob("ib200", "Disaggregated: the KV link preset.", presets=KV_LINK_NAMES)
+    kv_link_max_concurrent: int = _knob(1, "Disaggregated: KV transfers in flight on one "
+                                        "(prefill, decode) link at once; the rest queue.")
 
     def __post_init__(self) -> None:
         _check_at_least("cluster", "num_replicas", self.num_replicas, 1)
@@ -272,17 +373,35 @@ class ClusterSpec:
         return self.num_prefill_replicas > 0
 
 
+class _TakesFlatKeywords(type):
+    """RunSpec's metaclass: a call with 0.1's flat keywords (`RunSpec(engine="sim",
+    rate=8.0, max_batch_size=32)`) builds the nested spec they mean, with a
+    DeprecationWarning (`orca_jax._legacy.nested_run_spec_keywords`), for one release.
+    Every other call is the dataclass's own."""
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        own = {field.name for field in dataclasses.fields(cls)}
+        # 0.1 named the engine and the arrival process by strings where parts go now.
+        flat = not kwargs.keys() <= own or any(isinstance(kwargs.get(part), str)
+                                               for part in ("engine", "workload"))
+        if not flat:
+            return super().__call__(*args, **kwargs)
+        parts = {"workload": WorkloadSpec, "jax": JaxEngineSpec, "sim": SimEngineSpec,
+                 "limits": LimitsSpec, "cluster": ClusterSpec}
+        return super().__call__(*args, **_legacy.nested_run_spec_keywords(kwargs, parts))
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class RunSpec:
+class RunSpec(metaclass=_TakesFlatKeywords):
     """Everything but the policy that defines a run (the flags, resolved)."""
 
     workload: WorkloadSpec = dataclasses.field(default_factory=WorkloadSpec)
     engine: EngineSpec = dataclasses.field(default_factory=SimEngineSpec)
     limits: LimitsSpec = dataclasses.field(default_factory=LimitsSpec)
     cluster: ClusterSpec = dataclasses.field(default_factory=ClusterSpec)
-    seed: int = 0  # the workload's and the sampling's seed (and a real engine's weights)
-    ttft_slo_s: Optional[float] = None  # for goodput
-    tpot_slo_s: Optional[float] = None
+    seed: int = _knob(0, "Workload and sampling seed (and a real engine's random weights).")
+    ttft_slo_s: Optional[float] = _knob(None, "TTFT SLO for goodput, seconds.")
+    tpot_slo_s: Optional[float] = _knob(None, "TPOT SLO for goodput, seconds.")
 
     def __post_init__(self) -> None:
         parts: dict[str, tuple[type, ...]] = {

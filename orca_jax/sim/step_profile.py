@@ -136,7 +136,7 @@ def measure_step_times(engine: Engine, buckets: Sequence[Bucket], *, max_model_l
                        num_repeats: int = 5) -> list[StepSample]:
     """Times every `profile_shapes` composition of every bucket on `engine` (its `step_s`).
 
-    The engine must report measured time (a `JaxEngine` with `clock="wall"`).
+    The engine must report measured time (a `JaxEngine`).
     One untimed pass over the grid, then `num_repeats` timed passes (`time_grid`).
     """
     if num_repeats < 1:
