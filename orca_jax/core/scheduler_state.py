@@ -13,7 +13,7 @@ from typing import Optional, Protocol
 import numpy as np
 from numpy.typing import NDArray
 
-from orca_jax.core.kv_pages import KVPageManager
+from orca_jax.core.kv import KVCapacity, KVPool
 from orca_jax.core.packing import BucketConfig
 from orca_jax.core.request_table import RequestTable
 
@@ -69,7 +69,10 @@ class SchedulerState(Protocol):
     def table(self) -> RequestTable: ...
 
     @property
-    def kv(self) -> KVPageManager: ...
+    def kv(self) -> KVPool: ...
+
+    @property
+    def capacity(self) -> KVCapacity: ...
 
     @property
     def bucket_config(self) -> BucketConfig: ...

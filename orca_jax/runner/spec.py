@@ -17,7 +17,7 @@ import os
 from typing import Optional, Union
 
 from orca_jax.core.bucket_fit import max_fitted_sizes, parse_fit_ladder
-from orca_jax.core.kv_pages import KV_LAYOUTS
+from orca_jax.core.kv import KV_LAYOUTS
 from orca_jax.core.plugins import parse_options
 from orca_jax.specs.hardware import get_hardware, get_kv_link
 from orca_jax.specs.model_config import get_model_config
