@@ -198,7 +198,6 @@ class Scheduler:
         self.in_transfer = self._empty
         self._num_done = 0
         self.record = RunRecord(num_requests=n, logs_step_requests=config.log_step_requests)
-        self._needed_is_allocation = self.capacity.needed_is_allocation
         self._step_cached_tokens = 0
         self._num_done += reject_impossible(self.table, self.capacity, config.max_model_len)
         self.watchdog = ProgressWatchdog(n, config.no_progress_steps)
@@ -236,6 +235,11 @@ class Scheduler:
                     preempt: NDArray[np.int64]) -> tuple[int, int]:  # [p]
         """(pages the plan takes from the free pool, pages its preemptions free)."""
         return self.capacity.pool_demand(ids, needed, preempt)
+
+    @property
+    def _needed_is_allocation(self) -> bool:
+        """Whether the plan check's page counts are the step's allocation (then reused)."""
+        return self.kv_memory.needed_is_allocation
 
     @property
     def done(self) -> bool:

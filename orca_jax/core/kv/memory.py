@@ -114,11 +114,11 @@ class KVMemory:
 
     def admit(self, ids: NDArray[np.int64],  # [a] waiting requests being admitted
               is_first: NDArray[np.bool_]) -> tuple[int, float]:  # [a] first admissions
-        """Admits these requests' KV: back from a slower tier, their prefix hits shared
-        (they start past them), their reservation taken. Returns (tokens taken from the
-        prefix cache, seconds the tier moves cost)."""
+        """Admits these requests' KV: their prefix hits shared (they start past them),
+        their reservation taken, and the KV of those on a slower tier brought back into
+        device pages. Returns (tokens taken from the prefix cache, seconds the tier moves
+        cost)."""
         table = self.table
-        seconds = self.tiers.bring_back(ids)
         num_cached = 0
         if self.hits is not None:  # share the hits before any allocation can evict them
             cached = self.hits.admit(ids)
@@ -127,9 +127,20 @@ class KVMemory:
             # recompute but is no prefix hit, so a request's hit is its first admission's.
             table.num_cached_tokens[ids[is_first]] = cached[is_first]
             num_cached = int(cached.sum())
+        back = self.tiers.away(ids)  # [b] resuming where they were preempted
         if self.reserves:
             self.pool.allocate(ids, np.maximum(table.num_computed[ids], self.reserve_tokens[ids]))
+        elif back.size:
+            self.pool.allocate(back, table.num_computed[back])
+        seconds = self.tiers.bring_back(back, self.pool) if back.size else 0.0
         return num_cached, seconds
+
+    @property
+    def needed_is_allocation(self) -> bool:
+        """Whether the plan check's `pages_needed` is exactly what the step then
+        allocates: nothing is allocated at admission (no reservation, no prefix hit
+        shared, no KV brought back from a slower tier)."""
+        return self.capacity.needed_is_allocation and self.tiers.device_only
 
     def free(self, ids: NDArray[np.int64]) -> None:  # [n]
         """Frees these requests' KV wherever it is."""

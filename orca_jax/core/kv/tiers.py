@@ -4,7 +4,8 @@ The device's pool (`KVPool`) is tier 0 of a `TierChain`; a run today has that
 tier alone, so nothing ever moves. Slower tiers (host memory, disk, a remote
 store) join the chain with `TierChain.add`; a preemption mode that keeps a
 victim's KV (swap: `orca_jax.core.kv.preemption`) moves its pages down the
-chain, and its admission brings them back, each move priced by the tier.
+chain, and its admission brings them back into newly allocated device pages,
+each move priced by the tier.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from typing import Protocol
 
 import numpy as np
 from numpy.typing import NDArray
+
+from orca_jax.core.kv.pool import KVPool
 
 DEVICE = 0  # the device tier's index in every chain
 
@@ -32,6 +35,14 @@ class KVTier(Protocol):
         """Seconds to move requests' pages (`num_pages` each) between here and the device."""
         ...
 
+    def store(self, request: int, device_pages: NDArray[np.int32]) -> None:  # [h]
+        """Copies `request`'s KV out of these device pages (before they are freed)."""
+        ...
+
+    def load(self, request: int, device_pages: NDArray[np.int32]) -> None:  # [h]
+        """Copies `request`'s stored KV into these device pages (just allocated), in order."""
+        ...
+
 
 class DeviceTier:
     """The device's KV pool as tier 0: its pages are where the engine reads them.
@@ -47,6 +58,11 @@ class DeviceTier:
 
     def move_s(self, num_pages: NDArray[np.int64]) -> float:  # [n]
         return 0.0
+
+    def store(self, request: int, device_pages: NDArray[np.int32]) -> None:  # [h]
+        raise RuntimeError("the device tier is where KV moves from, not to")
+
+    load = store
 
 
 class TierChain:
@@ -85,31 +101,49 @@ class TierChain:
         """Pages the requests away from the device hold on tier `tier` (> 0)."""
         return int(self.pages_away[self.tier_of == tier].sum())
 
-    def move_away(self, ids: NDArray[np.int64],  # [n] on the device
-                  num_pages: NDArray[np.int64],  # [n] the pages each holds there
-                  tier: int) -> float:
-        """Records that these requests' pages moved to tier `tier`; returns its price.
-        The caller frees their device pages."""
+    @property
+    def device_only(self) -> bool:
+        """Whether the chain holds the device tier alone (then nothing ever moves)."""
+        return len(self.tiers) == 1
+
+    def away(self, ids: NDArray[np.int64]) -> NDArray[np.int64]:  # [n] -> [a]
+        """Those of `ids` whose KV is on a slower tier."""
+        if self._num_away == 0:  # every default run: nothing is ever away
+            return ids[:0]
+        return ids[self.tier_of[ids] != DEVICE]
+
+    def move_away(self, ids: NDArray[np.int64],  # [n] holding device pages
+                  pool: KVPool, tier: int) -> float:
+        """Copies these requests' KV from their device pages to tier `tier`; returns the
+        price. The caller frees their device pages."""
         if tier == DEVICE:
             raise ValueError("move_away: the device tier is where pages come from")
-        if self.num_used(tier) + int(num_pages.sum()) > self.tiers[tier].capacity_pages:
-            raise RuntimeError(f"KV tier {self.tiers[tier].name!r} is full")
+        num_pages = pool.num_held[ids].copy()  # [n]
+        target = self.tiers[tier]
+        if self.num_used(tier) + int(num_pages.sum()) > target.capacity_pages:
+            raise RuntimeError(f"KV tier {target.name!r} is full")
+        for request in ids.tolist():
+            target.store(request, pool.pages_of(request))
         self.tier_of[ids] = tier
         self.pages_away[ids] = num_pages
         self._num_away += int(ids.size)
-        return self.tiers[tier].move_s(num_pages)
+        return target.move_s(num_pages)
 
-    def bring_back(self, ids: NDArray[np.int64]) -> float:  # [n]
-        """These requests' KV returns to the device (the pool allocates its pages as
-        usual); returns the price of the moves."""
-        if self._num_away == 0:  # every default run: nothing is ever away
-            return 0.0
-        away = ids[self.tier_of[ids] != DEVICE]
+    def bring_back(self, ids: NDArray[np.int64],  # [a] from `away`, device pages allocated
+                   pool: KVPool) -> float:
+        """Copies these requests' KV back into their device pages; returns the price."""
         seconds = 0.0
-        for tier in np.unique(self.tier_of[away]).tolist():
-            moving = away[self.tier_of[away] == tier]
-            seconds += self.tiers[tier].move_s(self.pages_away[moving])
-        self.drop(away)
+        for tier in np.unique(self.tier_of[ids]).tolist():
+            moving = ids[self.tier_of[ids] == tier]
+            source = self.tiers[tier]
+            for request, count in zip(moving.tolist(), self.pages_away[moving].tolist()):
+                pages = pool.pages_of(request)
+                if pages.size < count:
+                    raise RuntimeError(f"request {request} is back with {pages.size} device "
+                                       f"pages for {count} pages of KV")
+                source.load(request, pages[:count])
+            seconds += source.move_s(self.pages_away[moving])
+        self.drop(ids)
         return seconds
 
     def drop(self, ids: NDArray[np.int64]) -> None:  # [n]
