@@ -35,3 +35,15 @@ __all__ = ["BuddyAllocator", "BuddyPool", "CachedCapacity", "CachedPool", "Devic
            "PreemptionMode", "PrefixCache", "TierChain", "make_pool", "pool_rule_broken",
            "preempt", "preemption_modes", "register_preemption_mode",
            "unregister_preemption_mode"]
+
+
+def __getattr__(name: str) -> object:
+    """0.1's `KVPageManager` (now `make_pool`), reached by its old path
+    (`orca_jax.core.kv_pages`), for one more release with a DeprecationWarning."""
+    if name == "KVPageManager":
+        import warnings
+        warnings.warn("KVPageManager is now orca_jax.core.kv.make_pool (a KVPool per layout); "
+                      "the old name goes away in the next release", DeprecationWarning,
+                      stacklevel=2)
+        return make_pool
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
