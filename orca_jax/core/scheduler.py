@@ -230,12 +230,6 @@ class Scheduler:
         (0 for a request running or done, and when caching is not active)."""
         return self.capacity.cached_tokens(ids)
 
-    def pool_demand(self, ids: NDArray[np.int64],  # [n]
-                    needed: NDArray[np.int64],  # [n] from pages_needed
-                    preempt: NDArray[np.int64]) -> tuple[int, int]:  # [p]
-        """(pages the plan takes from the free pool, pages its preemptions free)."""
-        return self.capacity.pool_demand(ids, needed, preempt)
-
     @property
     def _needed_is_allocation(self) -> bool:
         """Whether the plan check's page counts are the step's allocation (then reused)."""

@@ -34,9 +34,6 @@ class SchedulerLimits(Protocol):
     def max_model_len(self) -> int: ...
 
     @property
-    def watermark_pages(self) -> int: ...
-
-    @property
     def seed(self) -> int: ...
 
     @property
@@ -112,10 +109,4 @@ class SchedulerState(Protocol):
 
     def cached_tokens(self, ids: NDArray[np.int64]) -> NDArray[np.int64]:  # [n] -> [n]
         """Tokens an admission of each request now would take from the prefix cache."""
-        ...
-
-    def pool_demand(self, ids: NDArray[np.int64],  # [n]
-                    needed: NDArray[np.int64],  # [n] from pages_needed
-                    preempt: NDArray[np.int64]) -> tuple[int, int]:  # [p]
-        """(pages the plan takes from the free pool, pages its preemptions free)."""
         ...

@@ -140,7 +140,7 @@ class KVMemory:
         """Whether the plan check's `pages_needed` is exactly what the step then
         allocates: nothing is allocated at admission (no reservation, no prefix hit
         shared, no KV brought back from a slower tier)."""
-        return self.capacity.needed_is_allocation and self.tiers.device_only
+        return self.capacity.needed_is_allocation and len(self.tiers.tiers) == 1  # read per step
 
     def free(self, ids: NDArray[np.int64]) -> None:  # [n]
         """Frees these requests' KV wherever it is."""
