@@ -143,3 +143,23 @@ def test_recompute_is_the_one_built_in_mode_and_unknown_modes_are_named():
 
     with pytest.raises(ValueError, match="preemption mode 'teleport' is not one of"):
         run(Unknown(), ContentEngine(CONFIG.num_kv_pages))
+
+
+@dataclasses.dataclass(kw_only=True)
+class HalfSwappingVLLM(VLLM):
+    """`vllm` choosing per victim: even request indices swap, odd ones recompute."""
+
+    def preemption_modes(self, view, victims):
+        return ["swap" if victim % 2 == 0 else "recompute" for victim in victims.tolist()]
+
+
+def test_modes_chosen_per_victim_keep_every_token(swap_mode):
+    roomy = dataclasses.replace(CONFIG, num_kv_pages=400)
+    _, expected = run(policies.make_policy("vllm"), ContentEngine(400), roomy)
+    engine = ContentEngine(CONFIG.num_kv_pages)
+    host = HostTier(capacity_pages=1000, delay_s=0.0, engine=engine)
+    mixed, got = run(HalfSwappingVLLM(), engine, tier=host)
+    preempted = mixed.table.num_preemptions > 0
+    assert preempted[0::2].any() and preempted[1::2].any()  # both modes were used
+    assert host.num_moves == 2 * int(mixed.table.num_preemptions[0::2].sum())  # only evens moved
+    assert all(np.array_equal(a, b) for a, b in zip(got.output_tokens, expected.output_tokens))
