@@ -21,7 +21,7 @@ class LeastAttainedService(Policy):
         order = np.concatenate([view.running, view.waiting[:room]])
         order = order[np.lexsort((requests.arrival_s[order], requests.num_generated[order]))]
         ids, counts = [], []
-        budget, free = view.max_num_tokens, view.num_free_pages - view.watermark_pages
+        budget, free = view.max_num_tokens, view.kv_room()  # the pages a plan may take
         for request in order[:view.max_num_seqs].tolist():
             count = min(int(requests.num_uncomputed([request])[0]), budget)
             pages = int(view.pages_needed([request], [count])[0])

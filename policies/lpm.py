@@ -123,7 +123,7 @@ class LPM(Policy):
             uncached = requests.num_uncomputed([request]) - view.cached_tokens([request])
             count = min(int(uncached[0]), budget)
             need = int(view.pages_needed([request], [count])[0])
-            if need > free - view.watermark_pages:
+            if need > view.kv_room(free):
                 break
             ids.append(request)
             counts.append(count)

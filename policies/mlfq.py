@@ -163,7 +163,7 @@ def _admissible(view: SchedulerView, order: NDArray[np.int64]) -> NDArray[np.int
     if view.prefix_caching:
         left = left - view.cached_tokens(waiting)
     need = np.cumsum(view.pages_needed(waiting, left))  # [w]
-    room = view.num_free_pages - view.watermark_pages - owed
+    room = view.kv_room() - owed
     fits = need <= room
     if fits.all():
         return order

@@ -55,7 +55,7 @@ class Orca(Policy):
         running, tokens = fit_to_budget(running, view.requests.num_uncomputed(running), budget)
         ids, counts = running.tolist(), tokens.tolist()
         budget -= int(tokens.sum())
-        free_pages = view.num_free_pages - view.watermark_pages
+        room = view.kv_room()  # the pages admissions may take now
         for request in view.waiting.tolist():
             if len(ids) >= cap or budget <= 0:
                 break
@@ -67,13 +67,11 @@ class Orca(Policy):
                 break
             count = min(prompt, budget)
             pages = int(view.pages_needed([request], [count])[0])
-            if pages > free_pages:
-                break
-            # Under the buddy KV layout a free total is not enough: a block must exist.
-            if view.kv_layout != "paged" and not view.kv_fits(ids + [request], counts + [count]):
+            # The whole question too: a free total is not enough for every KV layout.
+            if pages > room or not view.kv_fits(ids + [request], counts + [count]):
                 break
             ids.append(request)
             counts.append(count)
             budget -= count
-            free_pages -= pages
+            room -= pages
         return StepPlan(ids, counts)

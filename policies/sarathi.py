@@ -126,7 +126,6 @@ class Sarathi(Policy):
         # Less the pages it holds: one received with its KV (disaggregated decode) has them.
         full_pages = (-(-requests.num_known(candidates) // view.page_size)
                       - view.pages_held(candidates))  # [c]
-        fits = (before < budget) & (
-            full_pages + view.watermark_pages <= free - (np.cumsum(pages) - pages))
+        fits = (before < budget) & (full_pages <= view.kv_room(free - (np.cumsum(pages) - pages)))
         num_admitted = int(fits.size) if fits.all() else int(np.argmin(fits))
         return candidates[:num_admitted], tokens[:num_admitted]

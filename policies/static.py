@@ -60,17 +60,14 @@ class Static(Policy):
 
     def _form_batch(self, view: SchedulerView) -> np.ndarray:
         cap = min(self.max_num_seqs or view.max_num_seqs, view.max_num_seqs)
-        free_pages = view.num_free_pages - view.watermark_pages
+        room = view.kv_room()  # the pages admissions may take now
         batch: list[int] = []
         for request in view.waiting[:cap].tolist():
             prompt = min(int(view.requests.num_uncomputed([request])[0]), view.max_num_tokens)
             pages = int(view.pages_needed([request], [prompt])[0])
-            if pages > free_pages:
-                break
-            # Under the buddy KV layout a free total is not enough: a block must exist.
-            if view.kv_layout != "paged" and not view.kv_fits(batch + [request],
-                                                               [1] * (len(batch) + 1)):
+            # The whole question too: a free total is not enough for every KV layout.
+            if pages > room or not view.kv_fits(batch + [request], [1] * (len(batch) + 1)):
                 break
             batch.append(request)
-            free_pages -= pages
+            room -= pages
         return np.asarray(batch, dtype=np.int64)

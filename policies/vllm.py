@@ -211,7 +211,7 @@ class VLLM(Policy):
         full_pages = view.pages_needed(candidates, uncached)  # [c]
         pages = view.pages_needed(candidates, np.maximum(tokens, 1))  # [c]
         free_before = free - (np.cumsum(pages) - pages)  # [c]
-        fits &= full_pages + view.watermark_pages <= free_before
+        fits &= full_pages <= view.kv_room(free_before)  # vLLM asks it of the whole prompt
         num_admitted = int(np.argmin(fits)) if not fits.all() else int(fits.size)
         return candidates[:num_admitted], tokens[:num_admitted]
 

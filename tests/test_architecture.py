@@ -40,6 +40,8 @@ _BOTTOM = _tree("orca_jax.core", "orca_jax.specs")
 # Each part -> patterns of this repository's modules it may import (besides its own).
 MAY_IMPORT: dict[str, tuple[str, ...]] = {
     "orca_jax.core": (),
+    # KV memory sits below the rest of the core: the request table is all it reads.
+    "orca_jax.core.kv": ("orca_jax.core.request", "orca_jax.core.request_table"),
     "orca_jax.specs": (),
     "orca_jax.workloads": _BOTTOM,
     "orca_jax.sim": _BOTTOM + _tree("pallas_kernels"),  # jax-free ones only: JAX_FREE_ONLY
@@ -320,3 +322,16 @@ def test_an_upward_import_planted_in_a_copy_of_the_library_is_reported(tmp_path)
     new_rings = set(find_cycles(after)) - set(find_cycles(before))
     assert new_rings and all({"orca_jax.core.request", "orca_jax.results.summary"} <= set(ring)
                              for ring in new_rings)
+
+
+def test_kv_memory_may_not_reach_up_into_the_rest_of_the_core(tmp_path):
+    shutil.copytree(ROOT / "orca_jax", tmp_path / "orca_jax",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    before = set(layer_violations(read_imports(tmp_path, ("orca_jax",))))
+    planted = tmp_path / "orca_jax" / "core" / "kv" / "pool.py"
+    planted.write_text(planted.read_text()
+                       + "\n\ndef _planted():\n    from orca_jax.core import plan_checks\n")
+    new = set(layer_violations(read_imports(tmp_path, ("orca_jax",)))) - before
+    assert new == {Violation("orca_jax.core.kv.pool", "orca_jax.core.plan_checks", "", 0)}
+    assert next(iter(new)).rule == ("orca_jax.core.kv may import only orca_jax.core.request, "
+                                    "orca_jax.core.request_table of this repository")

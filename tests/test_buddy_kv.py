@@ -7,8 +7,8 @@ from hypothesis import strategies as st
 
 import policies  # noqa: F401  (registers the built-in policies)
 from orca_jax import PlanError, Request, RequestState, Scheduler, SchedulerConfig, StepPlan
-from orca_jax.core.buddy import BuddyAllocator, block_order, block_pages
-from orca_jax.core.kv_pages import KVPageManager
+from orca_jax.core.kv import make_pool
+from orca_jax.core.kv.buddy import BuddyAllocator, block_order, block_pages
 from orca_jax.core.policy import Policy, make_policy
 from orca_jax.sim.cost_model import CostModelConfig
 from orca_jax.sim.engine import SimEngine
@@ -20,9 +20,9 @@ def ids(*values):
 
 
 def buddy_manager(num_pages=16, page_size=4, max_pages_per_seq=8, num_requests=8):
-    return KVPageManager(num_kv_pages=num_pages, page_size=page_size,
-                         max_pages_per_seq=max_pages_per_seq, num_requests=num_requests,
-                         layout="buddy")
+    return make_pool(num_kv_pages=num_pages, page_size=page_size,
+                     max_pages_per_seq=max_pages_per_seq, num_requests=num_requests,
+                     layout="buddy")
 
 
 # -------------------------------------------------------------- the allocator
@@ -107,12 +107,12 @@ def test_manager_gives_each_request_one_aligned_block():
         kv.allocate(ids(0), ids(17))
     kv.free(ids(1, 0, 2))
     kv.check_consistency()
-    assert kv.num_free == 16 and kv._buddy.free_blocks() == [(0, 16)]
+    assert kv.num_free == 16 and kv.free_blocks() == [(0, 16)]
 
 
 def test_manager_fragmentation_refuses_what_paged_admits():
     kv = buddy_manager(num_pages=16, page_size=4, max_pages_per_seq=8)
-    paged = KVPageManager(num_kv_pages=16, page_size=4, max_pages_per_seq=8, num_requests=8)
+    paged = make_pool(num_kv_pages=16, page_size=4, max_pages_per_seq=8, num_requests=8)
     for manager in (kv, paged):
         manager.allocate(ids(0, 1, 2, 3), ids(16, 16, 16, 16))  # four 4-page requests
         manager.free(ids(0, 2))
@@ -175,7 +175,7 @@ def test_a_plan_no_block_fits_is_rejected_and_changes_nothing():
     scheduler.step()  # admits 0-3 and computes their prompts; 0 and 2 finish
     assert scheduler.kv.num_free == 8
     before = (scheduler.table.num_computed.copy(), scheduler.kv.num_held.copy(),
-              scheduler.kv._buddy.free_blocks(), scheduler.now_s, scheduler.num_steps)
+              scheduler.kv.free_blocks(), scheduler.now_s, scheduler.num_steps)
     with pytest.raises(PlanError, match="kv_pages"):
         scheduler.step()  # 4 has arrived: the plan admits it
     assert scheduler.waiting.tolist() == [4]
@@ -183,7 +183,7 @@ def test_a_plan_no_block_fits_is_rejected_and_changes_nothing():
     assert scheduler.view.pages_needed(ids(4), ids(8)).tolist() == [8]
     np.testing.assert_array_equal(scheduler.table.num_computed, before[0])
     np.testing.assert_array_equal(scheduler.kv.num_held, before[1])
-    assert scheduler.kv._buddy.free_blocks() == before[2]
+    assert scheduler.kv.free_blocks() == before[2]
     assert (scheduler.now_s, scheduler.num_steps) == before[3:]
     scheduler.kv.check_consistency()
 
@@ -233,4 +233,4 @@ def test_reserving_policies_never_overcommit_a_buddy_pool(policy_name, reservati
     finished = state == RequestState.FINISHED
     np.testing.assert_array_equal(scheduler.table.num_generated[finished],
                                   scheduler.table.output_len[finished])
-    assert scheduler.kv.num_free == num_pages and scheduler.kv._buddy.free_blocks()[0][0] == 0
+    assert scheduler.kv.num_free == num_pages and scheduler.kv.free_blocks()[0][0] == 0

@@ -1,4 +1,4 @@
-"""KVPageManager (allocation, growth, free, row reuse) and `pack_step()`'s arrays and buckets."""
+"""The KV pools (allocation, growth, free, row reuse) and `pack_step()`'s arrays and buckets."""
 
 import numpy as np
 import pytest
@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orca_jax.core.engine_api import NULL_PAGE, Bucket, bucket_arrays_are_consistent
-from orca_jax.core.kv_pages import KVPageManager
+from orca_jax.core.kv import KVPool, make_pool
 from orca_jax.core.packing import (
     BucketConfig,
     SamplingArrays,
@@ -16,9 +16,9 @@ from orca_jax.core.packing import (
 )
 
 
-def manager(num_pages=10, page_size=4, max_pages_per_seq=4, num_requests=8) -> KVPageManager:
-    return KVPageManager(num_kv_pages=num_pages, page_size=page_size,
-                         max_pages_per_seq=max_pages_per_seq, num_requests=num_requests)
+def manager(num_pages=10, page_size=4, max_pages_per_seq=4, num_requests=8) -> KVPool:
+    return make_pool(num_kv_pages=num_pages, page_size=page_size,
+                     max_pages_per_seq=max_pages_per_seq, num_requests=num_requests)
 
 
 def ids(*values):

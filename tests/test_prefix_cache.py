@@ -1,6 +1,6 @@
 """Prefix caching: page names, the cache index, shared reference-counted pages, admission hits.
 
-The unit tests drive `PrefixCache` and `KVPageManager` directly; the scheduler
+The unit tests drive `PrefixCache` and a `CachedPool` (`make_pool`) directly; the scheduler
 tests run through the public API on the simulator and assert exact hits, step
 counts and pool states someone could get wrong.
 """
@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from orca_jax.core.prefix_cache import ROOT_HASH, PrefixCache, hash_page
+from orca_jax.core.kv.prefix_cache import ROOT_HASH, PrefixCache, hash_page
 
 PAGE = 4
 
@@ -34,7 +34,7 @@ def test_a_page_name_chains_over_its_parent():
 
 def test_page_names_do_not_depend_on_the_process():
     # Python's own hash of bytes is salted per process; the page names must not be.
-    code = ("import numpy as np; from orca_jax.core.prefix_cache import hash_page;"
+    code = ("import numpy as np; from orca_jax.core.kv.prefix_cache import hash_page;"
             "print(hash_page(b'', np.arange(4, dtype=np.int32)).hex())")
     runs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                            check=True, env={"PYTHONHASHSEED": str(seed), "JAX_PLATFORMS": "cpu"}
@@ -111,7 +111,7 @@ def test_free_cached_pages_are_evicted_least_recently_freed_first():
 
 # ------------------------------------------------------------------ the scheduler
 from orca_jax import PlanError, Request, Scheduler, SchedulerConfig, StepPlan  # noqa: E402
-from orca_jax.core.kv_pages import KVPageManager  # noqa: E402
+from orca_jax.core.kv import make_pool  # noqa: E402
 from orca_jax.core.policy import make_policy  # noqa: E402
 from orca_jax.results.summary import request_rows, step_rows, summarize  # noqa: E402
 from orca_jax.sim.cost_model import CostModelConfig  # noqa: E402
@@ -193,8 +193,8 @@ def test_admissions_share_the_cached_prefix_and_start_past_it():
 
 
 def test_a_shared_page_is_freed_by_its_last_holder_only():
-    kv = KVPageManager(num_kv_pages=8, page_size=PAGE, max_pages_per_seq=4, num_requests=3,
-                       prefix_cache=PrefixCache(num_kv_pages=8, page_size=PAGE, num_requests=3))
+    kv = make_pool(num_kv_pages=8, page_size=PAGE, max_pages_per_seq=4, num_requests=3,
+                   prefix_cache=PrefixCache(num_kv_pages=8, page_size=PAGE, num_requests=3))
     kv.allocate(np.array([0]), np.array([12]))
     kv.cache.commit(0, kv.pages_of(0)[:2], reader(np.arange(12)))
     shared = kv.pages_of(0)[:2]

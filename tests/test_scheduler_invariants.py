@@ -377,8 +377,7 @@ class PreemptNewest(Policy):
             for request in view.waiting.tolist():
                 count = min(int(requests.num_uncomputed([request])[0]), budget)
                 need = int(view.pages_needed([request], [count])[0])
-                if (len(ids) >= view.max_num_seqs or count < 1
-                        or need > free - view.watermark_pages):
+                if len(ids) >= view.max_num_seqs or count < 1 or need > view.kv_room(free):
                     break
                 ids.append(request)
                 counts.append(count)
@@ -507,8 +506,7 @@ class PreemptNewestCached(PreemptNewest):
                 left = requests.num_uncomputed([request]) - view.cached_tokens([request])
                 count = min(int(left[0]), budget)
                 need = int(view.pages_needed([request], [count])[0])
-                if (len(ids) >= view.max_num_seqs or count < 1
-                        or need > free - view.watermark_pages):
+                if len(ids) >= view.max_num_seqs or count < 1 or need > view.kv_room(free):
                     break
                 ids.append(request)
                 counts.append(count)

@@ -38,8 +38,7 @@ def pages_to_receive(scheduler: Scheduler, request: int) -> int:
 
 def can_reserve(scheduler: Scheduler, request: int) -> bool:
     """Whether the pool has the pages for `request`'s transfer, beside the watermark."""
-    return (pages_to_receive(scheduler, request)
-            <= scheduler.kv.num_free - scheduler.config.watermark_pages)
+    return pages_to_receive(scheduler, request) <= scheduler.capacity.room()
 
 
 def reserve(scheduler: Scheduler, request: int) -> bool:

@@ -174,38 +174,7 @@ def kv_rule_broken(scheduler: SchedulerState, ids: NDArray[np.int64],  # [n]
                    admitting: Optional[bool] = None) -> Optional[tuple[str, str]]:
     """`(rule, detail)` of the KV rule that running `ids` (after preempting `preempt`)
     breaks: `kv_pages` or `kv_watermark`; None if the KV fits. Reads only; the plan
-    check and `SchedulerView.kv_fits` both ask it, so they never disagree.
+    check and `SchedulerView.kv_fits` both ask the capacity question
+    (`KVCapacity.rule_broken`), so they never disagree.
     `admitting`: whether one of `ids` is waiting, if the caller knows."""
-    # Shared pages: a page free only when its last holder goes, a hit page taken once.
-    total_needed, freed = scheduler.pool_demand(ids, needed, preempt)
-    available = scheduler.kv.num_free + freed
-    if admitting is None:
-        admitting = bool((scheduler.table.state[ids] == _WAITING).any())
-    # Under the buddy layout the total is not enough: each admission needs a free block.
-    blocks_fit = not total_needed or scheduler.kv.blocks_fit(ids, needed, preempt)
-    return pool_rule_broken(total_needed, available, scheduler.config.watermark_pages,
-                            admitting=admitting, blocks_fit=blocks_fit, freed=freed,
-                            block_sizes=None if blocks_fit else needed[needed > 0].tolist())
-
-
-def pool_rule_broken(total_needed: int, available: int, watermark: int, *, admitting: bool,
-                     blocks_fit: bool = True, freed: int = 0,
-                     block_sizes: Optional[list[int]] = None) -> Optional[tuple[str, str]]:
-    """`(rule, detail)` if taking `total_needed` pages from `available` breaks the KV
-    rule (`kv_pages`, or `kv_watermark` when the step admits a request); None if not.
-
-    The one KV rule: the plan check asks it of each plan (`kv_rule_broken`), and
-    the scheduler asks it, before the run, of each request alone in the empty pool
-    with its whole context (`Scheduler` rejects up front the requests it refuses),
-    so a request that is not rejected can always be admitted once the pool drains.
-    """
-    if total_needed > available:
-        return ("kv_pages", f"the plan needs {total_needed} new KV pages, {available} are free"
-                + (f" (counting {freed} freed by preemption)" if freed else ""))
-    if not blocks_fit:
-        return ("kv_pages", f"no free contiguous blocks of {block_sizes} KV "
-                f"pages ({available} pages free in smaller blocks; buddy layout)")
-    if watermark and admitting and available - total_needed < watermark:
-        return ("kv_watermark", f"admitting leaves {available - total_needed} free pages, "
-                f"below the watermark of {watermark}")
-    return None
+    return scheduler.capacity.rule_broken(ids, needed, preempt, admitting)

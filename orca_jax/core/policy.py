@@ -20,7 +20,10 @@ Policies never import jax: decisions are plain Python and numpy.
 from __future__ import annotations
 
 import abc
-from typing import ClassVar, Mapping, Type
+from typing import ClassVar, Mapping, Sequence, Type, Union
+
+import numpy as np
+from numpy.typing import NDArray
 
 from orca_jax.core import plugins
 from orca_jax.core.plan import StepPlan
@@ -62,6 +65,15 @@ class Policy(abc.ABC):
     defer_release: bool = False
     prefix_caching: bool = False
     preempts: ClassVar[bool] = True
+
+    def preemption_modes(self, view: SchedulerView, victims: NDArray[np.int64]
+                         ) -> Union[str, Sequence[str]]:  # victims: [p]
+        """How the core takes the KV of the requests this step's plan preempts off the
+        device: one registered mode (`orca_jax.core.kv.preemption`) for all, or one per
+        victim. `recompute` (the default): their pages are freed and they compute their
+        context again when readmitted."""
+        del view, victims
+        return "recompute"
 
     @abc.abstractmethod
     def schedule(self, view: SchedulerView) -> StepPlan:

@@ -96,7 +96,8 @@ def plan_in_order(view: SchedulerView, order: NDArray[np.int64],  # [k]
     first_victim = 0  # victims[:first_victim] are ranked above the current position
     victim_pages = sum(held[p] for p in victims)
     is_preempted = [False] * order.size
-    free, watermark = view.num_free_pages, view.watermark_pages
+    # Pages the plan may still take: the free ones, less the watermark once it admits.
+    room_running, room_admitting = view.kv_room(admitting=False), view.kv_room()
     ids: list[int] = []
     counts: list[int] = []
     preempted: list[int] = []
@@ -130,22 +131,25 @@ def plan_in_order(view: SchedulerView, order: NDArray[np.int64],  # [k]
         need = pages[pos] if count == want_list[pos] else int(
             view.pages_needed(order[pos:pos + 1], np.array([count]))[0])
         # An admission anywhere in the plan obliges the plan to leave the watermark free.
-        floor = watermark if (admitted or not running[pos]) else 0
+        room = room_admitting if (admitted or not running[pos]) else room_running
         usable = victim_pages if (running[pos] or admission_preempts) else 0
-        if need - (free - floor) > usable:
+        if need - room > usable:
             if not running[pos]:
                 admitting = False
             continue  # pauses (running) or waits (waiting); preempting would not help
-        while free - floor < need:
+        while room < need:
             victim = victims.pop()
             victim_pages -= held[victim]
             is_preempted[victim] = True
             preempted.append(order_list[victim])
-            free += held[victim]
+            room += held[victim]
+            room_running += held[victim]
+            room_admitting += held[victim]
         ids.append(order_list[pos])
         counts.append(count)
         budget -= count
-        free -= need
+        room_running -= need
+        room_admitting -= need
         admitted = admitted or not running[pos]
     if preempt_over_cap and len(ids) >= cap:
         # Everything left in victims[first_victim:] is running, unscheduled, below the cut.

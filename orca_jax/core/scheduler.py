@@ -15,7 +15,7 @@ token or finishes for `no_progress_steps` iterations fails (`no_progress`).
 With prefix caching active (`SchedulerConfig.enable_prefix_caching` and the
 policy's `prefix_caching`), an admission shares the cached pages of its known
 tokens and starts past them, and pages are named as they fill
-(`orca_jax.core.prefix_cache`, `orca_jax.core.prefix_hits`).
+(`orca_jax.core.kv.prefix_cache`, `orca_jax.core.kv.prefix_hits`).
 
 All per-request state is in the `RequestTable`'s arrays and every per-step
 operation is a whole-array numpy expression, so the host cost per iteration
@@ -31,16 +31,14 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 from numpy.typing import NDArray
 
-from orca_jax.core.admission import reject_impossible, reservation_tokens
+from orca_jax.core.admission import reject_impossible
 from orca_jax.core.engine_api import Engine, PackedStep, PendingStep, StepOutput
-from orca_jax.core.kv_pages import KV_LAYOUTS, KVPageManager
+from orca_jax.core.kv import KV_LAYOUTS, KVMemory, preempt
 from orca_jax.core.overlap import InFlightTokens
 from orca_jax.core.packing import SamplingArrays, bucket_config_for, pack_step
 from orca_jax.core.plan import PlanError, StepPlan
 from orca_jax.core.plan_checks import check_plan
-from orca_jax.core.policy import KV_RESERVATIONS, Policy, check_kv_reservation
-from orca_jax.core.prefix_cache import PrefixCache
-from orca_jax.core.prefix_hits import PrefixHits
+from orca_jax.core.policy import Policy, check_kv_reservation
 from orca_jax.core.progress import ProgressWatchdog
 from orca_jax.core.request import Request, RequestState, sort_by_arrival
 from orca_jax.core.request_table import RequestTable
@@ -164,15 +162,7 @@ class Scheduler:
             else lambda packed: engine.step(packed.inputs))
         check_kv_reservation(policy, ValueError)
         self.kv_reservation = policy.kv_reservation
-        if config.kv_layout == "buddy" and self.kv_reservation == "none":
-            raise ValueError(f"policy {policy.name!r}: kv_layout 'buddy' gives each request one "
-                             "block at admission, so it needs a reserving kv_reservation "
-                             f"({KV_RESERVATIONS[1:]}), not 'none'")
         self.prefix_caching = bool(config.enable_prefix_caching and policy.prefix_caching)
-        if self.prefix_caching and config.kv_layout == "buddy":
-            raise ValueError(f"policy {policy.name!r}: prefix caching shares single KV pages and "
-                             "the buddy layout hands out whole blocks; turn one off "
-                             "(SchedulerConfig.enable_prefix_caching or the policy's knob)")
         ordered = sort_by_arrival(requests)
         self.table = RequestTable(ordered)
         n = len(ordered)
@@ -180,17 +170,14 @@ class Scheduler:
             max_num_tokens=config.max_num_tokens, max_num_seqs=config.max_num_seqs,
             max_model_len=config.max_model_len, page_size=config.page_size,
             token_sizes=config.token_buckets)
-        # A workload of lengths only has no ids to match: no admission could ever hit, so
-        # no cache is kept and every step takes the uncached path (same results, faster).
-        cache = (PrefixCache(num_kv_pages=config.num_kv_pages, page_size=config.page_size,
-                             num_requests=n)
-                 if self.prefix_caching and any(r.prompt_tokens is not None for r in ordered)
-                 else None)
-        self.kv = KVPageManager(num_kv_pages=config.num_kv_pages, page_size=config.page_size,
-                                max_pages_per_seq=self.bucket_config.pages_per_seq,
-                                num_requests=n, layout=config.kv_layout, prefix_cache=cache)
-        self._reserve_tokens = reservation_tokens(self.kv_reservation, self.table,
-                                                  config.max_model_len)
+        self.kv_memory = KVMemory.build(
+            self.table, policy_name=policy.name, num_kv_pages=config.num_kv_pages,
+            page_size=config.page_size, max_pages_per_seq=self.bucket_config.pages_per_seq,
+            max_model_len=config.max_model_len, layout=config.kv_layout,
+            reservation=self.kv_reservation, watermark_pages=config.watermark_pages,
+            prefix_caching=self.prefix_caching, uses_planned_output=not engine.needs_token_ids)
+        self.kv, self.hits = self.kv_memory.pool, self.kv_memory.hits
+        self.capacity = self.kv_memory.capacity
         seeds = (np.arange(n, dtype=np.uint64) * np.uint64(0x9E3779B1)
                  + np.uint64(config.seed)) & np.uint64(0xFFFFFFFF)
         self.sampling = SamplingArrays(
@@ -211,14 +198,8 @@ class Scheduler:
         self.in_transfer = self._empty
         self._num_done = 0
         self.record = RunRecord(num_requests=n, logs_step_requests=config.log_step_requests)
-        self.hits: Optional[PrefixHits] = (
-            PrefixHits(self.table, self.kv, cache, uses_planned_output=not engine.needs_token_ids)
-            if cache is not None else None)
-        # Whether `pages_needed` counts exactly what `kv.allocate` will take (no page
-        # reserved at admission, no hit shared): the plan check's count is then reused.
-        self._needed_is_allocation = self.kv_reservation == "none" and self.hits is None
         self._step_cached_tokens = 0
-        self._num_done += reject_impossible(self.table, self.kv, config, self._reserve_tokens)
+        self._num_done += reject_impossible(self.table, self.capacity, config.max_model_len)
         self.watchdog = ProgressWatchdog(n, config.no_progress_steps)
         self.in_flight: Optional[InFlightTokens] = (
             InFlightTokens(n) if (config.overlap and engine.feeds_tokens
@@ -241,52 +222,18 @@ class Scheduler:
         return i if i < len(self.table) else None
 
     def pages_needed(self, ids: NDArray[np.int64], tokens: NDArray[np.int64]) -> NDArray[np.int64]:
-        """New pages to run `tokens` of each request now (admissions reserve first).
-
-        With prefix caching, an admission's tokens start past its hit: it needs the
-        pages past the hit, plus each hit page that is free now (sharing takes it).
-        """
-        target = self.table.num_computed[ids] + tokens
-        if self.kv_reservation == "none" and self.hits is None:
-            return self.kv.pages_needed(ids, target)
-        admitting = self.table.state[ids] == _WAITING
-        hit_pages = free_hits = None
-        if self.hits is not None and admitting.any():
-            hit_pages, free_hits = self.hits.hit_counts(ids, admitting)
-            target = target + hit_pages * self.config.page_size
-        if self.kv_reservation != "none":
-            target = np.where(admitting, np.maximum(target, self._reserve_tokens[ids]), target)
-        needed = self.kv.pages_needed(ids, target)
-        if hit_pages is None:
-            return needed
-        return needed - hit_pages + free_hits
+        """New pages to run `tokens` of each request now (`KVCapacity.pages_needed`)."""
+        return self.capacity.pages_needed(ids, tokens)
 
     def cached_tokens(self, ids: NDArray[np.int64]) -> NDArray[np.int64]:  # [n] -> [n]
         """Tokens an admission of each request now would take from the prefix cache
         (0 for a request running or done, and when caching is not active)."""
-        if self.hits is None:
-            return np.zeros(ids.size, dtype=np.int64)
-        return self.hits.hit_counts(ids, self.table.state[ids] <= _WAITING)[0] * (
-            self.config.page_size)
+        return self.capacity.cached_tokens(ids)
 
-    def pool_demand(self, ids: NDArray[np.int64],  # [n]
-                    needed: NDArray[np.int64],  # [n] from pages_needed
-                    preempt: NDArray[np.int64]) -> tuple[int, int]:  # [p]
-        """(pages the plan takes from the free pool, pages its preemptions free).
-
-        `needed.sum()` counts a free page that several admissions hit once for each;
-        the pool gives it once. A page freed by preemption that an admission hits
-        is taken again at once, so it counts on neither side.
-        """
-        if self.hits is None:
-            return int(needed.sum()), int(self.kv.num_held[preempt].sum()) if preempt.size else 0
-        admitted = ids[self.table.state[ids] == _WAITING]
-        if admitted.size == 0 and preempt.size == 0:  # most steps: nothing shared is taken
-            return int(needed.sum()), 0
-        hit = self.hits.hit_pages(admitted)  # [h] distinct
-        overcount = self.hits.free_hit_overcount(admitted, hit)
-        freed = self.kv.num_freed_by(preempt, hit) if preempt.size else 0
-        return int(needed.sum()) - overcount, freed
+    @property
+    def _needed_is_allocation(self) -> bool:
+        """Whether the plan check's page counts are the step's allocation (then reused)."""
+        return self.kv_memory.needed_is_allocation
 
     @property
     def done(self) -> bool:
@@ -450,9 +397,7 @@ class Scheduler:
             return True  # a transfer's end frees or brings pages: its cluster steps us again
         stalled = self.waiting[self.kv.num_held[self.waiting] > 0]  # received with their KV
         if stalled.size and not self.running.size:  # and their pages block every admission
-            self.kv.free(stalled)  # so they recompute, as if preempted
-            self.table.num_computed[stalled] = 0
-            self.table.num_preemptions[stalled] += 1
+            preempt(self.kv_memory, stalled)  # so they recompute, as if preempted
             self.record.num_preemptions += int(stalled.size)
             return False
         upcoming = self.next_arrival_s()
@@ -489,17 +434,16 @@ class Scheduler:
         self.unreleased = _frozen(self.unreleased[~np.isin(self.unreleased, release)])
         self._num_done += int(release.size)
 
-    def _apply_preemption(self, preempt: NDArray[np.int64]) -> None:
-        if preempt.size == 0:
+    def _apply_preemption(self, victims: NDArray[np.int64]) -> None:
+        if victims.size == 0:
             return
         table = self.table
-        self.kv.free(preempt)
-        table.state[preempt] = _WAITING
-        table.num_computed[preempt] = 0
-        table.num_preemptions[preempt] += 1
+        move_s = preempt(self.kv_memory, victims, self.policy.preemption_modes(self.view, victims))
+        self.now_s += move_s  # a swap's move holds the step back (recompute: 0)
+        table.state[victims] = _WAITING
         self.running = _frozen(self.running[table.state[self.running] == _RUNNING])
-        self.waiting = _frozen(np.sort(np.concatenate([self.waiting, preempt])))
-        self.record.num_preemptions += int(preempt.size)
+        self.waiting = _frozen(np.sort(np.concatenate([self.waiting, victims])))
+        self.record.num_preemptions += int(victims.size)
 
     def _apply_rejection(self, plan: StepPlan) -> None:
         reject = plan.reject_ids
@@ -507,7 +451,7 @@ class Scheduler:
             return
         table = self.table
         table.state[reject] = RequestState.REJECTED
-        self.kv.free(reject)  # a request received with its KV (core.handoff) waits with pages
+        self.kv_memory.free(reject)  # one received with its KV (core.handoff) waits with it
         for request, reason in zip(reject.tolist(), plan.reject_reasons):
             table.reject_reason[request] = f"policy {self.policy.name}: {reason}"
         self.waiting = _frozen(self.waiting[table.state[self.waiting] == _WAITING])
@@ -524,16 +468,8 @@ class Scheduler:
         table.first_scheduled_s[admitted[is_first]] = self.now_s
         self.running = _frozen(np.concatenate([self.running, admitted]))
         self.waiting = _frozen(self.waiting[table.state[self.waiting] == _WAITING])
-        if self.hits is not None:  # share the hits before any allocation can evict them
-            cached = self.hits.admit(admitted)
-            table.num_computed[admitted] = cached
-            # A request readmitted after preemption finds its own freed pages: that saves
-            # recompute but is no prefix hit, so a request's hit is its first admission's.
-            table.num_cached_tokens[admitted[is_first]] = cached[is_first]
-            self._step_cached_tokens = int(cached.sum())
-        if self.kv_reservation != "none":
-            self.kv.allocate(admitted, np.maximum(table.num_computed[admitted],
-                                                  self._reserve_tokens[admitted]))
+        self._step_cached_tokens, move_s = self.kv_memory.admit(admitted, is_first)
+        self.now_s += move_s  # KV back from a slower tier holds the step back (default: 0)
 
     def _token_ids(self, ids: NDArray[np.int64], tokens: NDArray[np.int64]
                    ) -> Optional[NDArray[np.int32]]:

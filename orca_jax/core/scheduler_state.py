@@ -13,7 +13,7 @@ from typing import Optional, Protocol
 import numpy as np
 from numpy.typing import NDArray
 
-from orca_jax.core.kv_pages import KVPageManager
+from orca_jax.core.kv import KVCapacity, KVPool
 from orca_jax.core.packing import BucketConfig
 from orca_jax.core.request_table import RequestTable
 
@@ -32,9 +32,6 @@ class SchedulerLimits(Protocol):
 
     @property
     def max_model_len(self) -> int: ...
-
-    @property
-    def watermark_pages(self) -> int: ...
 
     @property
     def seed(self) -> int: ...
@@ -69,7 +66,10 @@ class SchedulerState(Protocol):
     def table(self) -> RequestTable: ...
 
     @property
-    def kv(self) -> KVPageManager: ...
+    def kv(self) -> KVPool: ...
+
+    @property
+    def capacity(self) -> KVCapacity: ...
 
     @property
     def bucket_config(self) -> BucketConfig: ...
@@ -109,10 +109,4 @@ class SchedulerState(Protocol):
 
     def cached_tokens(self, ids: NDArray[np.int64]) -> NDArray[np.int64]:  # [n] -> [n]
         """Tokens an admission of each request now would take from the prefix cache."""
-        ...
-
-    def pool_demand(self, ids: NDArray[np.int64],  # [n]
-                    needed: NDArray[np.int64],  # [n] from pages_needed
-                    preempt: NDArray[np.int64]) -> tuple[int, int]:  # [p]
-        """(pages the plan takes from the free pool, pages its preemptions free)."""
         ...

@@ -6,18 +6,19 @@ requests (as arrays of request indices), every request's progress (a read-only
 policy keeps its own bookkeeping in its own fields.
 
 The limits' names before 0.2 (`token_budget`, `max_batch_size`,
-`num_total_pages`) still read, with a DeprecationWarning once per process.
+`num_total_pages`) still read, with a DeprecationWarning once per process, and
+so do `watermark_pages` and `kv_layout`: a policy asks the capacity question
+(`pages_needed`, `kv_fits`, `kv_room`), which includes both, instead.
 """
 
 from __future__ import annotations
 
 import warnings
-from typing import Optional
+from typing import Callable, Optional, Union
 
 import numpy as np
 from numpy.typing import NDArray
 
-from orca_jax.core.plan_checks import kv_rule_broken
 from orca_jax.core.request_table import RequestTableView
 from orca_jax.core.scheduler_state import SchedulerState
 
@@ -41,6 +42,20 @@ def _renamed(old: str) -> property:
     return property(read, doc=f"Deprecated: `{new}`.")
 
 
+def _capacity_detail(name: str, value: Callable[["SchedulerView"], object]) -> property:
+    """A read-only property for a detail the capacity question now includes, warning
+    once per process."""
+
+    def read(view: "SchedulerView") -> object:
+        if name not in _warned:
+            _warned.add(name)
+            warnings.warn(f"SchedulerView.{name} is deprecated; ask kv_fits, kv_room or "
+                          "pages_needed, which include it", DeprecationWarning, stacklevel=2)
+        return value(view)
+
+    return property(read, doc=f"Deprecated: `{name}` (the capacity question includes it).")
+
+
 class SchedulerView:
     """What `Policy.schedule` sees. Created once per scheduler; reads its live state.
 
@@ -53,9 +68,6 @@ class SchedulerView:
       bucket_token_sizes: the configured step sizes (T of each bucket).
       max_model_len: the context limit (prompt + output) of every request.
       kv_reservation: this run's KV allocation mode (see `Policy.kv_reservation`).
-      watermark_pages: free pages an admission must leave untouched.
-      kv_layout: `paged`, or `buddy` (each reservation one power-of-two block: a
-        free total is not enough, see `kv_fits`).
       prefix_caching: whether prefix caching is active (the config's switch and
         the policy's): an admission then starts past its hit (`cached_tokens`).
       ttft_slo_s, tpot_slo_s: the run's SLOs in seconds (`--ttft_slo_s`,
@@ -76,8 +88,6 @@ class SchedulerView:
         self.bucket_token_sizes = scheduler.bucket_config.token_sizes
         self.max_model_len = config.max_model_len
         self.kv_reservation = scheduler.kv_reservation
-        self.watermark_pages = config.watermark_pages
-        self.kv_layout = scheduler.kv.layout
         self.prefix_caching = scheduler.prefix_caching
         self.ttft_slo_s: Optional[float] = config.ttft_slo_s
         self.tpot_slo_s: Optional[float] = config.tpot_slo_s
@@ -86,6 +96,9 @@ class SchedulerView:
     token_budget = _renamed("token_budget")
     max_batch_size = _renamed("max_batch_size")
     num_total_pages = _renamed("num_total_pages")
+    watermark_pages = _capacity_detail(
+        "watermark_pages", lambda view: view._scheduler.capacity.watermark_pages)
+    kv_layout = _capacity_detail("kv_layout", lambda view: view._scheduler.kv.layout)
 
     @property
     def now_s(self) -> float:
@@ -130,8 +143,7 @@ class SchedulerView:
     @property
     def num_cached_pages(self) -> int:
         """KV pages holding a cached block, in use or free (0 without prefix caching)."""
-        cache = self._scheduler.kv.cache
-        return cache.num_cached if cache is not None else 0
+        return self._scheduler.kv.num_cached
 
     def cached_tokens(self, ids: NDArray[np.int64]) -> NDArray[np.int64]:  # [n] -> [n]
         """Tokens of its known tokens an admission of each request right now would take
@@ -176,12 +188,21 @@ class SchedulerView:
         `kv_watermark` rules (with prefix caching, a page a victim frees and an
         admission hits again counts on neither side).
 
-        Under `paged` this is `pages_needed(...).sum()` against the free pages (less
-        the watermark when admitting; a free page several admissions hit counts once);
-        under `buddy` every admission also needs a free block of its size (or a larger
-        one to split).
+        Under the `paged` layout this is `pages_needed(...).sum()` against the free
+        pages (less the watermark when admitting; a free page several admissions hit
+        counts once); under `buddy` every admission also needs a free block of its size
+        (or a larger one to split).
         """
         ids = np.asarray(ids, dtype=np.int64)
         preempt = np.asarray(() if preempt is None else preempt, dtype=np.int64)
-        needed = self._scheduler.pages_needed(ids, np.asarray(num_tokens, dtype=np.int64))
-        return kv_rule_broken(self._scheduler, ids, needed, preempt) is None
+        return self._scheduler.capacity.kv_fits(ids, np.asarray(num_tokens, dtype=np.int64),
+                                                preempt)
+
+    def kv_room(self, free_pages: Union[int, NDArray[np.int64], None] = None, *,
+                admitting: bool = True) -> Union[int, NDArray[np.int64]]:
+        """KV pages a plan may take from `free_pages` free pages (default: the free
+        pages now; an int or an array, elementwise): less the watermark an admission
+        must leave when the plan admits a request. A policy that counts pages as it
+        builds a plan compares `pages_needed` against this; `kv_fits` asks the whole
+        question at once (a layout whose free total is not enough included)."""
+        return self._scheduler.capacity.room(free_pages, admitting=admitting)

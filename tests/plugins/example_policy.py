@@ -1,7 +1,8 @@
 """An example plugin policy: shortest prompt first, loaded as `path/to/file.py:Class`.
 
 Written against the old docs on purpose (the flat `orca_jax.policy` import, the view's
-`token_budget` and `max_batch_size`): it checks that such a plugin still loads and runs.
+`token_budget`, `max_batch_size` and `watermark_pages`): it checks that such a plugin still
+loads and runs.
 """
 
 import dataclasses

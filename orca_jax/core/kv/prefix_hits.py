@@ -1,7 +1,7 @@
 """The scheduler's side of prefix caching: admission lookups, sharing, and naming pages.
 
-`PrefixHits` ties the request table, the page manager and the `PrefixCache`
-together for the scheduler, which asks it four things: how many pages an
+`PrefixHits` ties the request table and the `CachedPool` (with its
+`PrefixCache`) together for the scheduler, which asks it four things: how many pages an
 admission now would take from the cache (plan checks and the view: reads
 only), to share them when it admits (`admit`), to name the pages its requests
 filled in a step (`commit`), and to drop a finished request's names (`forget`).
@@ -18,8 +18,8 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
-from orca_jax.core.kv_pages import KVPageManager
-from orca_jax.core.prefix_cache import PrefixCache, TokenReader
+from orca_jax.core.kv.cached_pool import CachedPool
+from orca_jax.core.kv.prefix_cache import TokenReader
 from orca_jax.core.request_table import RequestTable
 
 
@@ -28,18 +28,16 @@ class PrefixHits:
 
     Args:
       table: the scheduler's request table.
-      kv: its page manager (sharing the cache `cache`).
-      cache: the prefix cache.
+      kv: its KV pool, sharing pages with its prefix cache.
       uses_planned_output: name generated pages by a request's planned answer
         (`Request.planned_output_tokens`) where it has one: the simulator's sampled ids
         are placeholders, and a conversation's next turn holds the planned ones.
     """
 
-    def __init__(self, table: RequestTable, kv: KVPageManager, cache: PrefixCache, *,
-                 uses_planned_output: bool) -> None:
+    def __init__(self, table: RequestTable, kv: CachedPool, *, uses_planned_output: bool) -> None:
         self._table = table
         self._kv = kv
-        self._cache = cache
+        self._cache = cache = kv.cache
         # Every request's generated ids, request i's at [start[i], start[i] + output_len[i]):
         # one whole-array write per step, where a list per request costs a Python append each.
         self._start = np.concatenate([[0], np.cumsum(table.output_len)[:-1]])  # [N]

@@ -7,7 +7,7 @@ chained over its parent page's hash and its own token ids, so equal names mean
 equal token prefixes and hence equal K/V. The cache maps names to the pages
 that hold them. A cached page whose last user is gone is *free* but stays
 findable, in a least-recently-freed order, until the pool needs it for new
-tokens (an eviction drops its name). `KVPageManager` owns the reference counts
+tokens (an eviction drops its name). `CachedPool` owns the reference counts
 and the free pool; this module owns the names and the free cached pages.
 
 The hash is blake2b (16 bytes) over the parent's digest and the page's int32

@@ -1,0 +1,214 @@
+"""The one capacity question: what a plan's KV needs, and whether the pool can give it.
+
+The core's plan check (`plan_checks`), the rejection of impossible requests
+before a run (`admission`), the disaggregated handoff, and every policy through
+`SchedulerView` ask a `KVCapacity`, so they never disagree. It knows the
+watermark (free pages an admission must leave, vLLM v0's), each request's
+reservation at admission (`Policy.kv_reservation`), the pool's layout (through
+the `KVPool`: a buddy pool rounds a fresh request's pages up to its block and
+needs a free block of each size) and, in `CachedCapacity`, prefix-cache hits
+(an admission starts past its hit; a free page several admissions hit is taken
+once).
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import numpy as np
+from numpy.typing import NDArray
+
+from orca_jax.core.kv.pool import KVPool
+from orca_jax.core.kv.prefix_hits import PrefixHits
+from orca_jax.core.request import RequestState
+from orca_jax.core.request_table import RequestTable
+
+_WAITING = int(RequestState.WAITING)  # a plain int: IntEnum lookups cost on the hot path
+
+
+def reservation_tokens(mode: str, table: RequestTable, max_model_len: int
+                       ) -> NDArray[np.int64]:  # [N]
+    """`[N]` tokens each request's admission reserves under `kv_reservation` `mode`."""
+    total = table.prompt_len + table.output_len
+    if mode == "none":
+        return np.zeros(len(table), dtype=np.int64)
+    if mode == "exact":
+        return total
+    if mode == "pow2":
+        return np.minimum(2 ** np.ceil(np.log2(np.maximum(total, 1))).astype(np.int64),
+                          max_model_len)
+    return np.full(len(table), max_model_len, dtype=np.int64)  # "max"
+
+
+def pool_rule_broken(total_needed: int, available: int, watermark: int, *, admitting: bool,
+                     blocks_fit: bool = True, freed: int = 0,
+                     block_sizes: Optional[list[int]] = None) -> Optional[tuple[str, str]]:
+    """`(rule, detail)` if taking `total_needed` pages from `available` breaks the KV
+    rule (`kv_pages`, or `kv_watermark` when the step admits a request); None if not.
+
+    The one KV rule: `KVCapacity` asks it of each plan (`rule_broken`) and, before
+    the run, of each request alone in the empty pool with its whole context
+    (`refusals`), so a request that is not rejected up front can always be
+    admitted once the pool drains.
+    """
+    if total_needed > available:
+        return ("kv_pages", f"the plan needs {total_needed} new KV pages, {available} are free"
+                + (f" (counting {freed} freed by preemption)" if freed else ""))
+    if not blocks_fit:
+        return ("kv_pages", f"no free contiguous blocks of {block_sizes} KV "
+                f"pages ({available} pages free in smaller blocks; buddy layout)")
+    if watermark and admitting and available - total_needed < watermark:
+        return ("kv_watermark", f"admitting leaves {available - total_needed} free pages, "
+                f"below the watermark of {watermark}")
+    return None
+
+
+class KVCapacity:
+    """Answers the capacity question for one scheduler (no prefix caching).
+
+    Args:
+      table: the scheduler's request table.
+      pool: its KV pool.
+      reservation: the policy's `kv_reservation`.
+      reserve_tokens: `[N]` from `reservation_tokens`.
+      watermark_pages: free pages an admission must leave.
+    """
+
+    def __init__(self, table: RequestTable, pool: KVPool, *, reservation: str,
+                 reserve_tokens: NDArray[np.int64], watermark_pages: int) -> None:
+        self._table = table
+        self._pool = pool
+        self._reserves = reservation != "none"
+        self._reserve_tokens = reserve_tokens  # [N]
+        self.watermark_pages = watermark_pages
+        # Whether `pages_needed` counts exactly what the step's allocation takes (no page
+        # reserved at admission, no hit shared): the plan check's count is then reused.
+        self.needed_is_allocation = not self._reserves
+
+    def pages_needed(self, ids: NDArray[np.int64],  # [n]
+                     tokens: NDArray[np.int64]) -> NDArray[np.int64]:  # [n]
+        """New pages to run `tokens` of each request now (admissions reserve first)."""
+        target = self._table.num_computed[ids] + tokens
+        if self._reserves:
+            admitting = self._table.state[ids] == _WAITING
+            target = np.where(admitting, np.maximum(target, self._reserve_tokens[ids]), target)
+        return self._pool.pages_needed(ids, target)
+
+    def cached_tokens(self, ids: NDArray[np.int64]) -> NDArray[np.int64]:  # [n] -> [n]
+        """Tokens an admission of each request now would take from the prefix cache."""
+        return np.zeros(ids.size, dtype=np.int64)
+
+    def pool_demand(self, ids: NDArray[np.int64],  # [n]
+                    needed: NDArray[np.int64],  # [n] from pages_needed
+                    preempt: NDArray[np.int64]) -> tuple[int, int]:  # [p]
+        """(pages the plan takes from the free pool, pages its preemptions free)."""
+        return int(needed.sum()), int(self._pool.num_held[preempt].sum()) if preempt.size else 0
+
+    def rule_broken(self, ids: NDArray[np.int64],  # [n]
+                    needed: NDArray[np.int64],  # [n] from pages_needed
+                    preempt: NDArray[np.int64],  # [p]
+                    admitting: Optional[bool] = None) -> Optional[tuple[str, str]]:
+        """`(rule, detail)` of the KV rule that running `ids` (after preempting `preempt`)
+        breaks: `kv_pages` or `kv_watermark`; None if the KV fits. Reads only.
+        `admitting`: whether one of `ids` is waiting, if the caller knows."""
+        total_needed, freed = self.pool_demand(ids, needed, preempt)
+        available = self._pool.num_free + freed
+        if admitting is None:
+            admitting = bool((self._table.state[ids] == _WAITING).any())
+        # The total is not always enough: a buddy pool needs a free block per admission.
+        blocks_fit = not total_needed or self._pool.blocks_fit(ids, needed, preempt)
+        return pool_rule_broken(total_needed, available, self.watermark_pages,
+                                admitting=admitting, blocks_fit=blocks_fit, freed=freed,
+                                block_sizes=None if blocks_fit else needed[needed > 0].tolist())
+
+    def kv_fits(self, ids: NDArray[np.int64],  # [n]
+                tokens: NDArray[np.int64],  # [n]
+                preempt: NDArray[np.int64]) -> bool:  # [p]
+        """Whether the pool can give the KV to run `tokens` of each of `ids`, all
+        together, now, after preempting `preempt` (`rule_broken` is None)."""
+        return self.rule_broken(ids, self.pages_needed(ids, tokens), preempt) is None
+
+    def room(self, free_pages: Union[int, NDArray[np.int64], None] = None, *,
+             admitting: bool = True) -> Union[int, NDArray[np.int64]]:
+        """Pages a plan may take from `free_pages` free pages (default: the pool's free
+        pages now), elementwise: less the watermark when the plan admits a request."""
+        free = self._pool.num_free if free_pages is None else free_pages
+        return free - self.watermark_pages if admitting else free
+
+    def refusals(self, total_tokens: NDArray[np.int64]  # [N]
+                 ) -> tuple[NDArray[np.int64], dict[int, str]]:
+        """Each request alone in the empty pool with its whole context (`total_tokens`,
+        or its reservation if larger): `([N] pages it takes, {pages: reason})` for the
+        page counts the KV rule refuses (asked once per distinct count)."""
+        pool, watermark = self._pool, self.watermark_pages
+        pages = pool.pages_taken(pool.pages_for_tokens(
+            np.maximum(total_tokens, self._reserve_tokens)))  # [N]
+        refused: dict[int, str] = {}
+        for count in np.unique(pages).tolist():
+            broken = pool_rule_broken(count, pool.num_kv_pages, watermark, admitting=True,
+                                      blocks_fit=count <= pool.largest_block,
+                                      block_sizes=[count])
+            if broken is None:
+                continue
+            if broken[0] == "kv_watermark":
+                refused[count] = (f"needs {count} KV pages, the pool has "
+                                  f"{pool.num_kv_pages - watermark} beside the watermark of "
+                                  f"{watermark}")
+            elif pool.largest_block < count and pool.largest_block < pool.num_kv_pages:
+                refused[count] = (f"needs {count} KV pages, the pool has {pool.largest_block} "
+                                  "in its largest buddy block")
+            else:
+                refused[count] = f"needs {count} KV pages, the pool has {pool.num_kv_pages}"
+        return pages, refused
+
+
+class CachedCapacity(KVCapacity):
+    """`KVCapacity` with prefix caching: an admission's tokens start past its hit.
+
+    Args:
+      hits: the scheduler's prefix-cache lookups (over the same pool).
+      **kwargs: `KVCapacity`'s arguments.
+    """
+
+    def __init__(self, table: RequestTable, pool: KVPool, hits: PrefixHits, **kwargs) -> None:
+        super().__init__(table, pool, **kwargs)
+        self._hits = hits
+        self._page_size = pool.page_size
+        self.needed_is_allocation = False
+
+    def pages_needed(self, ids: NDArray[np.int64],  # [n]
+                     tokens: NDArray[np.int64]) -> NDArray[np.int64]:  # [n]
+        """An admission needs the pages past its hit, plus each hit page that is free
+        now (sharing takes it out of the free pool)."""
+        table = self._table
+        target = table.num_computed[ids] + tokens
+        admitting = table.state[ids] == _WAITING
+        hit_pages = free_hits = None
+        if admitting.any():
+            hit_pages, free_hits = self._hits.hit_counts(ids, admitting)
+            target = target + hit_pages * self._page_size
+        if self._reserves:
+            target = np.where(admitting, np.maximum(target, self._reserve_tokens[ids]), target)
+        needed = self._pool.pages_needed(ids, target)
+        if hit_pages is None:
+            return needed
+        return needed - hit_pages + free_hits
+
+    def cached_tokens(self, ids: NDArray[np.int64]) -> NDArray[np.int64]:  # [n] -> [n]
+        """0 for a request running or done."""
+        return self._hits.hit_counts(ids, self._table.state[ids] <= _WAITING)[0] * (
+            self._page_size)
+
+    def pool_demand(self, ids: NDArray[np.int64],  # [n]
+                    needed: NDArray[np.int64],  # [n] from pages_needed
+                    preempt: NDArray[np.int64]) -> tuple[int, int]:  # [p]
+        """`needed.sum()` counts a free page that several admissions hit once for each;
+        the pool gives it once. A page freed by preemption that an admission hits is
+        taken again at once, so it counts on neither side."""
+        admitted = ids[self._table.state[ids] == _WAITING]
+        if admitted.size == 0 and preempt.size == 0:  # most steps: nothing shared is taken
+            return int(needed.sum()), 0
+        hit = self._hits.hit_pages(admitted)  # [h] distinct
+        overcount = self._hits.free_hit_overcount(admitted, hit)
+        freed = self._pool.num_freed_by(preempt, hit) if preempt.size else 0
+        return int(needed.sum()) - overcount, freed

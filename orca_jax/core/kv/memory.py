@@ -1,0 +1,148 @@
+"""One scheduler's KV memory: the pool, its prefix cache, the capacity question, the tiers.
+
+`KVMemory.build` makes what a run asks for (the layout, whether prefix caching
+is active, the reservation and the watermark); the scheduler then asks it, and
+never a layout, whether a plan fits (`capacity`), to admit requests (`admit`:
+their KV back from a slower tier, their prefix hits shared, their reservation
+taken) and to free requests' KV (`free`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import numpy as np
+from numpy.typing import NDArray
+
+from orca_jax.core.kv.buddy import BuddyPool
+from orca_jax.core.kv.cached_pool import CachedPool
+from orca_jax.core.kv.capacity import CachedCapacity, KVCapacity, reservation_tokens
+from orca_jax.core.kv.pool import KV_LAYOUTS, KVPool, PagedPool
+from orca_jax.core.kv.prefix_cache import PrefixCache
+from orca_jax.core.kv.prefix_hits import PrefixHits
+from orca_jax.core.kv.tiers import DeviceTier, TierChain
+from orca_jax.core.request_table import RequestTable
+
+
+def make_pool(*, num_kv_pages: int, page_size: int, max_pages_per_seq: int, num_requests: int,
+              layout: str = "paged", prefix_cache: Optional[PrefixCache] = None) -> KVPool:
+    """The KV pool of `layout` (`KV_LAYOUTS`), sharing pages with `prefix_cache` if given
+    (paged only)."""
+    if layout not in KV_LAYOUTS:
+        raise ValueError(f"KV layout {layout!r} is not one of {KV_LAYOUTS}")
+    shape = dict(num_kv_pages=num_kv_pages, page_size=page_size,
+                 max_pages_per_seq=max_pages_per_seq, num_requests=num_requests)
+    if layout == "buddy":
+        if prefix_cache is not None:
+            raise ValueError("prefix caching shares single pages; the buddy KV layout hands "
+                             "out whole blocks: use the paged layout with prefix caching")
+        return BuddyPool(**shape)
+    return PagedPool(**shape) if prefix_cache is None else CachedPool(prefix_cache, **shape)
+
+
+@dataclasses.dataclass
+class KVMemory:
+    """A scheduler's KV memory (build it with `KVMemory.build`).
+
+    Attributes:
+      table: the scheduler's request table.
+      pool: the device's pages (`KVPool`).
+      hits: prefix-cache lookups, or None when no cache is kept.
+      capacity: the capacity question.
+      tiers: where each request's KV is (the device alone unless a plugin adds tiers).
+    """
+
+    table: RequestTable
+    pool: KVPool
+    hits: Optional[PrefixHits]
+    capacity: KVCapacity
+    tiers: TierChain
+    reserve_tokens: NDArray[np.int64]  # [N] tokens each admission reserves (0: on demand)
+    reserves: bool  # whether admissions reserve
+
+    @classmethod
+    def build(cls, table: RequestTable, *, policy_name: str, num_kv_pages: int, page_size: int,
+              max_pages_per_seq: int, max_model_len: int, layout: str, reservation: str,
+              watermark_pages: int, prefix_caching: bool,
+              uses_planned_output: bool) -> "KVMemory":
+        """The KV memory of one run.
+
+        Args:
+          table: the run's requests.
+          policy_name: for messages.
+          num_kv_pages, page_size, max_pages_per_seq: the pool's shape.
+          max_model_len: the context limit (the `max` reservation).
+          layout: `paged` or `buddy` (`KV_LAYOUTS`).
+          reservation: the policy's `kv_reservation`.
+          watermark_pages: free pages an admission must leave.
+          prefix_caching: whether prefix caching is active (the config's and the policy's).
+          uses_planned_output: see `PrefixHits`.
+
+        Raises:
+          ValueError: the layout does not go with the reservation or with caching.
+        """
+        if layout == "buddy" and reservation == "none":
+            raise ValueError(f"policy {policy_name!r}: kv_layout 'buddy' gives each request one "
+                             "block at admission, so it needs a reserving kv_reservation "
+                             "('max', 'pow2' or 'exact'), not 'none'")
+        if layout == "buddy" and prefix_caching:
+            raise ValueError(f"policy {policy_name!r}: prefix caching shares single KV pages and "
+                             "the buddy layout hands out whole blocks; turn one off "
+                             "(SchedulerConfig.enable_prefix_caching or the policy's knob)")
+        n = len(table)
+        # A workload of lengths only has no ids to match: no admission could ever hit, so
+        # no cache is kept and every step takes the uncached path (same results, faster).
+        cache = (PrefixCache(num_kv_pages=num_kv_pages, page_size=page_size, num_requests=n)
+                 if prefix_caching and any(s.prompt_tokens is not None for s in table.specs)
+                 else None)
+        pool = make_pool(num_kv_pages=num_kv_pages, page_size=page_size,
+                         max_pages_per_seq=max_pages_per_seq, num_requests=n, layout=layout,
+                         prefix_cache=cache)
+        reserve = reservation_tokens(reservation, table, max_model_len)
+        rules = dict(reservation=reservation, reserve_tokens=reserve,
+                     watermark_pages=watermark_pages)
+        hits = capacity = None
+        if cache is None:
+            capacity = KVCapacity(table, pool, **rules)
+        else:
+            hits = PrefixHits(table, pool, uses_planned_output=uses_planned_output)
+            capacity = CachedCapacity(table, pool, hits, **rules)
+        return cls(table=table, pool=pool, hits=hits, capacity=capacity,
+                   tiers=TierChain(DeviceTier(num_kv_pages), n), reserve_tokens=reserve,
+                   reserves=reservation != "none")
+
+    def admit(self, ids: NDArray[np.int64],  # [a] waiting requests being admitted
+              is_first: NDArray[np.bool_]) -> tuple[int, float]:  # [a] first admissions
+        """Admits these requests' KV: their prefix hits shared (they start past them),
+        their reservation taken, and the KV of those on a slower tier brought back into
+        device pages. Returns (tokens taken from the prefix cache, seconds the tier moves
+        cost)."""
+        table = self.table
+        num_cached = 0
+        if self.hits is not None:  # share the hits before any allocation can evict them
+            cached = self.hits.admit(ids)
+            table.num_computed[ids] = cached
+            # A request readmitted after preemption finds its own freed pages: that saves
+            # recompute but is no prefix hit, so a request's hit is its first admission's.
+            table.num_cached_tokens[ids[is_first]] = cached[is_first]
+            num_cached = int(cached.sum())
+        back = self.tiers.away(ids)  # [b] resuming where they were preempted
+        if self.reserves:
+            self.pool.allocate(ids, np.maximum(table.num_computed[ids], self.reserve_tokens[ids]))
+        elif back.size:
+            self.pool.allocate(back, table.num_computed[back])
+        seconds = self.tiers.bring_back(back, self.pool) if back.size else 0.0
+        return num_cached, seconds
+
+    @property
+    def needed_is_allocation(self) -> bool:
+        """Whether the plan check's `pages_needed` is exactly what the step then
+        allocates: nothing is allocated at admission (no reservation, no prefix hit
+        shared, no KV brought back from a slower tier)."""
+        return self.capacity.needed_is_allocation and len(self.tiers.tiers) == 1  # read per step
+
+    def free(self, ids: NDArray[np.int64]) -> None:  # [n]
+        """Frees these requests' KV wherever it is."""
+        self.pool.free(ids)
+        self.tiers.drop(ids)

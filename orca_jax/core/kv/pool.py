@@ -1,0 +1,316 @@
+"""A KV pool: fixed-size pages on the device and a page table per running request.
+
+Pages are numbered 1..num_kv_pages; page 0 is the null page that padding rows
+write to, so the engine's cache holds `num_kv_pages + 1` pages. A running request
+owns a row of the page table (`[max_pages_per_seq]` page numbers, 0 past the
+pages it holds). Allocation is by target token count: a request that must hold
+`t` tokens owns `ceil(t / page_size)` pages, so on-demand allocation (vLLM: grow
+a page at a time) and reservation at admission (Orca: the whole context up
+front) are the same call with a different target. Everything is vectorized over
+request indices: in steady decode the per-step cost does not grow with Python
+work per request.
+
+`KVPool` is what the scheduler and the capacity question ask of a pool; each
+layout is one implementation, and no code outside them branches on the layout:
+`PagedPool` (any free page serves any request; here), `BuddyPool` (a request's
+pages are one power-of-two block: `orca_jax.core.kv.buddy`) and `CachedPool`
+(a paged pool whose pages a prefix cache shares: `orca_jax.core.kv.cached_pool`).
+`make_pool` builds the one a run asks for.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Protocol
+
+import numpy as np
+from numpy.typing import NDArray
+
+KV_LAYOUTS = ("paged", "buddy")
+
+
+class KVPool(Protocol):
+    """The device's KV pages and the page table: what the core and the checks ask.
+
+    Attributes:
+      layout: the layout's name (`KV_LAYOUTS`), for messages and results only.
+      num_kv_pages, page_size, max_pages_per_seq: the pool's shape.
+      num_held: `[N]` pages each request owns.
+      row_of: `[N]` each request's page-table row, -1 for none.
+      page_table: `[rows, max_pages_per_seq]` page numbers.
+      ref_count: `[num_kv_pages + 1]` rows holding each page.
+    """
+
+    layout: str
+    num_kv_pages: int
+    page_size: int
+    max_pages_per_seq: int
+    num_held: NDArray[np.int64]
+    row_of: NDArray[np.int64]
+    page_table: NDArray[np.int32]
+    ref_count: NDArray[np.int64]
+
+    @property
+    def num_free(self) -> int:
+        """Pages an allocation can take now."""
+        ...
+
+    @property
+    def num_used(self) -> int:
+        """Pages in use (a shared page once)."""
+        ...
+
+    @property
+    def largest_block(self) -> int:
+        """The most pages one request can ever take at once."""
+        ...
+
+    @property
+    def num_cached(self) -> int:
+        """Pages holding a cached prefix block, in use or free."""
+        ...
+
+    @property
+    def num_evictions(self) -> int:
+        """Cached blocks evicted so far."""
+        ...
+
+    def pages_for_tokens(self, num_tokens: NDArray[np.int64]) -> NDArray[np.int64]:
+        """Pages that hold `num_tokens` tokens, elementwise. `[n] -> [n]`."""
+        ...
+
+    def pages_taken(self, num_pages: NDArray[np.int64]) -> NDArray[np.int64]:
+        """Pages the pool gives a request holding none that needs `num_pages`. `[n] -> [n]`."""
+        ...
+
+    def pages_needed(self, ids: NDArray[np.int64],
+                     target_tokens: NDArray[np.int64]) -> NDArray[np.int64]:
+        """New pages each request needs to hold `target_tokens` tokens. `[n], [n] -> [n]`."""
+        ...
+
+    def blocks_fit(self, ids: NDArray[np.int64], pages: NDArray[np.int64],
+                   freeing: Optional[NDArray[np.int64]] = None) -> bool:
+        """Whether the layout can place `pages` new pages for each of `ids` (`[n]`, `[n]`)
+        after `freeing` (`[f]`) go; the caller checks the total."""
+        ...
+
+    def allocate(self, ids: NDArray[np.int64], target_tokens: NDArray[np.int64],
+                 need: Optional[NDArray[np.int64]] = None) -> None:
+        """Grows each request's pages to hold `target_tokens` (`[n]`, `[n]`)."""
+        ...
+
+    def free(self, ids: NDArray[np.int64]) -> None:
+        """Returns every page of these requests (`[n]`) and releases their rows."""
+        ...
+
+    def num_freed_by(self, ids: NDArray[np.int64],
+                     kept: Optional[NDArray[np.int32]] = None) -> int:
+        """Pages that become free if `ids` (`[n]`) let theirs go, but `kept` (`[k]`)."""
+        ...
+
+    def pages_of(self, request: int) -> NDArray[np.int32]:
+        """The pages `request` holds, in order (a copy). `-> [held]`."""
+        ...
+
+    def check_consistency(self) -> None:
+        """Asserts that every page is free or in use, never both (tests)."""
+        ...
+
+
+class PageTable:
+    """The page-table rows of up to `num_requests` requests (shared by every layout).
+
+    Args:
+      num_kv_pages: usable pages in the pool (the null page is extra).
+      page_size: tokens per page.
+      max_pages_per_seq: page-table width (max context / page size, rounded up).
+      num_requests: number of request indices tracked.
+    """
+
+    layout = ""
+    cache = None  # the prefix cache sharing this pool's pages (`CachedPool` only)
+    shares_pages = False  # whether several rows may list one page (`CachedPool`)
+
+    def __init__(self, *, num_kv_pages: int, page_size: int, max_pages_per_seq: int,
+                 num_requests: int) -> None:
+        if num_kv_pages < 1 or page_size < 1 or max_pages_per_seq < 1:
+            raise ValueError(f"KV pool needs num_kv_pages, page_size and max_pages_per_seq >= 1, "
+                             f"got {num_kv_pages}, {page_size}, {max_pages_per_seq}")
+        self.num_kv_pages = num_kv_pages
+        self.page_size = page_size
+        self.max_pages_per_seq = max_pages_per_seq
+        self.ref_count = np.zeros(num_kv_pages + 1, dtype=np.int64)  # [pages + 1] rows holding it
+        self.num_held = np.zeros(num_requests, dtype=np.int64)  # [N] pages each request owns
+        self.row_of = np.full(num_requests, -1, dtype=np.int64)  # [N] page-table row, -1 none
+        self.page_table = np.zeros((0, max_pages_per_seq), dtype=np.int32)  # [rows, P]
+        self._free_rows: list[int] = []
+
+    @property
+    def num_used(self) -> int:
+        return self.num_kv_pages - self.num_free  # type: ignore[attr-defined]
+
+    @property
+    def num_cached(self) -> int:
+        return 0
+
+    @property
+    def num_evictions(self) -> int:
+        return 0
+
+    def pages_for_tokens(self, num_tokens: NDArray[np.int64]) -> NDArray[np.int64]:
+        """Pages needed to hold `num_tokens` tokens, elementwise. `[n] -> [n]`."""
+        return (num_tokens + (self.page_size - 1)) // self.page_size  # ceil, for any int
+
+    def pages_of(self, request: int) -> NDArray[np.int32]:
+        """The pages request `request` holds, in order (a copy). `-> [held]`."""
+        row = self.row_of[request]
+        if row < 0:
+            return np.zeros(0, dtype=np.int32)
+        return self.page_table[row, :self.num_held[request]].copy()
+
+    def _assign_rows(self, ids: NDArray[np.int64]) -> None:  # [n]
+        rowless = ids[self.row_of[ids] < 0]
+        if rowless.size == 0:
+            return
+        shortfall = rowless.size - len(self._free_rows)
+        if shortfall > 0:
+            old = self.page_table.shape[0]
+            grow = max(shortfall, old, 16)
+            self.page_table = np.concatenate(
+                [self.page_table, np.zeros((grow, self.max_pages_per_seq), np.int32)])
+            self._free_rows.extend(range(old + grow - 1, old - 1, -1))
+        for request in rowless.tolist():
+            self.row_of[request] = self._free_rows.pop()
+
+    def _release_rows(self, ids: NDArray[np.int64]) -> None:  # [n]
+        with_rows = ids[self.row_of[ids] >= 0]
+        if with_rows.size:
+            self._free_rows.extend(self.row_of[with_rows].tolist())
+            self.row_of[with_rows] = -1
+
+
+class PagedPool(PageTable):
+    """Any free page serves any request; every page has one owner. Free pages are a
+    stack: the next pages handed out are at its end, so page 1 goes first."""
+
+    layout = "paged"
+
+    def __init__(self, **shape: int) -> None:
+        super().__init__(**shape)
+        self._free = np.arange(self.num_kv_pages, 0, -1, dtype=np.int32)  # [num_kv_pages]
+        self._num_free = self.num_kv_pages
+
+    @property
+    def num_free(self) -> int:
+        return self._num_free
+
+    @property
+    def largest_block(self) -> int:
+        return self.num_kv_pages
+
+    def pages_taken(self, num_pages: NDArray[np.int64]) -> NDArray[np.int64]:  # [n] -> [n]
+        return num_pages
+
+    def pages_needed(self, ids: NDArray[np.int64],  # [n]
+                     target_tokens: NDArray[np.int64]) -> NDArray[np.int64]:  # [n]
+        return np.maximum(self.pages_for_tokens(target_tokens) - self.num_held[ids], 0)
+
+    def blocks_fit(self, ids: NDArray[np.int64],  # [n]
+                   pages: NDArray[np.int64],  # [n]
+                   freeing: Optional[NDArray[np.int64]] = None) -> bool:  # [f]
+        return True  # only the total counts, and the caller checks it
+
+    def allocate(self, ids: NDArray[np.int64],  # [n] distinct
+                 target_tokens: NDArray[np.int64],  # [n]
+                 need: Optional[NDArray[np.int64]] = None) -> None:  # [n]
+        """Grows each request's pages to hold `target_tokens`; the caller checked capacity.
+
+        `need`: `pages_needed(ids, target_tokens)`, if the caller has it already.
+        """
+        if need is None:
+            need = self.pages_needed(ids, target_tokens)
+        growing_mask = need > 0
+        growing = ids[growing_mask]  # [g]
+        need = need[growing_mask]  # [g]
+        total = int(need.sum())
+        if total == 0:
+            return
+        if total > self.num_free:
+            raise RuntimeError(f"KV pool overcommitted: {total} pages asked, {self.num_free} free")
+        held = self.num_held[growing]  # [g]
+        if int((held + need).max()) > self.max_pages_per_seq:
+            raise RuntimeError("a request would exceed max_pages_per_seq")
+        self._assign_rows(growing)
+        pages = self._take(total)
+        self.ref_count[pages] = 1
+        rows = self.row_of[growing]
+        if total == growing.size:  # one page each: most steps (decodes entering a page)
+            self.page_table[rows, held] = pages
+        else:
+            rows = np.repeat(rows, need)
+            starts = np.repeat(held, need)
+            within = np.arange(total) - np.repeat(np.cumsum(need) - need, need)
+            self.page_table[rows, starts + within] = pages
+        self.num_held[growing] = held + need
+
+    def _take(self, count: int) -> NDArray[np.int32]:
+        """`[count]` pages off the free stack (the caller checked that it has them)."""
+        pages = self._free[self._num_free - count:self._num_free][::-1]
+        self._num_free -= count
+        return pages
+
+    def free(self, ids: NDArray[np.int64]) -> None:  # [n]
+        """Returns every page of these requests to the pool and releases their rows."""
+        held_ids = ids[self.num_held[ids] > 0]
+        if held_ids.size:
+            rows = self.row_of[held_ids]
+            held = self.num_held[held_ids]
+            if held_ids.size == 1:  # most frees: one request finishing
+                pages = self.page_table[rows[0], :held[0]].copy()
+            else:
+                mask = np.arange(self.max_pages_per_seq)[None, :] < held[:, None]
+                pages = self.page_table[rows][mask]
+            pages = self._unhold(pages)
+            self._free[self._num_free:self._num_free + pages.size] = pages[::-1]
+            self._num_free += pages.size
+            self.page_table[rows] = 0
+            self.num_held[held_ids] = 0
+        self._release_rows(ids)
+
+    def _unhold(self, pages: NDArray[np.int32]) -> NDArray[np.int32]:  # [k] -> [u]
+        """Drops the holder of each page; returns those for the free stack."""
+        self.ref_count[pages] = 0
+        return pages
+
+    def num_freed_by(self, ids: NDArray[np.int64],  # [n] distinct
+                     kept: Optional[NDArray[np.int32]] = None) -> int:  # [k]
+        """Pages that become free if these requests let theirs go (`kept`: pages taken
+        again at once, which only a shared page can be)."""
+        return int(self.num_held[ids].sum())
+
+    def _holders(self) -> NDArray[np.int64]:
+        """`[pages + 1]` page-table rows listing each page."""
+        owned = [self.pages_of(int(i)) for i in np.flatnonzero(self.num_held)]
+        return np.bincount(np.concatenate(owned + [np.zeros(0, np.int32)]),
+                           minlength=self.num_kv_pages + 1)
+
+    def _free_pages(self) -> NDArray[np.int32]:
+        """`[f]` every free page (a copy)."""
+        return self._free[:self._num_free].copy()
+
+    def check_consistency(self) -> None:
+        """Asserts that every page is either free or in use, never both, and that each
+        page's `ref_count` is the number of page-table rows holding it (tests)."""
+        holders = self._holders()
+        if (not self.shares_pages and (holders > 1).any()) or holders[0]:
+            raise AssertionError("KV pages leaked or double-owned")
+        if (self.ref_count < 0).any():
+            raise AssertionError("a KV page's reference count is negative")
+        if not np.array_equal(holders, self.ref_count):
+            raise AssertionError("KV reference counts differ from the rows holding the pages")
+        free_pages = self._free_pages()
+        if (holders[free_pages] > 0).any():
+            raise AssertionError("a KV page is both free and in use")
+        all_pages = np.concatenate([np.flatnonzero(holders), free_pages])
+        if all_pages.size != self.num_kv_pages or not np.array_equal(
+                np.sort(all_pages), np.arange(1, self.num_kv_pages + 1)):
+            raise AssertionError("KV pages leaked or double-owned")
