@@ -174,6 +174,20 @@ def test_submit_gives_a_replica_only_its_requests_and_refuses_one_it_holds():
     assert result.first_scheduled_s[2] == 2.0 and result.num_generated[2] == 3
 
 
+def test_cluster_progress_counts_each_request_once_as_it_is_done():
+    requests = [*_workload(n=30), Request(id=99, arrival_s=0.05, prompt_len=600, output_len=2)]
+    cluster = Cluster(requests, num_replicas=3, router="least_outstanding",
+                      make_policy=lambda: policies.make_policy("orca"), make_engine=_engine,
+                      config=CONFIG)
+    seen = []
+    result = cluster.run(progress=seen.append)
+    assert seen[0] == 1  # the request too long for the context, rejected up front
+    assert all(a <= b for a, b in zip(seen, seen[1:])) and seen[-1] == cluster.num_done == 31
+    assert len(set(seen)) > 10  # counted as requests finish, not all at the end
+    too_long = result.request_ids.index(99)
+    assert result.replica[too_long] == -1 and np.count_nonzero(result.replica >= 0) == 30
+
+
 def test_cluster_rejects_bad_settings():
     with pytest.raises(PolicyLoadError, match="unknown router 'random'; registered routers: "
                                               "cache_aware, least_outstanding, least_work, "

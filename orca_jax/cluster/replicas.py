@@ -89,7 +89,11 @@ class Cluster(EventLoop):
     @property
     def num_done(self) -> int:
         """Requests done: finished on their replica, or rejected up front."""
-        return self._num_rejected + self._num_routed - int(self.outstanding().sum())
+        # Every replica counts the requests rejected up front and those it does not hold
+        # (all arrivals but the ones routed to it) as done: count each request once.
+        counted_by_all = self.num_replicas * (self._num_rejected + self.arrivals.size)
+        return (sum(r.num_done for r in self.replicas) - counted_by_all
+                + self._num_rejected + self._num_routed)
 
     def run(self, progress: Optional[Callable[[int], None]] = None) -> RunResult:
         """Routes every request at its arrival, runs each replica to the end, and

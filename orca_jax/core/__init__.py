@@ -3,8 +3,8 @@
 Owns requests and the request table, the step plan and its checks, the
 read-only view a policy decides through, the scheduler and its virtual clock,
 the KV page manager, buckets and the step-descriptor builder (`packing`), the
-engine contract, the policy API and plugin loading, and a finished run's
-value (`RunResult`).
+engine contract, the policy API and plugin loading, a request moved between
+schedulers (`request_export`), and a finished run's value (`RunResult`).
 
 May import: numpy and the standard library only — never jax, and nothing else
 of `orca_jax` (every other part builds on this one).
