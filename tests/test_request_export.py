@@ -2,12 +2,15 @@
 request migrates between two colocated replicas mid-run and finishes with its tokens."""
 
 import dataclasses
+from typing import ClassVar
 
 import numpy as np
 import pytest
 
 import policies
 from orca_jax import Request, Scheduler, SchedulerConfig
+from orca_jax.cluster.event_loop import Event, EventLoop
+from orca_jax.cluster.replicas import Cluster
 from orca_jax.core.request import RequestState
 from orca_jax.core.request_export import RequestExport
 from orca_jax.core.run_result import RunResult
@@ -98,3 +101,56 @@ def test_moves_refuse_a_request_in_the_wrong_place():
                                          "are free"):
         b.import_request(full, 0.0)
     assert (b.kv.num_free, b.num_done) == before
+
+
+def test_import_refuses_a_replica_that_shares_cached_pages():
+    requests = [Request(id=i, arrival_s=0.0, prompt_len=40, output_len=8,
+                        prompt_tokens=np.arange(40, dtype=np.int32) + i) for i in range(2)]
+    a = Scheduler(requests, policies.make_policy("vllm"), _engine(), CONFIG)
+    b = Scheduler(requests, policies.make_policy("vllm"), _engine(), CONFIG,
+                  submitted_only=True)
+    a.step()
+    with pytest.raises(ValueError, match="import_request: request 0: prefix caching is active"):
+        b.import_request(a.export_request(0), a.now_s)
+    assert b.table.state[0] == RequestState.ROUTED_AWAY and b.kv.num_free == 64
+
+
+@dataclasses.dataclass(frozen=True)
+class Migrate(Event):
+    """A test's own event kind on the cluster's loop: a request moves between replicas."""
+
+    priority: ClassVar[int] = 50
+    request: int
+    source: int
+    target: int
+
+    def fire(self, loop: EventLoop, when: float) -> None:
+        source, target = loop.pools[0].replicas[self.source], loop.pools[0].replicas[self.target]
+        # A step runs whole: one in progress at `when` ends before the request leaves.
+        leaves_s = max(when, source.now_s)
+        export = source.export_request(self.request)
+        source.release_request(self.request, leaves_s)
+        target.import_request(export, leaves_s + COPY_S)
+        loop.wake(0, self.source)
+        loop.wake(0, self.target)
+
+
+def test_a_migration_event_moves_a_running_request_on_the_cluster_loop():
+    requests = [Request(id=0, arrival_s=0.0, prompt_len=30, output_len=100),
+                *[Request(id=i, arrival_s=0.05 * i, prompt_len=20, output_len=10)
+                  for i in range(1, 6)]]
+    cluster = Cluster(requests, num_replicas=2, router="round_robin",
+                      make_policy=lambda: policies.make_policy("vllm"), make_engine=_engine,
+                      config=CONFIG)
+    cluster.push(Migrate(request=0, source=0, target=1), 0.305)
+    result = cluster.run()
+    assert result.replica[0] == 1 and result.num_generated[0] == 100
+    assert (result.state == RequestState.FINISHED).all()
+    tokens_at = result.token_time_s[result.token_req == 0]
+    assert tokens_at.size == 100 and (np.diff(tokens_at) > 0).all()
+    # Replica 0's step in progress at 0.305 s ends at 0.31 s with the 31st token; replica 1
+    # runs the request no sooner than the copy's end.
+    on_source = tokens_at <= 0.31 + 1e-9
+    assert on_source.sum() == 31
+    assert tokens_at[~on_source].min() >= 0.31 + COPY_S + STEP_S - 1e-9
+    assert all(r.kv.num_free == CONFIG.num_kv_pages for r in cluster.replicas)

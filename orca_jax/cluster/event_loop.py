@@ -162,7 +162,6 @@ class EventLoop(abc.ABC):
         self._scheduled: list[list[Optional[float]]] = [[None] * len(p.replicas)
                                                         for p in self.pools]
         self._blocked: set[tuple[int, int]] = set()  # (pool, replica) stepped with no effect
-        self._progress: Optional[Callable[[], None]] = None
 
     # -------------------------------------------------------------- running
     def run_events(self, progress: Optional[Callable[[], None]] = None) -> None:
@@ -171,7 +170,6 @@ class EventLoop(abc.ABC):
         Args:
           progress: called after each event.
         """
-        self._progress = progress
         for pool in self.pools:
             for scheduler in pool.replicas:
                 scheduler.engine.warmup(scheduler.bucket_config.buckets())

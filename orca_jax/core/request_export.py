@@ -152,11 +152,16 @@ def import_request(scheduler: Scheduler, export: RequestExport, at_s: float) -> 
     tokens as exported. The request's facts (lengths, priority) are the receiver's own.
 
     Raises:
-      ValueError: the request is held here already, was exported finished, or the
-        pool has no room for its pages (nothing changes).
+      ValueError: the request is held here already, was exported finished, the pool
+        has no room for its pages, or prefix caching is active here (an admission
+        would share cached pages with a request that holds its own); nothing changes.
     """
     request = export.request
     _check_absent(scheduler, request, "import_request")
+    if scheduler.hits is not None:
+        raise ValueError(f"import_request: request {request}: prefix caching is active "
+                         "here; a received request's pages are its own (turn caching off "
+                         "on the receiver, as a disaggregated decode pool does)")
     if export.state == _FINISHED and export.num_generated >= scheduler.table.output_len[request]:
         raise ValueError(f"import_request: request {request} has its whole answer; "
                          "nothing is left to run")

@@ -219,8 +219,7 @@ class Scheduler:
         self.awaits_submissions = False
         self._empty = _frozen(np.zeros(0, dtype=np.int64))
         self.waiting = self.running = self.unreleased = self.last_finished = self._empty
-        # Requests whose KV pages a transfer holds, outside the queues
-        # (`request_export`).
+        # Requests whose KV pages a transfer holds, outside the queues (`request_export`).
         self.in_transfer = self._empty
         self._num_done = 0
         self.record = RunRecord(num_requests=n, logs_step_requests=config.log_step_requests)
