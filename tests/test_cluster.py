@@ -156,15 +156,36 @@ def test_concat_needs_every_request_routed_to_one_replica():
         RunResult.concat([fresh[0], _alone(requests[:2])], router="round_robin")
 
 
-def test_withdraw_refuses_an_arrived_request_and_changes_nothing():
+def test_submit_gives_a_replica_only_its_requests_and_refuses_one_it_holds():
     requests = [Request(id=i, arrival_s=float(i), prompt_len=4, output_len=3) for i in range(3)]
-    scheduler = Scheduler(requests, policies.make_policy("orca"), _engine(), CONFIG)
-    scheduler.step()  # request 0 arrives and runs
+    scheduler = Scheduler(requests, policies.make_policy("orca"), _engine(), CONFIG,
+                          submitted_only=True)
+    assert scheduler.done and scheduler.next_arrival_s() is None  # holds nothing yet
+    scheduler.submit([2])
+    assert scheduler.num_done == 2 and scheduler.next_arrival_s() == 2.0
     before = (scheduler.table.state.copy(), scheduler.num_done)
-    with pytest.raises(ValueError, match="request 0 is RUNNING; only requests that have not"):
-        scheduler.withdraw([2, 0])
+    with pytest.raises(ValueError, match="submit: request 2 is PENDING here; only a request"):
+        scheduler.submit([0, 2])
     np.testing.assert_array_equal(scheduler.table.state, before[0])
     assert scheduler.num_done == before[1]
+    result = scheduler.run()
+    np.testing.assert_array_equal(result.state, [RequestState.ROUTED_AWAY] * 2
+                                  + [RequestState.FINISHED])
+    assert result.first_scheduled_s[2] == 2.0 and result.num_generated[2] == 3
+
+
+def test_cluster_progress_counts_each_request_once_as_it_is_done():
+    requests = [*_workload(n=30), Request(id=99, arrival_s=0.05, prompt_len=600, output_len=2)]
+    cluster = Cluster(requests, num_replicas=3, router="least_outstanding",
+                      make_policy=lambda: policies.make_policy("orca"), make_engine=_engine,
+                      config=CONFIG)
+    seen = []
+    result = cluster.run(progress=seen.append)
+    assert seen[0] == 1  # the request too long for the context, rejected up front
+    assert all(a <= b for a, b in zip(seen, seen[1:])) and seen[-1] == cluster.num_done == 31
+    assert len(set(seen)) > 10  # counted as requests finish, not all at the end
+    too_long = result.request_ids.index(99)
+    assert result.replica[too_long] == -1 and np.count_nonzero(result.replica >= 0) == 30
 
 
 def test_cluster_rejects_bad_settings():

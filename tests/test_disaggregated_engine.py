@@ -1,10 +1,13 @@
-"""Disaggregated prefill and decode on the real engine: two JaxEngines, KV pages copied.
+"""Disaggregated prefill and decode on the real engine: two JaxEngines, KV pages copied
+(and a running request migrated between two of them the same way).
 
 A 1+1 cluster of `tiny` fp32 engines in one process (each with its own KV cache,
 compiled once per bucket) must give every request the greedy tokens a colocated
 run gives it: the decode engine continues from the pages copied out of the
 prefill engine's cache. Without the copy the tokens differ, so the test sees it.
 """
+
+import dataclasses
 
 import numpy as np
 import pytest
@@ -13,6 +16,7 @@ import policies
 from orca_jax import Request, Scheduler, SchedulerConfig
 from orca_jax.cluster.disaggregated import DisaggregatedCluster, PoolSpec
 from orca_jax.cluster.transfers import KVTransferCost
+from orca_jax.core.run_result import RunResult
 from orca_jax.model.engine import JaxEngine
 from orca_jax.model.weights import init_params
 from orca_jax.specs.hardware import get_kv_link
@@ -104,3 +108,22 @@ def test_without_the_page_copy_the_tokens_differ(params, colocated, monkeypatch)
     tokens = _tokens(result)
     assert tokens[4] == colocated[4]  # the one-token answer never left the prefill engine
     assert any(tokens[i] != colocated[i] for i in tokens)
+
+
+@pytest.mark.slow
+def test_a_running_request_migrated_between_engines_keeps_its_greedy_tokens(params, colocated):
+    config = dataclasses.replace(CONFIG, enable_prefix_caching=False)  # pages are their own
+    a = Scheduler(_requests(), policies.make_policy("vllm"), _engine(params), config)
+    b = Scheduler(_requests(), policies.make_policy("vllm"), _engine(params), config,
+                  submitted_only=True)
+    a.engine.warmup(a.bucket_config.buckets())
+    moved = 0  # a 9-token prompt and 6 output tokens: 2 sampled on A, 4 on B
+    while a.table.num_generated[moved] < 2:
+        a.step()
+    export = a.export_request(moved)
+    assert export.output_tokens == tuple(colocated[0][:2]) and export.kv_contents is not None
+    a.release_request(moved, a.now_s)
+    b.import_request(export, a.now_s)
+    result = RunResult.concat([a.run(), b.run()], router="migration")
+    assert result.replica.tolist() == [1, 0, 0, 0, 0, 0]
+    assert _tokens(result) == colocated  # B decoded on from A's KV pages

@@ -1,10 +1,13 @@
 """Several replicas behind a global router, on one virtual clock.
 
-Owns the router plugin API (`routing`: `Router`, `ClusterView`), the
-cluster that runs one scheduler per replica and routes each arrival
-(`replicas`), and the disaggregated cluster of a prefill and a decode pool
-(`disaggregated`, its joined result in `disaggregated_result`) with its priced
-KV transfers (`transfers`).
+Owns the router plugin API (`routing`: `Router`, `ClusterView`), the one
+discrete-event loop every topology runs on (`event_loop`: arrivals, replica
+steps, and each topology's own event kinds), the cluster that runs one
+scheduler per replica and routes each arrival (`replicas`), and the
+disaggregated cluster of a prefill and a decode pool (`disaggregated`, its
+joined result in `disaggregated_result`) with its priced KV transfers
+(`transfers`) and the handoff of a request's KV between them (`handoff`, on
+`Scheduler.export_request` / `import_request`).
 
 May import: numpy, `orca_jax.core`, `orca_jax.specs` (model shapes and KV links).
 """

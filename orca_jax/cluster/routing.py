@@ -27,7 +27,7 @@ _ROUTERS: dict[str, type["Router"]] = {}
 
 
 class ClusterState(Protocol):
-    """What a `ClusterView` reads of its cluster (`orca_jax.cluster.replicas.Cluster`)."""
+    """What a `ClusterView` reads of its cluster (`orca_jax.cluster.event_loop.ReplicaPool`)."""
 
     @property
     def replica_views(self) -> Sequence[SchedulerView]:

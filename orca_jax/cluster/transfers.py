@@ -112,7 +112,3 @@ class LinkQueues:
     def num_waiting(self, target: int) -> int:
         """Transfers queued (not started) into decode replica `target`."""
         return sum(len(q) for (_, to), q in self._waiting.items() if to == target)
-
-    def waiting_requests(self, target: int) -> list[int]:
-        """Requests queued into decode replica `target`."""
-        return [t.request for (_, to), q in self._waiting.items() if to == target for t in q]

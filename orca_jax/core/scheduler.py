@@ -31,6 +31,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 from numpy.typing import NDArray
 
+from orca_jax.core import request_export
 from orca_jax.core.admission import reject_impossible
 from orca_jax.core.engine_api import Engine, PackedStep, PendingStep, StepOutput
 from orca_jax.core.kv import KV_LAYOUTS, KVMemory, preempt
@@ -41,14 +42,16 @@ from orca_jax.core.plan_checks import check_plan
 from orca_jax.core.policy import Policy, check_kv_reservation
 from orca_jax.core.progress import ProgressWatchdog
 from orca_jax.core.request import Request, RequestState, sort_by_arrival
+from orca_jax.core.request_export import RequestExport
 from orca_jax.core.request_table import RequestTable
 from orca_jax.core.run_record import RunRecord, StepLog
 from orca_jax.core.run_result import RunResult
 from orca_jax.core.view import SchedulerView
 
 # Plain ints: IntEnum attribute lookups cost a microsecond each on the hot path.
-_PENDING, _WAITING, _RUNNING, _FINISHED = (int(RequestState.PENDING), int(RequestState.WAITING),
-                                           int(RequestState.RUNNING), int(RequestState.FINISHED))
+_PENDING, _WAITING, _RUNNING, _FINISHED, _AWAY = (
+    int(RequestState.PENDING), int(RequestState.WAITING), int(RequestState.RUNNING),
+    int(RequestState.FINISHED), int(RequestState.ROUTED_AWAY))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -86,7 +89,7 @@ class SchedulerConfig:
       ttft_slo_s, tpot_slo_s: the run's SLOs (None: unset), for policies to read
         (`SchedulerView.ttft_slo_s`); the core does not enforce them.
       kv_handoff: a finished request keeps its KV pages (in `in_transfer`) until a
-        transfer hands them on (`orca_jax.core.handoff`: a disaggregated prefill replica).
+        transfer hands them on (`orca_jax.cluster.handoff`: a disaggregated prefill replica).
       no_progress_steps: the run fails (`no_progress`) after this many iterations
         in a row in which no request computed a token past the most it had ever
         computed, finished, was released or was rejected, while work remains (a
@@ -146,10 +149,13 @@ class Scheduler:
       policy: the scheduling policy (fresh: policies keep bookkeeping).
       engine: a JaxEngine or SimEngine.
       config: the mechanism's limits.
+      submitted_only: no request arrives on its own: each comes by `submit` (a
+        cluster's router) or `import_request` (a transfer, a migration), and one
+        never given counts as routed away (a replica of a cluster).
     """
 
     def __init__(self, requests: Sequence[Request], policy: Policy, engine: Engine,
-                 config: SchedulerConfig) -> None:
+                 config: SchedulerConfig, *, submitted_only: bool = False) -> None:
         if not requests:
             raise ValueError("the workload has no requests")
         self.config = config
@@ -192,14 +198,24 @@ class Scheduler:
         self.now_s = 0.0
         self.num_steps = 0
         self._next_arrival = 0
+        # Rows past this one are never pending (a cluster's replica: past its last submission).
+        self._arrival_horizon = 0 if submitted_only else n
+        # More requests may still be submitted: an iteration with nothing to do and nothing
+        # to come waits for them instead of failing (a cluster's replica, until the last
+        # arrival is routed).
+        self.awaits_submissions = False
         self._empty = _frozen(np.zeros(0, dtype=np.int64))
         self.waiting = self.running = self.unreleased = self.last_finished = self._empty
-        # Requests whose KV pages a transfer holds, outside the queues (`core.handoff`).
+        # Requests whose KV pages a transfer holds, outside the queues (`request_export`).
         self.in_transfer = self._empty
         self._num_done = 0
         self.record = RunRecord(num_requests=n, logs_step_requests=config.log_step_requests)
         self._step_cached_tokens = 0
         self._num_done += reject_impossible(self.table, self.capacity, config.max_model_len)
+        if submitted_only:
+            absent = self.table.state == _PENDING
+            self.table.state[absent] = _AWAY
+            self._num_done += int(np.count_nonzero(absent))
         self.watchdog = ProgressWatchdog(n, config.no_progress_steps)
         self.in_flight: Optional[InFlightTokens] = (
             InFlightTokens(n) if (config.overlap and engine.feeds_tokens
@@ -215,11 +231,11 @@ class Scheduler:
 
     def _next_pending(self) -> Optional[int]:
         state = self.table.state
-        i = self._next_arrival
-        while i < len(self.table) and state[i] != _PENDING:
+        i, horizon = self._next_arrival, self._arrival_horizon
+        while i < horizon and state[i] != _PENDING:
             i += 1
         self._next_arrival = i
-        return i if i < len(self.table) else None
+        return i if i < horizon else None
 
     def pages_needed(self, ids: NDArray[np.int64], tokens: NDArray[np.int64]) -> NDArray[np.int64]:
         """New pages to run `tokens` of each request now (`KVCapacity.pages_needed`)."""
@@ -227,7 +243,8 @@ class Scheduler:
 
     def cached_tokens(self, ids: NDArray[np.int64]) -> NDArray[np.int64]:  # [n] -> [n]
         """Tokens an admission of each request now would take from the prefix cache
-        (0 for a request running or done, and when caching is not active)."""
+        (0 for a request running or done, and when caching is not active). A request
+        not held here counts as if it were sent here (a router asks)."""
         return self.capacity.cached_tokens(ids)
 
     @property
@@ -245,35 +262,58 @@ class Scheduler:
         """Requests finished and released, rejected, or routed away."""
         return self._num_done
 
-    def has_work(self, before_s: float) -> bool:
-        """Whether an iteration now would do something before `before_s` arrives.
-
-        True while requests wait, run or await release, or one arrives before
-        `before_s`: a cluster steps its replicas up to each arrival with this.
-        """
-        if self.waiting.size or self.running.size or self.unreleased.size:
-            return True
-        upcoming = self.next_arrival_s()
-        return upcoming is not None and upcoming < before_s
-
-    def withdraw(self, ids: Sequence[int]) -> None:
-        """Takes requests that have not arrived yet out of this run.
-
-        A cluster's router calls this on every replica but the one it sends a
-        request to; withdrawn requests count as done and have no results here.
+    def submit(self, ids: Sequence[int]) -> None:
+        """Gives this scheduler requests it does not hold (`submitted_only`): each
+        arrives at its arrival time, or at once if that has passed.
 
         Raises:
-          ValueError: a request has already arrived (or is done); nothing changes.
+          ValueError: a request is held here, done here, or rejected up front; nothing
+            changes.
         """
         ids = np.asarray(ids, dtype=np.int64)
         states = self.table.state[ids]
-        if (states != _PENDING).any():
-            first = int(np.argmax(states != _PENDING))
-            raise ValueError(f"withdraw: request {int(ids[first])} is "
-                             f"{RequestState(states[first]).name}; only requests that have not "
-                             "arrived can be routed away")
-        self.table.state[ids] = RequestState.ROUTED_AWAY
-        self._num_done += int(ids.size)
+        if (states != _AWAY).any():
+            first = int(np.argmax(states != _AWAY))
+            raise ValueError(f"submit: request {int(ids[first])} is "
+                             f"{RequestState(states[first]).name} here; only a request this "
+                             "scheduler does not hold can be submitted")
+        self.table.state[ids] = _PENDING
+        self._num_done -= int(ids.size)
+        if ids.size:
+            self._next_arrival = min(self._next_arrival, int(ids.min()))
+            self._arrival_horizon = max(self._arrival_horizon, int(ids.max()) + 1)
+
+    # ------------------------------------------------ requests moving (request_export)
+    def export_request(self, request: int) -> RequestExport:
+        """A copy of `request`'s state here (`request_export.export_request`)."""
+        self._land_in_flight()  # its newest token may still be on the device
+        return request_export.export_request(
+            self, request, None if self._generated is None else self._generated[request])
+
+    def reserve_pages(self, request: int, num_tokens: int) -> bool:
+        """Pages for a request about to be imported (`request_export.reserve_pages`)."""
+        return request_export.reserve_pages(self, request, num_tokens)
+
+    def import_request(self, export: RequestExport, at_s: float) -> None:
+        """Holds `export`'s request from `at_s` on, waiting (`request_export.import_request`).
+
+        Raises:
+          ValueError: as `request_export.import_request`, or the engine needs token ids
+            and the export has none.
+        """
+        if self._generated is not None and export.output_tokens is None:
+            raise ValueError(f"import_request: engine {self.engine.name!r} needs token ids; "
+                             f"request {export.request}'s export has none")
+        request_export.import_request(self, export, at_s)
+        if self._generated is not None:
+            self._generated[export.request] = list(export.output_tokens)
+        self._num_done -= 1  # a request this scheduler did not hold counted as done
+
+    def release_request(self, request: int, at_s: float) -> None:
+        """Lets an exported request go (`request_export.release_request`)."""
+        self._land_in_flight()
+        if request_export.release_request(self, request, at_s):
+            self._num_done += 1
 
     # ------------------------------------------------------------- the loop
     def run(self, progress: Optional[Callable[["Scheduler"], None]] = None) -> RunResult:
@@ -401,6 +441,8 @@ class Scheduler:
             self.record.num_preemptions += int(stalled.size)
             return False
         upcoming = self.next_arrival_s()
+        if upcoming is None and self.awaits_submissions:
+            return True  # its cluster routes the next arrival and steps us again
         if upcoming is None:
             raise PlanError(self.policy.name, "no_progress",
                             f"the plan runs nothing at {self.now_s:.6f} s with "
@@ -451,7 +493,7 @@ class Scheduler:
             return
         table = self.table
         table.state[reject] = RequestState.REJECTED
-        self.kv_memory.free(reject)  # one received with its KV (core.handoff) waits with it
+        self.kv_memory.free(reject)  # one received with its KV (import_request) waits with it
         for request, reason in zip(reject.tolist(), plan.reject_reasons):
             table.reject_reason[request] = f"policy {self.policy.name}: {reason}"
         self.waiting = _frozen(self.waiting[table.state[self.waiting] == _WAITING])
@@ -531,7 +573,7 @@ class Scheduler:
         if finished.size == 0:
             return
         table.state[finished] = _FINISHED
-        if self.config.kv_handoff:  # its pages go on to a decode replica (core.handoff)
+        if self.config.kv_handoff:  # its pages go on to a decode replica (cluster.handoff)
             self.in_transfer = _frozen(np.concatenate([self.in_transfer, finished]))
         else:
             self.kv.free(finished)

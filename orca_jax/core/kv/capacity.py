@@ -24,6 +24,7 @@ from orca_jax.core.request import RequestState
 from orca_jax.core.request_table import RequestTable
 
 _WAITING = int(RequestState.WAITING)  # a plain int: IntEnum lookups cost on the hot path
+_AWAY = int(RequestState.ROUTED_AWAY)
 
 
 def reservation_tokens(mode: str, table: RequestTable, max_model_len: int
@@ -195,8 +196,10 @@ class CachedCapacity(KVCapacity):
         return needed - hit_pages + free_hits
 
     def cached_tokens(self, ids: NDArray[np.int64]) -> NDArray[np.int64]:  # [n] -> [n]
-        """0 for a request running or done."""
-        return self._hits.hit_counts(ids, self._table.state[ids] <= _WAITING)[0] * (
+        """0 for a request running or done; a request not held here counts as if it
+        were sent here (a cache-aware router asks every replica)."""
+        state = self._table.state[ids]
+        return self._hits.hit_counts(ids, (state <= _WAITING) | (state == _AWAY))[0] * (
             self._page_size)
 
     def pool_demand(self, ids: NDArray[np.int64],  # [n]

@@ -1,0 +1,282 @@
+"""One discrete-event loop for every topology of replicas, on one virtual clock.
+
+A topology (colocated replicas `replicas.Cluster`, the prefill and decode pools
+of `disaggregated.DisaggregatedCluster`) is an `EventLoop` over pools of
+replicas: each replica a whole `Scheduler` (its own policy, engine, KV pool
+and clock) holding only the requests given to it (`Scheduler.submit`,
+`Scheduler.import_request`). Pool 0 receives the workload's arrivals, each
+routed by the pool's router when it arrives.
+
+Events run in time order; at one instant, by kind (`Event.priority`): an
+arrival first (so a router sees every replica at the moment it routes), then
+the topology's own kinds (a transfer's end, a handoff, ...), a replica's next
+step last, replicas in (pool, index) order. An event kind is one small class
+with its `fire`: later kinds (migration, scale) add a class, not a branch.
+
+A replica steps when its clock is the earliest time it could do something: at
+once while it has waiting, running or unreleased requests; else at its next
+submitted arrival. A step that changes nothing blocks the replica until an
+event gives it something: an arrival routed to it, a transfer's end. A
+replica of pool 0 with nothing to do waits for the next arrival at its pool,
+and its clock moves to that arrival's time (as one scheduler's clock jumps to
+its next arrival when idle).
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import heapq
+import itertools
+from typing import Callable, ClassVar, Optional, Sequence
+
+import numpy as np
+from numpy.typing import NDArray
+
+from orca_jax.cluster.routing import ClusterView, Router
+from orca_jax.core.plan import PlanError
+from orca_jax.core.request import RequestState
+from orca_jax.core.scheduler import Scheduler
+from orca_jax.core.view import SchedulerView
+
+_FINISHED, _AWAY = int(RequestState.FINISHED), int(RequestState.ROUTED_AWAY)
+
+# The order of event kinds at one instant (lower first). A topology's kinds lie between.
+ARRIVAL_PRIORITY = 0
+STEP_PRIORITY = 100
+
+
+class Event(abc.ABC):
+    """One kind of event: when it fires (its instant, given when pushed), it acts on the loop."""
+
+    priority: ClassVar[int]  # kinds at one instant fire in this order (lower first)
+
+    def tiebreak(self) -> tuple[int, ...]:
+        """Orders events of this kind at one instant (default: the order they were pushed)."""
+        return ()
+
+    @abc.abstractmethod
+    def fire(self, loop: EventLoop, when: float) -> None:
+        """Does what the event does at `when`."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Arrival(Event):
+    """The next request of the workload arrives and is routed into pool 0."""
+
+    priority: ClassVar[int] = ARRIVAL_PRIORITY
+    position: int  # index into the loop's arrivals
+
+    def fire(self, loop: EventLoop, when: float) -> None:
+        loop.arrive(self.position, when)
+
+
+@dataclasses.dataclass(slots=True)  # one per step: plain slots are the cheapest to build
+class ReplicaStep(Event):
+    """A replica runs its next iteration (if this is still its newest step event)."""
+
+    priority: ClassVar[int] = STEP_PRIORITY
+    pool: int
+    index: int
+    version: int  # the replica's step events before this one are stale
+
+    def tiebreak(self) -> tuple[int, ...]:
+        return (self.pool, self.index)
+
+    def fire(self, loop: EventLoop, when: float) -> None:
+        if loop.is_current(self):
+            loop.step_replica(self.pool, self.index)
+
+
+class ReplicaPool:
+    """One role's replicas behind its router, as the router's `ClusterView` reads them.
+
+    Args:
+      replicas: the pool's schedulers.
+      router: picks the replica of each request routed into the pool.
+    """
+
+    def __init__(self, replicas: Sequence[Scheduler], router: Router) -> None:
+        self.replicas = list(replicas)
+        self.router = router
+        self.now_s = 0.0  # the moment being routed
+        self._sent: list[list[int]] = [[] for _ in self.replicas]
+        # [R] requests routed to each replica that it does not hold yet (a transfer's).
+        self._incoming = np.zeros(len(self.replicas), dtype=np.int64)
+        self.view = ClusterView(self)
+
+    @property
+    def replica_views(self) -> tuple[SchedulerView, ...]:
+        return tuple(r.view for r in self.replicas)
+
+    def route(self, request: int, when: float, *, incoming: bool = False) -> int:
+        """The replica the router picks for `request` at `when` (`incoming`: it will be
+        imported later, and counts as outstanding there until then)."""
+        self.now_s = when
+        target = route_checked(self.router, self.view, request)
+        self._sent[target].append(request)
+        if incoming:
+            self._incoming[target] += 1
+        return target
+
+    def received(self, replica: int) -> None:
+        """An incoming request was imported by `replica`."""
+        self._incoming[replica] -= 1
+
+    def outstanding(self) -> NDArray[np.int64]:  # [R]
+        """Requests routed to each replica and not done there (incoming ones too)."""
+        held = np.array([len(r.table) - r.num_done for r in self.replicas], dtype=np.int64)
+        return held + self._incoming
+
+    def outstanding_ids(self, replica: int) -> NDArray[np.int64]:  # [n]
+        """Requests routed to `replica` and not done there: not yet admitted, waiting,
+        running, unreleased, or incoming."""
+        scheduler = self.replicas[replica]
+        ids = np.asarray(self._sent[replica], dtype=np.int64)
+        state = scheduler.table.state[ids]
+        live = (state < _FINISHED) | (state == _AWAY) | np.isin(ids, scheduler.unreleased)
+        self._sent[replica] = ids[live].tolist()
+        return ids[live]
+
+
+class EventLoop(abc.ABC):
+    """The loop that a topology of replica pools runs on (see the module docstring).
+
+    A topology subclasses it: `route_arrival` sends an arriving request into pool 0,
+    `stepped` reacts to a replica's iteration (it may push its own events).
+
+    Args:
+      pools: the replica pools; pool 0 receives the arrivals.
+      arrivals: `[A]` the requests to route, in arrival order.
+      arrival_s: `[N]` every request's arrival time.
+    """
+
+    def __init__(self, pools: Sequence[ReplicaPool], arrivals: NDArray[np.int64],
+                 arrival_s: NDArray[np.float64]) -> None:
+        self.pools = tuple(pools)
+        self.arrivals = arrivals
+        self.arrival_s = arrival_s
+        self._events: list[tuple[float, int, tuple[int, ...], int, Event]] = []
+        self._order = itertools.count()
+        self._versions = [[0] * len(p.replicas) for p in self.pools]
+        self._scheduled: list[list[Optional[float]]] = [[None] * len(p.replicas)
+                                                        for p in self.pools]
+        self._blocked: set[tuple[int, int]] = set()  # (pool, replica) stepped with no effect
+
+    # -------------------------------------------------------------- running
+    def run_events(self, progress: Optional[Callable[[], None]] = None) -> None:
+        """Warms every engine up and fires events until none is left.
+
+        Args:
+          progress: called after each event.
+        """
+        for pool in self.pools:
+            for scheduler in pool.replicas:
+                scheduler.engine.warmup(scheduler.bucket_config.buckets())
+        for scheduler in self.pools[0].replicas:
+            scheduler.awaits_submissions = bool(self.arrivals.size)
+        if self.arrivals.size:
+            self.push(Arrival(0), float(self.arrival_s[self.arrivals[0]]))
+        events = self._events
+        while events:
+            when, _, _, _, event = heapq.heappop(events)
+            event.fire(self, when)
+            if progress is not None:
+                progress()
+
+    def push(self, event: Event, when: float) -> None:
+        """Schedules `event` at `when`."""
+        heapq.heappush(self._events,
+                       (when, event.priority, event.tiebreak(), next(self._order), event))
+
+    # --------------------------------------------------------- topologies
+    @abc.abstractmethod
+    def route_arrival(self, request: int, when: float) -> None:
+        """Sends the arriving `request` into pool 0 (`ReplicaPool.route`, then
+        `Scheduler.submit` and `wake`)."""
+
+    def stepped(self, pool: int, index: int) -> None:
+        """Called after a replica's iteration that changed something."""
+
+    # ------------------------------------------------------------ arrivals
+    def arrive(self, position: int, when: float) -> None:
+        """Fires the `position`-th arrival at `when`: idle replicas of pool 0 move to it,
+        the topology routes it, and the next arrival is scheduled."""
+        for index, scheduler in enumerate(self.pools[0].replicas):
+            if (0, index) in self._blocked and not scheduler.in_transfer.size:
+                scheduler.now_s = max(scheduler.now_s, when)  # waited idle for this moment
+                self.wake(0, index)
+        self.route_arrival(int(self.arrivals[position]), when)
+        if position + 1 < self.arrivals.size:
+            self.push(Arrival(position + 1), float(self.arrival_s[self.arrivals[position + 1]]))
+            return
+        for index, scheduler in enumerate(self.pools[0].replicas):
+            scheduler.awaits_submissions = False  # nothing more comes: idle now is stuck
+            if not scheduler.in_transfer.size:
+                self.wake(0, index)
+
+    # ---------------------------------------------------------------- steps
+    def wake(self, pool: int, index: int) -> None:
+        """Unblocks a replica and schedules its next step (call after anything gives it
+        work or moves its clock)."""
+        self._blocked.discard((pool, index))
+        self.reschedule(pool, index)
+
+    def reschedule(self, pool: int, index: int) -> None:
+        """Schedules the replica's next step at the earliest time it could do something
+        (none while blocked or with nothing to do); an older step event goes stale."""
+        when = None if (pool, index) in self._blocked else _next_step_s(
+            self.pools[pool].replicas[index])
+        if when == self._scheduled[pool][index]:
+            return
+        self._versions[pool][index] += 1
+        self._scheduled[pool][index] = when
+        if when is not None:
+            self.push(ReplicaStep(pool, index, self._versions[pool][index]), when)
+
+    def is_current(self, event: ReplicaStep) -> bool:
+        """Whether `event` is its replica's newest step event."""
+        return event.version == self._versions[event.pool][event.index]
+
+    def step_replica(self, pool: int, index: int) -> None:
+        """Runs one iteration of a replica; one that changes nothing blocks it."""
+        self._scheduled[pool][index] = None
+        scheduler = self.pools[pool].replicas[index]
+        before = _progress_marks(scheduler)
+        scheduler.step()
+        # An iteration that ran a step changed something; else compare every mark.
+        if scheduler.num_steps == before[0] and _progress_marks(scheduler) == before:
+            self._blocked.add((pool, index))  # it waits for an event to give it something
+            return
+        self.stepped(pool, index)
+        self.reschedule(pool, index)
+
+
+def _next_step_s(scheduler: Scheduler) -> Optional[float]:
+    """When `scheduler` could next do something: now with work, else at its next
+    submitted arrival; None with neither."""
+    if scheduler.waiting.size or scheduler.running.size or scheduler.unreleased.size:
+        return scheduler.now_s
+    upcoming = scheduler.next_arrival_s()
+    return None if upcoming is None else max(scheduler.now_s, upcoming)
+
+
+def _progress_marks(scheduler: Scheduler) -> tuple:
+    """What any iteration that did something changes."""
+    return (scheduler.num_steps, scheduler.now_s, scheduler.num_done, scheduler.waiting.size,
+            scheduler.running.size, scheduler.unreleased.size, scheduler.in_transfer.size,
+            scheduler.kv.num_free)
+
+
+def route_checked(router: Router, view: ClusterView, request: int) -> int:
+    """`router.route(view, request)`, checked to name one of the view's replicas.
+
+    Raises:
+      PlanError: the router returned something else (kind `router`).
+    """
+    target = router.route(view, request)
+    if not (isinstance(target, (int, np.integer)) and 0 <= target < view.num_replicas):
+        raise PlanError(router.name, "replica_out_of_range",
+                        f"route() returned {target!r} for request {request}; replicas "
+                        f"are 0..{view.num_replicas - 1}", kind="router")
+    return int(target)

@@ -1,0 +1,243 @@
+"""A request moved between schedulers: its export, its import, and its release.
+
+A request's whole story on one scheduler is its row of the `RequestTable`,
+the token ids it generated (an engine with token ids), and its KV pages.
+`export_request` copies all of it into a `RequestExport`, a plain value;
+`import_request` makes another scheduler hold it from a given moment, as a
+waiting request whose computed tokens' KV it already has (its policy admits
+it like any waiting request, and it decodes on from where it stopped);
+`release_request` lets the first scheduler's copy go (its pages back to the
+pool). A disaggregated cluster moves each prompt's KV to a decode replica this
+way (`orca_jax.cluster.handoff`), and a running request can migrate between two
+colocated replicas the same way.
+
+Pages: the receiver takes the pages of the request's computed tokens at the
+import (or earlier, by `reserve_pages`, so that a pool is not overcommitted
+while a transfer is in flight), and its engine gets the pages' contents when
+the sender's engine has any (`Engine.read_kv_pages`; the simulator has none).
+What moving them costs is the caller's to price (`orca_jax.cluster.transfers`).
+
+Every scheduler of a cluster indexes its table by the request's index in the
+workload's arrival order, so a request keeps its identity, its sampling seed
+and its results row wherever it runs. The functions here are the scheduler's
+own (its methods `export_request`, `import_request`, `release_request` and
+`reserve_pages` call them, and keep its done count and token ids): they keep
+its table, queues and pages consistent.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional, Protocol
+
+import numpy as np
+from numpy.typing import NDArray
+
+from orca_jax.core.engine_api import Engine
+from orca_jax.core.kv import KVCapacity, KVPool
+from orca_jax.core.kv.prefix_hits import PrefixHits
+from orca_jax.core.request import Request, RequestState
+from orca_jax.core.request_table import RequestTable
+from orca_jax.core.scheduler_state import SchedulerLimits
+
+_WAITING, _RUNNING, _FINISHED, _AWAY = (int(RequestState.WAITING), int(RequestState.RUNNING),
+                                        int(RequestState.FINISHED),
+                                        int(RequestState.ROUTED_AWAY))
+
+
+class Scheduler(Protocol):
+    """What moving a request reads and writes of a `Scheduler` (the scheduler's own
+    state: only its methods call these functions)."""
+
+    config: SchedulerLimits
+    table: RequestTable
+    kv: KVPool
+    capacity: KVCapacity
+    engine: Engine
+    hits: Optional[PrefixHits]
+    now_s: float
+    waiting: NDArray[np.int64]
+    running: NDArray[np.int64]
+    in_transfer: NDArray[np.int64]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RequestExport:
+    """One request as a scheduler held it, to be imported by another.
+
+    Attributes:
+      request: its index in the workload (arrival order), the same on every scheduler.
+      spec: its `Request` as the sender knew it.
+      state: its `RequestState` on the sender (WAITING, RUNNING or FINISHED).
+      num_computed: tokens whose KV the sender computed.
+      num_generated: output tokens sampled so far.
+      num_preemptions: times it was preempted so far.
+      num_cached_tokens: tokens its first admission took from a prefix cache.
+      first_scheduled_s, admitted_s, first_token_s, last_token_s: its times (NaN: not yet).
+      last_token: its newest known token id.
+      output_tokens: the token ids it generated, or None when the engine has none.
+      kv_contents: its computed tokens' KV as the sender's engine read it (None: the
+        engine keeps no KV, as the simulator).
+    """
+
+    request: int
+    spec: Request
+    state: int
+    num_computed: int
+    num_generated: int
+    num_preemptions: int
+    num_cached_tokens: int
+    first_scheduled_s: float
+    admitted_s: float
+    first_token_s: float
+    last_token_s: float
+    last_token: int
+    output_tokens: Optional[tuple[int, ...]]
+    kv_contents: object = None
+
+
+def export_request(scheduler: Scheduler, request: int,
+                   output_tokens: Optional[list[int]]) -> RequestExport:
+    """A copy of `request`'s state on `scheduler` (which changes nothing), with the
+    token ids it generated (`output_tokens`; None when the engine has none).
+
+    Raises:
+      ValueError: the request is not held here (pending, rejected or routed away).
+    """
+    table = scheduler.table
+    state = int(table.state[request])
+    if state not in (_WAITING, _RUNNING, _FINISHED):
+        raise ValueError(f"export_request: request {request} is {RequestState(state).name} "
+                         "here; only a waiting, running or finished request is exported")
+    num_computed = int(table.num_computed[request])
+    pages = scheduler.kv.pages_of(request)[:_pages_for(scheduler, num_computed)]
+    return RequestExport(
+        request=request, spec=table.specs[request], state=state, num_computed=num_computed,
+        num_generated=int(table.num_generated[request]),
+        num_preemptions=int(table.num_preemptions[request]),
+        num_cached_tokens=int(table.num_cached_tokens[request]),
+        first_scheduled_s=float(table.first_scheduled_s[request]),
+        admitted_s=float(table.admitted_s[request]),
+        first_token_s=float(table.first_token_s[request]),
+        last_token_s=float(table.last_token_s[request]),
+        last_token=int(table.last_token[request]),
+        output_tokens=None if output_tokens is None else tuple(output_tokens),
+        kv_contents=scheduler.engine.read_kv_pages(pages) if pages.size else None)
+
+
+def reserve_pages(scheduler: Scheduler, request: int, num_tokens: int) -> bool:
+    """Takes the pages of `num_tokens` tokens for `request` before it is imported, if the
+    pool has them beside its watermark; False leaves everything unchanged.
+
+    The request is listed in `Scheduler.in_transfer` until its import.
+
+    Raises:
+      ValueError: the request is held here already.
+    """
+    _check_absent(scheduler, request, "reserve_pages")
+    if scheduler.kv.num_held[request]:
+        return False
+    ids = np.array([request], dtype=np.int64)
+    tokens = np.array([num_tokens], dtype=np.int64)
+    if int(scheduler.kv.pages_for_tokens(tokens)[0]) > scheduler.capacity.room():
+        return False
+    scheduler.kv.allocate(ids, tokens)
+    scheduler.in_transfer = _frozen(np.concatenate([scheduler.in_transfer, ids]))
+    return True
+
+
+def import_request(scheduler: Scheduler, export: RequestExport, at_s: float) -> None:
+    """`scheduler` holds `export`'s request from `at_s` on: waiting, its computed tokens'
+    KV in its pages (reserved by `reserve_pages`, or taken now), its counters, times and
+    tokens as exported. The request's facts (lengths, priority) are the receiver's own.
+
+    Raises:
+      ValueError: the request is held here already, was exported finished, the pool
+        has no room for its pages, or prefix caching is active here (an admission
+        would share cached pages with a request that holds its own); nothing changes.
+    """
+    request = export.request
+    _check_absent(scheduler, request, "import_request")
+    if scheduler.hits is not None:
+        raise ValueError(f"import_request: request {request}: prefix caching is active "
+                         "here; a received request's pages are its own (turn caching off "
+                         "on the receiver, as a disaggregated decode pool does)")
+    if export.state == _FINISHED and export.num_generated >= scheduler.table.output_len[request]:
+        raise ValueError(f"import_request: request {request} has its whole answer; "
+                         "nothing is left to run")
+    ids = np.array([request], dtype=np.int64)
+    reserved = bool(np.isin(ids, scheduler.in_transfer)[0])
+    needed = _pages_for(scheduler, export.num_computed)
+    if not reserved and needed:
+        if needed > scheduler.kv.num_free:
+            raise ValueError(f"import_request: request {request} needs {needed} KV pages; "
+                             f"{scheduler.kv.num_free} are free")
+        scheduler.kv.allocate(ids, np.array([export.num_computed], dtype=np.int64))
+    if export.kv_contents is not None:
+        scheduler.engine.write_kv_pages(scheduler.kv.pages_of(request)[:needed],
+                                        export.kv_contents)
+    table = scheduler.table
+    table.state[request] = _WAITING
+    table.num_computed[request] = export.num_computed
+    table.num_generated[request] = export.num_generated
+    table.num_preemptions[request] = export.num_preemptions
+    table.num_cached_tokens[request] = export.num_cached_tokens
+    table.first_scheduled_s[request] = export.first_scheduled_s
+    table.admitted_s[request] = export.admitted_s
+    table.first_token_s[request] = export.first_token_s
+    table.last_token_s[request] = export.last_token_s
+    table.last_token[request] = export.last_token
+    scheduler.in_transfer = _frozen(scheduler.in_transfer[scheduler.in_transfer != request])
+    # Arrival order: a FCFS policy reads the queue as it is.
+    scheduler.waiting = _frozen(np.sort(np.append(scheduler.waiting, request)))
+    scheduler.now_s = max(scheduler.now_s, at_s)
+
+
+def release_request(scheduler: Scheduler, request: int, at_s: float) -> bool:
+    """`scheduler` lets `request` go at `at_s` (it was exported): its pages go back to the
+    pool. A waiting or running request leaves its queue and is routed away here (its
+    results row is the receiver's); a finished one whose pages waited for a transfer
+    (`in_transfer`) stays finished.
+
+    Returns:
+      Whether the request left this scheduler (it counts as done here from now on).
+
+    Raises:
+      ValueError: the request is neither held here nor finished with its pages kept.
+    """
+    table = scheduler.table
+    ids = np.array([request], dtype=np.int64)
+    state = int(table.state[request])
+    left = False
+    if state == _FINISHED and np.isin(ids, scheduler.in_transfer)[0]:
+        scheduler.kv.free(ids)
+        scheduler.in_transfer = _frozen(scheduler.in_transfer[scheduler.in_transfer != request])
+    elif state in (_WAITING, _RUNNING):
+        scheduler.kv.free(ids)
+        if scheduler.hits is not None:
+            scheduler.hits.forget(ids)
+        table.state[request] = _AWAY
+        scheduler.waiting = _frozen(scheduler.waiting[scheduler.waiting != request])
+        scheduler.running = _frozen(scheduler.running[scheduler.running != request])
+        left = True
+    else:
+        raise ValueError(f"release_request: request {request} is {RequestState(state).name} "
+                         "here and holds no pages for a transfer")
+    scheduler.now_s = max(scheduler.now_s, at_s)
+    return left
+
+
+def _check_absent(scheduler: Scheduler, request: int, what: str) -> None:
+    state = int(scheduler.table.state[request])
+    if state != _AWAY:
+        raise ValueError(f"{what}: request {request} is {RequestState(state).name} here; only "
+                         "a request this scheduler does not hold is received")
+
+
+def _pages_for(scheduler: Scheduler, num_tokens: int) -> int:
+    return int(scheduler.kv.pages_for_tokens(np.array([num_tokens], dtype=np.int64))[0])
+
+
+def _frozen(array: NDArray[np.int64]) -> NDArray[np.int64]:
+    array.setflags(write=False)
+    return array
