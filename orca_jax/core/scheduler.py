@@ -1,16 +1,15 @@
-"""The iteration-level scheduler (Orca's loop) over a virtual clock.
+"""The iteration-level scheduler (Orca's loop) over a virtual clock: its state.
 
-Each iteration: requests whose arrival time has come join the waiting queue;
-the policy reads a `SchedulerView` and returns a `StepPlan`; the plan is checked
-(`plan_checks`, which changes nothing); finished answers are released,
-preemptions free their pages, admissions and growth get pages; `pack_step()` builds
-the padded StepInputs; the engine runs one step; the requests' counters and
-timestamps are updated and finished requests leave at once, their pages freed.
-The clock advances by the step's seconds; when nothing can run it jumps to the
-next arrival instead of sleeping. A plan may also reject waiting requests, with
-a reason. Requests that no admission could ever take are rejected up front
-(`orca_jax.core.admission`), and a run in which no request gains a computed
-token or finishes for `no_progress_steps` iterations fails (`no_progress`).
+A `Scheduler` holds a run's requests (the `RequestTable`), its queues (waiting,
+running, finished but unreleased), its KV pages, and the changes a plan makes
+to them: releases, preemptions (by recompute), rejections with a reason, and
+admissions. Each iteration is two phases, `schedule()` and `update()`
+(`orca_jax.core.scheduler_loop`), run by an executor that owns the engine and
+moves the clock (`orca_jax.core.executor`); when nothing can run, the clock
+jumps to the next arrival instead of sleeping. Requests that no admission
+could ever take are rejected up front (`orca_jax.core.admission`), and a run
+in which no request gains a computed token or finishes for `no_progress_steps`
+iterations fails (`no_progress`).
 
 With prefix caching active (`SchedulerConfig.enable_prefix_caching` and the
 policy's `prefix_caching`), an admission shares the cached pages of its known
@@ -25,32 +24,31 @@ stays a few microseconds per running request.
 from __future__ import annotations
 
 import dataclasses
-import time
-from typing import Callable, Optional, Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 from numpy.typing import NDArray
 
 from orca_jax.core.admission import reject_impossible, reservation_tokens
-from orca_jax.core.engine_api import Engine, PackedStep, PendingStep, StepOutput
+from orca_jax.core.engine_api import Engine
+from orca_jax.core.executor import Executor
 from orca_jax.core.kv_pages import KV_LAYOUTS, KVPageManager
-from orca_jax.core.overlap import InFlightTokens
-from orca_jax.core.packing import SamplingArrays, bucket_config_for, pack_step
+from orca_jax.core.packing import SamplingArrays, bucket_config_for
 from orca_jax.core.plan import PlanError, StepPlan
-from orca_jax.core.plan_checks import check_plan
 from orca_jax.core.policy import KV_RESERVATIONS, Policy, check_kv_reservation
 from orca_jax.core.prefix_cache import PrefixCache
 from orca_jax.core.prefix_hits import PrefixHits
-from orca_jax.core.progress import ProgressWatchdog
 from orca_jax.core.request import Request, RequestState, sort_by_arrival
 from orca_jax.core.request_table import RequestTable
-from orca_jax.core.run_record import RunRecord, StepLog
-from orca_jax.core.run_result import RunResult
+from orca_jax.core.run_record import RunRecord
+from orca_jax.core.scheduler_loop import SchedulerLoop
+from orca_jax.core.scheduler_loop import frozen as _frozen
 from orca_jax.core.view import SchedulerView
+from orca_jax.core.watchdog import ProgressWatchdog
 
 # Plain ints: IntEnum attribute lookups cost a microsecond each on the hot path.
-_PENDING, _WAITING, _RUNNING, _FINISHED = (int(RequestState.PENDING), int(RequestState.WAITING),
-                                           int(RequestState.RUNNING), int(RequestState.FINISHED))
+_PENDING, _WAITING, _RUNNING = (int(RequestState.PENDING), int(RequestState.WAITING),
+                                int(RequestState.RUNNING))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -134,13 +132,7 @@ class SchedulerConfig:
                 raise ValueError(f"SchedulerConfig.{field} must be > 0 or None, got {value}")
 
 
-def _frozen(array: NDArray[np.int64]) -> NDArray[np.int64]:
-    """Marks a queue array read-only: the view hands it to policies as it is."""
-    array.setflags(write=False)
-    return array
-
-
-class Scheduler:
+class Scheduler(SchedulerLoop):
     """Runs `policy` over `requests` on `engine`. One instance per run.
 
     Args:
@@ -157,11 +149,6 @@ class Scheduler:
         self.config = config
         self.policy = policy
         self.engine = engine
-        # An `Engine` may price a step from its lengths, never building the padded
-        # descriptor (the simulator); a duck-typed engine has only `step`. Chosen once.
-        self._run_packed: Callable[[PackedStep], StepOutput] = (
-            engine.step_packed if isinstance(engine, Engine)
-            else lambda packed: engine.step(packed.inputs))
         check_kv_reservation(policy, ValueError)
         self.kv_reservation = policy.kv_reservation
         if config.kv_layout == "buddy" and self.kv_reservation == "none":
@@ -220,12 +207,10 @@ class Scheduler:
         self._step_cached_tokens = 0
         self._num_done += reject_impossible(self.table, self.kv, config, self._reserve_tokens)
         self.watchdog = ProgressWatchdog(n, config.no_progress_steps)
-        self.in_flight: Optional[InFlightTokens] = (
-            InFlightTokens(n) if (config.overlap and engine.feeds_tokens
-                                  and not self.prefix_caching
-                                  and not config.kv_handoff)  # a handoff reads the first token
-            else None)
         self.view = SchedulerView(self)
+        overlaps = (config.overlap and getattr(engine, "feeds_tokens", False)
+                    and self.late_tokens_conflict() is None)
+        self.executor = Executor(self, depth=2 if overlaps else 1)
 
     # ------------------------------------------------------------- queries
     def next_arrival_s(self) -> Optional[float]:
@@ -328,126 +313,17 @@ class Scheduler:
         self.table.state[ids] = RequestState.ROUTED_AWAY
         self._num_done += int(ids.size)
 
-    # ------------------------------------------------------------- the loop
-    def run(self, progress: Optional[Callable[["Scheduler"], None]] = None) -> RunResult:
-        """Runs iterations until every request is done; returns the finished run."""
-        self.engine.warmup(self.bucket_config.buckets())
-        while not self.done:
-            self.step()
-            if progress is not None:
-                progress(self)
-        return self.result()
-
-    def result(self) -> RunResult:
-        """The run so far, as a value (a copy: stepping on does not change it)."""
-        self._land_in_flight()
-        self.record.flush_removed()
-        return RunResult.from_log(
-            self.table, self.record, policy=self.policy.name, engine=self.engine.name,
-            virtual_end_s=self.now_s,
-            output_tokens=self._generated,
-            prefix_caching=self.prefix_caching,
-            num_evictions=self.kv.cache.num_evictions if self.kv.cache is not None else 0)
-
-    def step(self) -> bool:
-        """Runs one iteration. Returns False when there was nothing left to do."""
-        host_start = time.perf_counter()
-        self._admit_arrivals()
-        if self.done:
-            return False
-        plan = self.policy.schedule(self.view)
-        if not isinstance(plan, StepPlan):
-            raise PlanError(self.policy.name, "not_a_plan",
-                            f"schedule() returned {type(plan).__name__}, not a StepPlan")
-        needed = check_plan(self, plan)
-        self.last_finished = self._empty  # "finished since the previous schedule() call"
-        self._apply_release(plan.release)
-        self._apply_preemption(plan.preempt)
-        self._apply_rejection(plan)
-        if self.config.log_step_requests:
-            self.record.log_removed(plan.preempt, plan.reject_ids)
-        progressed = bool(plan.release.size or plan.reject_ids.size)
-        if plan.request_ids.size == 0:
-            if not self._idle(plan):
-                self._watch_progress(progressed)
-            return True
-        ids, tokens = plan.request_ids, plan.num_tokens
-        self._step_cached_tokens = 0
-        self._admit(ids)
-        num_computed = self.table.num_computed[ids]  # [n] after admission (past any hit)
-        kv_lens = num_computed + tokens  # [n] each one's context after the step
-        if needed.any():
-            # Without reservations or hits, admission took no pages: the check's count holds.
-            self.kv.allocate(ids, kv_lens, need=needed if self._needed_is_allocation else None)
-        # Only the pages of the step's widest context: a row's later pages (reserved ahead,
-        # or null) are never read by this step, and copying max_model_len-wide rows would
-        # make the host's page-table work grow with max_model_len instead of the contexts.
-        width = int(self.kv.pages_for_tokens(kv_lens.max()))
-        num_real_tokens = int(tokens.sum())
-        packed = pack_step(bucket_config=self.bucket_config, request_ids=ids, num_tokens=tokens,
-                           num_computed=num_computed,
-                           page_rows=self.kv.page_table[self.kv.row_of[ids], :width],
-                           page_size=self.config.page_size, sampling=self.sampling,
-                           token_ids=self._token_ids(ids, tokens),
-                           min_bucket_tokens=plan.min_bucket_tokens,
-                           num_real_tokens=num_real_tokens)
-        bucket = packed.bucket
-        source = None if self.in_flight is None else self.in_flight.token_source(
-            ids, tokens, num_computed,
-            self.table.prompt_len[ids] + self.table.num_generated[ids], bucket.num_tokens)
-        host_s = time.perf_counter() - host_start
-        pending: Optional[PendingStep] = None
-        if self.in_flight is None:
-            output = self._run_packed(packed)
-            step_s = output.step_s
-        else:  # dispatch, then read the previous step's tokens back while this one runs
-            pending = self.engine.step_async(packed.inputs, source)
-            output, step_s = None, pending.step_s
-            landed = self.in_flight.land()  # waits for the previous step: not host time
-        host_s += packed.build_s  # the descriptor, if an engine read it: host work
-        update_start = time.perf_counter()
-        if self.in_flight is not None:
-            self._record_tokens(*landed)
-        start_s = self.now_s
-        # With count_host_time the engine starts only once the host has planned the step.
-        end_s = start_s + step_s + (host_s if self.config.count_host_time else 0.0)
-        self._update(ids, kv_lens, output, end_s, pending)
-        progressed = self.watchdog.computed(ids, kv_lens) or progressed
-        update_s = time.perf_counter() - update_start
-        host_s += update_s
-        if self.config.count_host_time:
-            end_s += update_s
-        self.record.log_step(StepLog(
-            step=self.num_steps, start_s=start_s, num_seqs=int(ids.size),
-            num_tokens=num_real_tokens, num_padded_tokens=bucket.num_tokens,
-            bucket=bucket.num_tokens, host_s=host_s, step_s=step_s,
-            num_running=int(self.running.size), num_waiting=int(self.waiting.size),
-            num_free_pages=self.kv.num_free, num_cached_tokens=self._step_cached_tokens))
-        if self.config.log_step_requests:
-            self.record.log_step_requests(ids, tokens,
-                                          np.concatenate([self.running, self.unreleased]))
-        self.num_steps += 1
-        self.now_s = end_s
-        self._watch_progress(progressed)
-        return True
-
-    def _watch_progress(self, progressed: bool) -> None:
-        """Counts an iteration toward the watchdog (`no_progress` once it runs out)."""
-        self.watchdog.iteration(
-            progressed or self.done, policy=self.policy.name, step=self.num_steps,
-            now_s=self.now_s,
-            situation=lambda: (f"{self.waiting.size} waiting, {self.running.size} running, "
-                               f"{self.record.num_preemptions} preemptions so far"))
-
     def _idle(self, plan: StepPlan) -> bool:
-        """An iteration that runs nothing: jump to the next arrival, or fail if stuck.
-        Returns True when the clock jumped (waiting for work is no livelock)."""
+        """An iteration that runs nothing: wait for the next arrival, or fail if stuck.
+        Returns True when it waits (for work: no livelock)."""
         if plan.release.size or plan.preempt.size or plan.reject_ids.size:
             return False  # the plan changed state; let the policy look again
         if self.done:
             return False
         if self.in_transfer.size:
             return True  # a transfer's end frees or brings pages: its cluster steps us again
+        if self.busy.size:
+            return True  # the executor lands a step in flight: its requests are free again
         stalled = self.waiting[self.kv.num_held[self.waiting] > 0]  # received with their KV
         if stalled.size and not self.running.size:  # and their pages block every admission
             self.kv.free(stalled)  # so they recompute, as if preempted
@@ -455,33 +331,14 @@ class Scheduler:
             self.table.num_preemptions[stalled] += 1
             self.record.num_preemptions += int(stalled.size)
             return False
-        upcoming = self.next_arrival_s()
-        if upcoming is None:
+        if self.next_arrival_s() is None:
             raise PlanError(self.policy.name, "no_progress",
                             f"the plan runs nothing at {self.now_s:.6f} s with "
                             f"{self.waiting.size} waiting, {self.running.size} running, "
                             f"{self.unreleased.size} unreleased and no arrivals to come")
-        self.now_s = max(self.now_s, upcoming)
         return True
 
     # ------------------------------------------------------ state changes
-    def _admit_arrivals(self) -> None:
-        first = self._next_pending()
-        if first is None:
-            return
-        if self.waiting.size == 0 and self.running.size == 0 and self.unreleased.size == 0:
-            self.now_s = max(self.now_s, float(self.table.arrival_s[first]))  # idle gap
-        if self.table.arrival_s[first] > self.now_s:  # most steps: nobody new yet
-            return
-        end = int(np.searchsorted(self.table.arrival_s, self.now_s, side="right"))
-        if end <= first:
-            return
-        arrived = np.arange(first, end)
-        arrived = arrived[self.table.state[arrived] == _PENDING]
-        self.table.state[arrived] = _WAITING
-        self.waiting = _frozen(np.concatenate([self.waiting, arrived]))
-        self._next_arrival = end
-
     def _apply_release(self, release: NDArray[np.int64]) -> None:
         if release.size == 0:
             return
@@ -534,77 +391,3 @@ class Scheduler:
         if self.kv_reservation != "none":
             self.kv.allocate(admitted, np.maximum(table.num_computed[admitted],
                                                   self._reserve_tokens[admitted]))
-
-    def _token_ids(self, ids: NDArray[np.int64], tokens: NDArray[np.int64]
-                   ) -> Optional[NDArray[np.int32]]:
-        if self._generated is None:
-            return None
-        table = self.table
-        computed = table.num_computed[ids]
-        if int(tokens.sum()) == ids.size and bool((table.num_uncomputed(ids) == 1).all()):
-            return table.last_token[ids].astype(np.int32)  # all decodes: the newest tokens
-        pieces = []
-        for request, start, count in zip(ids.tolist(), computed.tolist(), tokens.tolist()):
-            spec = table.specs[request]
-            generated = self._generated[request]
-            if self.in_flight is not None and self.in_flight.row[request] >= 0:
-                generated = [*generated, 0]  # the newest is on the device: token_source
-            known = np.concatenate([spec.prompt_tokens, np.asarray(generated, dtype=np.int32)])
-            pieces.append(known[start:start + count])
-        return np.concatenate(pieces).astype(np.int32)
-
-    def _land_in_flight(self) -> None:
-        """Reads the tokens of the step in flight back (waits for it), if any."""
-        if self.in_flight is not None and self.in_flight.holding:
-            self._record_tokens(*self.in_flight.land())
-
-    def _record_tokens(self, sampled: NDArray[np.int64],  # [m]
-                       new_tokens: NDArray[np.int32]) -> None:  # [m]
-        self.table.last_token[sampled] = new_tokens
-        if self.hits is not None:
-            self.hits.record(sampled, new_tokens)
-        if self._generated is not None:
-            for request, token in zip(sampled.tolist(), new_tokens.tolist()):
-                self._generated[request].append(token)
-
-    def _update(self, ids: NDArray[np.int64],  # [n]
-                computed: NDArray[np.int64],  # [n] each one's computed tokens after the step
-                output: Optional[StepOutput], end_s: float,
-                pending: Optional[PendingStep]) -> None:
-        """Counts the step's tokens; its sampled token values are `output`'s, or (None)
-        stay on the device in `pending` until `_land_in_flight`."""
-        table = self.table
-        table.num_computed[ids] = computed
-        if self.hits is not None:  # name the filled pages before finished ones free theirs
-            self.hits.commit(ids)
-        sampled_mask = computed == table.prompt_len[ids] + table.num_generated[ids]
-        sampled = ids[sampled_mask]
-        if sampled.size == 0:
-            return
-        generated = table.num_generated[sampled] + 1  # [s]
-        table.num_generated[sampled] = generated
-        if output is not None:
-            self._record_tokens(sampled, output.sampled_tokens[:ids.size][sampled_mask])
-        else:
-            self.in_flight.hold(pending, sampled, np.flatnonzero(sampled_mask))
-        table.last_token_s[sampled] = end_s
-        first = sampled[np.isnan(table.first_token_s[sampled])]
-        table.first_token_s[first] = end_s
-        self.record.log_tokens(sampled, end_s)
-        finished = sampled[generated == table.output_len[sampled]]
-        if finished.size == 0:
-            return
-        table.state[finished] = _FINISHED
-        if self.config.kv_handoff:  # its pages go on to a decode replica (core.handoff)
-            self.in_transfer = _frozen(np.concatenate([self.in_transfer, finished]))
-        else:
-            self.kv.free(finished)
-        if self.hits is not None:
-            self.hits.forget(finished)
-        self.running = _frozen(self.running[table.state[self.running] == _RUNNING])
-        self.last_finished = _frozen(finished)
-        if self.policy.defer_release:
-            self.unreleased = _frozen(np.concatenate([self.unreleased, finished]))
-        else:
-            table.finish_s[finished] = end_s
-            self._num_done += int(finished.size)
