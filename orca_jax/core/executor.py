@@ -60,9 +60,14 @@ class TwoPhaseScheduler(Protocol):
     @property
     def num_steps(self) -> int: ...
 
-    def queues_empty(self) -> bool:
-        """Whether no request waits, runs or awaits release."""
-        ...
+    @property
+    def waiting(self) -> NDArray[np.int64]: ...  # [w]
+
+    @property
+    def running(self) -> NDArray[np.int64]: ...  # [r]
+
+    @property
+    def unreleased(self) -> NDArray[np.int64]: ...  # [u]
 
     def next_arrival_s(self) -> Optional[float]: ...
 
@@ -129,17 +134,13 @@ class Executor:
         """Steps dispatched whose tokens are not read back yet."""
         return len(self.in_flight)
 
-    @property
-    def busy(self) -> NDArray[np.int64]:
-        """`[b]` requests the next step cannot take (`SchedulerView.busy`)."""
-        return self.in_flight.busy
-
     def step(self) -> bool:
         """Runs one iteration. Returns False when every request was done already."""
         scheduler = self.scheduler
         if scheduler.done:
             return False
-        if scheduler.queues_empty():  # an idle gap: nothing to do before the next arrival
+        # An idle gap (no request waits, runs or awaits release): the next arrival is next.
+        if not (scheduler.running.size or scheduler.waiting.size or scheduler.unreleased.size):
             upcoming = scheduler.next_arrival_s()
             if upcoming is not None and upcoming > scheduler.now_s:
                 scheduler.now_s = upcoming
@@ -151,7 +152,8 @@ class Executor:
             output = self._run_packed(step.packed)
             step_s = output.step_s
             host_s = step.host_s + step.packed.build_s  # the descriptor, if the engine read it
-            tokens: Optional[NDArray[np.int32]] = output.sampled_tokens[step.sample_rows]
+            tokens: Optional[NDArray[np.int32]] = (
+                output.sampled_tokens[:step.request_ids.size][step.samples])
         else:
             step_s, host_s = self._dispatch(step)
             tokens = None
@@ -159,8 +161,7 @@ class Executor:
         # With count_host_time the engine starts only once the host has planned the step.
         end_s = start_s + step_s + (host_s if self._count_host_time else 0.0)
         scheduler.now_s = end_s  # the update happens at the step's end
-        update_s = scheduler.update(step, StepResult(start_s=start_s, end_s=end_s, step_s=step_s,
-                                                     host_s=host_s, sampled_tokens=tokens))
+        update_s = scheduler.update(step, StepResult(start_s, end_s, step_s, host_s, tokens))
         if self._count_host_time:
             scheduler.now_s = end_s + update_s
         return True

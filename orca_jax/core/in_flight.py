@@ -64,7 +64,7 @@ class StepsInFlight:
         takes = rows >= 0
         if not takes.any():
             return None
-        last_flat = np.cumsum(step.num_tokens)[step.sample_rows[takes]] - 1
+        last_flat = (np.cumsum(step.num_tokens) - 1)[step.samples][takes]
         source = np.full(step.packed.bucket.num_tokens, -1, dtype=np.int32)
         source[last_flat] = rows[takes]
         return source
@@ -73,7 +73,7 @@ class StepsInFlight:
         """Notes a dispatched step whose sampled tokens stay on the device for now."""
         if self._queue:
             self._row_in_last[self._queue[-1][1].sampled] = -1
-        self._row_in_last[step.sampled] = step.sample_rows
+        self._row_in_last[step.sampled] = np.flatnonzero(step.samples)
         self._queue.append((pending, step))
 
     def land(self, keep: int) -> list[tuple[NDArray[np.int64], NDArray[np.int32]]]:
@@ -86,7 +86,8 @@ class StepsInFlight:
         landed = []
         while len(self._queue) > keep:
             pending, step = self._queue.popleft()
-            landed.append((step.sampled, pending.output().sampled_tokens[step.sample_rows]))
+            tokens = pending.output().sampled_tokens[:step.request_ids.size][step.samples]
+            landed.append((step.sampled, tokens))
             if not self._queue:  # it was the last dispatched step too
                 self._row_in_last[step.sampled] = -1
         self._find_busy()

@@ -25,6 +25,7 @@ from typing import Callable, Optional, Union
 import numpy as np
 from numpy.typing import NDArray
 
+from orca_jax.core.engine_api import Engine
 from orca_jax.core.executor import Executor
 from orca_jax.core.kv_pages import KVPageManager
 from orca_jax.core.packing import BucketConfig, SamplingArrays, pack_step
@@ -57,6 +58,7 @@ class SchedulerLoop:
     `_apply_preemption`, `_apply_rejection`, `_admit`) and `_idle` are its methods."""
 
     policy: Policy
+    engine: Engine
     table: RequestTable
     kv: KVPageManager
     hits: Optional[PrefixHits]
@@ -86,11 +88,7 @@ class SchedulerLoop:
     def busy(self) -> NDArray[np.int64]:
         """`[b]` requests the next step cannot take: their newest token is on the device in
         a step in flight the next one cannot read it from (`SchedulerView.busy`)."""
-        return self.executor.busy
-
-    def queues_empty(self) -> bool:
-        """Whether no request waits, runs or awaits release."""
-        return not (self.waiting.size or self.running.size or self.unreleased.size)
+        return self.executor.in_flight.busy
 
     def late_tokens_conflict(self) -> Optional[str]:
         """Why this run needs each step's token values before the next plan (None: it
@@ -184,10 +182,10 @@ class SchedulerLoop:
                            min_bucket_tokens=plan.min_bucket_tokens,
                            num_real_tokens=num_real_tokens)
         # A request samples a token when the step computes all it knows.
-        sample_rows = np.flatnonzero(kv_lens == table.prompt_len[ids] + table.num_generated[ids])
+        samples = kv_lens == table.prompt_len[ids] + table.num_generated[ids]
         return ScheduledStep(
             index=self.num_steps, request_ids=ids, num_tokens=tokens, kv_lens=kv_lens,
-            sampled=ids[sample_rows], sample_rows=sample_rows, packed=packed,
+            samples=samples, sampled=ids[samples], packed=packed,
             num_real_tokens=num_real_tokens, num_cached_tokens=self._step_cached_tokens,
             progressed=progressed, host_s=time.perf_counter() - host_start)
 
