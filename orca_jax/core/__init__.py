@@ -1,10 +1,10 @@
 """The scheduling core: Orca's loop (policy -> plan -> checks -> pack -> engine -> update).
 
 Owns requests and the request table, the step plan and its checks, the
-read-only view a policy decides through, the scheduler and its virtual clock,
-the KV page manager, buckets and the step-descriptor builder (`packing`), the
-engine contract, the policy API and plugin loading, and a finished run's
-value (`RunResult`).
+read-only view a policy decides through, the scheduler and the executor that
+runs its steps and keeps the virtual clock, the KV page manager, buckets and
+the step-descriptor builder (`packing`), the engine contract, the policy API
+and plugin loading, and a finished run's value (`RunResult`).
 
 May import: numpy and the standard library only — never jax, and nothing else
 of `orca_jax` (every other part builds on this one).

@@ -197,6 +197,7 @@ class Scheduler(SchedulerLoop):
         # Requests whose KV pages a transfer holds, outside the queues (`core.handoff`).
         self.in_transfer = self._empty
         self._num_done = 0
+        self._num_requests = n  # `done` is asked twice an iteration: no len() call
         self.record = RunRecord(num_requests=n, logs_step_requests=config.log_step_requests)
         self.hits: Optional[PrefixHits] = (
             PrefixHits(self.table, self.kv, cache, uses_planned_output=not engine.needs_token_ids)
@@ -276,7 +277,7 @@ class Scheduler(SchedulerLoop):
     @property
     def done(self) -> bool:
         """Every request finished and released, rejected, or routed away."""
-        return self._num_done == len(self.table)
+        return self._num_done == self._num_requests
 
     @property
     def num_done(self) -> int:

@@ -233,8 +233,11 @@ class SchedulerLoop:
 
     def _watch_progress(self, progressed: bool) -> None:
         """Counts an iteration toward the watchdog (`no_progress` once it runs out)."""
+        if progressed:
+            self.watchdog.progressed()
+            return
         self.watchdog.iteration(
-            progressed or self.done, policy=self.policy.name, step=self.num_steps,
+            self.done, policy=self.policy.name, step=self.num_steps,
             now_s=self.now_s,
             situation=lambda: (f"{self.waiting.size} waiting, {self.running.size} running, "
                                f"{self.record.num_preemptions} preemptions so far"))
