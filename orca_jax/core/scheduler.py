@@ -140,6 +140,11 @@ class Scheduler(SchedulerLoop):
       policy: the scheduling policy (fresh: policies keep bookkeeping).
       engine: a JaxEngine or SimEngine.
       config: the mechanism's limits.
+
+    Attributes:
+      executor: runs its iterations (`step`, `run`) and keeps its clock; depth 2
+        with `config.overlap` where the run allows it, else 1. Set another
+        `Executor(scheduler, depth=N)` before the first step for another depth.
     """
 
     def __init__(self, requests: Sequence[Request], policy: Policy, engine: Engine,

@@ -178,7 +178,8 @@ class SchedulerLoop:
                            num_computed=num_computed,
                            page_rows=self.kv.page_table[self.kv.row_of[ids], :width],
                            page_size=self.config.page_size, sampling=self.sampling,
-                           token_ids=self._token_ids(ids, tokens),
+                           token_ids=(None if self._generated is None
+                                      else self._token_ids(ids, tokens, self._generated)),
                            min_bucket_tokens=plan.min_bucket_tokens,
                            num_real_tokens=num_real_tokens)
         # A request samples a token when the step computes all it knows.
@@ -268,10 +269,12 @@ class SchedulerLoop:
             for request, token in zip(sampled.tolist(), new_tokens.tolist()):
                 self._generated[request].append(token)
 
-    def _token_ids(self, ids: NDArray[np.int64], tokens: NDArray[np.int64]
-                   ) -> Optional[NDArray[np.int32]]:
-        if self._generated is None:
-            return None
+    def _token_ids(self, ids: NDArray[np.int64],  # [n]
+                   tokens: NDArray[np.int64],  # [n]
+                   generated_lists: list[list[int]]) -> NDArray[np.int32]:  # [sum tokens]
+        """The step's input token ids from the host's (`generated_lists`: each request's
+        sampled ids), a placeholder where a token is still on the device (fed to the
+        engine by the executor's token source)."""
         table = self.table
         computed = table.num_computed[ids]
         if int(tokens.sum()) == ids.size and bool((table.num_uncomputed(ids) == 1).all()):
@@ -280,7 +283,7 @@ class SchedulerLoop:
         for request, start, count, num_generated in zip(
                 ids.tolist(), computed.tolist(), tokens.tolist(),
                 table.num_generated[ids].tolist()):
-            generated = self._generated[request]
+            generated = generated_lists[request]
             if len(generated) < num_generated:  # the newest are on the device: token_source
                 generated = [*generated, *[0] * (num_generated - len(generated))]
             known = np.concatenate([table.specs[request].prompt_tokens,
