@@ -75,7 +75,7 @@ def _serve(requests, engine: Engine, config: SchedulerConfig) -> dict[str, objec
             "host_ms": 1e3 * statistics.fmean(s.host_s for s in steps),
             "device_ms": 1e3 * statistics.fmean(s.step_s for s in steps),
             "tokens": [list(t) for t in result.output_tokens],
-            "overlapped": scheduler.in_flight is not None}
+            "overlapped": scheduler.executor.depth > 1}
 
 
 def main() -> None:

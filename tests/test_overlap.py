@@ -101,7 +101,7 @@ def _run(policy, options, overlap, **limits):
 def test_overlap_gives_the_same_plans_steps_and_tokens(policy, options, limits):
     off, _, _ = _run(policy, options, False, **limits)
     on, engine, scheduler = _run(policy, options, True, **limits)
-    assert scheduler.in_flight is not None
+    assert scheduler.executor.depth == 2
     assert engine.num_fed > 50  # decodes really took their input from the previous step
     assert [list(t) for t in on.output_tokens] == [list(t) for t in off.output_tokens]
     assert sum(map(len, on.output_tokens)) > 200
@@ -119,7 +119,7 @@ def test_overlap_gives_the_same_plans_steps_and_tokens(policy, options, limits):
 def test_overlap_reads_each_step_back_once_and_one_step_late():
     result, engine, scheduler = _run("orca", {}, True)
     assert engine.num_waits == len(result.step_requests)  # every step once, none twice
-    assert not scheduler.in_flight.holding  # the last one landed before the result
+    assert scheduler.executor.num_in_flight == 0  # the last one landed before the result
 
 
 def test_without_a_feeding_engine_or_with_prefix_caching_overlap_runs_in_step():
@@ -129,9 +129,9 @@ def test_without_a_feeding_engine_or_with_prefix_caching_overlap_runs_in_step():
     config = SchedulerConfig(max_num_seqs=4, max_num_tokens=32, page_size=8, max_model_len=64,
                              overlap=True)
     assert Scheduler(requests, make_policy("orca"), FeedingEngine(False),
-                     config).in_flight is None
+                     config).executor.depth == 1
     caching = Scheduler(requests, make_policy("vllm"), FeedingEngine(True), config)
-    assert caching.prefix_caching and caching.in_flight is None
+    assert caching.prefix_caching and caching.executor.depth == 1
 
 
 def test_an_engine_that_does_not_feed_refuses_a_token_source():

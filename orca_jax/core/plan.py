@@ -117,9 +117,10 @@ class PlanError(ValueError):
         `finished_request`, `duplicate_request`, `nonpositive_tokens`,
         `decode_before_prefill_done`, `preempt_not_running`, `preempt_and_schedule`,
         `release_without_defer`, `release_not_finished`, `reject_not_waiting`,
-        `reject_and_schedule`, `no_progress` (the plan runs nothing and nothing
-        can change, or no request has gained a computed token or finished for
-        SchedulerConfig.no_progress_steps iterations), `not_a_plan`.
+        `reject_and_schedule`, `busy_request` (a request in a step in flight that the
+        next step cannot follow: SchedulerView.busy), `no_progress` (the plan runs
+        nothing and nothing can change, or no request has gained a computed token or
+        finished for SchedulerConfig.no_progress_steps iterations), `not_a_plan`.
         A router's: `replica_out_of_range`.
       detail: what exactly was wrong, with the numbers.
       kind: what broke the rule: `policy` or `router`.

@@ -111,6 +111,14 @@ def check_plan(scheduler: SchedulerState, plan: StepPlan) -> NDArray[np.int64]:
     lowest = states.min()
     if lowest < _WAITING or states.max() > _RUNNING:  # one has not arrived, or is done
         _check_arrived_and_not_done(name, scheduler, ids, states)
+    busy = scheduler.busy
+    if busy.size:  # only with more than one step in flight ahead of this one
+        again = np.isin(ids, busy)
+        if again.any():
+            raise PlanError(name, "busy_request",
+                            f"request {_first(ids, again)} is busy: its newest token is "
+                            "still on the device in a step in flight the next step cannot "
+                            "read it from (SchedulerView.busy)")
     if tokens.min() < 1:
         bad = tokens < 1
         raise PlanError(name, "nonpositive_tokens",

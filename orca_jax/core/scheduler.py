@@ -1,16 +1,15 @@
-"""The iteration-level scheduler (Orca's loop) over a virtual clock.
+"""The iteration-level scheduler (Orca's loop) over a virtual clock: its state.
 
-Each iteration: requests whose arrival time has come join the waiting queue;
-the policy reads a `SchedulerView` and returns a `StepPlan`; the plan is checked
-(`plan_checks`, which changes nothing); finished answers are released,
-preemptions free their pages, admissions and growth get pages; `pack_step()` builds
-the padded StepInputs; the engine runs one step; the requests' counters and
-timestamps are updated and finished requests leave at once, their pages freed.
-The clock advances by the step's seconds; when nothing can run it jumps to the
-next arrival instead of sleeping. A plan may also reject waiting requests, with
-a reason. Requests that no admission could ever take are rejected up front
-(`orca_jax.core.admission`), and a run in which no request gains a computed
-token or finishes for `no_progress_steps` iterations fails (`no_progress`).
+A `Scheduler` holds a run's requests (the `RequestTable`), its queues (waiting,
+running, finished but unreleased), its KV pages, and the changes a plan makes
+to them: releases, preemptions (by recompute), rejections with a reason, and
+admissions. Each iteration is two phases, `schedule()` and `update()`
+(`orca_jax.core.scheduler_loop`), run by an executor that owns the engine and
+moves the clock (`orca_jax.core.executor`); when nothing can run, the clock
+jumps to the next arrival instead of sleeping. Requests that no admission
+could ever take are rejected up front (`orca_jax.core.admission`), and a run
+in which no request gains a computed token or finishes for `no_progress_steps`
+iterations fails (`no_progress`).
 
 With prefix caching active (`SchedulerConfig.enable_prefix_caching` and the
 policy's `prefix_caching`), an admission shares the cached pages of its known
@@ -25,33 +24,31 @@ stays a few microseconds per running request.
 from __future__ import annotations
 
 import dataclasses
-import time
-from typing import Callable, Optional, Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 from numpy.typing import NDArray
 
 from orca_jax.core import request_export
 from orca_jax.core.admission import reject_impossible
-from orca_jax.core.engine_api import Engine, PackedStep, PendingStep, StepOutput
+from orca_jax.core.engine_api import Engine
+from orca_jax.core.executor import Executor
 from orca_jax.core.kv import KV_LAYOUTS, KVMemory, preempt
-from orca_jax.core.overlap import InFlightTokens
-from orca_jax.core.packing import SamplingArrays, bucket_config_for, pack_step
+from orca_jax.core.packing import SamplingArrays, bucket_config_for
 from orca_jax.core.plan import PlanError, StepPlan
-from orca_jax.core.plan_checks import check_plan
 from orca_jax.core.policy import Policy, check_kv_reservation
-from orca_jax.core.progress import ProgressWatchdog
 from orca_jax.core.request import Request, RequestState, sort_by_arrival
 from orca_jax.core.request_export import RequestExport
 from orca_jax.core.request_table import RequestTable
-from orca_jax.core.run_record import RunRecord, StepLog
-from orca_jax.core.run_result import RunResult
+from orca_jax.core.run_record import RunRecord
+from orca_jax.core.scheduler_loop import SchedulerLoop
+from orca_jax.core.scheduler_loop import frozen as _frozen
 from orca_jax.core.view import SchedulerView
+from orca_jax.core.watchdog import ProgressWatchdog
 
 # Plain ints: IntEnum attribute lookups cost a microsecond each on the hot path.
-_PENDING, _WAITING, _RUNNING, _FINISHED, _AWAY = (
-    int(RequestState.PENDING), int(RequestState.WAITING), int(RequestState.RUNNING),
-    int(RequestState.FINISHED), int(RequestState.ROUTED_AWAY))
+_PENDING, _WAITING, _RUNNING, _AWAY = (int(RequestState.PENDING), int(RequestState.WAITING),
+                                       int(RequestState.RUNNING), int(RequestState.ROUTED_AWAY))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -76,7 +73,7 @@ class SchedulerConfig:
         are no longer bit-for-bit repeatable).
       overlap: plan and pack step N+1 while step N runs, its decodes fed step N's
         tokens on the device and N's tokens read back one step late
-        (`orca_jax.core.overlap`); plans, steps and tokens are the same as without.
+        (`orca_jax.core.executor`); plans, steps and tokens are the same as without.
         Needs an engine that `feeds_tokens`, and not active with prefix caching
         (pages are named by token values before the next plan) or `kv_handoff` (the
         transfer carries the first token); else it runs in step.
@@ -135,13 +132,7 @@ class SchedulerConfig:
                 raise ValueError(f"SchedulerConfig.{field} must be > 0 or None, got {value}")
 
 
-def _frozen(array: NDArray[np.int64]) -> NDArray[np.int64]:
-    """Marks a queue array read-only: the view hands it to policies as it is."""
-    array.setflags(write=False)
-    return array
-
-
-class Scheduler:
+class Scheduler(SchedulerLoop):
     """Runs `policy` over `requests` on `engine`. One instance per run.
 
     Args:
@@ -152,6 +143,11 @@ class Scheduler:
       submitted_only: no request arrives on its own: each comes by `submit` (a
         cluster's router) or `import_request` (a transfer, a migration), and one
         never given counts as routed away (a replica of a cluster).
+
+    Attributes:
+      executor: runs its iterations (`step`, `run`) and keeps its clock; depth 2
+        with `config.overlap` where the run allows it, else 1. Set another
+        `Executor(scheduler, depth=N)` before the first step for another depth.
     """
 
     def __init__(self, requests: Sequence[Request], policy: Policy, engine: Engine,
@@ -161,11 +157,6 @@ class Scheduler:
         self.config = config
         self.policy = policy
         self.engine = engine
-        # An `Engine` may price a step from its lengths, never building the padded
-        # descriptor (the simulator); a duck-typed engine has only `step`. Chosen once.
-        self._run_packed: Callable[[PackedStep], StepOutput] = (
-            engine.step_packed if isinstance(engine, Engine)
-            else lambda packed: engine.step(packed.inputs))
         check_kv_reservation(policy, ValueError)
         self.kv_reservation = policy.kv_reservation
         self.prefix_caching = bool(config.enable_prefix_caching and policy.prefix_caching)
@@ -209,20 +200,20 @@ class Scheduler:
         # Requests whose KV pages a transfer holds, outside the queues (`request_export`).
         self.in_transfer = self._empty
         self._num_done = 0
+        self._num_requests = n  # `done` is asked twice an iteration: no len() call
         self.record = RunRecord(num_requests=n, logs_step_requests=config.log_step_requests)
         self._step_cached_tokens = 0
+        self._kv_move_s = 0.0  # tier moves of this iteration, for its step (`schedule`)
         self._num_done += reject_impossible(self.table, self.capacity, config.max_model_len)
         if submitted_only:
             absent = self.table.state == _PENDING
             self.table.state[absent] = _AWAY
             self._num_done += int(np.count_nonzero(absent))
         self.watchdog = ProgressWatchdog(n, config.no_progress_steps)
-        self.in_flight: Optional[InFlightTokens] = (
-            InFlightTokens(n) if (config.overlap and engine.feeds_tokens
-                                  and not self.prefix_caching
-                                  and not config.kv_handoff)  # a handoff reads the first token
-            else None)
         self.view = SchedulerView(self)
+        overlaps = (config.overlap and getattr(engine, "feeds_tokens", False)
+                    and self.late_tokens_conflict() is None)
+        self.executor = Executor(self, depth=2 if overlaps else 1)
 
     # ------------------------------------------------------------- queries
     def next_arrival_s(self) -> Optional[float]:
@@ -255,7 +246,7 @@ class Scheduler:
     @property
     def done(self) -> bool:
         """Every request finished and released, rejected, or routed away."""
-        return self._num_done == len(self.table)
+        return self._num_done == self._num_requests
 
     @property
     def num_done(self) -> int:
@@ -286,7 +277,7 @@ class Scheduler:
     # ------------------------------------------------ requests moving (request_export)
     def export_request(self, request: int) -> RequestExport:
         """A copy of `request`'s state here (`request_export.export_request`)."""
-        self._land_in_flight()  # its newest token may still be on the device
+        self.executor.drain()  # its newest token may still be on the device
         return request_export.export_request(
             self, request, None if self._generated is None else self._generated[request])
 
@@ -311,130 +302,21 @@ class Scheduler:
 
     def release_request(self, request: int, at_s: float) -> None:
         """Lets an exported request go (`request_export.release_request`)."""
-        self._land_in_flight()
+        self.executor.drain()
         if request_export.release_request(self, request, at_s):
             self._num_done += 1
 
-    # ------------------------------------------------------------- the loop
-    def run(self, progress: Optional[Callable[["Scheduler"], None]] = None) -> RunResult:
-        """Runs iterations until every request is done; returns the finished run."""
-        self.engine.warmup(self.bucket_config.buckets())
-        while not self.done:
-            self.step()
-            if progress is not None:
-                progress(self)
-        return self.result()
-
-    def result(self) -> RunResult:
-        """The run so far, as a value (a copy: stepping on does not change it)."""
-        self._land_in_flight()
-        self.record.flush_removed()
-        return RunResult.from_log(
-            self.table, self.record, policy=self.policy.name, engine=self.engine.name,
-            virtual_end_s=self.now_s,
-            output_tokens=self._generated,
-            prefix_caching=self.prefix_caching,
-            num_evictions=self.kv.cache.num_evictions if self.kv.cache is not None else 0)
-
-    def step(self) -> bool:
-        """Runs one iteration. Returns False when there was nothing left to do."""
-        host_start = time.perf_counter()
-        self._admit_arrivals()
-        if self.done:
-            return False
-        plan = self.policy.schedule(self.view)
-        if not isinstance(plan, StepPlan):
-            raise PlanError(self.policy.name, "not_a_plan",
-                            f"schedule() returned {type(plan).__name__}, not a StepPlan")
-        needed = check_plan(self, plan)
-        self.last_finished = self._empty  # "finished since the previous schedule() call"
-        self._apply_release(plan.release)
-        self._apply_preemption(plan.preempt)
-        self._apply_rejection(plan)
-        if self.config.log_step_requests:
-            self.record.log_removed(plan.preempt, plan.reject_ids)
-        progressed = bool(plan.release.size or plan.reject_ids.size)
-        if plan.request_ids.size == 0:
-            if not self._idle(plan):
-                self._watch_progress(progressed)
-            return True
-        ids, tokens = plan.request_ids, plan.num_tokens
-        self._step_cached_tokens = 0
-        self._admit(ids)
-        num_computed = self.table.num_computed[ids]  # [n] after admission (past any hit)
-        kv_lens = num_computed + tokens  # [n] each one's context after the step
-        if needed.any():
-            # Without reservations or hits, admission took no pages: the check's count holds.
-            self.kv.allocate(ids, kv_lens, need=needed if self._needed_is_allocation else None)
-        # Only the pages of the step's widest context: a row's later pages (reserved ahead,
-        # or null) are never read by this step, and copying max_model_len-wide rows would
-        # make the host's page-table work grow with max_model_len instead of the contexts.
-        width = int(self.kv.pages_for_tokens(kv_lens.max()))
-        num_real_tokens = int(tokens.sum())
-        packed = pack_step(bucket_config=self.bucket_config, request_ids=ids, num_tokens=tokens,
-                           num_computed=num_computed,
-                           page_rows=self.kv.page_table[self.kv.row_of[ids], :width],
-                           page_size=self.config.page_size, sampling=self.sampling,
-                           token_ids=self._token_ids(ids, tokens),
-                           min_bucket_tokens=plan.min_bucket_tokens,
-                           num_real_tokens=num_real_tokens)
-        bucket = packed.bucket
-        source = None if self.in_flight is None else self.in_flight.token_source(
-            ids, tokens, num_computed,
-            self.table.prompt_len[ids] + self.table.num_generated[ids], bucket.num_tokens)
-        host_s = time.perf_counter() - host_start
-        pending: Optional[PendingStep] = None
-        if self.in_flight is None:
-            output = self._run_packed(packed)
-            step_s = output.step_s
-        else:  # dispatch, then read the previous step's tokens back while this one runs
-            pending = self.engine.step_async(packed.inputs, source)
-            output, step_s = None, pending.step_s
-            landed = self.in_flight.land()  # waits for the previous step: not host time
-        host_s += packed.build_s  # the descriptor, if an engine read it: host work
-        update_start = time.perf_counter()
-        if self.in_flight is not None:
-            self._record_tokens(*landed)
-        start_s = self.now_s
-        # With count_host_time the engine starts only once the host has planned the step.
-        end_s = start_s + step_s + (host_s if self.config.count_host_time else 0.0)
-        self._update(ids, kv_lens, output, end_s, pending)
-        progressed = self.watchdog.computed(ids, kv_lens) or progressed
-        update_s = time.perf_counter() - update_start
-        host_s += update_s
-        if self.config.count_host_time:
-            end_s += update_s
-        self.record.log_step(StepLog(
-            step=self.num_steps, start_s=start_s, num_seqs=int(ids.size),
-            num_tokens=num_real_tokens, num_padded_tokens=bucket.num_tokens,
-            bucket=bucket.num_tokens, host_s=host_s, step_s=step_s,
-            num_running=int(self.running.size), num_waiting=int(self.waiting.size),
-            num_free_pages=self.kv.num_free, num_cached_tokens=self._step_cached_tokens))
-        if self.config.log_step_requests:
-            self.record.log_step_requests(ids, tokens,
-                                          np.concatenate([self.running, self.unreleased]))
-        self.num_steps += 1
-        self.now_s = end_s
-        self._watch_progress(progressed)
-        return True
-
-    def _watch_progress(self, progressed: bool) -> None:
-        """Counts an iteration toward the watchdog (`no_progress` once it runs out)."""
-        self.watchdog.iteration(
-            progressed or self.done, policy=self.policy.name, step=self.num_steps,
-            now_s=self.now_s,
-            situation=lambda: (f"{self.waiting.size} waiting, {self.running.size} running, "
-                               f"{self.record.num_preemptions} preemptions so far"))
-
     def _idle(self, plan: StepPlan) -> bool:
-        """An iteration that runs nothing: jump to the next arrival, or fail if stuck.
-        Returns True when the clock jumped (waiting for work is no livelock)."""
+        """An iteration that runs nothing: wait for the next arrival, or fail if stuck.
+        Returns True when it waits (for work: no livelock)."""
         if plan.release.size or plan.preempt.size or plan.reject_ids.size:
             return False  # the plan changed state; let the policy look again
         if self.done:
             return False
         if self.in_transfer.size:
             return True  # a transfer's end frees or brings pages: its cluster steps us again
+        if self.busy.size:
+            return True  # the executor lands a step in flight: its requests are free again
         stalled = self.waiting[self.kv.num_held[self.waiting] > 0]  # received with their KV
         if stalled.size and not self.running.size:  # and their pages block every admission
             preempt(self.kv_memory, stalled)  # so they recompute, as if preempted
@@ -448,27 +330,9 @@ class Scheduler:
                             f"the plan runs nothing at {self.now_s:.6f} s with "
                             f"{self.waiting.size} waiting, {self.running.size} running, "
                             f"{self.unreleased.size} unreleased and no arrivals to come")
-        self.now_s = max(self.now_s, upcoming)
         return True
 
     # ------------------------------------------------------ state changes
-    def _admit_arrivals(self) -> None:
-        first = self._next_pending()
-        if first is None:
-            return
-        if self.waiting.size == 0 and self.running.size == 0 and self.unreleased.size == 0:
-            self.now_s = max(self.now_s, float(self.table.arrival_s[first]))  # idle gap
-        if self.table.arrival_s[first] > self.now_s:  # most steps: nobody new yet
-            return
-        end = int(np.searchsorted(self.table.arrival_s, self.now_s, side="right"))
-        if end <= first:
-            return
-        arrived = np.arange(first, end)
-        arrived = arrived[self.table.state[arrived] == _PENDING]
-        self.table.state[arrived] = _WAITING
-        self.waiting = _frozen(np.concatenate([self.waiting, arrived]))
-        self._next_arrival = end
-
     def _apply_release(self, release: NDArray[np.int64]) -> None:
         if release.size == 0:
             return
@@ -481,7 +345,7 @@ class Scheduler:
             return
         table = self.table
         move_s = preempt(self.kv_memory, victims, self.policy.preemption_modes(self.view, victims))
-        self.now_s += move_s  # a swap's move holds the step back (recompute: 0)
+        self._kv_move_s += move_s  # a swap's move holds the step back (recompute: 0)
         table.state[victims] = _WAITING
         self.running = _frozen(self.running[table.state[self.running] == _RUNNING])
         self.waiting = _frozen(np.sort(np.concatenate([self.waiting, victims])))
@@ -511,78 +375,4 @@ class Scheduler:
         self.running = _frozen(np.concatenate([self.running, admitted]))
         self.waiting = _frozen(self.waiting[table.state[self.waiting] == _WAITING])
         self._step_cached_tokens, move_s = self.kv_memory.admit(admitted, is_first)
-        self.now_s += move_s  # KV back from a slower tier holds the step back (default: 0)
-
-    def _token_ids(self, ids: NDArray[np.int64], tokens: NDArray[np.int64]
-                   ) -> Optional[NDArray[np.int32]]:
-        if self._generated is None:
-            return None
-        table = self.table
-        computed = table.num_computed[ids]
-        if int(tokens.sum()) == ids.size and bool((table.num_uncomputed(ids) == 1).all()):
-            return table.last_token[ids].astype(np.int32)  # all decodes: the newest tokens
-        pieces = []
-        for request, start, count in zip(ids.tolist(), computed.tolist(), tokens.tolist()):
-            spec = table.specs[request]
-            generated = self._generated[request]
-            if self.in_flight is not None and self.in_flight.row[request] >= 0:
-                generated = [*generated, 0]  # the newest is on the device: token_source
-            known = np.concatenate([spec.prompt_tokens, np.asarray(generated, dtype=np.int32)])
-            pieces.append(known[start:start + count])
-        return np.concatenate(pieces).astype(np.int32)
-
-    def _land_in_flight(self) -> None:
-        """Reads the tokens of the step in flight back (waits for it), if any."""
-        if self.in_flight is not None and self.in_flight.holding:
-            self._record_tokens(*self.in_flight.land())
-
-    def _record_tokens(self, sampled: NDArray[np.int64],  # [m]
-                       new_tokens: NDArray[np.int32]) -> None:  # [m]
-        self.table.last_token[sampled] = new_tokens
-        if self.hits is not None:
-            self.hits.record(sampled, new_tokens)
-        if self._generated is not None:
-            for request, token in zip(sampled.tolist(), new_tokens.tolist()):
-                self._generated[request].append(token)
-
-    def _update(self, ids: NDArray[np.int64],  # [n]
-                computed: NDArray[np.int64],  # [n] each one's computed tokens after the step
-                output: Optional[StepOutput], end_s: float,
-                pending: Optional[PendingStep]) -> None:
-        """Counts the step's tokens; its sampled token values are `output`'s, or (None)
-        stay on the device in `pending` until `_land_in_flight`."""
-        table = self.table
-        table.num_computed[ids] = computed
-        if self.hits is not None:  # name the filled pages before finished ones free theirs
-            self.hits.commit(ids)
-        sampled_mask = computed == table.prompt_len[ids] + table.num_generated[ids]
-        sampled = ids[sampled_mask]
-        if sampled.size == 0:
-            return
-        generated = table.num_generated[sampled] + 1  # [s]
-        table.num_generated[sampled] = generated
-        if output is not None:
-            self._record_tokens(sampled, output.sampled_tokens[:ids.size][sampled_mask])
-        else:
-            self.in_flight.hold(pending, sampled, np.flatnonzero(sampled_mask))
-        table.last_token_s[sampled] = end_s
-        first = sampled[np.isnan(table.first_token_s[sampled])]
-        table.first_token_s[first] = end_s
-        self.record.log_tokens(sampled, end_s)
-        finished = sampled[generated == table.output_len[sampled]]
-        if finished.size == 0:
-            return
-        table.state[finished] = _FINISHED
-        if self.config.kv_handoff:  # its pages go on to a decode replica (cluster.handoff)
-            self.in_transfer = _frozen(np.concatenate([self.in_transfer, finished]))
-        else:
-            self.kv.free(finished)
-        if self.hits is not None:
-            self.hits.forget(finished)
-        self.running = _frozen(self.running[table.state[self.running] == _RUNNING])
-        self.last_finished = _frozen(finished)
-        if self.policy.defer_release:
-            self.unreleased = _frozen(np.concatenate([self.unreleased, finished]))
-        else:
-            table.finish_s[finished] = end_s
-            self._num_done += int(finished.size)
+        self._kv_move_s += move_s  # KV back from a slower tier holds the step back

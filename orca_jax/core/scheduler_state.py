@@ -95,6 +95,9 @@ class SchedulerState(Protocol):
     @property
     def last_finished(self) -> NDArray[np.int64]: ...  # [f]
 
+    @property
+    def busy(self) -> NDArray[np.int64]: ...  # [b] requests no step may take now
+
     def next_arrival_s(self) -> Optional[float]:
         """Arrival time of the next request still to come, or None."""
         ...

@@ -131,6 +131,21 @@ class SchedulerView:
         return self._scheduler.last_finished
 
     @property
+    def busy(self) -> NDArray[np.int64]:
+        """`[b]` requests no step may take now, sorted: each has a sampled token still on
+        the device in a step in flight that the next step cannot read it from (an engine
+        feeds a step only the tokens of the step dispatched just before it). Scheduling
+        one breaks the rule `busy_request`; it is free again once that step is read back.
+
+        Always empty when steps run one at a time, and with overlap (two steps in flight:
+        the next step is planned while the last one runs, and a request in the last one
+        may be scheduled again, its decode reading the token on the device). Only a
+        deeper queue of steps in flight (`orca_jax.core.executor`) makes requests busy:
+        a request that sampled in an older step in flight and not in the last one.
+        """
+        return self._scheduler.busy
+
+    @property
     def num_free_pages(self) -> int:
         """Free KV pages right now (with prefix caching, evictable cached pages too)."""
         return self._scheduler.kv.num_free

@@ -39,6 +39,10 @@ class ProgressWatchdog:
         self._most_computed[ids[gained]] = num_computed[gained]
         return True
 
+    def progressed(self) -> None:
+        """Counts one iteration that made progress (the cheap path: most iterations)."""
+        self._stalled = 0
+
     def iteration(self, progressed: bool, *, policy: str, step: int, now_s: float,
                   situation: Callable[[], str]) -> None:
         """Counts one iteration (that did not just wait for an arrival).

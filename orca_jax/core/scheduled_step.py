@@ -1,0 +1,73 @@
+"""What crosses between the two phases of an iteration: `schedule()` -> executor -> `update()`.
+
+`Scheduler.schedule()` returns a `ScheduledStep` (a step to run: planned,
+checked, its pages allocated, its descriptor packed) or an `IdleStep` (the
+plan runs nothing). The executor runs a `ScheduledStep` on the engine and
+answers with a `StepResult`; `Scheduler.update(step, result)` then counts it.
+All three are plain immutable values, as vLLM v1's `SchedulerOutput`: an
+executor, a test or a later event loop can hold, queue and inspect them. They
+are `NamedTuple`s rather than frozen dataclasses because one of each is made
+every iteration, and a frozen dataclass's `__init__` (one `object.__setattr__`
+per field) costs microseconds the loop does not have.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+import numpy as np
+from numpy.typing import NDArray
+
+from orca_jax.core.engine_api import PackedStep
+
+
+class ScheduledStep(NamedTuple):
+    """A step `Scheduler.schedule()` made ready: nothing of it has run yet.
+
+    Its requests' admissions, pages and (for those that sample) token counts are
+    the scheduler's state already only once `update` counts it; until then the
+    scheduler's queues and pages say what `schedule()` left (admitted, allocated).
+    """
+
+    index: int  # the step's number: Scheduler.num_steps when it was scheduled
+    request_ids: NDArray[np.int64]  # [n] the requests it computes, in the descriptor's order
+    num_tokens: NDArray[np.int64]  # [n] tokens each computes (>= 1)
+    kv_lens: NDArray[np.int64]  # [n] each one's computed tokens after the step (its context)
+    # [n] whether each of request_ids samples a token in it: computes all it knows.
+    samples: NDArray[np.bool_]
+    sampled: NDArray[np.int64]  # [m] those requests: request_ids[samples]
+    packed: PackedStep  # the bucket, the lengths, and the padded descriptor (built when read)
+    num_real_tokens: int  # tokens it computes: num_tokens.sum() (the rest of the bucket pads)
+    num_cached_tokens: int  # tokens its admissions took from the prefix cache
+    progressed: bool  # the plan released or rejected a request (progress for the watchdog)
+    host_s: float  # host seconds schedule() took: arrivals, plan, checks, pages, packing
+    # Seconds of KV moves between memory tiers the step waits for (a swap's victims out,
+    # readmissions' KV back in; 0 with the device tier alone): the executor starts it later.
+    kv_move_s: float = 0.0
+
+
+class IdleStep(NamedTuple):
+    """An iteration whose plan runs nothing (it may still have released, preempted or
+    rejected requests: those changes are made)."""
+
+    # The next arrival, when the iteration waits for it: the clock may jump there.
+    # None: the clock stays (the plan changed state, or a transfer's end or a step
+    # in flight is awaited, or every request is done).
+    resume_s: Optional[float]
+    # Whether it waits for something outside the plan (an arrival, a transfer's end,
+    # a step in flight to land): no livelock, so the watchdog does not count it.
+    waits: bool
+    progressed: bool  # the plan released or rejected a request (progress for the watchdog)
+    kv_move_s: float = 0.0  # seconds of KV moves between tiers its preemptions started
+
+
+class StepResult(NamedTuple):
+    """What the executor tells `Scheduler.update` of a step it dispatched."""
+
+    start_s: float  # virtual time the step started: the clock when it was dispatched
+    end_s: float  # virtual time it ends: its tokens' timestamp (the clock is there at update)
+    step_s: float  # the engine's seconds for it (measured, profiled or modelled)
+    host_s: float  # host seconds of the iteration so far: schedule(), dispatch, landing
+    # [m] the tokens of `ScheduledStep.sampled`, in order; None while they are still on
+    # the device (a step in flight): they come later, by `Scheduler.record_tokens`.
+    sampled_tokens: Optional[NDArray[np.int32]]

@@ -1,0 +1,336 @@
+"""The scheduler's loop: an iteration in two phases, `schedule()` and `update()`.
+
+`schedule()`: requests whose arrival time has come join the waiting queue; the
+policy reads a `SchedulerView` and returns a `StepPlan`; the plan is checked
+(`plan_checks`, which changes nothing); finished answers are released,
+preemptions free their pages, rejections leave, admissions and growth get pages,
+and `pack_step()` builds the step's descriptor. The result is a `ScheduledStep`
+(or an `IdleStep` when the plan runs nothing). The executor
+(`orca_jax.core.executor`) runs it on the engine and moves the virtual clock;
+`update(step, result)` then counts its tokens, stamps them, finishes requests
+(freeing their pages at once), logs the step and feeds the progress watchdog.
+A step's token values may come later than its counts (`record_tokens`): with
+steps in flight they are read back from the device one or more steps late.
+
+`SchedulerLoop` is a part of `Scheduler` (its base class): the loop lives here,
+the state it works on and the changes a plan makes to it (admission,
+preemption, rejection) in `orca_jax.core.scheduler`.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Optional, Union
+
+import numpy as np
+from numpy.typing import NDArray
+
+from orca_jax.core.engine_api import Engine
+from orca_jax.core.executor import Executor
+from orca_jax.core.kv import KVPool
+from orca_jax.core.kv.prefix_hits import PrefixHits
+from orca_jax.core.packing import BucketConfig, SamplingArrays, pack_step
+from orca_jax.core.plan import PlanError, StepPlan
+from orca_jax.core.plan_checks import check_plan
+from orca_jax.core.policy import Policy
+from orca_jax.core.request import RequestState
+from orca_jax.core.request_table import RequestTable
+from orca_jax.core.run_record import RunRecord, StepLog
+from orca_jax.core.run_result import RunResult
+from orca_jax.core.scheduled_step import IdleStep, ScheduledStep, StepResult
+from orca_jax.core.view import SchedulerView
+from orca_jax.core.watchdog import ProgressWatchdog
+
+# Plain ints: IntEnum attribute lookups cost a microsecond each on the hot path.
+_PENDING, _WAITING, _RUNNING, _FINISHED = (int(RequestState.PENDING), int(RequestState.WAITING),
+                                           int(RequestState.RUNNING), int(RequestState.FINISHED))
+
+
+def frozen(array: NDArray[np.int64]) -> NDArray[np.int64]:
+    """Marks a queue array read-only: the view hands it to policies as it is."""
+    array.setflags(write=False)
+    return array
+
+
+class SchedulerLoop:
+    """The loop's methods of `Scheduler`. The attributes below (and `config`, its
+    `SchedulerConfig`) are the scheduler's; the plan's state changes (`_apply_release`,
+    `_apply_preemption`, `_apply_rejection`, `_admit`) and `_idle` are its methods."""
+
+    policy: Policy
+    engine: Engine
+    table: RequestTable
+    kv: KVPool
+    hits: Optional[PrefixHits]
+    record: RunRecord
+    watchdog: ProgressWatchdog
+    view: SchedulerView
+    executor: Executor
+    bucket_config: BucketConfig
+    sampling: SamplingArrays
+    prefix_caching: bool
+    now_s: float  # the virtual clock: read here, moved by the executor
+    num_steps: int
+    waiting: NDArray[np.int64]  # [w]
+    running: NDArray[np.int64]  # [r]
+    unreleased: NDArray[np.int64]  # [u]
+    last_finished: NDArray[np.int64]  # [f]
+    in_transfer: NDArray[np.int64]  # [t]
+    _empty: NDArray[np.int64]  # [0]
+    _num_done: int
+    _next_arrival: int
+    _needed_is_allocation: bool
+    _step_cached_tokens: int
+    _kv_move_s: float  # seconds of KV tier moves made this iteration, not yet on the clock
+    # Each request's sampled token ids the host holds (None: the engine needs no ids).
+    _generated: Optional[list[list[int]]]
+
+    @property
+    def busy(self) -> NDArray[np.int64]:
+        """`[b]` requests the next step cannot take: their newest token is on the device in
+        a step in flight the next one cannot read it from (`SchedulerView.busy`)."""
+        return self.executor.in_flight.busy
+
+    def late_tokens_conflict(self) -> Optional[str]:
+        """Why this run needs each step's token values before the next plan (None: it
+        does not, and an executor may read them back late)."""
+        if self.prefix_caching:
+            return "prefix caching names pages by token values before the next plan"
+        if self.config.kv_handoff:
+            return "a KV handoff carries each request's first token"
+        return None
+
+    def run(self, progress: Optional[Callable[["SchedulerLoop"], None]] = None) -> RunResult:
+        """Runs iterations until every request is done; returns the finished run."""
+        self.engine.warmup(self.bucket_config.buckets())
+        while not self.done:
+            self.step()
+            if progress is not None:
+                progress(self)
+        return self.result()
+
+    def result(self) -> RunResult:
+        """The run so far, as a value (a copy: stepping on does not change it)."""
+        self.executor.drain()
+        self.record.flush_removed()
+        return RunResult.from_log(
+            self.table, self.record, policy=self.policy.name, engine=self.engine.name,
+            virtual_end_s=self.now_s,
+            output_tokens=self._generated,
+            prefix_caching=self.prefix_caching,
+            num_evictions=self.kv.cache.num_evictions if self.kv.cache is not None else 0)
+
+    def step(self) -> bool:
+        """Runs one iteration through the executor. Returns False when there was nothing
+        left to do."""
+        return self.executor.step()
+
+    def schedule(self) -> Union[ScheduledStep, IdleStep]:
+        """The first phase of an iteration: arrivals join, the policy plans, the plan is
+        checked, its releases, preemptions and rejections are made, its admissions admitted,
+        its pages allocated and its descriptor packed. Nothing of the step is counted yet
+        (`update`), and the clock does not move (the executor moves it).
+
+        Returns:
+          The step to run, or an `IdleStep` when the plan runs nothing (then too, every
+          `schedule()` is answered by one `update()`).
+
+        Raises:
+          PlanError: the plan broke a rule; nothing has changed but the arrivals.
+        """
+        host_start = time.perf_counter()
+        if self.done:
+            return IdleStep(resume_s=None, waits=True, progressed=False)
+        self._admit_arrivals()
+        plan = self.policy.schedule(self.view)
+        if not isinstance(plan, StepPlan):
+            raise PlanError(self.policy.name, "not_a_plan",
+                            f"schedule() returned {type(plan).__name__}, not a StepPlan")
+        needed = check_plan(self, plan)
+        self.last_finished = self._empty  # "finished since the previous schedule() call"
+        self._apply_release(plan.release)
+        self._apply_preemption(plan.preempt)
+        self._apply_rejection(plan)
+        if self.config.log_step_requests:
+            self.record.log_removed(plan.preempt, plan.reject_ids)
+        progressed = bool(plan.release.size or plan.reject_ids.size)
+        if plan.request_ids.size == 0:
+            waits = self._idle(plan)
+            # Only a wait for an arrival moves the clock: a transfer's end, or a step in
+            # flight landing, is what the others wait for.
+            jumps = waits and not (self.in_transfer.size or self.busy.size)
+            return IdleStep(resume_s=self.next_arrival_s() if jumps else None, waits=waits,
+                            progressed=progressed, kv_move_s=self._take_kv_move_s())
+        ids, tokens = plan.request_ids, plan.num_tokens
+        self._step_cached_tokens = 0
+        self._admit(ids)
+        table = self.table
+        num_computed = table.num_computed[ids]  # [n] after admission (past any hit)
+        kv_lens = num_computed + tokens  # [n] each one's context after the step
+        if needed.any():
+            # Without reservations or hits, admission took no pages: the check's count holds.
+            self.kv.allocate(ids, kv_lens, need=needed if self._needed_is_allocation else None)
+        # Only the pages of the step's widest context: a row's later pages (reserved ahead,
+        # or null) are never read by this step, and copying max_model_len-wide rows would
+        # make the host's page-table work grow with max_model_len instead of the contexts.
+        width = int(self.kv.pages_for_tokens(kv_lens.max()))
+        num_real_tokens = int(tokens.sum())
+        packed = pack_step(bucket_config=self.bucket_config, request_ids=ids, num_tokens=tokens,
+                           num_computed=num_computed,
+                           page_rows=self.kv.page_table[self.kv.row_of[ids], :width],
+                           page_size=self.config.page_size, sampling=self.sampling,
+                           token_ids=(None if self._generated is None
+                                      else self._token_ids(ids, tokens, self._generated)),
+                           min_bucket_tokens=plan.min_bucket_tokens,
+                           num_real_tokens=num_real_tokens)
+        # A request samples a token when the step computes all it knows.
+        samples = kv_lens == table.prompt_len[ids] + table.num_generated[ids]
+        return ScheduledStep(
+            index=self.num_steps, request_ids=ids, num_tokens=tokens, kv_lens=kv_lens,
+            samples=samples, sampled=ids[samples], packed=packed,
+            num_real_tokens=num_real_tokens, num_cached_tokens=self._step_cached_tokens,
+            progressed=progressed, host_s=time.perf_counter() - host_start,
+            kv_move_s=self._take_kv_move_s())
+
+    def _take_kv_move_s(self) -> float:
+        """The seconds of KV tier moves this iteration made (the executor's to count)."""
+        move_s, self._kv_move_s = self._kv_move_s, 0.0
+        return move_s
+
+    def update(self, step: Union[ScheduledStep, IdleStep], result: Optional[StepResult]) -> float:
+        """The second phase of an iteration: counts `step`'s tokens (their values too, when
+        `result` has them), finishes and frees requests, logs the step and feeds the
+        watchdog. The clock is at the step's end (`result.end_s`).
+
+        Args:
+          step: what `schedule()` returned, each step once and in order.
+          result: the executor's account of the step (None for an `IdleStep`).
+
+        Returns:
+          Host seconds the update took (the clock adds them under `count_host_time`).
+
+        Raises:
+          ValueError: `step` is not the next step to update.
+          PlanError: rule `no_progress`, from the watchdog.
+        """
+        if type(step) is IdleStep:
+            if not step.waits:
+                self._watch_progress(step.progressed)
+            return 0.0
+        update_start = time.perf_counter()
+        if step.index != self.num_steps or result is None:
+            raise ValueError(f"update: step {step.index} with result {result!r}; the next step "
+                             f"to update is {self.num_steps}, with its StepResult")
+        ids, kv_lens = step.request_ids, step.kv_lens
+        self._count_step(step, result)
+        progressed = self.watchdog.computed(ids, kv_lens) or step.progressed
+        update_s = time.perf_counter() - update_start
+        bucket = step.packed.bucket
+        self.record.log_step(StepLog(
+            step=self.num_steps, start_s=result.start_s, num_seqs=int(ids.size),
+            num_tokens=step.num_real_tokens, num_padded_tokens=bucket.num_tokens,
+            bucket=bucket.num_tokens, host_s=result.host_s + update_s, step_s=result.step_s,
+            num_running=int(self.running.size), num_waiting=int(self.waiting.size),
+            num_free_pages=self.kv.num_free, num_cached_tokens=step.num_cached_tokens))
+        if self.config.log_step_requests:
+            self.record.log_step_requests(ids, step.num_tokens,
+                                          np.concatenate([self.running, self.unreleased]))
+        self.num_steps += 1
+        self._watch_progress(progressed)
+        return update_s
+
+    def _watch_progress(self, progressed: bool) -> None:
+        """Counts an iteration toward the watchdog (`no_progress` once it runs out)."""
+        if progressed:
+            self.watchdog.progressed()
+            return
+        self.watchdog.iteration(
+            self.done, policy=self.policy.name, step=self.num_steps,
+            now_s=self.now_s,
+            situation=lambda: (f"{self.waiting.size} waiting, {self.running.size} running, "
+                               f"{self.record.num_preemptions} preemptions so far"))
+
+    def _admit_arrivals(self) -> None:
+        first = self._next_pending()
+        if first is None:
+            return
+        if self.table.arrival_s[first] > self.now_s:  # most steps: nobody new yet
+            return
+        end = int(np.searchsorted(self.table.arrival_s, self.now_s, side="right"))
+        if end <= first:
+            return
+        arrived = np.arange(first, end)
+        arrived = arrived[self.table.state[arrived] == _PENDING]
+        self.table.state[arrived] = _WAITING
+        self.waiting = frozen(np.concatenate([self.waiting, arrived]))
+        self._next_arrival = end
+
+    def record_tokens(self, sampled: NDArray[np.int64],  # [m]
+                      new_tokens: NDArray[np.int32]) -> None:  # [m]
+        """Keeps the values of tokens `update` counted: at once when the engine ran the step
+        in step, else when the executor reads a step in flight back."""
+        self.table.last_token[sampled] = new_tokens
+        if self.hits is not None:
+            self.hits.record(sampled, new_tokens)
+        if self._generated is not None:
+            for request, token in zip(sampled.tolist(), new_tokens.tolist()):
+                self._generated[request].append(token)
+
+    def _token_ids(self, ids: NDArray[np.int64],  # [n]
+                   tokens: NDArray[np.int64],  # [n]
+                   generated_lists: list[list[int]]) -> NDArray[np.int32]:  # [sum tokens]
+        """The step's input token ids from the host's (`generated_lists`: each request's
+        sampled ids), a placeholder where a token is still on the device (fed to the
+        engine by the executor's token source)."""
+        table = self.table
+        computed = table.num_computed[ids]
+        if int(tokens.sum()) == ids.size and bool((table.num_uncomputed(ids) == 1).all()):
+            return table.last_token[ids].astype(np.int32)  # all decodes: the newest tokens
+        pieces = []
+        for request, start, count, num_generated in zip(
+                ids.tolist(), computed.tolist(), tokens.tolist(),
+                table.num_generated[ids].tolist()):
+            generated = generated_lists[request]
+            if len(generated) < num_generated:  # the newest are on the device: token_source
+                generated = [*generated, *[0] * (num_generated - len(generated))]
+            known = np.concatenate([table.specs[request].prompt_tokens,
+                                    np.asarray(generated, dtype=np.int32)])
+            pieces.append(known[start:start + count])
+        return np.concatenate(pieces).astype(np.int32)
+
+    def _count_step(self, step: ScheduledStep, result: StepResult) -> None:
+        """Counts the step's tokens, stamped `result.end_s`; their values are `result`'s, or
+        (None) on the device until the executor reads them back (`record_tokens`)."""
+        table = self.table
+        ids, end_s = step.request_ids, result.end_s
+        table.num_computed[ids] = step.kv_lens
+        if self.hits is not None:  # name the filled pages before finished ones free theirs
+            self.hits.commit(ids)
+        sampled = step.sampled
+        if sampled.size == 0:
+            return
+        generated = table.num_generated[sampled] + 1  # [s]
+        table.num_generated[sampled] = generated
+        if result.sampled_tokens is not None:
+            self.record_tokens(sampled, result.sampled_tokens)
+        table.last_token_s[sampled] = end_s
+        first = sampled[np.isnan(table.first_token_s[sampled])]
+        table.first_token_s[first] = end_s
+        self.record.log_tokens(sampled, end_s)
+        finished = sampled[generated == table.output_len[sampled]]
+        if finished.size == 0:
+            return
+        table.state[finished] = _FINISHED
+        if self.config.kv_handoff:  # its pages go on to a decode replica (cluster.handoff)
+            self.in_transfer = frozen(np.concatenate([self.in_transfer, finished]))
+        else:
+            self.kv.free(finished)
+        if self.hits is not None:
+            self.hits.forget(finished)
+        self.running = frozen(self.running[table.state[self.running] == _RUNNING])
+        self.last_finished = frozen(finished)
+        if self.policy.defer_release:
+            self.unreleased = frozen(np.concatenate([self.unreleased, finished]))
+        else:
+            table.finish_s[finished] = end_s
+            self._num_done += int(finished.size)
