@@ -21,8 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from orca_jax.core.bucket_fit import fit_token_sizes
-from orca_jax.core.packing import ladder_token_sizes
+from orca_jax.core.step.bucket_fit import fit_token_sizes
+from orca_jax.core.step.packing import ladder_token_sizes
 from orca_jax.runner.build import build_workload
 from orca_jax.runner.experiment import run_policy
 from orca_jax.runner.spec import LimitsSpec, RunSpec, SimEngineSpec, WorkloadSpec

@@ -48,8 +48,8 @@ import numpy as np
 from flax import nnx
 
 from benchmarks.old_revision import revision_tree, tree_env
-from orca_jax.core.engine_api import Bucket
-from orca_jax.core.packing import build_step_inputs
+from orca_jax.core.step.engine_api import Bucket
+from orca_jax.core.step.packing import build_step_inputs
 from orca_jax.model import llama as model_lib
 from orca_jax.model import sampling, weights
 from orca_jax.model.engine import JaxEngine
@@ -180,8 +180,8 @@ def _roofline(config, bucket: Bucket, kv_len: int, gflops: float, gbs: float
 _OLD_STEP_TIMER = """
 import json, statistics, sys, time
 import numpy as np
-from orca_jax.core.engine_api import Bucket
-from orca_jax.core.packing import build_step_inputs
+from orca_jax.core.step.engine_api import Bucket
+from orca_jax.core.step.packing import build_step_inputs
 from orca_jax.model import weights
 from orca_jax.model.engine import JaxEngine
 from orca_jax.specs.model_config import get_model_config

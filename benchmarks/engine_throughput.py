@@ -27,8 +27,8 @@ import time
 
 import jax
 
-from orca_jax.core.engine_api import Bucket
-from orca_jax.core.packing import bucket_config_for
+from orca_jax.core.step.engine_api import Bucket
+from orca_jax.core.step.packing import bucket_config_for
 from orca_jax.results.metrics import static_batching_ceiling
 from orca_jax.runner.build import build_engine, build_workload, scheduler_config
 from orca_jax.runner.experiment import run_policy

@@ -21,8 +21,8 @@ import tempfile
 import jax
 import numpy as np
 
-from orca_jax.core.engine_api import Bucket
-from orca_jax.core.packing import build_step_inputs
+from orca_jax.core.step.engine_api import Bucket
+from orca_jax.core.step.packing import build_step_inputs
 from orca_jax.model import compile_cache, weights
 from orca_jax.model.engine import JaxEngine
 from orca_jax.specs.model_config import get_model_config

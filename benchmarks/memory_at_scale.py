@@ -44,8 +44,8 @@ def _peak_mb() -> float:
 
 def child(mode: str, num_requests: int, policy: str) -> dict[str, float]:
     """One measurement in this process: `simulate` or `full`."""
-    from orca_jax.core.policy import make_policy
-    from orca_jax.core.scheduler import Scheduler
+    from orca_jax.core.api.policy import make_policy
+    from orca_jax.core.loop.scheduler import Scheduler
     from orca_jax.runner.build import build_engine, build_workload, scheduler_config
     from orca_jax.runner.experiment import run_policy
     spec = _spec(num_requests)

@@ -32,10 +32,10 @@ import time
 import jax
 import numpy as np
 
-from orca_jax.core.engine_api import Engine
-from orca_jax.core.packing import bucket_config_for
-from orca_jax.core.policy import make_policy
-from orca_jax.core.scheduler import Scheduler, SchedulerConfig
+from orca_jax.core.api.policy import make_policy
+from orca_jax.core.loop.scheduler import Scheduler, SchedulerConfig
+from orca_jax.core.step.engine_api import Engine
+from orca_jax.core.step.packing import bucket_config_for
 from orca_jax.model import weights
 from orca_jax.model.engine import JaxEngine
 from orca_jax.sim.profiled_clock import ProfiledClock

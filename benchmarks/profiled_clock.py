@@ -26,9 +26,9 @@ import time
 import jax
 import numpy as np
 
-from orca_jax.core.engine_api import Bucket
-from orca_jax.core.packing import bucket_config_for, pages_per_seq_for
-from orca_jax.core.scheduler import SchedulerConfig
+from orca_jax.core.loop.scheduler import SchedulerConfig
+from orca_jax.core.step.engine_api import Bucket
+from orca_jax.core.step.packing import bucket_config_for, pages_per_seq_for
 from orca_jax.runner.build import build_engine, build_workload, scheduler_config
 from orca_jax.runner.experiment import run_policy
 from orca_jax.runner.spec import JaxEngineSpec, LimitsSpec, RunSpec, WorkloadSpec

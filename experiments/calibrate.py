@@ -22,8 +22,8 @@ from experiments import flags as run_flags
 from experiments.policy_flags import options_by_policy
 from experiments.process_exit import without_final_collection
 from orca_jax.core.json_files import to_json_value, write_json_atomic, write_jsonl_atomic
-from orca_jax.core.packing import bucket_config_for
-from orca_jax.core.run_result import RunResult
+from orca_jax.core.requests.run_result import RunResult
+from orca_jax.core.step.packing import bucket_config_for
 from orca_jax.results import metrics
 from orca_jax.runner import build, experiment
 from orca_jax.runner.spec import JaxEngineSpec, RunSpec, SimEngineSpec

@@ -30,9 +30,9 @@ import absl
 from absl import app, flags
 
 import orca_jax
-from orca_jax.core.engine_api import EngineConfigError
-from orca_jax.core.plan import PlanError
-from orca_jax.core.policy import PolicyLoadError
+from orca_jax.core.api.policy import PolicyLoadError
+from orca_jax.core.plans.plan import PlanError
+from orca_jax.core.step.engine_api import EngineConfigError
 from orca_jax.results.run_folder import OutDirError, ResultsWriteError
 from orca_jax.workloads.traces import TraceError
 

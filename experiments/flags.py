@@ -27,8 +27,8 @@ from absl import app, flags
 import policies  # noqa: F401  (registers the built-in routers that --router's help names)
 from experiments.cli_errors import clean_errors, parse_flags  # noqa: F401 (entry points' API)
 from orca_jax.cluster.routing import registered_routers
-from orca_jax.core.bucket_fit import parse_fit_ladder
-from orca_jax.core.packing import ladder_token_sizes
+from orca_jax.core.step.bucket_fit import parse_fit_ladder
+from orca_jax.core.step.packing import ladder_token_sizes
 from orca_jax.runner.spec import (
     COMMAND_DEFAULTS,
     ENGINES,

@@ -22,7 +22,7 @@ from typing import Mapping
 
 from absl import flags
 
-from orca_jax.core.policy import PolicyLoadError, resolve_policy_class
+from orca_jax.core.api.policy import PolicyLoadError, resolve_policy_class
 
 flags.DEFINE_list("policies", ["static", "orca"], "Policies to compare: registered names, "
                   "package.module:Class or path/to/file.py:Class, each optionally under a "

@@ -14,8 +14,8 @@ from experiments import flags as run_flags
 from experiments.process_exit import without_final_collection
 from experiments.terminal_table import fit_table
 from orca_jax.cluster.routing import resolve_router_class
-from orca_jax.core import plugins
-from orca_jax.core.policy import PolicyLoadError, resolve_policy_class
+from orca_jax.core.api import plugins
+from orca_jax.core.api.policy import PolicyLoadError, resolve_policy_class
 from orca_jax.results.run_folder import check_out_dir
 from orca_jax.runner.bucket_pilot import token_sizes, with_fitted_buckets
 from orca_jax.runner.build import build_workload, check_policies, scheduler_config, workload_line

@@ -23,14 +23,14 @@ Each subpackage's `__init__.py` says what it owns and what it may import;
 
 from orca_jax import _legacy
 from orca_jax.cluster.routing import ClusterView, Router, register_router
-from orca_jax.core.engine_api import Bucket, Engine, StepInputs, StepOutput
-from orca_jax.core.plan import PlanError, StepPlan
-from orca_jax.core.plugins import PolicyLoadError, parse_options
-from orca_jax.core.policy import Policy, make_policy, register, registered_policies
-from orca_jax.core.policy_helpers import fit_to_budget, plan_in_order
-from orca_jax.core.request import Request, RequestState
-from orca_jax.core.scheduler import Scheduler, SchedulerConfig
-from orca_jax.core.view import SchedulerView
+from orca_jax.core.api.plugins import PolicyLoadError, parse_options
+from orca_jax.core.api.policy import Policy, make_policy, register, registered_policies
+from orca_jax.core.api.policy_helpers import fit_to_budget, plan_in_order
+from orca_jax.core.loop.scheduler import Scheduler, SchedulerConfig
+from orca_jax.core.plans.plan import PlanError, StepPlan
+from orca_jax.core.plans.view import SchedulerView
+from orca_jax.core.requests.request import Request, RequestState
+from orca_jax.core.step.engine_api import Bucket, Engine, StepInputs, StepOutput
 
 _legacy.install()
 

@@ -1,7 +1,7 @@
 """Mechanics private to the built-in policies: a starvation clock, cached predictions, knobs.
 
 The helpers a plugin author builds a plan with (`plan_in_order`,
-`fit_to_budget`) are public, in `orca_jax.core.policy_helpers` and the package
+`fit_to_budget`) are public, in `orca_jax.core.api.policy_helpers` and the package
 face `orca_jax`; this module holds what only the policies of this package share.
 0.1's `policies._common.plan_in_order` still answers, with a DeprecationWarning,
 for one release (`__getattr__`).

@@ -1,7 +1,7 @@
 """Strict priority with preemption: the most urgent requests always hold the batch.
 
 Requests are ranked by (priority, arrival); a smaller priority value is more
-urgent (`orca_jax.core.request.Request.priority`). The best `max_num_seqs` run.
+urgent (`orca_jax.core.requests.request.Request.priority`). The best `max_num_seqs` run.
 A more urgent waiting request takes the place of a less urgent running one when
 the batch cap is reached: the displaced request is preempted by recompute
 (its KV freed, back to waiting), so the running set never exceeds the cap,

@@ -29,7 +29,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from orca_jax.cluster.routing import ClusterView, Router, register_router
-from orca_jax.core.request import RequestState
+from orca_jax.core.requests.request import RequestState
 
 
 @register_router("round_robin")

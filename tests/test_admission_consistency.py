@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from test_scheduler_invariants import BUILTIN_POLICIES, make_builtin, sim_engine
 
 from orca_jax import Request, RequestState, Scheduler, SchedulerConfig, make_policy
-from orca_jax.core.policy import Policy
+from orca_jax.core.api.policy import Policy
 
 RESERVING = ("orca", "static")  # the policies with a kv_reservation knob
 MAX_STEPS = 5_000

@@ -22,6 +22,8 @@ import textwrap
 from pathlib import Path
 from typing import Optional
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("orca_jax", "policies", "pallas_kernels", "experiments")  # what is checked
 REPOSITORY = PACKAGES + ("benchmarks", "tests")  # top-level names of this repository's code
@@ -40,8 +42,18 @@ _BOTTOM = _tree("orca_jax.core", "orca_jax.specs")
 # Each part -> patterns of this repository's modules it may import (besides its own).
 MAY_IMPORT: dict[str, tuple[str, ...]] = {
     "orca_jax.core": (),
-    # KV memory sits below the rest of the core: the request table is all it reads.
-    "orca_jax.core.kv": ("orca_jax.core.request", "orca_jax.core.request_table"),
+    # The core's own folders, in layers that only look down (docs/architecture.md):
+    # requests and the step contract at the bottom, then KV memory, the plans and the
+    # view, the policy API, and the loop on top.
+    "orca_jax.core.requests": (),
+    "orca_jax.core.step": (),
+    "orca_jax.core.kv": _tree("orca_jax.core.requests"),
+    "orca_jax.core.plans": _tree("orca_jax.core.requests", "orca_jax.core.step",
+                                 "orca_jax.core.kv"),
+    "orca_jax.core.api": _tree("orca_jax.core.requests", "orca_jax.core.step",
+                               "orca_jax.core.kv", "orca_jax.core.plans"),
+    "orca_jax.core.loop": _tree("orca_jax.core.requests", "orca_jax.core.step",
+                                "orca_jax.core.kv", "orca_jax.core.plans", "orca_jax.core.api"),
     "orca_jax.specs": (),
     "orca_jax.workloads": _BOTTOM,
     "orca_jax.sim": _BOTTOM + _tree("pallas_kernels"),  # jax-free ones only: JAX_FREE_ONLY
@@ -245,13 +257,13 @@ def test_every_subpackage_says_what_it_may_import():
 
 def test_the_checker_sees_every_module_and_every_import_form():
     modules = module_files(ROOT)
-    assert {"orca_jax", "orca_jax.core.scheduler", "policies.orca",
+    assert {"orca_jax", "orca_jax.core.loop.scheduler", "policies.orca",
             "pallas_kernels.ragged_paged_attention", "experiments.reproduce.common"} <= set(modules)
     edges = {(edge.importer, edge.imported) for edge in read_imports(ROOT)}
     # lazy (inside a function), from a package's module, and plain module-level imports
     assert ("orca_jax.learned.length_predictor", "orca_jax.learned.ranker") in edges
     assert ("orca_jax.model.llama", "pallas_kernels.ragged_paged_attention") in edges
-    assert ("orca_jax.core.scheduler", "orca_jax.core.view") in edges
+    assert ("orca_jax.core.loop.scheduler", "orca_jax.core.plans.view") in edges
 
 
 # ------------------------------------------------------------ planted violations
@@ -311,27 +323,34 @@ def test_an_upward_import_planted_in_a_copy_of_the_library_is_reported(tmp_path)
         shutil.copytree(ROOT / package, tmp_path / package,
                         ignore=shutil.ignore_patterns("__pycache__"))
     before = read_imports(tmp_path)
-    planted = tmp_path / "orca_jax" / "core" / "request.py"
+    planted = tmp_path / "orca_jax" / "core" / "requests" / "request.py"
     planted.write_text(planted.read_text()
                        + "\n\ndef _planted():\n    from orca_jax.results import summary\n")
     after = read_imports(tmp_path)
 
     new = set(layer_violations(after)) - set(layer_violations(before))
-    assert new == {Violation("orca_jax.core.request", "orca_jax.results.summary", "", 0)}
+    assert new == {Violation("orca_jax.core.requests.request", "orca_jax.results.summary", "", 0)}
     # summary reads requests, so the planted import also closes a ring through both.
     new_rings = set(find_cycles(after)) - set(find_cycles(before))
-    assert new_rings and all({"orca_jax.core.request", "orca_jax.results.summary"} <= set(ring)
-                             for ring in new_rings)
+    ring_members = {"orca_jax.core.requests.request", "orca_jax.results.summary"}
+    assert new_rings and all(ring_members <= set(ring) for ring in new_rings)
 
 
-def test_kv_memory_may_not_reach_up_into_the_rest_of_the_core(tmp_path):
+@pytest.mark.parametrize("planted_in, imported, part", [
+    ("kv/pool.py", "orca_jax.core.plans.plan_checks", "orca_jax.core.kv"),
+    ("plans/view.py", "orca_jax.core.loop.scheduler", "orca_jax.core.plans"),
+    ("requests/request_table.py", "orca_jax.core.kv.pool", "orca_jax.core.requests"),
+])
+def test_an_upward_import_between_the_core_s_folders_is_reported(tmp_path, planted_in, imported,
+                                                                  part):
     shutil.copytree(ROOT / "orca_jax", tmp_path / "orca_jax",
                     ignore=shutil.ignore_patterns("__pycache__"))
     before = set(layer_violations(read_imports(tmp_path, ("orca_jax",))))
-    planted = tmp_path / "orca_jax" / "core" / "kv" / "pool.py"
+    planted = tmp_path / "orca_jax" / "core" / planted_in
+    module, name = imported.rsplit(".", 1)
     planted.write_text(planted.read_text()
-                       + "\n\ndef _planted():\n    from orca_jax.core import plan_checks\n")
+                       + f"\n\ndef _planted():\n    from {module} import {name}\n")
     new = set(layer_violations(read_imports(tmp_path, ("orca_jax",)))) - before
-    assert new == {Violation("orca_jax.core.kv.pool", "orca_jax.core.plan_checks", "", 0)}
-    assert next(iter(new)).rule == ("orca_jax.core.kv may import only orca_jax.core.request, "
-                                    "orca_jax.core.request_table of this repository")
+    importer = "orca_jax.core." + planted_in.removesuffix(".py").replace("/", ".")
+    assert new == {Violation(importer, imported, "", 0)}
+    assert next(iter(new)).rule.startswith(f"{part} may import only ")

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orca_jax.core.bucket_fit import (
+from orca_jax.core.step.bucket_fit import (
     fit_token_sizes,
     max_fitted_sizes,
     padded_tokens,

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from orca_jax.core.packing import BucketConfig, default_token_sizes, ladder_token_sizes
+from orca_jax.core.step.packing import BucketConfig, default_token_sizes, ladder_token_sizes
 
 REPO = Path(__file__).resolve().parents[1]
 

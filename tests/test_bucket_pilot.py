@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from orca_jax.core.bucket_fit import fit_token_sizes
-from orca_jax.core.packing import ladder_token_sizes
+from orca_jax.core.step.bucket_fit import fit_token_sizes
+from orca_jax.core.step.packing import ladder_token_sizes
 from orca_jax.runner import bucket_pilot, sweep
 from orca_jax.runner.bucket_pilot import PILOT_POLICY, with_fitted_buckets
 from orca_jax.runner.build import build_workload

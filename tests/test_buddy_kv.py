@@ -7,9 +7,9 @@ from hypothesis import strategies as st
 
 import policies  # noqa: F401  (registers the built-in policies)
 from orca_jax import PlanError, Request, RequestState, Scheduler, SchedulerConfig, StepPlan
+from orca_jax.core.api.policy import Policy, make_policy
 from orca_jax.core.kv import make_pool
 from orca_jax.core.kv.buddy import BuddyAllocator, block_order, block_pages
-from orca_jax.core.policy import Policy, make_policy
 from orca_jax.sim.cost_model import CostModelConfig
 from orca_jax.sim.engine import SimEngine
 from orca_jax.workloads.synthetic import synthetic_workload

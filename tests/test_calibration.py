@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from orca_jax.core.engine_api import Bucket, StepOutput
+from orca_jax.core.step.engine_api import Bucket, StepOutput
 from orca_jax.runner.experiment import run_policy
 from orca_jax.runner.spec import LimitsSpec, RunSpec, SimEngineSpec, WorkloadSpec
 from orca_jax.sim import calibration as cal

@@ -13,10 +13,10 @@ import pytest
 import policies
 from orca_jax import Request, Scheduler, SchedulerConfig
 from orca_jax.cluster.replicas import Cluster
-from orca_jax.core.plan import PlanError
-from orca_jax.core.policy import PolicyLoadError
-from orca_jax.core.request import RequestState
-from orca_jax.core.run_result import RunResult
+from orca_jax.core.api.policy import PolicyLoadError
+from orca_jax.core.plans.plan import PlanError
+from orca_jax.core.requests.request import RequestState
+from orca_jax.core.requests.run_result import RunResult
 from orca_jax.results.summary import replica_rows, summarize
 from orca_jax.runner.spec import ClusterSpec, JaxEngineSpec, RunSpec
 from orca_jax.sim.cost_model import CostModelConfig

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 import policies  # noqa: F401  (registers the built-in policies)
-from orca_jax.core.policy import registered_policies
+from orca_jax.core.api.policy import registered_policies
 from orca_jax.runner.experiment import run_policy
 from orca_jax.runner.spec import ClusterSpec, LimitsSpec, RunSpec, WorkloadSpec
 

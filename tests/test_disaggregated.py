@@ -11,7 +11,7 @@ import policies
 from orca_jax import Request, SchedulerConfig
 from orca_jax.cluster.disaggregated import DisaggregatedCluster, PoolSpec
 from orca_jax.cluster.transfers import KVTransferCost, kv_transfer_cost
-from orca_jax.core.request import RequestState
+from orca_jax.core.requests.request import RequestState
 from orca_jax.sim.cost_model import CostModelConfig
 from orca_jax.sim.engine import SimEngine
 from orca_jax.specs.hardware import KVLinkSpec, get_kv_link

@@ -16,7 +16,7 @@ import policies
 from orca_jax import Request, Scheduler, SchedulerConfig
 from orca_jax.cluster.disaggregated import DisaggregatedCluster, PoolSpec
 from orca_jax.cluster.transfers import KVTransferCost
-from orca_jax.core.run_result import RunResult
+from orca_jax.core.requests.run_result import RunResult
 from orca_jax.model.engine import JaxEngine
 from orca_jax.model.weights import init_params
 from orca_jax.specs.hardware import get_kv_link

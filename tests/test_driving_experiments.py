@@ -15,9 +15,9 @@ from cli_runner import run_module as _run
 
 import policies  # noqa: F401  (registers the built-ins)
 from experiments.policy_flags import resolve_policies
-from orca_jax.core import plugins
-from orca_jax.core.policy import PolicyLoadError, make_policy, resolve_policy_class
-from orca_jax.core.scheduler import SchedulerConfig
+from orca_jax.core.api import plugins
+from orca_jax.core.api.policy import PolicyLoadError, make_policy, resolve_policy_class
+from orca_jax.core.loop.scheduler import SchedulerConfig
 from orca_jax.runner.build import check_policy_limits
 from orca_jax.runner.progress import Progress
 

@@ -16,7 +16,7 @@ import pytest
 
 import policies
 from orca_jax import Request, Scheduler, SchedulerConfig, StepPlan
-from orca_jax.core.policy import Policy
+from orca_jax.core.api.policy import Policy
 from orca_jax.model.engine import JaxEngine
 from orca_jax.model.llama import dense_forward, init_model
 from orca_jax.model.weights import init_params

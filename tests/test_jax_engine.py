@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from orca_jax.core.engine_api import Bucket, EngineConfigError, StepInputs
+from orca_jax.core.step.engine_api import Bucket, EngineConfigError, StepInputs
 from orca_jax.model import engine as jax_engine
 from orca_jax.model import llama as model_lib
 from orca_jax.model import weights

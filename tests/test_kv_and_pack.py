@@ -5,9 +5,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orca_jax.core.engine_api import NULL_PAGE, Bucket, bucket_arrays_are_consistent
 from orca_jax.core.kv import KVPool, make_pool
-from orca_jax.core.packing import (
+from orca_jax.core.step.engine_api import NULL_PAGE, Bucket, bucket_arrays_are_consistent
+from orca_jax.core.step.packing import (
     BucketConfig,
     SamplingArrays,
     bucket_config_for,

@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orca_jax import Request, RequestState, Scheduler, SchedulerConfig, make_policy
-from orca_jax.core import view as view_module
 from orca_jax.core.kv import DeviceTier, TierChain, make_pool, preempt, register_preemption_mode
+from orca_jax.core.plans import view as view_module
 from orca_jax.sim.cost_model import CostModelConfig
 from orca_jax.sim.engine import SimEngine
 

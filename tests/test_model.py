@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from orca_jax.core.engine_api import Bucket, StepInputs
+from orca_jax.core.step.engine_api import Bucket, StepInputs
 from orca_jax.model import llama as model_lib
 from orca_jax.model import sampling
 from orca_jax.specs.model_config import (

@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from orca_jax.core.engine_api import Bucket
-from orca_jax.core.packing import build_step_inputs
+from orca_jax.core.step.engine_api import Bucket
+from orca_jax.core.step.packing import build_step_inputs
 from orca_jax.model import distributed
 
 REPO = Path(__file__).resolve().parents[1]

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from orca_jax import Scheduler, SchedulerConfig
-from orca_jax.core.engine_api import Engine, PendingStep, StepInputs, StepOutput
-from orca_jax.core.policy import make_policy
+from orca_jax.core.api.policy import make_policy
+from orca_jax.core.step.engine_api import Engine, PendingStep, StepInputs, StepOutput
 from orca_jax.workloads.synthetic import synthetic_workload
 
 REPO = Path(__file__).resolve().parents[1]
@@ -140,8 +140,8 @@ def test_an_engine_that_does_not_feed_refuses_a_token_source():
 
 
 def test_jax_engine_feeds_the_previous_step_tokens_by_row():
-    from orca_jax.core.engine_api import Bucket
-    from orca_jax.core.packing import build_step_inputs
+    from orca_jax.core.step.engine_api import Bucket
+    from orca_jax.core.step.packing import build_step_inputs
     from orca_jax.model import weights
     from orca_jax.model.engine import JaxEngine
     from orca_jax.specs.model_config import get_model_config

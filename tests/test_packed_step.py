@@ -8,9 +8,9 @@ import pytest
 
 import policies
 from orca_jax import Request, Scheduler, SchedulerConfig, StepOutput
-from orca_jax.core import packing
-from orca_jax.core.engine_api import Bucket, Engine
-from orca_jax.core.packing import SamplingArrays, bucket_config_for, pack_step
+from orca_jax.core.step import packing
+from orca_jax.core.step.engine_api import Bucket, Engine
+from orca_jax.core.step.packing import SamplingArrays, bucket_config_for, pack_step
 from orca_jax.sim.cost_model import CostModelConfig, LinearStepTime
 from orca_jax.sim.engine import SimEngine
 

@@ -5,7 +5,7 @@ import numpy as np
 
 import policies
 from orca_jax import Request, Scheduler, SchedulerConfig, StepOutput
-from orca_jax.core.engine_api import NULL_PAGE
+from orca_jax.core.step.engine_api import NULL_PAGE
 
 
 class RecordingEngine:

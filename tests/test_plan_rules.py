@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from orca_jax import PlanError, Request, Scheduler, SchedulerConfig, StepPlan
-from orca_jax.core.policy import Policy
+from orca_jax.core.api.policy import Policy
 from orca_jax.sim.cost_model import CostModelConfig
 from orca_jax.sim.engine import SimEngine
 from policies.orca import Orca

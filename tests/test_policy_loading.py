@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import policies
-from orca_jax.core.policy import (
+from orca_jax.core.api.policy import (
     Policy,
     PolicyLoadError,
     make_policy,
@@ -65,7 +65,7 @@ def test_unregistered_plugin_class_gets_its_lowercase_name(tmp_path):
     path = tmp_path / "my_policy.py"
     path.write_text(textwrap.dedent("""
         from orca_jax import StepPlan
-        from orca_jax.core.policy import Policy
+        from orca_jax.core.api.policy import Policy
 
         class RunNothing(Policy):
             def schedule(self, view):
@@ -118,7 +118,7 @@ def test_scheduler_refuses_an_unknown_kv_reservation_of_a_policy_built_directly(
     # make_policy checks its options; a policy built in code reaches the scheduler unchecked,
     # and an unknown mode must not silently mean "max".
     from orca_jax import Request, Scheduler, SchedulerConfig
-    from orca_jax.core.policy import KV_RESERVATIONS
+    from orca_jax.core.api.policy import KV_RESERVATIONS
     from orca_jax.sim.cost_model import CostModelConfig
     from orca_jax.sim.engine import SimEngine
 
@@ -150,7 +150,7 @@ def test_an_old_option_name_sets_the_renamed_knob_with_a_warning(policy, old, ne
 
 def test_the_view_s_old_limit_names_read_the_new_values_and_warn_once(monkeypatch):
     from orca_jax import Request, Scheduler, SchedulerConfig
-    from orca_jax.core import view as view_module
+    from orca_jax.core.plans import view as view_module
     from orca_jax.sim.cost_model import CostModelConfig
     from orca_jax.sim.engine import SimEngine
 
@@ -198,7 +198,7 @@ def test_unknown_name_lists_registered_policies():
     (f"{PLUGIN}:NoSuchClass", ["example_policy.py", "NoSuchClass"]),
     ("policies.orca:NoSuchClass", ["policies.orca", "NoSuchClass"]),
     ("policies.no_such_module:Orca", ["policies.no_such_module", "cannot import"]),
-    ("orca_jax.core.plan:StepPlan", ["StepPlan", "not an orca_jax Policy subclass"]),
+    ("orca_jax.core.plans.plan:StepPlan", ["StepPlan", "not an orca_jax Policy subclass"]),
     ("policies.orca:fit_to_budget", ["'fit_to_budget'", "not an orca_jax Policy subclass"]),
 ])
 def test_load_errors_name_what_is_wrong(spec, words):
@@ -295,7 +295,7 @@ def test_import_scanner_sees_every_import_form(tmp_path):
 
 def test_register_refuses_a_non_policy_and_a_taken_name():
     from orca_jax.cluster.routing import Router, register_router
-    from orca_jax.core.policy import register
+    from orca_jax.core.api.policy import register
 
     with pytest.raises(TypeError, match=r"@register\('x'\) expects a Policy subclass"):
         register("x")(object)

@@ -5,7 +5,7 @@ import pytest
 
 import policies  # noqa: F401  (registers the built-in policies)
 from orca_jax import Request, RequestState, Scheduler, SchedulerConfig, make_policy
-from orca_jax.core.policy import PolicyLoadError
+from orca_jax.core.api.policy import PolicyLoadError
 from orca_jax.learned.ranker import Ranker, RankerConfig, synthetic_ranking_workload, train_ranker
 from orca_jax.sim.cost_model import CostModelConfig
 from orca_jax.sim.engine import SimEngine

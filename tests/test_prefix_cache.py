@@ -111,8 +111,8 @@ def test_free_cached_pages_are_evicted_least_recently_freed_first():
 
 # ------------------------------------------------------------------ the scheduler
 from orca_jax import PlanError, Request, Scheduler, SchedulerConfig, StepPlan  # noqa: E402
+from orca_jax.core.api.policy import make_policy  # noqa: E402
 from orca_jax.core.kv import make_pool  # noqa: E402
-from orca_jax.core.policy import make_policy  # noqa: E402
 from orca_jax.results.summary import request_rows, step_rows, summarize  # noqa: E402
 from orca_jax.sim.cost_model import CostModelConfig  # noqa: E402
 from orca_jax.sim.engine import SimEngine  # noqa: E402

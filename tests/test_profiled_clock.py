@@ -5,7 +5,7 @@ import re
 import numpy as np
 import pytest
 
-from orca_jax.core.engine_api import Bucket, Engine, EngineConfigError, StepInputs, StepOutput
+from orca_jax.core.step.engine_api import Bucket, Engine, EngineConfigError, StepInputs, StepOutput
 from orca_jax.sim import step_profile
 from orca_jax.sim.cost_model import attention_tiles, real_lengths
 from orca_jax.sim.profiled_clock import ProfiledClock

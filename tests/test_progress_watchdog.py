@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from orca_jax import PlanError, Policy, Request, Scheduler, SchedulerConfig, StepPlan
-from orca_jax.core.request import RequestState
+from orca_jax.core.requests.request import RequestState
 from orca_jax.runner.build import scheduler_config
 from orca_jax.runner.experiment import run_policy
 from orca_jax.runner.spec import LimitsSpec, RunSpec, SimEngineSpec, WorkloadSpec

@@ -11,9 +11,9 @@ import policies
 from orca_jax import Request, Scheduler, SchedulerConfig
 from orca_jax.cluster.event_loop import Event, EventLoop
 from orca_jax.cluster.replicas import Cluster
-from orca_jax.core.request import RequestState
-from orca_jax.core.request_export import RequestExport
-from orca_jax.core.run_result import RunResult
+from orca_jax.core.loop.request_export import RequestExport
+from orca_jax.core.requests.request import RequestState
+from orca_jax.core.requests.run_result import RunResult
 from orca_jax.sim.cost_model import CostModelConfig
 from orca_jax.sim.engine import SimEngine
 

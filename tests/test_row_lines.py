@@ -8,9 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orca_jax import Request, Scheduler, SchedulerConfig, make_policy
-from orca_jax.core.request import RequestState
-from orca_jax.core.run_record import StepLog
-from orca_jax.core.run_result import RunResult
+from orca_jax.core.requests.request import RequestState
+from orca_jax.core.requests.run_record import StepLog
+from orca_jax.core.requests.run_result import RunResult
 from orca_jax.results.row_lines import (
     iter_request_lines,
     iter_step_lines,

@@ -29,7 +29,7 @@ from orca_jax import (
     StepPlan,
     plan_in_order,
 )
-from orca_jax.core.policy import Policy, make_policy
+from orca_jax.core.api.policy import Policy, make_policy
 from orca_jax.runner.experiment import run_policy
 from orca_jax.runner.spec import LimitsSpec, RunSpec, SimEngineSpec, WorkloadSpec
 from orca_jax.sim.cost_model import CostModelConfig
@@ -539,7 +539,7 @@ def check_cache_rejects_nothing_changed(scheduler: Scheduler) -> None:
               scheduler.table.num_computed.copy())
     first = waiting[:1]
     too_many = (scheduler.table.num_uncomputed(first) - scheduler.view.cached_tokens(first) + 1)
-    from orca_jax.core.plan_checks import check_plan
+    from orca_jax.core.plans.plan_checks import check_plan
     with pytest.raises(Exception, match="decode_before_prefill_done"):
         check_plan(scheduler, StepPlan(first, too_many))
     after = (kv.ref_count, kv.num_free, cache.free_pages(), cache.version,

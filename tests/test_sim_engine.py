@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from orca_jax.core.engine_api import Bucket, StepInputs
+from orca_jax.core.step.engine_api import Bucket, StepInputs
 from orca_jax.sim import cost_model as cm
 from orca_jax.sim.engine import SimEngine
 from orca_jax.specs.hardware import get_hardware

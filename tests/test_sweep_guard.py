@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from orca_jax.core.policy import PolicyLoadError
+from orca_jax.core.api.policy import PolicyLoadError
 from orca_jax.results.sweep_store import LOCK_FILE, SweepLockedError
 from orca_jax.runner import sweep
 from orca_jax.runner.spec import LimitsSpec, RunSpec, SimEngineSpec, WorkloadSpec

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from orca_jax.core.request import Request
+from orca_jax.core.requests.request import Request
 from orca_jax.workloads.prefix_workloads import conversation_workload
 from orca_jax.workloads.synthetic import synthetic_workload, with_prompt_tokens
 from orca_jax.workloads.traces import TraceError, load_trace, prefix_cache_ceiling, write_trace

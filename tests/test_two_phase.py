@@ -20,11 +20,11 @@ import numpy as np
 import pytest
 
 from orca_jax import PlanError, Policy, Request, Scheduler, SchedulerConfig, StepPlan
-from orca_jax.core.engine_api import Engine, PendingStep, StepInputs, StepOutput
-from orca_jax.core.executor import Executor
-from orca_jax.core.policy import make_policy
-from orca_jax.core.request import RequestState, sort_by_arrival
-from orca_jax.core.scheduled_step import IdleStep, ScheduledStep, StepResult
+from orca_jax.core.api.policy import make_policy
+from orca_jax.core.loop.executor import Executor
+from orca_jax.core.loop.scheduled_step import IdleStep, ScheduledStep, StepResult
+from orca_jax.core.requests.request import RequestState, sort_by_arrival
+from orca_jax.core.step.engine_api import Engine, PendingStep, StepInputs, StepOutput
 from orca_jax.sim.cost_model import CostModelConfig
 from orca_jax.sim.engine import SimEngine
 from orca_jax.workloads.synthetic import synthetic_workload

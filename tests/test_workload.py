@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orca_jax.core.request import Request
+from orca_jax.core.requests.request import Request
 from orca_jax.workloads.synthetic import (
     EmpiricalLength,
     FixedLength,

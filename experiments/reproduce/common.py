@@ -19,7 +19,7 @@ from absl import app, flags
 import policies  # noqa: F401  (registers the built-in policies)
 from experiments.executor_flags import define_executor_flags
 from orca_jax.core.json_files import to_json_value, write_json_atomic
-from orca_jax.core.run_result import RunResult
+from orca_jax.core.requests.run_result import RunResult
 from orca_jax.results import metrics
 from orca_jax.results.metrics import format_table
 from orca_jax.results.plots import plot_sweep

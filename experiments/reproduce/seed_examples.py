@@ -24,7 +24,7 @@ from absl import app
 
 import policies
 from orca_jax import Request, Scheduler, SchedulerConfig
-from orca_jax.core.run_result import RunResult
+from orca_jax.core.requests.run_result import RunResult
 from orca_jax.results.metrics import format_table
 from orca_jax.results.plots import SlotTimeline, plot_slot_timelines, slot_timeline
 from orca_jax.sim.cost_model import CostModelConfig

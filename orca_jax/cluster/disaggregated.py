@@ -36,12 +36,12 @@ from orca_jax.cluster.disaggregated_result import join_pools
 from orca_jax.cluster.event_loop import Event, EventLoop, ReplicaPool
 from orca_jax.cluster.routing import Router, make_router
 from orca_jax.cluster.transfers import KVTransferCost, LinkQueues, Transfer
-from orca_jax.core.engine_api import Engine
-from orca_jax.core.policy import Policy
-from orca_jax.core.request import Request, RequestState
-from orca_jax.core.run_record import TransferLog
-from orca_jax.core.run_result import RunResult
-from orca_jax.core.scheduler import Scheduler, SchedulerConfig
+from orca_jax.core.api.policy import Policy
+from orca_jax.core.loop.scheduler import Scheduler, SchedulerConfig
+from orca_jax.core.requests.request import Request, RequestState
+from orca_jax.core.requests.run_record import TransferLog
+from orca_jax.core.requests.run_result import RunResult
+from orca_jax.core.step.engine_api import Engine
 
 _AWAY = int(RequestState.ROUTED_AWAY)
 

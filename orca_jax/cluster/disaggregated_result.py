@@ -17,9 +17,9 @@ from typing import Sequence
 import numpy as np
 from numpy.typing import NDArray
 
-from orca_jax.core.request import RequestState
-from orca_jax.core.run_record import TransferLog
-from orca_jax.core.run_result import RunResult
+from orca_jax.core.requests.request import RequestState
+from orca_jax.core.requests.run_record import TransferLog
+from orca_jax.core.requests.run_result import RunResult
 
 
 def _frozen(array: NDArray) -> NDArray:

@@ -34,10 +34,10 @@ import numpy as np
 from numpy.typing import NDArray
 
 from orca_jax.cluster.routing import ClusterView, Router
-from orca_jax.core.plan import PlanError
-from orca_jax.core.request import RequestState
-from orca_jax.core.scheduler import Scheduler
-from orca_jax.core.view import SchedulerView
+from orca_jax.core.loop.scheduler import Scheduler
+from orca_jax.core.plans.plan import PlanError
+from orca_jax.core.plans.view import SchedulerView
+from orca_jax.core.requests.request import RequestState
 
 _FINISHED, _AWAY = int(RequestState.FINISHED), int(RequestState.ROUTED_AWAY)
 

@@ -23,7 +23,7 @@ import math
 
 import numpy as np
 
-from orca_jax.core.scheduler import Scheduler
+from orca_jax.core.loop.scheduler import Scheduler
 
 
 def reserve(scheduler: Scheduler, request: int) -> bool:

@@ -20,12 +20,12 @@ from numpy.typing import NDArray
 
 from orca_jax.cluster.event_loop import EventLoop, ReplicaPool, route_checked
 from orca_jax.cluster.routing import ClusterView, Router, make_router
-from orca_jax.core.engine_api import Engine
-from orca_jax.core.policy import Policy
-from orca_jax.core.request import Request, RequestState
-from orca_jax.core.run_result import RunResult
-from orca_jax.core.scheduler import Scheduler, SchedulerConfig
-from orca_jax.core.view import SchedulerView
+from orca_jax.core.api.policy import Policy
+from orca_jax.core.loop.scheduler import Scheduler, SchedulerConfig
+from orca_jax.core.plans.view import SchedulerView
+from orca_jax.core.requests.request import Request, RequestState
+from orca_jax.core.requests.run_result import RunResult
+from orca_jax.core.step.engine_api import Engine
 
 # What `from orca_jax.cluster import *` gave when the cluster was one module.
 __all__ = ["Cluster", "ClusterView", "Router", "make_router", "route_checked"]

@@ -20,8 +20,8 @@ from typing import ClassVar, Mapping, Optional, Protocol, Sequence
 import numpy as np
 from numpy.typing import NDArray
 
-from orca_jax.core import plugins
-from orca_jax.core.view import SchedulerView
+from orca_jax.core.api import plugins
+from orca_jax.core.plans.view import SchedulerView
 
 _ROUTERS: dict[str, type["Router"]] = {}
 

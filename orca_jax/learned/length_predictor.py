@@ -21,7 +21,7 @@ from typing import Callable, Protocol, Sequence, runtime_checkable
 import numpy as np
 from numpy.typing import NDArray
 
-from orca_jax.core.request import Request
+from orca_jax.core.requests.request import Request
 
 
 @runtime_checkable

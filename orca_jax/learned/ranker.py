@@ -45,7 +45,7 @@ import optax
 import orbax.checkpoint as ocp
 from numpy.typing import NDArray
 
-from orca_jax.core.request import Request
+from orca_jax.core.requests.request import Request
 
 LOSSES = ("listmle", "ranknet")
 _CONFIG_FILE = "ranker.json"

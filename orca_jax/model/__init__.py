@@ -3,7 +3,7 @@
 Owns the Flax LLaMA-style decoder and its paged step (`llama`), sampling,
 weights (random, orbax, LLaMA safetensors), tensor-parallel sharding, and
 `JaxEngine`, which compiles one step per bucket. Importing it registers
-`orca_jax.core.engine_api.StepInputs` as a jax pytree, so the step descriptor
+`orca_jax.core.step.engine_api.StepInputs` as a jax pytree, so the step descriptor
 goes to the device as it is.
 
 May import: jax, flax, orbax, safetensors, `pallas_kernels`, `orca_jax.core`,

@@ -25,7 +25,7 @@ from typing import Optional
 import jax
 import numpy as np
 
-from orca_jax.core.engine_api import StepInputs
+from orca_jax.core.step.engine_api import StepInputs
 
 _DESCRIPTOR_FIELDS = ("token_ids", "positions", "cu_q_lens", "kv_lens", "page_indices",
                       "slot_mapping", "sample_indices", "num_seqs")

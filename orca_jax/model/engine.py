@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from orca_jax.core.engine_api import (
+from orca_jax.core.step.engine_api import (
     NULL_PAGE,
     Bucket,
     Engine,
@@ -35,7 +35,7 @@ from orca_jax.core.engine_api import (
     StepOutput,
     bucket_arrays_are_consistent,
 )
-from orca_jax.core.packing import build_step_inputs
+from orca_jax.core.step.packing import build_step_inputs
 from orca_jax.model import compile_cache, distributed, executable_cache, sharding
 from orca_jax.model import llama as model_lib
 from orca_jax.model.bucketed_attention import kv_chunk_pages

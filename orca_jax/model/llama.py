@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from orca_jax.core.engine_api import EngineConfigError, StepInputs
+from orca_jax.core.step.engine_api import EngineConfigError, StepInputs
 from orca_jax.model import sampling
 from orca_jax.specs.model_config import ModelConfig
 
@@ -215,7 +215,7 @@ def step(graphdef: nnx.GraphDef, params: nnx.State, kv_cache: KVCache, inputs: S
       graphdef: the model's graph definition (from `nnx.split` or `abstract_model`).
       params: the model's parameter state.
       kv_cache: the paged cache; page 0 is the null page padding writes to.
-      inputs: one padded step descriptor (see `orca_jax.core.engine_api.StepInputs`).
+      inputs: one padded step descriptor (see `orca_jax.core.step.engine_api.StepInputs`).
       attention: the ragged paged attention op (see `attention_op`).
 
     Returns:

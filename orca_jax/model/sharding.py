@@ -31,7 +31,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from orca_jax.core.engine_api import EngineConfigError
+from orca_jax.core.step.engine_api import EngineConfigError
 from orca_jax.specs.model_config import ModelConfig
 
 TP_AXIS = "tp"

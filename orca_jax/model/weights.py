@@ -20,7 +20,7 @@ import numpy as np
 from flax import nnx
 from safetensors import safe_open
 
-from orca_jax.core.engine_api import EngineConfigError
+from orca_jax.core.step.engine_api import EngineConfigError
 from orca_jax.model import llama as model_lib
 from orca_jax.specs.model_config import ModelConfig, from_hf_config
 

@@ -21,7 +21,7 @@ from typing import Optional, Sequence
 import numpy as np
 from numpy.typing import NDArray
 
-from orca_jax.core.run_result import RunResult
+from orca_jax.core.requests.run_result import RunResult
 from orca_jax.results.sweep_store import Curve
 
 EMPTY = -1  # holder value of an empty slot

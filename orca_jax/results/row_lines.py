@@ -20,9 +20,9 @@ from json.encoder import encode_basestring_ascii  # json.dumps' own string encod
 from typing import Any, Iterator, Optional, Sequence
 
 from orca_jax.core.json_files import to_json_value
-from orca_jax.core.request import RequestState
-from orca_jax.core.run_record import StepLog
-from orca_jax.core.run_result import RunResult
+from orca_jax.core.requests.request import RequestState
+from orca_jax.core.requests.run_record import StepLog
+from orca_jax.core.requests.run_result import RunResult
 from orca_jax.results.summary import iter_step_rows, request_row, request_row_args, step_row
 
 _FINISHED, _REJECTED = int(RequestState.FINISHED), int(RequestState.REJECTED)

@@ -18,9 +18,9 @@ from typing import Any, Iterator, Mapping, Optional, Sequence
 import numpy as np
 
 from orca_jax.core.json_files import to_json_value
-from orca_jax.core.request import RequestState
-from orca_jax.core.run_record import StepLog
-from orca_jax.core.run_result import RunResult
+from orca_jax.core.requests.request import RequestState
+from orca_jax.core.requests.run_record import StepLog
+from orca_jax.core.requests.run_result import RunResult
 from orca_jax.results import metrics
 
 

@@ -22,12 +22,12 @@ import textwrap
 import time
 from typing import Any, Optional, Sequence
 
-from orca_jax.core.bucket_fit import fit_token_sizes, padded_tokens, parse_fit_ladder
-from orca_jax.core.packing import default_token_sizes, ladder_token_sizes
-from orca_jax.core.policy import make_policy
-from orca_jax.core.request import Request
-from orca_jax.core.run_result import RunResult
-from orca_jax.core.scheduler import Scheduler
+from orca_jax.core.api.policy import make_policy
+from orca_jax.core.loop.scheduler import Scheduler
+from orca_jax.core.requests.request import Request
+from orca_jax.core.requests.run_result import RunResult
+from orca_jax.core.step.bucket_fit import fit_token_sizes, padded_tokens, parse_fit_ladder
+from orca_jax.core.step.packing import default_token_sizes, ladder_token_sizes
 from orca_jax.runner.build import build_cluster, build_engine, build_workload, scheduler_config
 from orca_jax.runner.disaggregated import run_disaggregated
 from orca_jax.runner.progress import Progress

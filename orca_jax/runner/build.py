@@ -16,12 +16,12 @@ from typing import Any, Mapping, Optional, Sequence
 
 from orca_jax.cluster.replicas import Cluster
 from orca_jax.cluster.routing import Router, make_router, resolve_router_class
-from orca_jax.core.engine_api import Engine, EngineConfigError
-from orca_jax.core.packing import pages_per_seq_for
-from orca_jax.core.plugins import PolicyLoadError, parse_options
-from orca_jax.core.policy import Policy, make_policy
-from orca_jax.core.request import Request
-from orca_jax.core.scheduler import SchedulerConfig
+from orca_jax.core.api.plugins import PolicyLoadError, parse_options
+from orca_jax.core.api.policy import Policy, make_policy
+from orca_jax.core.loop.scheduler import SchedulerConfig
+from orca_jax.core.requests.request import Request
+from orca_jax.core.step.engine_api import Engine, EngineConfigError
+from orca_jax.core.step.packing import pages_per_seq_for
 from orca_jax.runner.spec import JaxEngineSpec, RunSpec, SimEngineSpec, sampling_params
 from orca_jax.sim import cost_model
 from orca_jax.sim.engine import SimEngine

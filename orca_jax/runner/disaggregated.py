@@ -13,11 +13,11 @@ from typing import Any, Mapping, Optional
 
 from orca_jax.cluster.disaggregated import DisaggregatedCluster, PoolSpec
 from orca_jax.cluster.transfers import KVTransferCost, kv_transfer_cost
-from orca_jax.core.plugins import parse_options
-from orca_jax.core.policy import make_policy
-from orca_jax.core.request import Request
-from orca_jax.core.run_result import RunResult
-from orca_jax.core.scheduler import SchedulerConfig
+from orca_jax.core.api.plugins import parse_options
+from orca_jax.core.api.policy import make_policy
+from orca_jax.core.loop.scheduler import SchedulerConfig
+from orca_jax.core.requests.request import Request
+from orca_jax.core.requests.run_result import RunResult
 from orca_jax.results.summary import summarize_run
 from orca_jax.runner.build import build_engine, model_config
 from orca_jax.runner.spec import JaxEngineSpec, RunSpec

@@ -14,12 +14,12 @@ from typing import Any, Callable, Mapping, Optional
 
 from orca_jax.cluster.replicas import Cluster
 from orca_jax.cluster.routing import Router
-from orca_jax.core.engine_api import Engine
+from orca_jax.core.api.policy import Policy, PolicyLoadError, make_policy
 from orca_jax.core.json_files import to_json_value
-from orca_jax.core.policy import Policy, PolicyLoadError, make_policy
-from orca_jax.core.request import Request
-from orca_jax.core.run_result import RunResult
-from orca_jax.core.scheduler import Scheduler, SchedulerConfig
+from orca_jax.core.loop.scheduler import Scheduler, SchedulerConfig
+from orca_jax.core.requests.request import Request
+from orca_jax.core.requests.run_result import RunResult
+from orca_jax.core.step.engine_api import Engine
 from orca_jax.results.row_lines import iter_request_lines, iter_step_lines
 from orca_jax.results.run_folder import ResultsWriteError, RunFolder
 from orca_jax.results.summary import (

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
-from orca_jax.core.scheduler import Scheduler
+from orca_jax.core.loop.scheduler import Scheduler
 from orca_jax.results.row_lines import request_line, step_line
 from orca_jax.results.run_folder import RunFolder
 from orca_jax.results.summary import step_row

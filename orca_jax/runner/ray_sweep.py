@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-from orca_jax.core.run_result import RunResult
+from orca_jax.core.requests.run_result import RunResult
 from orca_jax.results.sweep_store import PointKey
 from orca_jax.runner.bucket_pilot import BucketFit
 from orca_jax.runner.build import build_engine, scheduler_config

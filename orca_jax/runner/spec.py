@@ -17,9 +17,9 @@ import os
 from typing import Any, Optional, Union
 
 from orca_jax import _legacy
-from orca_jax.core.bucket_fit import max_fitted_sizes, parse_fit_ladder
+from orca_jax.core.api.plugins import parse_options
 from orca_jax.core.kv import KV_LAYOUTS
-from orca_jax.core.plugins import parse_options
+from orca_jax.core.step.bucket_fit import max_fitted_sizes, parse_fit_ladder
 from orca_jax.specs.hardware import (
     HARDWARE_ALIASES,
     HARDWARE_PRESETS,

@@ -21,10 +21,10 @@ import sys
 from typing import Callable, Mapping, Optional, Sequence
 
 from orca_jax.cluster.routing import make_router
-from orca_jax.core.engine_api import Engine
-from orca_jax.core.plugins import current_options
-from orca_jax.core.policy import make_policy, parse_options, resolve_policy_class
-from orca_jax.core.run_result import RunResult
+from orca_jax.core.api.plugins import current_options
+from orca_jax.core.api.policy import make_policy, parse_options, resolve_policy_class
+from orca_jax.core.requests.run_result import RunResult
+from orca_jax.core.step.engine_api import Engine
 from orca_jax.results.run_folder import check_writable_dir
 from orca_jax.results.sweep_store import PointKey, SweepLock, SweepStore, point_key
 from orca_jax.runner.build import build_engine, scheduler_config

@@ -12,9 +12,9 @@ import os
 import time
 from typing import Callable, Mapping, Optional, Sequence
 
-from orca_jax.core.engine_api import Engine
-from orca_jax.core.request import Request
-from orca_jax.core.run_result import RunResult
+from orca_jax.core.requests.request import Request
+from orca_jax.core.requests.run_result import RunResult
+from orca_jax.core.step.engine_api import Engine
 from orca_jax.results.sweep_store import PointKey
 from orca_jax.runner.bucket_pilot import BucketFit, needs_fit, with_fitted_buckets
 from orca_jax.runner.build import build_workload

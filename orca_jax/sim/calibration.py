@@ -28,8 +28,8 @@ from typing import Any, Mapping, Optional, Sequence
 import numpy as np
 from numpy.typing import NDArray
 
-from orca_jax.core.engine_api import Bucket, Engine, EngineWrapper, StepInputs, StepOutput
 from orca_jax.core.json_files import write_json_atomic
+from orca_jax.core.step.engine_api import Bucket, Engine, EngineWrapper, StepInputs, StepOutput
 from orca_jax.sim import cost_model
 from orca_jax.sim.step_profile import StepSample, reference_tiles
 

@@ -107,7 +107,7 @@ from typing import Callable, Mapping, Optional, Union
 import numpy as np
 from numpy.typing import NDArray
 
-from orca_jax.core.engine_api import StepInputs
+from orca_jax.core.step.engine_api import StepInputs
 from orca_jax.sim.roofline import PerOpRoofline
 from orca_jax.specs.hardware import HardwareSpec, get_hardware
 from orca_jax.specs.memory import DTYPE_BYTES, kv_bytes_per_token

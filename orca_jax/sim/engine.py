@@ -14,7 +14,7 @@ from typing import Optional
 import numpy as np
 from numpy.typing import NDArray
 
-from orca_jax.core.engine_api import (
+from orca_jax.core.step.engine_api import (
     Bucket,
     Engine,
     PackedStep,

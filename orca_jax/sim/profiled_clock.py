@@ -37,7 +37,8 @@ from typing import Any, Mapping, Optional
 import numpy as np
 from numpy.typing import NDArray
 
-from orca_jax.core.engine_api import (
+from orca_jax.core.json_files import to_json_value
+from orca_jax.core.step.engine_api import (
     Bucket,
     Engine,
     EngineConfigError,
@@ -46,7 +47,6 @@ from orca_jax.core.engine_api import (
     StepInputs,
     StepOutput,
 )
-from orca_jax.core.json_files import to_json_value
 from orca_jax.sim.calibration import fit_linear, load_fit, save_fit
 from orca_jax.sim.cost_model import LinearStepTime, real_lengths
 from orca_jax.sim.step_profile import measure_step_times

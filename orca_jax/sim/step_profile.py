@@ -19,8 +19,8 @@ from typing import Sequence
 
 import numpy as np
 
-from orca_jax.core.engine_api import Bucket, Engine, StepInputs
-from orca_jax.core.packing import build_step_inputs
+from orca_jax.core.step.engine_api import Bucket, Engine, StepInputs
+from orca_jax.core.step.packing import build_step_inputs
 from pallas_kernels.reference_tiling import reference_blocks
 
 

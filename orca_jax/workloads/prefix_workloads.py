@@ -19,7 +19,7 @@ from typing import Optional, Union
 
 import numpy as np
 
-from orca_jax.core.request import Request
+from orca_jax.core.requests.request import Request
 from orca_jax.workloads.synthetic import (
     LengthDistribution,
     arrival_times,

@@ -30,7 +30,7 @@ from typing import Optional, Protocol, Sequence, Union, runtime_checkable
 import numpy as np
 from numpy.typing import NDArray
 
-from orca_jax.core.request import Request
+from orca_jax.core.requests.request import Request
 from orca_jax.workloads.trace_records import MAX_LENGTH
 from orca_jax.workloads.traces import TraceError, load_length_column
 

@@ -43,7 +43,7 @@ from typing import Optional, Sequence, Union
 import numpy as np
 from numpy.typing import NDArray
 
-from orca_jax.core.request import Request
+from orca_jax.core.requests.request import Request
 from orca_jax.workloads.hashed_blocks import block_tokens, cached_prefix_lens
 from orca_jax.workloads.trace_records import (
     FIELD_ALIASES,

@@ -11,8 +11,8 @@ up-front rejections and every policy (through `SchedulerView`) ask;
 `KVMemory` bundles them for one scheduler. No code outside this folder branches
 on the layout.
 
-May import: numpy, the standard library, and `orca_jax.core.request` and
-`orca_jax.core.request_table` only (the rest of the core builds on this).
+May import: numpy, the standard library, and `orca_jax.core.requests.request` and
+`orca_jax.core.requests.request_table` only (the rest of the core builds on this).
 """
 
 from orca_jax.core.kv.buddy import BuddyAllocator, BuddyPool

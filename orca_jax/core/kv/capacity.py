@@ -20,8 +20,8 @@ from numpy.typing import NDArray
 
 from orca_jax.core.kv.pool import KVPool
 from orca_jax.core.kv.prefix_hits import PrefixHits
-from orca_jax.core.request import RequestState
-from orca_jax.core.request_table import RequestTable
+from orca_jax.core.requests.request import RequestState
+from orca_jax.core.requests.request_table import RequestTable
 
 _WAITING = int(RequestState.WAITING)  # a plain int: IntEnum lookups cost on the hot path
 _AWAY = int(RequestState.ROUTED_AWAY)

@@ -22,7 +22,7 @@ from orca_jax.core.kv.pool import KV_LAYOUTS, KVPool, PagedPool
 from orca_jax.core.kv.prefix_cache import PrefixCache
 from orca_jax.core.kv.prefix_hits import PrefixHits
 from orca_jax.core.kv.tiers import DeviceTier, TierChain
-from orca_jax.core.request_table import RequestTable
+from orca_jax.core.requests.request_table import RequestTable
 
 
 def make_pool(*, num_kv_pages: int, page_size: int, max_pages_per_seq: int, num_requests: int,

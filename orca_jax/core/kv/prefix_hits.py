@@ -20,7 +20,7 @@ from numpy.typing import NDArray
 
 from orca_jax.core.kv.cached_pool import CachedPool
 from orca_jax.core.kv.prefix_cache import TokenReader
-from orca_jax.core.request_table import RequestTable
+from orca_jax.core.requests.request_table import RequestTable
 
 
 class PrefixHits:

@@ -6,7 +6,7 @@ policy reads a `SchedulerView` and returns a `StepPlan`; the plan is checked
 preemptions free their pages, rejections leave, admissions and growth get pages,
 and `pack_step()` builds the step's descriptor. The result is a `ScheduledStep`
 (or an `IdleStep` when the plan runs nothing). The executor
-(`orca_jax.core.executor`) runs it on the engine and moves the virtual clock;
+(`orca_jax.core.loop.executor`) runs it on the engine and moves the virtual clock;
 `update(step, result)` then counts its tokens, stamps them, finishes requests
 (freeing their pages at once), logs the step and feeds the progress watchdog.
 A step's token values may come later than its counts (`record_tokens`): with
@@ -14,7 +14,7 @@ steps in flight they are read back from the device one or more steps late.
 
 `SchedulerLoop` is a part of `Scheduler` (its base class): the loop lives here,
 the state it works on and the changes a plan makes to it (admission,
-preemption, rejection) in `orca_jax.core.scheduler`.
+preemption, rejection) in `orca_jax.core.loop.scheduler`.
 """
 
 from __future__ import annotations
@@ -25,21 +25,21 @@ from typing import Callable, Optional, Union
 import numpy as np
 from numpy.typing import NDArray
 
-from orca_jax.core.engine_api import Engine
-from orca_jax.core.executor import Executor
+from orca_jax.core.api.policy import Policy
 from orca_jax.core.kv import KVPool
 from orca_jax.core.kv.prefix_hits import PrefixHits
-from orca_jax.core.packing import BucketConfig, SamplingArrays, pack_step
-from orca_jax.core.plan import PlanError, StepPlan
-from orca_jax.core.plan_checks import check_plan
-from orca_jax.core.policy import Policy
-from orca_jax.core.request import RequestState
-from orca_jax.core.request_table import RequestTable
-from orca_jax.core.run_record import RunRecord, StepLog
-from orca_jax.core.run_result import RunResult
-from orca_jax.core.scheduled_step import IdleStep, ScheduledStep, StepResult
-from orca_jax.core.view import SchedulerView
-from orca_jax.core.watchdog import ProgressWatchdog
+from orca_jax.core.loop.executor import Executor
+from orca_jax.core.loop.scheduled_step import IdleStep, ScheduledStep, StepResult
+from orca_jax.core.loop.watchdog import ProgressWatchdog
+from orca_jax.core.plans.plan import PlanError, StepPlan
+from orca_jax.core.plans.plan_checks import check_plan
+from orca_jax.core.plans.view import SchedulerView
+from orca_jax.core.requests.request import RequestState
+from orca_jax.core.requests.request_table import RequestTable
+from orca_jax.core.requests.run_record import RunRecord, StepLog
+from orca_jax.core.requests.run_result import RunResult
+from orca_jax.core.step.engine_api import Engine
+from orca_jax.core.step.packing import BucketConfig, SamplingArrays, pack_step
 
 # Plain ints: IntEnum attribute lookups cost a microsecond each on the hot path.
 _PENDING, _WAITING, _RUNNING, _FINISHED = (int(RequestState.PENDING), int(RequestState.WAITING),

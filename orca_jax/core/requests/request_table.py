@@ -13,7 +13,7 @@ from typing import Sequence
 import numpy as np
 from numpy.typing import NDArray
 
-from orca_jax.core.request import Request, RequestState
+from orca_jax.core.requests.request import Request, RequestState
 
 _FIELDS = (
     "arrival_s", "prompt_len", "output_len", "priority", "tenant", "deadline_s", "state",

@@ -13,9 +13,9 @@ from typing import Optional
 import numpy as np
 from numpy.typing import NDArray
 
-from orca_jax.core.plan import PlanError, StepPlan
-from orca_jax.core.request import RequestState
-from orca_jax.core.scheduler_state import SchedulerState
+from orca_jax.core.plans.plan import PlanError, StepPlan
+from orca_jax.core.plans.scheduler_state import SchedulerState
+from orca_jax.core.requests.request import RequestState
 
 # Plain ints: IntEnum attribute lookups cost a microsecond each on the hot path.
 _PENDING, _WAITING, _RUNNING = int(RequestState.PENDING), int(RequestState.WAITING), int(

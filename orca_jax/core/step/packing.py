@@ -16,7 +16,7 @@ from typing import Optional, Sequence, Union
 import numpy as np
 from numpy.typing import NDArray
 
-from orca_jax.core.engine_api import NULL_PAGE, Bucket, PackedStep, StepInputs
+from orca_jax.core.step.engine_api import NULL_PAGE, Bucket, PackedStep, StepInputs
 
 
 def default_token_sizes(max_num_tokens: int, smallest: int = 16) -> tuple[int, ...]:

@@ -18,7 +18,7 @@ from typing import NamedTuple, Optional
 import numpy as np
 from numpy.typing import NDArray
 
-from orca_jax.core.engine_api import PackedStep
+from orca_jax.core.step.engine_api import PackedStep
 
 
 class ScheduledStep(NamedTuple):

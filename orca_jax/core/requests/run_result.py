@@ -15,9 +15,9 @@ from typing import Optional, Sequence, TypeVar
 import numpy as np
 from numpy.typing import NDArray
 
-from orca_jax.core.request import RequestState
-from orca_jax.core.request_table import RequestTable
-from orca_jax.core.run_record import RunRecord, StepLog, TransferLog
+from orca_jax.core.requests.request import RequestState
+from orca_jax.core.requests.request_table import RequestTable
+from orca_jax.core.requests.run_record import RunRecord, StepLog, TransferLog
 
 _Array = TypeVar("_Array", bound=np.ndarray)
 

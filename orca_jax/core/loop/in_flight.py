@@ -26,8 +26,8 @@ from typing import Optional
 import numpy as np
 from numpy.typing import NDArray
 
-from orca_jax.core.engine_api import PendingStep
-from orca_jax.core.scheduled_step import ScheduledStep
+from orca_jax.core.loop.scheduled_step import ScheduledStep
+from orca_jax.core.step.engine_api import PendingStep
 
 _NONE = np.zeros(0, dtype=np.int64)
 _NONE.setflags(write=False)

@@ -1,6 +1,6 @@
 """The contract between the host scheduler and an engine: StepInputs in, StepOutput out.
 
-`pack_step()` (orca_jax.core.packing) turns a policy's StepPlan into a `StepInputs`: flat,
+`pack_step()` (orca_jax.core.step.packing) turns a policy's StepPlan into a `StepInputs`: flat,
 fixed-shape numpy arrays padded to a bucket `(T, S)`. Every engine, real or
 simulated, receives exactly these arrays, so every policy drives the same
 compiled steps. `build_step_inputs` (also in packing) is the one writer of the

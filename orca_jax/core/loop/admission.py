@@ -14,8 +14,8 @@ from __future__ import annotations
 import numpy as np
 
 from orca_jax.core.kv import KVCapacity
-from orca_jax.core.request import RequestState
-from orca_jax.core.request_table import RequestTable
+from orca_jax.core.requests.request import RequestState
+from orca_jax.core.requests.request_table import RequestTable
 
 
 def reject_impossible(table: RequestTable, capacity: KVCapacity, max_model_len: int) -> int:

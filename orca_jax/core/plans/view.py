@@ -19,8 +19,8 @@ from typing import Callable, Optional, Union
 import numpy as np
 from numpy.typing import NDArray
 
-from orca_jax.core.request_table import RequestTableView
-from orca_jax.core.scheduler_state import SchedulerState
+from orca_jax.core.plans.scheduler_state import SchedulerState
+from orca_jax.core.requests.request_table import RequestTableView
 
 # Old attribute -> its name now. A plugin reads them every step: each warns only once.
 RENAMED = {"token_budget": "max_num_tokens", "max_batch_size": "max_num_seqs",
@@ -140,7 +140,7 @@ class SchedulerView:
         Always empty when steps run one at a time, and with overlap (two steps in flight:
         the next step is planned while the last one runs, and a request in the last one
         may be scheduled again, its decode reading the token on the device). Only a
-        deeper queue of steps in flight (`orca_jax.core.executor`) makes requests busy:
+        deeper queue of steps in flight (`orca_jax.core.loop.executor`) makes requests busy:
         a request that sampled in an older step in flight and not in the last one.
         """
         return self._scheduler.busy

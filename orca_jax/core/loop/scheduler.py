@@ -4,10 +4,10 @@ A `Scheduler` holds a run's requests (the `RequestTable`), its queues (waiting,
 running, finished but unreleased), its KV pages, and the changes a plan makes
 to them: releases, preemptions (by recompute), rejections with a reason, and
 admissions. Each iteration is two phases, `schedule()` and `update()`
-(`orca_jax.core.scheduler_loop`), run by an executor that owns the engine and
-moves the clock (`orca_jax.core.executor`); when nothing can run, the clock
+(`orca_jax.core.loop.scheduler_loop`), run by an executor that owns the engine and
+moves the clock (`orca_jax.core.loop.executor`); when nothing can run, the clock
 jumps to the next arrival instead of sleeping. Requests that no admission
-could ever take are rejected up front (`orca_jax.core.admission`), and a run
+could ever take are rejected up front (`orca_jax.core.loop.admission`), and a run
 in which no request gains a computed token or finishes for `no_progress_steps`
 iterations fails (`no_progress`).
 
@@ -29,22 +29,22 @@ from typing import Optional, Sequence
 import numpy as np
 from numpy.typing import NDArray
 
-from orca_jax.core import request_export
-from orca_jax.core.admission import reject_impossible
-from orca_jax.core.engine_api import Engine
-from orca_jax.core.executor import Executor
+from orca_jax.core.api.policy import Policy, check_kv_reservation
 from orca_jax.core.kv import KV_LAYOUTS, KVMemory, preempt
-from orca_jax.core.packing import SamplingArrays, bucket_config_for
-from orca_jax.core.plan import PlanError, StepPlan
-from orca_jax.core.policy import Policy, check_kv_reservation
-from orca_jax.core.request import Request, RequestState, sort_by_arrival
-from orca_jax.core.request_export import RequestExport
-from orca_jax.core.request_table import RequestTable
-from orca_jax.core.run_record import RunRecord
-from orca_jax.core.scheduler_loop import SchedulerLoop
-from orca_jax.core.scheduler_loop import frozen as _frozen
-from orca_jax.core.view import SchedulerView
-from orca_jax.core.watchdog import ProgressWatchdog
+from orca_jax.core.loop import request_export
+from orca_jax.core.loop.admission import reject_impossible
+from orca_jax.core.loop.executor import Executor
+from orca_jax.core.loop.request_export import RequestExport
+from orca_jax.core.loop.scheduler_loop import SchedulerLoop
+from orca_jax.core.loop.scheduler_loop import frozen as _frozen
+from orca_jax.core.loop.watchdog import ProgressWatchdog
+from orca_jax.core.plans.plan import PlanError, StepPlan
+from orca_jax.core.plans.view import SchedulerView
+from orca_jax.core.requests.request import Request, RequestState, sort_by_arrival
+from orca_jax.core.requests.request_table import RequestTable
+from orca_jax.core.requests.run_record import RunRecord
+from orca_jax.core.step.engine_api import Engine
+from orca_jax.core.step.packing import SamplingArrays, bucket_config_for
 
 # Plain ints: IntEnum attribute lookups cost a microsecond each on the hot path.
 _PENDING, _WAITING, _RUNNING, _AWAY = (int(RequestState.PENDING), int(RequestState.WAITING),
@@ -73,7 +73,7 @@ class SchedulerConfig:
         are no longer bit-for-bit repeatable).
       overlap: plan and pack step N+1 while step N runs, its decodes fed step N's
         tokens on the device and N's tokens read back one step late
-        (`orca_jax.core.executor`); plans, steps and tokens are the same as without.
+        (`orca_jax.core.loop.executor`); plans, steps and tokens are the same as without.
         Needs an engine that `feeds_tokens`, and not active with prefix caching
         (pages are named by token values before the next plan) or `kv_handoff` (the
         transfer carries the first token); else it runs in step.

@@ -14,7 +14,7 @@ from typing import Callable
 import numpy as np
 from numpy.typing import NDArray
 
-from orca_jax.core.plan import PlanError
+from orca_jax.core.plans.plan import PlanError
 
 
 class ProgressWatchdog:

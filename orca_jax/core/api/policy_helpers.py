@@ -26,9 +26,9 @@ from typing import Optional
 import numpy as np
 from numpy.typing import NDArray
 
-from orca_jax.core.plan import StepPlan
-from orca_jax.core.request import RequestState
-from orca_jax.core.view import SchedulerView
+from orca_jax.core.plans.plan import StepPlan
+from orca_jax.core.plans.view import SchedulerView
+from orca_jax.core.requests.request import RequestState
 
 
 def fit_to_budget(ids: NDArray[np.int64],  # [n] in priority order

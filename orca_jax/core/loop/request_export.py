@@ -33,12 +33,12 @@ from typing import Optional, Protocol
 import numpy as np
 from numpy.typing import NDArray
 
-from orca_jax.core.engine_api import Engine
 from orca_jax.core.kv import KVCapacity, KVPool
 from orca_jax.core.kv.prefix_hits import PrefixHits
-from orca_jax.core.request import Request, RequestState
-from orca_jax.core.request_table import RequestTable
-from orca_jax.core.scheduler_state import SchedulerLimits
+from orca_jax.core.plans.scheduler_state import SchedulerLimits
+from orca_jax.core.requests.request import Request, RequestState
+from orca_jax.core.requests.request_table import RequestTable
+from orca_jax.core.step.engine_api import Engine
 
 _WAITING, _RUNNING, _FINISHED, _AWAY = (int(RequestState.WAITING), int(RequestState.RUNNING),
                                         int(RequestState.FINISHED),

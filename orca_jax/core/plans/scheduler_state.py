@@ -14,8 +14,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from orca_jax.core.kv import KVCapacity, KVPool
-from orca_jax.core.packing import BucketConfig
-from orca_jax.core.request_table import RequestTable
+from orca_jax.core.requests.request_table import RequestTable
+from orca_jax.core.step.packing import BucketConfig
 
 
 class SchedulerLimits(Protocol):

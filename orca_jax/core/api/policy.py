@@ -25,10 +25,10 @@ from typing import ClassVar, Mapping, Sequence, Type, Union
 import numpy as np
 from numpy.typing import NDArray
 
-from orca_jax.core import plugins
-from orca_jax.core.plan import StepPlan
-from orca_jax.core.plugins import PolicyLoadError, parse_options  # noqa: F401  (the policy API)
-from orca_jax.core.view import SchedulerView
+from orca_jax.core.api import plugins
+from orca_jax.core.api.plugins import PolicyLoadError, parse_options  # noqa: F401  (the policy API)
+from orca_jax.core.plans.plan import StepPlan
+from orca_jax.core.plans.view import SchedulerView
 
 KV_RESERVATIONS = ("none", "max", "pow2", "exact")  # the values of `Policy.kv_reservation`
 

@@ -5,7 +5,7 @@ and `update(step, result)` (its second phase). The executor does the middle and
 moves the clock: over an idle gap to the next arrival, and past each step by the
 step's seconds (and, with `count_host_time`, the host's).
 
-Its queue holds the steps in flight (`orca_jax.core.in_flight`): those
+Its queue holds the steps in flight (`orca_jax.core.loop.in_flight`): those
 dispatched whose sampled tokens are not read back yet. `depth` is how many
 steps are in flight right after one is dispatched:
 
@@ -30,9 +30,9 @@ from typing import Callable, Optional, Protocol, Sized, Union
 import numpy as np
 from numpy.typing import NDArray
 
-from orca_jax.core.engine_api import Engine, PackedStep, StepOutput
-from orca_jax.core.in_flight import StepsInFlight
-from orca_jax.core.scheduled_step import IdleStep, ScheduledStep, StepResult
+from orca_jax.core.loop.in_flight import StepsInFlight
+from orca_jax.core.loop.scheduled_step import IdleStep, ScheduledStep, StepResult
+from orca_jax.core.step.engine_api import Engine, PackedStep, StepOutput
 
 
 class HostClockConfig(Protocol):
