@@ -8,6 +8,7 @@ at load time. Policies and routers see the run's `--seed` and SLOs.
 
 import dataclasses
 import json
+from typing import ClassVar
 
 import numpy as np
 import pytest
@@ -24,7 +25,8 @@ from orca_jax import (
     plan_in_order,
     register,
 )
-from orca_jax.cluster.routing import Router, register_router
+from orca_jax.cluster import routing
+from orca_jax.cluster.routing import Router
 from orca_jax.runner.experiment import run_policy
 from orca_jax.runner.spec import ClusterSpec, LimitsSpec, RunSpec, SimEngineSpec, WorkloadSpec
 from orca_jax.sim.cost_model import CostModelConfig
@@ -180,10 +182,14 @@ def test_a_policy_sees_the_runs_slos_and_seed(monkeypatch):
     assert set(made[1].seen) == {(None, 0.05, 0)}
 
 
-@register_router("test_random")
 @dataclasses.dataclass
 class RandomRouter(Router):
-    """Sends each request to a replica drawn from a generator seeded by the run (test)."""
+    """Sends each request to a replica drawn from a generator seeded by the run (test).
+    Registered only while its test runs: a router registered for the whole session would
+    show in `--router`'s help, which test_flag_spec_consistency checks against the
+    built-in registry."""
+
+    name: ClassVar[str] = "test_random"
 
     _rng: object = dataclasses.field(default=None, init=False, repr=False)
 
@@ -193,7 +199,8 @@ class RandomRouter(Router):
         return int(self._rng.integers(view.num_replicas))
 
 
-def test_a_randomized_router_varies_with_the_seed_and_repeats_with_it():
+def test_a_randomized_router_varies_with_the_seed_and_repeats_with_it(monkeypatch):
+    monkeypatch.setitem(routing._ROUTERS, RandomRouter.name, RandomRouter)
     def routes(seed: int) -> list[int]:
         spec = RunSpec(workload=WorkloadSpec(arrival="poisson", rate=20.0, num_requests=40,
                                              prompt_len="fixed:8", output_len="fixed:2"),
