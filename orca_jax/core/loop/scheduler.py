@@ -58,7 +58,7 @@ class Scheduler(SchedulerLoop):
       requests: the workload (any order; indexed by arrival order).
       policy: the scheduling policy (fresh: policies keep bookkeeping).
       engine: a JaxEngine or SimEngine.
-      config: the mechanism's limits.
+      config: the mechanism's settings, in parts (`SchedulerConfig`).
       submitted_only: no request arrives on its own: each comes by `submit` (a
         cluster's router) or `import_request` (a transfer, a migration), and one
         never given counts as routed away (a replica of a cluster).
