@@ -149,10 +149,11 @@ def _spec(args: argparse.Namespace, model: str, clock: str, *, num_requests: int
 def scheduler_config_buckets(spec: RunSpec) -> list[Bucket]:
     """The buckets a run of `spec` uses (warm-up happens before timing)."""
     config = scheduler_config(spec)
-    return bucket_config_for(max_num_tokens=config.max_num_tokens,
-                             max_num_seqs=config.max_num_seqs,
-                             max_model_len=config.max_model_len, page_size=config.page_size,
-                             token_sizes=config.token_buckets).buckets()
+    limits = config.limits
+    return bucket_config_for(max_num_tokens=limits.max_num_tokens,
+                             max_num_seqs=limits.max_num_seqs,
+                             max_model_len=limits.max_model_len, page_size=config.kv.page_size,
+                             token_sizes=limits.token_buckets).buckets()
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ average is printed: host and device share the CPU's cores here.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import platform
 import statistics
@@ -32,6 +33,7 @@ import time
 import jax
 import numpy as np
 
+from orca_jax import KVConfig, LoopFeatures, StepLimits
 from orca_jax.core.api.policy import make_policy
 from orca_jax.core.loop.scheduler import Scheduler, SchedulerConfig
 from orca_jax.core.step.engine_api import Engine
@@ -49,19 +51,20 @@ def _engine(model, config: SchedulerConfig, *, feed: bool) -> Engine:
     # measured time would make the scheduler wait for the step it overlaps).
     # The attention a run gets by default (--attention=auto).
     attention = "pallas" if jax.default_backend() == "gpu" else "bucketed"
-    pages_per_seq = -(-config.max_model_len // config.page_size)
+    limits, kv = config.limits, config.kv
+    pages_per_seq = -(-limits.max_model_len // kv.page_size)
     engine: Engine = JaxEngine(model, weights.init_params(model, seed=0),
-                               num_cache_pages=config.num_kv_pages + 1,
-                               page_size=config.page_size, pages_per_seq=pages_per_seq,
+                               num_cache_pages=kv.num_kv_pages + 1,
+                               page_size=kv.page_size, pages_per_seq=pages_per_seq,
                                feed_tokens=feed, attention=attention)
     if feed:
-        engine = ProfiledClock(engine, max_model_len=config.max_model_len,
-                               page_size=config.page_size, pages_per_seq=pages_per_seq,
-                               num_pages=config.num_kv_pages + 1)
-    engine.warmup(bucket_config_for(max_num_tokens=config.max_num_tokens,
-                                    max_num_seqs=config.max_num_seqs,
-                                    max_model_len=config.max_model_len,
-                                    page_size=config.page_size).buckets())
+        engine = ProfiledClock(engine, max_model_len=limits.max_model_len,
+                               page_size=kv.page_size, pages_per_seq=pages_per_seq,
+                               num_pages=kv.num_kv_pages + 1)
+    engine.warmup(bucket_config_for(max_num_tokens=limits.max_num_tokens,
+                                    max_num_seqs=limits.max_num_seqs,
+                                    max_model_len=limits.max_model_len,
+                                    page_size=kv.page_size).buckets())
     return engine
 
 
@@ -99,9 +102,10 @@ def main() -> None:
               f"{'max':>7} {'wall_in_step':>12} {'wall_overlap':>12} {'overlap/max':>11}")
     for name in args.models:
         model = get_model_config(name)
-        config = SchedulerConfig(max_num_seqs=args.max_num_seqs,
-                                 max_num_tokens=args.max_num_tokens, page_size=16,
-                                 max_model_len=256, num_kv_pages=args.max_num_seqs * 16)
+        config = SchedulerConfig(limits=StepLimits(max_num_seqs=args.max_num_seqs,
+                                                   max_num_tokens=args.max_num_tokens,
+                                                   max_model_len=256),
+                                 kv=KVConfig(page_size=16, num_kv_pages=args.max_num_seqs * 16))
         requests = synthetic_workload(num_requests=args.num_requests, arrival="burst",
                                       rate=None, prompt_len=args.prompt_len,
                                       output_len=args.output_len, seed=0,
@@ -111,10 +115,10 @@ def main() -> None:
         print(header)
         rows = []
         for repeat in range(args.repeats):
-            plain = _serve(requests, in_step, SchedulerConfig(**{**config.__dict__,
-                                                                 "overlap": False}))
-            fed = _serve(requests, overlapped, SchedulerConfig(**{**config.__dict__,
-                                                                  "overlap": True}))
+            plain = _serve(requests, in_step, dataclasses.replace(
+                config, features=LoopFeatures(overlap=False)))
+            fed = _serve(requests, overlapped, dataclasses.replace(
+                config, features=LoopFeatures(overlap=True)))
             assert fed["overlapped"] and not plain["overlapped"]
             assert fed["tokens"] == plain["tokens"], "overlap changed the tokens"
             assert fed["steps"] == plain["steps"]

@@ -71,11 +71,12 @@ def main() -> None:
         start = time.perf_counter()
         wall = build_engine(spec, config)  # a JaxEngine on the wall clock
         # The profiled clock over the very same compiled engine, as `build_engine` makes it.
-        profiled = ProfiledClock(wall, max_model_len=config.max_model_len,
-                                 page_size=config.page_size,
-                                 pages_per_seq=pages_per_seq_for(config.max_model_len,
-                                                                 config.page_size),
-                                 num_pages=config.num_kv_pages + 1)
+        limits, kv = config.limits, config.kv
+        profiled = ProfiledClock(wall, max_model_len=limits.max_model_len,
+                                 page_size=kv.page_size,
+                                 pages_per_seq=pages_per_seq_for(limits.max_model_len,
+                                                                 kv.page_size),
+                                 num_pages=kv.num_kv_pages + 1)
         profiled.warmup(_buckets(config))
         warm_s = time.perf_counter() - start
         requests = build_workload(spec)
@@ -114,10 +115,11 @@ def main() -> None:
 
 
 def _buckets(config: SchedulerConfig) -> list[Bucket]:
-    return bucket_config_for(max_num_tokens=config.max_num_tokens,
-                             max_num_seqs=config.max_num_seqs,
-                             max_model_len=config.max_model_len, page_size=config.page_size,
-                             token_sizes=config.token_buckets).buckets()
+    limits = config.limits
+    return bucket_config_for(max_num_tokens=limits.max_num_tokens,
+                             max_num_seqs=limits.max_num_seqs,
+                             max_model_len=limits.max_model_len, page_size=config.kv.page_size,
+                             token_sizes=limits.token_buckets).buckets()
 
 
 if __name__ == "__main__":

@@ -54,7 +54,7 @@ import numpy as np
 
 import policies
 from benchmarks.old_revision import REPO, interleaved, median_ratio, revision_tree, tree_env
-from orca_jax import Request, Scheduler, SchedulerConfig, StepOutput
+from orca_jax import KVConfig, Request, Scheduler, SchedulerConfig, StepLimits, StepOutput
 
 LOOP_COLUMNS = (f"{'context':>8} {'running':>8} {'caching':>8} {'us/iter (median)':>17} "
                 f"{'us/iter (p90)':>14} {'us/request':>11}")
@@ -86,10 +86,11 @@ def measure(policy: str, num_running: int, num_steps: int, options: dict[str, st
     requests = [Request(id=i, arrival_s=0.0, prompt_len=64, output_len=context - 64,
                         prompt_tokens=rng.integers(1, 32000, size=64, dtype=np.int32))
                 for i in range(num_running)]
-    config = SchedulerConfig(max_num_seqs=num_running,
-                             max_num_tokens=max(2048, num_running * 64),
-                             num_kv_pages=num_running * context // 16, page_size=16,
-                             max_model_len=context, enable_prefix_caching=prefix_caching)
+    config = SchedulerConfig(limits=StepLimits(max_num_seqs=num_running,
+                                               max_num_tokens=max(2048, num_running * 64),
+                                               max_model_len=context),
+                             kv=KVConfig(num_kv_pages=num_running * context // 16, page_size=16,
+                                         enable_prefix_caching=prefix_caching))
     scheduler = Scheduler(requests, policies.make_policy(policy, options), NullEngine(), config)
     scheduler.engine.warmup(scheduler.bucket_config.buckets())
     everyone = np.arange(num_running)

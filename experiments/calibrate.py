@@ -97,15 +97,16 @@ def run_calibration(spec: RunSpec, policies: Sequence[str], out_dir: str, *,
     engine_spec = dataclasses.replace(spec.engine, clock="wall")
     spec = dataclasses.replace(spec, engine=engine_spec)
     config = build.scheduler_config(spec)
+    limits, page_size = config.limits, config.kv.page_size
     engine = build.build_engine(spec, config)
-    buckets = bucket_config_for(max_num_tokens=config.max_num_tokens,
-                                max_num_seqs=config.max_num_seqs,
-                                max_model_len=config.max_model_len, page_size=config.page_size,
-                                token_sizes=config.token_buckets).buckets()
+    buckets = bucket_config_for(max_num_tokens=limits.max_num_tokens,
+                                max_num_seqs=limits.max_num_seqs,
+                                max_model_len=limits.max_model_len, page_size=page_size,
+                                token_sizes=limits.token_buckets).buckets()
     os.makedirs(out_dir, exist_ok=True)
     load_before = os.getloadavg()[0]
     engine.warmup(buckets)
-    grid = profile_grid(buckets, max_model_len=config.max_model_len, page_size=config.page_size,
+    grid = profile_grid(buckets, max_model_len=limits.max_model_len, page_size=page_size,
                         pages_per_seq=engine.pages_per_seq, num_pages=engine.num_cache_pages)
     time_grid(engine, grid, 1)
     times = time_grid(engine, grid, num_repeats)
@@ -130,7 +131,7 @@ def run_calibration(spec: RunSpec, policies: Sequence[str], out_dir: str, *,
             log(f"{policy} real run {index}: load {os.getloadavg()[0]:.2f}")
 
     samples = samples_from_times(grid, times)
-    fit = fit_linear(samples, config.page_size, statistic)
+    fit = fit_linear(samples, page_size, statistic)
     residuals = [predict(fit, s) / (s.seconds if statistic == "median" else s.mean_s) - 1
                  for s in samples]
     quality = {"num_samples": len(samples), "num_passes": len(times),
@@ -144,7 +145,7 @@ def run_calibration(spec: RunSpec, policies: Sequence[str], out_dir: str, *,
          "fit_error": residual} for sample, residual in zip(samples, residuals)))
     fit_path = os.path.join(out_dir, "cost_fit.json")
     save_fit(fit_path, fit, {"model": engine_spec.model, "dtype": engine_spec.dtype, "attention":
-                             engine.attention, "page_size": config.page_size,
+                             engine.attention, "page_size": page_size,
                              "statistic": statistic, **quality})
     log(f"fit: {len(samples)} compositions x {len(times)} passes, median |error| "
         f"{100 * quality['fit_abs_error_median']:.1f}%, repeat spread "
@@ -152,8 +153,8 @@ def run_calibration(spec: RunSpec, policies: Sequence[str], out_dir: str, *,
 
     sim_spec = dataclasses.replace(
         spec, engine=SimEngineSpec(model=engine_spec.model, tp=engine_spec.tp, cost_fit=fit_path),
-        limits=dataclasses.replace(spec.limits, num_kv_pages=config.num_kv_pages,
-                                   max_model_len=config.max_model_len))
+        limits=dataclasses.replace(spec.limits, num_kv_pages=config.kv.num_kv_pages,
+                                   max_model_len=limits.max_model_len))
     rows = []
     for policy in policies:
         label = policy.replace("/", "_").replace(":", "_")

@@ -208,7 +208,7 @@ def main(argv: list[str]) -> None:
     for label in labels:
         row = summaries[label][0] if repeats == 1 else over_repeats(summaries[label])
         rows.append({**row, "policy": label, "kv_reservation": kv_reservation[label],
-                     "count_host_time": config.count_host_time,
+                     "count_host_time": config.features.count_host_time,
                      "num_buckets": len(token_sizes(spec))})
     columns = [run_flags.TABLE_COLUMNS[0], *FAIRNESS_COLUMNS, *run_flags.TABLE_COLUMNS[1:]]
     table = format_table(table_rows(rows), columns)

@@ -26,19 +26,24 @@ from orca_jax.cluster.routing import ClusterView, Router, register_router
 from orca_jax.core.api.plugins import PolicyLoadError, parse_options
 from orca_jax.core.api.policy import Policy, make_policy, register, registered_policies
 from orca_jax.core.api.policy_helpers import fit_to_budget, plan_in_order
-from orca_jax.core.loop.scheduler import Scheduler, SchedulerConfig
+from orca_jax.core.kv.config import KVConfig
+from orca_jax.core.loop.config import LoopFeatures, SchedulerConfig
+from orca_jax.core.loop.scheduler import Scheduler
+from orca_jax.core.plans.limits import SLOTargets, StepLimits
 from orca_jax.core.plans.plan import PlanError, StepPlan
 from orca_jax.core.plans.view import SchedulerView
 from orca_jax.core.requests.request import Request, RequestState
 from orca_jax.core.step.engine_api import Bucket, Engine, StepInputs, StepOutput
+from orca_jax.core.step.sampling import SamplingConfig
 
 _legacy.install()
 
 __version__ = "0.2.0"  # setup.cfg's version says the same (tests/test_version.py)
 
 __all__ = [
-    "Bucket", "ClusterView", "Engine", "PlanError", "Policy", "PolicyLoadError", "Request",
-    "RequestState", "Router", "Scheduler", "SchedulerConfig", "SchedulerView", "StepInputs",
-    "StepOutput", "StepPlan", "fit_to_budget", "make_policy", "parse_options", "plan_in_order",
-    "register", "register_router", "registered_policies",
+    "Bucket", "ClusterView", "Engine", "KVConfig", "LoopFeatures", "PlanError", "Policy",
+    "PolicyLoadError", "Request", "RequestState", "Router", "SLOTargets", "SamplingConfig",
+    "Scheduler", "SchedulerConfig", "SchedulerView", "StepInputs", "StepLimits", "StepOutput",
+    "StepPlan", "fit_to_budget", "make_policy", "parse_options", "plan_in_order", "register",
+    "register_router", "registered_policies",
 ]

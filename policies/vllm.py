@@ -67,7 +67,7 @@ class VLLM(Policy):
         priority` (lower value = more urgent).
       enable_prefix_caching: opt in to the core's prefix caching (vLLM's
         `--enable-prefix-caching`, on by default); it is active only where
-        `SchedulerConfig.enable_prefix_caching` is on too.
+        `SchedulerConfig.kv.enable_prefix_caching` is on too.
     """
 
     renamed_options = {"max_num_batched_tokens": "max_num_tokens"}

@@ -8,7 +8,6 @@ their whole context fit the pool but not beside the watermark, they were never
 rejected and never admitted, and the run died with `no_progress`.
 """
 
-import dataclasses
 
 import numpy as np
 import pytest
@@ -16,7 +15,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_scheduler_invariants import BUILTIN_POLICIES, make_builtin, sim_engine
 
-from orca_jax import Request, RequestState, Scheduler, SchedulerConfig, make_policy
+from orca_jax import (
+    KVConfig,
+    Request,
+    RequestState,
+    Scheduler,
+    SchedulerConfig,
+    StepLimits,
+    make_policy,
+)
 from orca_jax.core.api.policy import Policy
 
 RESERVING = ("orca", "static")  # the policies with a kv_reservation knob
@@ -52,8 +59,8 @@ def assert_each_finished_or_rejected_with_reason(scheduler: Scheduler) -> None:
 def test_the_watermark_case_is_rejected_up_front_with_its_reason(policy_name):
     # Prompt 15 + output 1 = 16 pages of 1 token: the whole pool, 2 more than fit beside
     # the watermark; the nine on-demand policies used to die here with no_progress.
-    config = SchedulerConfig(max_num_seqs=4, max_num_tokens=16, num_kv_pages=16, page_size=1,
-                             max_model_len=16, watermark_pages=2)
+    config = SchedulerConfig(limits=StepLimits(max_num_seqs=4, max_num_tokens=16, max_model_len=16),
+                             kv=KVConfig(num_kv_pages=16, page_size=1, watermark_pages=2))
     requests = [Request(id=0, arrival_s=0.0, prompt_len=15, output_len=1)]
     scheduler = Scheduler(requests, make_builtin(policy_name), sim_engine(), config)
     assert scheduler.table.state[0] == RequestState.REJECTED
@@ -66,8 +73,8 @@ def test_the_watermark_case_is_rejected_up_front_with_its_reason(policy_name):
 @pytest.mark.parametrize("policy_name", BUILTIN_POLICIES)
 def test_a_request_that_fits_beside_the_watermark_runs(policy_name):
     # One token less: 15 pages of 16 with a watermark of 1 leaves the watermark free.
-    config = SchedulerConfig(max_num_seqs=4, max_num_tokens=16, num_kv_pages=16, page_size=1,
-                             max_model_len=15, watermark_pages=1)
+    config = SchedulerConfig(limits=StepLimits(max_num_seqs=4, max_num_tokens=16, max_model_len=15),
+                             kv=KVConfig(num_kv_pages=16, page_size=1, watermark_pages=1))
     requests = [Request(id=0, arrival_s=0.0, prompt_len=14, output_len=1)]
     scheduler = Scheduler(requests, make_builtin(policy_name), sim_engine(), config)
     run_to_end(scheduler)
@@ -80,11 +87,13 @@ def small_runs(draw):
     page_size = draw(st.sampled_from([1, 2, 4, 16]))
     max_model_len = draw(st.sampled_from([8, 16, 32, 64]))
     num_kv_pages = draw(st.integers(2, 24))
-    config = SchedulerConfig(
-        max_num_seqs=draw(st.integers(1, 4)), max_num_tokens=draw(st.sampled_from([4, 8, 64])),
-        num_kv_pages=num_kv_pages, page_size=page_size, max_model_len=max_model_len,
-        watermark_pages=draw(st.integers(0, min(4, num_kv_pages - 1))),
-        enable_prefix_caching=draw(st.booleans()))
+    config = SchedulerConfig(limits=StepLimits(max_num_seqs=draw(st.integers(1, 4)),
+                                               max_num_tokens=draw(st.sampled_from([4, 8, 64])),
+                                               max_model_len=max_model_len),
+                             kv=KVConfig(num_kv_pages=num_kv_pages, page_size=page_size,
+                                         watermark_pages=draw(
+                                             st.integers(0, min(4, num_kv_pages - 1))),
+                                         enable_prefix_caching=draw(st.booleans())))
     requests = [Request(id=i, arrival_s=draw(st.sampled_from([0.0, 0.0, 0.005, 0.05])),
                         prompt_len=draw(st.integers(1, 70)), output_len=draw(st.integers(1, 20)))
                 for i in range(draw(st.integers(1, 6)))]
@@ -98,7 +107,7 @@ def small_runs(draw):
 def test_every_request_finishes_or_is_rejected_with_a_reason(policy_name, run):
     requests, config, reservation, layout = run
     if layout == "buddy" and policy_name in RESERVING:  # buddy needs a reserving policy
-        config = dataclasses.replace(config, kv_layout="buddy", enable_prefix_caching=False)
+        config = config.with_knobs(kv_layout="buddy", enable_prefix_caching=False)
     scheduler = Scheduler(requests, build(policy_name, reservation), sim_engine(), config)
     run_to_end(scheduler)  # a stranded request would raise PlanError (no_progress)
     assert_each_finished_or_rejected_with_reason(scheduler)
@@ -106,7 +115,8 @@ def test_every_request_finishes_or_is_rejected_with_a_reason(policy_name, run):
     # Nothing that fits is turned away: a request whose whole context fits beside the
     # watermark (unreserved) always runs.
     total = scheduler.table.prompt_len + scheduler.table.output_len  # arrival order
-    fits = ((-(-total // config.page_size) + config.watermark_pages <= config.num_kv_pages)
-            & (total <= config.max_model_len))
+    kv = config.kv
+    fits = ((-(-total // kv.page_size) + kv.watermark_pages <= kv.num_kv_pages)
+            & (total <= config.limits.max_model_len))
     if policy_name not in RESERVING:
         np.testing.assert_array_equal(rejected, ~fits)

@@ -6,7 +6,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import policies  # noqa: F401  (registers the built-in policies)
-from orca_jax import PlanError, Request, RequestState, Scheduler, SchedulerConfig, StepPlan
+from orca_jax import (
+    KVConfig,
+    PlanError,
+    Request,
+    RequestState,
+    Scheduler,
+    SchedulerConfig,
+    StepLimits,
+    StepPlan,
+)
 from orca_jax.core.api.policy import Policy, make_policy
 from orca_jax.core.kv import make_pool
 from orca_jax.core.kv.buddy import BuddyAllocator, block_order, block_pages
@@ -146,10 +155,11 @@ def engine() -> SimEngine:
 
 def test_buddy_needs_a_reserving_policy():
     with pytest.raises(ValueError, match="kv_layout"):
-        SchedulerConfig(kv_layout="contiguous")
+        SchedulerConfig(kv=KVConfig(kv_layout="contiguous"))
     requests = [Request(id=0, arrival_s=0.0, prompt_len=4, output_len=2)]
     with pytest.raises(ValueError, match="reserving kv_reservation"):
-        Scheduler(requests, make_policy("vllm"), engine(), SchedulerConfig(kv_layout="buddy"))
+        Scheduler(requests, make_policy("vllm"), engine(),
+                  SchedulerConfig(kv=KVConfig(kv_layout="buddy")))
 
 
 class AdmitAll(Policy):
@@ -169,8 +179,8 @@ def test_a_plan_no_block_fits_is_rejected_and_changes_nothing():
     requests = ([Request(id=i, arrival_s=0.0, prompt_len=8, output_len=o)
                  for i, o in enumerate((1, 8, 1, 8))]
                 + [Request(id=4, arrival_s=0.001, prompt_len=8, output_len=24)])
-    config = SchedulerConfig(max_num_seqs=8, max_num_tokens=64, num_kv_pages=16, page_size=4,
-                             max_model_len=32, kv_layout="buddy")
+    config = SchedulerConfig(limits=StepLimits(max_num_seqs=8, max_num_tokens=64, max_model_len=32),
+                             kv=KVConfig(num_kv_pages=16, page_size=4, kv_layout="buddy"))
     scheduler = Scheduler(requests, AdmitAll(), engine(), config)
     scheduler.step()  # admits 0-3 and computes their prompts; 0 and 2 finish
     assert scheduler.kv.num_free == 8
@@ -192,8 +202,8 @@ def test_a_request_larger_than_the_largest_block_is_rejected_up_front():
     # 12 pages: blocks of 8 and 4. A 9-page reservation rounds to 16: it never fits.
     requests = [Request(id=0, arrival_s=0.0, prompt_len=30, output_len=6),
                 Request(id=1, arrival_s=0.0, prompt_len=8, output_len=4)]
-    config = SchedulerConfig(max_num_seqs=4, max_num_tokens=64, num_kv_pages=12, page_size=4,
-                             max_model_len=64, kv_layout="buddy")
+    config = SchedulerConfig(limits=StepLimits(max_num_seqs=4, max_num_tokens=64, max_model_len=64),
+                             kv=KVConfig(num_kv_pages=12, page_size=4, kv_layout="buddy"))
     scheduler = Scheduler(requests, make_policy("orca", {"kv_reservation": "exact"}), engine(),
                           config)
     assert scheduler.table.state[0] == RequestState.REJECTED
@@ -212,9 +222,9 @@ def test_reserving_policies_never_overcommit_a_buddy_pool(policy_name, reservati
     requests = synthetic_workload(num_requests=30, arrival="poisson", rate=200.0,
                                   prompt_len="lognormal:20:1", output_len="uniform:1:40",
                                   seed=seed)
-    config = SchedulerConfig(max_num_seqs=8, max_num_tokens=64, num_kv_pages=num_pages,
-                             page_size=4, max_model_len=64, watermark_pages=watermark,
-                             kv_layout="buddy")
+    config = SchedulerConfig(limits=StepLimits(max_num_seqs=8, max_num_tokens=64, max_model_len=64),
+                             kv=KVConfig(num_kv_pages=num_pages, page_size=4,
+                                         watermark_pages=watermark, kv_layout="buddy"))
     policy = make_policy(policy_name, {"kv_reservation": reservation})
     scheduler = Scheduler(requests, policy, engine(), config)
     scheduler.engine.warmup(scheduler.bucket_config.buckets())

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import policies
-from orca_jax import Request, SchedulerConfig
+from orca_jax import KVConfig, Request, SchedulerConfig, StepLimits
 from orca_jax.cluster.replicas import Cluster
 from orca_jax.cluster.routing import ClusterView, make_router
 from orca_jax.sim.cost_model import CostModelConfig
@@ -16,8 +16,8 @@ from orca_jax.workloads.prefix_workloads import shared_prefix_workload
 from policies.routers import HashRing, PrefixHash
 
 PAGE = 4
-CONFIG = SchedulerConfig(max_num_seqs=8, max_num_tokens=128, num_kv_pages=64, page_size=PAGE,
-                         max_model_len=128)
+CONFIG = SchedulerConfig(limits=StepLimits(max_num_seqs=8, max_num_tokens=128, max_model_len=128),
+                         kv=KVConfig(num_kv_pages=64, page_size=PAGE))
 
 
 def request(i, prefix, arrival_s, output_len=2, suffix=3):

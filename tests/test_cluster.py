@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import policies
-from orca_jax import Request, Scheduler, SchedulerConfig
+from orca_jax import KVConfig, Request, Scheduler, SchedulerConfig, StepLimits
 from orca_jax.cluster.replicas import Cluster
 from orca_jax.core.api.policy import PolicyLoadError
 from orca_jax.core.plans.plan import PlanError
@@ -24,8 +24,8 @@ from orca_jax.sim.engine import SimEngine
 from orca_jax.workloads.synthetic import synthetic_workload
 
 REPO = Path(__file__).resolve().parents[1]
-CONFIG = SchedulerConfig(max_num_seqs=8, max_num_tokens=256, num_kv_pages=120, page_size=16,
-                         max_model_len=512)
+CONFIG = SchedulerConfig(limits=StepLimits(max_num_seqs=8, max_num_tokens=256, max_model_len=512),
+                         kv=KVConfig(num_kv_pages=120, page_size=16))
 
 
 def _engine():
@@ -64,7 +64,7 @@ def test_a_one_replica_cluster_is_the_plain_scheduler(policy):
 def test_each_replica_serves_its_share_as_if_alone(router):
     # Under KV pressure (vllm preempts), so stepping replicas up to each arrival
     # must not change what any of them does with the requests it was sent.
-    tight = dataclasses.replace(CONFIG, num_kv_pages=30)
+    tight = CONFIG.with_knobs(num_kv_pages=30)
     requests = _workload(n=90, rate=400.0)
     cluster = _cluster(requests, 3, router, "vllm", tight)
     by_id = {request_id: i for i, request_id in enumerate(cluster.request_ids)}

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import policies
-from orca_jax import Request, SchedulerConfig
+from orca_jax import KVConfig, Request, SchedulerConfig, StepLimits
 from orca_jax.cluster.disaggregated import DisaggregatedCluster, PoolSpec
 from orca_jax.cluster.transfers import KVTransferCost, kv_transfer_cost
 from orca_jax.core.requests.request import RequestState
@@ -18,8 +18,8 @@ from orca_jax.specs.hardware import KVLinkSpec, get_kv_link
 from orca_jax.specs.model_config import get_model_config
 
 STEP_S = 0.01
-CONFIG = SchedulerConfig(max_num_seqs=8, max_num_tokens=256, num_kv_pages=64, page_size=16,
-                         max_model_len=512)
+CONFIG = SchedulerConfig(limits=StepLimits(max_num_seqs=8, max_num_tokens=256, max_model_len=512),
+                         kv=KVConfig(num_kv_pages=64, page_size=16))
 # 1,000 bytes per token over 1 MB/s after 1 ms: a 100-token prompt takes 0.101 s.
 SLOW_LINK = KVLinkSpec(name="slow", latency_s=1e-3, bytes_per_s=1e6)
 
@@ -106,7 +106,7 @@ def test_two_slots_per_link_let_two_transfers_overlap():
 
 def test_a_transfer_waits_for_room_in_the_decode_pool():
     # The decode pool holds one request's KV (8 pages of 16: 100 + 20 tokens need 8).
-    small = dataclasses.replace(CONFIG, num_kv_pages=8)
+    small = CONFIG.with_knobs(num_kv_pages=8)
     requests = [_request(i, 0.0, 100, 20) for i in range(3)]
     cluster, result = _run(requests, link=get_kv_link("nvlink"), bytes_per_token=1,
                            decode_config=small)
@@ -124,11 +124,11 @@ def test_a_one_token_answer_never_leaves_the_prefill_replica():
     assert [t.request for t in result.transfers] == [1]
     assert result.state.tolist() == [RequestState.FINISHED] * 2
     assert result.replica.tolist() == [-1, 1]
-    assert cluster.prefill[0].kv.num_free == CONFIG.num_kv_pages
+    assert cluster.prefill[0].kv.num_free == CONFIG.kv.num_kv_pages
 
 
 def test_requests_too_long_for_the_decode_pool_are_rejected_before_their_prefill():
-    small = dataclasses.replace(CONFIG, num_kv_pages=4)  # 64 tokens
+    small = CONFIG.with_knobs(num_kv_pages=4)  # 64 tokens
     cluster, result = _run([_request(0, 0.0, 40, 2), _request(1, 0.0, 40, 40)],
                            decode_config=small)
     assert result.state.tolist() == [RequestState.FINISHED, RequestState.REJECTED]
@@ -167,8 +167,8 @@ def test_every_request_is_served_exactly_once(requests, num_prefill, num_decode,
                                               decode_policy):
     link = dataclasses.replace(SLOW_LINK, latency_s=0.002, bytes_per_s=2e5,
                                max_concurrent=max_concurrent)
-    prefill_config = dataclasses.replace(CONFIG, num_kv_pages=prefill_pages, max_num_seqs=4)
-    decode_config = dataclasses.replace(CONFIG, num_kv_pages=decode_pages, max_num_seqs=3)
+    prefill_config = CONFIG.with_knobs(num_kv_pages=prefill_pages, max_num_seqs=4)
+    decode_config = CONFIG.with_knobs(num_kv_pages=decode_pages, max_num_seqs=3)
     cluster = DisaggregatedCluster(
         requests, prefill=_pool(num_prefill, prefill_policy, prefill_config, "least_outstanding"),
         decode=_pool(num_decode, decode_policy, decode_config, "least_outstanding"),
@@ -209,8 +209,8 @@ def test_received_requests_that_stall_the_decode_pool_give_their_pages_back():
     # Three pages of decode pool: the long request outgrows its two and is preempted while
     # the short ones hold the third; FCFS puts it first, so only a received request giving
     # its pages back (and recomputing) lets the pool move on (without that: no_progress).
-    prefill_config = dataclasses.replace(CONFIG, num_kv_pages=6, max_num_seqs=4)
-    decode_config = dataclasses.replace(CONFIG, num_kv_pages=3, max_num_seqs=3)
+    prefill_config = CONFIG.with_knobs(num_kv_pages=6, max_num_seqs=4)
+    decode_config = CONFIG.with_knobs(num_kv_pages=3, max_num_seqs=3)
     requests = [_request(0, 0.0, 1, 1), _request(1, 0.0, 20, 14),
                 *(_request(i, 0.0, 1, 1) for i in range(2, 8)),
                 _request(8, 0.0, 1, 10), _request(9, 0.0, 1, 2)]

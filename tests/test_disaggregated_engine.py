@@ -7,13 +7,12 @@ run gives it: the decode engine continues from the pages copied out of the
 prefill engine's cache. Without the copy the tokens differ, so the test sees it.
 """
 
-import dataclasses
 
 import numpy as np
 import pytest
 
 import policies
-from orca_jax import Request, Scheduler, SchedulerConfig
+from orca_jax import KVConfig, Request, Scheduler, SchedulerConfig, StepLimits
 from orca_jax.cluster.disaggregated import DisaggregatedCluster, PoolSpec
 from orca_jax.cluster.transfers import KVTransferCost
 from orca_jax.core.requests.run_result import RunResult
@@ -25,8 +24,9 @@ from orca_jax.specs.model_config import get_model_config
 MODEL = get_model_config("tiny")
 PAGE_SIZE = 4
 MAX_LEN = 64
-CONFIG = SchedulerConfig(max_num_seqs=4, max_num_tokens=32, num_kv_pages=48, page_size=PAGE_SIZE,
-                         max_model_len=MAX_LEN, token_buckets=(8, 32))
+CONFIG = SchedulerConfig(limits=StepLimits(max_num_seqs=4, max_num_tokens=32, max_model_len=MAX_LEN,
+                                           token_buckets=(8, 32)),
+                         kv=KVConfig(num_kv_pages=48, page_size=PAGE_SIZE))
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +35,7 @@ def params():
 
 
 def _engine(params):
-    return JaxEngine(MODEL, params, num_cache_pages=CONFIG.num_kv_pages + 1, page_size=PAGE_SIZE,
+    return JaxEngine(MODEL, params, num_cache_pages=CONFIG.kv.num_kv_pages + 1, page_size=PAGE_SIZE,
                      pages_per_seq=MAX_LEN // PAGE_SIZE, attention="reference")
 
 
@@ -112,7 +112,7 @@ def test_without_the_page_copy_the_tokens_differ(params, colocated, monkeypatch)
 
 @pytest.mark.slow
 def test_a_running_request_migrated_between_engines_keeps_its_greedy_tokens(params, colocated):
-    config = dataclasses.replace(CONFIG, enable_prefix_caching=False)  # pages are their own
+    config = CONFIG.with_knobs(enable_prefix_caching=False)  # pages are their own
     a = Scheduler(_requests(), policies.make_policy("vllm"), _engine(params), config)
     b = Scheduler(_requests(), policies.make_policy("vllm"), _engine(params), config,
                   submitted_only=True)

@@ -17,7 +17,8 @@ import policies  # noqa: F401  (registers the built-ins)
 from experiments.policy_flags import resolve_policies
 from orca_jax.core.api import plugins
 from orca_jax.core.api.policy import PolicyLoadError, make_policy, resolve_policy_class
-from orca_jax.core.loop.scheduler import SchedulerConfig
+from orca_jax.core.loop.config import SchedulerConfig
+from orca_jax.core.plans.limits import StepLimits
 from orca_jax.runner.build import check_policy_limits
 from orca_jax.runner.progress import Progress
 
@@ -101,7 +102,7 @@ def test_compare_and_sweep_fail_on_the_last_policy_before_running_anything(
 
 # --------------------------------------------------------------- silent knobs
 def test_a_knob_above_the_scheduler_limit_of_its_name_is_refused_naming_both():
-    config = SchedulerConfig(max_num_seqs=64, max_num_tokens=512)
+    config = SchedulerConfig(limits=StepLimits(max_num_seqs=64, max_num_tokens=512))
     with pytest.raises(PolicyLoadError, match=r"max_num_seqs=256 exceeds the run's "
                                               r"--max_num_seqs=64"):
         check_policy_limits(make_policy("vllm", {"max_num_seqs": "256"}),

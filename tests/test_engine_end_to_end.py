@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import policies
-from orca_jax import Request, Scheduler, SchedulerConfig, StepPlan
+from orca_jax import KVConfig, Request, Scheduler, SchedulerConfig, StepLimits, StepPlan
 from orca_jax.core.api.policy import Policy
 from orca_jax.model.engine import JaxEngine
 from orca_jax.model.llama import dense_forward, init_model
@@ -86,9 +86,11 @@ def _requests(indices):
 
 
 def _run(engine, policy, indices, max_num_seqs=4):
-    config = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_tokens=BUCKETS[-1],
-                             num_kv_pages=4 * MAX_LEN // PAGE_SIZE, page_size=PAGE_SIZE,
-                             max_model_len=MAX_LEN, token_buckets=BUCKETS)
+    config = SchedulerConfig(limits=StepLimits(max_num_seqs=max_num_seqs,
+                                               max_num_tokens=BUCKETS[-1], max_model_len=MAX_LEN,
+                                               token_buckets=BUCKETS),
+                             kv=KVConfig(num_kv_pages=4 * MAX_LEN // PAGE_SIZE,
+                                         page_size=PAGE_SIZE))
     result = Scheduler(_requests(indices), policy, engine, config).run()
     by_id = {request_id: result.output_tokens[i].tolist()
              for i, request_id in enumerate(result.request_ids)}
@@ -145,10 +147,10 @@ def test_prefix_caching_keeps_greedy_tokens(engine, dense_tokens):
                 for i, (p, a, n) in enumerate(zip(prompts, arrivals, outputs))]
 
     def run(num_kv_pages, caching):
-        config = SchedulerConfig(max_num_seqs=4, max_num_tokens=BUCKETS[-1],
-                                 num_kv_pages=num_kv_pages, page_size=PAGE_SIZE,
-                                 max_model_len=MAX_LEN, token_buckets=BUCKETS,
-                                 enable_prefix_caching=caching)
+        config = SchedulerConfig(limits=StepLimits(max_num_seqs=4, max_num_tokens=BUCKETS[-1],
+                                                   max_model_len=MAX_LEN, token_buckets=BUCKETS),
+                                 kv=KVConfig(num_kv_pages=num_kv_pages, page_size=PAGE_SIZE,
+                                             enable_prefix_caching=caching))
         result = Scheduler(requests, policies.make_policy("vllm"), engine, config).run()
         return [tokens.tolist() for tokens in result.output_tokens], result
 

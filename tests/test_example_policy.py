@@ -4,7 +4,15 @@ from pathlib import Path
 
 import numpy as np
 
-from orca_jax import Request, RequestState, Scheduler, SchedulerConfig, make_policy
+from orca_jax import (
+    KVConfig,
+    Request,
+    RequestState,
+    Scheduler,
+    SchedulerConfig,
+    StepLimits,
+    make_policy,
+)
 from orca_jax.sim.cost_model import CostModelConfig
 from orca_jax.sim.engine import SimEngine
 
@@ -20,8 +28,8 @@ def test_least_attained_service_round_robins_the_batch():
     assert policy.name == "las" and policy.max_running == 4
     requests = [Request(id=i, arrival_s=0.0, prompt_len=4, output_len=n)
                 for i, n in enumerate([6, 3, 5, 4])]
-    config = SchedulerConfig(max_num_seqs=2, max_num_tokens=16, num_kv_pages=64, page_size=4,
-                             max_model_len=32)
+    config = SchedulerConfig(limits=StepLimits(max_num_seqs=2, max_num_tokens=16, max_model_len=32),
+                             kv=KVConfig(num_kv_pages=64, page_size=4))
     engine = SimEngine(CostModelConfig(mode="fixed", model="tiny", step_time_s=0.01))
     scheduler = Scheduler(requests, policy, engine, config)
     scheduler.run()

@@ -31,7 +31,7 @@ def test_run_writes_the_result_contract(tmp_path):
     assert len(steps) == summary["num_steps"] and all(STEP_KEYS <= set(s) for s in steps)
     assert all(s["num_seqs"] <= 8 for s in steps)
     config = json.loads((out / "config.json").read_text())
-    assert config["scheduler"]["num_kv_pages"] == 200 and config["policy"]["name"] == "orca"
+    assert config["scheduler"]["kv"]["num_kv_pages"] == 200 and config["policy"]["name"] == "orca"
     assert sum(r["status"] == "finished" for r in requests) == summary["num_finished"]
 
 
@@ -44,8 +44,8 @@ def test_old_limit_flags_still_work_with_one_warning_line_each(tmp_path):
     assert lines.count("--max_batch_size is deprecated; use --max_num_seqs") == 1
     assert lines.count("--token_budget is deprecated; use --max_num_tokens") == 1
     config = json.loads((out / "config.json").read_text())
-    assert config["scheduler"]["max_num_seqs"] == 8
-    assert config["scheduler"]["max_num_tokens"] == 128
+    assert config["scheduler"]["limits"]["max_num_seqs"] == 8
+    assert config["scheduler"]["limits"]["max_num_tokens"] == 128
     assert all(s["num_seqs"] <= 8 for s in _jsonl(out / "steps.jsonl"))
 
 
@@ -128,7 +128,7 @@ def test_compare_says_each_policys_kv_reservation_and_whether_host_time_was_coun
     assert header[:3] == ["policy", "kv_reservation", "count_host_time"]
     config = json.loads((out / "vllm" / "config.json").read_text())
     assert config["run"]["limits"]["count_host_time"] is True
-    assert config["scheduler"]["count_host_time"] is True
+    assert config["scheduler"]["features"]["count_host_time"] is True
     # Counted host time moves the clock past the engine's own step time.
     summary = json.loads((out / "vllm" / "summary.json").read_text())
     assert summary["virtual_end_s"] > summary["engine_s_total"]

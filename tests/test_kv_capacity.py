@@ -8,7 +8,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orca_jax import Request, RequestState, Scheduler, SchedulerConfig, make_policy
+from orca_jax import (
+    KVConfig,
+    Request,
+    RequestState,
+    Scheduler,
+    SchedulerConfig,
+    StepLimits,
+    make_policy,
+)
 from orca_jax.core.kv import DeviceTier, TierChain, make_pool, preempt, register_preemption_mode
 from orca_jax.core.plans import view as view_module
 from orca_jax.sim.cost_model import CostModelConfig
@@ -24,8 +32,9 @@ def scheduler(config: SchedulerConfig, requests, policy="vllm") -> Scheduler:
 @given(pages=st.integers(4, 40), watermark=st.integers(0, 3), held=st.integers(0, 3),
        prompt=st.integers(1, 60))
 def test_kv_room_is_the_fit_of_one_admission(pages, watermark, held, prompt):
-    config = SchedulerConfig(max_num_seqs=8, max_num_tokens=64, num_kv_pages=pages, page_size=4,
-                             max_model_len=64, watermark_pages=watermark)
+    config = SchedulerConfig(
+        limits=StepLimits(max_num_seqs=8, max_num_tokens=64, max_model_len=64),
+        kv=KVConfig(num_kv_pages=pages, page_size=4, watermark_pages=watermark))
     requests = [Request(id=0, arrival_s=0.0, prompt_len=4 * held or 1, output_len=1),
                 Request(id=1, arrival_s=0.0, prompt_len=prompt, output_len=1)]
     s = scheduler(config, requests)
@@ -42,8 +51,9 @@ def test_kv_room_is_the_fit_of_one_admission(pages, watermark, held, prompt):
 
 def test_the_view_s_watermark_and_layout_still_read_with_a_warning_once(monkeypatch):
     monkeypatch.setattr(view_module, "_warned", set())
-    config = SchedulerConfig(num_kv_pages=40, page_size=4, max_model_len=64, watermark_pages=3,
-                             kv_layout="buddy", enable_prefix_caching=False)
+    config = SchedulerConfig(limits=StepLimits(max_model_len=64),
+                             kv=KVConfig(num_kv_pages=40, page_size=4, watermark_pages=3,
+                                         kv_layout="buddy", enable_prefix_caching=False))
     view = scheduler(config, [Request(id=0, arrival_s=0.0, prompt_len=4, output_len=2)],
                      policy="orca").view
     for name, value in [("watermark_pages", 3), ("kv_layout", "buddy")]:
@@ -68,7 +78,8 @@ def test_a_buddy_pool_refuses_what_its_free_total_would_take():
 def test_the_preemption_registry_names_its_errors():
     with pytest.raises(ValueError, match="'recompute' is already registered"):
         register_preemption_mode("recompute", object())
-    config = SchedulerConfig(num_kv_pages=40, page_size=4, max_model_len=64)
+    config = SchedulerConfig(limits=StepLimits(max_model_len=64),
+                             kv=KVConfig(num_kv_pages=40, page_size=4))
     s = scheduler(config, [Request(id=i, arrival_s=0.0, prompt_len=4, output_len=2)
                            for i in range(2)])
     with pytest.raises(ValueError, match="2 modes for 1 victims"):

@@ -9,7 +9,15 @@ import pytest
 from kv_toys.host_tier import HostTier, Swap
 
 import policies
-from orca_jax import Request, RequestState, Scheduler, SchedulerConfig, StepOutput
+from orca_jax import (
+    KVConfig,
+    Request,
+    RequestState,
+    Scheduler,
+    SchedulerConfig,
+    StepLimits,
+    StepOutput,
+)
 from orca_jax.core.kv import preemption_modes, register_preemption_mode, unregister_preemption_mode
 from orca_jax.sim.cost_model import CostModelConfig
 from orca_jax.sim.engine import SimEngine
@@ -17,8 +25,8 @@ from policies.vllm import VLLM
 
 PAGE = 4
 STEP_S = 0.01
-CONFIG = SchedulerConfig(max_num_seqs=6, max_num_tokens=32, num_kv_pages=14, page_size=PAGE,
-                         max_model_len=64, enable_prefix_caching=False)
+CONFIG = SchedulerConfig(limits=StepLimits(max_num_seqs=6, max_num_tokens=32, max_model_len=64),
+                         kv=KVConfig(num_kv_pages=14, page_size=PAGE, enable_prefix_caching=False))
 
 
 class ContentEngine:
@@ -84,7 +92,7 @@ def run(policy, engine, config=CONFIG, tier=None):
     assert (table.state == RequestState.FINISHED).all()
     np.testing.assert_array_equal(table.num_generated, table.output_len)
     scheduler.kv.check_consistency()
-    assert scheduler.kv.num_free == config.num_kv_pages  # every page came back
+    assert scheduler.kv.num_free == config.kv.num_kv_pages  # every page came back
     return scheduler, result
 
 
@@ -93,11 +101,11 @@ def computed_tokens(scheduler) -> int:
 
 
 def test_swap_keeps_every_token_and_computes_none_twice(swap_mode):
-    roomy = dataclasses.replace(CONFIG, num_kv_pages=400)
+    roomy = CONFIG.with_knobs(num_kv_pages=400)
     reference, expected = run(policies.make_policy("vllm"), ContentEngine(400), roomy)
     assert reference.record.num_preemptions == 0
-    recompute, recomputed = run(policies.make_policy("vllm"), ContentEngine(CONFIG.num_kv_pages))
-    engine = ContentEngine(CONFIG.num_kv_pages)
+    recompute, recomputed = run(policies.make_policy("vllm"), ContentEngine(CONFIG.kv.num_kv_pages))
+    engine = ContentEngine(CONFIG.kv.num_kv_pages)
     host = HostTier(capacity_pages=1000, delay_s=0.5, engine=engine)
     swap, swapped = run(SwappingVLLM(), engine, tier=host)
 
@@ -113,9 +121,9 @@ def test_swap_keeps_every_token_and_computes_none_twice(swap_mode):
 
 
 def test_a_tier_that_loses_the_kv_changes_the_answers(swap_mode):
-    roomy = dataclasses.replace(CONFIG, num_kv_pages=400)
+    roomy = CONFIG.with_knobs(num_kv_pages=400)
     _, expected = run(policies.make_policy("vllm"), ContentEngine(400), roomy)
-    engine = ContentEngine(CONFIG.num_kv_pages)
+    engine = ContentEngine(CONFIG.kv.num_kv_pages)
     _, lost = run(SwappingVLLM(), engine, tier=HostTier(1000, 0.0, engine=engine, lossy=True))
     assert not all(np.array_equal(a, b) for a, b in zip(lost.output_tokens,
                                                          expected.output_tokens))
@@ -142,7 +150,7 @@ def test_recompute_is_the_one_built_in_mode_and_unknown_modes_are_named():
             return "teleport"
 
     with pytest.raises(ValueError, match="preemption mode 'teleport' is not one of"):
-        run(Unknown(), ContentEngine(CONFIG.num_kv_pages))
+        run(Unknown(), ContentEngine(CONFIG.kv.num_kv_pages))
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -154,9 +162,9 @@ class HalfSwappingVLLM(VLLM):
 
 
 def test_modes_chosen_per_victim_keep_every_token(swap_mode):
-    roomy = dataclasses.replace(CONFIG, num_kv_pages=400)
+    roomy = CONFIG.with_knobs(num_kv_pages=400)
     _, expected = run(policies.make_policy("vllm"), ContentEngine(400), roomy)
-    engine = ContentEngine(CONFIG.num_kv_pages)
+    engine = ContentEngine(CONFIG.kv.num_kv_pages)
     host = HostTier(capacity_pages=1000, delay_s=0.0, engine=engine)
     mixed, got = run(HalfSwappingVLLM(), engine, tier=host)
     preempted = mixed.table.num_preemptions > 0

@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from orca_jax import Request, Scheduler, SchedulerConfig, make_policy
+from orca_jax import KVConfig, Request, Scheduler, SchedulerConfig, StepLimits, make_policy
 from orca_jax.results.row_lines import iter_step_lines
 from orca_jax.results.run_folder import RunFolder
 from orca_jax.results.summary import iter_request_rows
@@ -19,8 +19,9 @@ from orca_jax.sim.engine import SimEngine
 def _streamed_run(tmp_path, policy: str):
     requests = [Request(id=100 + i, arrival_s=0.013 * i, prompt_len=20 + 7 * (i % 5),
                         output_len=2 + (i * 7) % 23) for i in range(60)]
-    config = SchedulerConfig(max_num_seqs=4, max_num_tokens=128, num_kv_pages=128,
-                             page_size=8, max_model_len=256)
+    config = SchedulerConfig(limits=StepLimits(max_num_seqs=4, max_num_tokens=128,
+                                               max_model_len=256),
+                             kv=KVConfig(num_kv_pages=128, page_size=8))
     engine = SimEngine(CostModelConfig(mode="fixed", step_time_s=0.01))
     scheduler = Scheduler(requests, make_policy(policy), engine, config)
     folder = RunFolder(tmp_path / "run")

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from orca_jax import Scheduler, SchedulerConfig
+from orca_jax import KVConfig, LoopFeatures, Scheduler, SchedulerConfig, StepLimits
 from orca_jax.core.api.policy import make_policy
 from orca_jax.core.step.engine_api import Engine, PendingStep, StepInputs, StepOutput
 from orca_jax.workloads.synthetic import synthetic_workload
@@ -80,13 +80,14 @@ class FeedingEngine(Engine):
         return tokens[:s]
 
 
-def _run(policy, options, overlap, **limits):
+def _run(policy, options, overlap, **kv):
     requests = synthetic_workload(num_requests=24, arrival="poisson", rate=200.0,
                                   prompt_len="uniform:4:60", output_len="uniform:1:30", seed=3,
                                   vocab_size=VOCAB)
-    config = SchedulerConfig(max_num_seqs=6, max_num_tokens=64, page_size=8,
-                             max_model_len=128, log_step_requests=True, overlap=overlap,
-                             **limits)
+    config = SchedulerConfig(limits=StepLimits(max_num_seqs=6, max_num_tokens=64,
+                                               max_model_len=128),
+                             kv=KVConfig(page_size=8, **kv),
+                             features=LoopFeatures(log_step_requests=True, overlap=overlap))
     engine = FeedingEngine(feed=overlap)
     scheduler = Scheduler(requests, make_policy(policy, options), engine, config)
     result = scheduler.run()
@@ -126,8 +127,9 @@ def test_without_a_feeding_engine_or_with_prefix_caching_overlap_runs_in_step():
     requests = synthetic_workload(num_requests=4, arrival="burst", rate=None,
                                   prompt_len="fixed:8", output_len="fixed:4", seed=0,
                                   vocab_size=VOCAB)
-    config = SchedulerConfig(max_num_seqs=4, max_num_tokens=32, page_size=8, max_model_len=64,
-                             overlap=True)
+    config = SchedulerConfig(limits=StepLimits(max_num_seqs=4, max_num_tokens=32, max_model_len=64),
+                             kv=KVConfig(page_size=8),
+                             features=LoopFeatures(overlap=True))
     assert Scheduler(requests, make_policy("orca"), FeedingEngine(False),
                      config).executor.depth == 1
     caching = Scheduler(requests, make_policy("vllm"), FeedingEngine(True), config)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import policies
-from orca_jax import Request, Scheduler, SchedulerConfig, StepOutput
+from orca_jax import KVConfig, Request, Scheduler, SchedulerConfig, StepLimits, StepOutput
 from orca_jax.core.step import packing
 from orca_jax.core.step.engine_api import Bucket, Engine
 from orca_jax.core.step.packing import SamplingArrays, bucket_config_for, pack_step
@@ -98,8 +98,8 @@ class _CountingEngine(Engine):
 def test_an_engine_reading_descriptors_gets_every_step_s_and_the_sim_none(monkeypatch):
     requests = [Request(id=i, arrival_s=0.0, prompt_len=10 + 3 * i, output_len=4)
                 for i in range(3)]
-    config = SchedulerConfig(max_num_seqs=4, max_num_tokens=64, num_kv_pages=32, page_size=8,
-                             max_model_len=64)
+    config = SchedulerConfig(limits=StepLimits(max_num_seqs=4, max_num_tokens=64, max_model_len=64),
+                             kv=KVConfig(num_kv_pages=32, page_size=8))
     packed_steps = []
 
     class Keeping(_CountingEngine):

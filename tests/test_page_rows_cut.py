@@ -4,7 +4,7 @@ a sequence reads is listed, the rest of the descriptor's row is the null page.""
 import numpy as np
 
 import policies
-from orca_jax import Request, Scheduler, SchedulerConfig, StepOutput
+from orca_jax import KVConfig, Request, Scheduler, SchedulerConfig, StepLimits, StepOutput
 from orca_jax.core.step.engine_api import NULL_PAGE
 
 
@@ -33,8 +33,9 @@ def test_a_step_lists_each_sequence_s_context_pages_and_null_past_them():
     engine = RecordingEngine()
     # orca reserves every request's whole max_model_len up front: rows are full of pages
     # that a step does not read yet.
-    config = SchedulerConfig(max_num_seqs=8, max_num_tokens=256, num_kv_pages=400,
-                             page_size=8, max_model_len=512)
+    config = SchedulerConfig(limits=StepLimits(max_num_seqs=8, max_num_tokens=256,
+                                               max_model_len=512),
+                             kv=KVConfig(num_kv_pages=400, page_size=8))
     scheduler = Scheduler(requests, policies.make_policy("orca", {}), engine, config)
     engine.scheduler = scheduler
     scheduler.run()

@@ -14,12 +14,14 @@ import numpy as np
 import pytest
 
 from orca_jax import (
+    KVConfig,
     Policy,
     PolicyLoadError,
     Request,
     RequestState,
     Scheduler,
     SchedulerConfig,
+    StepLimits,
     StepPlan,
     make_policy,
     plan_in_order,
@@ -75,8 +77,8 @@ def burst(n: int, prompt: int = 8, output: int = 3) -> list[Request]:
             for i in range(n)]
 
 
-CONFIG = SchedulerConfig(max_num_seqs=8, max_num_tokens=64, num_kv_pages=64, page_size=4,
-                         max_model_len=32)
+CONFIG = SchedulerConfig(limits=StepLimits(max_num_seqs=8, max_num_tokens=64, max_model_len=32),
+                         kv=KVConfig(num_kv_pages=64, page_size=4))
 
 
 def test_rejected_requests_end_rejected_with_the_policys_reason(tmp_path):
@@ -100,7 +102,7 @@ def test_rejected_requests_end_rejected_with_the_policys_reason(tmp_path):
 
 
 def test_steps_record_preemptions_including_those_of_iterations_that_run_nothing():
-    config = dataclasses.replace(CONFIG, log_step_requests=True)
+    config = CONFIG.with_knobs(log_step_requests=True)
     scheduler = Scheduler(burst(2), Shed(preempt_step=1), sim_engine(), config)
     result = scheduler.run()
     assert (result.state == RequestState.FINISHED).all()

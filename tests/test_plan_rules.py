@@ -12,7 +12,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 import pytest
 
-from orca_jax import PlanError, Request, Scheduler, SchedulerConfig, StepPlan
+from orca_jax import KVConfig, PlanError, Request, Scheduler, SchedulerConfig, StepLimits, StepPlan
 from orca_jax.core.api.policy import Policy
 from orca_jax.sim.cost_model import CostModelConfig
 from orca_jax.sim.engine import SimEngine
@@ -106,25 +106,25 @@ def burst(*lengths, arrival_s=0.0) -> list[Request]:
             for i, (p, o) in enumerate(lengths)]
 
 
-CONFIG = SchedulerConfig(max_num_seqs=4, max_num_tokens=32, num_kv_pages=64, page_size=4,
-                         max_model_len=32)
+CONFIG = SchedulerConfig(limits=StepLimits(max_num_seqs=4, max_num_tokens=32, max_model_len=32),
+                         kv=KVConfig(num_kv_pages=64, page_size=4))
 REQUESTS = burst((10, 3), (12, 5), (6, 2), (9, 4))
 
 # rule -> (requests, config, policy args, step of the bad plan, bad plan from the view)
 CASES: dict[str, tuple] = {
     "token_budget": (REQUESTS, CONFIG, {}, 0,
                      lambda v: StepPlan([0, 1, 2, 3], [10, 12, 6, 9])),  # 37 > 32
-    "batch_cap": (burst(*[(2, 2)] * 5), dataclasses.replace(CONFIG, max_num_seqs=4), {}, 0,
+    "batch_cap": (burst(*[(2, 2)] * 5), CONFIG.with_knobs(max_num_seqs=4), {}, 0,
                   lambda v: StepPlan([0, 1, 2, 3, 4], [2] * 5)),
     # Each request reserves the 8-page context; 20 pages hold two, the plan admits three.
-    "kv_pages": (REQUESTS, dataclasses.replace(CONFIG, num_kv_pages=20), {}, 0,
+    "kv_pages": (REQUESTS, CONFIG.with_knobs(num_kv_pages=20), {}, 0,
                  lambda v: StepPlan([0, 1, 2], [10, 12, 6])),
     # Step 0 admits 0 and 1 (16 of 20 pages); preempting 0 frees 8, too few for 2 and 3 (16).
     "kv_pages_after_preemption": (
-        REQUESTS, dataclasses.replace(CONFIG, num_kv_pages=20), {}, 1,
+        REQUESTS, CONFIG.with_knobs(num_kv_pages=20), {}, 1,
         lambda v: StepPlan([1, 2, 3], [1, 6, 9], preempt=[0])),
     # 24 pages, watermark 4: two admissions (16 pages) are fine, three leave 0 < 4 free.
-    "kv_watermark": (REQUESTS, dataclasses.replace(CONFIG, num_kv_pages=24, watermark_pages=4),
+    "kv_watermark": (REQUESTS, CONFIG.with_knobs(num_kv_pages=24, watermark_pages=4),
                      {}, 0, lambda v: StepPlan([0, 1, 2], [10, 12, 6])),
     "unknown_request": (REQUESTS, CONFIG, {}, 1, lambda v: StepPlan([0, 4], [1, 1])),
     "unknown_request_negative": (REQUESTS, CONFIG, {}, 1, lambda v: StepPlan([-1], [1])),
@@ -147,7 +147,7 @@ CASES: dict[str, tuple] = {
                                            lambda v: StepPlan([0], [11])),
     "preempt_not_running": (REQUESTS[:2] + [Request(id=2, arrival_s=0.005, prompt_len=4,
                                                     output_len=2)],
-                            dataclasses.replace(CONFIG, max_num_seqs=1), {}, 1,
+                            CONFIG.with_knobs(max_num_seqs=1), {}, 1,
                             lambda v: StepPlan([0], [1], preempt=[1])),  # 1 is waiting
     "preempt_and_schedule": (REQUESTS, CONFIG, {}, 1,
                              lambda v: StepPlan([0, 1], [1, 1], preempt=[1])),
@@ -158,7 +158,7 @@ CASES: dict[str, tuple] = {
     "release_not_finished_running": (REQUESTS, CONFIG, {"defer_release": True}, 1,
                                      lambda v: StepPlan([1], [1], release=[0])),
     # A plan rejects only waiting requests: 0 runs (cap 1), 2 is finished, 3 is to come.
-    "reject_not_waiting": (REQUESTS, dataclasses.replace(CONFIG, max_num_seqs=1), {}, 1,
+    "reject_not_waiting": (REQUESTS, CONFIG.with_knobs(max_num_seqs=1), {}, 1,
                            lambda v: StepPlan([0], [1], reject={0: "too slow"})),
     "reject_not_waiting_finished": (REQUESTS, CONFIG, {}, 2,
                                     lambda v: StepPlan([0], [1], reject={2: "too slow"})),

@@ -5,7 +5,7 @@ import pytest
 
 import policies
 from experiments.reproduce.seed_examples import EXAMPLE_B_OUTPUTS
-from orca_jax import Request, Scheduler, SchedulerConfig
+from orca_jax import KVConfig, LoopFeatures, Request, Scheduler, SchedulerConfig, StepLimits
 from orca_jax.results.plots import EMPTY, plot_slot_timeline, plot_sweep, slot_timeline
 from orca_jax.results.sweep_store import aggregate, grid
 from orca_jax.sim.cost_model import CostModelConfig
@@ -18,9 +18,10 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 def _scheduler(policy, requests, slots=4, num_kv_pages=512, log_step_requests=True,
                **options):
-    config = SchedulerConfig(max_num_seqs=slots, max_num_tokens=64, num_kv_pages=num_kv_pages,
-                             page_size=16, max_model_len=2048,
-                             log_step_requests=log_step_requests)
+    config = SchedulerConfig(limits=StepLimits(max_num_seqs=slots, max_num_tokens=64,
+                                               max_model_len=2048),
+                             kv=KVConfig(num_kv_pages=num_kv_pages, page_size=16),
+                             features=LoopFeatures(log_step_requests=log_step_requests))
     engine = SimEngine(CostModelConfig(mode="fixed", model="tiny", step_time_s=0.005))
     return Scheduler(requests, policies.make_policy(policy, options), engine, config)
 
@@ -75,7 +76,7 @@ def test_timeline_matches_the_step_log_under_preemption():
 def test_timeline_needs_the_steps_requests_logged():
     requests = [Request(id=0, arrival_s=0.0, prompt_len=4, output_len=2)]
     result = _scheduler("orca", requests, log_step_requests=False).run()
-    with pytest.raises(ValueError, match="needs a run with SchedulerConfig.log_step_requests"):
+    with pytest.raises(ValueError, match="needs a run with SchedulerConfig.features"):
         slot_timeline(result)
 
 

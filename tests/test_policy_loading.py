@@ -149,14 +149,15 @@ def test_an_old_option_name_sets_the_renamed_knob_with_a_warning(policy, old, ne
 
 
 def test_the_view_s_old_limit_names_read_the_new_values_and_warn_once(monkeypatch):
-    from orca_jax import Request, Scheduler, SchedulerConfig
+    from orca_jax import KVConfig, Request, Scheduler, SchedulerConfig, StepLimits
     from orca_jax.core.plans import view as view_module
     from orca_jax.sim.cost_model import CostModelConfig
     from orca_jax.sim.engine import SimEngine
 
     monkeypatch.setattr(view_module, "_warned", set())  # other tests may have warned already
-    config = SchedulerConfig(max_num_seqs=3, max_num_tokens=32, num_kv_pages=40, page_size=4,
-                             max_model_len=64)
+    config = SchedulerConfig(limits=StepLimits(max_num_seqs=3, max_num_tokens=32,
+                                               max_model_len=64),
+                             kv=KVConfig(num_kv_pages=40, page_size=4))
     requests = [Request(id=0, arrival_s=0.0, prompt_len=4, output_len=2)]
     engine = SimEngine(CostModelConfig(mode="fixed", step_time_s=0.01))
     view = Scheduler(requests, Orca(), engine, config).view

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import policies
-from orca_jax import Request, Scheduler, SchedulerConfig
+from orca_jax import KVConfig, Request, Scheduler, SchedulerConfig, StepLimits
 from orca_jax.results.summary import summarize
 from orca_jax.sim.cost_model import CostModelConfig
 from orca_jax.sim.engine import SimEngine
@@ -30,8 +30,9 @@ def request(i: int, tokens: np.ndarray, arrival_s: float, output_len: int = 2) -
 
 
 def run(requests, policy="lpm", *, max_num_seqs=4, num_kv_pages=64, **options):
-    config = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_tokens=64,
-                             num_kv_pages=num_kv_pages, page_size=PAGE, max_model_len=96)
+    config = SchedulerConfig(limits=StepLimits(max_num_seqs=max_num_seqs, max_num_tokens=64,
+                                               max_model_len=96),
+                             kv=KVConfig(num_kv_pages=num_kv_pages, page_size=PAGE))
     engine = SimEngine(CostModelConfig(mode="fixed", step_time_s=STEP_S))
     options = {key: str(value) for key, value in options.items()}
     scheduler = Scheduler(requests, policies.make_policy(policy, options), engine, config)

@@ -4,7 +4,15 @@ import numpy as np
 import pytest
 
 import policies  # noqa: F401  (registers the built-in policies)
-from orca_jax import Request, RequestState, Scheduler, SchedulerConfig, make_policy
+from orca_jax import (
+    KVConfig,
+    Request,
+    RequestState,
+    Scheduler,
+    SchedulerConfig,
+    StepLimits,
+    make_policy,
+)
 from orca_jax.core.api.policy import PolicyLoadError
 from orca_jax.learned.ranker import Ranker, RankerConfig, synthetic_ranking_workload, train_ranker
 from orca_jax.sim.cost_model import CostModelConfig
@@ -29,9 +37,9 @@ def burst():
 def run(requests, policy, options=None, *, cap=16, num_kv_pages=2048):
     scheduler = Scheduler(requests, make_policy(policy, options),
                           SimEngine(CostModelConfig(mode="fixed", step_time_s=1.0)),
-                          SchedulerConfig(max_num_seqs=cap, max_num_tokens=512,
-                                          num_kv_pages=num_kv_pages, page_size=16,
-                                          max_model_len=1024))
+                          SchedulerConfig(limits=StepLimits(max_num_seqs=cap, max_num_tokens=512,
+                                                            max_model_len=1024),
+                                          kv=KVConfig(num_kv_pages=num_kv_pages, page_size=16)))
     scheduler.run()
     table = scheduler.table
     assert (table.state == RequestState.FINISHED).all()
@@ -79,8 +87,9 @@ def test_ltr_predicts_once_per_request_at_construction_time(ranker_dir, burst, m
     assert restored == [ranker_dir]  # loaded when the policy is built, not per step
     scheduler = Scheduler(burst[:40], policy,
                           SimEngine(CostModelConfig(mode="fixed", step_time_s=1.0)),
-                          SchedulerConfig(max_num_seqs=4, max_num_tokens=256, num_kv_pages=512,
-                                          page_size=16, max_model_len=1024))
+                          SchedulerConfig(limits=StepLimits(max_num_seqs=4, max_num_tokens=256,
+                                                            max_model_len=1024),
+                                          kv=KVConfig(num_kv_pages=512, page_size=16)))
     scheduler.run()
     assert sorted(seen) == list(range(40)) and restored == [ranker_dir]
 

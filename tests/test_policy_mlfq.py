@@ -3,7 +3,7 @@
 import numpy as np
 
 import policies  # noqa: F401  (registers the built-in policies)
-from orca_jax import Request, Scheduler, SchedulerConfig, make_policy
+from orca_jax import KVConfig, Request, Scheduler, SchedulerConfig, StepLimits, make_policy
 from orca_jax.sim.cost_model import CostModelConfig
 from orca_jax.sim.engine import SimEngine
 
@@ -15,8 +15,9 @@ def make_scheduler(requests, **options):
     """Batch cap 1, 1 s per step, ample KV: the order of service is the policy's alone."""
     return Scheduler(requests, make_policy("mlfq", {**KNOBS, **options}),
                      SimEngine(CostModelConfig(mode="fixed", step_time_s=1.0)),
-                     SchedulerConfig(max_num_seqs=1, max_num_tokens=64, num_kv_pages=256,
-                                     page_size=4, max_model_len=128))
+                     SchedulerConfig(limits=StepLimits(max_num_seqs=1, max_num_tokens=64,
+                                                       max_model_len=128),
+                                     kv=KVConfig(num_kv_pages=256, page_size=4)))
 
 
 def run(requests, **options):

@@ -11,7 +11,16 @@ from hypothesis import strategies as st
 from policy_recorder import Recorder
 
 import policies
-from orca_jax import Policy, Request, RequestState, Scheduler, SchedulerConfig, StepPlan
+from orca_jax import (
+    KVConfig,
+    Policy,
+    Request,
+    RequestState,
+    Scheduler,
+    SchedulerConfig,
+    StepLimits,
+    StepPlan,
+)
 from orca_jax.sim.cost_model import CostModelConfig
 from orca_jax.sim.engine import SimEngine
 
@@ -24,9 +33,10 @@ def _engine() -> SimEngine:
 
 def run(requests, policy, *, max_num_tokens=16, max_num_seqs=8, num_kv_pages=256,
         page_size=4, max_model_len=64):
-    config = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_tokens=max_num_tokens,
-                             num_kv_pages=num_kv_pages, page_size=page_size,
-                             max_model_len=max_model_len)
+    config = SchedulerConfig(limits=StepLimits(max_num_seqs=max_num_seqs,
+                                               max_num_tokens=max_num_tokens,
+                                               max_model_len=max_model_len),
+                             kv=KVConfig(num_kv_pages=num_kv_pages, page_size=page_size))
     scheduler = Scheduler(requests, policy, _engine(), config)
     result = scheduler.run()
     table = scheduler.view.requests

@@ -3,7 +3,7 @@
 import numpy as np
 
 import policies  # noqa: F401  (registers the built-in policies)
-from orca_jax import Request, Scheduler, SchedulerConfig, make_policy
+from orca_jax import KVConfig, Request, Scheduler, SchedulerConfig, StepLimits, make_policy
 from orca_jax.sim.cost_model import CostModelConfig
 from orca_jax.sim.engine import SimEngine
 
@@ -11,9 +11,9 @@ from orca_jax.sim.engine import SimEngine
 def run(requests, policy, cap, num_kv_pages=256):
     scheduler = Scheduler(requests, make_policy(policy),
                           SimEngine(CostModelConfig(mode="fixed", step_time_s=1.0)),
-                          SchedulerConfig(max_num_seqs=cap, max_num_tokens=64,
-                                          num_kv_pages=num_kv_pages, page_size=4,
-                                          max_model_len=128))
+                          SchedulerConfig(limits=StepLimits(max_num_seqs=cap, max_num_tokens=64,
+                                                            max_model_len=128),
+                                          kv=KVConfig(num_kv_pages=num_kv_pages, page_size=4)))
     scheduler.run()
     table = scheduler.table
     assert (table.num_generated == table.output_len).all()

@@ -6,7 +6,7 @@ import pytest
 from policy_recorder import Recorder, Step
 
 import policies
-from orca_jax import Request, RequestState, Scheduler, SchedulerConfig
+from orca_jax import KVConfig, Request, RequestState, Scheduler, SchedulerConfig, StepLimits
 from orca_jax.sim.cost_model import CostModelConfig
 from orca_jax.sim.engine import SimEngine
 
@@ -16,8 +16,9 @@ def run(requests, *, budget, scheduler_budget=64, num_kv_pages=64, scheduler_max
     """Runs `sarathi` with token budget `budget` to the end; checks nothing was lost."""
     options = {"max_num_tokens": str(budget), **{k: str(v) for k, v in options.items()}}
     recorder = Recorder(policies.make_policy("sarathi", options))
-    config = SchedulerConfig(max_num_seqs=scheduler_max_num_seqs, max_num_tokens=scheduler_budget,
-                             num_kv_pages=num_kv_pages, page_size=4, max_model_len=128)
+    config = SchedulerConfig(limits=StepLimits(max_num_seqs=scheduler_max_num_seqs,
+                                               max_num_tokens=scheduler_budget, max_model_len=128),
+                             kv=KVConfig(num_kv_pages=num_kv_pages, page_size=4))
     engine = SimEngine(CostModelConfig(mode="fixed", model="tiny", step_time_s=1.0))
     scheduler = Scheduler(requests, recorder, engine, config)
     scheduler.run()

@@ -4,7 +4,15 @@ import numpy as np
 import pytest
 
 import policies  # noqa: F401  (registers the built-in policies)
-from orca_jax import Request, RequestState, Scheduler, SchedulerConfig, make_policy
+from orca_jax import (
+    KVConfig,
+    Request,
+    RequestState,
+    Scheduler,
+    SchedulerConfig,
+    StepLimits,
+    make_policy,
+)
 from orca_jax.learned.length_predictor import get_predictor, registered_predictors
 from orca_jax.sim.cost_model import CostModelConfig
 from orca_jax.sim.engine import SimEngine
@@ -14,8 +22,9 @@ def make_scheduler(requests, policy, cap, **options):
     """A scheduler on a simulator whose every step takes 1 s, with ample KV."""
     return Scheduler(requests, make_policy(policy, {k: str(v) for k, v in options.items()}),
                      SimEngine(CostModelConfig(mode="fixed", step_time_s=1.0)),
-                     SchedulerConfig(max_num_seqs=cap, max_num_tokens=64, num_kv_pages=256,
-                                     page_size=4, max_model_len=128))
+                     SchedulerConfig(limits=StepLimits(max_num_seqs=cap, max_num_tokens=64,
+                                                       max_model_len=128),
+                                     kv=KVConfig(num_kv_pages=256, page_size=4)))
 
 
 def run(requests, policy, cap, **options):
@@ -119,9 +128,10 @@ def test_ranking_policies_lose_nothing_under_kv_pressure(policy, watermark):
     # 20 pages of 4 tokens for requests of up to 68 tokens: growth must preempt.
     scheduler = Scheduler(requests, make_policy(policy),
                           SimEngine(CostModelConfig(mode="fixed", step_time_s=1.0)),
-                          SchedulerConfig(max_num_seqs=6, max_num_tokens=32, num_kv_pages=20,
-                                          page_size=4, max_model_len=128,
-                                          watermark_pages=watermark))
+                          SchedulerConfig(limits=StepLimits(max_num_seqs=6, max_num_tokens=32,
+                                                            max_model_len=128),
+                                          kv=KVConfig(num_kv_pages=20, page_size=4,
+                                                      watermark_pages=watermark)))
     scheduler.run()
     table = scheduler.table
     assert scheduler.record.num_preemptions > 0

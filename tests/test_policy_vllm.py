@@ -6,7 +6,7 @@ import pytest
 from policy_recorder import Recorder, Step
 
 import policies
-from orca_jax import Request, RequestState, Scheduler, SchedulerConfig
+from orca_jax import KVConfig, Request, RequestState, Scheduler, SchedulerConfig, StepLimits
 from orca_jax.sim.cost_model import CostModelConfig
 from orca_jax.sim.engine import SimEngine
 
@@ -14,9 +14,10 @@ from orca_jax.sim.engine import SimEngine
 def run(requests, policy="vllm", *, page_size=4, num_kv_pages=64, scheduler_max_num_tokens=16,
         scheduler_max_num_seqs=8, **options):
     recorder = Recorder(policies.make_policy(policy, {k: str(v) for k, v in options.items()}))
-    config = SchedulerConfig(max_num_seqs=scheduler_max_num_seqs,
-                             max_num_tokens=scheduler_max_num_tokens,
-                             num_kv_pages=num_kv_pages, page_size=page_size, max_model_len=64)
+    config = SchedulerConfig(limits=StepLimits(max_num_seqs=scheduler_max_num_seqs,
+                                               max_num_tokens=scheduler_max_num_tokens,
+                                               max_model_len=64),
+                             kv=KVConfig(num_kv_pages=num_kv_pages, page_size=page_size))
     engine = SimEngine(CostModelConfig(mode="fixed", model="tiny", step_time_s=1.0))
     scheduler = Scheduler(requests, recorder, engine, config)
     scheduler.run()

@@ -20,7 +20,15 @@ since here a prompt charge and in-flight outputs can add up).
 import numpy as np
 
 import policies  # noqa: F401  (registers the built-in policies)
-from orca_jax import Request, RequestState, Scheduler, SchedulerConfig, make_policy
+from orca_jax import (
+    KVConfig,
+    Request,
+    RequestState,
+    Scheduler,
+    SchedulerConfig,
+    StepLimits,
+    make_policy,
+)
 from orca_jax.sim.cost_model import CostModelConfig
 from orca_jax.sim.engine import SimEngine
 
@@ -31,8 +39,9 @@ def service_trace(requests, policy):
     """Runs step by step; returns per step (service of tenants a and b, who is still waiting)."""
     scheduler = Scheduler(requests, make_policy(policy),
                           SimEngine(CostModelConfig(mode="fixed", step_time_s=1.0)),
-                          SchedulerConfig(max_num_seqs=CAP, max_num_tokens=64, num_kv_pages=512,
-                                          page_size=4, max_model_len=64))
+                          SchedulerConfig(limits=StepLimits(max_num_seqs=CAP, max_num_tokens=64,
+                                                            max_model_len=64),
+                                          kv=KVConfig(num_kv_pages=512, page_size=4)))
     table = scheduler.table
     tenant = np.array([r.tenant == "b" for r in table.specs], dtype=np.int64)
     services, backlogged, num_seqs = [], [], []

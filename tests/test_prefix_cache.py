@@ -110,7 +110,15 @@ def test_free_cached_pages_are_evicted_least_recently_freed_first():
 
 
 # ------------------------------------------------------------------ the scheduler
-from orca_jax import PlanError, Request, Scheduler, SchedulerConfig, StepPlan  # noqa: E402
+from orca_jax import (  # noqa: E402
+    KVConfig,
+    PlanError,
+    Request,
+    Scheduler,
+    SchedulerConfig,
+    StepLimits,
+    StepPlan,
+)
 from orca_jax.core.api.policy import make_policy  # noqa: E402
 from orca_jax.core.kv import make_pool  # noqa: E402
 from orca_jax.results.summary import request_rows, step_rows, summarize  # noqa: E402
@@ -128,8 +136,9 @@ def request(i, tokens, arrival_s=0.0, output_len=2):
 
 
 def scheduler_for(requests, *, num_kv_pages=16, policy="vllm", caching=True, **policy_opts):
-    config = SchedulerConfig(max_num_seqs=4, max_num_tokens=64, num_kv_pages=num_kv_pages,
-                             page_size=PAGE, max_model_len=32, enable_prefix_caching=caching)
+    config = SchedulerConfig(limits=StepLimits(max_num_seqs=4, max_num_tokens=64, max_model_len=32),
+                             kv=KVConfig(num_kv_pages=num_kv_pages, page_size=PAGE,
+                                         enable_prefix_caching=caching))
     engine = SimEngine(CostModelConfig(mode="fixed", step_time_s=STEP_S))
     scheduler = Scheduler(requests, make_policy(policy, policy_opts), engine, config)
     engine.warmup(scheduler.bucket_config.buckets())
@@ -281,8 +290,8 @@ def test_requests_without_token_ids_never_hit():
 
 def test_buddy_layout_and_caching_are_refused_together():
     requests = [request(0, SHARED)]
-    config = SchedulerConfig(max_num_seqs=4, max_num_tokens=64, num_kv_pages=16, page_size=PAGE,
-                             max_model_len=32, kv_layout="buddy")
+    config = SchedulerConfig(limits=StepLimits(max_num_seqs=4, max_num_tokens=64, max_model_len=32),
+                             kv=KVConfig(num_kv_pages=16, page_size=PAGE, kv_layout="buddy"))
     engine = SimEngine(CostModelConfig(mode="fixed", step_time_s=STEP_S))
     reserving = make_policy("vllm")
     reserving.kv_reservation = "max"  # buddy needs a reservation; vllm has none of its own

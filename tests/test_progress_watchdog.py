@@ -4,7 +4,7 @@ A livelock computes tokens every step and throws them away by preempting, so
 the plan check's `no_progress` (a plan that runs nothing with nothing to come)
 never fires. The watchdog counts iterations in which no request computed a
 token past the most it ever had, finished, or was rejected; after
-`SchedulerConfig.no_progress_steps` of them the run fails, naming the policy,
+`SchedulerConfig.limits.no_progress_steps` of them the run fails, naming the policy,
 the step and the virtual time.
 """
 
@@ -13,7 +13,16 @@ import dataclasses
 import numpy as np
 import pytest
 
-from orca_jax import PlanError, Policy, Request, Scheduler, SchedulerConfig, StepPlan
+from orca_jax import (
+    KVConfig,
+    PlanError,
+    Policy,
+    Request,
+    Scheduler,
+    SchedulerConfig,
+    StepLimits,
+    StepPlan,
+)
 from orca_jax.core.requests.request import RequestState
 from orca_jax.runner.build import scheduler_config
 from orca_jax.runner.experiment import run_policy
@@ -55,8 +64,8 @@ def sim_engine() -> SimEngine:
 
 
 REQUEST = [Request(id=0, arrival_s=0.0, prompt_len=8, output_len=2)]
-CONFIG = SchedulerConfig(max_num_seqs=2, max_num_tokens=16, num_kv_pages=8, page_size=4,
-                         max_model_len=16)
+CONFIG = SchedulerConfig(limits=StepLimits(max_num_seqs=2, max_num_tokens=16, max_model_len=16),
+                         kv=KVConfig(num_kv_pages=8, page_size=4))
 
 
 def run_until_error(scheduler: Scheduler, max_iterations: int) -> tuple[PlanError, int]:
@@ -71,7 +80,7 @@ def run_until_error(scheduler: Scheduler, max_iterations: int) -> tuple[PlanErro
 @pytest.mark.parametrize("limit", [5, 50])
 def test_a_planted_livelock_fails_with_no_progress_at_the_limit(limit):
     scheduler = Scheduler(REQUEST, Livelock(), sim_engine(),
-                          dataclasses.replace(CONFIG, no_progress_steps=limit))
+                          CONFIG.with_knobs(no_progress_steps=limit))
     error, iteration = run_until_error(scheduler, 10 * limit)
     assert (error.policy, error.rule) == ("test_livelock", "no_progress")
     # Iteration 0 computes the first token (progress); then each pair (preempt, readmit
@@ -93,7 +102,7 @@ def test_the_default_limit_stops_a_livelock():
 def test_slow_progress_is_not_a_livelock():
     # Every readmission computes a token more than the request ever had: it finishes.
     scheduler = Scheduler(REQUEST, Crawl(), sim_engine(),
-                          dataclasses.replace(CONFIG, no_progress_steps=2))
+                          CONFIG.with_knobs(no_progress_steps=2))
     scheduler.run()
     assert scheduler.table.state[0] == RequestState.FINISHED
     assert scheduler.record.num_preemptions >= 7
@@ -101,13 +110,13 @@ def test_slow_progress_is_not_a_livelock():
 
 def test_the_limit_is_a_run_spec_knob():
     spec = RunSpec(limits=LimitsSpec(num_kv_pages=64, max_model_len=128, no_progress_steps=7))
-    assert scheduler_config(spec).no_progress_steps == 7
+    assert scheduler_config(spec).limits.no_progress_steps == 7
     assert scheduler_config(RunSpec(limits=LimitsSpec(num_kv_pages=64, max_model_len=128))
-                            ).no_progress_steps == 10_000
+                            ).limits.no_progress_steps == 10_000
     with pytest.raises(ValueError, match="no_progress_steps"):
         LimitsSpec(no_progress_steps=0)
     with pytest.raises(ValueError, match="no_progress_steps"):
-        SchedulerConfig(no_progress_steps=0)
+        SchedulerConfig(limits=StepLimits(no_progress_steps=0))
 
 
 def mlfq_issue_spec() -> RunSpec:

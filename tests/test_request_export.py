@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import policies
-from orca_jax import Request, Scheduler, SchedulerConfig
+from orca_jax import KVConfig, LoopFeatures, Request, Scheduler, SchedulerConfig, StepLimits
 from orca_jax.cluster.event_loop import Event, EventLoop
 from orca_jax.cluster.replicas import Cluster
 from orca_jax.core.loop.request_export import RequestExport
@@ -17,8 +17,9 @@ from orca_jax.core.requests.run_result import RunResult
 from orca_jax.sim.cost_model import CostModelConfig
 from orca_jax.sim.engine import SimEngine
 
-CONFIG = SchedulerConfig(max_num_seqs=8, max_num_tokens=256, num_kv_pages=64, page_size=16,
-                         max_model_len=512, log_step_requests=True)
+CONFIG = SchedulerConfig(limits=StepLimits(max_num_seqs=8, max_num_tokens=256, max_model_len=512),
+                         kv=KVConfig(num_kv_pages=64, page_size=16),
+                         features=LoopFeatures(log_step_requests=True))
 STEP_S = 0.01
 COPY_S = 0.005  # the test's price of moving the KV (a transfer model would price its bytes)
 
@@ -64,7 +65,7 @@ def test_a_running_request_migrates_mid_run_and_finishes_with_its_tokens(policy)
                                                        result_b.step_tokens) if moved in r]
     assert b_tokens == [1] * (30 - 5)
     assert result_b.first_token_s[moved] == result_a.first_token_s[moved]
-    assert a.kv.num_free == b.kv.num_free == CONFIG.num_kv_pages  # nothing held on
+    assert a.kv.num_free == b.kv.num_free == CONFIG.kv.num_kv_pages  # nothing held on
     joined = RunResult.concat([result_a, result_b], router="migration")
     assert joined.replica.tolist() == [0, 1, 0, 0]
     assert (joined.state == RequestState.FINISHED).all()
@@ -153,4 +154,4 @@ def test_a_migration_event_moves_a_running_request_on_the_cluster_loop():
     on_source = tokens_at <= 0.31 + 1e-9
     assert on_source.sum() == 31
     assert tokens_at[~on_source].min() >= 0.31 + COPY_S + STEP_S - 1e-9
-    assert all(r.kv.num_free == CONFIG.num_kv_pages for r in cluster.replicas)
+    assert all(r.kv.num_free == CONFIG.kv.num_kv_pages for r in cluster.replicas)

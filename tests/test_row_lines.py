@@ -7,7 +7,15 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orca_jax import Request, Scheduler, SchedulerConfig, make_policy
+from orca_jax import (
+    KVConfig,
+    LoopFeatures,
+    Request,
+    Scheduler,
+    SchedulerConfig,
+    StepLimits,
+    make_policy,
+)
 from orca_jax.core.requests.request import RequestState
 from orca_jax.core.requests.run_record import StepLog
 from orca_jax.core.requests.run_result import RunResult
@@ -96,11 +104,13 @@ def test_a_request_line_is_the_json_of_its_row(columns, request_id, tenant, reas
     assert request_line(columns, 0, **args) == json.dumps(request_row(columns, 0, **args))
 
 
-def _run(**config) -> RunResult:
+def _run(log_step_requests: bool = False) -> RunResult:
     requests = [Request(id=i, arrival_s=0.05 * i, prompt_len=30 + 11 * i, output_len=4 + i,
                         tenant=f"t{i % 2}") for i in range(6)]
-    config = SchedulerConfig(max_num_seqs=4, max_num_tokens=64, num_kv_pages=64, page_size=8,
-                             max_model_len=256, **config)
+    config = SchedulerConfig(limits=StepLimits(max_num_seqs=4, max_num_tokens=64,
+                                               max_model_len=256),
+                             kv=KVConfig(num_kv_pages=64, page_size=8),
+                             features=LoopFeatures(log_step_requests=log_step_requests))
     engine = SimEngine(CostModelConfig(mode="fixed", step_time_s=0.01))
     return Scheduler(requests, make_policy("vllm"), engine, config).run()
 

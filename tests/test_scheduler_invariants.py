@@ -21,11 +21,13 @@ from hypothesis import strategies as st
 
 import policies
 from orca_jax import (
+    KVConfig,
     Request,
     RequestState,
     Scheduler,
     SchedulerConfig,
     SchedulerView,
+    StepLimits,
     StepPlan,
     plan_in_order,
 )
@@ -71,19 +73,19 @@ def check_step(scheduler: Scheduler, steps_before: int) -> None:
     """Asserts the per-step invariants after one `scheduler.step()`."""
     config, table, kv = scheduler.config, scheduler.table, scheduler.kv
     for entry in scheduler.record.steps[steps_before:]:
-        assert 1 <= entry.num_seqs <= config.max_num_seqs, entry
-        assert 1 <= entry.num_tokens <= config.max_num_tokens, entry
+        assert 1 <= entry.num_seqs <= config.limits.max_num_seqs, entry
+        assert 1 <= entry.num_tokens <= config.limits.max_num_tokens, entry
         assert entry.num_seqs <= entry.num_tokens, entry
         sizes = scheduler.bucket_config.token_sizes
         smallest = min(t for t in sizes if t >= entry.num_tokens)
         assert entry.bucket == entry.num_padded_tokens == smallest, entry
         assert entry.num_free_pages >= 0
     kv.check_consistency()  # with prefix caching: reference counts too
-    assert 0 <= kv.num_free <= config.num_kv_pages
+    assert 0 <= kv.num_free <= config.kv.num_kv_pages
     if scheduler.prefix_caching:  # a shared page counts once
-        assert kv.num_free == config.num_kv_pages - int(np.count_nonzero(kv.ref_count))
+        assert kv.num_free == config.kv.num_kv_pages - int(np.count_nonzero(kv.ref_count))
     else:
-        assert kv.num_free == config.num_kv_pages - int(kv.num_held.sum())
+        assert kv.num_free == config.kv.num_kv_pages - int(kv.num_held.sum())
     running, waiting = scheduler.running, scheduler.waiting
     assert np.intersect1d(running, waiting).size == 0
     assert len(set(running.tolist())) == running.size
@@ -99,7 +101,7 @@ def check_step(scheduler: Scheduler, steps_before: int) -> None:
             < table.output_len[~(table.state == RequestState.FINISHED)]).all()
     assert np.isin(scheduler.last_finished, finished).all()
     # The pages a running request holds cover every token it has cached.
-    assert (kv.num_held[running] * config.page_size >= table.num_computed[running]).all()
+    assert (kv.num_held[running] * config.kv.page_size >= table.num_computed[running]).all()
     assert (table.num_computed <= table.prompt_len + table.num_generated).all()
 
 
@@ -139,7 +141,7 @@ def check_outcome(scheduler: Scheduler) -> None:
         times = token_time[token_req == request]
         assert (np.diff(times) > 0).all()
     assert scheduler.running.size == 0 and scheduler.waiting.size == 0
-    assert scheduler.kv.num_free == scheduler.config.num_kv_pages
+    assert scheduler.kv.num_free == scheduler.config.kv.num_kv_pages
 
 
 @st.composite
@@ -148,13 +150,14 @@ def workloads(draw):
     page_size = draw(st.sampled_from([4, 8, 16]))
     max_model_len = draw(st.sampled_from([64, 96, 128]))
     pages_per_seq = -(-max_model_len // page_size)
-    config = SchedulerConfig(
-        max_num_seqs=draw(st.integers(1, 6)),
-        max_num_tokens=draw(st.sampled_from([16, 24, 64, 128])),
-        # At least one max-length reservation, at most a few: KV pressure is the common case.
-        num_kv_pages=draw(st.integers(pages_per_seq, 3 * pages_per_seq)),
-        page_size=page_size, max_model_len=max_model_len,
-        watermark_pages=draw(st.sampled_from([0, 0, 1])))
+    config = SchedulerConfig(limits=StepLimits(max_num_seqs=draw(st.integers(1, 6)),
+                                               max_num_tokens=draw(
+                                                   st.sampled_from([16, 24, 64, 128])),
+                                               max_model_len=max_model_len),
+                             kv=KVConfig(num_kv_pages=draw(
+                                             st.integers(pages_per_seq, 3 * pages_per_seq)),
+                                         page_size=page_size,
+                                         watermark_pages=draw(st.sampled_from([0, 0, 1]))))
     arrival = draw(st.sampled_from(["burst", "poisson", "gamma"]))
     requests = synthetic_workload(
         num_requests=draw(st.integers(1, 24)), arrival=arrival,
@@ -184,8 +187,9 @@ def test_invariants_hold_on_random_workloads(policy_name, run):
 def test_impossible_requests_are_rejected_with_reasons(policy_name):
     requests = synthetic_workload(num_requests=12, arrival="burst", rate=None,
                                   prompt_len="uniform:1:120", output_len="uniform:1:40", seed=3)
-    config = SchedulerConfig(max_num_seqs=4, max_num_tokens=128, num_kv_pages=40, page_size=8,
-                             max_model_len=100)
+    config = SchedulerConfig(limits=StepLimits(max_num_seqs=4, max_num_tokens=128,
+                                               max_model_len=100),
+                             kv=KVConfig(num_kv_pages=40, page_size=8))
     scheduler = Scheduler(requests, make_builtin(policy_name), sim_engine(), config)
     too_long = np.array([r.total_len > 100 for r in requests])
     assert too_long.any() and not too_long.all()  # the seed gives both kinds
@@ -202,8 +206,8 @@ def test_prompts_longer_than_the_token_budget_are_chunked(policy_name):
     # The context (64) is larger than a step (16): a 39-token prompt must be computed in chunks.
     requests = [Request(id=0, arrival_s=0.0, prompt_len=39, output_len=3),
                 Request(id=1, arrival_s=0.0, prompt_len=5, output_len=2)]
-    config = SchedulerConfig(max_num_seqs=4, max_num_tokens=16, num_kv_pages=32, page_size=4,
-                             max_model_len=64)
+    config = SchedulerConfig(limits=StepLimits(max_num_seqs=4, max_num_tokens=16, max_model_len=64),
+                             kv=KVConfig(num_kv_pages=32, page_size=4))
     scheduler = Scheduler(requests, make_builtin(policy_name), sim_engine(), config)
     run_checked(scheduler)
     check_outcome(scheduler)
@@ -214,8 +218,8 @@ def test_prompts_longer_than_the_token_budget_are_chunked(policy_name):
 
 def test_a_result_is_a_read_only_copy_of_the_run_so_far():
     requests = [Request(id=10 + i, arrival_s=0.0, prompt_len=4, output_len=3) for i in range(3)]
-    config = SchedulerConfig(max_num_seqs=4, max_num_tokens=64, num_kv_pages=64, page_size=4,
-                             max_model_len=64)
+    config = SchedulerConfig(limits=StepLimits(max_num_seqs=4, max_num_tokens=64, max_model_len=64),
+                             kv=KVConfig(num_kv_pages=64, page_size=4))
     scheduler = Scheduler(requests, make_builtin("orca"), sim_engine(), config)
     scheduler.engine.warmup(scheduler.bucket_config.buckets())
     scheduler.step()
@@ -238,8 +242,8 @@ def test_watermark_never_strands_a_request(policy_name):
     # on-demand one), never leave the run stuck.
     requests = [Request(id=0, arrival_s=0.0, prompt_len=40, output_len=24),
                 Request(id=1, arrival_s=0.0, prompt_len=8, output_len=4)]
-    config = SchedulerConfig(max_num_seqs=4, max_num_tokens=64, num_kv_pages=16, page_size=4,
-                             max_model_len=64, watermark_pages=1)
+    config = SchedulerConfig(limits=StepLimits(max_num_seqs=4, max_num_tokens=64, max_model_len=64),
+                             kv=KVConfig(num_kv_pages=16, page_size=4, watermark_pages=1))
     scheduler = Scheduler(requests, make_builtin(policy_name), sim_engine(), config)
     run_checked(scheduler)
     check_outcome(scheduler)
@@ -253,8 +257,8 @@ def test_watermark_never_strands_a_request(policy_name):
 def test_view_arrays_are_read_only():
     requests = synthetic_workload(num_requests=6, arrival="burst", rate=None,
                                   prompt_len="fixed:8", output_len="fixed:4", seed=0)
-    config = SchedulerConfig(max_num_seqs=2, max_num_tokens=32, num_kv_pages=64, page_size=4,
-                             max_model_len=64)
+    config = SchedulerConfig(limits=StepLimits(max_num_seqs=2, max_num_tokens=32, max_model_len=64),
+                             kv=KVConfig(num_kv_pages=64, page_size=4))
     scheduler = Scheduler(requests, make_policy("orca"), sim_engine(), config)
     scheduler.step()  # some running, some waiting
     view = scheduler.view
@@ -283,8 +287,8 @@ def test_finished_requests_leave_running_in_their_step(policy_name):
     # Output lengths 1..6 in one burst: requests finish on different steps.
     requests = synthetic_workload(num_requests=6, arrival="burst", rate=None,
                                   prompt_len="fixed:4", output_len="uniform:1:6", seed=5)
-    config = SchedulerConfig(max_num_seqs=8, max_num_tokens=64, num_kv_pages=64, page_size=4,
-                             max_model_len=32)
+    config = SchedulerConfig(limits=StepLimits(max_num_seqs=8, max_num_tokens=64, max_model_len=32),
+                             kv=KVConfig(num_kv_pages=64, page_size=4))
     scheduler = Scheduler(requests, make_builtin(policy_name), sim_engine(), config)
     scheduler.engine.warmup(scheduler.bucket_config.buckets())
     table = scheduler.table
@@ -398,8 +402,8 @@ def _tokens_scheduled(plans, request: int) -> int:
 def test_preemption_loses_nothing_and_recomputes():
     requests = synthetic_workload(num_requests=16, arrival="burst", rate=None,
                                   prompt_len="uniform:4:16", output_len="uniform:8:32", seed=2)
-    config = SchedulerConfig(max_num_seqs=8, max_num_tokens=64, num_kv_pages=12, page_size=4,
-                             max_model_len=48)
+    config = SchedulerConfig(limits=StepLimits(max_num_seqs=8, max_num_tokens=64, max_model_len=48),
+                             kv=KVConfig(num_kv_pages=12, page_size=4))
     policy = PreemptNewest()
     scheduler = Scheduler(requests, policy, sim_engine(), config)
     table = scheduler.table
@@ -455,11 +459,13 @@ def shared_prefix_workloads(draw):
     page_size = draw(st.sampled_from([2, 4, 8]))
     max_model_len = 64
     pages_per_seq = -(-max_model_len // page_size)
-    config = SchedulerConfig(
-        max_num_seqs=draw(st.integers(1, 6)), max_num_tokens=draw(st.sampled_from([16, 32, 64])),
-        num_kv_pages=draw(st.integers(pages_per_seq, 2 * pages_per_seq)),
-        page_size=page_size, max_model_len=max_model_len,
-        watermark_pages=draw(st.sampled_from([0, 0, 1])))
+    config = SchedulerConfig(limits=StepLimits(max_num_seqs=draw(st.integers(1, 6)),
+                                               max_num_tokens=draw(st.sampled_from([16, 32, 64])),
+                                               max_model_len=max_model_len),
+                             kv=KVConfig(num_kv_pages=draw(
+                                             st.integers(pages_per_seq, 2 * pages_per_seq)),
+                                         page_size=page_size,
+                                         watermark_pages=draw(st.sampled_from([0, 0, 1]))))
     rng = np.random.default_rng(draw(st.integers(0, 2**16)))
     prefixes = [rng.integers(1, 50, size=draw(st.integers(1, 40)), dtype=np.int32)
                 for _ in range(draw(st.integers(1, 3)))]
@@ -583,7 +589,7 @@ def test_invariants_hold_with_prefix_caching(policy_name, run):
     iterations = run_checked_with_cache(scheduler)
     check_outcome(scheduler)
     off = Scheduler(requests, build_cached(policy_name), sim_engine(),
-                    dataclasses.replace(config, enable_prefix_caching=False))
+                    config.with_knobs(enable_prefix_caching=False))
     if scheduler.prefix_caching:
         assert (scheduler.kv.ref_count == 0).all()
         assert (scheduler.table.num_cached_tokens

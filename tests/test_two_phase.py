@@ -19,7 +19,17 @@ from typing import Optional, Union
 import numpy as np
 import pytest
 
-from orca_jax import PlanError, Policy, Request, Scheduler, SchedulerConfig, StepPlan
+from orca_jax import (
+    KVConfig,
+    LoopFeatures,
+    PlanError,
+    Policy,
+    Request,
+    Scheduler,
+    SchedulerConfig,
+    StepLimits,
+    StepPlan,
+)
 from orca_jax.core.api.policy import make_policy
 from orca_jax.core.loop.executor import Executor
 from orca_jax.core.loop.scheduled_step import IdleStep, ScheduledStep, StepResult
@@ -139,8 +149,9 @@ class TakeTurns(Policy):
         return StepPlan(chosen, tokens)
 
 
-CONFIG = SchedulerConfig(max_num_seqs=6, max_num_tokens=64, page_size=8, max_model_len=128,
-                         num_kv_pages=128, log_step_requests=True)
+CONFIG = SchedulerConfig(limits=StepLimits(max_num_seqs=6, max_num_tokens=64, max_model_len=128),
+                         kv=KVConfig(page_size=8, num_kv_pages=128),
+                         features=LoopFeatures(log_step_requests=True))
 
 
 def workload(num_requests: int = 24) -> list[Request]:

@@ -23,7 +23,7 @@ import numpy as np
 from absl import app
 
 import policies
-from orca_jax import Request, Scheduler, SchedulerConfig
+from orca_jax import KVConfig, LoopFeatures, Request, Scheduler, SchedulerConfig, StepLimits
 from orca_jax.core.requests.run_result import RunResult
 from orca_jax.results.metrics import format_table
 from orca_jax.results.plots import SlotTimeline, plot_slot_timelines, slot_timeline
@@ -42,8 +42,10 @@ TIMELINE_PATH = "docs/figures/seed_timeline.png"
 def _run(policy: str, outputs: Sequence[int], slots: int) -> RunResult:
     requests = [Request(id=i, arrival_s=0.0, prompt_len=PROMPT_LEN, output_len=n)
                 for i, n in enumerate(outputs)]
-    config = SchedulerConfig(max_num_seqs=slots, max_num_tokens=64, num_kv_pages=4 * 2048 // 16,
-                             page_size=16, max_model_len=2048, log_step_requests=True)
+    config = SchedulerConfig(limits=StepLimits(max_num_seqs=slots, max_num_tokens=64,
+                                               max_model_len=2048),
+                             kv=KVConfig(num_kv_pages=4 * 2048 // 16, page_size=16),
+                             features=LoopFeatures(log_step_requests=True))
     engine = SimEngine(CostModelConfig(mode="fixed", model="tiny", step_time_s=STEP_S))
     return Scheduler(requests, policies.make_policy(policy), engine, config).run()
 

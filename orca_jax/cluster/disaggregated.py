@@ -4,7 +4,7 @@ Every replica is a whole `Scheduler` (its own policy instance, engine, KV pool
 and clock), as in the colocated `Cluster`. A request arrives at a prefill
 replica picked by the prefill router and runs its prompt there, chunked or not
 as that replica's policy decides, up to its first token: a prefill replica
-sees each request with an output of one token (`SchedulerConfig.kv_handoff`
+sees each request with an output of one token (`SchedulerConfig.features.kv_handoff`
 keeps its pages). The decode router then picks a decode replica and the
 request's KV queues on that (prefill, decode) link (`transfers.LinkQueues`). A
 transfer starts when its link has a free slot and the decode pool has room:
@@ -88,16 +88,15 @@ class DisaggregatedCluster(EventLoop):
 
     def __init__(self, requests: Sequence[Request], *, prefill: PoolSpec, decode: PoolSpec,
                  transfer_cost: KVTransferCost) -> None:
-        if decode.config.kv_layout != "paged":
-            raise ValueError(f"decode pool: kv_layout {decode.config.kv_layout!r}; a received "
+        if not decode.config.kv.receives_transfers:
+            raise ValueError(f"decode pool: kv_layout {decode.config.kv.kv_layout!r}; a received "
                              "request's pages are reserved before its admission, so the decode "
                              "pool needs the 'paged' layout")
         self.transfer_cost = transfer_cost
         prompts = [dataclasses.replace(r, output_len=1, planned_output_tokens=None)
                    for r in requests]
-        prefill_config = dataclasses.replace(prefill.config, kv_handoff=True)
-        decode_config = dataclasses.replace(decode.config, kv_handoff=False,
-                                            enable_prefix_caching=False)
+        prefill_config = prefill.config.with_knobs(kv_handoff=True)
+        decode_config = decode.config.with_knobs(kv_handoff=False, enable_prefix_caching=False)
         self.prefill = [Scheduler(prompts, prefill.make_policy(), prefill.make_engine(),
                                   prefill_config, submitted_only=True)
                         for _ in range(prefill.num_replicas)]

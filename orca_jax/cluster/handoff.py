@@ -1,6 +1,6 @@
 """A request's KV handed from a prefill replica to a decode replica (disaggregation).
 
-A prefill replica (`SchedulerConfig.kv_handoff`) runs each request up to its
+A prefill replica (`SchedulerConfig.features.kv_handoff`) runs each request up to its
 first token; the request then finishes there but keeps its KV pages, listed in
 `Scheduler.in_transfer`, until the transfer that carries them ends (`release`).
 The decode replica takes the request in two moves: when the transfer starts,

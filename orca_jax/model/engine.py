@@ -107,7 +107,7 @@ class JaxEngine(Engine):
       params: the model's parameter state (`nnx.split(model)[1]`, `weights.init_params`,
         `weights.restore_params` or `weights.load_llama_folder`); cast to `dtype`.
       num_cache_pages: pages in the KV cache, the null page 0 included (a pool of
-        N usable pages, `SchedulerConfig.num_kv_pages`, needs N + 1).
+        N usable pages, `SchedulerConfig.kv.num_kv_pages`, needs N + 1).
       page_size: tokens per page.
       pages_per_seq: page-table width P of every bucket.
       dtype: parameter, activation and KV cache dtype.

@@ -5,7 +5,7 @@ imports without it; `slot_timeline` (the numbers behind the timeline picture)
 needs no matplotlib at all.
 
 The slot timeline reads a finished run's step logs (`RunResult.step_requests`
-and `step_held`, kept when the run had `SchedulerConfig.log_step_requests`): a
+and `step_held`, kept when the run had `SchedulerConfig.features.log_step_requests`): a
 request ran in a step when the step computed tokens of it, and it *holds* a slot
 while it runs, while it is admitted but idle (running), and, for policies that
 return answers late (static batching's `defer_release`), until it is released.
@@ -125,7 +125,7 @@ def slot_timeline(result: RunResult, *, num_slots: Optional[int] = None) -> Slot
     """The slot each request holds at each step of a finished run.
 
     Args:
-      result: a run with `SchedulerConfig.log_step_requests` (its steps' requests).
+      result: a run with `SchedulerConfig.features.log_step_requests` (its steps' requests).
       num_slots: the rows of the timeline (the run's batch cap, say); default and
         at least: the most slots held at once.
 
@@ -140,8 +140,9 @@ def slot_timeline(result: RunResult, *, num_slots: Optional[int] = None) -> Slot
         raise ValueError(f"slot_timeline draws one scheduler's slots; this run has "
                          f"{result.num_replicas} replicas")
     if result.step_requests is None or result.step_held is None:
-        raise ValueError("slot_timeline needs a run with SchedulerConfig.log_step_requests "
-                         "(the requests of each step); this one did not log them")
+        raise ValueError("slot_timeline needs a run with "
+                         "SchedulerConfig.features.log_step_requests (the requests of each "
+                         "step); this one did not log them")
     slot_of: dict[int, int] = {}
     rows: list[tuple[dict[int, int], set[int]]] = []
     for requests, held_after in zip(result.step_requests, result.step_held):
@@ -236,7 +237,7 @@ def plot_slot_timeline(result: RunResult, path: str, title: Optional[str] = None
     """Draws a finished run's slot timeline (one panel).
 
     Args:
-      result: a run with `SchedulerConfig.log_step_requests`.
+      result: a run with `SchedulerConfig.features.log_step_requests`.
       path: the PNG to write.
       title: the panel's title (default: the policy name).
       num_slots: the rows to draw (see `slot_timeline`).

@@ -18,10 +18,13 @@ from orca_jax.cluster.replicas import Cluster
 from orca_jax.cluster.routing import Router, make_router, resolve_router_class
 from orca_jax.core.api.plugins import PolicyLoadError, parse_options
 from orca_jax.core.api.policy import Policy, make_policy
-from orca_jax.core.loop.scheduler import SchedulerConfig
+from orca_jax.core.kv import KVConfig
+from orca_jax.core.loop.config import LoopFeatures, SchedulerConfig
+from orca_jax.core.plans.limits import SLOTargets, StepLimits
 from orca_jax.core.requests.request import Request
 from orca_jax.core.step.engine_api import Engine, EngineConfigError
 from orca_jax.core.step.packing import pages_per_seq_for
+from orca_jax.core.step.sampling import SamplingConfig
 from orca_jax.runner.spec import JaxEngineSpec, RunSpec, SimEngineSpec, sampling_params
 from orca_jax.sim import cost_model
 from orca_jax.sim.engine import SimEngine
@@ -95,7 +98,8 @@ def max_model_len(spec: RunSpec) -> int:
 
 
 def scheduler_config(spec: RunSpec) -> SchedulerConfig:
-    """The scheduler's limits; the KV pool from a page count, a memory budget or the GPU."""
+    """The scheduler's config, part by part; the KV pool from a page count, a memory budget
+    or the GPU."""
     limits, engine = spec.limits, spec.engine
     sampling = engine.sampling if isinstance(engine, JaxEngineSpec) else "greedy"
     temperature, top_k, top_p = sampling_params(sampling)
@@ -109,17 +113,17 @@ def scheduler_config(spec: RunSpec) -> SchedulerConfig:
         pages = num_kv_pages_for_memory(
             get_model_config(engine.model), get_hardware(engine.hardware), engine.tp,
             limits.page_size, kv_memory_gb=limits.kv_memory_gb)
-    return SchedulerConfig(max_num_seqs=limits.max_num_seqs,
-                           max_num_tokens=limits.max_num_tokens, num_kv_pages=pages,
-                           page_size=limits.page_size, max_model_len=context,
-                           token_buckets=limits.token_buckets, temperature=temperature,
-                           top_k=top_k, top_p=top_p, seed=spec.seed,
-                           ttft_slo_s=spec.ttft_slo_s, tpot_slo_s=spec.tpot_slo_s,
-                           no_progress_steps=limits.no_progress_steps,
-                           log_step_requests=limits.log_step_requests,
-                           kv_layout=limits.kv_layout,
-                           count_host_time=limits.count_host_time,
-                           overlap=isinstance(engine, JaxEngineSpec) and engine.overlap)
+    return SchedulerConfig(
+        limits=StepLimits(max_num_seqs=limits.max_num_seqs, max_num_tokens=limits.max_num_tokens,
+                          max_model_len=context, token_buckets=limits.token_buckets,
+                          no_progress_steps=limits.no_progress_steps),
+        kv=KVConfig(num_kv_pages=pages, page_size=limits.page_size, kv_layout=limits.kv_layout),
+        sampling=SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p,
+                                seed=spec.seed),
+        slo=SLOTargets(ttft_slo_s=spec.ttft_slo_s, tpot_slo_s=spec.tpot_slo_s),
+        features=LoopFeatures(count_host_time=limits.count_host_time,
+                              overlap=isinstance(engine, JaxEngineSpec) and engine.overlap,
+                              log_step_requests=limits.log_step_requests))
 
 
 def build_engine(spec: RunSpec, config: SchedulerConfig) -> Engine:
@@ -167,9 +171,10 @@ def _jax_engine(spec: RunSpec, engine: JaxEngineSpec, config: SchedulerConfig) -
     elif attention == "pallas" and not on_gpu:
         attention = "pallas_interpret"  # the same kernel, run by the Pallas interpreter
     mesh = sharding.make_mesh(engine.tp, model) if engine.tp > 1 else None
-    pages_per_seq = pages_per_seq_for(config.max_model_len, config.page_size)
-    real = JaxEngine(model, params, num_cache_pages=config.num_kv_pages + 1,  # + the null page
-                     page_size=config.page_size, pages_per_seq=pages_per_seq, dtype=dtype,
+    limits, kv = config.limits, config.kv
+    pages_per_seq = pages_per_seq_for(limits.max_model_len, kv.page_size)
+    real = JaxEngine(model, params, num_cache_pages=kv.num_kv_pages + 1,  # + the null page
+                     page_size=kv.page_size, pages_per_seq=pages_per_seq, dtype=dtype,
                      attention=attention, mesh=mesh, feed_tokens=engine.overlap)
     if engine.clock == "wall":
         return real
@@ -177,8 +182,8 @@ def _jax_engine(spec: RunSpec, engine: JaxEngineSpec, config: SchedulerConfig) -
     # read from --profile_table (then a run in another process prices every step alike).
     identity = {"model": model.name, "model_sha256": _model_digest(model),
                 "dtype": engine.dtype, "attention": attention, "tp": engine.tp}
-    return ProfiledClock(real, max_model_len=config.max_model_len, page_size=config.page_size,
-                         pages_per_seq=pages_per_seq, num_pages=config.num_kv_pages + 1,
+    return ProfiledClock(real, max_model_len=limits.max_model_len, page_size=kv.page_size,
+                         pages_per_seq=pages_per_seq, num_pages=kv.num_kv_pages + 1,
                          table_file=engine.profile_table, identity=identity)
 
 
@@ -229,9 +234,10 @@ def profile_table_record(engine: Engine, out_dir: str, *, write_dir: Optional[st
 
 
 def _limits(config: SchedulerConfig) -> dict[str, int]:
-    """The scheduler's capacities by name: its int `max_*` and `num_*` fields."""
-    return {f.name: getattr(config, f.name) for f in dataclasses.fields(config)
-            if f.name.startswith(("max_", "num_")) and type(getattr(config, f.name)) is int}
+    """The scheduler's capacities by name: its parts' int `max_*` and `num_*` fields."""
+    return {f.name: getattr(part, f.name) for part in (config.limits, config.kv)
+            for f in dataclasses.fields(part)
+            if f.name.startswith(("max_", "num_")) and type(getattr(part, f.name)) is int}
 
 
 def check_policy_limits(policy: Policy, options: Optional[Mapping[str, str]],

@@ -142,7 +142,7 @@ def run_policy(spec: RunSpec, policy_spec: str, policy_options: Optional[Mapping
             # are written again in arrival order, each row now with every field. With
             # step requests logged, the run's end may add removals to the last step
             # (`RunRecord.flush_removed`) after it streamed: the steps are written again.
-            rewrite_steps = config.log_step_requests
+            rewrite_steps = config.features.log_step_requests
             if not rewrite_steps:
                 folder.keep_streamed("steps.jsonl")
             # The profiled clock's table (measured only at warm-up, after config.json was

@@ -49,7 +49,7 @@ class Policy(abc.ABC):
         clients only when the policy lists them in `StepPlan.release` (as
         request-level batching returns a whole batch at once).
       prefix_caching: True opts in to prefix caching (active when
-        `SchedulerConfig.enable_prefix_caching` is on too): an admission then
+        `SchedulerConfig.kv.enable_prefix_caching` is on too): an admission then
         starts past the cached pages of its prompt, so the tokens a plan gives a
         waiting request count from there (`view.cached_tokens`).
       renamed_options: old knob name -> new name, for knobs renamed in a release;

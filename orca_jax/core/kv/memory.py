@@ -18,6 +18,7 @@ from numpy.typing import NDArray
 from orca_jax.core.kv.buddy import BuddyPool
 from orca_jax.core.kv.cached_pool import CachedPool
 from orca_jax.core.kv.capacity import CachedCapacity, KVCapacity, reservation_tokens
+from orca_jax.core.kv.config import KVConfig
 from orca_jax.core.kv.pool import KV_LAYOUTS, KVPool, PagedPool
 from orca_jax.core.kv.prefix_cache import PrefixCache
 from orca_jax.core.kv.prefix_hits import PrefixHits
@@ -62,26 +63,25 @@ class KVMemory:
     reserves: bool  # whether admissions reserve
 
     @classmethod
-    def build(cls, table: RequestTable, *, policy_name: str, num_kv_pages: int, page_size: int,
-              max_pages_per_seq: int, max_model_len: int, layout: str, reservation: str,
-              watermark_pages: int, prefix_caching: bool,
-              uses_planned_output: bool) -> "KVMemory":
+    def build(cls, table: RequestTable, *, policy_name: str, config: KVConfig,
+              max_pages_per_seq: int, max_model_len: int, reservation: str,
+              prefix_caching: bool, uses_planned_output: bool) -> "KVMemory":
         """The KV memory of one run.
 
         Args:
           table: the run's requests.
           policy_name: for messages.
-          num_kv_pages, page_size, max_pages_per_seq: the pool's shape.
+          config: the pool's size and page, its layout and watermark.
+          max_pages_per_seq: a page-table row's width.
           max_model_len: the context limit (the `max` reservation).
-          layout: `paged` or `buddy` (`KV_LAYOUTS`).
           reservation: the policy's `kv_reservation`.
-          watermark_pages: free pages an admission must leave.
           prefix_caching: whether prefix caching is active (the config's and the policy's).
           uses_planned_output: see `PrefixHits`.
 
         Raises:
           ValueError: the layout does not go with the reservation or with caching.
         """
+        num_kv_pages, page_size, layout = config.num_kv_pages, config.page_size, config.kv_layout
         if layout == "buddy" and reservation == "none":
             raise ValueError(f"policy {policy_name!r}: kv_layout 'buddy' gives each request one "
                              "block at admission, so it needs a reserving kv_reservation "
@@ -89,7 +89,7 @@ class KVMemory:
         if layout == "buddy" and prefix_caching:
             raise ValueError(f"policy {policy_name!r}: prefix caching shares single KV pages and "
                              "the buddy layout hands out whole blocks; turn one off "
-                             "(SchedulerConfig.enable_prefix_caching or the policy's knob)")
+                             "(SchedulerConfig.kv.enable_prefix_caching or the policy's knob)")
         n = len(table)
         # A workload of lengths only has no ids to match: no admission could ever hit, so
         # no cache is kept and every step takes the uncached path (same results, faster).
@@ -101,7 +101,7 @@ class KVMemory:
                          prefix_cache=cache)
         reserve = reservation_tokens(reservation, table, max_model_len)
         rules = dict(reservation=reservation, reserve_tokens=reserve,
-                     watermark_pages=watermark_pages)
+                     watermark_pages=config.watermark_pages)
         hits = capacity = None
         if cache is None:
             capacity = KVCapacity(table, pool, **rules)

@@ -10,7 +10,7 @@ dispatched whose sampled tokens are not read back yet. `depth` is how many
 steps are in flight right after one is dispatched:
 
 - depth 1: the engine runs each step before the next is planned (`Engine.step_packed`).
-- depth 2: overlap (`SchedulerConfig.overlap`): step N+1 is planned and packed while
+- depth 2: overlap (`SchedulerConfig.features.overlap`): step N+1 is planned and packed while
   step N runs; N+1's decodes read N's tokens on the device
   (`Engine.step_async(inputs, token_source)`) and N's tokens are read back
   once N+1 is dispatched.
@@ -88,7 +88,7 @@ class Executor:
     """Runs `scheduler`'s iterations with up to `depth` steps in flight.
 
     A `Scheduler` builds its own (`Scheduler.executor`, through which its `step`,
-    `run` and `result` go): of depth 2 with `SchedulerConfig.overlap` where the run
+    `run` and `result` go): of depth 2 with `SchedulerConfig.features.overlap` where the run
     allows it, else of depth 1. To choose the depth, set another before the first
     step: `scheduler.executor = Executor(scheduler, depth=3)`.
 
@@ -122,7 +122,7 @@ class Executor:
         self.engine = engine
         self.depth = depth
         self.in_flight = StepsInFlight(len(scheduler.table))  # stays empty at depth 1
-        self._count_host_time = scheduler.config.count_host_time
+        self._count_host_time = scheduler.config.features.count_host_time
         # An `Engine` may price a step from its lengths, never building the padded
         # descriptor (the simulator); a duck-typed engine has only `step`. Chosen once.
         self._run_packed: Callable[[PackedStep], StepOutput] = (

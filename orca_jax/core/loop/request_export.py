@@ -35,7 +35,6 @@ from numpy.typing import NDArray
 
 from orca_jax.core.kv import KVCapacity, KVPool
 from orca_jax.core.kv.prefix_hits import PrefixHits
-from orca_jax.core.plans.scheduler_state import SchedulerLimits
 from orca_jax.core.requests.request import Request, RequestState
 from orca_jax.core.requests.request_table import RequestTable
 from orca_jax.core.step.engine_api import Engine
@@ -49,7 +48,6 @@ class Scheduler(Protocol):
     """What moving a request reads and writes of a `Scheduler` (the scheduler's own
     state: only its methods call these functions)."""
 
-    config: SchedulerLimits
     table: RequestTable
     kv: KVPool
     capacity: KVCapacity

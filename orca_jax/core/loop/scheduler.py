@@ -11,7 +11,7 @@ could ever take are rejected up front (`orca_jax.core.loop.admission`), and a ru
 in which no request gains a computed token or finishes for `no_progress_steps`
 iterations fails (`no_progress`).
 
-With prefix caching active (`SchedulerConfig.enable_prefix_caching` and the
+With prefix caching active (`SchedulerConfig.kv.enable_prefix_caching` and the
 policy's `prefix_caching`), an admission shares the cached pages of its known
 tokens and starts past them, and pages are named as they fill
 (`orca_jax.core.kv.prefix_cache`, `orca_jax.core.kv.prefix_hits`).
@@ -23,16 +23,16 @@ stays a few microseconds per running request.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Optional, Sequence
 
 import numpy as np
 from numpy.typing import NDArray
 
 from orca_jax.core.api.policy import Policy, check_kv_reservation
-from orca_jax.core.kv import KV_LAYOUTS, KVMemory, preempt
+from orca_jax.core.kv import KVMemory, preempt
 from orca_jax.core.loop import request_export
 from orca_jax.core.loop.admission import reject_impossible
+from orca_jax.core.loop.config import SchedulerConfig
 from orca_jax.core.loop.executor import Executor
 from orca_jax.core.loop.request_export import RequestExport
 from orca_jax.core.loop.scheduler_loop import SchedulerLoop
@@ -51,87 +51,6 @@ _PENDING, _WAITING, _RUNNING, _AWAY = (int(RequestState.PENDING), int(RequestSta
                                        int(RequestState.RUNNING), int(RequestState.ROUTED_AWAY))
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class SchedulerConfig:
-    """The mechanism's limits (policy knobs live on the policy).
-
-    Attributes:
-      max_num_seqs: most sequences in one step (the batch cap).
-      max_num_tokens: most tokens computed in one step (the largest bucket).
-      num_kv_pages: usable KV pages in the pool.
-      page_size: tokens per KV page.
-      max_model_len: context limit: prompt + output of any request.
-      token_buckets: step sizes T to pad to (default: powers of two up to the budget).
-      watermark_pages: free pages an admission must leave (vLLM v0's watermark).
-      kv_layout: `paged` (any free page serves) or `buddy` (each request's
-        reservation one contiguous power-of-two block from a buddy allocator, as
-        the vLLM paper's Orca baselines; needs a reserving `kv_reservation`).
-      enable_prefix_caching: share cached KV pages of common prefixes between
-        requests, for policies that opt in (`Policy.prefix_caching`); off, every
-        run is exactly as without caching. Not with the `buddy` layout.
-      count_host_time: add measured host time to the virtual clock (then runs
-        are no longer bit-for-bit repeatable).
-      overlap: plan and pack step N+1 while step N runs, its decodes fed step N's
-        tokens on the device and N's tokens read back one step late
-        (`orca_jax.core.loop.executor`); plans, steps and tokens are the same as without.
-        Needs an engine that `feeds_tokens`, and not active with prefix caching
-        (pages are named by token values before the next plan) or `kv_handoff` (the
-        transfer carries the first token); else it runs in step.
-      log_step_requests: record which requests each step computed, how many tokens
-        each, and which hold a batch place after it (`RunResult.step_requests`,
-        `step_tokens`, `step_held`; memory grows with steps x batch).
-      temperature, top_k, top_p: sampling parameters of every request (greedy default).
-      seed: mixed into every request's sampling seed; policies and routers read it
-        (`SchedulerView.seed`) to seed their own randomness.
-      ttft_slo_s, tpot_slo_s: the run's SLOs (None: unset), for policies to read
-        (`SchedulerView.ttft_slo_s`); the core does not enforce them.
-      kv_handoff: a finished request keeps its KV pages (in `in_transfer`) until a
-        transfer hands them on (`orca_jax.cluster.handoff`: a disaggregated prefill replica).
-      no_progress_steps: the run fails (`no_progress`) after this many iterations
-        in a row in which no request computed a token past the most it had ever
-        computed, finished, was released or was rejected, while work remains (a
-        livelock: preempting and readmitting forever).
-    """
-
-    max_num_seqs: int = 256
-    max_num_tokens: int = 2048
-    num_kv_pages: int = 4096
-    page_size: int = 16
-    max_model_len: int = 2048
-    token_buckets: Optional[tuple[int, ...]] = None
-    watermark_pages: int = 0
-    kv_layout: str = "paged"
-    enable_prefix_caching: bool = True
-    count_host_time: bool = False
-    overlap: bool = False
-    log_step_requests: bool = False
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int = 0
-    ttft_slo_s: Optional[float] = None
-    tpot_slo_s: Optional[float] = None
-    no_progress_steps: int = 10_000
-    kv_handoff: bool = False
-
-    def __post_init__(self) -> None:
-        for field in ("max_num_seqs", "max_num_tokens", "num_kv_pages", "page_size",
-                      "max_model_len", "no_progress_steps"):
-            if getattr(self, field) < 1:
-                raise ValueError(f"SchedulerConfig.{field} must be >= 1, "
-                                 f"got {getattr(self, field)}")
-        if self.watermark_pages < 0 or self.watermark_pages >= self.num_kv_pages:
-            raise ValueError(f"SchedulerConfig.watermark_pages must be in [0, num_kv_pages), "
-                             f"got {self.watermark_pages}")
-        if self.kv_layout not in KV_LAYOUTS:
-            raise ValueError(f"SchedulerConfig.kv_layout {self.kv_layout!r} is not one of "
-                             f"{KV_LAYOUTS}")
-        for field in ("ttft_slo_s", "tpot_slo_s"):
-            value = getattr(self, field)
-            if value is not None and not value > 0:
-                raise ValueError(f"SchedulerConfig.{field} must be > 0 or None, got {value}")
-
-
 class Scheduler(SchedulerLoop):
     """Runs `policy` over `requests` on `engine`. One instance per run.
 
@@ -139,14 +58,14 @@ class Scheduler(SchedulerLoop):
       requests: the workload (any order; indexed by arrival order).
       policy: the scheduling policy (fresh: policies keep bookkeeping).
       engine: a JaxEngine or SimEngine.
-      config: the mechanism's limits.
+      config: the mechanism's settings, in parts (`SchedulerConfig`).
       submitted_only: no request arrives on its own: each comes by `submit` (a
         cluster's router) or `import_request` (a transfer, a migration), and one
         never given counts as routed away (a replica of a cluster).
 
     Attributes:
       executor: runs its iterations (`step`, `run`) and keeps its clock; depth 2
-        with `config.overlap` where the run allows it, else 1. Set another
+        with `config.features.overlap` where the run allows it, else 1. Set another
         `Executor(scheduler, depth=N)` before the first step for another depth.
     """
 
@@ -155,32 +74,34 @@ class Scheduler(SchedulerLoop):
         if not requests:
             raise ValueError("the workload has no requests")
         self.config = config
+        # The parts the per-step paths read, one attribute away.
+        self.features, self.kv_config = config.features, config.kv
+        limits, kv_config, sampling = config.limits, config.kv, config.sampling
         self.policy = policy
         self.engine = engine
         check_kv_reservation(policy, ValueError)
         self.kv_reservation = policy.kv_reservation
-        self.prefix_caching = bool(config.enable_prefix_caching and policy.prefix_caching)
+        self.prefix_caching = bool(kv_config.enable_prefix_caching and policy.prefix_caching)
         ordered = sort_by_arrival(requests)
         self.table = RequestTable(ordered)
         n = len(ordered)
         self.bucket_config = bucket_config_for(
-            max_num_tokens=config.max_num_tokens, max_num_seqs=config.max_num_seqs,
-            max_model_len=config.max_model_len, page_size=config.page_size,
-            token_sizes=config.token_buckets)
+            max_num_tokens=limits.max_num_tokens, max_num_seqs=limits.max_num_seqs,
+            max_model_len=limits.max_model_len, page_size=kv_config.page_size,
+            token_sizes=limits.token_buckets)
         self.kv_memory = KVMemory.build(
-            self.table, policy_name=policy.name, num_kv_pages=config.num_kv_pages,
-            page_size=config.page_size, max_pages_per_seq=self.bucket_config.pages_per_seq,
-            max_model_len=config.max_model_len, layout=config.kv_layout,
-            reservation=self.kv_reservation, watermark_pages=config.watermark_pages,
+            self.table, policy_name=policy.name, config=kv_config,
+            max_pages_per_seq=self.bucket_config.pages_per_seq,
+            max_model_len=limits.max_model_len, reservation=self.kv_reservation,
             prefix_caching=self.prefix_caching, uses_planned_output=not engine.needs_token_ids)
         self.kv, self.hits = self.kv_memory.pool, self.kv_memory.hits
         self.capacity = self.kv_memory.capacity
         seeds = (np.arange(n, dtype=np.uint64) * np.uint64(0x9E3779B1)
-                 + np.uint64(config.seed)) & np.uint64(0xFFFFFFFF)
+                 + np.uint64(sampling.seed)) & np.uint64(0xFFFFFFFF)
         self.sampling = SamplingArrays(
-            temperature=np.full(n, config.temperature, np.float32),
-            top_k=np.full(n, config.top_k, np.int32), top_p=np.full(n, config.top_p, np.float32),
-            rng_seeds=seeds.astype(np.uint32))
+            temperature=np.full(n, sampling.temperature, np.float32),
+            top_k=np.full(n, sampling.top_k, np.int32),
+            top_p=np.full(n, sampling.top_p, np.float32), rng_seeds=seeds.astype(np.uint32))
         self._generated: Optional[list[list[int]]] = (
             [[] for _ in range(n)] if engine.needs_token_ids else None)
         if engine.needs_token_ids and any(r.prompt_tokens is None for r in ordered):
@@ -201,17 +122,19 @@ class Scheduler(SchedulerLoop):
         self.in_transfer = self._empty
         self._num_done = 0
         self._num_requests = n  # `done` is asked twice an iteration: no len() call
-        self.record = RunRecord(num_requests=n, logs_step_requests=config.log_step_requests)
+        self.record = RunRecord(num_requests=n,
+                                logs_step_requests=self.features.log_step_requests)
         self._step_cached_tokens = 0
         self._kv_move_s = 0.0  # tier moves of this iteration, for its step (`schedule`)
-        self._num_done += reject_impossible(self.table, self.capacity, config.max_model_len)
+        self._num_done += reject_impossible(self.table, self.capacity,
+                                         config.limits.max_model_len)
         if submitted_only:
             absent = self.table.state == _PENDING
             self.table.state[absent] = _AWAY
             self._num_done += int(np.count_nonzero(absent))
-        self.watchdog = ProgressWatchdog(n, config.no_progress_steps)
+        self.watchdog = ProgressWatchdog(n, config.limits.no_progress_steps)
         self.view = SchedulerView(self)
-        overlaps = (config.overlap and getattr(engine, "feeds_tokens", False)
+        overlaps = (config.features.overlap and getattr(engine, "feeds_tokens", False)
                     and self.late_tokens_conflict() is None)
         self.executor = Executor(self, depth=2 if overlaps else 1)
 

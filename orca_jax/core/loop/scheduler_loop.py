@@ -26,8 +26,9 @@ import numpy as np
 from numpy.typing import NDArray
 
 from orca_jax.core.api.policy import Policy
-from orca_jax.core.kv import KVPool
+from orca_jax.core.kv import KVConfig, KVPool
 from orca_jax.core.kv.prefix_hits import PrefixHits
+from orca_jax.core.loop.config import LoopFeatures
 from orca_jax.core.loop.executor import Executor
 from orca_jax.core.loop.scheduled_step import IdleStep, ScheduledStep, StepResult
 from orca_jax.core.loop.watchdog import ProgressWatchdog
@@ -68,6 +69,8 @@ class SchedulerLoop:
     executor: Executor
     bucket_config: BucketConfig
     sampling: SamplingArrays
+    features: LoopFeatures  # config.features, read every step
+    kv_config: KVConfig  # config.kv
     prefix_caching: bool
     now_s: float  # the virtual clock: read here, moved by the executor
     num_steps: int
@@ -96,7 +99,7 @@ class SchedulerLoop:
         does not, and an executor may read them back late)."""
         if self.prefix_caching:
             return "prefix caching names pages by token values before the next plan"
-        if self.config.kv_handoff:
+        if self.features.kv_handoff:
             return "a KV handoff carries each request's first token"
         return None
 
@@ -151,7 +154,7 @@ class SchedulerLoop:
         self._apply_release(plan.release)
         self._apply_preemption(plan.preempt)
         self._apply_rejection(plan)
-        if self.config.log_step_requests:
+        if self.features.log_step_requests:
             self.record.log_removed(plan.preempt, plan.reject_ids)
         progressed = bool(plan.release.size or plan.reject_ids.size)
         if plan.request_ids.size == 0:
@@ -178,7 +181,7 @@ class SchedulerLoop:
         packed = pack_step(bucket_config=self.bucket_config, request_ids=ids, num_tokens=tokens,
                            num_computed=num_computed,
                            page_rows=self.kv.page_table[self.kv.row_of[ids], :width],
-                           page_size=self.config.page_size, sampling=self.sampling,
+                           page_size=self.kv_config.page_size, sampling=self.sampling,
                            token_ids=(None if self._generated is None
                                       else self._token_ids(ids, tokens, self._generated)),
                            min_bucket_tokens=plan.min_bucket_tokens,
@@ -230,7 +233,7 @@ class SchedulerLoop:
             bucket=bucket.num_tokens, host_s=result.host_s + update_s, step_s=result.step_s,
             num_running=int(self.running.size), num_waiting=int(self.waiting.size),
             num_free_pages=self.kv.num_free, num_cached_tokens=step.num_cached_tokens))
-        if self.config.log_step_requests:
+        if self.features.log_step_requests:
             self.record.log_step_requests(ids, step.num_tokens,
                                           np.concatenate([self.running, self.unreleased]))
         self.num_steps += 1
@@ -319,7 +322,7 @@ class SchedulerLoop:
         if finished.size == 0:
             return
         table.state[finished] = _FINISHED
-        if self.config.kv_handoff:  # its pages go on to a decode replica (cluster.handoff)
+        if self.features.kv_handoff:  # its pages go on to a decode replica (cluster.handoff)
             self.in_transfer = frozen(np.concatenate([self.in_transfer, finished]))
         else:
             self.kv.free(finished)

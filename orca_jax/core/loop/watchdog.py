@@ -60,4 +60,4 @@ class ProgressWatchdog:
             raise PlanError(policy, "no_progress",
                             f"no request gained a computed token or finished in {self.limit} "
                             f"iterations (step {step}, {now_s:.6f} s; {situation()}); raise "
-                            "SchedulerConfig.no_progress_steps if the policy means it")
+                            "SchedulerConfig.limits.no_progress_steps if the policy means it")

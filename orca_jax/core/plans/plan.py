@@ -120,7 +120,7 @@ class PlanError(ValueError):
         `reject_and_schedule`, `busy_request` (a request in a step in flight that the
         next step cannot follow: SchedulerView.busy), `no_progress` (the plan runs
         nothing and nothing can change, or no request has gained a computed token or
-        finished for SchedulerConfig.no_progress_steps iterations), `not_a_plan`.
+        finished for SchedulerConfig.limits.no_progress_steps iterations), `not_a_plan`.
         A router's: `replica_out_of_range`.
       detail: what exactly was wrong, with the numbers.
       kind: what broke the rule: `policy` or `router`.

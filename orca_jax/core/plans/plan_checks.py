@@ -145,7 +145,7 @@ def check_plan(scheduler: SchedulerState, plan: StepPlan) -> NDArray[np.int64]:
     if plan.min_bucket_tokens > budget:
         raise PlanError(name, "token_budget",
                         f"min_bucket_tokens {plan.min_bucket_tokens} > budget {budget}")
-    cap = scheduler.config.max_num_seqs
+    cap = scheduler.bucket_config.max_num_seqs
     if ids.size > cap:
         raise PlanError(name, "batch_cap", f"{ids.size} sequences > batch cap {cap}")
 

@@ -13,34 +13,27 @@ from typing import Optional, Protocol
 import numpy as np
 from numpy.typing import NDArray
 
-from orca_jax.core.kv import KVCapacity, KVPool
+from orca_jax.core.kv import KVCapacity, KVConfig, KVPool
+from orca_jax.core.plans.limits import SLOTargets, StepLimits
 from orca_jax.core.requests.request_table import RequestTable
 from orca_jax.core.step.packing import BucketConfig
+from orca_jax.core.step.sampling import SamplingConfig
 
 
-class SchedulerLimits(Protocol):
-    """The mechanism's limits that are read (a `SchedulerConfig` has them all)."""
-
-    @property
-    def max_num_seqs(self) -> int: ...
+class SchedulerParts(Protocol):
+    """The parts of the scheduler's config that are read (a `SchedulerConfig` has them)."""
 
     @property
-    def num_kv_pages(self) -> int: ...
+    def limits(self) -> StepLimits: ...
 
     @property
-    def page_size(self) -> int: ...
+    def kv(self) -> KVConfig: ...
 
     @property
-    def max_model_len(self) -> int: ...
+    def sampling(self) -> SamplingConfig: ...
 
     @property
-    def seed(self) -> int: ...
-
-    @property
-    def ttft_slo_s(self) -> Optional[float]: ...
-
-    @property
-    def tpot_slo_s(self) -> Optional[float]: ...
+    def slo(self) -> SLOTargets: ...
 
 
 class PolicyTraits(Protocol):
@@ -57,7 +50,7 @@ class SchedulerState(Protocol):
     """The scheduler as its view and its plan checks see it (`Scheduler` satisfies it)."""
 
     @property
-    def config(self) -> SchedulerLimits: ...
+    def config(self) -> SchedulerParts: ...
 
     @property
     def policy(self) -> PolicyTraits: ...

@@ -81,17 +81,17 @@ class SchedulerView:
         self._scheduler = scheduler
         config = scheduler.config
         self.requests = RequestTableView(scheduler.table)
-        self.page_size = config.page_size
-        self.num_kv_pages = config.num_kv_pages
+        self.page_size = config.kv.page_size
+        self.num_kv_pages = config.kv.num_kv_pages
         self.max_num_tokens = scheduler.bucket_config.max_num_tokens
-        self.max_num_seqs = config.max_num_seqs
+        self.max_num_seqs = config.limits.max_num_seqs
         self.bucket_token_sizes = scheduler.bucket_config.token_sizes
-        self.max_model_len = config.max_model_len
+        self.max_model_len = config.limits.max_model_len
         self.kv_reservation = scheduler.kv_reservation
         self.prefix_caching = scheduler.prefix_caching
-        self.ttft_slo_s: Optional[float] = config.ttft_slo_s
-        self.tpot_slo_s: Optional[float] = config.tpot_slo_s
-        self.seed: int = config.seed
+        self.ttft_slo_s: Optional[float] = config.slo.ttft_slo_s
+        self.tpot_slo_s: Optional[float] = config.slo.tpot_slo_s
+        self.seed: int = config.sampling.seed
 
     token_budget = _renamed("token_budget")
     max_batch_size = _renamed("max_batch_size")

@@ -48,7 +48,7 @@ class RunRecord:
     """The scheduler's append-only log of one run: its steps, tokens and preemptions."""
 
     num_requests: int
-    logs_step_requests: bool = False  # SchedulerConfig.log_step_requests
+    logs_step_requests: bool = False  # SchedulerConfig.features.log_step_requests
     steps: list[StepLog] = dataclasses.field(default_factory=list)
     num_preemptions: int = 0  # over the run
     _token_req: list[NDArray[np.int64]] = dataclasses.field(default_factory=list)

@@ -68,7 +68,7 @@ class RunResult:
     step_replica: NDArray[np.int64]  # [S] the replica that ran each step
     # [S] of [n]: the requests each step computed, and how many tokens each; [S] of [m]: the
     # requests holding a batch place after it (running, or finished and not yet released).
-    # None unless the run had `SchedulerConfig.log_step_requests`.
+    # None unless the run had `SchedulerConfig.features.log_step_requests`.
     step_requests: Optional[tuple[NDArray[np.int64], ...]]
     step_tokens: Optional[tuple[NDArray[np.int64], ...]]
     step_held: Optional[tuple[NDArray[np.int64], ...]]
