@@ -65,7 +65,6 @@ class SchedulerLoop:
     record: RunRecord
     watchdog: ProgressWatchdog
     view: SchedulerView
-    executor: Executor
     bucket_config: BucketConfig
     sampling: SamplingArrays
     prefix_caching: bool
@@ -76,8 +75,13 @@ class SchedulerLoop:
     unreleased: NDArray[np.int64]  # [u]
     last_finished: NDArray[np.int64]  # [f]
     in_transfer: NDArray[np.int64]  # [t]
+    # [b] requests the next step cannot take: their newest token is on the device in a step
+    # in flight the next one cannot read it from (`SchedulerView.busy`). The executor sets
+    # it as steps land: a plain attribute, read by every plan check.
+    busy: NDArray[np.int64]
     _empty: NDArray[np.int64]  # [0]
     _num_done: int
+    _num_requests: int
     _next_arrival: int
     _needed_is_allocation: bool
     _step_cached_tokens: int
@@ -85,11 +89,19 @@ class SchedulerLoop:
     # Each request's sampled token ids the host holds (None: the engine needs no ids).
     _generated: Optional[list[list[int]]]
 
+    _executor: Executor
+
     @property
-    def busy(self) -> NDArray[np.int64]:
-        """`[b]` requests the next step cannot take: their newest token is on the device in
-        a step in flight the next one cannot read it from (`SchedulerView.busy`)."""
-        return self.executor.in_flight.busy
+    def executor(self) -> Executor:
+        """Runs its iterations (`step`, `run`) and keeps its clock."""
+        return self._executor
+
+    @executor.setter
+    def executor(self, executor: Executor) -> None:
+        self._executor = executor
+        # An instance attribute over the method `step`: a call of `step()` goes straight to
+        # the executor's, one Python call an iteration fewer.
+        self.step = executor.step  # type: ignore[method-assign]
 
     def late_tokens_conflict(self) -> Optional[str]:
         """Why this run needs each step's token values before the next plan (None: it
@@ -103,8 +115,8 @@ class SchedulerLoop:
     def run(self, progress: Optional[Callable[["SchedulerLoop"], None]] = None) -> RunResult:
         """Runs iterations until every request is done; returns the finished run."""
         self.engine.warmup(self.bucket_config.buckets())
-        while not self.done:
-            self.step()
+        step = self.step  # False once every request is done
+        while step():
             if progress is not None:
                 progress(self)
         return self.result()
@@ -121,9 +133,9 @@ class SchedulerLoop:
             num_evictions=self.kv.cache.num_evictions if self.kv.cache is not None else 0)
 
     def step(self) -> bool:
-        """Runs one iteration through the executor. Returns False when there was nothing
-        left to do."""
-        return self.executor.step()
+        """Runs one iteration through the executor (`Executor.step`, bound to the instance
+        when its executor is set). Returns False when there was nothing left to do."""
+        return self._executor.step()
 
     def schedule(self) -> Union[ScheduledStep, IdleStep]:
         """The first phase of an iteration: arrivals join, the policy plans, the plan is
@@ -139,7 +151,7 @@ class SchedulerLoop:
           PlanError: the plan broke a rule; nothing has changed but the arrivals.
         """
         host_start = time.perf_counter()
-        if self.done:
+        if self._num_done == self._num_requests:  # done: no property call on the hot path
             return IdleStep(resume_s=None, waits=True, progressed=False)
         self._admit_arrivals()
         plan = self.policy.schedule(self.view)
@@ -159,8 +171,9 @@ class SchedulerLoop:
             # Only a wait for an arrival moves the clock: a transfer's end, or a step in
             # flight landing, is what the others wait for.
             jumps = waits and not (self.in_transfer.size or self.busy.size)
+            kv_move_s, self._kv_move_s = self._kv_move_s, 0.0  # the executor counts them
             return IdleStep(resume_s=self.next_arrival_s() if jumps else None, waits=waits,
-                            progressed=progressed, kv_move_s=self._take_kv_move_s())
+                            progressed=progressed, kv_move_s=kv_move_s)
         ids, tokens = plan.request_ids, plan.num_tokens
         self._step_cached_tokens = 0
         self._admit(ids)
@@ -185,15 +198,11 @@ class SchedulerLoop:
                            num_real_tokens=num_real_tokens)
         # A request samples a token when the step computes all it knows.
         samples = kv_lens == table.prompt_len[ids] + table.num_generated[ids]
+        kv_move_s, self._kv_move_s = self._kv_move_s, 0.0  # the executor counts them
         # Positional (the fields' order): keywords would cost a microsecond an iteration.
         return ScheduledStep(self.num_steps, ids, tokens, kv_lens, samples, ids[samples], packed,
                              num_real_tokens, self._step_cached_tokens, progressed,
-                             time.perf_counter() - host_start, self._take_kv_move_s())
-
-    def _take_kv_move_s(self) -> float:
-        """The seconds of KV tier moves this iteration made (the executor's to count)."""
-        move_s, self._kv_move_s = self._kv_move_s, 0.0
-        return move_s
+                             time.perf_counter() - host_start, kv_move_s)
 
     def update(self, step: Union[ScheduledStep, IdleStep], result: Optional[StepResult]) -> float:
         """The second phase of an iteration: counts `step`'s tokens (their values too, when
@@ -219,9 +228,27 @@ class SchedulerLoop:
         if step.index != self.num_steps or result is None:
             raise ValueError(f"update: step {step.index} with result {result!r}; the next step "
                              f"to update is {self.num_steps}, with its StepResult")
-        ids, kv_lens = step.request_ids, step.kv_lens
-        self._count_step(step, result)
-        progressed = self.watchdog.computed(ids, kv_lens) or step.progressed
+        table = self.table
+        ids, kv_lens, end_s = step.request_ids, step.kv_lens, result.end_s
+        # The step's tokens count from now on, stamped end_s; their values are the result's,
+        # or (None) on the device until the executor reads them back (`record_tokens`).
+        table.num_computed[ids] = kv_lens
+        if self.hits is not None:  # name the filled pages before finished ones free theirs
+            self.hits.commit(ids)
+        sampled = step.sampled
+        if sampled.size:
+            generated = table.num_generated[sampled] + 1  # [s]
+            table.num_generated[sampled] = generated
+            if result.sampled_tokens is not None:
+                self.record_tokens(sampled, result.sampled_tokens)
+            table.last_token_s[sampled] = end_s
+            first = sampled[np.isnan(table.first_token_s[sampled])]
+            table.first_token_s[first] = end_s
+            self.record.log_tokens(sampled, end_s)
+            finished = sampled[generated == table.output_len[sampled]]
+            if finished.size:
+                self._finish(finished, end_s)
+        gained = self.watchdog.computed(ids, kv_lens)  # a gain is progress: it counts it
         update_s = time.perf_counter() - update_start
         bucket = step.packed.bucket
         self.record.log_step(StepLog(
@@ -234,7 +261,8 @@ class SchedulerLoop:
             self.record.log_step_requests(ids, step.num_tokens,
                                           np.concatenate([self.running, self.unreleased]))
         self.num_steps += 1
-        self._watch_progress(progressed)
+        if not gained:
+            self._watch_progress(step.progressed)
         return update_s
 
     def _watch_progress(self, progressed: bool) -> None:
@@ -296,28 +324,10 @@ class SchedulerLoop:
             pieces.append(known[start:start + count])
         return np.concatenate(pieces).astype(np.int32)
 
-    def _count_step(self, step: ScheduledStep, result: StepResult) -> None:
-        """Counts the step's tokens, stamped `result.end_s`; their values are `result`'s, or
-        (None) on the device until the executor reads them back (`record_tokens`)."""
+    def _finish(self, finished: NDArray[np.int64], end_s: float) -> None:  # [f]
+        """Requests that sampled their last token at `end_s`: their pages are freed (or
+        held for a transfer), and they are done or await release."""
         table = self.table
-        ids, end_s = step.request_ids, result.end_s
-        table.num_computed[ids] = step.kv_lens
-        if self.hits is not None:  # name the filled pages before finished ones free theirs
-            self.hits.commit(ids)
-        sampled = step.sampled
-        if sampled.size == 0:
-            return
-        generated = table.num_generated[sampled] + 1  # [s]
-        table.num_generated[sampled] = generated
-        if result.sampled_tokens is not None:
-            self.record_tokens(sampled, result.sampled_tokens)
-        table.last_token_s[sampled] = end_s
-        first = sampled[np.isnan(table.first_token_s[sampled])]
-        table.first_token_s[first] = end_s
-        self.record.log_tokens(sampled, end_s)
-        finished = sampled[generated == table.output_len[sampled]]
-        if finished.size == 0:
-            return
         table.state[finished] = _FINISHED
         if self.config.kv_handoff:  # its pages go on to a decode replica (cluster.handoff)
             self.in_transfer = frozen(np.concatenate([self.in_transfer, finished]))
