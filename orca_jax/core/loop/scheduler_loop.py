@@ -26,8 +26,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from orca_jax.core.api.policy import Policy
-from orca_jax.core.kv import KVPool
-from orca_jax.core.kv.prefix_hits import PrefixHits
+from orca_jax.core.kv import KVMemory, KVPool
 from orca_jax.core.loop.executor import Executor
 from orca_jax.core.loop.scheduled_step import IdleStep, ScheduledStep, StepResult
 from orca_jax.core.loop.watchdog import ProgressWatchdog
@@ -52,16 +51,28 @@ def frozen(array: NDArray[np.int64]) -> NDArray[np.int64]:
     return array
 
 
+NO_REQUESTS = frozen(np.zeros(0, dtype=np.int64))  # [0] an empty queue (read-only, shared)
+
+
+# A scheduler keeps at most this many instance attributes. CPython 3.11 stores an
+# instance's attributes in its class's shared key table of 30 keys; one attribute more and
+# the instance gets a dict of its own, and then no `self.method()` call on it is specialized
+# any more: 3,000 instructions an iteration more (0.6% at 32 running; callgrind).
+# Derive a value in a property, or keep it on a part (`kv_memory`, `record`), instead.
+MAX_SCHEDULER_ATTRIBUTES = 29
+
+
 class SchedulerLoop:
     """The loop's methods of `Scheduler`. The attributes below (and `config`, its
-    `SchedulerConfig`) are the scheduler's; the plan's state changes (`_apply_release`,
-    `_apply_preemption`, `_apply_rejection`, `_admit`) and `_idle` are its methods."""
+    `SchedulerConfig`) are the scheduler's, `MAX_SCHEDULER_ATTRIBUTES` at most; the plan's
+    state changes (`_apply_release`, `_apply_preemption`, `_apply_rejection`, `_admit`) and
+    `_idle` are its methods."""
 
     policy: Policy
     engine: Engine
     table: RequestTable
     kv: KVPool
-    hits: Optional[PrefixHits]
+    kv_memory: KVMemory
     record: RunRecord
     watchdog: ProgressWatchdog
     view: SchedulerView
@@ -79,13 +90,8 @@ class SchedulerLoop:
     # in flight the next one cannot read it from (`SchedulerView.busy`). The executor sets
     # it as steps land: a plain attribute, read by every plan check.
     busy: NDArray[np.int64]
-    _empty: NDArray[np.int64]  # [0]
     _num_done: int
-    _num_requests: int
     _next_arrival: int
-    _needed_is_allocation: bool
-    _step_cached_tokens: int
-    _kv_move_s: float  # seconds of KV tier moves made this iteration, not yet on the clock
     # Each request's sampled token ids the host holds (None: the engine needs no ids).
     _generated: Optional[list[list[int]]]
 
@@ -151,7 +157,7 @@ class SchedulerLoop:
           PlanError: the plan broke a rule; nothing has changed but the arrivals.
         """
         host_start = time.perf_counter()
-        if self._num_done == self._num_requests:  # done: no property call on the hot path
+        if self._num_done == len(self.table.specs):  # done, without a Python call
             return IdleStep(resume_s=None, waits=True, progressed=False)
         self._admit_arrivals()
         plan = self.policy.schedule(self.view)
@@ -159,9 +165,9 @@ class SchedulerLoop:
             raise PlanError(self.policy.name, "not_a_plan",
                             f"schedule() returned {type(plan).__name__}, not a StepPlan")
         needed = check_plan(self, plan)
-        self.last_finished = self._empty  # "finished since the previous schedule() call"
+        self.last_finished = NO_REQUESTS  # "finished since the previous schedule() call"
         self._apply_release(plan.release)
-        self._apply_preemption(plan.preempt)
+        kv_move_s = self._apply_preemption(plan.preempt)  # the executor counts the moves
         self._apply_rejection(plan)
         if self.config.log_step_requests:
             self.record.log_removed(plan.preempt, plan.reject_ids)
@@ -171,18 +177,18 @@ class SchedulerLoop:
             # Only a wait for an arrival moves the clock: a transfer's end, or a step in
             # flight landing, is what the others wait for.
             jumps = waits and not (self.in_transfer.size or self.busy.size)
-            kv_move_s, self._kv_move_s = self._kv_move_s, 0.0  # the executor counts them
             return IdleStep(resume_s=self.next_arrival_s() if jumps else None, waits=waits,
                             progressed=progressed, kv_move_s=kv_move_s)
         ids, tokens = plan.request_ids, plan.num_tokens
-        self._step_cached_tokens = 0
-        self._admit(ids)
+        num_cached_tokens, admit_move_s = self._admit(ids)
+        kv_move_s += admit_move_s
         table = self.table
         num_computed = table.num_computed[ids]  # [n] after admission (past any hit)
         kv_lens = num_computed + tokens  # [n] each one's context after the step
         if needed.any():
             # Without reservations or hits, admission took no pages: the check's count holds.
-            self.kv.allocate(ids, kv_lens, need=needed if self._needed_is_allocation else None)
+            reuse = self.kv_memory.needed_is_allocation
+            self.kv.allocate(ids, kv_lens, need=needed if reuse else None)
         # Only the pages of the step's widest context: a row's later pages (reserved ahead,
         # or null) are never read by this step, and copying max_model_len-wide rows would
         # make the host's page-table work grow with max_model_len instead of the contexts.
@@ -198,10 +204,9 @@ class SchedulerLoop:
                            num_real_tokens=num_real_tokens)
         # A request samples a token when the step computes all it knows.
         samples = kv_lens == table.prompt_len[ids] + table.num_generated[ids]
-        kv_move_s, self._kv_move_s = self._kv_move_s, 0.0  # the executor counts them
         # Positional (the fields' order): keywords would cost a microsecond an iteration.
         return ScheduledStep(self.num_steps, ids, tokens, kv_lens, samples, ids[samples], packed,
-                             num_real_tokens, self._step_cached_tokens, progressed,
+                             num_real_tokens, num_cached_tokens, progressed,
                              time.perf_counter() - host_start, kv_move_s)
 
     def update(self, step: Union[ScheduledStep, IdleStep], result: Optional[StepResult]) -> float:
@@ -233,8 +238,9 @@ class SchedulerLoop:
         # The step's tokens count from now on, stamped end_s; their values are the result's,
         # or (None) on the device until the executor reads them back (`record_tokens`).
         table.num_computed[ids] = kv_lens
-        if self.hits is not None:  # name the filled pages before finished ones free theirs
-            self.hits.commit(ids)
+        hits = self.kv_memory.hits
+        if hits is not None:  # name the filled pages before finished ones free theirs
+            hits.commit(ids)
         sampled = step.sampled
         if sampled.size:
             generated = table.num_generated[sampled] + 1  # [s]
@@ -296,8 +302,9 @@ class SchedulerLoop:
         """Keeps the values of tokens `update` counted: at once when the engine ran the step
         in step, else when the executor reads a step in flight back."""
         self.table.last_token[sampled] = new_tokens
-        if self.hits is not None:
-            self.hits.record(sampled, new_tokens)
+        hits = self.kv_memory.hits
+        if hits is not None:
+            hits.record(sampled, new_tokens)
         if self._generated is not None:
             for request, token in zip(sampled.tolist(), new_tokens.tolist()):
                 self._generated[request].append(token)
@@ -333,8 +340,9 @@ class SchedulerLoop:
             self.in_transfer = frozen(np.concatenate([self.in_transfer, finished]))
         else:
             self.kv.free(finished)
-        if self.hits is not None:
-            self.hits.forget(finished)
+        hits = self.kv_memory.hits
+        if hits is not None:
+            hits.forget(finished)
         self.running = frozen(self.running[table.state[self.running] == _RUNNING])
         self.last_finished = frozen(finished)
         if self.policy.defer_release:
