@@ -47,6 +47,9 @@ class TwoPhaseScheduler(Protocol):
 
     engine: Engine
     now_s: float  # the virtual clock: the scheduler reads it, the executor moves it
+    # [b] requests the next step cannot take (`StepsInFlight.busy`): the executor sets it
+    # whenever steps land, so the scheduler's plan check reads an attribute, not a call.
+    busy: NDArray[np.int64]
 
     @property
     def config(self) -> "HostClockConfig": ...
@@ -122,6 +125,7 @@ class Executor:
         self.engine = engine
         self.depth = depth
         self.in_flight = StepsInFlight(len(scheduler.table))  # stays empty at depth 1
+        scheduler.busy = self.in_flight.busy
         self._count_host_time = scheduler.config.features.count_host_time
         # An `Engine` may price a step from its lengths, never building the padded
         # descriptor (the simulator); a duck-typed engine has only `step`. Chosen once.
@@ -137,10 +141,11 @@ class Executor:
     def step(self) -> bool:
         """Runs one iteration. Returns False when every request was done already."""
         scheduler = self.scheduler
-        if scheduler.done:
-            return False
-        # An idle gap (no request waits, runs or awaits release): the next arrival is next.
+        # Every request done (then no request waits, runs or awaits release), or an idle
+        # gap: the next arrival is next. Asked in this order, most steps ask only the sizes.
         if not (scheduler.running.size or scheduler.waiting.size or scheduler.unreleased.size):
+            if scheduler.done:
+                return False
             upcoming = scheduler.next_arrival_s()
             if upcoming is not None and upcoming > scheduler.now_s:
                 scheduler.now_s = upcoming
@@ -197,5 +202,8 @@ class Executor:
         scheduler.update(step, None)
 
     def _record(self, landed: list[tuple[NDArray[np.int64], NDArray[np.int32]]]) -> None:
+        """Records the tokens of steps just landed; their requests may be free again."""
+        scheduler = self.scheduler
         for sampled, tokens in landed:
-            self.scheduler.record_tokens(sampled, tokens)
+            scheduler.record_tokens(sampled, tokens)
+        scheduler.busy = self.in_flight.busy

@@ -4,15 +4,19 @@
 checked, its pages allocated, its descriptor packed) or an `IdleStep` (the
 plan runs nothing). The executor runs a `ScheduledStep` on the engine and
 answers with a `StepResult`; `Scheduler.update(step, result)` then counts it.
-All three are plain immutable values, as vLLM v1's `SchedulerOutput`: an
-executor, a test or a later event loop can hold, queue and inspect them. They
-are `NamedTuple`s rather than frozen dataclasses because one of each is made
-every iteration, and a frozen dataclass's `__init__` (one `object.__setattr__`
-per field) costs microseconds the loop does not have.
+All three are plain values, as vLLM v1's `SchedulerOutput`: an executor, a
+test or a later event loop can hold, queue and inspect them, and none changes
+one once made. One `ScheduledStep` and one `StepResult` are made and read
+about twenty times every iteration, so they are slotted dataclasses, not frozen:
+a frozen dataclass's `__init__` (one `object.__setattr__` per field) costs
+microseconds the loop does not have, and a `NamedTuple`'s fields are read
+through a descriptor CPython 3.11 does not specialize (several times a slot's
+cost). `IdleStep`, made only when nothing runs, stays a `NamedTuple`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import NamedTuple, Optional
 
 import numpy as np
@@ -21,7 +25,8 @@ from numpy.typing import NDArray
 from orca_jax.core.step.engine_api import PackedStep
 
 
-class ScheduledStep(NamedTuple):
+@dataclasses.dataclass(slots=True)
+class ScheduledStep:
     """A step `Scheduler.schedule()` made ready: nothing of it has run yet.
 
     Its requests' admissions, pages and (for those that sample) token counts are
@@ -61,7 +66,8 @@ class IdleStep(NamedTuple):
     kv_move_s: float = 0.0  # seconds of KV moves between tiers its preemptions started
 
 
-class StepResult(NamedTuple):
+@dataclasses.dataclass(slots=True)
+class StepResult:
     """What the executor tells `Scheduler.update` of a step it dispatched."""
 
     start_s: float  # virtual time the step started: the clock when it was dispatched

@@ -30,12 +30,13 @@ from numpy.typing import NDArray
 
 from orca_jax.core.api.policy import Policy, check_kv_reservation
 from orca_jax.core.kv import KVMemory, preempt
+from orca_jax.core.kv.prefix_hits import PrefixHits
 from orca_jax.core.loop import request_export
 from orca_jax.core.loop.admission import reject_impossible
 from orca_jax.core.loop.config import SchedulerConfig
 from orca_jax.core.loop.executor import Executor
 from orca_jax.core.loop.request_export import RequestExport
-from orca_jax.core.loop.scheduler_loop import SchedulerLoop
+from orca_jax.core.loop.scheduler_loop import NO_REQUESTS, SchedulerLoop
 from orca_jax.core.loop.scheduler_loop import frozen as _frozen
 from orca_jax.core.loop.watchdog import ProgressWatchdog
 from orca_jax.core.plans.plan import PlanError, StepPlan
@@ -74,13 +75,13 @@ class Scheduler(SchedulerLoop):
         if not requests:
             raise ValueError("the workload has no requests")
         self.config = config
-        # The parts the per-step paths read, one attribute away.
-        self.features, self.kv_config = config.features, config.kv
+        # The part the per-step paths read, one attribute away (the page size they read
+        # is the pool's: `self.kv.page_size`). Few attributes: see MAX_SCHEDULER_ATTRIBUTES.
+        self.features = config.features
         limits, kv_config, sampling = config.limits, config.kv, config.sampling
         self.policy = policy
         self.engine = engine
         check_kv_reservation(policy, ValueError)
-        self.kv_reservation = policy.kv_reservation
         self.prefix_caching = bool(kv_config.enable_prefix_caching and policy.prefix_caching)
         ordered = sort_by_arrival(requests)
         self.table = RequestTable(ordered)
@@ -94,7 +95,7 @@ class Scheduler(SchedulerLoop):
             max_pages_per_seq=self.bucket_config.pages_per_seq,
             max_model_len=limits.max_model_len, reservation=self.kv_reservation,
             prefix_caching=self.prefix_caching, uses_planned_output=not engine.needs_token_ids)
-        self.kv, self.hits = self.kv_memory.pool, self.kv_memory.hits
+        self.kv = self.kv_memory.pool
         self.capacity = self.kv_memory.capacity
         seeds = (np.arange(n, dtype=np.uint64) * np.uint64(0x9E3779B1)
                  + np.uint64(sampling.seed)) & np.uint64(0xFFFFFFFF)
@@ -116,16 +117,12 @@ class Scheduler(SchedulerLoop):
         # to come waits for them instead of failing (a cluster's replica, until the last
         # arrival is routed).
         self.awaits_submissions = False
-        self._empty = _frozen(np.zeros(0, dtype=np.int64))
-        self.waiting = self.running = self.unreleased = self.last_finished = self._empty
+        self.waiting = self.running = self.unreleased = self.last_finished = NO_REQUESTS
         # Requests whose KV pages a transfer holds, outside the queues (`request_export`).
-        self.in_transfer = self._empty
+        self.in_transfer = NO_REQUESTS
         self._num_done = 0
-        self._num_requests = n  # `done` is asked twice an iteration: no len() call
         self.record = RunRecord(num_requests=n,
                                 logs_step_requests=self.features.log_step_requests)
-        self._step_cached_tokens = 0
-        self._kv_move_s = 0.0  # tier moves of this iteration, for its step (`schedule`)
         self._num_done += reject_impossible(self.table, self.capacity,
                                          config.limits.max_model_len)
         if submitted_only:
@@ -162,14 +159,19 @@ class Scheduler(SchedulerLoop):
         return self.capacity.cached_tokens(ids)
 
     @property
-    def _needed_is_allocation(self) -> bool:
-        """Whether the plan check's page counts are the step's allocation (then reused)."""
-        return self.kv_memory.needed_is_allocation
+    def kv_reservation(self) -> str:
+        """The policy's `kv_reservation`: what an admission reserves."""
+        return self.policy.kv_reservation
+
+    @property
+    def hits(self) -> Optional[PrefixHits]:
+        """The prefix-cache lookups, or None when no cache is kept (`KVMemory.hits`)."""
+        return self.kv_memory.hits
 
     @property
     def done(self) -> bool:
         """Every request finished and released, rejected, or routed away."""
-        return self._num_done == self._num_requests
+        return self._num_done == len(self.table.specs)
 
     @property
     def num_done(self) -> int:
@@ -263,16 +265,18 @@ class Scheduler(SchedulerLoop):
         self.unreleased = _frozen(self.unreleased[~np.isin(self.unreleased, release)])
         self._num_done += int(release.size)
 
-    def _apply_preemption(self, victims: NDArray[np.int64]) -> None:
+    def _apply_preemption(self, victims: NDArray[np.int64]) -> float:
+        """Preempts `victims`; returns the seconds their KV's moves between tiers take (a
+        swap's move holds the step back; recompute: 0)."""
         if victims.size == 0:
-            return
+            return 0.0
         table = self.table
         move_s = preempt(self.kv_memory, victims, self.policy.preemption_modes(self.view, victims))
-        self._kv_move_s += move_s  # a swap's move holds the step back (recompute: 0)
         table.state[victims] = _WAITING
         self.running = _frozen(self.running[table.state[self.running] == _RUNNING])
         self.waiting = _frozen(np.sort(np.concatenate([self.waiting, victims])))
         self.record.num_preemptions += int(victims.size)
+        return move_s
 
     def _apply_rejection(self, plan: StepPlan) -> None:
         reject = plan.reject_ids
@@ -286,16 +290,17 @@ class Scheduler(SchedulerLoop):
         self.waiting = _frozen(self.waiting[table.state[self.waiting] == _WAITING])
         self._num_done += int(reject.size)
 
-    def _admit(self, ids: NDArray[np.int64]) -> None:
+    def _admit(self, ids: NDArray[np.int64]) -> tuple[int, float]:
+        """Admits the waiting ones of `ids`. Returns (tokens they took from the prefix cache,
+        seconds of KV brought back from a slower tier: it holds the step back)."""
         table = self.table
         admitted = ids[table.state[ids] == _WAITING]
         if admitted.size == 0:
-            return
+            return 0, 0.0
         table.state[admitted] = _RUNNING
         table.admitted_s[admitted] = self.now_s
         is_first = np.isnan(table.first_scheduled_s[admitted])  # [a] never admitted before
         table.first_scheduled_s[admitted[is_first]] = self.now_s
         self.running = _frozen(np.concatenate([self.running, admitted]))
         self.waiting = _frozen(self.waiting[table.state[self.waiting] == _WAITING])
-        self._step_cached_tokens, move_s = self.kv_memory.admit(admitted, is_first)
-        self._kv_move_s += move_s  # KV back from a slower tier holds the step back
+        return self.kv_memory.admit(admitted, is_first)

@@ -26,8 +26,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from orca_jax.core.api.policy import Policy
-from orca_jax.core.kv import KVConfig, KVPool
-from orca_jax.core.kv.prefix_hits import PrefixHits
+from orca_jax.core.kv import KVMemory, KVPool
 from orca_jax.core.loop.config import LoopFeatures
 from orca_jax.core.loop.executor import Executor
 from orca_jax.core.loop.scheduled_step import IdleStep, ScheduledStep, StepResult
@@ -53,24 +52,34 @@ def frozen(array: NDArray[np.int64]) -> NDArray[np.int64]:
     return array
 
 
+NO_REQUESTS = frozen(np.zeros(0, dtype=np.int64))  # [0] an empty queue (read-only, shared)
+
+
+# A scheduler keeps at most this many instance attributes. CPython 3.11 stores an
+# instance's attributes in its class's shared key table of 30 keys; one attribute more and
+# the instance gets a dict of its own, and then no `self.method()` call on it is specialized
+# any more: 3,000 instructions an iteration more (0.6% at 32 running; callgrind).
+# Derive a value in a property, or keep it on a part (`kv_memory`, `record`), instead.
+MAX_SCHEDULER_ATTRIBUTES = 29
+
+
 class SchedulerLoop:
     """The loop's methods of `Scheduler`. The attributes below (and `config`, its
-    `SchedulerConfig`) are the scheduler's; the plan's state changes (`_apply_release`,
-    `_apply_preemption`, `_apply_rejection`, `_admit`) and `_idle` are its methods."""
+    `SchedulerConfig`) are the scheduler's, `MAX_SCHEDULER_ATTRIBUTES` at most; the plan's
+    state changes (`_apply_release`, `_apply_preemption`, `_apply_rejection`, `_admit`) and
+    `_idle` are its methods."""
 
     policy: Policy
     engine: Engine
     table: RequestTable
     kv: KVPool
-    hits: Optional[PrefixHits]
+    kv_memory: KVMemory
     record: RunRecord
     watchdog: ProgressWatchdog
     view: SchedulerView
-    executor: Executor
     bucket_config: BucketConfig
     sampling: SamplingArrays
     features: LoopFeatures  # config.features, read every step
-    kv_config: KVConfig  # config.kv
     prefix_caching: bool
     now_s: float  # the virtual clock: read here, moved by the executor
     num_steps: int
@@ -79,20 +88,28 @@ class SchedulerLoop:
     unreleased: NDArray[np.int64]  # [u]
     last_finished: NDArray[np.int64]  # [f]
     in_transfer: NDArray[np.int64]  # [t]
-    _empty: NDArray[np.int64]  # [0]
+    # [b] requests the next step cannot take: their newest token is on the device in a step
+    # in flight the next one cannot read it from (`SchedulerView.busy`). The executor sets
+    # it as steps land: a plain attribute, read by every plan check.
+    busy: NDArray[np.int64]
     _num_done: int
     _next_arrival: int
-    _needed_is_allocation: bool
-    _step_cached_tokens: int
-    _kv_move_s: float  # seconds of KV tier moves made this iteration, not yet on the clock
     # Each request's sampled token ids the host holds (None: the engine needs no ids).
     _generated: Optional[list[list[int]]]
 
+    _executor: Executor
+
     @property
-    def busy(self) -> NDArray[np.int64]:
-        """`[b]` requests the next step cannot take: their newest token is on the device in
-        a step in flight the next one cannot read it from (`SchedulerView.busy`)."""
-        return self.executor.in_flight.busy
+    def executor(self) -> Executor:
+        """Runs its iterations (`step`, `run`) and keeps its clock."""
+        return self._executor
+
+    @executor.setter
+    def executor(self, executor: Executor) -> None:
+        self._executor = executor
+        # An instance attribute over the method `step`: a call of `step()` goes straight to
+        # the executor's, one Python call an iteration fewer.
+        self.step = executor.step  # type: ignore[method-assign]
 
     def late_tokens_conflict(self) -> Optional[str]:
         """Why this run needs each step's token values before the next plan (None: it
@@ -106,8 +123,8 @@ class SchedulerLoop:
     def run(self, progress: Optional[Callable[["SchedulerLoop"], None]] = None) -> RunResult:
         """Runs iterations until every request is done; returns the finished run."""
         self.engine.warmup(self.bucket_config.buckets())
-        while not self.done:
-            self.step()
+        step = self.step  # False once every request is done
+        while step():
             if progress is not None:
                 progress(self)
         return self.result()
@@ -124,9 +141,9 @@ class SchedulerLoop:
             num_evictions=self.kv.cache.num_evictions if self.kv.cache is not None else 0)
 
     def step(self) -> bool:
-        """Runs one iteration through the executor. Returns False when there was nothing
-        left to do."""
-        return self.executor.step()
+        """Runs one iteration through the executor (`Executor.step`, bound to the instance
+        when its executor is set). Returns False when there was nothing left to do."""
+        return self._executor.step()
 
     def schedule(self) -> Union[ScheduledStep, IdleStep]:
         """The first phase of an iteration: arrivals join, the policy plans, the plan is
@@ -142,7 +159,7 @@ class SchedulerLoop:
           PlanError: the plan broke a rule; nothing has changed but the arrivals.
         """
         host_start = time.perf_counter()
-        if self.done:
+        if self._num_done == len(self.table.specs):  # done, without a Python call
             return IdleStep(resume_s=None, waits=True, progressed=False)
         self._admit_arrivals()
         plan = self.policy.schedule(self.view)
@@ -150,9 +167,9 @@ class SchedulerLoop:
             raise PlanError(self.policy.name, "not_a_plan",
                             f"schedule() returned {type(plan).__name__}, not a StepPlan")
         needed = check_plan(self, plan)
-        self.last_finished = self._empty  # "finished since the previous schedule() call"
+        self.last_finished = NO_REQUESTS  # "finished since the previous schedule() call"
         self._apply_release(plan.release)
-        self._apply_preemption(plan.preempt)
+        kv_move_s = self._apply_preemption(plan.preempt)  # the executor counts the moves
         self._apply_rejection(plan)
         if self.features.log_step_requests:
             self.record.log_removed(plan.preempt, plan.reject_ids)
@@ -163,16 +180,17 @@ class SchedulerLoop:
             # flight landing, is what the others wait for.
             jumps = waits and not (self.in_transfer.size or self.busy.size)
             return IdleStep(resume_s=self.next_arrival_s() if jumps else None, waits=waits,
-                            progressed=progressed, kv_move_s=self._take_kv_move_s())
+                            progressed=progressed, kv_move_s=kv_move_s)
         ids, tokens = plan.request_ids, plan.num_tokens
-        self._step_cached_tokens = 0
-        self._admit(ids)
+        num_cached_tokens, admit_move_s = self._admit(ids)
+        kv_move_s += admit_move_s
         table = self.table
         num_computed = table.num_computed[ids]  # [n] after admission (past any hit)
         kv_lens = num_computed + tokens  # [n] each one's context after the step
         if needed.any():
             # Without reservations or hits, admission took no pages: the check's count holds.
-            self.kv.allocate(ids, kv_lens, need=needed if self._needed_is_allocation else None)
+            reuse = self.kv_memory.needed_is_allocation
+            self.kv.allocate(ids, kv_lens, need=needed if reuse else None)
         # Only the pages of the step's widest context: a row's later pages (reserved ahead,
         # or null) are never read by this step, and copying max_model_len-wide rows would
         # make the host's page-table work grow with max_model_len instead of the contexts.
@@ -181,7 +199,7 @@ class SchedulerLoop:
         packed = pack_step(bucket_config=self.bucket_config, request_ids=ids, num_tokens=tokens,
                            num_computed=num_computed,
                            page_rows=self.kv.page_table[self.kv.row_of[ids], :width],
-                           page_size=self.kv_config.page_size, sampling=self.sampling,
+                           page_size=self.kv.page_size, sampling=self.sampling,
                            token_ids=(None if self._generated is None
                                       else self._token_ids(ids, tokens, self._generated)),
                            min_bucket_tokens=plan.min_bucket_tokens,
@@ -190,13 +208,8 @@ class SchedulerLoop:
         samples = kv_lens == table.prompt_len[ids] + table.num_generated[ids]
         # Positional (the fields' order): keywords would cost a microsecond an iteration.
         return ScheduledStep(self.num_steps, ids, tokens, kv_lens, samples, ids[samples], packed,
-                             num_real_tokens, self._step_cached_tokens, progressed,
-                             time.perf_counter() - host_start, self._take_kv_move_s())
-
-    def _take_kv_move_s(self) -> float:
-        """The seconds of KV tier moves this iteration made (the executor's to count)."""
-        move_s, self._kv_move_s = self._kv_move_s, 0.0
-        return move_s
+                             num_real_tokens, num_cached_tokens, progressed,
+                             time.perf_counter() - host_start, kv_move_s)
 
     def update(self, step: Union[ScheduledStep, IdleStep], result: Optional[StepResult]) -> float:
         """The second phase of an iteration: counts `step`'s tokens (their values too, when
@@ -222,9 +235,28 @@ class SchedulerLoop:
         if step.index != self.num_steps or result is None:
             raise ValueError(f"update: step {step.index} with result {result!r}; the next step "
                              f"to update is {self.num_steps}, with its StepResult")
-        ids, kv_lens = step.request_ids, step.kv_lens
-        self._count_step(step, result)
-        progressed = self.watchdog.computed(ids, kv_lens) or step.progressed
+        table = self.table
+        ids, kv_lens, end_s = step.request_ids, step.kv_lens, result.end_s
+        # The step's tokens count from now on, stamped end_s; their values are the result's,
+        # or (None) on the device until the executor reads them back (`record_tokens`).
+        table.num_computed[ids] = kv_lens
+        hits = self.kv_memory.hits
+        if hits is not None:  # name the filled pages before finished ones free theirs
+            hits.commit(ids)
+        sampled = step.sampled
+        if sampled.size:
+            generated = table.num_generated[sampled] + 1  # [s]
+            table.num_generated[sampled] = generated
+            if result.sampled_tokens is not None:
+                self.record_tokens(sampled, result.sampled_tokens)
+            table.last_token_s[sampled] = end_s
+            first = sampled[np.isnan(table.first_token_s[sampled])]
+            table.first_token_s[first] = end_s
+            self.record.log_tokens(sampled, end_s)
+            finished = sampled[generated == table.output_len[sampled]]
+            if finished.size:
+                self._finish(finished, end_s)
+        gained = self.watchdog.computed(ids, kv_lens)  # a gain is progress: it counts it
         update_s = time.perf_counter() - update_start
         bucket = step.packed.bucket
         self.record.log_step(StepLog(
@@ -237,7 +269,8 @@ class SchedulerLoop:
             self.record.log_step_requests(ids, step.num_tokens,
                                           np.concatenate([self.running, self.unreleased]))
         self.num_steps += 1
-        self._watch_progress(progressed)
+        if not gained:
+            self._watch_progress(step.progressed)
         return update_s
 
     def _watch_progress(self, progressed: bool) -> None:
@@ -271,8 +304,9 @@ class SchedulerLoop:
         """Keeps the values of tokens `update` counted: at once when the engine ran the step
         in step, else when the executor reads a step in flight back."""
         self.table.last_token[sampled] = new_tokens
-        if self.hits is not None:
-            self.hits.record(sampled, new_tokens)
+        hits = self.kv_memory.hits
+        if hits is not None:
+            hits.record(sampled, new_tokens)
         if self._generated is not None:
             for request, token in zip(sampled.tolist(), new_tokens.tolist()):
                 self._generated[request].append(token)
@@ -299,35 +333,18 @@ class SchedulerLoop:
             pieces.append(known[start:start + count])
         return np.concatenate(pieces).astype(np.int32)
 
-    def _count_step(self, step: ScheduledStep, result: StepResult) -> None:
-        """Counts the step's tokens, stamped `result.end_s`; their values are `result`'s, or
-        (None) on the device until the executor reads them back (`record_tokens`)."""
+    def _finish(self, finished: NDArray[np.int64], end_s: float) -> None:  # [f]
+        """Requests that sampled their last token at `end_s`: their pages are freed (or
+        held for a transfer), and they are done or await release."""
         table = self.table
-        ids, end_s = step.request_ids, result.end_s
-        table.num_computed[ids] = step.kv_lens
-        if self.hits is not None:  # name the filled pages before finished ones free theirs
-            self.hits.commit(ids)
-        sampled = step.sampled
-        if sampled.size == 0:
-            return
-        generated = table.num_generated[sampled] + 1  # [s]
-        table.num_generated[sampled] = generated
-        if result.sampled_tokens is not None:
-            self.record_tokens(sampled, result.sampled_tokens)
-        table.last_token_s[sampled] = end_s
-        first = sampled[np.isnan(table.first_token_s[sampled])]
-        table.first_token_s[first] = end_s
-        self.record.log_tokens(sampled, end_s)
-        finished = sampled[generated == table.output_len[sampled]]
-        if finished.size == 0:
-            return
         table.state[finished] = _FINISHED
         if self.features.kv_handoff:  # its pages go on to a decode replica (cluster.handoff)
             self.in_transfer = frozen(np.concatenate([self.in_transfer, finished]))
         else:
             self.kv.free(finished)
-        if self.hits is not None:
-            self.hits.forget(finished)
+        hits = self.kv_memory.hits
+        if hits is not None:
+            hits.forget(finished)
         self.running = frozen(self.running[table.state[self.running] == _RUNNING])
         self.last_finished = frozen(finished)
         if self.policy.defer_release:

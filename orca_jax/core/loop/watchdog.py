@@ -32,11 +32,14 @@ class ProgressWatchdog:
 
     def computed(self, ids: NDArray[np.int64],  # [n] distinct
                  num_computed: NDArray[np.int64]) -> bool:  # [n]
-        """Records the requests' computed counts after a step; True if one got further."""
+        """Records the requests' computed counts after a step; True if one got further.
+        That is progress, counted here (as `progressed`): the caller counts the iteration
+        only when it returns False."""
         gained = num_computed > self._most_computed[ids]
         if not gained.any():
             return False
         self._most_computed[ids[gained]] = num_computed[gained]
+        self._stalled = 0
         return True
 
     def progressed(self) -> None:

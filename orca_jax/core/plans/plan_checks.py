@@ -8,8 +8,6 @@ request, and the hot path must not grow a Python loop per request.
 
 from __future__ import annotations
 
-from typing import Optional
-
 import numpy as np
 from numpy.typing import NDArray
 
@@ -123,9 +121,12 @@ def check_plan(scheduler: SchedulerState, plan: StepPlan) -> NDArray[np.int64]:
         bad = tokens < 1
         raise PlanError(name, "nonpositive_tokens",
                         f"request {_first(ids, bad)} is given {int(tokens[bad][0])} tokens")
+    # The capacity question, asked directly: the same one `SchedulerView.kv_fits` asks
+    # (`KVCapacity`), so they never disagree.
+    capacity = scheduler.capacity
     # A preempted-and-waiting request recomputes from 0 (its counters were reset), or from
     # past its prefix-cache hit: an admission starts there.
-    cached = scheduler.cached_tokens(ids)
+    cached = capacity.cached_tokens(ids)
     uncomputed = table.num_uncomputed(ids) - cached
     over = tokens > uncomputed
     if over.any():
@@ -149,9 +150,9 @@ def check_plan(scheduler: SchedulerState, plan: StepPlan) -> NDArray[np.int64]:
     if ids.size > cap:
         raise PlanError(name, "batch_cap", f"{ids.size} sequences > batch cap {cap}")
 
-    needed = scheduler.pages_needed(ids, tokens)
-    broken = kv_rule_broken(scheduler, ids, needed, plan.preempt,
-                            admitting=bool(lowest == _WAITING))  # states are 1 or 2 here
+    needed = capacity.pages_needed(ids, tokens)
+    # `kv_pages` or `kv_watermark`, if the KV does not fit; states are 1 or 2 here.
+    broken = capacity.rule_broken(ids, needed, plan.preempt, bool(lowest == _WAITING))
     if broken is not None:
         raise PlanError(name, *broken)
     return needed
@@ -175,14 +176,3 @@ def _check_arrived_and_not_done(name: str, scheduler: SchedulerState,
         raise PlanError(name, "finished_request",
                         f"request {request} is {RequestState(table.state[request]).name}")
 
-
-def kv_rule_broken(scheduler: SchedulerState, ids: NDArray[np.int64],  # [n]
-                   needed: NDArray[np.int64],  # [n] from pages_needed
-                   preempt: NDArray[np.int64],  # [p]
-                   admitting: Optional[bool] = None) -> Optional[tuple[str, str]]:
-    """`(rule, detail)` of the KV rule that running `ids` (after preempting `preempt`)
-    breaks: `kv_pages` or `kv_watermark`; None if the KV fits. Reads only; the plan
-    check and `SchedulerView.kv_fits` both ask the capacity question
-    (`KVCapacity.rule_broken`), so they never disagree.
-    `admitting`: whether one of `ids` is waiting, if the caller knows."""
-    return scheduler.capacity.rule_broken(ids, needed, preempt, admitting)
