@@ -25,7 +25,7 @@ printed beside the figures: the machine may be shared, so each whole step also
 gets its process CPU time (median over the same runs; XLA's threads included),
 which a busy neighbour inflates far less than the wall clock.
 
-    python benchmarks/engine_step.py [--models tiny small] [--kv_lens 128 1024] [--new auto]
+    python -m benchmarks.engine_step [--models tiny small] [--kv_lens 128 1024] [--new auto]
         [--old_rev 8729958]  # the engine issue 18 measured
 """
 

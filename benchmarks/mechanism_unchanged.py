@@ -18,7 +18,7 @@
    `setup_min_venv.sh`: about 3 GB); without `--peer_python` there, this part says so
    and is skipped.
 
-    python benchmarks/mechanism_unchanged.py --old_rev 74740d2 [--policies sarathi orca vllm]
+    python -m benchmarks.mechanism_unchanged --old_rev 74740d2 [--policies sarathi orca vllm]
 """
 
 from __future__ import annotations

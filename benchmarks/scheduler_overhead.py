@@ -8,8 +8,8 @@ per iteration and per running request, with prefix caching off and on (it is
 active only for a policy that opts in, such as `vllm`: then every page that
 fills is named, and the run keeps its generated token ids).
 
-    python benchmarks/scheduler_overhead.py [--policy=orca] [--steps=400]
-    python benchmarks/scheduler_overhead.py --policy=vllm --policy_opts=max_num_seqs=512
+    python -m benchmarks.scheduler_overhead [--policy=orca] [--steps=400]
+    python -m benchmarks.scheduler_overhead --policy=vllm --policy_opts=max_num_seqs=512
 
 Then the same through the path users take, `python -m experiments.run --engine=sim`
 (llama3-8b, a burst of 256 requests with 64-token prompts decoding to the context,

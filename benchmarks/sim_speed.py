@@ -1,7 +1,7 @@
 """How fast the simulator runs: requests and steps simulated per second of process time.
 
-    python benchmarks/sim_speed.py > benchmarks/results/sim_speed.txt
-    python benchmarks/sim_speed.py --old_rev 74740d2 --rounds 3   # beside an old revision
+    python -m benchmarks.sim_speed > benchmarks/results/sim_speed.txt
+    python -m benchmarks.sim_speed --old_rev 74740d2 --rounds 3   # beside an old revision
 
 Each case is one `python -m experiments.run --engine=sim --policy=vllm --model=llama3-8b
 --hardware=a100 --bucket_ladder=pow2` process on Poisson arrivals at 30 req/s per replica
