@@ -18,12 +18,11 @@ floats follow the CPU's BLAS kernels, so its digest would differ between
 machines; its ordering code is `srpt`'s over the ranker's scores.
 """
 
-import hashlib
-import json
 import tempfile
 from pathlib import Path
 
 import pytest
+from results_digest import results_digest
 
 import policies  # noqa: F401  (registers the built-in policies)
 from orca_jax.core.api.policy import registered_policies
@@ -115,23 +114,10 @@ DIGESTS: dict[str, str] = {
 }
 
 
-def _digest(out: Path) -> str:
-    h = hashlib.sha256()
-    for line in (out / "requests.jsonl").read_text().splitlines():
-        h.update(json.dumps(json.loads(line), sort_keys=True).encode())
-    for line in (out / "steps.jsonl").read_text().splitlines():
-        row = {k: v for k, v in json.loads(line).items() if k != "host_s"}
-        h.update(json.dumps(row, sort_keys=True).encode())
-    summary = json.loads((out / "summary.json").read_text())
-    h.update(json.dumps({k: v for k, v in summary.items() if "host" not in k},
-                        sort_keys=True).encode())
-    return h.hexdigest()[:16]
-
-
 def run_case(setting: str, policy: str, out: Path) -> str:
     """Runs `policy` in `setting`, writing its results under `out`; returns their digest."""
     run_policy(SETTINGS[setting], policy, out_dir=str(out), progress=False)
-    return _digest(out)
+    return results_digest(out)
 
 
 @pytest.mark.parametrize("setting", sorted(SETTINGS))

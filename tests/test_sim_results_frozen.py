@@ -8,14 +8,13 @@ change that moves one is a change of results, to be made on purpose (update the 
 and say why in the commit).
 """
 
-import hashlib
-import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from results_digest import results_digest
 
 REPO = Path(__file__).resolve().parents[1]
 # The digests are of the powers-of-two ladder, the default before issue 14's fitted one.
@@ -36,26 +35,13 @@ DIGESTS = {
 }
 
 
-def _digest(out: Path) -> str:
-    h = hashlib.sha256()
-    for line in (out / "requests.jsonl").read_text().splitlines():
-        h.update(json.dumps(json.loads(line), sort_keys=True).encode())
-    for line in (out / "steps.jsonl").read_text().splitlines():
-        row = {k: v for k, v in json.loads(line).items() if k != "host_s"}
-        h.update(json.dumps(row, sort_keys=True).encode())
-    summary = json.loads((out / "summary.json").read_text())
-    h.update(json.dumps({k: v for k, v in summary.items() if "host" not in k},
-                        sort_keys=True).encode())
-    return h.hexdigest()[:16]
-
-
 def run_case(name: str, out: Path) -> str:
     args = CASES[name]
     done = subprocess.run([sys.executable, "-m", "experiments.run", *COMMON, *args,
                            f"--out_dir={out}"], cwd=REPO, capture_output=True, text=True,
                           env={**os.environ, "JAX_PLATFORMS": "cpu"}, timeout=120)
     assert done.returncode == 0, done.stderr
-    return _digest(out)
+    return results_digest(out)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
