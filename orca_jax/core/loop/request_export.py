@@ -35,6 +35,7 @@ from numpy.typing import NDArray
 
 from orca_jax.core.kv import KVCapacity, KVPool
 from orca_jax.core.kv.prefix_hits import PrefixHits
+from orca_jax.core.loop.scheduler_loop import frozen
 from orca_jax.core.requests.request import Request, RequestState
 from orca_jax.core.requests.request_table import RequestTable
 from orca_jax.core.step.engine_api import Engine
@@ -137,10 +138,10 @@ def reserve_pages(scheduler: Scheduler, request: int, num_tokens: int) -> bool:
         return False
     ids = np.array([request], dtype=np.int64)
     tokens = np.array([num_tokens], dtype=np.int64)
-    if int(scheduler.kv.pages_for_tokens(tokens)[0]) > scheduler.capacity.room():
+    if _pages_for(scheduler, num_tokens) > scheduler.capacity.room():
         return False
     scheduler.kv.allocate(ids, tokens)
-    scheduler.in_transfer = _frozen(np.concatenate([scheduler.in_transfer, ids]))
+    scheduler.in_transfer = frozen(np.concatenate([scheduler.in_transfer, ids]))
     return True
 
 
@@ -185,9 +186,9 @@ def import_request(scheduler: Scheduler, export: RequestExport, at_s: float) -> 
     table.first_token_s[request] = export.first_token_s
     table.last_token_s[request] = export.last_token_s
     table.last_token[request] = export.last_token
-    scheduler.in_transfer = _frozen(scheduler.in_transfer[scheduler.in_transfer != request])
+    scheduler.in_transfer = frozen(scheduler.in_transfer[scheduler.in_transfer != request])
     # Arrival order: a FCFS policy reads the queue as it is.
-    scheduler.waiting = _frozen(np.sort(np.append(scheduler.waiting, request)))
+    scheduler.waiting = frozen(np.sort(np.append(scheduler.waiting, request)))
     scheduler.now_s = max(scheduler.now_s, at_s)
 
 
@@ -209,14 +210,14 @@ def release_request(scheduler: Scheduler, request: int, at_s: float) -> bool:
     left = False
     if state == _FINISHED and np.isin(ids, scheduler.in_transfer)[0]:
         scheduler.kv.free(ids)
-        scheduler.in_transfer = _frozen(scheduler.in_transfer[scheduler.in_transfer != request])
+        scheduler.in_transfer = frozen(scheduler.in_transfer[scheduler.in_transfer != request])
     elif state in (_WAITING, _RUNNING):
         scheduler.kv.free(ids)
         if scheduler.hits is not None:
             scheduler.hits.forget(ids)
         table.state[request] = _AWAY
-        scheduler.waiting = _frozen(scheduler.waiting[scheduler.waiting != request])
-        scheduler.running = _frozen(scheduler.running[scheduler.running != request])
+        scheduler.waiting = frozen(scheduler.waiting[scheduler.waiting != request])
+        scheduler.running = frozen(scheduler.running[scheduler.running != request])
         left = True
     else:
         raise ValueError(f"release_request: request {request} is {RequestState(state).name} "
@@ -234,8 +235,3 @@ def _check_absent(scheduler: Scheduler, request: int, what: str) -> None:
 
 def _pages_for(scheduler: Scheduler, num_tokens: int) -> int:
     return int(scheduler.kv.pages_for_tokens(np.array([num_tokens], dtype=np.int64))[0])
-
-
-def _frozen(array: NDArray[np.int64]) -> NDArray[np.int64]:
-    array.setflags(write=False)
-    return array
