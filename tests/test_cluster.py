@@ -265,3 +265,49 @@ def test_a_router_plugin_loads_from_a_file_with_options(tmp_path):
                        ) as caught:
         broken.run()
     assert caught.value.kind == "router" and str(caught.value).startswith("router 'tolast'")
+
+
+def test_replicas_share_one_request_table_and_each_writes_only_its_rows():
+    requests = _workload(n=40)
+    cluster = Cluster(requests, num_replicas=3, router="round_robin",
+                      make_policy=lambda: policies.make_policy("vllm"), make_engine=_engine,
+                      config=CONFIG)
+    tables = [replica.table for replica in cluster.replicas]
+    # One set of arrays for the pool, not one per replica.
+    assert all(t.state is tables[0].state and t.num_computed is tables[0].num_computed
+               for t in tables[1:])
+    assert [t.replica for t in tables] == [0, 1, 2] and all(t.shared for t in tables)
+    assert (tables[0].holder == -1).all()  # nothing routed before the run
+    result = cluster.run()
+    # Round robin: request i is held by replica i % 3, and each replica's own result
+    # counts only its requests as its own.
+    np.testing.assert_array_equal(tables[0].holder, np.arange(40) % 3)
+    np.testing.assert_array_equal(result.replica, np.arange(40) % 3)
+    for index, replica in enumerate(cluster.replicas):
+        own = replica.result()
+        served = own.state != RequestState.ROUTED_AWAY
+        np.testing.assert_array_equal(np.flatnonzero(served), np.arange(index, 40, 3))
+
+
+@dataclasses.dataclass(kw_only=True)
+class _Poacher(policies.registered_policies()["vllm"]):
+    """Plans, beside its own work, a request another replica holds."""
+
+    def schedule(self, view):
+        plan = super().schedule(view)
+        requests = view.requests
+        mine = np.concatenate([view.running, view.waiting])
+        live = (requests.holder >= 0) & (requests.state == RequestState.WAITING)
+        others = np.setdiff1d(np.flatnonzero(live), mine)
+        if plan.request_ids.size and others.size:
+            return type(plan)(np.append(plan.request_ids, others[0]),
+                              np.append(plan.num_tokens, 1))
+        return plan
+
+
+def test_a_plan_naming_another_replicas_request_is_refused():
+    cluster = Cluster(_workload(n=20), num_replicas=2, router="round_robin",
+                      make_policy=_Poacher, make_engine=_engine, config=CONFIG)
+    with pytest.raises(PlanError, match=r"broke rule 'not_held': request_ids: request \d+ "
+                                        r"is held by replica \d, not this one \(\d\)"):
+        cluster.run()

@@ -124,27 +124,34 @@ class Migrate(Event):
     request: int
     source: int
     target: int
+    import_first: bool = False  # the receiver takes it before the sender lets it go
 
     def fire(self, loop: EventLoop, when: float) -> None:
         source, target = loop.pools[0].replicas[self.source], loop.pools[0].replicas[self.target]
         # A step runs whole: one in progress at `when` ends before the request leaves.
         leaves_s = max(when, source.now_s)
         export = source.export_request(self.request)
-        source.release_request(self.request, leaves_s)
-        target.import_request(export, leaves_s + COPY_S)
+        if self.import_first:  # the replicas share one table: the row is the receiver's
+            target.import_request(export, leaves_s + COPY_S)
+            source.release_request(self.request, leaves_s)
+        else:
+            source.release_request(self.request, leaves_s)
+            target.import_request(export, leaves_s + COPY_S)
         loop.wake(0, self.source)
         loop.wake(0, self.target)
 
 
-def test_a_migration_event_moves_a_running_request_on_the_cluster_loop():
+@pytest.mark.parametrize("import_first", [False, True])
+def test_a_migration_event_moves_a_running_request_on_the_cluster_loop(import_first):
     requests = [Request(id=0, arrival_s=0.0, prompt_len=30, output_len=100),
                 *[Request(id=i, arrival_s=0.05 * i, prompt_len=20, output_len=10)
                   for i in range(1, 6)]]
     cluster = Cluster(requests, num_replicas=2, router="round_robin",
                       make_policy=lambda: policies.make_policy("vllm"), make_engine=_engine,
                       config=CONFIG)
-    cluster.push(Migrate(request=0, source=0, target=1), 0.305)
+    cluster.push(Migrate(request=0, source=0, target=1, import_first=import_first), 0.305)
     result = cluster.run()
+    assert cluster.replicas[0].table.holder[0] == 1  # the shared row moved its holder
     assert result.replica[0] == 1 and result.num_generated[0] == 100
     assert (result.state == RequestState.FINISHED).all()
     tokens_at = result.token_time_s[result.token_req == 0]

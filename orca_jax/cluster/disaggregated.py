@@ -33,11 +33,11 @@ import numpy as np
 
 from orca_jax.cluster import handoff
 from orca_jax.cluster.disaggregated_result import join_pools
-from orca_jax.cluster.event_loop import Event, EventLoop, ReplicaPool
+from orca_jax.cluster.event_loop import Event, EventLoop, ReplicaPool, share_table
 from orca_jax.cluster.routing import Router, make_router
 from orca_jax.cluster.transfers import KVTransferCost, LinkQueues, Transfer
 from orca_jax.core.api.policy import Policy
-from orca_jax.core.loop.scheduler import Scheduler, SchedulerConfig
+from orca_jax.core.loop.scheduler import SchedulerConfig
 from orca_jax.core.requests.request import Request, RequestState
 from orca_jax.core.requests.run_record import TransferLog
 from orca_jax.core.requests.run_result import RunResult
@@ -97,12 +97,12 @@ class DisaggregatedCluster(EventLoop):
                    for r in requests]
         prefill_config = prefill.config.with_knobs(kv_handoff=True)
         decode_config = decode.config.with_knobs(kv_handoff=False, enable_prefix_caching=False)
-        self.prefill = [Scheduler(prompts, prefill.make_policy(), prefill.make_engine(),
-                                  prefill_config, submitted_only=True)
-                        for _ in range(prefill.num_replicas)]
-        self.decode = [Scheduler(requests, decode.make_policy(), decode.make_engine(),
-                                 decode_config, submitted_only=True)
-                       for _ in range(decode.num_replicas)]
+        # Each pool's replicas share its request table (the prefill pool's answers are
+        # one token long, the decode pool's whole).
+        self.prefill = share_table(prompts, prefill.num_replicas, prefill.make_policy,
+                                   prefill.make_engine, prefill_config)
+        self.decode = share_table(requests, decode.num_replicas, decode.make_policy,
+                                  decode.make_engine, decode_config)
         self.prefill_router, self.decode_router = prefill.build_router(), decode.build_router()
         self._prefill_pool = ReplicaPool(self.prefill, self.prefill_router)
         self._decode_pool = ReplicaPool(self.decode, self.decode_router)

@@ -34,10 +34,12 @@ import numpy as np
 from numpy.typing import NDArray
 
 from orca_jax.cluster.routing import ClusterView, Router
-from orca_jax.core.loop.scheduler import Scheduler
+from orca_jax.core.api.policy import Policy
+from orca_jax.core.loop.scheduler import Scheduler, SchedulerConfig
 from orca_jax.core.plans.plan import PlanError
 from orca_jax.core.plans.view import SchedulerView
-from orca_jax.core.requests.request import RequestState
+from orca_jax.core.requests.request import Request, RequestState
+from orca_jax.core.step.engine_api import Engine
 
 _FINISHED, _AWAY = int(RequestState.FINISHED), int(RequestState.ROUTED_AWAY)
 
@@ -133,8 +135,12 @@ class ReplicaPool:
         running, unreleased, or incoming."""
         scheduler = self.replicas[replica]
         ids = np.asarray(self._sent[replica], dtype=np.int64)
-        state = scheduler.table.state[ids]
-        live = (state < _FINISHED) | (state == _AWAY) | np.isin(ids, scheduler.unreleased)
+        table = scheduler.table
+        state = table.state[ids]
+        # Held here and not done, incoming (routed, held by none yet), or unreleased.
+        held = table.holder[ids] == table.replica
+        live = (((state < _FINISHED) & held) | ((state == _AWAY) & (table.holder[ids] < 0))
+                | np.isin(ids, scheduler.unreleased))
         self._sent[replica] = ids[live].tolist()
         return ids[live]
 
@@ -266,6 +272,19 @@ def _progress_marks(scheduler: Scheduler) -> tuple:
     return (scheduler.num_steps, scheduler.now_s, scheduler.num_done, scheduler.waiting.size,
             scheduler.running.size, scheduler.unreleased.size, scheduler.in_transfer.size,
             scheduler.kv.num_free)
+
+
+def share_table(requests: Sequence[Request], num_replicas: int,
+                make_policy: Callable[[], Policy], make_engine: Callable[[], Engine],
+                config: SchedulerConfig) -> list[Scheduler]:
+    """The `num_replicas` replicas of one pool over `requests`, sharing one request table:
+    the first builds it, the others see it as theirs (`RequestTable.for_replica`), so the
+    workload's facts and each request's progress are kept once per pool, not once per
+    replica. Each replica has its own policy, engine, KV pool and clock."""
+    first = Scheduler(requests, make_policy(), make_engine(), config, submitted_only=True)
+    return [first] + [Scheduler(requests, make_policy(), make_engine(), config,
+                                submitted_only=True, table=first.table.for_replica(index))
+                      for index in range(1, num_replicas)]
 
 
 def route_checked(router: Router, view: ClusterView, request: int) -> int:

@@ -1,7 +1,9 @@
 """Several replicas behind a global router, on one virtual clock (simulator first).
 
 Each replica is a whole `Scheduler` (its own policy, engine, KV pool and
-clock) that holds only the requests routed to it. Requests are routed one at
+clock) that holds only the requests routed to it: the replicas share one
+request table (`RequestTable.for_replica`), in which each request's row is
+written by the replica holding it. Requests are routed one at
 a time, in arrival order, when they arrive: the cluster runs on the
 `event_loop.EventLoop`, in which every replica steps up to an arrival before
 it is routed, so the router sees each replica's state at that moment. The
@@ -18,10 +20,10 @@ from typing import Callable, Mapping, Optional, Sequence, Union
 import numpy as np
 from numpy.typing import NDArray
 
-from orca_jax.cluster.event_loop import EventLoop, ReplicaPool, route_checked
+from orca_jax.cluster.event_loop import EventLoop, ReplicaPool, route_checked, share_table
 from orca_jax.cluster.routing import ClusterView, Router, make_router
 from orca_jax.core.api.policy import Policy
-from orca_jax.core.loop.scheduler import Scheduler, SchedulerConfig
+from orca_jax.core.loop.scheduler import SchedulerConfig
 from orca_jax.core.plans.view import SchedulerView
 from orca_jax.core.requests.request import Request, RequestState
 from orca_jax.core.requests.run_result import RunResult
@@ -52,8 +54,8 @@ class Cluster(EventLoop):
             raise ValueError(f"num_replicas must be >= 1, got {num_replicas}")
         self.router = router if isinstance(router, Router) else make_router(router,
                                                                              router_options)
-        self.replicas = [Scheduler(requests, make_policy(), make_engine(), config,
-                                   submitted_only=True) for _ in range(num_replicas)]
+        self.replicas = share_table(requests, num_replicas, make_policy, make_engine,
+                                    config)
         table = self.replicas[0].table
         rejected = table.state == RequestState.REJECTED  # up front, on every replica
         self._num_rejected = int(np.count_nonzero(rejected))

@@ -50,9 +50,10 @@ class ClusterView:
     Attributes:
       replicas: each replica's `SchedulerView` (its queues, KV pool and limits,
         and its own progress on every request it was sent).
-      requests: the workload's facts (arrival, prompt and output length,
-        priority, tenant) by request index, from a `RequestTableView`; progress
-        fields here are replica 0's, so read progress through `replicas[r]`.
+      requests: the pool's shared request table (a `RequestTableView`): the
+        workload's facts (arrival, prompt and output length, priority, tenant) by
+        request index, and each request's progress on the replica holding it
+        (`holder`, -1 for a request not routed yet).
       seed: the run's seed (`--seed`): seed a randomized router with it.
       ttft_slo_s, tpot_slo_s: the run's SLOs (None when unset).
     """

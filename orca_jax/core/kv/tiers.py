@@ -78,8 +78,9 @@ class TierChain:
 
     def __init__(self, device: KVTier, num_requests: int) -> None:
         self.tiers: list[KVTier] = [device]
-        self.tier_of = np.zeros(num_requests, dtype=np.int64)  # [N] tier holding its KV
-        self.pages_away = np.zeros(num_requests, dtype=np.int64)  # [N] pages off the device
+        # Small types: every replica of a cluster keeps these for the whole workload.
+        self.tier_of = np.zeros(num_requests, dtype=np.int8)  # [N] tier holding its KV
+        self.pages_away = np.zeros(num_requests, dtype=np.int32)  # [N] pages off the device
         self._num_away = 0  # requests whose KV is off the device: 0 in every default run
 
     def add(self, tier: KVTier) -> int:

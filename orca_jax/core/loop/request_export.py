@@ -19,10 +19,15 @@ What moving them costs is the caller's to price (`orca_jax.cluster.transfers`).
 
 Every scheduler of a cluster indexes its table by the request's index in the
 workload's arrival order, so a request keeps its identity, its sampling seed
-and its results row wherever it runs. The functions here are the scheduler's
-own (its methods `export_request`, `import_request`, `release_request` and
-`reserve_pages` call them, and keep its done count and token ids): they keep
-its table, queues and pages consistent.
+and its results row wherever it runs. Replicas of one pool share their table
+(`RequestTable.for_replica`): there an import moves the request's holder to
+the receiver (the row is the same), and the sender's release leaves the row
+as the receiver wrote it; between pools (a prefill and a decode pool, whose
+tables differ in output length) the import writes the receiver's row.
+
+The functions here are the scheduler's own (its methods `export_request`,
+`import_request`, `release_request` and `reserve_pages` call them, and keep its
+done count and token ids): they keep its table, queues and pages consistent.
 """
 
 from __future__ import annotations
@@ -105,9 +110,10 @@ def export_request(scheduler: Scheduler, request: int,
     """
     table = scheduler.table
     state = int(table.state[request])
-    if state not in (_WAITING, _RUNNING, _FINISHED):
-        raise ValueError(f"export_request: request {request} is {RequestState(state).name} "
-                         "here; only a waiting, running or finished request is exported")
+    if state not in (_WAITING, _RUNNING, _FINISHED) or table.holder[request] != table.replica:
+        raise ValueError(f"export_request: request {request} is "
+                         f"{_state_here(scheduler, request)}; only a waiting, running or "
+                         "finished request held here is exported")
     num_computed = int(table.num_computed[request])
     pages = scheduler.kv.pages_of(request)[:_pages_for(scheduler, num_computed)]
     return RequestExport(
@@ -186,6 +192,7 @@ def import_request(scheduler: Scheduler, export: RequestExport, at_s: float) -> 
     table.first_token_s[request] = export.first_token_s
     table.last_token_s[request] = export.last_token_s
     table.last_token[request] = export.last_token
+    table.holder[request] = table.replica
     scheduler.in_transfer = frozen(scheduler.in_transfer[scheduler.in_transfer != request])
     # Arrival order: a FCFS policy reads the queue as it is.
     scheduler.waiting = frozen(np.sort(np.append(scheduler.waiting, request)))
@@ -206,31 +213,49 @@ def release_request(scheduler: Scheduler, request: int, at_s: float) -> bool:
     """
     table = scheduler.table
     ids = np.array([request], dtype=np.int64)
-    state = int(table.state[request])
+    queued = bool(np.isin(ids, scheduler.waiting)[0] or np.isin(ids, scheduler.running)[0])
     left = False
-    if state == _FINISHED and np.isin(ids, scheduler.in_transfer)[0]:
-        scheduler.kv.free(ids)
+    if not queued and table.state[request] == _FINISHED and np.isin(
+            ids, scheduler.in_transfer)[0]:
+        scheduler.kv.free(ids)  # finished here; its pages waited for the transfer
         scheduler.in_transfer = frozen(scheduler.in_transfer[scheduler.in_transfer != request])
-    elif state in (_WAITING, _RUNNING):
+    elif queued:
         scheduler.kv.free(ids)
         if scheduler.hits is not None:
             scheduler.hits.forget(ids)
-        table.state[request] = _AWAY
+        # Imported by another replica of this table already: the row is the receiver's.
+        # Else it leaves this pool (or waits for its import): held by none meanwhile.
+        if table.holder[request] == table.replica:
+            table.state[request] = _AWAY
+            table.holder[request] = -1
         scheduler.waiting = frozen(scheduler.waiting[scheduler.waiting != request])
         scheduler.running = frozen(scheduler.running[scheduler.running != request])
         left = True
     else:
-        raise ValueError(f"release_request: request {request} is {RequestState(state).name} "
-                         "here and holds no pages for a transfer")
+        raise ValueError(f"release_request: request {request} is "
+                         f"{_state_here(scheduler, request)} and holds no pages for a "
+                         "transfer")
     scheduler.now_s = max(scheduler.now_s, at_s)
     return left
 
 
 def _check_absent(scheduler: Scheduler, request: int, what: str) -> None:
-    state = int(scheduler.table.state[request])
-    if state != _AWAY:
+    table = scheduler.table
+    state = int(table.state[request])
+    # Received: held by none of its pool, or by another replica of a shared table.
+    if table.holder[request] == table.replica:
         raise ValueError(f"{what}: request {request} is {RequestState(state).name} here; only "
                          "a request this scheduler does not hold is received")
+
+
+def _state_here(scheduler: Scheduler, request: int) -> str:
+    """The request's state as this scheduler sees it ("held by replica 2" when another
+    replica of its shared table holds it)."""
+    table = scheduler.table
+    holder = int(table.holder[request])
+    if table.shared and holder != table.replica:
+        return "held by " + (f"replica {holder}" if holder >= 0 else "no replica")
+    return f"{RequestState(int(table.state[request])).name} here"
 
 
 def _pages_for(scheduler: Scheduler, num_tokens: int) -> int:

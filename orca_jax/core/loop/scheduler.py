@@ -63,6 +63,9 @@ class Scheduler(SchedulerLoop):
       submitted_only: no request arrives on its own: each comes by `submit` (a
         cluster's router) or `import_request` (a transfer, a migration), and one
         never given counts as routed away (a replica of a cluster).
+      table: the request table of the replica's pool, as this replica sees it
+        (`RequestTable.for_replica`; built over the same `requests`), shared with
+        the pool's other replicas; default: a table of its own.
 
     Attributes:
       executor: runs its iterations (`step`, `run`) and keeps its clock; depth 2
@@ -71,7 +74,8 @@ class Scheduler(SchedulerLoop):
     """
 
     def __init__(self, requests: Sequence[Request], policy: Policy, engine: Engine,
-                 config: SchedulerConfig, *, submitted_only: bool = False) -> None:
+                 config: SchedulerConfig, *, submitted_only: bool = False,
+                 table: Optional[RequestTable] = None) -> None:
         if not requests:
             raise ValueError("the workload has no requests")
         self.config = config
@@ -83,8 +87,11 @@ class Scheduler(SchedulerLoop):
         self.engine = engine
         check_kv_reservation(policy, ValueError)
         self.prefix_caching = bool(kv_config.enable_prefix_caching and policy.prefix_caching)
-        ordered = sort_by_arrival(requests)
-        self.table = RequestTable(ordered)
+        if table is not None and len(table) != len(requests):
+            raise ValueError(f"Scheduler: the shared table has {len(table)} requests, the "
+                             f"workload {len(requests)}; share a table of the same workload")
+        ordered = sort_by_arrival(requests) if table is None else table.specs
+        self.table = RequestTable(ordered) if table is None else table
         n = len(ordered)
         self.bucket_config = bucket_config_for(
             max_num_tokens=limits.max_num_tokens, max_num_seqs=limits.max_num_seqs,
@@ -99,10 +106,12 @@ class Scheduler(SchedulerLoop):
         self.capacity = self.kv_memory.capacity
         seeds = (np.arange(n, dtype=np.uint64) * np.uint64(0x9E3779B1)
                  + np.uint64(sampling.seed)) & np.uint64(0xFFFFFFFF)
+        # One value for every request: read-only broadcast views, no memory per request.
         self.sampling = SamplingArrays(
-            temperature=np.full(n, sampling.temperature, np.float32),
-            top_k=np.full(n, sampling.top_k, np.int32),
-            top_p=np.full(n, sampling.top_p, np.float32), rng_seeds=seeds.astype(np.uint32))
+            temperature=np.broadcast_to(np.float32(sampling.temperature), (n,)),
+            top_k=np.broadcast_to(np.int32(sampling.top_k), (n,)),
+            top_p=np.broadcast_to(np.float32(sampling.top_p), (n,)),
+            rng_seeds=seeds.astype(np.uint32))
         self._generated: Optional[list[list[int]]] = (
             [[] for _ in range(n)] if engine.needs_token_ids else None)
         if engine.needs_token_ids and any(r.prompt_tokens is None for r in ordered):
@@ -123,11 +132,17 @@ class Scheduler(SchedulerLoop):
         self._num_done = 0
         self.record = RunRecord(num_requests=n,
                                 logs_step_requests=self.features.log_step_requests)
-        self._num_done += reject_impossible(self.table, self.capacity,
-                                         config.limits.max_model_len)
-        if submitted_only:
-            absent = self.table.state == _PENDING
-            self.table.state[absent] = _AWAY
+        if table is None or not table.replica:  # a shared table's first replica does it
+            self._num_done += reject_impossible(self.table, self.capacity,
+                                                config.limits.max_model_len)
+        else:
+            self._num_done += int(np.count_nonzero(self.table.state == RequestState.REJECTED))
+        if submitted_only:  # every request still to route is held by no replica yet
+            state = self.table.state
+            absent = (state == _PENDING) | (state == _AWAY)
+            state[absent] = _AWAY
+            # Held by none: those to route, and those rejected up front (every replica's).
+            self.table.holder[absent | (state == RequestState.REJECTED)] = -1
             self._num_done += int(np.count_nonzero(absent))
         self.watchdog = ProgressWatchdog(n, config.limits.no_progress_steps)
         self.view = SchedulerView(self)
@@ -141,9 +156,9 @@ class Scheduler(SchedulerLoop):
         return None if pending is None else float(self.table.arrival_s[pending])
 
     def _next_pending(self) -> Optional[int]:
-        state = self.table.state
+        state, holder, me = self.table.state, self.table.holder, self.table.replica
         i, horizon = self._next_arrival, self._arrival_horizon
-        while i < horizon and state[i] != _PENDING:
+        while i < horizon and (state[i] != _PENDING or holder[i] != me):
             i += 1
         self._next_arrival = i
         return i if i < horizon else None
@@ -194,6 +209,7 @@ class Scheduler(SchedulerLoop):
                              f"{RequestState(states[first]).name} here; only a request this "
                              "scheduler does not hold can be submitted")
         self.table.state[ids] = _PENDING
+        self.table.holder[ids] = self.table.replica
         self._num_done -= int(ids.size)
         if ids.size:
             self._next_arrival = min(self._next_arrival, int(ids.min()))

@@ -294,7 +294,9 @@ class SchedulerLoop:
         if end <= first:
             return
         arrived = np.arange(first, end)
-        arrived = arrived[self.table.state[arrived] == _PENDING]
+        table = self.table
+        arrived = arrived[(table.state[arrived] == _PENDING)
+                          & (table.holder[arrived] == table.replica)]
         self.table.state[arrived] = _WAITING
         self.waiting = frozen(np.concatenate([self.waiting, arrived]))
         self._next_arrival = end

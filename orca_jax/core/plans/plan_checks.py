@@ -14,6 +14,7 @@ from numpy.typing import NDArray
 from orca_jax.core.plans.plan import PlanError, StepPlan
 from orca_jax.core.plans.scheduler_state import SchedulerState
 from orca_jax.core.requests.request import RequestState
+from orca_jax.core.requests.request_table import RequestTable
 
 # Plain ints: IntEnum attribute lookups cost a microsecond each on the hot path.
 _PENDING, _WAITING, _RUNNING = int(RequestState.PENDING), int(RequestState.WAITING), int(
@@ -57,6 +58,23 @@ def _check_rejections(name: str, scheduler: SchedulerState, plan: StepPlan) -> N
                         f"request {_first(reject, both)} is both rejected and scheduled")
 
 
+def _check_held(name: str, table: RequestTable, plan: StepPlan) -> None:
+    """Every request the plan names is held by this replica (rule `not_held`)."""
+    for field, ids in (("request_ids", plan.request_ids), ("preempt", plan.preempt),
+                       ("release", plan.release), ("reject", plan.reject_ids)):
+        if ids.size == 0:
+            continue
+        elsewhere = ~table.held_here(ids)
+        if elsewhere.any():
+            request = _first(ids, elsewhere)
+            holder = int(table.holder[request])
+            raise PlanError(name, "not_held",
+                            f"{field}: request {request} is held by "
+                            + (f"replica {holder}" if holder >= 0 else "no replica")
+                            + f", not this one ({table.replica}): plan over view.waiting "
+                            "and view.running")
+
+
 def check_plan(scheduler: SchedulerState, plan: StepPlan) -> NDArray[np.int64]:
     """Raises PlanError if `plan` breaks a rule; returns the new pages each request needs.
 
@@ -75,6 +93,8 @@ def check_plan(scheduler: SchedulerState, plan: StepPlan) -> NDArray[np.int64]:
     _check_indices(name, "preempt", plan.preempt, n_requests)
     _check_indices(name, "release", plan.release, n_requests)
     _check_indices(name, "reject", plan.reject_ids, n_requests)
+    if table.shared:  # a cluster's replica: other replicas' rows are in its table too
+        _check_held(name, table, plan)
     if plan.reject_ids.size:
         _check_rejections(name, scheduler, plan)
 

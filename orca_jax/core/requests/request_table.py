@@ -4,10 +4,19 @@ Row i is the request with index i (arrival order). The scheduler writes it;
 policies read it through `RequestTableView`, whose arrays are read-only views,
 so a policy can compute over all running requests with one numpy expression
 instead of a Python loop per request.
+
+The replicas of a cluster's pool share one table (`for_replica`): the
+workload's facts once, and each request's progress in one row, written only
+by the replica holding it (`holder`). A replica holds the requests routed to it
+through its queues and KV pages; a request keeps its index, and so its
+sampling seed, its place in arrival order and its results row, on every
+replica, and moving it between replicas (`Scheduler.export_request`,
+`import_request`) moves its holder, not its row.
 """
 
 from __future__ import annotations
 
+import copy
 from typing import Sequence
 
 import numpy as np
@@ -19,7 +28,7 @@ _FIELDS = (
     "arrival_s", "prompt_len", "output_len", "priority", "tenant", "deadline_s", "state",
     "num_computed", "num_generated", "num_preemptions", "first_scheduled_s",
     "admitted_s", "first_token_s", "last_token_s", "finish_s", "last_token",
-    "num_cached_tokens",
+    "num_cached_tokens", "holder",
 )
 
 
@@ -54,7 +63,25 @@ class RequestTable:
                                     for r in requests], dtype=np.int64)
         # [N] tokens its latest admission took from the prefix cache (0 without caching).
         self.num_cached_tokens = np.zeros(n, dtype=np.int64)
+        # [N] the replica of the pool holding each request (its index), -1 for none:
+        # not routed yet, or let go. A table of one scheduler holds every request (0).
+        self.holder = np.zeros(n, dtype=np.int32)
         self.reject_reason: dict[int, str] = {}
+        self.replica = 0  # the replica this table object is the view of (`for_replica`)
+        self.shared = False  # whether other replicas share the rows (`for_replica`)
+
+    def for_replica(self, replica: int) -> RequestTable:
+        """The same rows (the same arrays, not copies) as replica `replica` of a pool sees
+        them: its `holder` index is `replica`. Marks both tables shared, so that the
+        scheduler checks that a plan names only requests its replica holds."""
+        other = copy.copy(self)  # shallow: every array and the reject reasons are shared
+        other.replica = replica
+        self.shared = other.shared = True
+        return other
+
+    def held_here(self, ids: NDArray[np.int64]) -> NDArray[np.bool_]:  # [n] -> [n]
+        """Whether this replica holds each request."""
+        return self.holder[ids] == self.replica
 
     def __len__(self) -> int:
         return len(self.specs)
@@ -80,7 +107,10 @@ class RequestTableView:
     `tenant_names`), `deadline_s` (inf when none), `state` (RequestState codes),
     `num_computed`, `num_generated`, `num_preemptions`, `first_scheduled_s`,
     `admitted_s`, `first_token_s`, `last_token_s`, `finish_s` (NaN until set),
-    `num_cached_tokens` (tokens its first admission took from the prefix cache).
+    `num_cached_tokens` (tokens its first admission took from the prefix cache),
+    `holder` (the replica of the pool holding it, -1 for none: on a cluster's replica,
+    rows of requests another replica holds show their progress there — plan over
+    `SchedulerView.waiting` and `running`, which list only this replica's).
     """
 
     def __init__(self, table: RequestTable) -> None:

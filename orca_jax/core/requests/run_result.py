@@ -123,12 +123,16 @@ class RunResult:
         token_req, token_time = record.token_log()
         held = record.step_requests if record.logs_step_requests else None
         n = len(table)
+        state = table.state
+        if table.shared:  # a replica's own result: another replica's requests are away
+            state = np.where((table.holder == table.replica) | (table.holder < 0), state,
+                             np.int8(RequestState.ROUTED_AWAY))
         return cls(
             policy=policy, engine=engine,
             request_ids=tuple(spec.id for spec in table.specs), tenant=_frozen(table.tenant),
             tenant_names=table.tenant_names, priority=_frozen(table.priority),
             arrival_s=_frozen(table.arrival_s), prompt_len=_frozen(table.prompt_len),
-            output_len=_frozen(table.output_len), state=_frozen(table.state),
+            output_len=_frozen(table.output_len), state=_frozen(state),
             first_scheduled_s=_frozen(table.first_scheduled_s),
             first_token_s=_frozen(table.first_token_s), last_token_s=_frozen(table.last_token_s),
             finish_s=_frozen(table.finish_s), num_generated=_frozen(table.num_generated),
