@@ -55,7 +55,7 @@ class Orca(Policy):
         running, tokens = fit_to_budget(running, view.requests.num_uncomputed(running), budget)
         ids, counts = running.tolist(), tokens.tolist()
         budget -= int(tokens.sum())
-        room = view.kv_room()  # the pages admissions may take now
+        kv_budget = view.kv_budget(ids, counts)  # the KV admissions may take now
         for request in view.waiting.tolist():
             if len(ids) >= cap or budget <= 0:
                 break
@@ -66,12 +66,9 @@ class Orca(Policy):
             if budget < prompt <= view.max_num_tokens - len(ids):
                 break
             count = min(prompt, budget)
-            pages = int(view.pages_needed([request], [count])[0])
-            # The whole question too: a free total is not enough for every KV layout.
-            if pages > room or not view.kv_fits(ids + [request], counts + [count]):
+            if not kv_budget.take(request, count):
                 break
             ids.append(request)
             counts.append(count)
             budget -= count
-            room -= pages
         return StepPlan(ids, counts)

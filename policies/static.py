@@ -60,14 +60,11 @@ class Static(Policy):
 
     def _form_batch(self, view: SchedulerView) -> np.ndarray:
         cap = min(self.max_num_seqs or view.max_num_seqs, view.max_num_seqs)
-        room = view.kv_room()  # the pages admissions may take now
+        budget = view.kv_budget()  # the KV admissions may take now
         batch: list[int] = []
         for request in view.waiting[:cap].tolist():
             prompt = min(int(view.requests.num_uncomputed([request])[0]), view.max_num_tokens)
-            pages = int(view.pages_needed([request], [prompt])[0])
-            # The whole question too: a free total is not enough for every KV layout.
-            if pages > room or not view.kv_fits(batch + [request], [1] * (len(batch) + 1)):
+            if not budget.take(request, prompt):
                 break
             batch.append(request)
-            room -= pages
         return np.asarray(batch, dtype=np.int64)

@@ -93,3 +93,65 @@ def test_the_tier_chain_starts_with_the_device_alone_and_names_its_tiers():
         chain.add(DeviceTier(8))
     with pytest.raises(KeyError, match="no KV tier 'host' in the chain \\(device\\)"):
         chain.index("host")
+
+
+@settings(max_examples=30, deadline=None, derandomize=True)
+@given(layout=st.sampled_from(["paged", "buddy"]), pages=st.integers(8, 48),
+       watermark=st.integers(0, 2), held=st.lists(st.integers(1, 30), max_size=3),
+       prompts=st.lists(st.integers(1, 40), min_size=1, max_size=6))
+def test_a_budget_takes_what_the_whole_question_would_let_in(layout, pages, watermark, held,
+                                                              prompts):
+    # Requests 0.. run (their prompts computed), the rest wait; a greedy admission loop
+    # over the budget must stop exactly where kv_fits of the plan so far says no.
+    config = SchedulerConfig(
+        limits=StepLimits(max_num_seqs=16, max_num_tokens=256, max_model_len=64),
+        kv=KVConfig(num_kv_pages=pages, page_size=4, watermark_pages=watermark,
+                    kv_layout=layout, enable_prefix_caching=False))
+    requests = [Request(id=i, arrival_s=0.0, prompt_len=p, output_len=1)
+                for i, p in enumerate(held)]
+    requests += [Request(id=len(held) + i, arrival_s=1.0, prompt_len=p, output_len=4)
+                 for i, p in enumerate(prompts)]
+    s = scheduler(config, requests, policy="orca")
+    if held:
+        s.step()
+    s.now_s = 1.0
+    s._admit_arrivals()
+    view = s.view
+    running = view.running.tolist()
+    budget = view.kv_budget(running, [1] * len(running))
+    ids, tokens = list(running), [1] * len(running)
+    for request in view.waiting.tolist():
+        count = int(view.requests.num_uncomputed([request])[0])
+        whole = (int(view.pages_needed([request], [count])[0]) <= budget.room
+                 and view.kv_fits(ids + [request], tokens + [count]))
+        room_before = budget.room
+        taken = budget.take(request, count)
+        assert taken == whole
+        if not taken:
+            assert budget.room == room_before  # a refusal leaves the budget as it was
+            break
+        ids.append(request)
+        tokens.append(count)
+
+
+def test_a_budget_on_a_fragmented_buddy_pool_refuses_what_the_free_total_would_take():
+    # Three requests take blocks of 4 pages at 0, 4 and 8; the middle one finishes after
+    # its prefill, leaving 8 free pages in two blocks of 4: no block of 8.
+    config = SchedulerConfig(
+        limits=StepLimits(max_num_seqs=8, max_num_tokens=256, max_model_len=64),
+        kv=KVConfig(num_kv_pages=16, page_size=4, kv_layout="buddy",
+                    enable_prefix_caching=False))
+    requests = [Request(id=i, arrival_s=0.0, prompt_len=prompt, output_len=16 - prompt)
+                for i, prompt in enumerate([6, 15, 6])]  # 16 tokens: 4 pages each
+    requests.append(Request(id=3, arrival_s=1.0, prompt_len=29, output_len=1))
+    s = Scheduler(requests, make_policy("orca", {"kv_reservation": "exact"}),
+                  SimEngine(CostModelConfig(mode="fixed", step_time_s=0.01)), config)
+    s.step()
+    s.now_s = 1.0
+    s._admit_arrivals()
+    view = s.view
+    assert view.running.tolist() == [0, 2] and view.num_free_pages == 8
+    assert int(view.pages_needed([3], [29])[0]) == 8 == view.kv_room()  # the total fits
+    budget = view.kv_budget([0, 2], [1, 1])
+    assert not budget.take(3, 29) and budget.room == 8  # but no free block of 8
+    assert not view.kv_fits([0, 2, 3], [1, 1, 29])

@@ -17,7 +17,7 @@ May import: numpy, the standard library, and `orca_jax.core.requests.request` an
 
 from orca_jax.core.kv.buddy import BuddyAllocator, BuddyPool
 from orca_jax.core.kv.cached_pool import CachedPool
-from orca_jax.core.kv.capacity import CachedCapacity, KVCapacity, pool_rule_broken
+from orca_jax.core.kv.capacity import CachedCapacity, KVBudget, KVCapacity, pool_rule_broken
 from orca_jax.core.kv.config import KVConfig
 from orca_jax.core.kv.memory import KVMemory, make_pool
 from orca_jax.core.kv.pool import KV_LAYOUTS, KVPool, PagedPool
@@ -32,7 +32,8 @@ from orca_jax.core.kv.prefix_cache import PrefixCache
 from orca_jax.core.kv.tiers import DeviceTier, KVTier, TierChain
 
 __all__ = ["BuddyAllocator", "BuddyPool", "CachedCapacity", "CachedPool", "DeviceTier",
-           "KVCapacity", "KVConfig", "KVMemory", "KVPool", "KVTier", "KV_LAYOUTS", "PagedPool",
+           "KVBudget", "KVCapacity", "KVConfig", "KVMemory", "KVPool", "KVTier", "KV_LAYOUTS",
+           "PagedPool",
            "PreemptionMode", "PrefixCache", "TierChain", "make_pool", "pool_rule_broken",
            "preempt", "preemption_modes", "register_preemption_mode",
            "unregister_preemption_mode"]

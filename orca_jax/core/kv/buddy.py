@@ -134,6 +134,7 @@ class BuddyPool(PageTable):
     """
 
     layout = "buddy"
+    totals_decide = False  # an admission needs a free block of its size
 
     def __init__(self, **shape: int) -> None:
         super().__init__(**shape)

@@ -13,7 +13,7 @@ once).
 
 from __future__ import annotations
 
-from typing import Optional, Union
+from typing import Optional, Sequence, Union
 
 import numpy as np
 from numpy.typing import NDArray
@@ -85,6 +85,9 @@ class KVCapacity:
         # Whether `pages_needed` counts exactly what the step's allocation takes (no page
         # reserved at admission, no hit shared): the plan check's count is then reused.
         self.needed_is_allocation = not self._reserves
+        # Whether summing each request's `pages_needed` against `room` answers `kv_fits`
+        # (no blocks to place, no free hit page counted once for several admissions).
+        self.totals_decide = pool.totals_decide
 
     def pages_needed(self, ids: NDArray[np.int64],  # [n]
                      tokens: NDArray[np.int64]) -> NDArray[np.int64]:  # [n]
@@ -163,6 +166,47 @@ class KVCapacity:
         return pages, refused
 
 
+class KVBudget:
+    """A plan's KV built one request at a time (a greedy admission loop): `take` answers
+    whether the plan so far and one more request fit, as `KVCapacity.kv_fits` of the
+    whole plan would, in O(1) where page totals decide it (`totals_decide`), else by
+    asking the whole plan (a buddy pool's blocks, prefix-cache hits several admissions
+    share).
+
+    Args:
+      capacity: the scheduler's capacity question.
+      ids: `[n]` the plan so far (running requests, say), whose new pages are counted
+        by the whole question only: `room` starts at the pages admissions may take.
+      num_tokens: `[n]` their tokens.
+    """
+
+    def __init__(self, capacity: KVCapacity, ids: Sequence[int],
+                 num_tokens: Sequence[int]) -> None:
+        self._capacity = capacity
+        self._ids = list(ids)
+        self._tokens = list(num_tokens)
+        self.room = int(capacity.room())  # pages the admissions taken so far left
+
+    def take(self, request: int, num_tokens: int) -> bool:
+        """Adds `request` with `num_tokens` tokens if the plan then still fits (its pages
+        within `room`, and the whole question where totals do not decide); False leaves
+        the budget as it was."""
+        capacity = self._capacity
+        pages = int(capacity.pages_needed(np.array([request], dtype=np.int64),
+                                          np.array([num_tokens], dtype=np.int64))[0])
+        if pages > self.room:
+            return False
+        if not capacity.totals_decide and not capacity.kv_fits(
+                np.array(self._ids + [request], dtype=np.int64),
+                np.array(self._tokens + [num_tokens], dtype=np.int64),
+                np.zeros(0, dtype=np.int64)):
+            return False
+        self._ids.append(request)
+        self._tokens.append(num_tokens)
+        self.room -= pages
+        return True
+
+
 class CachedCapacity(KVCapacity):
     """`KVCapacity` with prefix caching: an admission's tokens start past its hit.
 
@@ -176,6 +220,7 @@ class CachedCapacity(KVCapacity):
         self._hits = hits
         self._page_size = pool.page_size
         self.needed_is_allocation = False
+        self.totals_decide = False  # a free page several admissions hit is taken once
 
     def pages_needed(self, ids: NDArray[np.int64],  # [n]
                      tokens: NDArray[np.int64]) -> NDArray[np.int64]:  # [n]

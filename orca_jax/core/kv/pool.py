@@ -33,6 +33,9 @@ class KVPool(Protocol):
 
     Attributes:
       layout: the layout's name (`KV_LAYOUTS`), for messages and results only.
+      totals_decide: whether the free total alone decides whether new pages fit (any
+        free page serves any request); False where placement needs more (the buddy
+        layout's blocks), so `blocks_fit` must be asked too.
       num_kv_pages, page_size, max_pages_per_seq: the pool's shape.
       num_held: `[N]` pages each request owns.
       row_of: `[N]` each request's page-table row, -1 for none.
@@ -41,6 +44,7 @@ class KVPool(Protocol):
     """
 
     layout: str
+    totals_decide: bool
     num_kv_pages: int
     page_size: int
     max_pages_per_seq: int
@@ -127,6 +131,7 @@ class PageTable:
     """
 
     layout = ""
+    totals_decide = True
     cache = None  # the prefix cache sharing this pool's pages (`CachedPool` only)
     shares_pages = False  # whether several rows may list one page (`CachedPool`)
 

@@ -14,11 +14,12 @@ so do `watermark_pages` and `kv_layout`: a policy asks the capacity question
 from __future__ import annotations
 
 import warnings
-from typing import Callable, Optional, Union
+from typing import Callable, Optional, Sequence, Union
 
 import numpy as np
 from numpy.typing import NDArray
 
+from orca_jax.core.kv.capacity import KVBudget
 from orca_jax.core.plans.scheduler_state import SchedulerState
 from orca_jax.core.requests.request_table import RequestTableView
 
@@ -212,6 +213,15 @@ class SchedulerView:
         preempt = np.asarray(() if preempt is None else preempt, dtype=np.int64)
         return self._scheduler.capacity.kv_fits(ids, np.asarray(num_tokens, dtype=np.int64),
                                                 preempt)
+
+    def kv_budget(self, ids: Sequence[int] = (),
+                  num_tokens: Sequence[int] = ()) -> KVBudget:
+        """A budget to build a plan one admission at a time: `budget.take(request, tokens)`
+        is True (and counts its pages) if the plan so far (`ids` with `num_tokens`, then
+        what was taken) and that request fit, as `kv_fits` of the whole plan would say;
+        it costs O(1) a request where page totals decide (the paged layout without
+        prefix caching) and asks the whole plan where they do not."""
+        return KVBudget(self._scheduler.capacity, ids, num_tokens)
 
     def kv_room(self, free_pages: Union[int, NDArray[np.int64], None] = None, *,
                 admitting: bool = True) -> Union[int, NDArray[np.int64]]:
