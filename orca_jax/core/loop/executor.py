@@ -25,25 +25,27 @@ steps and tokens are the same at every depth.
 from __future__ import annotations
 
 import time
-from typing import Callable, Optional, Protocol, Sized, Union
+from typing import Callable, Optional, Protocol, Union
 
 import numpy as np
 from numpy.typing import NDArray
 
 from orca_jax.core.loop.in_flight import StepsInFlight
 from orca_jax.core.loop.scheduled_step import IdleStep, ScheduledStep, StepResult
+from orca_jax.core.plans.scheduler_state import SchedulerState
 from orca_jax.core.step.engine_api import Engine, PackedStep, StepOutput
 
 
-class HostClockConfig(Protocol):
-    """What the executor reads of the scheduler's config."""
+class HostClockFeatures(Protocol):
+    """What the executor reads of the scheduler's features (`LoopFeatures`)."""
 
     @property
     def count_host_time(self) -> bool: ...
 
 
-class TwoPhaseScheduler(Protocol):
-    """What an executor drives (`Scheduler` is one)."""
+class TwoPhaseScheduler(SchedulerState, Protocol):
+    """What an executor drives (`Scheduler` is one): the state its view and plan checks
+    read (`SchedulerState`), and the two phases."""
 
     engine: Engine
     now_s: float  # the virtual clock: the scheduler reads it, the executor moves it
@@ -52,27 +54,10 @@ class TwoPhaseScheduler(Protocol):
     busy: NDArray[np.int64]
 
     @property
-    def config(self) -> "HostClockConfig": ...
-
-    @property
-    def table(self) -> Sized: ...  # one entry per request of the run
+    def features(self) -> HostClockFeatures: ...
 
     @property
     def done(self) -> bool: ...
-
-    @property
-    def num_steps(self) -> int: ...
-
-    @property
-    def waiting(self) -> NDArray[np.int64]: ...  # [w]
-
-    @property
-    def running(self) -> NDArray[np.int64]: ...  # [r]
-
-    @property
-    def unreleased(self) -> NDArray[np.int64]: ...  # [u]
-
-    def next_arrival_s(self) -> Optional[float]: ...
 
     def late_tokens_conflict(self) -> Optional[str]:
         """Why step tokens cannot be read back late in this run (None: they can)."""
@@ -126,7 +111,7 @@ class Executor:
         self.depth = depth
         self.in_flight = StepsInFlight(len(scheduler.table))  # stays empty at depth 1
         scheduler.busy = self.in_flight.busy
-        self._count_host_time = scheduler.config.features.count_host_time
+        self._count_host_time = scheduler.features.count_host_time
         # An `Engine` may price a step from its lengths, never building the padded
         # descriptor (the simulator); a duck-typed engine has only `step`. Chosen once.
         self._run_packed: Callable[[PackedStep], StepOutput] = (

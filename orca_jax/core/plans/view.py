@@ -29,32 +29,32 @@ RENAMED = {"token_budget": "max_num_tokens", "max_batch_size": "max_num_seqs",
 _warned: set[str] = set()
 
 
-def _renamed(old: str) -> property:
-    """A read-only property under the old name `old`, warning once per process."""
-    new = RENAMED[old]
-
-    def read(view: "SchedulerView") -> int:
-        if old not in _warned:
-            _warned.add(old)
-            warnings.warn(f"SchedulerView.{old} is deprecated; use SchedulerView.{new}",
-                          DeprecationWarning, stacklevel=2)
-        return getattr(view, new)
-
-    return property(read, doc=f"Deprecated: `{new}`.")
-
-
-def _capacity_detail(name: str, value: Callable[["SchedulerView"], object]) -> property:
-    """A read-only property for a detail the capacity question now includes, warning
-    once per process."""
+def _deprecated(name: str, value: Callable[["SchedulerView"], object], advice: str,
+                doc: str) -> property:
+    """A read-only property under the old name `name`, warning once per process that
+    it is deprecated (`advice` says what to use)."""
 
     def read(view: "SchedulerView") -> object:
         if name not in _warned:
             _warned.add(name)
-            warnings.warn(f"SchedulerView.{name} is deprecated; ask kv_fits, kv_room or "
-                          "pages_needed, which include it", DeprecationWarning, stacklevel=2)
+            warnings.warn(f"SchedulerView.{name} is deprecated; {advice}", DeprecationWarning,
+                          stacklevel=2)
         return value(view)
 
-    return property(read, doc=f"Deprecated: `{name}` (the capacity question includes it).")
+    return property(read, doc=f"Deprecated: {doc}.")
+
+
+def _renamed(old: str) -> property:
+    """The old name `old` of a view attribute (`RENAMED`)."""
+    new = RENAMED[old]
+    return _deprecated(old, lambda view: getattr(view, new), f"use SchedulerView.{new}",
+                       f"`{new}`")
+
+
+def _capacity_detail(name: str, value: Callable[["SchedulerView"], object]) -> property:
+    """A detail the capacity question now includes."""
+    return _deprecated(name, value, "ask kv_fits, kv_room or pages_needed, which include it",
+                       f"`{name}` (the capacity question includes it)")
 
 
 class SchedulerView:
