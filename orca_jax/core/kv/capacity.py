@@ -102,6 +102,14 @@ class KVCapacity:
         """Tokens an admission of each request now would take from the prefix cache."""
         return np.zeros(ids.size, dtype=np.int64)
 
+    def reserved_tokens(self, ids: NDArray[np.int64],  # [n]
+                        tokens: NDArray[np.int64]) -> NDArray[np.int64]:  # [n]
+        """`[n]` tokens whose pages each request's admission holds once it has `tokens`
+        known: its reservation (`kv_reservation`), if larger. A transfer into this pool
+        takes these pages up front, so the request's admission takes none: a received
+        request waiting for its reservation's rest could hold pages that nothing frees."""
+        return np.maximum(tokens, self._reserve_tokens[ids]) if self._reserves else tokens
+
     def pool_demand(self, ids: NDArray[np.int64],  # [n]
                     needed: NDArray[np.int64],  # [n] from pages_needed
                     preempt: NDArray[np.int64]) -> tuple[int, int]:  # [p]

@@ -131,8 +131,9 @@ def export_request(scheduler: Scheduler, request: int,
 
 
 def reserve_pages(scheduler: Scheduler, request: int, num_tokens: int) -> bool:
-    """Takes the pages of `num_tokens` tokens for `request` before it is imported, if the
-    pool has them beside its watermark; False leaves everything unchanged.
+    """Takes the pages of `num_tokens` tokens for `request` before it is imported (or of
+    its reservation, if larger: `KVCapacity.reserved_tokens`), if the pool has them
+    beside its watermark; False leaves everything unchanged.
 
     The request is listed in `Scheduler.in_transfer` until its import.
 
@@ -143,8 +144,8 @@ def reserve_pages(scheduler: Scheduler, request: int, num_tokens: int) -> bool:
     if scheduler.kv.num_held[request]:
         return False
     ids = np.array([request], dtype=np.int64)
-    tokens = np.array([num_tokens], dtype=np.int64)
-    if _pages_for(scheduler, num_tokens) > scheduler.capacity.room():
+    tokens = scheduler.capacity.reserved_tokens(ids, np.array([num_tokens], dtype=np.int64))
+    if _pages_for(scheduler, int(tokens[0])) > scheduler.capacity.room():
         return False
     scheduler.kv.allocate(ids, tokens)
     scheduler.in_transfer = frozen(np.concatenate([scheduler.in_transfer, ids]))
