@@ -75,7 +75,10 @@ def plan_in_order(view: SchedulerView, order: NDArray[np.int64],  # [k]
     Returns:
       The plan. Admissions stop at the first waiting request that cannot get
       its pages, so a large request is not overtaken forever by small ones
-      ranked below it.
+      ranked below it; a waiting request below it that needs no new pages (it
+      holds its KV already: received by a disaggregated decode replica, or
+      migrated) is still admitted, since it takes nothing the stopped one waits
+      for, and holding it back can leave a full pool that nothing drains.
     """
     requests = view.requests
     order = np.asarray(order, dtype=np.int64)
@@ -109,7 +112,8 @@ def plan_in_order(view: SchedulerView, order: NDArray[np.int64],  # [k]
         while first_victim < len(victims) and victims[first_victim] <= pos:
             victim_pages -= held[victims[first_victim]]
             first_victim += 1
-        if is_preempted[pos] or (not running[pos] and not admitting):
+        if is_preempted[pos] or (not running[pos] and not admitting and (
+                view.prefix_caching or pages[pos] > 0)):
             continue
         count = min(want_list[pos], budget)
         if view.prefix_caching:

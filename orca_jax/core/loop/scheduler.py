@@ -258,10 +258,17 @@ class Scheduler(SchedulerLoop):
             return True  # a transfer's end frees or brings pages: its cluster steps us again
         if self.busy.size:
             return True  # the executor lands a step in flight: its requests are free again
-        stalled = self.waiting[self.kv.num_held[self.waiting] > 0]  # received with their KV
-        if stalled.size and not self.running.size:  # and their pages block every admission
-            preempt(self.kv_memory, stalled)  # so they recompute, as if preempted
+        # Waiting requests holding KV (received with it) while the plan runs nothing: their
+        # pages may be what every other request waits for (a full decode pool whose policy
+        # stops admitting at a request that needs pages), and nothing else frees any. They
+        # recompute, as if preempted, and are logged so. Not behind a policy that never
+        # preempts: it planned around them (a transfer took their reservation up front).
+        stalled = self.waiting[self.kv.num_held[self.waiting] > 0]
+        if stalled.size and self.policy.preempts:
+            preempt(self.kv_memory, stalled)
             self.record.num_preemptions += int(stalled.size)
+            if self.features.log_step_requests:
+                self.record.log_removed(stalled, NO_REQUESTS)
             return False
         upcoming = self.next_arrival_s()
         if upcoming is None and self.awaits_submissions:
