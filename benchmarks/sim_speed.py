@@ -45,6 +45,15 @@ COLUMNS = (f"{'requests':>9} {'replicas':>8} {'steps':>8} {'process s':>10} {'wa
            f"{'requests/s':>11} {'steps/s':>9} {'us/step':>8}")
 
 
+def run_command(num_requests: int, num_replicas: int, bucket_ladder: str,
+                out: str) -> list[str]:
+    """The command line of one case (the stable interface both trees are measured by)."""
+    return [sys.executable, "-m", "experiments.run", "--engine=sim", "--policy=vllm",
+            "--model=llama3-8b", "--hardware=a100", f"--num_requests={num_requests}",
+            f"--rate={RATE_PER_REPLICA * num_replicas:g}", f"--num_replicas={num_replicas}",
+            f"--bucket_ladder={bucket_ladder}", f"--out_dir={out}"]
+
+
 def run_case(num_requests: int, num_replicas: int, bucket_ladder: str,
              tree: Path = REPO) -> dict:
     """Runs one case in a child process on `tree`'s code; its process time, steps, wall time."""
@@ -52,10 +61,7 @@ def run_case(num_requests: int, num_replicas: int, bucket_ladder: str,
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         start = time.perf_counter()
         result = subprocess.run(
-            [sys.executable, "-m", "experiments.run", "--engine=sim", "--policy=vllm",
-             "--model=llama3-8b", "--hardware=a100", f"--num_requests={num_requests}",
-             f"--rate={RATE_PER_REPLICA * num_replicas:g}", f"--num_replicas={num_replicas}",
-             f"--bucket_ladder={bucket_ladder}", f"--out_dir={out}"],
+            run_command(num_requests, num_replicas, bucket_ladder, out),
             cwd=tree, env=tree_env(tree, JAX_PLATFORMS="cpu"), capture_output=True, text=True)
         if result.returncode != 0:
             sys.exit(f"experiments.run failed in {tree}:\n{result.stderr[-2000:]}")
