@@ -27,7 +27,7 @@ from absl import app, flags
 import policies  # noqa: F401  (registers the built-in routers that --router's help names)
 from experiments.cli_errors import clean_errors, parse_flags  # noqa: F401 (entry points' API)
 from orca_jax.cluster.routing import registered_routers
-from orca_jax.core.step.bucket_fit import parse_fit_ladder
+from orca_jax.core.step.bucket_fit import capped_fit_ladder, parse_fit_ladder
 from orca_jax.core.step.packing import ladder_token_sizes
 from orca_jax.runner.spec import (
     COMMAND_DEFAULTS,
@@ -73,8 +73,9 @@ flags.DEFINE_string("bucket_ladder", "auto", "Step token sizes by rule, unless -
                     "(whatever --policies says, so every policy compared, and every policy at "
                     "one rate of a sweep, drives the same sizes) on a step:8 ladder; config.json "
                     "records the sizes (repeat with --buckets=...) and the pilot. Each tops out "
-                    "at --max_num_tokens. auto: fit:16 on --engine=sim (pow2 with --cost_fit, "
-                    "which prices only its own buckets), pow2 on --engine=jax (each size is a "
+                    "at --max_num_tokens. auto: fit:16 on --engine=sim (fewer under a budget "
+                    "below 128: one per multiple of 8; pow2 with --cost_fit, which prices only "
+                    "its own buckets), pow2 on --engine=jax (each size is a "
                     "compile there, and its clock is not the simulator's).")
 flags.DEFINE_string("out_dir", "runs/latest", "Output directory.")
 flags.DEFINE_string("policy_opts", "", "Policy knobs: key=value,... (in compare and sweep: "
@@ -264,6 +265,8 @@ def _buckets(max_num_tokens: int) -> tuple[Optional[tuple[int, ...]], Optional[s
         ladder = "pow2" if FLAGS.cost_fit else AUTO_LADDER[FLAGS.engine]
         if ladder == "pow2":
             return None, None  # the library's default: the config (and a sweep's) as before
+        # fit:16 needs a budget of 128 tokens: a default must not refuse a smaller one.
+        ladder = capped_fit_ladder(ladder, max_num_tokens)
     try:
         if parse_fit_ladder(ladder) is not None:
             return None, ladder  # LimitsSpec checks K against --max_num_tokens

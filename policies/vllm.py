@@ -46,7 +46,7 @@ import dataclasses
 import numpy as np
 from numpy.typing import NDArray
 
-from orca_jax import Policy, SchedulerView, StepPlan, register
+from orca_jax import Policy, SchedulerView, StepLimits, StepPlan, register
 
 
 @register("vllm")
@@ -59,7 +59,8 @@ class VLLM(Policy):
       max_num_tokens: tokens per step (vLLM's `max_num_batched_tokens`; also capped
         by the scheduler's `max_num_tokens`).
       enable_chunked_prefill: False admits a waiting request only if all its
-        uncomputed tokens fit the budget left.
+        uncomputed tokens fit the budget left; it needs a budget of at least
+        max_model_len (`check_limits`), as vLLM does.
       long_prefill_token_threshold: when > 0 and more than one request is running
         or waiting, no request gets more than this many tokens in a step.
       priority: order waiting by (priority, arrival) and preempt the running
@@ -90,6 +91,21 @@ class VLLM(Policy):
         if self.long_prefill_token_threshold < 0:
             raise ValueError("long_prefill_token_threshold must be >= 0, got "
                              f"{self.long_prefill_token_threshold}")
+
+    def check_limits(self, limits: StepLimits) -> None:
+        """Without chunked prefill, refuses a step budget below the context, as vLLM does
+        (`SchedulerConfig`: max_num_batched_tokens < max_model_len): a prompt longer than
+        the budget could never be admitted, and would block the FCFS queue forever."""
+        budget = min(self.max_num_tokens, limits.max_num_tokens)
+        if self.enable_chunked_prefill or budget >= limits.max_model_len:
+            return
+        knob = (f"--max_num_tokens={budget}" if budget == limits.max_num_tokens
+                else f"option max_num_tokens={budget}")
+        raise ValueError(
+            f"policy {self.name!r}: enable_chunked_prefill=false computes each prompt whole in "
+            f"one step, but the step budget ({knob}) is below --max_model_len="
+            f"{limits.max_model_len} (vLLM refuses the same); raise the budget to "
+            f"{limits.max_model_len}, lower --max_model_len, or turn chunked prefill on")
 
     def schedule(self, view: SchedulerView) -> StepPlan:
         budget = min(self.max_num_tokens, view.max_num_tokens)
@@ -196,14 +212,7 @@ class VLLM(Policy):
             want = np.minimum(want, threshold)
         before = np.cumsum(want) - want  # [c] tokens taken by earlier admissions
         fits = before < budget
-        if not self.enable_chunked_prefill:
-            step_budget = min(self.max_num_tokens, view.max_num_tokens)
-            if want[0] > step_budget:  # it would block the queue forever
-                raise ValueError(
-                    f"policy {self.name!r}: request {int(candidates[0])} needs {int(want[0])} "
-                    f"tokens in one step, but enable_chunked_prefill is off and the budget is "
-                    f"{step_budget} (max_num_tokens={self.max_num_tokens}, "
-                    f"scheduler max_num_tokens={view.max_num_tokens})")
+        if not self.enable_chunked_prefill:  # whole prompts only (`check_limits`: they fit)
             fits &= want <= budget - before
         tokens = np.minimum(want, budget - before)  # [c]
         # Its whole sequence's pages, less its hits and the pages it holds (one received

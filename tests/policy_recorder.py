@@ -24,6 +24,9 @@ class Recorder(Policy):
         self.kv_reservation = inner.kv_reservation
         self.steps: list[Step] = []
 
+    def check_limits(self, limits):
+        self.inner.check_limits(limits)
+
     def schedule(self, view):
         running = view.running
         decoding = running[view.requests.prefill_done(running)].tolist()

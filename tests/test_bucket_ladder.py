@@ -10,7 +10,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from orca_jax.core.step.packing import BucketConfig, default_token_sizes, ladder_token_sizes
+from orca_jax.core.step.packing import (
+    MAX_LADDER_SIZES,
+    BucketConfig,
+    default_token_sizes,
+    ladder_token_sizes,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -85,3 +90,29 @@ def test_the_flag_refuses_a_bad_ladder_and_both_ways_of_choosing(tmp_path):
         assert done.returncode == 2 and says in done.stderr, done.stderr
         assert len(done.stderr.strip().splitlines()) == 1, done.stderr
         assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("ladder", ["step:8", "step:1", "geometric:1.0001"])
+def test_a_rule_ladder_refuses_more_sizes_than_a_ladder_may_have_at_any_budget(ladder):
+    # A budget of 10^10 under step:8 once built 1.25e9 sizes before the run (issue 25).
+    with pytest.raises(ValueError, match=f"bucket ladder '{ladder}' gives .* sizes up to "
+                                         "max_num_tokens=10000000000, over the 8192"):
+        ladder_token_sizes(ladder, 10**10)
+    assert len(ladder_token_sizes("pow2", 10**10)) == 31  # 16 .. 2^33, and the budget
+    assert ladder_token_sizes("step:8", 8 * MAX_LADDER_SIZES)[-2:] == (
+        8 * MAX_LADDER_SIZES - 8, 8 * MAX_LADDER_SIZES)
+
+
+def test_the_default_ladder_serves_a_budget_under_128_tokens(tmp_path):
+    # `auto` meant fit:16, which needs a budget of 128: `--max_num_tokens=64` alone was
+    # refused with an error about --bucket_ladder, a flag never passed (issue 25).
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, "-m", "experiments.run", "--engine=sim",
+                           "--num_requests=20", "--max_num_tokens=64", f"--out_dir={out}"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    limits = json.loads((out / "config.json").read_text())["run"]["limits"]
+    assert limits["bucket_ladder"] == "fit:8"  # every multiple of 8 up to 64 may be a size
+    assert limits["token_buckets"][-1] == 64
+    assert all(size % 8 == 0 for size in limits["token_buckets"])

@@ -133,3 +133,19 @@ def test_a_sweep_fits_one_ladder_per_point_shared_by_its_policies(tmp_path):
             sweep.point_spec(spec, 1.0, 0)), float(rate))
         _, fit = with_fitted_buckets(sweep.point_spec(spec, float(rate), 0), requests)
         assert list(fit.token_sizes) == sizes
+
+
+def test_the_pilot_of_a_huge_budget_has_few_sizes_and_fits_at_once():
+    # A budget of 10^10 hung in the pilot's step:8 ladder (issue 25): above 32,768 tokens
+    # the pilot pads to powers of two.
+    assert bucket_pilot.pilot_token_sizes(1024) == (ladder_token_sizes("step:8", 1024),
+                                                    "step:8")
+    sizes, rule = bucket_pilot.pilot_token_sizes(10**10)
+    assert sizes[:4096] == ladder_token_sizes("step:8", 32768)
+    assert sizes[4096:] == tuple(2**k for k in range(16, 34)) + (10**10,)
+    assert rule == "step:8 to 32768, pow2 above"
+    spec = RunSpec(workload=WorkloadSpec(num_requests=20, rate=32.0),
+                   limits=LimitsSpec(max_num_tokens=10**10, bucket_ladder="fit:16"))
+    fitted, fit = with_fitted_buckets(spec)
+    assert fit.pilot_ladder == rule and fit.token_sizes[-1] == 10**10
+    assert fitted.limits.token_buckets == fit.token_sizes

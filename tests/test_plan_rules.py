@@ -7,6 +7,7 @@ good plans afterwards, finish the run exactly as a run without the bad plan.
 """
 
 import dataclasses
+import math
 from typing import Any, Callable, Optional
 
 import numpy as np
@@ -174,6 +175,18 @@ CASES: dict[str, tuple] = {
     "no_progress": (REQUESTS, CONFIG, {}, 1, lambda v: StepPlan()),
     "not_a_plan": (REQUESTS, CONFIG, {}, 1, lambda v: v.running.tolist()),
     "not_a_plan_none": (REQUESTS, CONFIG, {}, 0, lambda v: None),
+    # A StepPlan its fields cannot make (issue 25: the framework's traceback, not this rule).
+    "not_a_plan_lengths_differ": (REQUESTS, CONFIG, {}, 1, lambda v: StepPlan([], [1])),
+    "not_a_plan_nan_tokens": (REQUESTS, CONFIG, {}, 1,
+                              lambda v: StepPlan(v.running, [math.nan] * v.running.size)),
+    "not_a_plan_fractional_tokens": (REQUESTS, CONFIG, {}, 0,
+                                     lambda v: StepPlan([0], [1.5])),
+    "not_a_plan_text_ids": (REQUESTS, CONFIG, {}, 0, lambda v: StepPlan(["0"], [1])),
+    "not_a_plan_not_iterable": (REQUESTS, CONFIG, {}, 0, lambda v: StepPlan(0, 1)),
+    "not_a_plan_ids_2d": (REQUESTS, CONFIG, {}, 0, lambda v: StepPlan([[0]], [[1]])),
+    "not_a_plan_nan_bucket": (REQUESTS, CONFIG, {}, 0,
+                              lambda v: StepPlan([0], [10], min_bucket_tokens=math.nan)),
+    "not_a_plan_reason_not_text": (REQUESTS, CONFIG, {}, 0, lambda v: StepPlan(reject={0: 5})),
 }
 
 

@@ -1,5 +1,9 @@
 """The `vllm` policy: vLLM v1's scheduling rules, as exact plans on hand-made workloads."""
 
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -10,13 +14,15 @@ from orca_jax import KVConfig, Request, RequestState, Scheduler, SchedulerConfig
 from orca_jax.sim.cost_model import CostModelConfig
 from orca_jax.sim.engine import SimEngine
 
+REPO = Path(__file__).resolve().parents[1]
+
 
 def run(requests, policy="vllm", *, page_size=4, num_kv_pages=64, scheduler_max_num_tokens=16,
-        scheduler_max_num_seqs=8, **options):
+        scheduler_max_num_seqs=8, max_model_len=64, **options):
     recorder = Recorder(policies.make_policy(policy, {k: str(v) for k, v in options.items()}))
     config = SchedulerConfig(limits=StepLimits(max_num_seqs=scheduler_max_num_seqs,
                                                max_num_tokens=scheduler_max_num_tokens,
-                                               max_model_len=64),
+                                               max_model_len=max_model_len),
                              kv=KVConfig(num_kv_pages=num_kv_pages, page_size=page_size))
     engine = SimEngine(CostModelConfig(mode="fixed", model="tiny", step_time_s=1.0))
     scheduler = Scheduler(requests, recorder, engine, config)
@@ -104,16 +110,44 @@ def test_priority_orders_waiting_by_priority_then_arrival():
 
 def test_chunked_prefill_off_admits_a_prompt_only_whole_and_skips_nobody():
     lengths = ((6, 2), (6, 2), (3, 1))
-    off, _ = run(burst(*lengths), max_num_tokens=10, enable_chunked_prefill=False)
+    off, _ = run(burst(*lengths), max_num_tokens=10, enable_chunked_prefill=False,
+                 max_model_len=10)
     # Request 1 does not fit the 4 tokens left whole, so it waits, and 2 behind it.
     assert [s.tokens for s in off] == [{0: 6}, {0: 1, 1: 6, 2: 3}, {1: 1}]
     on, _ = run(burst(*lengths), max_num_tokens=10)
     assert [s.tokens for s in on] == [{0: 6, 1: 4}, {0: 1, 1: 2, 2: 3}, {1: 1}]
 
 
-def test_chunked_prefill_off_with_a_prompt_over_the_budget_names_the_request():
-    with pytest.raises(ValueError, match=r"request 1 needs 12 tokens.*budget is 10"):
-        run(burst((4, 1), (12, 1)), max_num_tokens=10, enable_chunked_prefill=False)
+def test_chunked_prefill_off_refuses_a_budget_below_the_context_up_front():
+    # vLLM refuses max_num_batched_tokens < max_model_len without chunked prefill; this
+    # policy once died mid-run instead, at the first prompt over the budget (issue 25).
+    with pytest.raises(ValueError, match=r"policy 'vllm': enable_chunked_prefill=false .* "
+                                         r"\(--max_num_tokens=10\) is below --max_model_len=64"):
+        run(burst((4, 1)), scheduler_max_num_tokens=10, enable_chunked_prefill=False)
+    with pytest.raises(ValueError, match=r"\(option max_num_tokens=10\) is below "
+                                         r"--max_model_len=12"):
+        run(burst((4, 1)), max_num_tokens=10, max_model_len=12, enable_chunked_prefill=False)
+    # A budget of the context serves its longest prompt whole.
+    steps, _ = run(burst((4, 1), (11, 1)), max_num_tokens=12, max_model_len=12,
+                   enable_chunked_prefill=False)
+    assert [s.tokens for s in steps] == [{0: 4}, {1: 11}]
+
+
+def test_the_issue_s_command_is_refused_in_one_line_naming_the_option_and_flags(tmp_path):
+    out = tmp_path / "out"
+    done = subprocess.run(
+        [sys.executable, "-m", "experiments.run", "--engine=sim", "--policy=vllm",
+         "--policy_opts=enable_chunked_prefill=false", "--max_num_tokens=64",
+         "--bucket_ladder=pow2", "--num_requests=10", f"--out_dir={out}"],
+        cwd=REPO, env={**os.environ, "JAX_PLATFORMS": "cpu"}, capture_output=True, text=True,
+        timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.splitlines() == [
+        "error: policy 'vllm': enable_chunked_prefill=false computes each prompt whole in one "
+        "step, but the step budget (--max_num_tokens=64) is below --max_model_len=8192 (vLLM "
+        "refuses the same); raise the budget to 8192, lower --max_model_len, or turn chunked "
+        "prefill on"]
+    assert not out.exists()
 
 
 def test_long_prefill_threshold_caps_chunks_unless_the_request_is_alone():

@@ -1,4 +1,5 @@
-"""DESIGN.md's invariants, held by every built-in policy on random workloads (SimEngine).
+"""DESIGN.md's invariants, held by every built-in policy and both example plugins on random
+workloads (SimEngine).
 
 Every admitted request finishes exactly once with exactly its output length (or
 is rejected up front with a reason); after every step the token budget, the
@@ -44,6 +45,12 @@ MAX_STEPS = 20_000  # far above any run here; a stuck scheduler fails instead of
 # Every policy shipped in policies/ (plugins and test policies registered elsewhere are not).
 BUILTIN_POLICIES = sorted(name for name, cls in policies.registered_policies().items()
                           if cls.__module__.startswith("policies."))
+# The plugins of examples/, which the docs show users: held to the same invariants (the
+# least-attained-service example once deadlocked under a batch cap of 1, issue 25).
+EXAMPLE_PLUGINS = ["examples/least_attained_service.py:LeastAttainedService",
+                   "examples/slo_admission.py:SLOAdmission"]
+POLICIES = BUILTIN_POLICIES + EXAMPLE_PLUGINS
+REPO = Path(__file__).resolve().parents[1]
 
 
 @functools.lru_cache(maxsize=None)
@@ -61,8 +68,13 @@ def policy_options(name: str) -> dict[str, str]:
     return {"ranker_dir": _ranker_dir()} if name == "ltr" else {}
 
 
+def policy_spec(name: str) -> str:
+    """What `make_policy` loads for `name`: a registered name, or an example's path here."""
+    return str(REPO / name) if name in EXAMPLE_PLUGINS else name
+
+
 def make_builtin(name: str) -> Policy:
-    return make_policy(name, policy_options(name))
+    return make_policy(policy_spec(name), policy_options(name))
 
 
 def sim_engine() -> SimEngine:
@@ -173,7 +185,7 @@ def build_policy(name: str) -> Policy:
     return PreemptNewest() if name == PreemptNewest.name else make_builtin(name)
 
 
-@pytest.mark.parametrize("policy_name", BUILTIN_POLICIES + ["test_preempt_newest"])
+@pytest.mark.parametrize("policy_name", POLICIES + ["test_preempt_newest"])
 @settings(max_examples=12, deadline=None, derandomize=True)
 @given(run=workloads())
 def test_invariants_hold_on_random_workloads(policy_name, run):
@@ -183,7 +195,7 @@ def test_invariants_hold_on_random_workloads(policy_name, run):
     check_outcome(scheduler)
 
 
-@pytest.mark.parametrize("policy_name", BUILTIN_POLICIES)
+@pytest.mark.parametrize("policy_name", POLICIES)
 def test_impossible_requests_are_rejected_with_reasons(policy_name):
     requests = synthetic_workload(num_requests=12, arrival="burst", rate=None,
                                   prompt_len="uniform:1:120", output_len="uniform:1:40", seed=3)
@@ -201,7 +213,7 @@ def test_impossible_requests_are_rejected_with_reasons(policy_name):
     check_outcome(scheduler)
 
 
-@pytest.mark.parametrize("policy_name", BUILTIN_POLICIES)
+@pytest.mark.parametrize("policy_name", POLICIES)
 def test_prompts_longer_than_the_token_budget_are_chunked(policy_name):
     # The context (64) is larger than a step (16): a 39-token prompt must be computed in chunks.
     requests = [Request(id=0, arrival_s=0.0, prompt_len=39, output_len=3),
@@ -235,7 +247,7 @@ def test_a_result_is_a_read_only_copy_of_the_run_so_far():
         final.finish_s[0] = 0.0
 
 
-@pytest.mark.parametrize("policy_name", BUILTIN_POLICIES)
+@pytest.mark.parametrize("policy_name", POLICIES)
 def test_watermark_never_strands_a_request(policy_name):
     # Request 0 needs all 16 pages of the pool, but admissions must leave 1 free: it can never
     # be admitted under a reserving policy, so it must be rejected up front (or run, under an
@@ -282,7 +294,7 @@ def test_view_arrays_are_read_only():
     assert (scheduler.kv.num_held[view.running] != 99).all()
 
 
-@pytest.mark.parametrize("policy_name", BUILTIN_POLICIES)
+@pytest.mark.parametrize("policy_name", POLICIES)
 def test_finished_requests_leave_running_in_their_step(policy_name):
     # Output lengths 1..6 in one burst: requests finish on different steps.
     requests = synthetic_workload(num_requests=6, arrival="burst", rate=None,
@@ -320,7 +332,7 @@ def _results(out: Path) -> dict:
             "config": json.loads((out / "config.json").read_text())}
 
 
-@pytest.mark.parametrize("policy_name", BUILTIN_POLICIES)
+@pytest.mark.parametrize("policy_name", POLICIES)
 @pytest.mark.parametrize("step_time_ms", [None, 5.0])  # roofline and fixed clocks
 def test_same_seed_reruns_are_bit_identical(policy_name, step_time_ms, tmp_path):
     spec = RunSpec(workload=WorkloadSpec(num_requests=40, rate=30.0, arrival="gamma", cv=2.0,
@@ -330,16 +342,16 @@ def test_same_seed_reruns_are_bit_identical(policy_name, step_time_ms, tmp_path)
                    limits=LimitsSpec(max_num_seqs=8, max_num_tokens=256, num_kv_pages=60,
                                      page_size=8, max_model_len=256), seed=11)
     options = policy_options(policy_name)
-    first, _ = run_policy(spec, policy_name, options, out_dir=str(tmp_path / "a"),
+    first, _ = run_policy(spec, policy_spec(policy_name), options, out_dir=str(tmp_path / "a"),
                           progress=False)
-    second, _ = run_policy(spec, policy_name, options, out_dir=str(tmp_path / "b"),
-                           progress=False)
+    second, _ = run_policy(spec, policy_spec(policy_name), options,
+                           out_dir=str(tmp_path / "b"), progress=False)
     a, b = _results(tmp_path / "a"), _results(tmp_path / "b")
     assert a == b
     assert a["summary"]["num_finished"] + a["summary"]["num_rejected"] == 40
     assert a["summary"]["num_finished"] > 0
     # A different seed is a different run: the comparison above can fail.
-    other, _ = run_policy(dataclasses.replace(spec, seed=12), policy_name, options,
+    other, _ = run_policy(dataclasses.replace(spec, seed=12), policy_spec(policy_name), options,
                           out_dir=str(tmp_path / "c"), progress=False)
     assert _results(tmp_path / "c")["requests"] != a["requests"]
 
@@ -580,7 +592,7 @@ def build_cached(name: str, opted_in: bool = True) -> Policy:
 
 
 @pytest.mark.parametrize("policy_name",
-                         BUILTIN_POLICIES + ["test_preempt_newest_cached", "test_ranked_cached"])
+                         POLICIES + ["test_preempt_newest_cached", "test_ranked_cached"])
 @settings(max_examples=8, deadline=None, derandomize=True)
 @given(run=shared_prefix_workloads())
 def test_invariants_hold_with_prefix_caching(policy_name, run):

@@ -35,6 +35,9 @@ from orca_jax.runner.spec import RunSpec
 
 PILOT_POLICY = "vllm"  # the reference policy whose steps the ladder is fitted to
 PILOT_LADDER = "step:8"  # fine enough that a step is what the policy asked for
+# ... up to this many tokens; above it (a budget no step of a pilot fills), powers of two,
+# so that the pilot's sizes stay few for any budget (`packing.MAX_LADDER_SIZES`).
+PILOT_FINE_TOKENS = 8 * 4096
 # The pilot plays at most the workload's first requests (in arrival order): a step-size
 # distribution is known well from a few thousand steps, and a whole pilot would double
 # the cost of every long simulation (10^4 requests: 2.5 s -> 4.0 s of process time).
@@ -79,6 +82,16 @@ def token_sizes(spec: RunSpec) -> tuple[int, ...]:
     return tuple(limits.token_buckets or default_token_sizes(limits.max_num_tokens))
 
 
+def pilot_token_sizes(max_num_tokens: int) -> tuple[tuple[int, ...], str]:
+    """The pilot's step sizes and their rule: `PILOT_LADDER` up to `PILOT_FINE_TOKENS`, then
+    powers of two up to the budget (so the sizes are few however large the budget is)."""
+    if max_num_tokens <= PILOT_FINE_TOKENS:
+        return ladder_token_sizes(PILOT_LADDER, max_num_tokens), PILOT_LADDER
+    fine = ladder_token_sizes(PILOT_LADDER, PILOT_FINE_TOKENS)
+    coarse = default_token_sizes(max_num_tokens, smallest=2 * PILOT_FINE_TOKENS)
+    return fine + coarse, f"{PILOT_LADDER} to {PILOT_FINE_TOKENS}, pow2 above"
+
+
 def with_fitted_buckets(spec: RunSpec, requests: Optional[Sequence[Request]] = None, *,
                         progress: bool = False) -> tuple[RunSpec, Optional[BucketFit]]:
     """The spec with its `fit:K` sizes filled in by a pilot run (as it is if it needs none).
@@ -100,8 +113,9 @@ def with_fitted_buckets(spec: RunSpec, requests: Optional[Sequence[Request]] = N
     assert num_sizes is not None  # LimitsSpec accepts no other ladder
     budget = spec.limits.max_num_tokens
     # The host time on the clock would make the pilot, and so the ladder, vary run to run.
+    pilot_sizes, pilot_ladder = pilot_token_sizes(budget)
     pilot = dataclasses.replace(spec, limits=dataclasses.replace(
-        spec.limits, bucket_ladder=None, token_buckets=ladder_token_sizes(PILOT_LADDER, budget),
+        spec.limits, bucket_ladder=None, token_buckets=pilot_sizes,
         log_step_requests=False, count_host_time=False))
     workload = list(requests) if requests is not None else build_workload(spec)
     workload = workload[:PILOT_MAX_REQUESTS]  # a workload is in arrival order
@@ -109,7 +123,7 @@ def with_fitted_buckets(spec: RunSpec, requests: Optional[Sequence[Request]] = N
     sizes = fit_token_sizes(steps, num_sizes, budget)
     padded = padded_tokens(steps, sizes)
     fit = BucketFit(ladder=spec.limits.bucket_ladder or "", token_sizes=sizes,
-                    pilot_policy=PILOT_POLICY, pilot_ladder=PILOT_LADDER,
+                    pilot_policy=PILOT_POLICY, pilot_ladder=pilot_ladder,
                     num_pilot_requests=len(workload), num_pilot_steps=len(steps),
                     pilot_padding_fraction=(padded - int(steps.sum())) / padded if padded else 0.0,
                     pilot_s=time.perf_counter() - start)

@@ -250,6 +250,9 @@ def check_policy_limits(policy: Policy, options: Optional[Mapping[str, str]],
     at their defaults are not checked (a default above the run's cap means "up to the
     scheduler's").
 
+    Then asks the policy whether its knobs can serve under the run's limits at all
+    (`Policy.check_limits`).
+
     Raises:
       PolicyLoadError: names the policy, the knob and the run's limit.
     """
@@ -262,6 +265,10 @@ def check_policy_limits(policy: Policy, options: Optional[Mapping[str, str]],
             raise PolicyLoadError(
                 f"policy {policy.name!r}: option {knob}={value} exceeds the run's "
                 f"--{knob}={limit}, which caps every step; raise --{knob} or lower the option")
+    try:
+        policy.check_limits(config.limits)
+    except ValueError as e:
+        raise PolicyLoadError(str(e)) from None
 
 
 def check_router(spec: RunSpec) -> Optional[Router]:

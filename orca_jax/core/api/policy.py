@@ -27,6 +27,7 @@ from numpy.typing import NDArray
 
 from orca_jax.core.api import plugins
 from orca_jax.core.api.plugins import PolicyLoadError, parse_options  # noqa: F401  (the policy API)
+from orca_jax.core.plans.limits import StepLimits
 from orca_jax.core.plans.plan import StepPlan
 from orca_jax.core.plans.view import SchedulerView
 
@@ -74,6 +75,16 @@ class Policy(abc.ABC):
         context again when readmitted."""
         del view, victims
         return "recompute"
+
+    def check_limits(self, limits: StepLimits) -> None:
+        """Refuses, before anything runs, scheduler limits under which this policy's
+        knobs cannot serve every request the core admits (the default accepts any).
+        The scheduler calls it when built; `runner.build.check_policies` before a run.
+
+        Raises:
+          ValueError: one line naming the policy, its knob and the limit.
+        """
+        del limits
 
     @abc.abstractmethod
     def schedule(self, view: SchedulerView) -> StepPlan:

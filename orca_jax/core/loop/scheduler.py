@@ -86,6 +86,7 @@ class Scheduler(SchedulerLoop):
         self.policy = policy
         self.engine = engine
         check_kv_reservation(policy, ValueError)
+        policy.check_limits(limits)
         self.prefix_caching = bool(kv_config.enable_prefix_caching and policy.prefix_caching)
         if table is not None and len(table) != len(requests):
             raise ValueError(f"Scheduler: the shared table has {len(table)} requests, the "

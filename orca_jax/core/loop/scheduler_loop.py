@@ -31,8 +31,8 @@ from orca_jax.core.loop.config import LoopFeatures
 from orca_jax.core.loop.executor import Executor
 from orca_jax.core.loop.scheduled_step import IdleStep, ScheduledStep, StepResult
 from orca_jax.core.loop.watchdog import ProgressWatchdog
-from orca_jax.core.plans.plan import PlanError, StepPlan
-from orca_jax.core.plans.plan_checks import check_plan
+from orca_jax.core.plans.plan import MalformedPlan, PlanError, StepPlan
+from orca_jax.core.plans.plan_checks import check_plan, not_a_plan
 from orca_jax.core.plans.view import SchedulerView
 from orca_jax.core.requests.request import RequestState
 from orca_jax.core.requests.request_table import RequestTable
@@ -162,7 +162,10 @@ class SchedulerLoop:
         if self._num_done == len(self.table.specs):  # done, without a Python call
             return IdleStep(resume_s=None, waits=True, progressed=False)
         self._admit_arrivals()
-        plan = self.policy.schedule(self.view)
+        try:
+            plan = self.policy.schedule(self.view)
+        except MalformedPlan as e:  # a plan its fields could not make: the policy's error
+            raise not_a_plan(self.policy.name, e) from None
         if not isinstance(plan, StepPlan):
             raise PlanError(self.policy.name, "not_a_plan",
                             f"schedule() returned {type(plan).__name__}, not a StepPlan")

@@ -13,6 +13,7 @@ pages are the core's business.
 from __future__ import annotations
 
 import dataclasses
+import operator
 from typing import Iterable, Mapping, Optional, Union
 
 import numpy as np
@@ -22,6 +23,16 @@ _EMPTY = np.zeros(0, dtype=np.int64)
 _EMPTY.setflags(write=False)
 
 
+class MalformedPlan(TypeError, ValueError):
+    """A `StepPlan` built from fields that are not what a plan holds: lengths that differ,
+    counts that are not integers (NaN, 1.5, text), arrays of another shape.
+
+    The scheduler reports it as the policy's rule `not_a_plan` (`PlanError`): a plugin's
+    malformed plan is its error, not a crash of the framework. A TypeError and a
+    ValueError both, as the constructor raised before it had its own class.
+    """
+
+
 def _as_index_array(values: Optional[Iterable[int]], field: str) -> NDArray[np.int64]:
     # The two common cases first, without numpy's dtype checks: a plan is made every step.
     kind = type(values)
@@ -29,12 +40,18 @@ def _as_index_array(values: Optional[Iterable[int]], field: str) -> NDArray[np.i
         return values if values.size else _EMPTY
     if values is None or ((kind is tuple or kind is list) and not values):
         return _EMPTY
-    array = np.asarray(values if isinstance(values, np.ndarray) else list(values))
+    try:
+        array = np.asarray(values if isinstance(values, np.ndarray) else list(values))
+    except (TypeError, ValueError) as e:  # not iterable, or ragged
+        raise MalformedPlan(f"StepPlan.{field} must be a 1-D sequence of integers, got "
+                            f"{type(values).__name__} ({e})") from None
     if array.size == 0:
         return _EMPTY
     if array.ndim != 1 or not np.issubdtype(array.dtype, np.integer):
-        raise TypeError(f"StepPlan.{field} must be a 1-D sequence of integers, got {array.dtype} "
-                        f"with shape {array.shape}")
+        raise MalformedPlan(f"StepPlan.{field} must be a 1-D sequence of integers, got "
+                            f"{array.dtype} with shape {array.shape}"
+                            + (" (NaN among them)" if array.dtype.kind == "f"
+                               and np.isnan(array).any() else ""))
     return array.astype(np.int64, copy=False)
 
 
@@ -43,11 +60,16 @@ def _as_rejections(reject: Union[Mapping[int, str], Iterable[tuple[int, str]], N
     """`([j] request indices, [j] reasons)` from `{index: reason}` or `(index, reason)` pairs."""
     if not reject:
         return _EMPTY, ()
-    pairs = list(reject.items() if isinstance(reject, Mapping) else reject)
+    try:
+        pairs = [(request, reason) for request, reason in
+                 (reject.items() if isinstance(reject, Mapping) else reject)]
+    except (TypeError, ValueError) as e:
+        raise MalformedPlan(f"StepPlan.reject must map request indices to reasons, got "
+                            f"{type(reject).__name__} ({e})") from None
     for request, reason in pairs:
         if not isinstance(reason, str) or not reason.strip():
-            raise TypeError(f"StepPlan.reject: request {request} needs a reason (a non-empty "
-                            f"str), got {reason!r}")
+            raise MalformedPlan(f"StepPlan.reject: request {request} needs a reason (a "
+                                f"non-empty str), got {reason!r}")
     ids = _as_index_array([request for request, _ in pairs], "reject")
     return ids, tuple(reason.strip() for _, reason in pairs)
 
@@ -92,12 +114,20 @@ class StepPlan:
         ids = _as_index_array(request_ids, "request_ids")
         tokens = _as_index_array(num_tokens, "num_tokens")
         if ids.shape != tokens.shape:
-            raise ValueError(f"StepPlan: {ids.size} request_ids but {tokens.size} num_tokens")
+            raise MalformedPlan(f"StepPlan: {ids.size} request_ids but {tokens.size} "
+                                "num_tokens")
         object.__setattr__(self, "request_ids", ids)
         object.__setattr__(self, "num_tokens", tokens)
         object.__setattr__(self, "preempt", _as_index_array(preempt, "preempt"))
         object.__setattr__(self, "release", _as_index_array(release, "release"))
-        object.__setattr__(self, "min_bucket_tokens", int(min_bucket_tokens))
+        try:  # an integer, not a float that int() would cut (nor NaN)
+            min_bucket = operator.index(min_bucket_tokens)
+        except TypeError:
+            min_bucket = -1
+        if min_bucket < 0:
+            raise MalformedPlan(f"StepPlan.min_bucket_tokens must be an integer >= 0, got "
+                                f"{min_bucket_tokens!r}")
+        object.__setattr__(self, "min_bucket_tokens", min_bucket)
         reject_ids, reasons = _as_rejections(reject)
         object.__setattr__(self, "reject_ids", reject_ids)
         object.__setattr__(self, "reject_reasons", reasons)
@@ -120,7 +150,9 @@ class PlanError(ValueError):
         `reject_and_schedule`, `busy_request` (a request in a step in flight that the
         next step cannot follow: SchedulerView.busy), `no_progress` (the plan runs
         nothing and nothing can change, or no request has gained a computed token or
-        finished for SchedulerConfig.limits.no_progress_steps iterations), `not_a_plan`.
+        finished for SchedulerConfig.limits.no_progress_steps iterations), `not_a_plan`
+        (schedule() returned no StepPlan, or built one from fields it cannot hold:
+        a MalformedPlan).
         A router's: `replica_out_of_range`.
       detail: what exactly was wrong, with the numbers.
       kind: what broke the rule: `policy` or `router`.

@@ -8,10 +8,14 @@ request, and the hot path must not grow a Python loop per request.
 
 from __future__ import annotations
 
+import os
+import traceback
+
 import numpy as np
 from numpy.typing import NDArray
 
-from orca_jax.core.plans.plan import PlanError, StepPlan
+from orca_jax.core.plans import plan as plan_module
+from orca_jax.core.plans.plan import MalformedPlan, PlanError, StepPlan
 from orca_jax.core.plans.scheduler_state import SchedulerState
 from orca_jax.core.requests.request import RequestState
 from orca_jax.core.requests.request_table import RequestTable
@@ -20,6 +24,18 @@ from orca_jax.core.requests.request_table import RequestTable
 _PENDING, _WAITING, _RUNNING = int(RequestState.PENDING), int(RequestState.WAITING), int(
     RequestState.RUNNING)
 _FINISHED = int(RequestState.FINISHED)
+
+
+_PLAN_FILE = os.path.realpath(plan_module.__file__)
+
+
+def not_a_plan(name: str, error: MalformedPlan) -> PlanError:
+    """Rule `not_a_plan` of policy `name`, for a StepPlan it could not build: the
+    constructor's complaint and the line that called it (the policy's own, in a plugin)."""
+    frames = [frame for frame in traceback.extract_tb(error.__traceback__)
+              if os.path.realpath(frame.filename) != _PLAN_FILE]
+    where = f" (StepPlan built at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+    return PlanError(name, "not_a_plan", f"{error}{where}")
 
 
 def _first(ids: NDArray[np.int64], mask: NDArray[np.bool_]) -> int:

@@ -44,6 +44,16 @@ def parse_fit_ladder(ladder: str) -> Optional[int]:
     return num_sizes
 
 
+def capped_fit_ladder(ladder: str, max_num_tokens: int) -> str:
+    """A `fit:K` ladder with K lowered to what fits under the budget (`max_fitted_sizes`);
+    any other ladder as it is. A default of `fit:16` then serves every budget: under 128
+    tokens every candidate size is one."""
+    num_sizes = parse_fit_ladder(ladder)
+    if num_sizes is None:
+        return ladder
+    return f"fit:{min(num_sizes, max_fitted_sizes(max_num_tokens))}"
+
+
 def fit_token_sizes(step_tokens: ArrayLike, num_sizes: int, max_num_tokens: int,
                     align: int = FIT_ALIGN) -> tuple[int, ...]:
     """The at most `num_sizes` step sizes that minimise the padded tokens of these steps.

@@ -32,6 +32,10 @@ def default_token_sizes(max_num_tokens: int, smallest: int = 16) -> tuple[int, .
 
 BUCKET_LADDERS = ("pow2", "geometric:R", "step:N")
 _LADDER_ALIGN = 8  # geometric sizes round up to a multiple of this (a sublane's rows)
+# Most sizes a rule ladder may give: each is a compiled step shape (and a warm-up), and a
+# rule that gives more (step:8 under a budget of 10^10) would take time and memory in
+# proportion to the budget before the run starts.
+MAX_LADDER_SIZES = 8192
 
 
 def ladder_token_sizes(ladder: str, max_num_tokens: int, smallest: int = 16) -> tuple[int, ...]:
@@ -41,10 +45,12 @@ def ladder_token_sizes(ladder: str, max_num_tokens: int, smallest: int = 16) -> 
     `smallest`, each size about R times the last (R > 1), rounded up to a multiple of 8;
     padding wastes at most a fraction 1 - 1/R of a step, against 1/2 for pow2. `step:N`:
     the multiples of N, as vLLM's CUDA-graph sizes are (at most N - 1 padded tokens a step).
-    The largest size is always `max_num_tokens`.
+    The largest size is always `max_num_tokens`. Work and sizes are bounded by
+    `MAX_LADDER_SIZES`, whatever the budget.
 
     Raises:
-      ValueError: an unknown ladder or a bad R or N, naming the ladder.
+      ValueError: an unknown ladder or a bad R or N, or one giving more than
+        `MAX_LADDER_SIZES` sizes, naming the ladder.
     """
     kind, _, arg = ladder.partition(":")
     if kind == "pow2" and not arg:
@@ -56,13 +62,25 @@ def ladder_token_sizes(ladder: str, max_num_tokens: int, smallest: int = 16) -> 
     if kind == "geometric" and value is not None and value > 1.0:
         sizes = [min(smallest, max_num_tokens)]
         while sizes[-1] < max_num_tokens:
+            if len(sizes) == MAX_LADDER_SIZES:
+                raise _too_many(ladder, max_num_tokens, f"more than {MAX_LADDER_SIZES}")
             grown = -(-int(np.ceil(sizes[-1] * value)) // _LADDER_ALIGN) * _LADDER_ALIGN
             sizes.append(min(max(grown, sizes[-1] + 1), max_num_tokens))
         return tuple(sizes)
     if kind == "step" and value is not None and value >= 1:
+        num_sizes = -(-max_num_tokens // int(value))
+        if num_sizes > MAX_LADDER_SIZES:
+            raise _too_many(ladder, max_num_tokens, str(num_sizes))
         return tuple(range(int(value), max_num_tokens, int(value))) + (max_num_tokens,)
     raise ValueError(f"bucket ladder {ladder!r}: expected one of {', '.join(BUCKET_LADDERS)} "
                      "(R > 1, N >= 1)")
+
+
+def _too_many(ladder: str, max_num_tokens: int, count: str) -> ValueError:
+    """The error of a rule ladder with more than `MAX_LADDER_SIZES` sizes."""
+    return ValueError(f"bucket ladder {ladder!r} gives {count} sizes up to "
+                      f"max_num_tokens={max_num_tokens}, over the {MAX_LADDER_SIZES} a ladder "
+                      "may have; use a coarser rule (a larger N or R, or pow2)")
 
 
 @dataclasses.dataclass(frozen=True)
