@@ -63,6 +63,29 @@ def _cases(files: Path) -> list[Case]:
         Case("model_unknown_jax", ("--engine=jax", "--model=nope"), 2, r"unknown model 'nope'"),
         Case("prompt_len_huge", (*SIM, "--prompt_len=fixed:100000000000000000000"), 2,
              r"--prompt_len=fixed:10{20}.*at most 2147483647"),
+        # Counts no machine's memory holds: refused before anything is allocated (they were
+        # numpy's ArrayMemoryError, a ValueError deep in the run, and a hang).
+        Case("num_requests_1e12", (*SIM, "--num_requests=1000000000000"), 2,
+             r"--num_requests: workload\.num_requests=1000000000000 is above its cap of "
+             r"[\d,]+: requests take at least 4096 B each and this machine has [\d.]+ GiB"),
+        Case("num_kv_pages_1e11", (*SIM, "--num_kv_pages=100000000000"), 2,
+             r"--num_kv_pages: limits\.num_kv_pages=100000000000 gives 100,000,000,000 KV "
+             r"pages, above the cap of [\d,]+ pages: "),
+        Case("max_model_len_1e11", (*SIM, "--max_model_len=100000000000"), 2,
+             r"--max_model_len: limits\.max_model_len=100000000000 is above its cap of [\d,]+: "),
+        Case("kv_memory_1e12", (*SIM, "--kv_memory_gb=1e12"), 2,
+             r"--kv_memory_gb: limits\.kv_memory_gb=1e\+12 gives 476,837,158,203,125 KV pages "
+             r"\(of llama3-8b, page_size 16\), above the cap of [\d,]+ pages: "),
+        Case("page_size_1e9", (*SIM, "--page_size=1000000000"), 2,
+             r"--page_size: limits\.page_size=1000000000: model llama3-8b on 1 x a100-80gb: KV "
+             r"memory of .* holds no page of 1000000000 tokens"),
+        Case("max_num_tokens_1e10", (*SIM, "--max_num_tokens=10000000000"), 2,
+             r"--max_num_tokens: limits\.max_num_tokens=10000000000 is above its cap of "
+             r"[\d,]+: "),
+        Case("max_num_tokens_1e10_rule_ladder",
+             (*SIM, "--max_num_tokens=10000000000", "--bucket_ladder=step:8"), 2,
+             r"--max_num_tokens: limits\.max_num_tokens=10000000000 is above its cap of "
+             r"[\d,]+: "),
         Case("flag_unknown", (*SIM, "--no_such_flag=1"), 2, r"no_such_flag"),
         Case("policy_unknown", (*SIM, "--policy=nope"), 2, r"unknown policy 'nope'"),
         Case("policy_option_unknown", (*SIM, "--policy_opts=alpah=5"), 2,

@@ -189,14 +189,17 @@ def test_disk_full_while_streaming_stops_the_run_with_one_line(orca_run, tmp_pat
     (lambda p: (p.mkdir(), (p / "notes.txt").write_text("mine")), "holds notes.txt, not a run"),
     (lambda p: (p.mkdir(), (p / "sub").mkdir()), "holds sub, not a run"),
 ])
-def test_an_out_dir_that_cannot_hold_the_results_is_refused_before_the_run(tmp_path, make,
-                                                                           expected):
+def test_an_out_dir_that_cannot_hold_the_results_is_refused_before_the_run(
+        tmp_path, make, expected, monkeypatch):
     out = tmp_path / "out"
     make(out)
+    built = []
+    monkeypatch.setattr("orca_jax.runner.experiment.build_workload",
+                        lambda spec: built.append(spec) or build_workload(spec))
     with pytest.raises(OutDirError, match=expected):
-        # A workload this large would take minutes to build: the check comes first.
-        run_policy(RunSpec(workload=WorkloadSpec(num_requests=10**8)), "orca",
+        run_policy(RunSpec(workload=WorkloadSpec(num_requests=10**6)), "orca",
                    out_dir=str(out), progress=False)
+    assert built == []  # the check came first: no workload was built
     assert _leftovers(tmp_path) == []
 
 
