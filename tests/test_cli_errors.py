@@ -101,6 +101,9 @@ def _cases(files: Path) -> list[Case]:
              module="experiments.sweep"),
         Case("trace_not_utf8", (*SIM, "--workload=trace", f"--trace={files}/latin1.csv"), 2,
              r"latin1\.csv:3: byte 0xe9 at column 13 is not UTF-8"),
+        Case("trace_extra_cell", (*SIM, "--workload=trace", f"--trace={files}/extra.csv"), 2,
+             r"extra\.csv:3: 4 cells under a header of 3 columns .*cell 4 \('99'\) has no "
+             r"column"),
         Case("trace_prompt_1e20", (*SIM, "--workload=trace", f"--trace={files}/huge.jsonl"), 2,
              r"huge\.jsonl:2: field 'prompt_len': .*at most 2147483647, got 1e\+20"),
         Case("checkpoint_truncated", (*JAX, f"--checkpoint={files}/truncated"), 2,
@@ -133,6 +136,7 @@ def _write_inputs(files: Path) -> None:
 
     (files / "latin1.csv").write_bytes(b"arrival_s,prompt_len,output_len\n0,10,5\n"
                                        b"0.1,10,5,caf\xe9\n")
+    (files / "extra.csv").write_text("arrival_s,prompt_len,output_len\n0,5,3\n0.1,6,5,99\n")
     (files / "huge.jsonl").write_text('{"arrival_s": 0, "prompt_len": 10, "output_len": 2}\n'
                                       '{"arrival_s": 1, "prompt_len": 1e20, "output_len": 2}\n')
     for name in ("truncated", "random", "misshaped", "bad_config", "empty"):

@@ -123,6 +123,18 @@ def test_error_message_shows_the_bad_value(tmp_path):
         load_trace(f)
 
 
+def test_a_csv_row_with_a_cell_no_column_names_is_refused_naming_file_and_line(tmp_path):
+    f = tmp_path / "trace.csv"
+    f.write_text("arrival_s,prompt_len,output_len\n0,5,3\n0.1,6,5,99\n")
+    with pytest.raises(TraceError, match=(
+            rf"^{f}:3: 4 cells under a header of 3 columns \(arrival_s,prompt_len,output_len\); "
+            r"cell 4 \('99'\) has no column$")):
+        load_trace(f)
+    # A trailing comma is an empty cell: nothing in it to lose.
+    f.write_text("arrival_s,prompt_len,output_len\n0,5,3,\n0.1,6,5\n")
+    assert [r.prompt_len for r in load_trace(f)] == [5, 6]
+
+
 @pytest.mark.parametrize("name, text, message", [
     ("t.txt", "x", "unsupported trace format '.txt'"),
     ("t.csv", "", "empty file"),
