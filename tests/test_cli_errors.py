@@ -18,7 +18,6 @@ import resource
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -223,7 +222,10 @@ def test_an_error_in_a_plugin_shows_its_own_frames_ending_at_its_line(tmp_path):
     assert files and all(path.endswith("raising_policy.py") for path, _ in files), files
     plugin_source = (REPO / RAISING).read_text().splitlines()
     assert "RAISES HERE" in plugin_source[int(files[-1][1]) - 1]
-    assert "orca_jax" not in result.stderr and "absl" not in result.stderr
+    # No frame of the framework's or absl's (every frame above is the plugin's, whatever
+    # the clone's folder is called), and no second traceback chained to this one.
+    assert result.stderr.count("Traceback") == 1, result.stderr
+    assert "During handling" not in result.stderr, result.stderr
     _assert_nothing_half_written(tmp_path / "out")
 
 
@@ -249,10 +251,12 @@ def test_sigint_prints_one_line_and_exits_130(tmp_path):
              " runpy.run_module('experiments.run', run_name='__main__', alter_sys=True)")
     process = subprocess.Popen(
         [sys.executable, "-c", start, "--engine=sim", "--num_requests=200000",
-         f"--out_dir={tmp_path / 'out'}"], cwd=REPO, env=_env(), stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True)
+         f"--out_dir={tmp_path / 'out'}"], cwd=REPO, env={**_env(), "PYTHONUNBUFFERED": "1"},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert process.stdout.readline() == "ready\n"
-    time.sleep(1.0)  # into the run: building 2e5 requests alone takes longer
+    # Into the run, however long the machine takes to get there: the workload is built
+    # (the pilot run and the run itself take far longer than the signal does).
+    assert process.stdout.readline().startswith("workload: 200000 requests")
     process.send_signal(signal.SIGINT)
     _, stderr = process.communicate(timeout=120)
     assert process.returncode == 130, stderr
