@@ -30,10 +30,12 @@ from absl import app, flags
 
 from experiments import flags as run_flags
 from experiments import policy_flags
-from experiments.policy_flags import resolve_policies
+from experiments.policy_flags import LabeledPolicy, resolve_policies
 from experiments.process_exit import without_final_collection
 from experiments.terminal_table import fit_table
 from orca_jax.core.json_files import to_json_value, write_json_atomic, write_text_atomic
+from orca_jax.core.loop.config import SchedulerConfig
+from orca_jax.results.folder_lock import run_lock
 from orca_jax.results.metrics import format_table
 from orca_jax.results.run_folder import check_writable_dir
 from orca_jax.runner.bucket_pilot import token_sizes, with_fitted_buckets
@@ -166,8 +168,6 @@ def main(argv: list[str]) -> None:
     spec = run_flags.spec_from_flags()
     entries = resolve_policies(list(run_flags.FLAGS.policies), run_flags.FLAGS.policy_opts)
     labels = [entry.label for entry in entries]
-    by_label = {entry.label: entry for entry in entries}
-    repeats = run_flags.FLAGS.repeats
     out = run_flags.FLAGS.out_dir
     config = scheduler_config(spec)
     # Every policy and the router are built and checked before anything runs (a typo in
@@ -176,6 +176,19 @@ def main(argv: list[str]) -> None:
     built = check_policies(spec, config, [(entry.spec, entry.options) for entry in entries])
     check_writable_dir(out)  # before anything runs; each policy's folder is staged (run_folder)
     kv_reservation = {label: policy.kv_reservation for label, policy in zip(labels, built)}
+    # One writer at a time into the folder; it is created by the first policy's run, once
+    # the workload (a trace that does not load) and the engine have passed their checks.
+    with run_lock(out, kind="compare"):
+        _compare(spec, entries, config, kv_reservation)
+
+
+def _compare(spec: RunSpec, entries: Sequence[LabeledPolicy],
+             config: SchedulerConfig, kv_reservation: dict[str, str]) -> None:
+    """`main` once every check has passed and it holds the folder's lock."""
+    labels = [entry.label for entry in entries]
+    by_label = {entry.label: entry for entry in entries}
+    repeats = run_flags.FLAGS.repeats
+    out = run_flags.FLAGS.out_dir
     requests = build_workload(spec)
     print(workload_line(spec, requests))
     # One ladder for every policy, fitted (fit:K) to a pilot of a fixed reference policy, so

@@ -41,6 +41,7 @@ from orca_jax.runner.spec import (
     WorkloadSpec,
     field_doc,
 )
+from orca_jax.runner.spec_caps import check_step_tokens
 from orca_jax.workloads.synthetic import parse_length_spec
 
 # Python hides a DeprecationWarning raised outside __main__; a command shows the library's
@@ -333,6 +334,10 @@ def spec_from_flags() -> RunSpec:
     if FLAGS.workload == "trace":
         workload["num_requests"] = FLAGS.num_requests  # unset: the whole trace
     limits = _field_values(LimitsSpec)
+    try:  # before a ladder is listed out up to the budget
+        check_step_tokens(limits["max_num_tokens"])
+    except ValueError as e:
+        raise _spec_usage_error(e) from e
     token_buckets, bucket_ladder = _buckets(limits["max_num_tokens"])
     try:
         engine: JaxEngineSpec | SimEngineSpec

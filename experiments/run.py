@@ -7,6 +7,8 @@ policy's (or router's) knobs, with their types, defaults and docs, and exits.
 
 from __future__ import annotations
 
+import contextlib
+
 from absl import app, flags
 
 import policies
@@ -16,6 +18,7 @@ from experiments.terminal_table import fit_table
 from orca_jax.cluster.routing import resolve_router_class
 from orca_jax.core.api import plugins
 from orca_jax.core.api.policy import PolicyLoadError, resolve_policy_class
+from orca_jax.results.folder_lock import run_lock
 from orca_jax.results.run_folder import check_out_dir
 from orca_jax.runner.bucket_pilot import token_sizes, with_fitted_buckets
 from orca_jax.runner.build import build_workload, check_policies, scheduler_config, workload_line
@@ -54,15 +57,17 @@ def main(argv: list[str]) -> None:
     out_dir = run_flags.join_processes()  # before any jax use
     options = policies.parse_options(run_flags.FLAGS.policy_opts)
     check_policies(spec, scheduler_config(spec), [(run_flags.FLAGS.policy, options)])
-    requests = build_workload(spec)
-    print(workload_line(spec, requests))
     if out_dir is not None:
-        check_out_dir(out_dir)  # before the pilot run: a bad folder costs nothing
-    spec, bucket_fit = with_fitted_buckets(spec, requests, progress=True)
-    if bucket_fit is not None:
-        print(bucket_fit.lines())
-    summary, _ = run_policy(spec, run_flags.FLAGS.policy, options,
-                            out_dir=out_dir, requests=requests, bucket_fit=bucket_fit)
+        check_out_dir(out_dir)  # before the workload: a bad folder costs nothing
+    # One run at a time into the folder, from before its workload is built to its end.
+    with run_lock(out_dir) if out_dir is not None else contextlib.nullcontext():
+        requests = build_workload(spec)
+        print(workload_line(spec, requests))
+        spec, bucket_fit = with_fitted_buckets(spec, requests, progress=True)
+        if bucket_fit is not None:
+            print(bucket_fit.lines())
+        summary, _ = run_policy(spec, run_flags.FLAGS.policy, options,
+                                out_dir=out_dir, requests=requests, bucket_fit=bucket_fit)
     print(fit_table([summary]))
     # The compiled step shapes beside the padding they leave (config.json holds the sizes).
     print(f"padding: {summary['padding_fraction']:.4f} of the padded step tokens, "

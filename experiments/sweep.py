@@ -31,9 +31,9 @@ from experiments.process_exit import without_final_collection
 from orca_jax.core.json_files import write_text_atomic
 from orca_jax.results.metrics import format_table
 from orca_jax.results.plots import METRIC_LABELS, plot_sweep
-from orca_jax.results.sweep_store import SweepConfigError, aggregate, point_key
+from orca_jax.results.sweep_store import aggregate, point_key
 from orca_jax.runner.build import check_policies, scheduler_config
-from orca_jax.runner.sweep import PolicyRun, SweepError, run_sweep
+from orca_jax.runner.sweep import PolicyRun, run_sweep
 
 METRICS = {"normalized_latency": "normalized_latency_mean_s", "ttft_p99": "ttft_p99_s",
            "tpot_p99": "tpot_p99_s", "goodput": "goodput_req_s",
@@ -97,11 +97,10 @@ def main(argv: list[str]) -> None:
                    [(entry.spec, entry.options) for entry in entries])
     runs = [PolicyRun(entry.label, entry.spec, dict(entry.options)) for entry in entries]
     executor = executor_flags.executor_from_flags()
-    try:
-        store, keys = run_sweep(spec, runs, rates, seeds, FLAGS.out_dir,
-                                point_runs=FLAGS.point_runs, progress=True, executor=executor)
-    except (SweepConfigError, SweepError) as e:
-        sys.exit(f"error: {e}")
+    # A sweep that cannot run as asked (SweepError), a folder of another sweep or in use
+    # (SweepConfigError): usage errors, exit 2 (cli_errors).
+    store, keys = run_sweep(spec, runs, rates, seeds, FLAGS.out_dir,
+                            point_runs=FLAGS.point_runs, progress=True, executor=executor)
     x_field, y_field = THROUGHPUTS[FLAGS.throughput], METRICS[FLAGS.metric]
     curves = aggregate(store.load(), keys, x_field, y_field, band=FLAGS.band)
     rows = [{"policy": c.policy, "rate": r, "num_seeds": int(n), x_field: x, y_field: y,

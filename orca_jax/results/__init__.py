@@ -2,8 +2,9 @@
 
 Owns the serving metrics (`metrics`), a run's summary and its rows
 (`summary`), the folder a run writes them into, staged and moved into place
-whole (`run_folder`), the resumable, locked sweep store (`sweep_store`) and the
-figures (`plots`). Everything here reads a finished run's value, never a live
+whole (`run_folder`), the resumable sweep store (`sweep_store`), the lock
+every writer of a results folder holds (`folder_lock`) and the figures
+(`plots`). Everything here reads a finished run's value, never a live
 scheduler (the runner streams a live run's rows into its folder).
 
 May import: numpy, `orca_jax.core`, and matplotlib lazily (inside the drawing functions).

@@ -12,14 +12,17 @@ whole; until then `--out_dir` holds the previous run untouched. So:
   time (Ctrl-C: reason `interrupted`); the previous run's files are gone, so
   none of them can look current;
 * a run killed outright (SIGKILL, power loss) leaves `--out_dir` as it was and
-  its staging folder beside it, status still `running` with the dead pid;
+  its staging folder beside it, status still `running` with the dead pid, until
+  the next run into `--out_dir` finishes and removes it;
 * a write that fails (disk full) removes the staging folder: `--out_dir` as it
   was, no `.tmp` left, and a `ResultsWriteError` of one line.
 
-`--out_dir` is checked before the run (`check_out_dir`): not a file, its
-parent creatable and writable, and, if it exists, holding nothing but a run's
-results files (JSON and JSON Lines files), so a mistyped `--out_dir=.` cannot
-replace a folder of other things.
+`--out_dir` is checked before the run (`check_out_dir`, which creates nothing):
+not a file, creatable and writable, and, if it exists, holding nothing but a
+run's results files (JSON and JSON Lines files), so a mistyped `--out_dir=.`
+cannot replace a folder of other things. One run at a time writes into a
+folder: a run holds `OUT_DIR.lock` beside it (`folder_lock.run_lock`, the lock a
+sweep holds on its folder), and a second run into it is refused in one line.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import shutil
 import socket
 import time
@@ -41,6 +45,7 @@ from orca_jax.core.json_files import (
     write_jsonl_atomic,
     write_lines_atomic,
 )
+from orca_jax.results.folder_lock import run_lock
 
 STATUS_FILE = "status.json"
 # What a results folder may hold, so replacing it loses nothing else: a run's files
@@ -63,8 +68,21 @@ def _one_line(error: OSError) -> str:
     return error.strerror or str(error)
 
 
+def _check_creatable(out_dir: Union[str, os.PathLike], target: Path) -> None:
+    """Checks that `target` could be created and written, creating nothing: its nearest
+    existing ancestor is a writable folder."""
+    ancestor = target.parent
+    while not ancestor.exists() and ancestor.parent != ancestor:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise OutDirError(f"--out_dir {out_dir}: cannot create it: {ancestor} is a file")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise OutDirError(f"--out_dir {out_dir}: {ancestor} is not writable")
+
+
 def check_out_dir(out_dir: Union[str, os.PathLike]) -> Path:
-    """Checks that a run's results can go to `out_dir`, before anything runs.
+    """Checks that a run's results can go to `out_dir`, before anything runs; creates nothing
+    (a run that is refused later leaves no folder).
 
     Args:
       out_dir: the run's folder (created at the end if missing).
@@ -74,7 +92,7 @@ def check_out_dir(out_dir: Union[str, os.PathLike]) -> Path:
 
     Raises:
       OutDirError: it is a file, it holds something that is not a run's results
-        file, or its parent cannot be created or written.
+        file, or it could not be created or written.
     """
     target = Path(out_dir).absolute()
     if target.exists() and not target.is_dir():
@@ -86,32 +104,26 @@ def check_out_dir(out_dir: Union[str, os.PathLike]) -> Path:
             raise OutDirError(f"--out_dir {out_dir}: holds {', '.join(foreign[:3])}"
                               f"{' ...' if len(foreign) > 3 else ''}, not a run's results; a run "
                               "replaces its folder whole, so choose a new or empty one")
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise OutDirError(f"--out_dir {out_dir}: cannot create {target.parent}: "
-                          f"{_one_line(e)}") from None
-    if not os.access(target.parent, os.W_OK | os.X_OK):
-        raise OutDirError(f"--out_dir {out_dir}: {target.parent} is not writable")
+    _check_creatable(out_dir, target)
     return target
 
 
 def check_writable_dir(out_dir: Union[str, os.PathLike]) -> Path:
-    """Creates `out_dir` (a folder of several runs: a comparison's, a sweep's) if missing
-    and checks it can be written, before anything runs.
+    """Checks that `out_dir` (a folder of several runs: a comparison's, a sweep's) can be
+    created and written, before anything runs; creates nothing (its command creates it
+    once every check has passed).
 
     Raises:
-      OutDirError: it is a file, or cannot be created or written.
+      OutDirError: it is a file, or could not be created or written.
     """
-    target = Path(out_dir)
+    target = Path(out_dir).absolute()
     if target.exists() and not target.is_dir():
         raise OutDirError(f"--out_dir {out_dir}: is a file, not a folder")
-    try:
-        target.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise OutDirError(f"--out_dir {out_dir}: cannot create it: {_one_line(e)}") from None
-    if not os.access(target, os.W_OK | os.X_OK):
-        raise OutDirError(f"--out_dir {out_dir}: is not writable")
+    if target.is_dir():
+        if not os.access(target, os.W_OK | os.X_OK):
+            raise OutDirError(f"--out_dir {out_dir}: is not writable")
+    else:
+        _check_creatable(out_dir, target)
     return target
 
 
@@ -140,9 +152,17 @@ class RunFolder:
             "host": socket.gethostname(), "started_at": time.time()}
         self._streams: dict[str, IO[str]] = {}
         self._last_flush = time.monotonic()
+        # One run at a time into a folder (re-entrant: the command may hold it already).
+        self._lock = run_lock(self.target)
+        try:
+            self._lock.acquire()
+        except OSError as e:
+            raise OutDirError(f"--out_dir {out_dir}: cannot write beside it in "
+                              f"{self.target.parent}: {_one_line(e)}") from None
         try:
             self.staging.mkdir()
         except OSError as e:
+            self._lock.release()
             raise OutDirError(f"--out_dir {out_dir}: cannot write beside it in "
                               f"{self.target.parent}: {_one_line(e)}") from None
         self._guard(self._write_status)
@@ -239,7 +259,12 @@ class RunFolder:
         self._guard(self._close_streams)
         self._status.update(status="finished", **to_json_value(facts))
         self._guard(self._write_status)
-        return self._guard(self._move_into_place)
+        try:
+            folder = self._guard(self._move_into_place)
+            self._remove_stale_siblings()
+        finally:
+            self._lock.release()
+        return folder
 
     def fail(self, error: BaseException, **facts: Any) -> Path:
         """Marks the run failed with `error` (and `facts`: the step, the virtual time) and
@@ -255,7 +280,10 @@ class RunFolder:
                                       if where else None), **to_json_value(facts))
         self._guard(self._close_streams)
         self._guard(self._write_status)
-        return self._guard(self._move_into_place)
+        try:
+            return self._guard(self._move_into_place)
+        finally:
+            self._lock.release()
 
     def discard(self) -> None:
         """Removes the staging folder (the target stays as it was)."""
@@ -266,6 +294,28 @@ class RunFolder:
                 pass  # a full disk cannot take the buffer; the folder goes anyway
         self._streams = {}
         shutil.rmtree(self.staging, ignore_errors=True)
+        self._lock.release()
+
+    def _remove_stale_siblings(self) -> None:
+        """Removes what runs killed outright (SIGKILL, power loss) left beside the folder:
+        their staging folders (`.running-PID-ID`) and set-aside old folders (`.old-PID-ID`).
+        Every run into the folder holds its lock, so while this one does no other writes
+        them; one whose writer (PID) is a live process of this host is left all the same."""
+        pattern = re.compile(re.escape(self.target.name) + r"\.(running|old)-(\d+)-[0-9a-f]{6}")
+        for path in self.target.parent.iterdir():
+            match = pattern.fullmatch(path.name)
+            if not match or path == self.staging or not path.is_dir():
+                continue
+            pid = int(match.group(2))
+            host = socket.gethostname()
+            if match.group(1) == "running":
+                try:
+                    host = (read_status(path) or {}).get("host", host)
+                except (OSError, ValueError):
+                    pass  # a status cut short by the kill: the pid decides
+            if host == socket.gethostname() and pid != os.getpid() and _alive(pid):
+                continue
+            shutil.rmtree(path, ignore_errors=True)
 
     def _move_into_place(self) -> Path:
         # A folder cannot be renamed over a non-empty one: the old one steps aside first,
@@ -279,6 +329,17 @@ class RunFolder:
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
         return self.target
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process of this host has the id `pid`."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process
+    return True
 
 
 def read_status(folder: Union[str, os.PathLike]) -> Optional[dict[str, Any]]:

@@ -26,19 +26,17 @@ new ones, and settings the run no longer has are not compared.
 
 One sweep at a time per folder: `SweepLock` holds `sweep.lock` (an exclusive
 `flock`, released by the kernel when its process ends however it ends) with
-the holder's pid, host and start time. A second sweep into the folder is
-refused with one line naming the holder; a lock left by a process that is gone
-is taken over with a line saying so.
+the holder's pid, host and start time; runs and comparisons hold the same kind
+of lock (`folder_lock`). A second sweep into the folder is refused with one
+line naming the holder; a lock left by a process that is gone is taken over
+with a line saying so.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import json
 import os
-import socket
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -47,6 +45,7 @@ from typing import Any, Iterable, Mapping, NamedTuple, Optional, Sequence
 import numpy as np
 
 from orca_jax.core.json_files import to_json_value, write_json_atomic
+from orca_jax.results.folder_lock import FolderLock, FolderLockedError
 
 POINTS_FILE = "points.jsonl"
 CONFIG_FILE = "sweep.json"
@@ -58,86 +57,22 @@ class SweepConfigError(ValueError):
     """The sweep folder holds results of a different configuration."""
 
 
-class SweepLockedError(SweepConfigError):
-    """Another sweep is running into the same folder."""
+class SweepLockedError(SweepConfigError, FolderLockedError):
+    """Another sweep (or run, or comparison) is writing into the same folder."""
 
 
-def _when(timestamp: object) -> str:
-    return (time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(timestamp))
-            if isinstance(timestamp, (int, float)) else "an unknown time")
-
-
-class SweepLock:
-    """The lock of a sweep folder: one sweep at a time writes into it.
-
-    `acquire()` takes an exclusive, non-blocking `flock` on `sweep.lock` and writes
-    the holder (pid, host, start time) into it; `release()` empties and unlocks it.
-    The kernel drops a flock when its process ends, however it ends, so a lock whose
-    file still names a holder but that no process holds is stale: its holder is gone.
+class SweepLock(FolderLock):
+    """The lock of a sweep folder, `sweep.lock` inside it (`folder_lock.FolderLock`): one
+    sweep at a time writes into it; a clean end leaves the file empty.
 
     Args:
-      out_dir: the sweep's folder (created if missing).
+      out_dir: the sweep's folder (created if missing, once the lock is taken).
     """
 
+    locked_error = SweepLockedError
+
     def __init__(self, out_dir: os.PathLike | str) -> None:
-        self.path = Path(out_dir) / LOCK_FILE
-        self._fd: Optional[int] = None
-
-    def acquire(self) -> None:
-        """Takes the lock, or says who holds it.
-
-        Raises:
-          SweepLockedError: another live process holds it (names its pid, host and
-            start time).
-        """
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = self._holder(fd)
-            os.close(fd)
-            raise SweepLockedError(
-                f"{self.path.parent} is in use by another sweep (pid {holder.get('pid', '?')} "
-                f"on {holder.get('host', '?')}, started {_when(holder.get('started_at'))}); "
-                "wait for it to end, or sweep into another --out_dir") from None
-        stale = self._holder(fd)
-        if stale:
-            print(f"sweep: taking over the lock of pid {stale.get('pid', '?')} on "
-                  f"{stale.get('host', '?')} (started {_when(stale.get('started_at'))}): "
-                  "that process is gone", file=sys.stderr)
-        holder = json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
-                             "started_at": time.time()}).encode()
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, holder, 0)
-        os.fsync(fd)
-        self._fd = fd
-
-    def release(self) -> None:
-        """Empties the lock file and unlocks it (a clean end leaves no holder)."""
-        if self._fd is None:
-            return
-        fd, self._fd = self._fd, None
-        try:
-            os.ftruncate(fd, 0)
-        finally:
-            os.close(fd)  # closing the last descriptor drops the flock
-
-    @staticmethod
-    def _holder(fd: int) -> dict[str, Any]:
-        """The holder the lock file names ({} when it names none, or cannot be read)."""
-        try:
-            holder = json.loads(os.pread(fd, 4096, 0) or b"{}")
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            return {}
-        return holder if isinstance(holder, dict) else {}
-
-    def __enter__(self) -> "SweepLock":
-        self.acquire()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
+        super().__init__(out_dir, Path(out_dir) / LOCK_FILE, "sweep")
 
 
 class PointKey(NamedTuple):

@@ -1,6 +1,7 @@
 """A run assembled from its spec: workload, engine, scheduler, policy -> results.
 
     spec         `RunSpec` and its parts (what the command-line flags resolve to)
+    spec_caps    range caps on a spec's counts: what this machine's memory can hold
     build        the run's workload, scheduler limits and engine from its spec
     experiment   running one policy (or a cluster) and writing its results
     live_results streaming a live run's steps and finished requests into its folder

@@ -20,6 +20,7 @@ from orca_jax import _legacy
 from orca_jax.core.api.plugins import parse_options
 from orca_jax.core.kv import KV_LAYOUTS
 from orca_jax.core.step.bucket_fit import max_fitted_sizes, parse_fit_ladder
+from orca_jax.runner.spec_caps import check_caps
 from orca_jax.specs.hardware import (
     HARDWARE_ALIASES,
     HARDWARE_PRESETS,
@@ -427,4 +428,5 @@ class RunSpec(metaclass=_TakesFlatKeywords):
             raise ValueError(f"num_replicas={self.cluster.num_replicas} needs engine 'sim' (the "
                              f"real engine runs one replica per process), got "
                              f"{self.engine.kind!r}")
+        check_caps(self)  # counts this machine cannot hold: refused before anything allocates
 

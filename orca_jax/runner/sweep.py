@@ -27,7 +27,7 @@ from orca_jax.core.requests.run_result import RunResult
 from orca_jax.core.step.engine_api import Engine
 from orca_jax.results.run_folder import check_writable_dir
 from orca_jax.results.sweep_store import PointKey, SweepLock, SweepStore, point_key
-from orca_jax.runner.build import build_engine, scheduler_config
+from orca_jax.runner.build import build_engine, build_workload, scheduler_config
 from orca_jax.runner.progress import Progress
 from orca_jax.runner.spec import JaxEngineSpec, RunSpec
 from orca_jax.runner.sweep_point import (
@@ -117,7 +117,9 @@ def run_sweep(spec: RunSpec, policies: Sequence[PolicyRun], rates: Sequence[floa
       The store and the keys that were run or found (the grid to aggregate).
 
     Raises:
-      SweepError: two policies share a label, or `build_per_point` with a trace.
+      SweepError: two policies share a label, `build_per_point` with a trace, or a trace
+        whose arrivals are all at one time.
+      TraceError: the trace does not load (nothing is written).
       OutDirError: `out_dir` is a file, or cannot be created or written.
       SweepConfigError: `out_dir` holds a sweep of another configuration.
       SweepLockedError: another sweep is running into `out_dir` (a `SweepConfigError`).
@@ -148,7 +150,12 @@ def run_sweep(spec: RunSpec, policies: Sequence[PolicyRun], rates: Sequence[floa
     if executor.kind == "ray":
         from orca_jax.runner.ray_sweep import import_ray  # Ray is an extra: only when asked
         import_ray()  # missing: one line, before the folder is touched
-    with SweepLock(out_dir):
+    if spec.workload.arrival == "trace":
+        # A trace that does not load, or has no rate, is refused before the folder is
+        # touched (not stored as every point's failure, in a folder then holding a sweep).
+        workload_at(spec, build_workload(point_spec(spec, 1.0, int(seeds[0]))),
+                    float(rates[0]))
+    with SweepLock(out_dir):  # creates the folder
         return _run_grid(spec, policies, classes, rates, seeds, out_dir,
                          build_per_point=build_per_point, saturated=saturated,
                          extra_metrics=extra_metrics, point_runs=point_runs, progress=progress,

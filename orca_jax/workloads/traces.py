@@ -4,7 +4,9 @@ Two formats, chosen by the file's extension:
 
   * JSON Lines (`.jsonl`, `.json`): one object per line; `prompt_tokens` is a
     list of ints.
-  * CSV (`.csv`): a header row; `prompt_tokens` is space-separated ints.
+  * CSV (`.csv`): a header row; `prompt_tokens` is space-separated ints. A row
+    with a (non-empty) cell past the header's columns is an error: no column
+    says which field it is.
 
 Fields (unknown extra fields are ignored, so files with an index column or
 derived columns load as they are):
@@ -100,6 +102,12 @@ def _csv_records(path: Path) -> tuple[list[str], list[tuple[str, dict]]]:
         for row in reader:
             if not row or all(cell.strip() == "" for cell in row):
                 continue
+            # A long row has a cell no column names: which field did it mean? (Empty extra
+            # cells, a trailing comma, hold nothing to lose.)
+            if any(cell.strip() for cell in row[len(names):]):
+                raise TraceError(f"{path}:{reader.line_num}: {len(row)} cells under a header of "
+                                 f"{len(names)} columns ({','.join(names)}); cell "
+                                 f"{len(names) + 1} ({row[len(names)]!r}) has no column")
             # A short row lacks its last keys, which then read as missing fields.
             records.append((f"{path}:{reader.line_num}", dict(zip(names, row))))
     return names, records
