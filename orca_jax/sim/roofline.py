@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Optional
 
 import numpy as np
 from numpy.typing import NDArray
@@ -152,15 +153,18 @@ class PerOpRoofline:
                                               flop_units * self._unit_flops * self._s_per_flop)
         return np.where(units > 0.0, launch_s, 0.0)
 
-    def kernel_seconds(self, q_lens: NDArray[np.int64],
-                       kv_lens: NDArray[np.int64]) -> NDArray[np.float64]:
+    def kernel_seconds(self, q_lens: NDArray[np.int64], kv_lens: NDArray[np.int64],
+                       padded_to: Optional[tuple[int, int]] = None) -> NDArray[np.float64]:
         """`[ops]` seconds of each kind of kernel over the step (all its launches).
 
         Args:
           q_lens: `[num_seqs]` new tokens of each real sequence.
           kv_lens: `[num_seqs]` tokens each attends to (cache after the writes).
+          padded_to: `(tokens, sequences)` of the bucket, as in `kernels_seconds`.
         """
         num_tokens, num_seqs, kv_decode, kv_prefill, pairs_prefill = _step_work(q_lens, kv_lens)
+        if padded_to is not None:
+            num_tokens, num_seqs = max(num_tokens, padded_to[0]), max(num_seqs, padded_to[1])
         units = np.full(len(OPERATIONS), float(num_tokens))
         units[_LM_HEAD] = num_seqs
         units[_DECODE] = kv_decode
@@ -177,19 +181,25 @@ class PerOpRoofline:
                + num_tokens * self._message_bytes_per_token / self._allreduce.bytes_per_s)
         return self._num_allreduces * one
 
-    def breakdown(self, q_lens: NDArray[np.int64],
-                  kv_lens: NDArray[np.int64]) -> dict[str, float]:
+    def breakdown(self, q_lens: NDArray[np.int64], kv_lens: NDArray[np.int64],
+                  padded_to: Optional[tuple[int, int]] = None) -> dict[str, float]:
         """Seconds per kind of kernel, and `allreduce`, over one step (no step overhead).
 
         Args:
           q_lens: `[num_seqs]` new tokens of each real sequence.
           kv_lens: `[num_seqs]` tokens each attends to.
+          padded_to: `(tokens, sequences)` of the bucket, as in `kernels_seconds`.
         """
-        seconds = dict(zip(OPERATIONS, self.kernel_seconds(q_lens, kv_lens).tolist()))
-        seconds["allreduce"] = self.allreduce_seconds(float(np.sum(q_lens)))
+        seconds = dict(zip(OPERATIONS,
+                           self.kernel_seconds(q_lens, kv_lens, padded_to).tolist()))
+        num_tokens = float(np.sum(q_lens))
+        if padded_to is not None:
+            num_tokens = max(num_tokens, float(padded_to[0]))
+        seconds["allreduce"] = self.allreduce_seconds(num_tokens)
         return seconds
 
-    def kernels_seconds(self, q_lens: NDArray[np.int64], kv_lens: NDArray[np.int64]) -> float:
+    def kernels_seconds(self, q_lens: NDArray[np.int64], kv_lens: NDArray[np.int64],
+                        padded_to: Optional[tuple[int, int]] = None) -> float:
         """Seconds of every kernel and all-reduce of one step (no step overhead).
 
         The sum of `breakdown`, fast: every kernel but attention depends only on
@@ -201,8 +211,16 @@ class PerOpRoofline:
         Args:
           q_lens: `[num_seqs]` new tokens of each real sequence.
           kv_lens: `[num_seqs]` tokens each attends to.
+          padded_to: `(tokens, sequences)` of the compiled step the sequences are
+            padded to (its bucket): the token-wise kernels and all-reduces then run
+            on that many token rows and the LM head on that many sampled rows, as a
+            compiled step does; attention still reads each sequence's real lengths
+            (the ragged kernel skips padding). None: an ideal ragged engine, real
+            tokens and sequences only.
         """
         num_tokens, num_seqs, kv_decode, kv_prefill, pairs_prefill = _step_work(q_lens, kv_lens)
+        if padded_to is not None:
+            num_tokens, num_seqs = max(num_tokens, padded_to[0]), max(num_seqs, padded_to[1])
         per_token = self._per_token_s.get(num_tokens)
         if per_token is None:
             units = np.full(len(OPERATIONS), float(num_tokens))
