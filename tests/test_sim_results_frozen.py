@@ -23,6 +23,8 @@ COMMON = ["--engine=sim", "--model=llama3-8b", "--hardware=a100", "--num_request
 CASES = {
     "vllm": ["--policy=vllm"],
     "orca": ["--policy=orca"],
+    # The pricing before issue 26 (real tokens only): its digest is the one taken before.
+    "orca_ragged": ["--policy=orca", "--step_padding=ragged"],
     "sarathi_2_replicas": ["--policy=sarathi", "--num_replicas=2", "--router=least_outstanding"],
 }
 # Taken at 6b32c3e (before issue 14's changes) with `python tests/test_sim_results_frozen.py`,
@@ -31,6 +33,7 @@ CASES = {
 # And again when the simulator began pricing a step's padded tokens (issue 26).
 DIGESTS = {
     "orca": "3ac7e963e424c154",
+    "orca_ragged": "6ec2c1151ba973a0",
     "sarathi_2_replicas": "2e82139178b55c51",
     "vllm": "357737b006111336",
 }
