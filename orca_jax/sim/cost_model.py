@@ -35,7 +35,8 @@ QK^T and 2 for PV.
   away from the ridge point it is the larger one, near it a real GEMM overlaps
   its loads and its math imperfectly. On Vidur's measured projections at 96-256
   tokens (the ridge on an A100, where batched decode lives) a hard max, refitted,
-  is off by a median 6-21%, this by 3-11%; elsewhere the two agree. Per-GPU work, with
+  is off by a median 6-21%, this by 3-11% (before the GEMM waves below; with
+  them 2.5-25%, where cuBLAS switches kernels); elsewhere the two agree. Per-GPU work, with
   `h = H / tp` query heads, `g = ceil(kv_heads / tp)` KV heads, `f = ffn / tp`,
   `u = 2 f` (gated MLP) or `f`, `v = V / tp`:
 
