@@ -99,14 +99,52 @@ def test_tensor_parallel_gpt3_decode_is_faster_and_pays_allreduces():
     assert tp8.step_s < tp1.step_s / 5
 
 
-def test_padding_rows_and_padded_sequences_do_not_change_the_time():
-    engine = SimEngine(cm.CostModelConfig(model="llama3-8b"))
+def test_a_ragged_engine_pays_nothing_for_padding():
+    engine = SimEngine(cm.CostModelConfig(model="llama3-8b", step_padding="ragged"))
     q_lens, kv_lens = [5, 1, 1], [5, 300, 40]
     tight = engine.step(make_inputs(q_lens, kv_lens, num_tokens=7, num_seqs=3))
     # Garbage in the padded sequences' kv_lens must be ignored too.
     padded = engine.step(make_inputs(q_lens, kv_lens, num_tokens=512, num_seqs=64,
                                      pad_kv_lens=999))
     assert padded.step_s == tight.step_s
+
+
+def test_a_compiled_step_pays_its_buckets_rows_but_attends_to_real_lengths():
+    config = cm.CostModelConfig(model="llama3-8b")  # step_padding="bucket", the default
+    q_lens, kv_lens = np.array([5, 1, 1]), np.array([5, 300, 40])
+    engine = SimEngine(config)
+    padded = engine.step(make_inputs(q_lens, kv_lens, num_tokens=512, num_seqs=64,
+                                     pad_kv_lens=999))
+    zeroed = engine.step(make_inputs(q_lens, kv_lens, num_tokens=512, num_seqs=64))
+    assert padded.step_s == zeroed.step_s  # padded sequences' kv_lens never read
+    roofline = config.per_op_roofline
+    parts = roofline.breakdown(q_lens, kv_lens, padded_to=(512, 64))
+    real = roofline.breakdown(q_lens, kv_lens)
+    # A full bucket of 512 one-token sequences has the token-wise kernels of 512 rows.
+    full = roofline.breakdown(np.ones(512, np.int64), np.full(512, 8))
+    for op in ("qkv_proj", "mlp_up_proj", "mlp_down_proj", "norm", "embedding"):
+        assert parts[op] == full[op] > real[op]
+    for op in ("attention_prefill", "attention_decode"):
+        assert parts[op] == real[op] > 0
+    assert parts["lm_head"] == roofline.breakdown(np.ones(64, np.int64),
+                                                  np.full(64, 8))["lm_head"]
+    assert padded.step_s == pytest.approx(sum(parts.values()) + config.step_overhead_s,
+                                          rel=1e-12)
+    assert engine.step(make_inputs(q_lens, kv_lens, num_tokens=7, num_seqs=3)).step_s == \
+        SimEngine(cm.CostModelConfig(model="llama3-8b", step_padding="ragged")).step(
+            make_inputs(q_lens, kv_lens, num_tokens=7, num_seqs=3)).step_s  # nothing padded
+
+
+def test_roofline_max_counts_the_buckets_rows_in_its_linear_flops():
+    config = cm.CostModelConfig(mode="roofline_max", model="llama3-8b")
+    model = config.model_config
+    q_lens, kv_lens = np.array([5, 1, 1]), np.array([5, 300, 40])
+    real = cm.roofline_max_cost(config, q_lens, kv_lens)
+    padded = cm.roofline_max_cost(config, q_lens, kv_lens, padded_to=(512, 64))
+    assert padded.num_bytes == real.num_bytes  # the weights and KV are read once either way
+    assert padded.num_flops == pytest.approx(
+        real.num_flops + 2.0 * model.non_embedding_params * (512 - 7)
+        + 2.0 * model.d_model * model.vocab_size * (64 - 3), rel=1e-12)
 
 
 def test_decode_with_longer_contexts_costs_more_by_the_kv_bytes():

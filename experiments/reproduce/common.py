@@ -27,6 +27,12 @@ from orca_jax.results.sweep_store import Curve, PointKey, point_key
 from orca_jax.runner.spec import RunSpec
 from orca_jax.runner.sweep import PolicyRun, SweepError, SweepExecutor, run_sweep
 
+# The papers' engines run ragged token stacks (Orca's selective batching, vLLM's and
+# Sarathi-Serve's varlen prefill kernels, DistServe's), so the reproductions price a step
+# by its real tokens, as those engines pay, not by the bucket this project's compiled
+# steps pad to (the simulator's default since 0.2, `SimEngineSpec.step_padding`).
+PAPER_STEP_PADDING = "ragged"
+
 
 def request_percentiles(result: RunResult) -> dict[str, Optional[float]]:
     """Medians the run summary lacks: normalized latency (Orca's metric) and queueing delay."""

@@ -38,6 +38,7 @@ from typing import Optional, Sequence
 from absl import app, flags
 
 import policies  # noqa: F401  (registers the built-in policies)
+from experiments.reproduce.common import PAPER_STEP_PADDING
 from orca_jax.core.json_files import to_json_value, write_json_atomic
 from orca_jax.results.metrics import format_table
 from orca_jax.results.summary import summarize
@@ -108,7 +109,8 @@ class Workload:
                                num_decode_replicas=system.num_decode, kv_link=setup.kv_link)
                    if system.disaggregated else
                    ClusterSpec(num_replicas=system.num_gpus, router="least_outstanding"))
-        return RunSpec(workload=workload, engine=SimEngineSpec(model=self.model, hardware="a100"),
+        return RunSpec(workload=workload, engine=SimEngineSpec(model=self.model, hardware="a100",
+                                                               step_padding=PAPER_STEP_PADDING),
                        limits=LimitsSpec(max_num_seqs=setup.max_num_seqs, max_num_tokens=8192),
                        cluster=cluster, seed=setup.seed)
 

@@ -33,6 +33,7 @@ from typing import Any, Optional, Sequence
 
 from experiments.executor_flags import executor_from_flags
 from experiments.reproduce.common import (
+    PAPER_STEP_PADDING,
     PolicyRun,
     parse_flags,
     reproduction_flags,
@@ -79,7 +80,8 @@ class OrcaSetup:
         return RunSpec(
             workload=WorkloadSpec(num_requests=self.num_requests, prompt_len="uniform:32:512",
                                   output_len="uniform:1:128"),
-            engine=SimEngineSpec(model="gpt3-175b", hardware=self.hardware, tp=self.tp),
+            engine=SimEngineSpec(model="gpt3-175b", hardware=self.hardware, tp=self.tp,
+                                 step_padding=PAPER_STEP_PADDING),
             limits=LimitsSpec(max_num_seqs=cap, max_num_tokens=cap * 512))
 
     def policy_runs(self) -> list[PolicyRun]:

@@ -32,6 +32,7 @@ from absl import flags
 
 from experiments.executor_flags import executor_from_flags
 from experiments.reproduce.common import (
+    PAPER_STEP_PADDING,
     PolicyRun,
     parse_flags,
     reproduction_flags,
@@ -83,7 +84,8 @@ class PrefixCachingSetup:
             workload=WorkloadSpec(arrival="shared_prefix", num_requests=self.num_requests,
                                   num_prefixes=self.num_prefixes, prefix_len=self.prefix_len,
                                   suffix_len=self.suffix_len, output_len=self.output_len),
-            engine=SimEngineSpec(model=self.model, hardware="a100"),
+            engine=SimEngineSpec(model=self.model, hardware="a100",
+                                 step_padding=PAPER_STEP_PADDING),
             limits=LimitsSpec(max_num_seqs=self.max_num_seqs, num_kv_pages=self.num_kv_pages))
 
     def policy_runs(self) -> list[PolicyRun]:
@@ -99,7 +101,8 @@ class PrefixCachingSetup:
         return RunSpec(
             workload=WorkloadSpec(arrival="trace", trace=self.trace,
                                   num_requests=self.trace_requests, trace_time_scale=time_scale),
-            engine=SimEngineSpec(model=self.model, hardware="a100"),
+            engine=SimEngineSpec(model=self.model, hardware="a100",
+                                 step_padding=PAPER_STEP_PADDING),
             limits=LimitsSpec(max_num_seqs=self.max_num_seqs, num_kv_pages=num_kv_pages,
                               max_model_len=131072),
             cluster=ClusterSpec(num_replicas=num_replicas, router=router))

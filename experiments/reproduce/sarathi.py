@@ -46,6 +46,7 @@ from absl import flags
 
 from experiments.executor_flags import executor_from_flags
 from experiments.reproduce.common import (
+    PAPER_STEP_PADDING,
     PolicyRun,
     parse_flags,
     reproduction_flags,
@@ -109,7 +110,8 @@ class SarathiSetup:
         return RunSpec(
             workload=WorkloadSpec(num_requests=self.num_requests, prompt_len=self.prompt_len,
                                   output_len=self.output_len),
-            engine=SimEngineSpec(model="mistral-7b", hardware="a100"),
+            engine=SimEngineSpec(model="mistral-7b", hardware="a100",
+                                 step_padding=PAPER_STEP_PADDING),
             limits=LimitsSpec(max_model_len=self.max_model_len, max_num_seqs=self.max_num_seqs,
                               max_num_tokens=self.max_model_len))
 

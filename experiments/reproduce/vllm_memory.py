@@ -37,6 +37,7 @@ from absl import flags
 
 from experiments.executor_flags import executor_from_flags
 from experiments.reproduce.common import (
+    PAPER_STEP_PADDING,
     PolicyRun,
     parse_flags,
     reproduction_flags,
@@ -81,7 +82,8 @@ class VLLMSetup:
         return RunSpec(
             workload=WorkloadSpec(num_requests=self.num_requests, prompt_len=self.prompt_len,
                                   output_len=self.output_len),
-            engine=SimEngineSpec(model="opt-13b", hardware="a100-40gb"),
+            engine=SimEngineSpec(model="opt-13b", hardware="a100-40gb",
+                                 step_padding=PAPER_STEP_PADDING),
             limits=LimitsSpec(max_num_seqs=256, max_num_tokens=2048))
 
     def policy_runs(self) -> list[PolicyRun]:

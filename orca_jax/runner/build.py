@@ -148,7 +148,7 @@ def _cost_config(engine: SimEngineSpec) -> cost_model.CostModelConfig:
                                           hardware=engine.hardware, tp=engine.tp,
                                           step_time_s=engine.step_time_ms / 1e3)
     return cost_model.CostModelConfig(model=engine.model, hardware=engine.hardware,
-                                      tp=engine.tp)
+                                      tp=engine.tp, step_padding=engine.step_padding)
 
 
 def _jax_engine(spec: RunSpec, engine: JaxEngineSpec, config: SchedulerConfig) -> Engine:

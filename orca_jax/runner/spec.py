@@ -21,6 +21,7 @@ from orca_jax.core.api.plugins import parse_options
 from orca_jax.core.kv import KV_LAYOUTS
 from orca_jax.core.step.bucket_fit import max_fitted_sizes, parse_fit_ladder
 from orca_jax.runner.spec_caps import check_caps
+from orca_jax.sim.cost_model import STEP_PADDINGS
 from orca_jax.specs.hardware import (
     HARDWARE_ALIASES,
     HARDWARE_PRESETS,
@@ -241,12 +242,18 @@ class SimEngineSpec:
     cost_fit: Optional[str] = _knob(None, "Step times from a cost fit JSON written by "
                                     "experiments.calibrate (instead of the roofline); use the "
                                     "fitted model's model and the same buckets.")
+    step_padding: str = _knob("bucket", "How the roofline prices a step's padding: bucket "
+                              "(as compiled: token-wise layers on the bucket's padded tokens, "
+                              "attention on the real lengths, as the real engine runs it) or "
+                              "ragged (an ideal engine that computes real tokens only).",
+                              choices=STEP_PADDINGS)
 
     def __post_init__(self) -> None:
         get_model_config(self.model)  # fails early, naming the presets
         get_hardware(self.hardware)
         _check_at_least("engine", "tp", self.tp, 1)
         _check_positive("engine", "step_time_ms", self.step_time_ms)
+        _check_choice("engine", "step_padding", self.step_padding, STEP_PADDINGS)
         if self.cost_fit is not None and self.step_time_ms is not None:
             raise ValueError(f"engine.cost_fit ({self.cost_fit!r}) and engine.step_time_ms "
                              f"({self.step_time_ms}) both set; choose one step-time model")

@@ -1,11 +1,18 @@
 """Step-time cost model of the simulated engine (presets in `orca_jax.specs`).
 
-Four modes (`CostModelConfig.mode`). The two rooflines price what the step
+Four modes (`CostModelConfig.mode`). The two rooflines price a step as it is
+compiled (`step_padding="bucket"`, the default): attention by what the step
 descriptor really holds — the real sequences `i < num_seqs`, with query length
-`q_i = cu_q_lens[i+1] - cu_q_lens[i]` and attended length `k_i = kv_lens[i]`;
-padding rows and padded sequences are ignored — with `N = sum q_i` tokens,
-`S = num_seqs`, `b = dtype_bytes`, `L` layers, `H` query heads, `d` head_dim,
-`D` d_model, `V` vocab. Query j of a chunk of q_i tokens attends to
+`q_i = cu_q_lens[i+1] - cu_q_lens[i]` and attended length `k_i = kv_lens[i]` —
+and every token-wise kernel on the bucket's `N = T` token rows, padding
+included, and the LM head on its `S` sequence rows. A compiled step's shapes are
+its bucket's: the real JAX engine runs embedding, projections, MLP and norms on
+all T rows, real or not, and samples S rows; its ragged attention kernel skips
+the padding (`benchmarks/results/sim_padding.txt` measures both on the `tiny` and
+`small` engines). `step_padding="ragged"` asks what an ideal ragged engine would
+take instead, `N = sum q_i` tokens and `S = num_seqs` real sequences, the
+simulator's pricing before 0.2. Below, `b = dtype_bytes`, `L` layers, `H` query
+heads, `d` head_dim, `D` d_model, `V` vocab. Query j of a chunk of q_i tokens attends to
 `k_i - q_i + j + 1` tokens (causal inside the chunk), whose mean over the chunk
 is `k_i - (q_i - 1) / 2`; each attended key costs 2 FLOPs per head dim for
 QK^T and 2 for PV.
@@ -28,7 +35,8 @@ QK^T and 2 for PV.
   away from the ridge point it is the larger one, near it a real GEMM overlaps
   its loads and its math imperfectly. On Vidur's measured projections at 96-256
   tokens (the ridge on an A100, where batched decode lives) a hard max, refitted,
-  is off by a median 6-21%, this by 3-11%; elsewhere the two agree. Per-GPU work, with
+  is off by a median 6-21%, this by 3-11% (before the GEMM waves below; with
+  them 2.5-25%, where cuBLAS switches kernels); elsewhere the two agree. Per-GPU work, with
   `h = H / tp` query heads, `g = ceil(kv_heads / tp)` KV heads, `f = ffn / tp`,
   `u = 2 f` (gated MLP) or `f`, `v = V / tp`:
 
@@ -36,7 +44,7 @@ QK^T and 2 for PV.
       embedding          1         2 N D b                    0
       norm               2 L + 1   (D + 2 N D) b              0
       qkv_proj           L         (D e + N (D + e)) b        2 N D e,  e = (h + 2 g) d
-      rope               L         2 N (h + g) d b            0
+      rope               L         4 N r b                    0
       attention_prefill  L         2 g d b sum_P k_i          4 h d sum_P q_i (k_i - (q_i - 1) / 2)
       attention_decode   L         2 g d b sum_1 k_i          4 h d sum_1 k_i
       attn_out_proj      L         (h d D + N (h d + D)) b    2 N h d D
@@ -47,6 +55,22 @@ QK^T and 2 for PV.
       lm_head            1         (D v + S (D + v)) b        2 S D v
 
   (`sum_P` over the sequences with `q_i > 1`, `sum_1` over those with `q_i = 1`.)
+
+  Two corrections to these counts (issue 26, checked by leaving one measured model
+  out of the fit: `benchmarks/cost_model_vs_measured.py`):
+
+  * GEMM waves. A projection `[N, K] @ [K, M]` runs `ceil(N / 64) * ceil(M / 64)`
+    output tiles (`KernelEfficiency.tile`) in waves over the GPU's SMs, and a
+    partial wave costs a whole one: its FLOPs are `ceil(tiles / sms) * sms * 2 *
+    64 * 64 * K`, not `2 N M K`. Counting FLOPs by tokens priced decode-sized steps
+    (1-512 tokens) 4-7% fast on held-out files, up to 24% just past a tile (136,
+    264 tokens); with the waves the held-out medians are -3.4..+4.7%.
+  * Rope's idle lanes. The measured rotary kernel (vLLM's) runs a block of `T =
+    min(h d / 2, 512)` threads per token over the query pairs, then the key pairs;
+    with few KV heads the key iteration leaves lanes idle, and each costs half a
+    busy lane's bytes: `r = p + (T * (ceil(h d / 2T) + ceil(g d / 2T)) - p) / 2`
+    with `p = (h + g) d / 2` real pairs. Bytes alone priced 70B at TP 8 (8 query
+    heads, 1 KV head) 15-18% fast, -30% at 8,192 tokens.
 
   A projection of few tokens is bound by its weight bytes, of many by its
   FLOPs; the LM head runs on the S sampled rows only. The all-reduces are of the
@@ -107,13 +131,17 @@ from typing import Callable, Mapping, Optional, Union
 import numpy as np
 from numpy.typing import NDArray
 
-from orca_jax.core.step.engine_api import StepInputs
+from orca_jax.core.step.engine_api import Bucket, StepInputs
 from orca_jax.sim.roofline import PerOpRoofline
 from orca_jax.specs.hardware import HardwareSpec, get_hardware
 from orca_jax.specs.memory import DTYPE_BYTES, kv_bytes_per_token
 from orca_jax.specs.model_config import ModelConfig, get_model_config
 
 COST_MODES = ("per_op", "roofline_max", "fixed", "fitted")
+# How the rooflines count padding: `bucket` prices a step as compiled (token-wise kernels
+# on the bucket's token rows, the LM head on its sequence rows), `ragged` an ideal engine
+# with no padding (real tokens and sequences only). See the module docstring.
+STEP_PADDINGS = ("bucket", "ragged")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -199,6 +227,11 @@ class CostModelConfig:
       step_time_s: seconds per step in `fixed` mode (only there).
       fitted_step_s: `{bucket num_tokens: seconds or LinearStepTime}` in `fitted`
         mode (only there).
+      step_padding: (both rooflines) `bucket`: a step is priced as compiled, the
+        token-wise kernels and all-reduces on its bucket's `T` token rows and the
+        LM head on its `S` sequence rows, padding included; `ragged`: an ideal
+        ragged engine that computes the real tokens only. Attention reads the
+        real lengths either way.
     """
 
     mode: str = "per_op"
@@ -212,10 +245,14 @@ class CostModelConfig:
     step_overhead_s: float = 300e-6
     step_time_s: Optional[float] = None
     fitted_step_s: Optional[Mapping[int, Union[float, LinearStepTime]]] = None
+    step_padding: str = "bucket"
 
     def __post_init__(self) -> None:
         if self.mode not in COST_MODES:
             raise ValueError(f"CostModelConfig.mode must be one of {COST_MODES}, got {self.mode!r}")
+        if self.step_padding not in STEP_PADDINGS:
+            raise ValueError(f"CostModelConfig.step_padding must be one of {STEP_PADDINGS}, "
+                             f"got {self.step_padding!r}")
         if isinstance(self.model, str):
             object.__setattr__(self, "model", get_model_config(self.model))
         if isinstance(self.hardware, str):
@@ -306,23 +343,28 @@ class StepCost:
 
 
 def roofline_max_cost(config: CostModelConfig, q_lens: NDArray[np.int64],
-                      kv_lens: NDArray[np.int64]) -> StepCost:
+                      kv_lens: NDArray[np.int64],
+                      padded_to: Optional[tuple[int, int]] = None) -> StepCost:
     """Prices a step of real sequences with the `roofline_max` formulas of the module docstring.
 
     Args:
       config: a config (any mode; its model, hardware and factors are used).
       q_lens: `[num_seqs]` new tokens of each real sequence.
       kv_lens: `[num_seqs]` tokens each sequence attends to (cache after the writes).
+      padded_to: `(T, S)` of the bucket the step is padded to: N and S count its rows
+        (None: the real tokens and sequences).
     """
     model, hw, tp, dtype_bytes = (config.model_config, config.hardware_spec, config.tp,
                                   config.dtype_bytes)
     q = np.asarray(q_lens, dtype=np.float64)
     k = np.asarray(kv_lens, dtype=np.float64)
-    num_tokens = float(q.sum())
+    num_tokens, num_rows = float(q.sum()), q.shape[0]
+    if padded_to is not None:
+        num_tokens, num_rows = max(num_tokens, padded_to[0]), max(num_rows, padded_to[1])
     num_bytes = (model.step_weight_bytes(dtype_bytes)
                  + float(k.sum()) * kv_bytes_per_token(model, dtype_bytes))
     linear_flops = (2.0 * model.non_embedding_params * num_tokens
-                    + 2.0 * model.d_model * model.vocab_size * q.shape[0])
+                    + 2.0 * model.d_model * model.vocab_size * num_rows)
     # Query j of a chunk of q sees k - q + j + 1 keys: q(2k-q+1)/2 pairs, an integer, summed
     # exactly in int64 (np.dot would call BLAS, whose kernels differ by CPU).
     q_int, k_int = np.asarray(q_lens, np.int64), np.asarray(kv_lens, np.int64)
@@ -358,24 +400,26 @@ def step_seconds(config: CostModelConfig, inputs: StepInputs,
       inputs: the step's descriptor.
       lengths: its `real_lengths`, if the caller has them already (they are priced as is).
     """
-    return bucket_step_seconds(config, inputs.bucket.num_tokens,
+    return bucket_step_seconds(config, inputs.bucket,
                                lambda: lengths or real_lengths(inputs))
 
 
-def bucket_step_seconds(config: CostModelConfig, bucket_tokens: int,
+def bucket_step_seconds(config: CostModelConfig, bucket: Bucket,
                         lengths: Callable[[], tuple[NDArray[np.int64], NDArray[np.int64]]]
                         ) -> float:
-    """Seconds one step of a bucket of `bucket_tokens` tokens takes under `config`.
+    """Seconds one step in `bucket` takes under `config`.
 
     Args:
       config: the cost model.
-      bucket_tokens: the T of the step's bucket (a `fitted` model's key).
+      bucket: the step's compiled shape (its T is a `fitted` model's key; the rooflines
+        price its padding unless `config.step_padding` is `ragged`).
       lengths: gives the step's `(q_lens, kv_lens)` (`[num_seqs]` each), asked only
         by the modes that price them.
 
     Raises:
       ValueError: a `fitted` model has no time for the bucket.
     """
+    bucket_tokens = bucket.num_tokens
     if config.mode == "fixed":
         assert config.step_time_s is not None
         return config.step_time_s
@@ -389,11 +433,14 @@ def bucket_step_seconds(config: CostModelConfig, bucket_tokens: int,
         if isinstance(entry, LinearStepTime):
             return entry.seconds(*lengths())
         return entry
-    return roofline_seconds(config, *lengths())
+    padded_to = (bucket.num_tokens, bucket.num_seqs) if config.step_padding == "bucket" \
+        else None
+    return roofline_seconds(config, *lengths(), padded_to)
 
 
 def roofline_seconds(config: CostModelConfig, q_lens: NDArray[np.int64],
-                     kv_lens: NDArray[np.int64]) -> float:
+                     kv_lens: NDArray[np.int64],
+                     padded_to: Optional[tuple[int, int]] = None) -> float:
     """Seconds of a step of real sequences under `config`'s roofline (`roofline_max` if that
     is its mode, else `per_op`).
 
@@ -401,10 +448,13 @@ def roofline_seconds(config: CostModelConfig, q_lens: NDArray[np.int64],
       config: a config (any mode; `fixed` and `fitted` ones are priced `per_op`).
       q_lens: `[num_seqs]` new tokens of each real sequence.
       kv_lens: `[num_seqs]` tokens each sequence attends to (cache after the writes).
+      padded_to: `(T, S)` of the bucket the step runs padded to (None: no padding, an
+        ideal ragged engine).
     """
     if config.mode == "roofline_max":
-        return roofline_max_cost(config, q_lens, kv_lens).step_s
-    return config.per_op_roofline.kernels_seconds(q_lens, kv_lens) + config.step_overhead_s
+        return roofline_max_cost(config, q_lens, kv_lens, padded_to).step_s
+    return (config.per_op_roofline.kernels_seconds(q_lens, kv_lens, padded_to)
+            + config.step_overhead_s)
 
 
 def generation_seconds(config: CostModelConfig, batch_size: int, input_len: int,

@@ -97,7 +97,7 @@ class SimEngine(Engine):
         sampled = np.zeros(bucket.num_seqs, dtype=np.int32)  # [S] padding samples 0 % vocab
         sampled[:kv_lens.size] = kv_lens % self.vocab_size
         return StepOutput(sampled_tokens=sampled, step_s=bucket_step_seconds(
-            self.config, bucket.num_tokens, lambda: (packed.q_lens, kv_lens)))
+            self.config, bucket, lambda: (packed.q_lens, kv_lens)))
 
 
 def _check_inputs(inputs: StepInputs) -> tuple[NDArray[np.int64], NDArray[np.int64]]:

@@ -2,8 +2,10 @@
 
 The `per_op` mode of `orca_jax.sim.cost_model` (formulas in its docstring).
 Each kind of kernel of a decoder step has its per-GPU shape here (`op_shapes`:
-bytes and FLOPs as a function of the tokens, rows or KV it works on) and its
-efficiencies in the hardware preset (`HardwareSpec.kernels`). `PerOpRoofline`
+bytes and FLOPs as a function of the tokens, rows or KV it works on; the rotary
+kernel's bytes over the thread lanes it holds, idle ones at half) and its
+efficiencies in the hardware preset (`HardwareSpec.kernels`; a GEMM's FLOPs in
+whole waves of output tiles over the SMs). `PerOpRoofline`
 precomputes both for one (model, hardware, tp) as arrays of one entry per kind
 of kernel, and keeps what depends only on a step's token count: the simulator
 prices every step of 10^5-request runs, and must stay about as fast as the
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Optional
 
 import numpy as np
 from numpy.typing import NDArray
@@ -30,6 +33,21 @@ _DECODE = OPERATIONS.index("attention_decode")
 _LM_HEAD = OPERATIONS.index("lm_head")
 # The ufuncs' reductions called directly: `ndarray.sum` and `.max` add a Python layer.
 _sum, _max = np.add.reduce, np.maximum.reduce
+# The rotary kernel measured (vLLM's `rotary_embedding_kernel`, what Vidur profiled)
+# runs one thread block per token of min(query pairs, 512) threads, each thread
+# rotating one (x, y) pair of a head per iteration: first the queries', then the
+# keys'. With fewer KV heads than query heads (GQA) the key loop leaves lanes idle.
+ROPE_BLOCK_THREADS = 512
+# What an idle lane of a partly filled iteration costs, as a fraction of a busy
+# one's bytes: it holds its block's slot through the iteration's memory round trip
+# (the kernel is latency-bound: ~45% of HBM peak with every lane busy) but moves
+# nothing, while the other blocks on the SM keep some of the bandwidth busy. Set
+# from the measured GQA shapes: Llama-3-8B at TP 4 (8 query and 2 KV heads per GPU:
+# the key iteration is 3/4 idle) streams 0.74x the bytes/s of Llama-2-7B at TP 4
+# (no idle lanes); 0.5 prices 0.77x, 1 (idle = busy) 0.63x, 0 (bytes only) 1x.
+# Refitting it per file gives 0.25-0.5; 0.5 also reproduces the held-out miss the
+# issue-26 reviewer saw on 70B at TP 8 (8 query heads, 1 KV head: -30% at 8,192).
+ROPE_IDLE_LANE_WEIGHT = 0.5
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +63,7 @@ class OpShape:
     unit_bytes: float  # HBM bytes per unit: activations in and out, or KV read
     unit_flops: float  # FLOPs per flop unit
     launches: int  # launches per step (per-layer kernels: num_layers)
+    out_features: float = 0.0  # a GEMM's output columns (its tile grid's other side)
 
 
 def op_shapes(model: ModelConfig, tp: int, dtype_bytes: int) -> dict[str, OpShape]:
@@ -62,9 +81,13 @@ def op_shapes(model: ModelConfig, tp: int, dtype_bytes: int) -> dict[str, OpShap
     ffn = model.ffn_dim / tp
     up = (2 if model.gated_mlp else 1) * ffn  # gate and up, fused
 
+    rope_pairs = (q_heads + kv_heads) * head_dim / 2
+    rope_bytes = 4 * b * (rope_pairs + ROPE_IDLE_LANE_WEIGHT * (
+        _rope_lane_slots(q_heads, kv_heads, head_dim) - rope_pairs))
+
     def gemm(k: float, m: float, launches: int) -> OpShape:
         # [units, k] @ [k, m]: the weight once, each unit's input row and output row.
-        return OpShape(k * m * b, (k + m) * b, 2.0 * k * m, launches)
+        return OpShape(k * m * b, (k + m) * b, 2.0 * k * m, launches, out_features=m)
 
     # Attention reads each KV token once per KV head, and spends 2 FLOPs per head
     # dim on QK^T and 2 on PV for every query-key pair of every query head.
@@ -74,9 +97,11 @@ def op_shapes(model: ModelConfig, tp: int, dtype_bytes: int) -> dict[str, OpShap
         # Two per layer and the final one; each reads and writes the residual stream.
         "norm": OpShape(d_model * b, 2 * d_model * b, 0.0, 2 * layers + 1),
         "qkv_proj": gemm(d_model, (q_heads + 2 * kv_heads) * head_dim, layers),
-        # Queries and keys, read and written. Models with learned positions (GPT-3,
-        # OPT) add a position embedding instead: an elementwise pass of about this size.
-        "rope": OpShape(0.0, 2 * (q_heads + kv_heads) * head_dim * b, 0.0, layers),
+        # Queries and keys, read and written (4 b bytes a rotated pair), counted over
+        # the lane slots the kernel holds (`_rope_lane_slots`). Models with learned
+        # positions (GPT-3, OPT) add a position embedding instead: an elementwise
+        # pass of about this size.
+        "rope": OpShape(0.0, rope_bytes, 0.0, layers),
         "attention_prefill": attention,
         "attention_decode": attention,
         "attn_out_proj": gemm(q_heads * head_dim, d_model, layers),
@@ -86,6 +111,19 @@ def op_shapes(model: ModelConfig, tp: int, dtype_bytes: int) -> dict[str, OpShap
         "residual_add": OpShape(0.0, 3 * d_model * b, 0.0, 2 * layers),  # two reads, one write
         "lm_head": gemm(d_model, model.vocab_size / tp, 1),
     }
+
+
+def _rope_lane_slots(q_heads: float, kv_heads: float, head_dim: int) -> float:
+    """Thread-lane iterations the rotary kernel's block spends on one token.
+
+    `T = min(q_pairs, ROPE_BLOCK_THREADS)` threads walk the `q_pairs = q_heads * d / 2`
+    query pairs, then the `kv_heads * d / 2` key pairs, `T` at a time: every
+    iteration holds all `T` lanes, busy or not. Llama-3-8B at TP 4: 512 lanes, one
+    query iteration and one key iteration of 128 busy lanes, 1,024 slots for 640 pairs.
+    """
+    half = head_dim / 2
+    threads = min(q_heads * half, ROPE_BLOCK_THREADS)
+    return threads * (math.ceil(q_heads * half / threads) + math.ceil(kv_heads * half / threads))
 
 
 class PerOpRoofline:
@@ -117,6 +155,21 @@ class PerOpRoofline:
              for e in efficiencies])
         self._s_per_flop = np.array(  # [ops]
             [1.0 / (hardware.peak_flops * e.flops_efficiency) for e in efficiencies])
+        # A GEMM with a tile runs whole waves of (rows x cols) output tiles over the
+        # SMs (`KernelEfficiency.tile`): per launch it computes
+        # `ceil(ceil(units / rows) * col_tiles / sms) * sms * rows * cols / out_features`
+        # rows' worth of FLOPs. Attention's FLOP units are query-key pairs, not rows:
+        # it takes no tile here, whatever its preset says.
+        tiles = [None if i in (_PREFILL, _DECODE) or s.out_features <= 0 else e.tile
+                 for i, (s, e) in enumerate(zip(shapes, efficiencies))]
+        self._tiled = np.array([t is not None for t in tiles])  # [ops]
+        self._tile_rows = np.array([t[0] if t else 1.0 for t in tiles])  # [ops]
+        self._col_tiles = np.array(  # [ops] output tiles across a GEMM's features
+            [math.ceil(s.out_features / t[1]) if t else 1.0 for s, t in zip(shapes, tiles)])
+        self._rows_per_wave = np.array(  # [ops] FLOP units one full wave computes
+            [hardware.num_sms * t[0] * t[1] / s.out_features if t else 1.0
+             for s, t in zip(shapes, tiles)])
+        self._num_sms = float(hardware.num_sms)
         self._l2_bytes = float(hardware.l2_bytes)
         # Megatron-style tensor parallelism all-reduces the [N, d_model] activations
         # after attention and after the MLP of every layer, and once after the
@@ -143,8 +196,13 @@ class PerOpRoofline:
         Args:
           units: `[..., ops]` what each kernel works on (see `OpShape`), in
             `OPERATIONS` order.
-          flop_units: `[..., ops]` the units each kernel's FLOPs count.
+          flop_units: `[..., ops]` the units each kernel's FLOPs count (a tiled
+            GEMM's are rounded up to whole waves of tiles).
         """
+        if self._tiled.any():
+            waves = np.ceil(np.ceil(flop_units / self._tile_rows) * self._col_tiles
+                            / self._num_sms)
+            flop_units = np.where(self._tiled, waves * self._rows_per_wave, flop_units)
         num_bytes = self._fixed_bytes + self._unit_bytes * units
         s_per_byte = np.where(num_bytes <= self._l2_bytes, self._l2_s_per_byte,
                               self._hbm_s_per_byte)
@@ -152,15 +210,18 @@ class PerOpRoofline:
                                               flop_units * self._unit_flops * self._s_per_flop)
         return np.where(units > 0.0, launch_s, 0.0)
 
-    def kernel_seconds(self, q_lens: NDArray[np.int64],
-                       kv_lens: NDArray[np.int64]) -> NDArray[np.float64]:
+    def kernel_seconds(self, q_lens: NDArray[np.int64], kv_lens: NDArray[np.int64],
+                       padded_to: Optional[tuple[int, int]] = None) -> NDArray[np.float64]:
         """`[ops]` seconds of each kind of kernel over the step (all its launches).
 
         Args:
           q_lens: `[num_seqs]` new tokens of each real sequence.
           kv_lens: `[num_seqs]` tokens each attends to (cache after the writes).
+          padded_to: `(tokens, sequences)` of the bucket, as in `kernels_seconds`.
         """
         num_tokens, num_seqs, kv_decode, kv_prefill, pairs_prefill = _step_work(q_lens, kv_lens)
+        if padded_to is not None:
+            num_tokens, num_seqs = max(num_tokens, padded_to[0]), max(num_seqs, padded_to[1])
         units = np.full(len(OPERATIONS), float(num_tokens))
         units[_LM_HEAD] = num_seqs
         units[_DECODE] = kv_decode
@@ -177,19 +238,25 @@ class PerOpRoofline:
                + num_tokens * self._message_bytes_per_token / self._allreduce.bytes_per_s)
         return self._num_allreduces * one
 
-    def breakdown(self, q_lens: NDArray[np.int64],
-                  kv_lens: NDArray[np.int64]) -> dict[str, float]:
+    def breakdown(self, q_lens: NDArray[np.int64], kv_lens: NDArray[np.int64],
+                  padded_to: Optional[tuple[int, int]] = None) -> dict[str, float]:
         """Seconds per kind of kernel, and `allreduce`, over one step (no step overhead).
 
         Args:
           q_lens: `[num_seqs]` new tokens of each real sequence.
           kv_lens: `[num_seqs]` tokens each attends to.
+          padded_to: `(tokens, sequences)` of the bucket, as in `kernels_seconds`.
         """
-        seconds = dict(zip(OPERATIONS, self.kernel_seconds(q_lens, kv_lens).tolist()))
-        seconds["allreduce"] = self.allreduce_seconds(float(np.sum(q_lens)))
+        seconds = dict(zip(OPERATIONS,
+                           self.kernel_seconds(q_lens, kv_lens, padded_to).tolist()))
+        num_tokens = float(np.sum(q_lens))
+        if padded_to is not None:
+            num_tokens = max(num_tokens, float(padded_to[0]))
+        seconds["allreduce"] = self.allreduce_seconds(num_tokens)
         return seconds
 
-    def kernels_seconds(self, q_lens: NDArray[np.int64], kv_lens: NDArray[np.int64]) -> float:
+    def kernels_seconds(self, q_lens: NDArray[np.int64], kv_lens: NDArray[np.int64],
+                        padded_to: Optional[tuple[int, int]] = None) -> float:
         """Seconds of every kernel and all-reduce of one step (no step overhead).
 
         The sum of `breakdown`, fast: every kernel but attention depends only on
@@ -201,8 +268,16 @@ class PerOpRoofline:
         Args:
           q_lens: `[num_seqs]` new tokens of each real sequence.
           kv_lens: `[num_seqs]` tokens each attends to.
+          padded_to: `(tokens, sequences)` of the compiled step the sequences are
+            padded to (its bucket): the token-wise kernels and all-reduces then run
+            on that many token rows and the LM head on that many sampled rows, as a
+            compiled step does; attention still reads each sequence's real lengths
+            (the ragged kernel skips padding). None: an ideal ragged engine, real
+            tokens and sequences only.
         """
         num_tokens, num_seqs, kv_decode, kv_prefill, pairs_prefill = _step_work(q_lens, kv_lens)
+        if padded_to is not None:
+            num_tokens, num_seqs = max(num_tokens, padded_to[0]), max(num_seqs, padded_to[1])
         per_token = self._per_token_s.get(num_tokens)
         if per_token is None:
             units = np.full(len(OPERATIONS), float(num_tokens))

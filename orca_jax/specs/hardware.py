@@ -4,8 +4,17 @@
 `orca_jax.sim`'s rooflines and `orca_jax.specs.memory`'s KV pool sizing; model
 shapes are `orca_jax.specs.model_config`'s. Its `kernels` are the per-operation
 roofline's constants (`orca_jax.sim.roofline`): for each kind of kernel, the
-fraction of the datasheet it reaches and its fixed time, and the all-reduce's
-latency and bandwidth per number of GPUs. Nothing here imports jax.
+fraction of the datasheet it reaches, its fixed time and, for GEMMs, the output
+tile its thread blocks compute (a partial wave of tiles over the SMs costs a whole
+one), and the all-reduce's latency and bandwidth per number of GPUs. Nothing here
+imports jax.
+
+Checked by leaving one measured model out of the fit (issue 26,
+`benchmarks/cost_model_vs_measured.py`, A100: Llama-2-7B and Llama-3-8B refitted on
+each other): before the GEMM tiles and rope's idle lanes, 79 of 80 (operation, TP)
+cells within 15% (rope at TP 8 16.2%) and a layer's kernels at 1-512 tokens 4-7%
+fast at TP 2 and 4 (worst points -24%); after, 80 of 80 (rope at TP 8 at most
+10.7%) and signed medians -3.4..+4.7% per TP (worst points -21%/+18%).
 """
 
 from __future__ import annotations
@@ -36,7 +45,10 @@ class KernelEfficiency:
     bytes / (hbm_bytes_per_s * eff)` and `compute_s = flops / (peak_flops *
     flops_efficiency)` (`orca_jax.sim.roofline`), where `eff` is `l2_efficiency`
     when all its bytes fit in L2 (set for elementwise kernels, whose input the
-    kernel just before wrote), else `hbm_efficiency`.
+    kernel just before wrote), else `hbm_efficiency`. A GEMM with a `tile` computes
+    whole waves of output tiles: its FLOPs are those of `ceil(tiles / num_sms)`
+    waves of `num_sms` tiles, the last wave's idle SMs and each tile's padding
+    included.
 
     Attributes:
       latency_s: fixed time of one launch (ramp-up, the last partial wave).
@@ -44,12 +56,20 @@ class KernelEfficiency:
       flops_efficiency: fraction of peak FLOP/s the compute-bound regime reaches.
       l2_efficiency: the same fraction of *HBM* peak when the bytes fit in L2 (it may
         pass 1), or None for "as from HBM".
+      tile: `(token rows, output features)` of the output tile one thread block of
+        a GEMM computes, or None (elementwise kernels, attention: FLOPs as counted).
+        A `[N, K] @ [K, M]` GEMM runs `ceil(N / rows) * ceil(M / features)` tiles in
+        waves over the SMs: a step whose tiles just spill into another wave pays the
+        whole wave (Vidur's measured projections jump by up to 1.5x from 128 to 136
+        tokens). It matters at decode sizes, where a GEMM is a few waves; over many
+        waves it is the FLOP count.
     """
 
     latency_s: float
     hbm_efficiency: float
     flops_efficiency: float = 1.0  # elementwise kernels count no FLOPs: any value will do
     l2_efficiency: Optional[float] = None
+    tile: Optional[tuple[int, int]] = None
 
     def __post_init__(self) -> None:
         _check_seconds("KernelEfficiency", "latency_s", self.latency_s)
@@ -58,6 +78,10 @@ class KernelEfficiency:
         if self.l2_efficiency is not None:
             # L2 bandwidth is a few times HBM's on these parts; 4x bounds a typo, not physics.
             _check_fraction("KernelEfficiency", "l2_efficiency", self.l2_efficiency, upper=4.0)
+        if self.tile is not None and not (
+                len(self.tile) == 2 and all(isinstance(n, int) and n >= 1 for n in self.tile)):
+            raise ValueError(f"KernelEfficiency.tile must be None or two integers >= 1 "
+                             f"(token rows, output features), got {self.tile!r}")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -151,12 +175,14 @@ class HardwareSpec:
     peak_flops: float  # dense bf16 tensor-core FLOP/s (no sparsity)
     link_bytes_per_s: float  # NVLink bandwidth per GPU, one direction (a ring sends one way)
     l2_bytes: int  # L2 cache: an elementwise kernel whose bytes fit reads what was just written
+    num_sms: int  # streaming multiprocessors: a GEMM's tiles run in waves of this many
     kernels: KernelCosts
 
 
-def _gemm(latency_us: float, hbm: float, flops: float) -> KernelEfficiency:
+def _gemm(latency_us: float, hbm: float, flops: float,
+          tile: Optional[tuple[int, int]] = None) -> KernelEfficiency:
     return KernelEfficiency(latency_s=latency_us * 1e-6, hbm_efficiency=hbm,
-                            flops_efficiency=flops)
+                            flops_efficiency=flops, tile=tile)
 
 
 def _elementwise(latency_us: float, hbm: float, l2: float) -> KernelEfficiency:
@@ -179,18 +205,28 @@ _A100_ATTENTION = _gemm(5.0, 0.70, 0.50)
 # FlashAttention-2 reaches only ~35% of H100's peak (FlashAttention-3's paper).
 _H100_ATTENTION = _gemm(5.0, 0.70, 0.35)
 
+# The output tile of one thread block of the measured GEMMs, (token rows, output
+# features), for the waves of `KernelEfficiency.tile`. cuBLAS picks its tile per
+# shape (64-256 a side on these parts; smaller ones at few tokens, where a large
+# tile would leave most SMs idle), so this is the one size that fits decode-sized
+# steps best: leaving one model out of the fit, the layer's summed kernels at
+# 1-512 tokens come within -3.4..+4.7% (signed median per TP) with 64 x 64 tiles,
+# against -6.6..+0.5% with none; 128-row or 128 x 128 tiles over-price them by
+# 6-40%, 32-row tiles leave them 3-5% fast (benchmarks/results/cost_model_vs_measured.txt).
+GEMM_TILE = (64, 64)
+
 # Fitted by `python benchmarks/cost_model_vs_measured.py --fit` to Vidur's
 # per-operation CUDA kernel times (../shared/profiles/vidur_a100_h100/:
 # Meta-Llama-3-8B and Llama-2-7B on A100-80GB, TP 1/2/4/8, 1-8,192 tokens).
 # The LM head was not measured: it takes the MLP up projection's constants
 # (the widest GEMM that was).
-_A100_MLP_UP = _gemm(9.6, 0.82, 0.72)
+_A100_MLP_UP = _gemm(2.2, 0.91, 0.73, GEMM_TILE)
 A100_KERNELS = KernelCosts(
     source="fitted to Vidur's A100-80GB kernel times (../shared/profiles/vidur_a100_h100)",
-    qkv_proj=_gemm(8.9, 0.92, 0.70), attn_out_proj=_gemm(4.7, 0.76, 0.69),
-    mlp_up_proj=_A100_MLP_UP, mlp_down_proj=_gemm(5.1, 0.73, 0.74), lm_head=_A100_MLP_UP,
+    qkv_proj=_gemm(1.8, 0.87, 0.72, GEMM_TILE), attn_out_proj=_gemm(3.9, 0.92, 0.71, GEMM_TILE),
+    mlp_up_proj=_A100_MLP_UP, mlp_down_proj=_gemm(3.5, 0.92, 0.77, GEMM_TILE), lm_head=_A100_MLP_UP,
     attention_prefill=_A100_ATTENTION, attention_decode=_A100_ATTENTION,
-    norm=_elementwise(3.1, 0.34, 0.46), rope=_elementwise(2.3, 0.44, 0.48),
+    norm=_elementwise(3.1, 0.34, 0.46), rope=_elementwise(2.2, 0.45, 0.52),
     mlp_act=_elementwise(2.1, 0.49, 0.50), residual_add=_elementwise(1.7, 0.91, 1.22),
     embedding=_elementwise(2.8, 0.15, 0.16),
     # Fitted to Vidur's a100_dgx_all_reduce.csv: NCCL on one 8xA100 DGX
@@ -199,11 +235,11 @@ A100_KERNELS = KernelCosts(
                _allreduce(8, 51.0, 89.0), _allreduce(16, 444.0, 9.5)))
 
 # Fitted the same way to Vidur's Llama-2-7B times on an H100 (TP 1/2/4/8).
-_H100_MLP_UP = _gemm(8.7, 0.92, 0.72)
+_H100_MLP_UP = _gemm(6.3, 0.92, 0.73, GEMM_TILE)
 H100_KERNELS = KernelCosts(
     source="fitted to Vidur's H100 kernel times (../shared/profiles/vidur_a100_h100)",
-    qkv_proj=_gemm(8.0, 0.92, 0.72), attn_out_proj=_gemm(6.0, 0.92, 0.71),
-    mlp_up_proj=_H100_MLP_UP, mlp_down_proj=_gemm(6.2, 0.79, 0.77), lm_head=_H100_MLP_UP,
+    qkv_proj=_gemm(5.2, 0.92, 0.73, GEMM_TILE), attn_out_proj=_gemm(5.7, 0.92, 0.74, GEMM_TILE),
+    mlp_up_proj=_H100_MLP_UP, mlp_down_proj=_gemm(6.4, 0.92, 0.80, GEMM_TILE), lm_head=_H100_MLP_UP,
     attention_prefill=_H100_ATTENTION, attention_decode=_H100_ATTENTION,
     norm=_elementwise(2.8, 0.33, 0.46), rope=_elementwise(1.8, 0.50, 0.53),
     mlp_act=_elementwise(1.6, 0.57, 0.55), residual_add=_elementwise(1.0, 0.92, 1.21),
@@ -221,16 +257,16 @@ H100_KERNELS = KernelCosts(
 HARDWARE_PRESETS: dict[str, HardwareSpec] = {
     "a100-40gb": HardwareSpec(name="a100-40gb", hbm_bytes=40 * GIB, hbm_bytes_per_s=1.555e12,
                               peak_flops=312e12, link_bytes_per_s=300e9,  # NVLink3 600 GB/s bidir
-                              l2_bytes=40 * MIB, kernels=A100_KERNELS),
+                              l2_bytes=40 * MIB, num_sms=108, kernels=A100_KERNELS),
     "a100-80gb": HardwareSpec(name="a100-80gb", hbm_bytes=80 * GIB, hbm_bytes_per_s=2.039e12,
                               peak_flops=312e12, link_bytes_per_s=300e9, l2_bytes=40 * MIB,
-                              kernels=A100_KERNELS),
+                              num_sms=108, kernels=A100_KERNELS),
     "h100-sxm": HardwareSpec(name="h100-sxm", hbm_bytes=80 * GIB, hbm_bytes_per_s=3.35e12,
                              peak_flops=989e12, link_bytes_per_s=450e9,  # NVLink4 900 GB/s bidir
-                             l2_bytes=50 * MIB, kernels=H100_KERNELS),
+                             l2_bytes=50 * MIB, num_sms=132, kernels=H100_KERNELS),
     "h200": HardwareSpec(name="h200", hbm_bytes=141 * 10**9, hbm_bytes_per_s=4.8e12,
                          peak_flops=989e12, link_bytes_per_s=450e9, l2_bytes=50 * MIB,
-                         kernels=H100_KERNELS),
+                         num_sms=132, kernels=H100_KERNELS),
 }
 HARDWARE_ALIASES: dict[str, str] = {"a100": "a100-80gb", "h100": "h100-sxm"}
 
