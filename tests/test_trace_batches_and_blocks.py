@@ -148,3 +148,43 @@ def test_block_size_is_checked_against_lengths_the_caller_and_the_other_records(
         load_trace(mixed, vocab_size=100)
     with pytest.raises(ValueError, match="block_size must be an integer >= 1"):
         load_trace(stated, vocab_size=100, block_size=0)
+
+
+def test_run_spec_draws_missing_output_lengths_and_reads_the_block_size(tmp_path):
+    from orca_jax.runner.build import build_workload
+    from orca_jax.runner.spec import RunSpec, WorkloadSpec
+
+    f = _jsonl(tmp_path, [{k: v for k, v in row.items() if k != "output_length"}
+                          for row in _ROWS_16])
+    spec = RunSpec(workload=WorkloadSpec(arrival="trace", trace=str(f), num_requests=None,
+                                         output_len="uniform:3:9", trace_block_size=16))
+    requests = build_workload(spec)
+    assert [r.prompt_len for r in requests] == [48, 40, 32]
+    assert all(3 <= r.output_len <= 9 for r in requests)
+    assert [r.output_len for r in build_workload(spec)] == [r.output_len for r in requests]
+    assert np.array_equal(requests[0].prompt_tokens[:32], requests[1].prompt_tokens[:32])
+    with pytest.raises(TraceError, match="--output_len"):
+        build_workload(RunSpec(workload=WorkloadSpec(arrival="trace", trace=str(f),
+                                                     output_len=None, trace_block_size=16)))
+    with pytest.raises(ValueError, match="workload.output_len: None is only for a trace"):
+        WorkloadSpec(arrival="poisson", output_len=None)
+    with pytest.raises(ValueError, match="workload.trace_block_size must be >= 1"):
+        WorkloadSpec(arrival="trace", trace=str(f), trace_block_size=0)
+
+
+def test_an_offline_batch_runs_from_time_0_with_output_len_from_the_flag(tmp_path):
+    from tests.cli_runner import read_jsonl, run_module
+
+    f = tmp_path / "batch.csv"
+    f.write_text("prompt_len\n300\n100\n200\n")
+    out = tmp_path / "run"
+    result = run_module("experiments.run", "--engine=sim", "--workload=trace", f"--trace={f}",
+                        "--output_len=fixed:6", "--policy=vllm", f"--out_dir={out}")
+    assert "an offline batch: every request submitted at time 0" in result.stdout
+    rows = read_jsonl(out / "requests.jsonl")
+    assert [(r["id"], r["arrival_s"], r["prompt_len"], r["output_len"]) for r in rows] == [
+        (0, 0.0, 300, 6), (1, 0.0, 100, 6), (2, 0.0, 200, 6)]
+    summary = json.loads((out / "summary.json").read_text())
+    # The run's span starts at the batch's submission, 0, and ends at its last finish.
+    assert summary["duration_s"] == pytest.approx(max(r["finish_s"] for r in rows))
+    assert summary["throughput_req_s"] == pytest.approx(3 / summary["duration_s"])

@@ -135,6 +135,10 @@ def missing_field(where: str, canonical: str) -> TraceError:
     return TraceError(f"{where}: field '{canonical}': missing (expected a column/key {names})")
 
 
+# Where a length does not fit Mooncake's 512-token blocks: the file's may be another size.
+_SIZE_HINT = "; blocks of another size: a 'block_size' field or --trace_block_size"
+
+
 def parse_block_size(where: str, name: str, raw: object) -> int:
     """Tokens per block of `hash_ids` (a record's `block_size`, or the caller's)."""
     return parse_int(where, name, raw, 1, MAX_LENGTH)
@@ -175,6 +179,7 @@ def parse_record(record: dict, where: str, block_size: Optional[int] = None
     if found is not None:
         tokens = _parse_tokens(where, found[0], found[1])
     blocks = None
+    stated = None
     size = HASH_BLOCK_SIZE if block_size is None else block_size
     found = lookup("hash_ids")
     if found is not None:
@@ -202,7 +207,8 @@ def parse_record(record: dict, where: str, block_size: Optional[int] = None
             raise field_error(where, found[0],
                               f"more than {(len(blocks) - 1) * size} and at most "
                               f"{len(blocks) * size} tokens ({len(blocks)} blocks of "
-                              f"{size} in 'hash_ids')", prompt_len)
+                              f"{size} in 'hash_ids'{'' if stated or block_size else _SIZE_HINT})",
+                              prompt_len)
     elif tokens is not None:
         prompt_len = len(tokens)
     elif blocks is not None:
