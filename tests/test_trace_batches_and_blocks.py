@@ -188,3 +188,22 @@ def test_an_offline_batch_runs_from_time_0_with_output_len_from_the_flag(tmp_pat
     # The run's span starts at the batch's submission, 0, and ends at its last finish.
     assert summary["duration_s"] == pytest.approx(max(r["finish_s"] for r in rows))
     assert summary["throughput_req_s"] == pytest.approx(3 / summary["duration_s"])
+
+
+def test_a_trace_sweep_stored_with_an_unread_output_len_still_resumes(tmp_path):
+    import dataclasses
+
+    from orca_jax.results.sweep_store import SweepConfigError, SweepStore
+    from orca_jax.runner.spec import RunSpec, WorkloadSpec
+    from orca_jax.runner.sweep import run_config
+
+    f = tmp_path / "t.csv"
+    f.write_text("arrival_s,prompt_len,output_len\n0,5,3\n")
+    old = RunSpec(workload=WorkloadSpec(arrival="trace", trace=str(f), output_len="uniform:1:128"))
+    now = dataclasses.replace(old, workload=dataclasses.replace(old.workload, output_len=None))
+    SweepStore(tmp_path / "sweep", run_config(old), {})  # as the commands stored it before
+    SweepStore(tmp_path / "sweep", run_config(now), {})  # resumes: the trace has its lengths
+    other = dataclasses.replace(old, workload=dataclasses.replace(old.workload,
+                                                                  output_len="fixed:4"))
+    with pytest.raises(SweepConfigError, match="output_len"):
+        SweepStore(tmp_path / "sweep", run_config(other), {})
