@@ -104,7 +104,7 @@ LOWER_BOUNDS: dict[str, float] = {
     "step_time_ms": 0.0, "max_num_seqs": 1, "max_num_tokens": 1, "num_kv_pages": 1,
     "page_size": 1, "max_model_len": 2, "no_progress_steps": 1, "num_replicas": 1,
     "num_prefill_replicas": 0, "num_decode_replicas": 0, "kv_link_max_concurrent": 1,
-    "seed": 0}
+    "seed": 0, "trace_block_size": 1}
 # Where a field's `registry` names its values.
 REGISTRIES = {"router": lambda: sorted(registered_routers())}
 
@@ -333,6 +333,8 @@ def spec_from_flags() -> RunSpec:
         workload = {k: v for k, v in workload.items() if k not in PREFIX_FIELDS}
     if FLAGS.workload == "trace":
         workload["num_requests"] = FLAGS.num_requests  # unset: the whole trace
+        # Unset: the trace's own output lengths, and an error where it has none.
+        workload["output_len"] = FLAGS.output_len
     limits = _field_values(LimitsSpec)
     try:  # before a ladder is listed out up to the budget
         check_step_tokens(limits["max_num_tokens"])
