@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import os
 import statistics
+import textwrap
 from typing import Any, Sequence
 
 from absl import app, flags
@@ -46,7 +47,7 @@ from experiments import flags as run_flags
 from experiments import policy_flags
 from experiments.policy_flags import LabeledPolicy, resolve_policies
 from experiments.process_exit import without_final_collection
-from experiments.terminal_table import fit_table
+from experiments.terminal_table import WIDTH, fit_table
 from orca_jax.core.json_files import to_json_value, write_json_atomic, write_text_atomic
 from orca_jax.core.loop.config import SchedulerConfig
 from orca_jax.results import comparison
@@ -274,9 +275,10 @@ def _compare(spec: RunSpec, entries: Sequence[LabeledPolicy], config: SchedulerC
         note = (f"{repeats} repeats per policy, in alternating order; each metric: median "
                 f"(min–max), or one value where every repeat agrees\n")
         table, shown = note + table, note + shown
-    said = "".join(line + "\n" for line in lines)
-    table = said + table
-    print(said + shown)
+    table = "".join(line + "\n" for line in lines) + table
+    # The terminal keeps 120 columns: each line wrapped, its continuation indented.
+    print("".join(textwrap.fill(line, WIDTH, subsequent_indent="  ", break_on_hyphens=False)
+                  + "\n" for line in lines) + shown)
     write_text_atomic(os.path.join(out, "comparison.txt"), table + "\n")
     print(f"every column: {os.path.join(out, 'comparison.txt')}")
     write_json_atomic(os.path.join(out, "comparison.json"),

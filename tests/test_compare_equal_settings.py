@@ -84,10 +84,15 @@ def test_unequal_settings_warn_unless_allowed():
 
 
 def _lines(out, result):
-    """The lines compare printed above its table, and those of comparison.txt."""
+    """What compare printed (its lines wrapped at 120 columns, joined again) and the lines
+    above the table of comparison.txt."""
     text = (out / "comparison.txt").read_text().splitlines()
-    return result.stdout.splitlines(), text[:next(i for i, line in enumerate(text)
-                                                  if line.startswith("policy "))]
+    lines = result.stdout.splitlines()
+    assert max(len(line) for line in lines if not line.startswith(("figure", "results",
+                                                                    "every", "workload"))
+               ) <= 120
+    return (" ".join(line.strip() for line in lines),
+            text[:next(i for i, line in enumerate(text) if line.startswith("policy "))])
 
 
 def test_compare_on_the_simulator_warns_of_sarathis_budget_and_vllms_cache(tmp_path):
@@ -138,7 +143,7 @@ def test_a_run_that_waits_for_arrivals_is_flagged_and_a_loaded_one_is_not(tmp_pa
                             f"--out_dir={out}")
         row = json.loads((out / "comparison.json").read_text())[0]
         busy[rate] = (row["engine_busy_fraction"], row["arrival_bound"],
-                      any(line.startswith("arrival-bound") for line in result.stdout.splitlines()))
+                      "arrival-bound (engine busy < 50% of the run): orca" in result.stdout)
     assert busy[1][0] < comparison.ARRIVAL_BOUND_BUSY and busy[1][1:] == (True, True)
     assert busy[1000][0] > comparison.ARRIVAL_BOUND_BUSY and busy[1000][1:] == (False, False)
 
