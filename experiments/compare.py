@@ -10,8 +10,10 @@ what the comparison holds equal and what it does not: each policy's KV
 reservation mode (`kv_reservation`) and whether host time was counted on the
 clock (`count_host_time`), its effective `token_budget` and `batch_cap` (its own
 knob or the scheduler's limit, whichever is lower) and whether prefix caching
-was active (`prefix_caching`) (`orca_jax.runner.settings`). Lines above the
-table (and fields of every comparison.json row) say:
+was active (`prefix_caching`) (`orca_jax.runner.settings`; each run's config.json
+has them under `settings`). Lines above the table (and fields of every
+comparison.json row: `identical_compiled_steps`, `unequal_settings`,
+`arrival_bound`) say:
 
 * `identical compiled steps: yes/no` on the jax engine: the same compiled
   programs (`compiled_fingerprints.*` of every summary) and every policy's token

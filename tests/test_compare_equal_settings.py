@@ -110,6 +110,10 @@ def test_compare_on_the_simulator_warns_of_sarathis_budget_and_vllms_cache(tmp_p
             for label, row in rows.items()} == {"vllm": (2048, 64, True),
                                                 "sarathi": (512, 64, False)}
     assert {row["identical_compiled_steps"] for row in rows.values()} == {"n/a"}
+    # Each run's config.json says the same.
+    assert json.loads((out / "sarathi" / "config.json").read_text())["settings"] == {
+        "token_budget": 512, "batch_cap": 64, "kv_reservation": "none",
+        "prefix_caching": False, "count_host_time": False}
     assert {row["unequal_settings"] for row in rows.values()} == {"token_budget,prefix_caching"}
     # Named output and total token rates, and the old name for one release.
     for label, row in rows.items():
