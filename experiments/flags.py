@@ -215,7 +215,7 @@ for _flag, _fields in FIELD_FLAGS.items():
     define_field_flag(_flag, _fields)
 
 TABLE_COLUMNS = ("policy", "num_finished", "num_rejected", "num_steps", "duration_s",
-                 "throughput_req_s", "throughput_tok_s", "ttft_p50_s", "ttft_p99_s",
+                 "throughput_req_s", "output_tok_s", "total_tok_s", "ttft_p50_s", "ttft_p99_s",
                  "tpot_p50_s", "tpot_p99_s", "latency_p50_s", "latency_p99_s",
                  "normalized_latency_mean_s", "num_preemptions", "padding_fraction",
                  "num_buckets",  # the compiled step shapes (of the ladder) beside the padding
