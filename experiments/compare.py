@@ -26,7 +26,7 @@ import os
 import statistics
 from typing import Any, Sequence
 
-from absl import app, flags
+from absl import flags
 
 from experiments import flags as run_flags
 from experiments import policy_flags
@@ -241,4 +241,4 @@ def _compare(spec: RunSpec, entries: Sequence[LabeledPolicy],
 
 
 if __name__ == "__main__":
-    app.run(without_final_collection(main), flags_parser=run_flags.parse_flags)
+    run_flags.run_command(without_final_collection(main))

@@ -25,7 +25,7 @@ from typing import Any, Optional
 from absl import app, flags
 
 import policies  # noqa: F401  (registers the built-in routers that --router's help names)
-from experiments.cli_errors import clean_errors, parse_flags  # noqa: F401 (entry points' API)
+from experiments.cli_errors import clean_errors, parse_flags, run_command  # noqa: F401 (entry points' API)
 from orca_jax.cluster.routing import registered_routers
 from orca_jax.core.step.bucket_fit import capped_fit_ladder, parse_fit_ladder
 from orca_jax.core.step.packing import ladder_token_sizes

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 
-from absl import app, flags
+from absl import flags
 
 import policies
 from experiments import flags as run_flags
@@ -76,4 +76,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    app.run(without_final_collection(main), flags_parser=run_flags.parse_flags)
+    run_flags.run_command(without_final_collection(main))

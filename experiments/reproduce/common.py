@@ -17,6 +17,7 @@ import numpy as np
 from absl import app, flags
 
 import policies  # noqa: F401  (registers the built-in policies)
+from experiments.cli_errors import run_command
 from experiments.executor_flags import define_executor_flags
 from orca_jax.core.json_files import to_json_value, write_json_atomic
 from orca_jax.core.requests.run_result import RunResult
@@ -225,7 +226,7 @@ def run_app(main: Callable[[Sequence[str]], None], flag_values: flags.FlagValues
         flags.FLAGS(argv[:1])  # absl's own flags keep their defaults
         return argv
 
-    app.run(lambda argv: main(argv[1:]), flags_parser=parse)
+    run_command(lambda argv: main(argv[1:]), flags_parser=parse)
 
 
 def parse_rates(text: str) -> tuple[float, ...]:

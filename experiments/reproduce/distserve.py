@@ -38,6 +38,7 @@ from typing import Optional, Sequence
 from absl import app, flags
 
 import policies  # noqa: F401  (registers the built-in policies)
+from experiments.cli_errors import clean_errors, run_command
 from experiments.reproduce.common import PAPER_STEP_PADDING
 from orca_jax.core.json_files import to_json_value, write_json_atomic
 from orca_jax.results.metrics import format_table
@@ -293,6 +294,7 @@ def define_flags() -> None:
                           "request rates per GPU (req/s)")
 
 
+@clean_errors()
 def main(argv: Sequence[str]) -> None:
     """The command: run the grid, print the capacity table, draw the figure."""
     del argv
@@ -327,4 +329,4 @@ def main(argv: Sequence[str]) -> None:
 
 if __name__ == "__main__":
     define_flags()
-    app.run(main)
+    run_command(main)

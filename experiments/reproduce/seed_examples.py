@@ -20,9 +20,9 @@ import os
 from typing import Sequence
 
 import numpy as np
-from absl import app
 
 import policies
+from experiments.cli_errors import run_command
 from orca_jax import KVConfig, LoopFeatures, Request, Scheduler, SchedulerConfig, StepLimits
 from orca_jax.core.requests.run_result import RunResult
 from orca_jax.results.metrics import format_table
@@ -103,4 +103,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    run_command(main)
