@@ -58,3 +58,22 @@ def test_a_closed_pipe_ends_the_command_without_a_traceback(args):
     result = _with_stdout_closed(*args)
     assert result.returncode == CLOSED_PIPE_EXIT
     assert result.stderr == "", result.stderr[-2000:]
+
+
+@pytest.mark.parametrize("module,listing", [
+    ("experiments.run", "policies"), ("experiments.run", "routers"),
+    ("experiments.run", "models"), ("experiments.run", "hardware"),
+    ("experiments.compare", "policies"), ("experiments.sweep", "routers")])
+def test_list_flags_print_the_registered_names_one_per_line(module, listing):
+    import policies  # noqa: F401  (registers the built-ins)
+    from orca_jax.cluster.routing import registered_routers
+    from orca_jax.core.api.policy import registered_policies
+    from orca_jax.specs.hardware import HARDWARE_ALIASES, HARDWARE_PRESETS
+    from orca_jax.specs.model_config import PRESETS
+
+    expected = {"policies": set(registered_policies()), "routers": set(registered_routers()),
+                "models": set(PRESETS),
+                "hardware": set(HARDWARE_PRESETS) | set(HARDWARE_ALIASES)}[listing]
+    result = run_module(module, f"--list_{listing}")
+    lines = result.stdout.splitlines()
+    assert len(lines) == len(set(lines)) and set(lines) == expected
