@@ -153,8 +153,11 @@ def write_figure_and_report(curves: Sequence[Curve], args: flags.FlagValues, *,
     reproduction took since `start`."""
     path = figure_path(args.figure, args.out_dir, figure_name)
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    # The title names model and hardware; the caption what each point is.
+    caption = (f"engine sim; {args.num_requests} requests per point; rates "
+               f"{', '.join(f'{r:g}' for r in args.rates)} req/s; one seed")
     if plot_sweep(clipped(curves, max_y), path, x_field=x_field, y_field=y_field,
-                  title=title):
+                  title=title, caption=caption):
         print(f"figure: {path}")
     print(f"tables: {', '.join(f'{args.out_dir}/{name}.txt' for name in tables)} "
           f"({time.perf_counter() - start:.0f} s)")
