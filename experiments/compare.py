@@ -8,7 +8,23 @@ key columns) and, with matplotlib installed, a figure (comparison.png). Every
 policy, knob and the router are checked before the first run. The table says
 what the comparison holds equal and what it does not: each policy's KV
 reservation mode (`kv_reservation`) and whether host time was counted on the
-clock (`count_host_time`).
+clock (`count_host_time`), its effective `token_budget` and `batch_cap` (its own
+knob or the scheduler's limit, whichever is lower) and whether prefix caching
+was active (`prefix_caching`) (`orca_jax.runner.settings`; each run's config.json
+has them under `settings`). Lines above the table (and fields of every
+comparison.json row: `identical_compiled_steps`, `unequal_settings`,
+`arrival_bound`) say:
+
+* `identical compiled steps: yes/no` on the jax engine: the same compiled
+  programs (`compiled_fingerprints.*` of every summary) and every policy's token
+  budget reaching the same buckets; `n/a` on the simulator, which compiles
+  nothing (`orca_jax.results.comparison`);
+* a warning when a setting that changes results (token budget, batch cap, prefix
+  caching) differs between policies; `--allow_unequal=token_budget,...` says the
+  difference is intended and turns the warning into a note;
+* which runs were arrival-bound: engine busy (`engine_busy_fraction`: step
+  seconds over the run's duration) below 50%, so their throughput is the offered
+  load's, not the policy's capacity (`arrival_bound` in the table).
 
 A wall-clock comparison (`--engine=jax --clock=wall`) measures a machine that
 drifts (clocks, heat, neighbours' jobs), so `--repeats=N` runs every policy N
@@ -24,17 +40,19 @@ from __future__ import annotations
 
 import os
 import statistics
+import textwrap
 from typing import Any, Sequence
 
-from absl import flags
+from absl import app, flags
 
 from experiments import flags as run_flags
 from experiments import policy_flags
 from experiments.policy_flags import LabeledPolicy, resolve_policies
 from experiments.process_exit import without_final_collection
-from experiments.terminal_table import fit_table
+from experiments.terminal_table import WIDTH, fit_table
 from orca_jax.core.json_files import to_json_value, write_json_atomic, write_text_atomic
 from orca_jax.core.loop.config import SchedulerConfig
+from orca_jax.results import comparison
 from orca_jax.results.folder_lock import run_lock
 from orca_jax.results.metrics import format_table
 from orca_jax.results.plots import add_caption, pyplot
@@ -49,6 +67,7 @@ from orca_jax.runner.build import (
 )
 from orca_jax.runner.experiment import run_policy
 from orca_jax.runner.figure_caption import figure_caption
+from orca_jax.runner.settings import RESULT_SETTINGS, SETTINGS, effective_settings
 from orca_jax.runner.spec import JaxEngineSpec, RunSpec
 
 flags.adopt_module_key_flags(run_flags)
@@ -57,10 +76,15 @@ flags.DEFINE_integer("repeats", 1, "Runs of each policy on the same engine, in a
                      "(A B, B A, A B, ...); with N > 1 the table gives each metric's median and "
                      "min-max over them, and each run is kept in POLICY/repeat_K. For wall-clock "
                      "comparisons (--engine=jax --clock=wall).", lower_bound=1)
+flags.DEFINE_list("allow_unequal", [], "Settings that may differ between the compared "
+                  f"policies without a warning (any of {','.join(RESULT_SETTINGS)}): e.g. "
+                  "token_budget to compare sarathi's 512-token chunks with vllm's 2048 on "
+                  "purpose. The table still shows each policy's value.")
 
-# The comparison's fairness columns come right after the policy's name.
-FAIRNESS_COLUMNS = ("kv_reservation", "count_host_time")
-PLOT_METRICS = (("throughput_tok_s", "output tokens/s"), ("latency_p50_s", "latency p50 (s)"),
+# The comparison's fairness columns come right after the policy's name: each policy's
+# effective settings, then whether its run was arrival-bound.
+FAIRNESS_COLUMNS = (*SETTINGS, "engine_busy_fraction", "arrival_bound")
+PLOT_METRICS = (("output_tok_s", "output tokens/s"), ("latency_p50_s", "latency p50 (s)"),
                 ("normalized_latency_mean_s", "normalized latency (s/token)"),
                 ("ttft_p99_s", "TTFT p99 (s)"))
 # A bar of the figure only when an SLO is set (the summaries then have it).
@@ -169,6 +193,20 @@ def _plot(rows: list[dict], path: str, caption: str) -> Any:
     return fig
 
 
+def said_equal(rows: Sequence[dict[str, Any]], settings: dict[str, dict[str, Any]],
+               allowed: Sequence[str]) -> tuple[str, list[str]]:
+    """What the comparison held equal: the compiled-steps verdict (`yes`, `no`, `n/a`) and
+    the lines printed above the table (that verdict, a warning on unequal settings, the
+    arrival-bound runs)."""
+    verdict, line = comparison.compiled_steps(
+        rows, {label: values["token_budget"] for label, values in settings.items()})
+    lines = [line, *comparison.settings_lines(
+        comparison.unequal_settings(settings, RESULT_SETTINGS), allowed)]
+    bound = comparison.arrival_bound_line(
+        {row["policy"]: row.get("engine_busy_fraction") for row in rows})
+    return verdict, lines + ([bound] if bound else [])
+
+
 @run_flags.clean_errors()
 def main(argv: list[str]) -> None:
     del argv
@@ -182,15 +220,20 @@ def main(argv: list[str]) -> None:
     # each one's KV reservation mode (a class attribute or a knob) is read off it.
     built = check_policies(spec, config, [(entry.spec, entry.options) for entry in entries])
     check_writable_dir(out)  # before anything runs; each policy's folder is staged (run_folder)
-    kv_reservation = {label: policy.kv_reservation for label, policy in zip(labels, built)}
+    settings = {label: effective_settings(policy, config) for label, policy in zip(labels, built)}
+    allowed = list(run_flags.FLAGS.allow_unequal)
+    unknown = [name for name in allowed if name not in RESULT_SETTINGS]
+    if unknown:
+        raise app.UsageError(f"--allow_unequal={','.join(allowed)}: {', '.join(unknown)} is "
+                             f"not one of {', '.join(RESULT_SETTINGS)}")
     # One writer at a time into the folder; it is created by the first policy's run, once
     # the workload (a trace that does not load) and the engine have passed their checks.
     with run_lock(out, kind="compare"):
-        _compare(spec, entries, config, kv_reservation)
+        _compare(spec, entries, config, settings, allowed)
 
 
-def _compare(spec: RunSpec, entries: Sequence[LabeledPolicy],
-             config: SchedulerConfig, kv_reservation: dict[str, str]) -> None:
+def _compare(spec: RunSpec, entries: Sequence[LabeledPolicy], config: SchedulerConfig,
+             settings: dict[str, dict[str, Any]], allowed: Sequence[str]) -> None:
     """`main` once every check has passed and it holds the folder's lock."""
     labels = [entry.label for entry in entries]
     by_label = {entry.label: entry for entry in entries}
@@ -224,12 +267,16 @@ def _compare(spec: RunSpec, entries: Sequence[LabeledPolicy],
                                     requests=requests, engine=engine, label=label,
                                     bucket_fit=bucket_fit)
             summaries[label].append(summary)
-    rows = []
-    for label in labels:
-        row = summaries[label][0] if repeats == 1 else over_repeats(summaries[label])
-        rows.append({**row, "policy": label, "kv_reservation": kv_reservation[label],
-                     "count_host_time": config.features.count_host_time,
-                     "num_buckets": len(token_sizes(spec))})
+    rows = [summaries[label][0] if repeats == 1 else over_repeats(summaries[label])
+            for label in labels]
+    rows = [{**row, "policy": label} for row, label in zip(rows, labels)]
+    verdict, lines = said_equal(rows, settings, allowed)
+    rows = [{**row, **settings[row["policy"]],
+             "arrival_bound": comparison.arrival_bound(row.get("engine_busy_fraction")),
+             "identical_compiled_steps": verdict,
+             "unequal_settings": ",".join(comparison.unequal_settings(settings,
+                                                                      RESULT_SETTINGS)),
+             "num_buckets": len(token_sizes(spec))} for row in rows]
     columns = [run_flags.TABLE_COLUMNS[0], *FAIRNESS_COLUMNS, *run_flags.TABLE_COLUMNS[1:]]
     table = format_table(table_rows(rows), columns)
     shown = fit_table(table_rows(rows))
@@ -237,7 +284,10 @@ def _compare(spec: RunSpec, entries: Sequence[LabeledPolicy],
         note = (f"{repeats} repeats per policy, in alternating order; each metric: median "
                 f"(min–max), or one value where every repeat agrees\n")
         table, shown = note + table, note + shown
-    print(shown)
+    table = "".join(line + "\n" for line in lines) + table
+    # The terminal keeps 120 columns: each line wrapped, its continuation indented.
+    print("".join(textwrap.fill(line, WIDTH, subsequent_indent="  ", break_on_hyphens=False)
+                  + "\n" for line in lines) + shown)
     write_text_atomic(os.path.join(out, "comparison.txt"), table + "\n")
     print(f"every column: {os.path.join(out, 'comparison.txt')}")
     write_json_atomic(os.path.join(out, "comparison.json"),

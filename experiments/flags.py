@@ -107,7 +107,7 @@ LOWER_BOUNDS: dict[str, float] = {
     "step_time_ms": 0.0, "max_num_seqs": 1, "max_num_tokens": 1, "num_kv_pages": 1,
     "page_size": 1, "max_model_len": 2, "no_progress_steps": 1, "num_replicas": 1,
     "num_prefill_replicas": 0, "num_decode_replicas": 0, "kv_link_max_concurrent": 1,
-    "seed": 0}
+    "seed": 0, "trace_block_size": 1}
 # Where a field's `registry` names its values.
 REGISTRIES = {"router": lambda: sorted(registered_routers())}
 
@@ -218,7 +218,7 @@ for _flag, _fields in FIELD_FLAGS.items():
     define_field_flag(_flag, _fields)
 
 TABLE_COLUMNS = ("policy", "num_finished", "num_rejected", "num_steps", "duration_s",
-                 "throughput_req_s", "throughput_tok_s", "ttft_p50_s", "ttft_p99_s",
+                 "throughput_req_s", "output_tok_s", "total_tok_s", "ttft_p50_s", "ttft_p99_s",
                  "tpot_p50_s", "tpot_p99_s", "latency_p50_s", "latency_p99_s",
                  "normalized_latency_mean_s", "num_preemptions", "padding_fraction",
                  "num_buckets",  # the compiled step shapes (of the ladder) beside the padding
@@ -336,6 +336,8 @@ def spec_from_flags() -> RunSpec:
         workload = {k: v for k, v in workload.items() if k not in PREFIX_FIELDS}
     if FLAGS.workload == "trace":
         workload["num_requests"] = FLAGS.num_requests  # unset: the whole trace
+        # Unset: the trace's own output lengths, and an error where it has none.
+        workload["output_len"] = FLAGS.output_len
     limits = _field_values(LimitsSpec)
     try:  # before a ladder is listed out up to the budget
         check_step_tokens(limits["max_num_tokens"])

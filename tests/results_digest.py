@@ -4,10 +4,16 @@ import hashlib
 import json
 from pathlib import Path
 
+# Summary fields added after the digests were taken, each a function of fields the digest
+# covers (issue 26): `output_tok_s` is `throughput_tok_s` renamed, `total_tok_s` adds the
+# requests' prompt lengths over `duration_s`, `engine_busy_fraction` is `engine_s_total`
+# over `duration_s`. Left out, so adding them moves no digest and every bit stays checked.
+DERIVED_SUMMARY_FIELDS = ("output_tok_s", "total_tok_s", "engine_busy_fraction")
+
 
 def results_digest(out: Path) -> str:
     """16 hex digits over every requests.jsonl row, every steps.jsonl row but its measured
-    `host_s`, and summary.json but its host-time fields."""
+    `host_s`, and summary.json but its host-time fields (and `DERIVED_SUMMARY_FIELDS`)."""
     h = hashlib.sha256()
     for line in (out / "requests.jsonl").read_text().splitlines():
         h.update(json.dumps(json.loads(line), sort_keys=True).encode())
@@ -15,6 +21,7 @@ def results_digest(out: Path) -> str:
         row = {k: v for k, v in json.loads(line).items() if k != "host_s"}
         h.update(json.dumps(row, sort_keys=True).encode())
     summary = json.loads((out / "summary.json").read_text())
-    h.update(json.dumps({k: v for k, v in summary.items() if "host" not in k},
+    h.update(json.dumps({k: v for k, v in summary.items()
+                         if "host" not in k and k not in DERIVED_SUMMARY_FIELDS},
                         sort_keys=True).encode())
     return h.hexdigest()[:16]

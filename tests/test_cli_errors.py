@@ -105,6 +105,14 @@ def _cases(files: Path) -> list[Case]:
              r"column"),
         Case("trace_prompt_1e20", (*SIM, "--workload=trace", f"--trace={files}/huge.jsonl"), 2,
              r"huge\.jsonl:2: field 'prompt_len': .*at most 2147483647, got 1e\+20"),
+        Case("trace_without_output_lengths",
+             (*SIM, "--workload=trace", f"--trace={files}/prompts.csv"), 2,
+             r"prompts\.csv: field 'output_len': in no record .*give the output lengths with "
+             r"--output_len"),
+        Case("trace_blocks_of_16_read_as_512",
+             (*SIM, "--workload=trace", f"--trace={files}/blocks16.jsonl"), 2,
+             r"blocks16\.jsonl:1: field 'input_length': .*\(2 blocks of 512 in 'hash_ids'; "
+             r".*--trace_block_size\), got 32"),
         Case("checkpoint_truncated", (*JAX, f"--checkpoint={files}/truncated"), 2,
              r"truncated/model\.safetensors: not a readable safetensors file"),
         Case("checkpoint_random_bytes", (*JAX, f"--checkpoint={files}/random"), 2,
@@ -136,6 +144,9 @@ def _write_inputs(files: Path) -> None:
     (files / "latin1.csv").write_bytes(b"arrival_s,prompt_len,output_len\n0,10,5\n"
                                        b"0.1,10,5,caf\xe9\n")
     (files / "extra.csv").write_text("arrival_s,prompt_len,output_len\n0,5,3\n0.1,6,5,99\n")
+    (files / "prompts.csv").write_text("prompt_len\n5\n7\n")
+    (files / "blocks16.jsonl").write_text('{"input_length": 32, "output_length": 2, '
+                                          '"hash_ids": [1, 2]}\n')
     (files / "huge.jsonl").write_text('{"arrival_s": 0, "prompt_len": 10, "output_len": 2}\n'
                                       '{"arrival_s": 1, "prompt_len": 1e20, "output_len": 2}\n')
     for name in ("truncated", "random", "misshaped", "bad_config", "empty"):

@@ -125,8 +125,10 @@ def test_compare_says_each_policys_kv_reservation_and_whether_host_time_was_coun
     assert {name: row["kv_reservation"] for name, row in rows.items()} == {
         "static": "max", "orca": "pow2", "vllm": "none"}
     assert all(row["count_host_time"] is True for row in rows.values())
-    header = (out / "comparison.txt").read_text().splitlines()[0].split()
-    assert header[:3] == ["policy", "kv_reservation", "count_host_time"]
+    header = next(line for line in (out / "comparison.txt").read_text().splitlines()
+                  if line.startswith("policy ")).split()
+    assert header[:6] == ["policy", "token_budget", "batch_cap", "kv_reservation",
+                          "prefix_caching", "count_host_time"]
     config = json.loads((out / "vllm" / "config.json").read_text())
     assert config["run"]["limits"]["count_host_time"] is True
     assert config["scheduler"]["features"]["count_host_time"] is True

@@ -24,8 +24,11 @@ def _run(module: str, *args: str) -> str:
 
 
 def _table(path: Path) -> list[dict[str, str]]:
-    """comparison.txt / sweep.txt as rows of {column: cell} (no cell holds a space)."""
-    header, _, *rows = path.read_text().splitlines()
+    """comparison.txt / sweep.txt as rows of {column: cell} (no cell holds a space); the
+    lines above the header (what the comparison held equal) are skipped."""
+    lines = path.read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("policy "))
+    header, _, *rows = lines[start:]
     return [dict(zip(header.split(), row.split())) for row in rows]
 
 

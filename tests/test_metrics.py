@@ -69,7 +69,13 @@ def test_run_summary_hand_computed():
         5, 3, 1, 1)
     assert s["duration_s"] == 4.0  # first arrival 0.0 to last finish 4.0
     assert s["throughput_req_s"] == 0.75
-    assert s["throughput_tok_s"] == 2.0  # 3 + 1 + 4 output tokens of the finished requests
+    assert s["output_tok_s"] == 2.0  # 3 + 1 + 4 output tokens of the finished requests
+    assert s["throughput_tok_s"] == s["output_tok_s"]  # its old name, kept one release
+    assert s["total_tok_s"] is None  # no prompt lengths given
+    prompts = np.array([10, 20, 30, 40, 50])
+    with_prompts = metrics.run_summary(**five_request_run(), prompt_len=prompts)
+    # (10 + 20 + 30 prompt + 8 output tokens of the finished requests) / 4 s
+    assert with_prompts["total_tok_s"] == 68 / 4.0
     assert s["latency_p50_s"] == pytest.approx(2.0)
     assert s["latency_p90_s"] == pytest.approx(2.8)
     assert s["latency_p99_s"] == pytest.approx(2.98)

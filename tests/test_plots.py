@@ -149,9 +149,9 @@ def test_the_comparison_figure_carries_a_title_and_the_caption(tmp_path):
     pytest.importorskip("matplotlib")
     from experiments import compare
 
-    rows = [{"policy": name, "throughput_tok_s": 10.0, "latency_p50_s": 1.0,
+    rows = [{"policy": name, "output_tok_s": 10.0, "latency_p50_s": 1.0,
              "normalized_latency_mean_s": 0.1, "ttft_p99_s": 0.2, "num_repeats": 3,
-             "spread": {"throughput_tok_s": {"min": 9.0, "max": 11.0}}}
+             "spread": {"output_tok_s": {"min": 9.0, "max": 11.0}}}
             for name in ("vllm", "orca")]
     fig = compare._plot(rows, str(tmp_path / "comparison.png"), "poisson; engine sim")
     assert fig.get_suptitle() == "compare: vllm, orca (median of 3 repeats; whiskers min–max)"

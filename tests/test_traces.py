@@ -74,7 +74,6 @@ def test_time_scale_and_max_requests(tmp_path):
 
 
 @pytest.mark.parametrize("name, text, line, field", [
-    ("t.csv", "arrival_s,prompt_len\n0,5\n", 1, "output_len"),
     ("t.csv", "arrival_s,prompt_len,output_len\n0,5,3\n1,5,abc\n", 3, "output_len"),
     ("t.csv", "arrival_s,prompt_len,output_len\n0,5,3\n1,-2,3\n", 3, "prompt_len"),
     ("t.csv", "arrival_s,num_prefill_tokens,num_decode_tokens\n0,5,0\n", 2, "num_decode_tokens"),
@@ -91,8 +90,10 @@ def test_time_scale_and_max_requests(tmp_path):
     ("t.jsonl", '{"arrival_s": 0, "prompt_len": 3, "output_len": 1}\n{"arrival_s": 1,\n', 2,
      None),
     ("t.jsonl", '{"arrival_s": 0, "prompt_len": 3, "output_len": 1}\n[1, 2]\n', 2, None),
-    ("t.jsonl", '{"arrival_s": 0, "prompt_len": 3}\n', 1, "output_len"),
-    ("t.jsonl", '\n{"prompt_len": 3, "output_len": 1}\n', 2, "arrival_s"),
+    # Arrival times in some records only: neither a replay nor an offline batch.
+    ("t.jsonl", '{"arrival_s": 0, "prompt_len": 3, "output_len": 1}\n\n'
+     '{"prompt_len": 3, "output_len": 1}\n', 3, "arrival_s"),
+    ("t.csv", "arrival_s,prompt_len,output_len\n0,5,3\n,5,3\n", 3, "arrival_s"),
     ("t.jsonl", '{"arrival_s": 0, "prompt_len": 3, "output_len": true}\n', 1, "output_len"),
     ("t.jsonl", '{"arrival_s": 0, "prompt_len": 2, "prompt_tokens": [1, 2, 3], '
      '"output_len": 1}\n', 1, "prompt_tokens"),
@@ -186,11 +187,13 @@ def test_azure_code_trace_row_count_and_means():
     assert np.mean([r.output_len for r in rs]) == pytest.approx(28, abs=0.5)
 
 
-def test_lengths_only_file_suggests_empirical():
+def test_lengths_only_file_loads_as_an_offline_batch_in_file_order():
     path = _shared_trace("arxiv_summarization_lengths.csv")
-    with pytest.raises(TraceError, match=r"arxiv_summarization_lengths.csv:1: field "
-                                         r"'arrival_s'.*empirical:"):
-        load_trace(path)
+    rows = path.read_text().splitlines()[1:4]
+    rs = load_trace(path)
+    assert len(rs) == 28_257 and {r.arrival_s for r in rs} == {0.0}
+    assert [(r.id, r.prompt_len, r.output_len) for r in rs[:3]] == [
+        (i, int(row.split(",")[0]), int(row.split(",")[1])) for i, row in enumerate(rows)]
 
 
 def test_run_spec_replays_a_trace_at_a_scaled_rate(tmp_path):

@@ -208,15 +208,19 @@ def run_summary(arrival_s: ArrayLike, first_scheduled_s: ArrayLike, first_token_
                 finish_s: ArrayLike, output_len: ArrayLike, token_req: ArrayLike,
                 token_time_s: ArrayLike, *, rejected: Optional[ArrayLike] = None,
                 tenants: Optional[Sequence[Any]] = None, ttft_slo_s: Optional[float] = None,
-                tpot_slo_s: Optional[float] = None) -> dict[str, Any]:
+                tpot_slo_s: Optional[float] = None,
+                prompt_len: Optional[ArrayLike] = None) -> dict[str, Any]:
     """One run's summary, JSON-ready (plain floats and ints; None where undefined).
 
     The run's duration is the span from the first arrival (of any request) to
-    the last finish; throughput is finished requests, and their output tokens,
-    per second of it. Percentiles (linear interpolation) and means are over
-    finished requests; TPOT skips one-token outputs. `itl_p99_s` is the p99 of
-    every inter-token gap of finished requests, `max_itl_p99_s` the p99 of each
-    finished request's largest gap.
+    the last finish; throughput is finished requests (`throughput_req_s`), their
+    output tokens (`output_tok_s`) and their prompt and output tokens together
+    (`total_tok_s`, with `prompt_len`; None without it) per second of it.
+    `throughput_tok_s` is `output_tok_s` under its old name, kept for one release.
+    Percentiles (linear interpolation) and means are over finished requests; TPOT
+    skips one-token outputs. `itl_p99_s` is the p99 of every inter-token gap of
+    finished requests, `max_itl_p99_s` the p99 of each finished request's largest
+    gap.
 
     Goodput (when an SLO is given): finished requests whose TTFT <= `ttft_slo_s`
     and TPOT <= `tpot_slo_s` (each if given; a one-token output meets any TPOT
@@ -236,6 +240,7 @@ def run_summary(arrival_s: ArrayLike, first_scheduled_s: ArrayLike, first_token_
       tenants: `[N]` tenant of each request (any hashable; written as str).
       ttft_slo_s: TTFT SLO in seconds, or None.
       tpot_slo_s: TPOT SLO in seconds, or None.
+      prompt_len: `[N]` prompt tokens of each request, for `total_tok_s`.
     """
     per_request = request_metrics(arrival_s, first_scheduled_s, first_token_s, finish_s,
                                   output_len, token_req, token_time_s)
@@ -265,6 +270,10 @@ def run_summary(arrival_s: ArrayLike, first_scheduled_s: ArrayLike, first_token_
         "num_unfinished": int(n - num_finished - int((rejected_mask & ~finished).sum())),
         "duration_s": _float_or_none(duration),
         "throughput_req_s": rate(num_finished),
+        "output_tok_s": rate(float(out_len[finished].sum())),
+        "total_tok_s": (None if prompt_len is None else rate(float(
+            out_len[finished].sum() + np.asarray(prompt_len, np.float64)[finished].sum()))),
+        # The old name of `output_tok_s` (deprecated: one release, then gone).
         "throughput_tok_s": rate(float(out_len[finished].sum())),
         **_percentiles("ttft", done["ttft_s"]),
         **_percentiles("tpot", done["tpot_s"]),

@@ -33,6 +33,8 @@ METRIC_LABELS = {
     "tpot_p99_s": "TPOT p99 (s)",
     "throughput_req_s": "throughput (requests/s)",
     "throughput_tok_s": "throughput (output tokens/s)",
+    "output_tok_s": "throughput (output tokens/s)",
+    "total_tok_s": "throughput (prompt + output tokens/s)",
     "normalized_latency_p50_s": "median normalized latency (s/token)",
     "itl_p99_s": "p99 time between tokens (s)",
     "offered_rate_req_s": "offered load (requests/s)",

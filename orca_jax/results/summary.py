@@ -43,7 +43,9 @@ def summarize_run(result: RunResult, *, ttft_slo_s: Optional[float] = None,
     `num_replicas`, `router` and `load_imbalance`; a run with prefix caching
     active also gets `prefix_hit_rate` (prompt tokens taken from the cache over
     the prompt tokens of admitted requests) and `num_evictions` (cached pages
-    evicted); a run of several tenants, `num_tenants` and the fairness indices.
+    evicted); `engine_busy_fraction` is `engine_s_total` over `duration_s` (and over
+    the replicas; `busy_fraction`); a run of several tenants, `num_tenants` and the
+    fairness indices.
     With an SLO, `goodput_req_s_per_gpu` is the goodput over `num_gpus` (default:
     one per replica). A disaggregated run also gets `num_prefill_replicas` and its
     transfers' figures (`num_transfers`, `transfer_bytes_total`, `transfer_s_mean`,
@@ -66,7 +68,7 @@ def summarize_run(result: RunResult, *, ttft_slo_s: Optional[float] = None,
         result.arrival_s, result.first_scheduled_s, result.first_token_s, result.finish_s,
         result.output_len, result.token_req, result.token_time_s,
         rejected=result.state == RequestState.REJECTED, tenants=tenants,
-        ttft_slo_s=ttft_slo_s, tpot_slo_s=tpot_slo_s))
+        ttft_slo_s=ttft_slo_s, tpot_slo_s=tpot_slo_s, prompt_len=result.prompt_len))
     tables: dict[str, list[dict[str, Any]]] = {}
     per_tenant = summary.pop("tenants", None)
     if per_tenant is not None:
@@ -86,6 +88,8 @@ def summarize_run(result: RunResult, *, ttft_slo_s: Optional[float] = None,
         "host_us_per_step_median": float(np.median(host) * 1e6),
         "engine_s_total": float(sum(s.step_s for s in steps)),
     })
+    summary["engine_busy_fraction"] = busy_fraction(
+        summary["engine_s_total"], summary.get("duration_s"), result.num_replicas)
     if summary.get("goodput_req_s") is not None:
         gpus = num_gpus if num_gpus is not None else result.num_replicas
         summary["num_gpus"] = gpus
@@ -100,6 +104,16 @@ def summarize_run(result: RunResult, *, ttft_slo_s: Optional[float] = None,
         tables["replicas"] = replica_rows(result)
     return ({k: to_json_value(v) for k, v in summary.items()},
             {name: to_json_value(rows) for name, rows in tables.items()})
+
+
+def busy_fraction(engine_s_total: float, duration_s: Optional[float],
+                  num_replicas: int = 1) -> Optional[float]:
+    """The share of the run's duration its engines spent in steps (over replicas: their
+    mean), or None without a duration. Well below 1, the run waited for arrivals
+    (arrival-bound): its throughput is the offered load's, not the policy's capacity."""
+    if not duration_s:
+        return None
+    return engine_s_total / (duration_s * max(num_replicas, 1))
 
 
 def flatten(fields: Mapping[str, Any]) -> dict[str, Any]:

@@ -12,7 +12,10 @@ import dataclasses
 import hashlib
 import json
 import os
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+import numpy as np
+from numpy.typing import NDArray
 
 from orca_jax.cluster.replicas import Cluster
 from orca_jax.cluster.routing import Router, make_router, resolve_router_class
@@ -33,7 +36,11 @@ from orca_jax.specs.hardware import get_hardware
 from orca_jax.specs.memory import num_kv_pages_for_memory
 from orca_jax.specs.model_config import ModelConfig, get_model_config
 from orca_jax.workloads.prefix_workloads import conversation_workload, shared_prefix_workload
-from orca_jax.workloads.synthetic import synthetic_workload, with_prompt_tokens
+from orca_jax.workloads.synthetic import (
+    parse_length_spec,
+    synthetic_workload,
+    with_prompt_tokens,
+)
 from orca_jax.workloads.traces import load_trace
 
 
@@ -59,7 +66,9 @@ def build_workload(spec: RunSpec) -> list[Request]:
     real = spec.engine.kind == "jax"
     if workload.arrival == "trace":
         requests = load_trace(workload.trace, time_scale=workload.trace_time_scale,
-                              max_requests=workload.num_requests, vocab_size=vocab)
+                              max_requests=workload.num_requests, vocab_size=vocab,
+                              block_size=workload.trace_block_size,
+                              output_lens=_trace_output_lens(spec))
         return (with_prompt_tokens(requests, vocab, spec.seed, context=max_model_len(spec))
                 if real else requests)
     if workload.arrival == "shared_prefix":
@@ -82,6 +91,20 @@ def build_workload(spec: RunSpec) -> list[Request]:
         vocab_size=vocab if real else None, context=max_model_len(spec) if real else None)
 
 
+def _trace_output_lens(spec: RunSpec) -> Optional[Callable[[int], NDArray[np.int64]]]:
+    """Draws the output lengths of a trace that has none from `workload.output_len` (None
+    where that is unset), from the seed's stream a synthetic workload draws its own from."""
+    output_len = spec.workload.output_len
+    if output_len is None:
+        return None
+
+    def draw(n: int) -> NDArray[np.int64]:  # -> [n]
+        stream = np.random.SeedSequence(int(spec.seed)).spawn(4)[2]
+        return parse_length_spec(output_len, default_column="output_len").sample(
+            np.random.default_rng(stream), n)
+    return draw
+
+
 def workload_line(spec: RunSpec, requests: Sequence[Request]) -> str:
     """What the run took, for the terminal: `workload: 8819 requests from trace FILE`."""
     workload = spec.workload
@@ -89,7 +112,9 @@ def workload_line(spec: RunSpec, requests: Sequence[Request]) -> str:
         return f"workload: {len(requests)} requests ({workload.arrival})"
     cut = ("" if workload.num_requests is None else
            f" (its first {workload.num_requests} at most: --num_requests)")
-    return f"workload: {len(requests)} requests from trace {workload.trace}{cut}"
+    batch = (", an offline batch: every request submitted at time 0"
+             if requests and all(r.arrival_s == 0 for r in requests) else "")
+    return f"workload: {len(requests)} requests from trace {workload.trace}{cut}{batch}"
 
 
 def max_model_len(spec: RunSpec) -> int:

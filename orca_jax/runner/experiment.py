@@ -38,6 +38,7 @@ from orca_jax.runner.build import (
 from orca_jax.runner.disaggregated import num_gpus, run_disaggregated
 from orca_jax.runner.live_results import StreamResults
 from orca_jax.runner.progress import Progress
+from orca_jax.runner.settings import effective_settings
 from orca_jax.runner.spec import RunSpec
 
 
@@ -275,12 +276,15 @@ def _resolved_config(spec: RunSpec, policy_spec: str, policy: Policy, config: Sc
                      engine: Engine, label: str, router: Optional[Router] = None,
                      bucket_fit: Optional[BucketFit] = None) -> dict[str, Any]:
     """config.json: the run, the policy's (and a cluster's router's) knobs, the
-    scheduler's limits, the engine, and how a `fit:K` ladder was fitted."""
+    scheduler's limits, the policy's effective settings (`runner.settings`), the
+    engine, and how a `fit:K` ladder was fitted."""
     resolved = {
         "run": dataclasses.asdict(spec),
         "policy": {"spec": policy_spec, "name": policy.name, "label": label,
                    **_knobs(policy)},
         "scheduler": dataclasses.asdict(config),
+        # What the policy's steps ran under: its knobs capped by the scheduler's limits.
+        "settings": effective_settings(policy, config),
         "engine": engine.name,
     }
     if router is not None:

@@ -132,7 +132,14 @@ class WorkloadSpec:
                          "prefixes: shared_prefix (a few system prompts, Zipf popularity, and "
                          "private suffixes) or conversation (multi-turn chats whose turns hold "
                          "the conversation so far).", choices=WORKLOADS)
-    trace: Optional[str] = _knob(None, "Trace file (JSONL or CSV) of arrival 'trace'.")
+    trace: Optional[str] = _knob(None, "Trace file (JSONL or CSV) of arrival 'trace'; its "
+                                 "columns/fields (ours, Vidur's, Mooncake's), units and what "
+                                 "may be left out: docs/traces.md. Without arrival times it is "
+                                 "an offline batch (all at time 0, in file order).")
+    trace_block_size: Optional[int] = _knob(None, "Tokens per block of a trace's hash_ids "
+                                            "where the file gives no block_size (None: "
+                                            "Mooncake's 512); each block maps onto whole KV "
+                                            "pages of the run's page_size (docs/traces.md).")
     trace_time_scale: float = _knob(1.0, "Multiplies the trace's arrival times (and "
                                     "deadlines): 0.5 replays it at twice its request rate.")
     num_requests: Optional[int] = _knob(200, "Requests in the workload (the first N of a "
@@ -144,7 +151,10 @@ class WorkloadSpec:
     prompt_len: str = _knob("uniform:32:512", "Prompt length distribution: fixed:N, "
                             "uniform:LO:HI, lognormal:MEAN:SIGMA, zipf:A:MAX, "
                             "empirical:PATH[:COLUMN].")
-    output_len: str = _knob("uniform:1:128", "Output length distribution (as prompt_len).")
+    output_len: Optional[str] = _knob("uniform:1:128", "Output length distribution (as "
+                                      "prompt_len); of a trace: only for a trace without "
+                                      "output lengths (its own win), drawn per request (None: "
+                                      "such a trace is an error).")
     num_prefixes: int = _knob(8, "shared_prefix: the number of system prompts.")
     prefix_len: str = _knob("fixed:1024", "shared_prefix: each system prompt's length (as "
                             "prompt_len).")
@@ -173,6 +183,11 @@ class WorkloadSpec:
         if self.arrival == "trace" and not self.trace:
             raise ValueError("workload.arrival 'trace' needs a trace file (workload.trace, "
                              "--trace)")
+        if self.output_len is None and self.arrival != "trace":
+            raise ValueError(f"workload.output_len: None is only for a trace (which then "
+                             f"gives its own output lengths); workload {self.arrival!r} needs "
+                             f"a distribution")
+        _check_at_least("workload", "trace_block_size", self.trace_block_size, 1)
         _check_at_least("workload", "num_requests", self.num_requests, 1)
         _check_positive("workload", "rate", self.rate, " (requests per second)")
         _check_positive("workload", "cv", self.cv)

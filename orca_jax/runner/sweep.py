@@ -72,6 +72,11 @@ def run_config(spec: RunSpec) -> dict[str, object]:
     """The sweep's fingerprint of the workload and plumbing: the spec minus rate and seed,
     flat (as sweep.json has always held it)."""
     config = {k: v for k, v in _settings(spec).items() if k not in ("rate", "seed")}
+    if spec.workload.arrival == "trace" and spec.workload.output_len is None:
+        # The trace's own output lengths: nothing to compare. (A trace sweep stored before
+        # the commands left --output_len unset for a trace holds the engine's default here,
+        # which that trace never read; it still resumes.)
+        del config["output_len"]
     if spec.workload.trace:
         with open(spec.workload.trace, "rb") as f:
             config["trace_sha256"] = hashlib.sha256(f.read()).hexdigest()

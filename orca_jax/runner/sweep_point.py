@@ -72,8 +72,9 @@ def workload_at(spec: RunSpec, base: list[Request], rate: float) -> list[Request
         span = (max(r.arrival_s for r in base) - min(r.arrival_s for r in base)
                 if len(base) >= 2 else 0.0)
         if span <= 0:
-            raise SweepError(f"trace {spec.workload.trace}: all arrivals at one time; a rate sweep "
-                             "needs arrivals spread in time")
+            raise SweepError(f"trace {spec.workload.trace}: all arrivals at one time (an "
+                             "offline batch has no rate); a rate sweep needs arrivals spread "
+                             "in time")
         scale = (len(base) - 1) / span / rate
     else:
         scale = 1.0 / rate

@@ -6,6 +6,14 @@ prompt's `block_size`-token blocks as ids, equal ids standing for the same block
 everything before it (the ids are chained hashes). Turning each id into a fixed run of
 token ids, derived from the id alone, gives requests whose prompts share exactly the
 prefixes the trace says they share, so a prefix cache sees the hits the trace saw.
+
+Blocks of any size meet KV pages of any size this way (Mooncake's are 512 tokens, others'
+16; the loader takes the size from the file or the caller): the cache names each full page
+from the derived token ids, chained over its parent, so a `B`-token block spans
+`ceil(B / page_size)` pages (one more where it starts mid-page) and a page is shared
+exactly when every token up to its end is, a page that straddles a shared and a differing
+block is not, and a prompt's last partial page never is (docs/traces.md).
+`cached_prefix_lens` counts the same pages from the ids alone.
 """
 
 from __future__ import annotations

@@ -1,5 +1,8 @@
 """One record of a trace file (a JSON object, or a CSV row as {column: cell}) as the
-keyword arguments of a `Request`; the fields are listed in `traces`.
+keyword arguments of a `Request`; the fields are listed in `traces` and docs/traces.md.
+
+A record may lack its arrival time or its output length: whether the whole file lacks
+it (an offline batch; lengths the caller gives) is `traces`' to judge.
 
 Every error is a `TraceError` saying `file:line: field 'name': ...`.
 """
@@ -22,6 +25,7 @@ FIELD_ALIASES: dict[str, tuple[str, ...]] = {
     "output_len": ("output_len", "num_decode_tokens", "output_length"),
     "prompt_tokens": ("prompt_tokens",),
     "hash_ids": ("hash_ids",),
+    "block_size": ("block_size",),
     "planned_output_tokens": ("planned_output_tokens",),
     "priority": ("priority",),
     "tenant": ("tenant",),
@@ -131,11 +135,29 @@ def missing_field(where: str, canonical: str) -> TraceError:
     return TraceError(f"{where}: field '{canonical}': missing (expected a column/key {names})")
 
 
-def parse_record(record: dict, where: str) -> tuple[Optional[int], dict[str, object]]:
+# Where a length does not fit Mooncake's 512-token blocks: the file's may be another size.
+_SIZE_HINT = "; blocks of another size: a 'block_size' field or --trace_block_size"
+
+
+def parse_block_size(where: str, name: str, raw: object) -> int:
+    """Tokens per block of `hash_ids` (a record's `block_size`, or the caller's)."""
+    return parse_int(where, name, raw, 1, MAX_LENGTH)
+
+
+def parse_record(record: dict, where: str, block_size: Optional[int] = None
+                 ) -> tuple[Optional[int], dict[str, object]]:
     """Parses one record into (explicit id or None, Request keyword arguments without id).
 
-    A record's `hash_ids` stay a list of ints under "hash_ids": `load_trace` turns them
-    into token ids for the requests it keeps.
+    A record's `hash_ids` stay a list of ints under "hash_ids", with the tokens per block
+    under "block_size": `load_trace` turns them into token ids for the requests it keeps.
+    A record without an arrival time or an output length has no "arrival_s" or
+    "output_len" key (the file decides: `traces`).
+
+    Args:
+      record: the record's fields ({column: cell} of a CSV row).
+      where: `file:line`, for errors.
+      block_size: tokens per block of `hash_ids` where the record gives no `block_size`
+        (None: Mooncake's `HASH_BLOCK_SIZE`); a record that gives another is an error.
     """
 
     def lookup(canonical: str) -> Optional[tuple[str, object]]:
@@ -151,14 +173,14 @@ def parse_record(record: dict, where: str) -> tuple[Optional[int], dict[str, obj
         kwargs["arrival_s"] = _parse_float(where, found[0], found[1], 0.0)
     elif (found := lookup("arrival_ms")) is not None:
         kwargs["arrival_s"] = _parse_float(where, found[0], found[1], 0.0) / 1000
-    else:
-        raise missing_field(where, "arrival_s")
 
     tokens = None
     found = lookup("prompt_tokens")
     if found is not None:
         tokens = _parse_tokens(where, found[0], found[1])
     blocks = None
+    stated = None
+    size = HASH_BLOCK_SIZE if block_size is None else block_size
     found = lookup("hash_ids")
     if found is not None:
         if tokens is not None:
@@ -166,6 +188,14 @@ def parse_record(record: dict, where: str) -> tuple[Optional[int], dict[str, obj
                              f"'{found[0]}', got both")
         blocks = _parse_ids(where, found[0], found[1], "block ids", _INT64_MAX)
         kwargs["hash_ids"] = blocks
+        stated = lookup("block_size")
+        if stated is not None:
+            size = parse_block_size(where, stated[0], stated[1])
+            if block_size is not None and size != block_size:
+                raise field_error(where, stated[0], f"{block_size} (the caller's block size, "
+                                  f"--trace_block_size; a file that states its own needs none)",
+                                  stated[1])
+        kwargs["block_size"] = size
     found = lookup("prompt_len")
     if found is not None:
         prompt_len = parse_int(where, found[0], found[1], 1, MAX_LENGTH)
@@ -173,15 +203,16 @@ def parse_record(record: dict, where: str) -> tuple[Optional[int], dict[str, obj
             raise field_error(where, "prompt_tokens", f"{prompt_len} token ids ('{found[0]}')",
                               f"{len(tokens)} token ids")
         if blocks is not None and not (
-                (len(blocks) - 1) * HASH_BLOCK_SIZE < prompt_len <= len(blocks) * HASH_BLOCK_SIZE):
+                (len(blocks) - 1) * size < prompt_len <= len(blocks) * size):
             raise field_error(where, found[0],
-                              f"more than {(len(blocks) - 1) * HASH_BLOCK_SIZE} and at most "
-                              f"{len(blocks) * HASH_BLOCK_SIZE} tokens ({len(blocks)} blocks of "
-                              f"{HASH_BLOCK_SIZE} in 'hash_ids')", prompt_len)
+                              f"more than {(len(blocks) - 1) * size} and at most "
+                              f"{len(blocks) * size} tokens ({len(blocks)} blocks of "
+                              f"{size} in 'hash_ids'{'' if stated or block_size else _SIZE_HINT})",
+                              prompt_len)
     elif tokens is not None:
         prompt_len = len(tokens)
     elif blocks is not None:
-        prompt_len = len(blocks) * HASH_BLOCK_SIZE
+        prompt_len = len(blocks) * size
     else:
         raise TraceError(f"{where}: field 'prompt_len': missing (expected a column/key "
                          f"'prompt_len', 'num_prefill_tokens', 'input_length', 'prompt_tokens' "
@@ -190,12 +221,14 @@ def parse_record(record: dict, where: str) -> tuple[Optional[int], dict[str, obj
     kwargs["prompt_tokens"] = tokens
 
     found = lookup("output_len")
-    if found is None:
-        raise missing_field(where, "output_len")
-    kwargs["output_len"] = output_len = parse_int(where, found[0], found[1], 1, MAX_LENGTH)
+    output_len = None
+    if found is not None:
+        kwargs["output_len"] = output_len = parse_int(where, found[0], found[1], 1, MAX_LENGTH)
     found = lookup("planned_output_tokens")
     if found is not None:
         answer = _parse_tokens(where, found[0], found[1])
+        if output_len is None:  # the planned answer says how long it is
+            kwargs["output_len"] = output_len = len(answer)
         if len(answer) != output_len:
             raise field_error(where, found[0], f"{output_len} token ids (the output length)",
                               f"{len(answer)} token ids")

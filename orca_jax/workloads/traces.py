@@ -9,16 +9,21 @@ Two formats, chosen by the file's extension:
     says which field it is.
 
 Fields (unknown extra fields are ignored, so files with an index column or
-derived columns load as they are):
+derived columns load as they are; docs/traces.md has them with examples):
 
   * `arrival_s` (or Vidur/Splitwise `arrived_at`): seconds, finite, >= 0; or
-    Mooncake's `timestamp`, in milliseconds.
+    Mooncake's `timestamp`, in milliseconds. A file with no arrival times at all
+    is an offline batch: every request arrives at 0, in file order. A file where
+    some records have one and others not is an error.
   * `prompt_len` (or `num_prefill_tokens`, Mooncake's `input_length`) and/or
-    either `prompt_tokens` or Mooncake's `hash_ids` (the prompt's 512-token
-    blocks as ids, `hashed_blocks`); when both are given they must agree. A
-    record with `hash_ids` gets the token ids its blocks stand for, in a
-    vocabulary the caller gives.
+    either `prompt_tokens` or Mooncake's `hash_ids` (the prompt's blocks as ids,
+    `hashed_blocks`); when both are given they must agree. A record with
+    `hash_ids` gets the token ids its blocks stand for, in a vocabulary the
+    caller gives. Blocks are `block_size` tokens (a field, or the caller's
+    `block_size`, else Mooncake's 512), the same in every record of a file.
   * `output_len` (or `num_decode_tokens`, Mooncake's `output_length`): integer >= 1.
+    A file with no output lengths at all takes them from the caller
+    (`output_lens`, the commands' `--output_len`); without that it is an error.
   * optional `priority` (int), `tenant` (str), `deadline_s` (float, absolute
     seconds), `id` (int; ids default to 0..N-1 in arrival order),
     `planned_output_tokens` (the planned answer's ids, `output_len` of them),
@@ -40,7 +45,7 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Optional, Sequence, Union
+from typing import Callable, Optional, Sequence, Union
 
 import numpy as np
 from numpy.typing import NDArray
@@ -119,15 +124,7 @@ def _check_trace_header(path: Path, names: list[str]) -> None:
     def has(canonical: str) -> bool:
         return any(name in names for name in FIELD_ALIASES[canonical])
 
-    if not (has("arrival_s") or has("arrival_ms")):
-        hint = ""
-        if has("prompt_len") and has("output_len"):
-            hint = (f"; this file has lengths only: use it as an empirical length "
-                    f"distribution, e.g. --prompt_len=empirical:{path}")
-        raise TraceError(f"{path}:1: field 'arrival_s': no arrival-time column "
-                         f"(expected 'arrival_s', 'arrived_at' or 'timestamp'){hint}")
-    if not has("output_len"):
-        raise missing_field(f"{path}:1", "output_len")
+    # No arrival column: an offline batch. No output column: lengths from the caller.
     if not (has("prompt_len") or has("prompt_tokens") or has("hash_ids")):
         raise TraceError(f"{path}:1: field 'prompt_len': missing (expected a column "
                          f"'prompt_len', 'num_prefill_tokens', 'input_length', 'prompt_tokens' "
@@ -154,9 +151,25 @@ def _jsonl_objects(path: Path) -> list[tuple[str, dict]]:
     return records
 
 
-def _sorted_records(path: Path, max_requests: Optional[int]
+def _all_or_none(parsed: list[tuple[str, Optional[int], dict[str, object]]], key: str,
+                 canonical: str, none_means: str) -> bool:
+    """Whether every record has `key` (False: none has); a file where only some do is an
+    error on the first record without it."""
+    has = [key in kwargs for _, _, kwargs in parsed]
+    if all(has) or not any(has):
+        return all(has)
+    first_with = next(where for (where, _, _), h in zip(parsed, has) if h)
+    first_without = next(where for (where, _, _), h in zip(parsed, has) if not h)
+    raise TraceError(f"{missing_field(first_without, canonical)}, but {first_with} has one "
+                     f"(give it in every record, or in none: {none_means})")
+
+
+def _sorted_records(path: Path, max_requests: Optional[int], block_size: Optional[int] = None
                     ) -> list[tuple[str, Optional[int], dict[str, object]]]:
     """Reads and checks every record of a trace file.
+
+    A file without arrival times gets 0.0 for each (an offline batch); one without
+    output lengths has no "output_len" in any record (`load_trace` fills them in).
 
     Returns:
       (where, explicit id or None, Request keyword arguments) of the first
@@ -176,7 +189,7 @@ def _sorted_records(path: Path, max_requests: Optional[int]
     parsed = []
     first_line_of_id: dict[int, str] = {}
     for where, record in records:
-        explicit_id, kwargs = parse_record(record, where)
+        explicit_id, kwargs = parse_record(record, where, block_size)
         if explicit_id is not None:
             if explicit_id in first_line_of_id:
                 raise field_error(where, "id",
@@ -188,22 +201,40 @@ def _sorted_records(path: Path, max_requests: Optional[int]
         missing_at = next(where for where, i, _ in parsed if i is None)
         raise TraceError(f"{missing_at}: field 'id': missing, but other records have ids "
                          f"(give every record an id, or none)")
-    # sorted() is stable, so equal arrival times keep file order.
+    if not _all_or_none(parsed, "arrival_s", "arrival_s",
+                        "an offline batch, every request at time 0 in file order"):
+        for _, _, kwargs in parsed:
+            kwargs["arrival_s"] = 0.0
+    _all_or_none(parsed, "output_len", "output_len", "lengths from --output_len")
+    sizes = [(where, kwargs["block_size"]) for where, _, kwargs in parsed if "block_size" in kwargs]
+    other = next(((where, size) for where, size in sizes if size != sizes[0][1]), None)
+    if other is not None:
+        raise field_error(other[0], "block_size", f"{sizes[0][1]} tokens per block, as on "
+                          f"{sizes[0][0]} (one block size per file: the ids of one hash)",
+                          other[1])
+    # sorted() is stable, so equal arrival times (an offline batch's) keep file order.
     parsed.sort(key=lambda entry: entry[2]["arrival_s"])
     return parsed if max_requests is None else parsed[:max_requests]
 
 
 def load_trace(path: PathLike, *, time_scale: float = 1.0, max_requests: Optional[int] = None,
-               vocab_size: Optional[int] = None) -> list[Request]:
+               vocab_size: Optional[int] = None, block_size: Optional[int] = None,
+               output_lens: Optional[Callable[[int], Sequence[int]]] = None) -> list[Request]:
     """Loads a request trace (JSON Lines or CSV) as requests in arrival order.
 
     Args:
       path: a `.jsonl`/`.json` or `.csv` file (see the module docstring for fields).
+        A file without arrival times is an offline batch: every request at 0.
       time_scale: multiplies every arrival time and deadline; 0.5 replays the
         trace at twice its request rate.
       max_requests: keep only the first this many requests in arrival order.
       vocab_size: the vocabulary that records with `hash_ids` take their token
         ids from ([1, vocab_size)); needed only by such records.
+      block_size: tokens per block of `hash_ids` in a file that does not say
+        (None: Mooncake's 512); a file whose `block_size` differs is an error.
+      output_lens: the output lengths of a file that has none: called once with
+        the number of requests kept, it returns that many lengths (each >= 1),
+        given to the requests in arrival order. Unused where the file has them.
 
     Returns:
       The requests sorted by arrival time (ties keep file order). Ids are the
@@ -224,25 +255,45 @@ def load_trace(path: PathLike, *, time_scale: float = 1.0, max_requests: Optiona
                                    or vocab_size < 2):
         raise ValueError(f"load_trace({path}): vocab_size must be an integer >= 2, "
                          f"got {vocab_size!r}")
+    if block_size is not None and (isinstance(block_size, bool) or int(block_size) != block_size
+                                   or block_size < 1):
+        raise ValueError(f"load_trace({path}): block_size must be an integer >= 1, "
+                         f"got {block_size!r}")
+    records = _sorted_records(path, max_requests, block_size)
+    drawn = None
+    if "output_len" not in records[0][2]:  # then no record has one
+        if output_lens is None:
+            raise TraceError(f"{path}: field 'output_len': in no record (no 'output_len', "
+                             f"'num_decode_tokens' or 'output_length'); give the output "
+                             f"lengths with --output_len (e.g. --output_len=fixed:128)")
+        drawn = [int(n) for n in output_lens(len(records))]
+        if len(drawn) != len(records) or min(drawn) < 1:
+            raise ValueError(f"load_trace({path}): output_lens({len(records)}) must return "
+                             f"{len(records)} lengths >= 1, got {len(drawn)} (least "
+                             f"{min(drawn, default=None)})")
     requests = []
-    for rank, (where, explicit_id, kwargs) in enumerate(_sorted_records(path, max_requests)):
+    for rank, (where, explicit_id, kwargs) in enumerate(records):
         kwargs = dict(kwargs)
         kwargs["arrival_s"] = kwargs["arrival_s"] * time_scale
         if "deadline_s" in kwargs:
             kwargs["deadline_s"] = kwargs["deadline_s"] * time_scale
+        if drawn is not None:
+            kwargs["output_len"] = drawn[rank]
         blocks = kwargs.pop("hash_ids", None)
+        size = kwargs.pop("block_size", None)
         if blocks is not None:
             # Only the requests kept get tokens: a long trace's prompts hold ~1e8 of them.
             if vocab_size is None:
                 raise TraceError(f"{where}: field 'hash_ids': block ids need a vocabulary to "
                                  f"become token ids (load_trace(..., vocab_size=...))")
-            kwargs["prompt_tokens"] = block_tokens(blocks, kwargs["prompt_len"], vocab_size)
+            kwargs["prompt_tokens"] = block_tokens(blocks, kwargs["prompt_len"], vocab_size,
+                                                   size)
         requests.append(Request(id=rank if explicit_id is None else explicit_id, **kwargs))
     return requests
 
 
-def prefix_cache_ceiling(path: PathLike, *, page_size: int,
-                         max_requests: Optional[int] = None) -> float:
+def prefix_cache_ceiling(path: PathLike, *, page_size: int, max_requests: Optional[int] = None,
+                         block_size: Optional[int] = None) -> float:
     """The fraction of a `hash_ids` trace's prompt tokens an unbounded prefix cache holds.
 
     Computed from the block ids alone (no token ids are made): each request, in
@@ -254,18 +305,19 @@ def prefix_cache_ceiling(path: PathLike, *, page_size: int,
       path: a trace whose every record has `hash_ids`.
       page_size: tokens per KV page.
       max_requests: only the first this many requests in arrival order.
+      block_size: tokens per block where the file does not say (as `load_trace`).
 
     Returns:
       Cached prompt tokens over all prompt tokens, in [0, 1).
     """
-    records = _sorted_records(Path(path), max_requests)
+    records = _sorted_records(Path(path), max_requests, block_size)
     missing = next((where for where, _, kwargs in records if "hash_ids" not in kwargs), None)
     if missing is not None:
         raise TraceError(f"{missing}: field 'hash_ids': missing (the prefix-cache ceiling "
                          f"needs every request's block ids)")
     prompt_lens = [int(kwargs["prompt_len"]) for _, _, kwargs in records]
     cached = cached_prefix_lens([kwargs["hash_ids"] for _, _, kwargs in records], prompt_lens,
-                                page_size)
+                                page_size, int(records[0][2]["block_size"]))
     return float(cached.sum()) / sum(prompt_lens)
 
 

@@ -1,0 +1,176 @@
+"""compare says what it held equal: identical compiled steps, each policy's effective
+settings, a warning on unequal ones, and which runs were arrival-bound."""
+
+import json
+
+import pytest
+from cli_runner import run_module
+
+from orca_jax.core.api.policy import make_policy
+from orca_jax.core.kv.config import KVConfig
+from orca_jax.core.loop.config import SchedulerConfig
+from orca_jax.core.plans.limits import StepLimits
+from orca_jax.results import comparison
+from orca_jax.runner.settings import effective_settings
+
+SIM = ("--engine=sim", "--num_requests=30", "--step_time_ms=5")
+# The tiny model's settings of the jax engine's other command-line tests (seconds a run).
+JAX = ("--engine=jax", "--num_requests=6", "--prompt_len=uniform:4:20", "--output_len=fixed:5",
+       "--max_num_tokens=32")
+
+
+def _config(max_num_tokens=2048, max_num_seqs=256, caching=True):
+    return SchedulerConfig(limits=StepLimits(max_num_tokens=max_num_tokens,
+                                             max_num_seqs=max_num_seqs),
+                           kv=KVConfig(enable_prefix_caching=caching))
+
+
+def test_each_policy_runs_at_the_lower_of_its_own_knob_and_the_scheduler_limit():
+    config = _config()
+    budgets = {name: effective_settings(make_policy(name), config)["token_budget"]
+               for name in ("sarathi", "vllm", "orca", "static")}
+    assert budgets == {"sarathi": 512, "vllm": 2048, "orca": 2048, "static": 2048}
+    # A knob above the run's limit is capped by it; a knob below it wins.
+    assert effective_settings(make_policy("sarathi"), _config(256))["token_budget"] == 256
+    assert effective_settings(make_policy("vllm", {"max_num_tokens": "16"}),
+                              config)["token_budget"] == 16
+    assert effective_settings(make_policy("static", {"max_num_seqs": "4"}),
+                              config)["batch_cap"] == 4
+    assert effective_settings(make_policy("orca"), _config(max_num_seqs=8))["batch_cap"] == 8
+
+
+def test_prefix_caching_is_on_where_the_run_allows_it_and_the_policy_opts_in():
+    assert effective_settings(make_policy("vllm"), _config())["prefix_caching"] is True
+    assert effective_settings(make_policy("vllm"), _config(caching=False))[
+        "prefix_caching"] is False
+    assert effective_settings(make_policy("sarathi"), _config())["prefix_caching"] is False
+
+
+def _fingerprinted(label, **prints):
+    return {"policy": label, "engine": "jax",
+            **{f"compiled_fingerprints.{size}": fp for size, fp in prints.items()}}
+
+
+def test_identical_compiled_steps_needs_equal_programs_and_budgets_reaching_the_same_buckets():
+    rows = [_fingerprinted(label, **{"16": "a", "32": "b", "64": "c"}) for label in "xyz"]
+    assert comparison.compiled_steps(rows, {"x": 64, "y": 64, "z": 64})[0] == "yes"
+    # A budget between two buckets still reaches the bucket that holds it.
+    assert comparison.compiled_steps(rows, {"x": 64, "y": 64, "z": 40})[0] == "yes"
+    verdict, line = comparison.compiled_steps(rows, {"x": 64, "y": 64, "z": 32})
+    assert verdict == "no" and "z runs buckets of 16-32 tokens (token budget 32)" in line
+    other = [*rows[:2], _fingerprinted("z", **{"16": "a", "32": "B", "64": "c"})]
+    verdict, line = comparison.compiled_steps(other, {"x": 64, "y": 64, "z": 64})
+    assert verdict == "no" and "z differ from x's" in line
+    sim = [{"policy": "x", "engine": "sim"}, {"policy": "y", "engine": "sim"}]
+    assert comparison.compiled_steps(sim, {"x": 64, "y": 32}) == (
+        "n/a", "identical compiled steps: n/a (simulator: nothing is compiled; every "
+        "policy's steps run on the same bucket sizes)")
+
+
+def test_unequal_settings_warn_unless_allowed():
+    settings = {"vllm": {"token_budget": 2048, "batch_cap": 256, "prefix_caching": True},
+                "sarathi": {"token_budget": 512, "batch_cap": 256, "prefix_caching": False}}
+    unequal = comparison.unequal_settings(settings, ("token_budget", "batch_cap",
+                                                     "prefix_caching"))
+    assert list(unequal) == ["token_budget", "prefix_caching"]
+    assert comparison.settings_lines(unequal, ()) == [
+        "warning: settings that change results differ between policies: token_budget "
+        "(vllm=2048, sarathi=512); prefix_caching (vllm=on, sarathi=off); if intended, pass "
+        "--allow_unequal=token_budget,prefix_caching"]
+    warned, noted = comparison.settings_lines(unequal, ("token_budget",))
+    assert warned.startswith("warning:") and "token_budget" not in warned
+    assert noted.startswith("unequal settings, allowed by --allow_unequal: token_budget")
+    assert comparison.settings_lines({}, ()) == []
+
+
+def _lines(out, result):
+    """What compare printed (its lines wrapped at 120 columns, joined again) and the lines
+    above the table of comparison.txt."""
+    text = (out / "comparison.txt").read_text().splitlines()
+    lines = result.stdout.splitlines()
+    assert max(len(line) for line in lines if not line.startswith(("figure", "results",
+                                                                    "every", "workload"))
+               ) <= 120
+    return (" ".join(line.strip() for line in lines),
+            text[:next(i for i, line in enumerate(text) if line.startswith("policy "))])
+
+
+def test_compare_on_the_simulator_warns_of_sarathis_budget_and_vllms_cache(tmp_path):
+    out = tmp_path / "cmp"
+    result = run_module("experiments.compare", "--policies=vllm,sarathi", *SIM, "--rate=200",
+                        f"--out_dir={out}")
+    printed, written = _lines(out, result)
+    warning = next(line for line in written if line.startswith("warning:"))
+    assert "token_budget (vllm=2048, sarathi=512)" in warning
+    assert "prefix_caching (vllm=on, sarathi=off)" in warning
+    assert warning in printed
+    assert "identical compiled steps: n/a (simulator" in written[0]
+    rows = {row["policy"]: row for row in json.loads((out / "comparison.json").read_text())}
+    assert {label: (row["token_budget"], row["batch_cap"], row["prefix_caching"])
+            for label, row in rows.items()} == {"vllm": (2048, 64, True),
+                                                "sarathi": (512, 64, False)}
+    assert {row["identical_compiled_steps"] for row in rows.values()} == {"n/a"}
+    # Each run's config.json says the same.
+    assert json.loads((out / "sarathi" / "config.json").read_text())["settings"] == {
+        "token_budget": 512, "batch_cap": 64, "kv_reservation": "none",
+        "prefix_caching": False, "count_host_time": False}
+    assert {row["unequal_settings"] for row in rows.values()} == {"token_budget,prefix_caching"}
+    # Named output and total token rates, and the old name for one release.
+    for label, row in rows.items():
+        summary = json.loads((out / label / "summary.json").read_text())
+        assert summary["output_tok_s"] == summary["throughput_tok_s"] == row["output_tok_s"]
+        assert summary["total_tok_s"] > summary["output_tok_s"]
+        assert summary["engine_busy_fraction"] == pytest.approx(
+            summary["engine_s_total"] / summary["duration_s"])
+
+
+def test_an_allowed_difference_is_a_note_and_a_misspelt_one_is_refused(tmp_path):
+    out = tmp_path / "cmp"
+    result = run_module("experiments.compare", "--policies=vllm,sarathi", *SIM, "--rate=200",
+                        "--allow_unequal=token_budget,prefix_caching", f"--out_dir={out}")
+    _, written = _lines(out, result)
+    assert not any(line.startswith("warning:") for line in written)
+    assert any(line.startswith("unequal settings, allowed by --allow_unequal: token_budget")
+               for line in written)
+    bad = run_module("experiments.compare", "--policies=vllm,sarathi", *SIM,
+                     "--allow_unequal=budget", f"--out_dir={tmp_path / 'bad'}", check=False)
+    assert bad.returncode == 2
+    assert "--allow_unequal=budget: budget is not one of token_budget" in bad.stderr
+    assert "Traceback" not in bad.stderr and not (tmp_path / "bad").exists()
+
+
+def test_a_run_that_waits_for_arrivals_is_flagged_and_a_loaded_one_is_not(tmp_path):
+    busy = {}
+    for rate in (1, 1000):
+        out = tmp_path / f"rate{rate}"
+        result = run_module("experiments.compare", "--policies=orca", *SIM, f"--rate={rate}",
+                            f"--out_dir={out}")
+        row = json.loads((out / "comparison.json").read_text())[0]
+        busy[rate] = (row["engine_busy_fraction"], row["arrival_bound"],
+                      "arrival-bound (engine busy < 50% of the run): orca" in result.stdout)
+    assert busy[1][0] < comparison.ARRIVAL_BOUND_BUSY and busy[1][1:] == (True, True)
+    assert busy[1000][0] > comparison.ARRIVAL_BOUND_BUSY and busy[1000][1:] == (False, False)
+
+
+@pytest.mark.slow
+def test_jax_compare_says_identical_compiled_steps_and_a_smaller_budget_breaks_them(tmp_path):
+    cache = f"--compile_cache={tmp_path / 'cache'}"
+    out = tmp_path / "same"
+    result = run_module("experiments.compare", "--policies=static,orca", *JAX, cache,
+                        f"--out_dir={out}")
+    printed, written = _lines(out, result)
+    assert written[0].startswith("identical compiled steps: yes (2 buckets of 16-32 tokens")
+    assert written[0] in printed and not any(line.startswith("warning:") for line in written)
+    assert [row["identical_compiled_steps"] for row in
+            json.loads((out / "comparison.json").read_text())] == ["yes", "yes"]
+    # A planted difference: a vllm variant at a 16-token budget never runs the 32-token step.
+    out = tmp_path / "planted"
+    result = run_module("experiments.compare", "--policies=static,orca,v16=vllm",
+                        "--policy_opts=v16.max_num_tokens=16", *JAX, cache, f"--out_dir={out}")
+    printed, written = _lines(out, result)
+    assert written[0].startswith("identical compiled steps: no: the same programs are compiled")
+    assert "v16 runs buckets of 16 tokens (token budget 16)" in written[0]
+    warning = next(line for line in written if line.startswith("warning:"))
+    assert "token_budget (static=32, orca=32, v16=16)" in warning and warning in printed
+    assert [row["identical_compiled_steps"] for row in
+            json.loads((out / "comparison.json").read_text())] == ["no", "no", "no"]
