@@ -216,4 +216,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    app.run(without_final_collection(main), flags_parser=run_flags.parse_flags)
+    run_flags.run_command(without_final_collection(main))

@@ -15,6 +15,12 @@
   * An error raised in a plugin's own code: a traceback of the plugin's frames only,
     ending at its line, exit status 1.
   * Anything else is a bug of the framework and keeps its whole traceback.
+
+`run_command` is the entry point's `app.run`: `--help` (and `--helpfull`, `--helpxml`)
+exit 0 where absl exits 1 (`--help` is a request the command answered, not an error),
+and a closed stdout (`... | head -1`) ends the command quietly with exit status 141,
+as a shell reports a command ended by SIGPIPE (`yes | head -1`): the reader stopped
+reading, so whatever was still to come, a run's results included, was not done.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ import os
 import sys
 import sysconfig
 import traceback
-from typing import Iterator, Optional, Sequence
+from typing import Any, Callable, Iterator, NoReturn, Optional, Sequence
 
 import absl
 from absl import app, flags
@@ -46,6 +52,7 @@ USAGE_ERRORS: tuple[type[BaseException], ...] = (
 # A plan that breaks a rule; results that could not be written (a full disk).
 RUN_ERRORS: tuple[type[BaseException], ...] = (PlanError, ResultsWriteError)
 USAGE_EXIT, RUN_EXIT, INTERRUPT_EXIT = 2, 1, 130
+CLOSED_PIPE_EXIT = 141  # 128 + SIGPIPE, as a shell reports a command the signal ended
 
 
 def _package_dir(name: str) -> Optional[str]:
@@ -136,3 +143,28 @@ def parse_flags(argv: Sequence[str]) -> list[str]:
     except flags.Error as e:
         _exit(one_line(e), USAGE_EXIT)
         raise  # not reached: for type checkers
+    except SystemExit as e:
+        # While flags parse, only absl's help flags exit: with 1 after printing the help
+        # that was asked for (--only_check_flags with 0).
+        sys.exit(0 if e.code == 1 else e.code)
+
+
+def run_command(main: Callable[[list[str]], Any],
+                flags_parser: Callable[[list[str]], Any] = parse_flags) -> NoReturn:
+    """`app.run(main, flags_parser=flags_parser)`, ending quietly on a closed stdout.
+
+    A pipe's reader that has stopped (`| head -1`) makes the next write or the last
+    flush raise BrokenPipeError; stdout is then pointed at os.devnull, so the
+    interpreter's own flush at exit fails no more, and the command exits with
+    CLOSED_PIPE_EXIT and no traceback (the recipe of Python's `signal` documentation).
+    """
+    try:
+        try:
+            app.run(main, flags_parser=flags_parser)
+        finally:
+            sys.stdout.flush()  # here, not at exit, where its error cannot be caught
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        sys.exit(CLOSED_PIPE_EXIT)
+    raise AssertionError("app.run returned")  # not reached: it always exits

@@ -55,6 +55,7 @@ from orca_jax.core.loop.config import SchedulerConfig
 from orca_jax.results import comparison
 from orca_jax.results.folder_lock import run_lock
 from orca_jax.results.metrics import format_table
+from orca_jax.results.plots import add_caption, pyplot
 from orca_jax.results.run_folder import check_writable_dir
 from orca_jax.runner.bucket_pilot import token_sizes, with_fitted_buckets
 from orca_jax.runner.build import (
@@ -65,6 +66,7 @@ from orca_jax.runner.build import (
     workload_line,
 )
 from orca_jax.runner.experiment import run_policy
+from orca_jax.runner.figure_caption import figure_caption
 from orca_jax.runner.settings import RESULT_SETTINGS, SETTINGS, effective_settings
 from orca_jax.runner.spec import JaxEngineSpec, RunSpec
 
@@ -160,13 +162,13 @@ def table_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             for row in rows]
 
 
-def _plot(rows: list[dict], path: str) -> bool:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
+def _plot(rows: list[dict], path: str, caption: str) -> Any:
+    """The figure (one bar panel per metric, whiskers min–max over repeats), titled with
+    the policies and captioned with what ran; the closed Figure, or None without
+    matplotlib."""
+    plt = pyplot()
+    if plt is None:
+        return None
     panels = plotted_metrics(rows)
     fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.2))
     names = [row["policy"] for row in rows]
@@ -180,10 +182,15 @@ def _plot(rows: list[dict], path: str) -> bool:
         ax.bar(names, heights, yerr=errors, color="tab:blue", capsize=4)
         ax.set_title(label, fontsize=10)
         ax.tick_params(axis="x", rotation=30)
+    repeats = rows[0].get("num_repeats", 1) if rows else 1
+    fig.suptitle(f"compare: {', '.join(names)}"
+                 + (f" (median of {repeats} repeats; whiskers min–max)" if repeats > 1 else ""),
+                 fontsize=11)
     fig.tight_layout()
+    add_caption(fig, caption)
     fig.savefig(path, dpi=120)
     plt.close(fig)
-    return True
+    return fig
 
 
 def said_equal(rows: Sequence[dict[str, Any]], settings: dict[str, dict[str, Any]],
@@ -285,10 +292,11 @@ def _compare(spec: RunSpec, entries: Sequence[LabeledPolicy], config: SchedulerC
     print(f"every column: {os.path.join(out, 'comparison.txt')}")
     write_json_atomic(os.path.join(out, "comparison.json"),
                       to_json_value([flat_row(row) for row in rows]), sort_keys=False)
-    if _plot(rows, os.path.join(out, "comparison.png")):
+    if _plot(rows, os.path.join(out, "comparison.png"),
+             figure_caption(spec, repeats=repeats)):
         print(f"figure: {os.path.join(out, 'comparison.png')}")
     print(f"results in {out}")
 
 
 if __name__ == "__main__":
-    app.run(without_final_collection(main), flags_parser=run_flags.parse_flags)
+    run_flags.run_command(without_final_collection(main))

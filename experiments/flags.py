@@ -25,7 +25,8 @@ from typing import Any, Optional
 from absl import app, flags
 
 import policies  # noqa: F401  (registers the built-in routers that --router's help names)
-from experiments.cli_errors import clean_errors, parse_flags  # noqa: F401 (entry points' API)
+from experiments import list_flags
+from experiments.cli_errors import clean_errors, parse_flags, run_command  # noqa: F401 (entry points' API)
 from orca_jax.cluster.routing import registered_routers
 from orca_jax.core.step.bucket_fit import capped_fit_ladder, parse_fit_ladder
 from orca_jax.core.step.packing import ladder_token_sizes
@@ -43,6 +44,8 @@ from orca_jax.runner.spec import (
 )
 from orca_jax.runner.spec_caps import check_step_tokens
 from orca_jax.workloads.synthetic import parse_length_spec
+
+flags.adopt_module_key_flags(list_flags)  # --list_policies, ... on every command of the run flags
 
 # Python hides a DeprecationWarning raised outside __main__; a command shows the library's
 # own (an old policy option name, an old view attribute a plugin reads), once each.

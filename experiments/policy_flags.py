@@ -22,13 +22,15 @@ from typing import Mapping
 
 from absl import flags
 
+from experiments.list_flags import registered_names
 from orca_jax.core.api.policy import PolicyLoadError, resolve_policy_class
 
 flags.DEFINE_list("policies", ["static", "orca"], "Policies to compare: registered names, "
                   "package.module:Class or path/to/file.py:Class, each optionally under a "
                   "label, LABEL=SPEC (small=vllm,big=vllm runs vllm twice, with "
                   "--policy_opts=small.max_num_seqs=8). The label (default: the policy's "
-                  "name) names its folder, its table row and its --policy_opts prefix.")
+                  "name) names its folder, its table row and its --policy_opts prefix. "
+                  + registered_names("policies"))
 
 LABEL = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_+-]*")  # a folder name and an options prefix
 

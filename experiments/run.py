@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import contextlib
 
-from absl import app, flags
+from absl import flags
 
 import policies
 from experiments import flags as run_flags
+from experiments.list_flags import registered_names
 from experiments.process_exit import without_final_collection
 from experiments.terminal_table import fit_table
 from orca_jax.cluster.routing import resolve_router_class
@@ -26,7 +27,7 @@ from orca_jax.runner.experiment import run_policy
 
 flags.adopt_module_key_flags(run_flags)
 flags.DEFINE_string("policy", "orca", "Policy: a registered name, package.module:Class, or "
-                    "path/to/file.py:Class.")
+                    "path/to/file.py:Class. " + registered_names("policies"))
 flags.DEFINE_string("describe_policy", None, "Print the knobs (types, defaults, docs) of this "
                     "policy or router (a registered name, package.module:Class or "
                     "path/to/file.py:Class) and exit.")
@@ -76,4 +77,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    app.run(without_final_collection(main), flags_parser=run_flags.parse_flags)
+    run_flags.run_command(without_final_collection(main))

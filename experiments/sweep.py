@@ -33,6 +33,7 @@ from orca_jax.results.metrics import format_table
 from orca_jax.results.plots import METRIC_LABELS, plot_sweep
 from orca_jax.results.sweep_store import aggregate, point_key
 from orca_jax.runner.build import check_policies, scheduler_config
+from orca_jax.runner.figure_caption import figure_caption
 from orca_jax.runner.sweep import PolicyRun, run_sweep
 
 METRICS = {"normalized_latency": "normalized_latency_mean_s", "ttft_p99": "ttft_p99_s",
@@ -114,7 +115,8 @@ def main(argv: list[str]) -> None:
     band = "min–max over seeds" if FLAGS.band == "minmax" else "±1 std over seeds"
     if plot_sweep(curves, figure, x_field=x_field, y_field=y_field, band_label=band,
                   title=f"{METRIC_LABELS[y_field]} vs {METRIC_LABELS[x_field]} "
-                        f"({len(seeds)} seed{'s' * (len(seeds) > 1)})"):
+                        f"({len(seeds)} seed{'s' * (len(seeds) > 1)})",
+                  caption=figure_caption(spec, rates=rates, seeds=seeds)):
         print(f"figure: {figure}")
     else:
         print("matplotlib is not installed: no figure (the points are in points.jsonl)")
@@ -129,4 +131,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    app.run(without_final_collection(main), flags_parser=run_flags.parse_flags)
+    run_flags.run_command(without_final_collection(main))

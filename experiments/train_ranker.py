@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 from absl import app, flags, logging
 
+from experiments.cli_errors import clean_errors, run_command
 from orca_jax.learned import ranker as ranker_lib
 from orca_jax.workloads.traces import TraceError, load_trace
 
@@ -35,6 +36,7 @@ flags.DEFINE_integer("seed", 0, "Seed of the synthetic workload, initialisation 
 FLAGS = flags.FLAGS
 
 
+@clean_errors()
 def main(argv: list[str]) -> None:
     del argv
     if not FLAGS["verbosity"].present:
@@ -76,4 +78,4 @@ def _main() -> None:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    run_command(main)

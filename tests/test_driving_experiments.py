@@ -184,7 +184,8 @@ def test_help_of_each_entry_point_lists_its_own_flags():
                for module in HELP}
     listed = {}
     for module, flags in HELP.items():
-        out, _ = running[module].communicate(timeout=120)  # (absl's --help exits 1)
+        out, _ = running[module].communicate(timeout=120)
+        assert running[module].returncode == 0, module  # (absl's own --help exits 1)
         listed[module] = {line.split(":")[0].strip() for line in out.splitlines()
                           if line.strip().startswith("--")}
         assert set(flags) <= listed[module], (module, set(flags) - listed[module])

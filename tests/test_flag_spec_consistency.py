@@ -136,3 +136,32 @@ def test_each_field_flag_is_checked(monkeypatch, name):
     monkeypatch.setattr(run_flags.FLAGS[name], "default", "planted")
     (line,) = run_flags.flag_spec_mismatches()
     assert line.startswith(f"--{name}: default 'planted', but ")
+
+
+def test_every_registered_or_preset_name_is_in_its_flags_help():
+    import experiments.policy_flags  # noqa: F401  (defines --policies)
+    import experiments.run  # noqa: F401  (defines --policy)
+    from experiments.list_flags import LISTINGS
+    from orca_jax.core.api.policy import registered_policies
+
+    flags = run_flags.FLAGS
+    of_listing = {"policies": ("policy", "policies"),
+                  "routers": ("router", "prefill_router", "decode_router"),
+                  "models": ("model",), "hardware": ("hardware",)}
+    assert set(of_listing) == set(LISTINGS)
+    registries = {"policies": registered_policies, "routers": routing.registered_routers}
+    for listing, flag_names in of_listing.items():
+        names = LISTINGS[listing][1]()
+        if listing in registries:  # the built-ins (this process may hold test plugins too)
+            names = [name for name in names
+                     if registries[listing]()[name].__module__.startswith("policies")]
+        assert names  # each registry has names to list
+        for flag in flag_names:
+            missing = [name for name in names if name not in flags[flag].help]
+            assert missing == [], (flag, missing)
+    for name in ("cache_aware", "prefix_hash"):
+        assert name in LISTINGS["routers"][1]()
+    for name in ("llama3.1-8b", "llama3-70b", "llama2-70b"):
+        assert name in LISTINGS["models"][1]()
+    assert "vllm" in LISTINGS["policies"][1]() and "h200" in LISTINGS["hardware"][1]()
+    assert "KV tile" in flags["clock"].help

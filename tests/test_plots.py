@@ -96,3 +96,65 @@ def test_figures_are_written(tmp_path):
     assert plot_sweep(curves, str(tmp_path / "s.png"), x_field="throughput_req_s",
                       y_field="ttft_p99_s")
     assert (tmp_path / "s.png").read_bytes()[:8] == PNG_MAGIC
+
+
+def _curves(seeds):
+    points = [{"policy": p, "rate": r, "seed": s,
+               "summary": {"throughput_req_s": r * 0.9 + s, "ttft_p99_s": r / 10 + s}}
+              for p in ("static", "orca") for r in (2.0, 4.0) for s in seeds]
+    return aggregate(points, grid(["static", "orca"], [2.0, 4.0], list(seeds)),
+                     "throughput_req_s", "ttft_p99_s")
+
+
+def _legend_title_and_bands(fig):
+    from matplotlib.collections import PolyCollection
+
+    ax = fig.axes[0]
+    bands = [c for c in ax.collections if isinstance(c, PolyCollection)]
+    return ax.get_legend().get_title().get_text(), len(bands)
+
+
+def test_a_sweep_figure_has_a_band_and_its_legend_only_over_several_seeds(tmp_path):
+    pytest.importorskip("matplotlib")
+    one = plot_sweep(_curves([0]), str(tmp_path / "one.png"), x_field="throughput_req_s",
+                     y_field="ttft_p99_s", caption="what ran")
+    assert _legend_title_and_bands(one) == ("", 0)
+    two = plot_sweep(_curves([0, 1]), str(tmp_path / "two.png"), x_field="throughput_req_s",
+                     y_field="ttft_p99_s", caption="what ran")
+    assert _legend_title_and_bands(two) == ("mean; band: min–max over seeds", 2)
+    assert [text.get_text() for text in two.texts] == ["what ran"]
+    assert (tmp_path / "two.png").read_bytes()[:8] == PNG_MAGIC
+
+
+def test_the_caption_says_workload_engine_model_hardware_rate_and_runs():
+    from orca_jax.runner.figure_caption import figure_caption
+    from orca_jax.runner.spec import ClusterSpec, RunSpec, SimEngineSpec, WorkloadSpec
+
+    spec = RunSpec(workload=WorkloadSpec(num_requests=20, rate=3.0),
+                   engine=SimEngineSpec(model="llama2-7b", hardware="h100"))
+    assert figure_caption(spec) == (
+        "poisson (20 requests, prompts uniform:32:512, outputs uniform:1:128); engine sim, "
+        "model llama2-7b, h100; rate 3 req/s; seed 0")
+    sweep = figure_caption(spec, rates=[2, 8.5], seeds=[0, 1], repeats=3)
+    assert sweep.endswith("; rates 2, 8.5 req/s; 2 seeds (0, 1), 3 repeats")
+    trace = RunSpec(workload=WorkloadSpec(arrival="trace", trace="/x/azure_code.csv",
+                                          num_requests=None),
+                    cluster=ClusterSpec(num_replicas=3, router="cache_aware"))
+    assert figure_caption(trace).startswith(
+        "trace azure_code.csv (all requests); engine sim, model llama3-8b, a100; 3 replicas, "
+        "router cache_aware; the trace's arrival times")
+
+
+def test_the_comparison_figure_carries_a_title_and_the_caption(tmp_path):
+    pytest.importorskip("matplotlib")
+    from experiments import compare
+
+    rows = [{"policy": name, "output_tok_s": 10.0, "latency_p50_s": 1.0,
+             "normalized_latency_mean_s": 0.1, "ttft_p99_s": 0.2, "num_repeats": 3,
+             "spread": {"output_tok_s": {"min": 9.0, "max": 11.0}}}
+            for name in ("vllm", "orca")]
+    fig = compare._plot(rows, str(tmp_path / "comparison.png"), "poisson; engine sim")
+    assert fig.get_suptitle() == "compare: vllm, orca (median of 3 repeats; whiskers min–max)"
+    assert [text.get_text() for text in fig.texts] == [fig.get_suptitle(),
+                                                       "poisson; engine sim"]
+    assert (tmp_path / "comparison.png").read_bytes()[:8] == PNG_MAGIC

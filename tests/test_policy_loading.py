@@ -75,6 +75,34 @@ def test_unregistered_plugin_class_gets_its_lowercase_name(tmp_path):
     assert policy.name == "runnothing" and policy.kv_reservation == "none"
 
 
+def test_a_file_without_its_class_says_to_name_one_and_lists_the_file_s_policies(tmp_path):
+    path = tmp_path / "two_policies.py"
+    path.write_text(textwrap.dedent("""
+        from orca_jax import StepPlan
+        from orca_jax.core.api.policy import Policy
+        from policies.orca import Orca  # imported, not defined here: not listed
+
+        class RunNothing(Policy):
+            def schedule(self, view):
+                return StepPlan()
+
+        class AlsoNothing(RunNothing):
+            pass
+    """))
+    with pytest.raises(PolicyLoadError) as error:
+        resolve_policy_class(str(path))
+    message = str(error.value)
+    assert "unknown policy" not in message
+    assert f"give {path}:ClassName" in message
+    assert message.endswith(f"its Policy subclasses: {path}:AlsoNothing, {path}:RunNothing")
+    with pytest.raises(PolicyLoadError, match=r"give missing\.py:ClassName .*does not exist"):
+        resolve_policy_class("missing.py")
+    empty = tmp_path / "empty.py"
+    empty.write_text("X = 1\n")
+    with pytest.raises(PolicyLoadError, match="it defines no Policy subclass$"):
+        resolve_policy_class(str(empty))
+
+
 def test_policy_opts_convert_to_field_types():
     options = parse_options("max_batch_size=3, prefill_chunk=64,max_wait_s=0.25,"
                             "longest_first=yes,kv_reservation=exact")

@@ -53,8 +53,7 @@ def test_orca_beats_static_at_equal_latency(tmp_path):
 
 
 def test_orca_command_writes_figure_and_tables_and_resumes(tmp_path, capsys):
-    args = [f"--out_dir={tmp_path / 'out'}", f"--figure={tmp_path / 'fig.png'}",
-            "--num_requests=12", "--rates=2"]
+    args = [f"--out_dir={tmp_path / 'out'}", "--num_requests=12", "--rates=2"]
     orca.main(args)
     printed = capsys.readouterr().out
     assert "throughput (req/s) at equal median normalized latency" in printed
@@ -62,8 +61,9 @@ def test_orca_command_writes_figure_and_tables_and_resumes(tmp_path, capsys):
     assert len(ratios["rows"]) == len(orca.OrcaSetup().latency_bounds_s)
     points = (tmp_path / "out" / "points.jsonl").read_text().splitlines()
     assert len(points) == 7  # 4 static and 3 orca batch sizes at one rate
-    if (tmp_path / "fig.png").exists():
-        assert (tmp_path / "fig.png").read_bytes()[:4] == b"\x89PNG"
+    # No --figure: the figure goes under --out_dir, not into the tracked docs/figures/.
+    figure = tmp_path / "out" / orca.FIGURE
+    assert f"figure: {figure}" in printed and figure.read_bytes()[:4] == b"\x89PNG"
     orca.main(args)  # a rerun finds every point done
     assert (tmp_path / "out" / "points.jsonl").read_text().splitlines() == points
 
@@ -142,3 +142,12 @@ def test_a_reproduction_refuses_ray_settings_without_the_ray_executor(tmp_path):
                                              r"--executor=ray$"):
         orca.main([f"--out_dir={tmp_path / 'out'}", "--ray_num_cpus=2"])
     assert not (tmp_path / "out").exists()  # refused before anything was written
+
+
+@pytest.mark.parametrize("module", [orca, prefix_caching, sarathi, vllm_memory])
+def test_a_reproduction_s_figure_defaults_under_its_out_dir(module):
+    assert module.FLAGS["figure"].default is None
+    assert not module.FIGURE.startswith("docs")
+    assert common.figure_path(None, "runs/x", module.FIGURE) == f"runs/x/{module.FIGURE}"
+    assert common.figure_path("a/b.png", "runs/x", module.FIGURE) == "a/b.png"
+    assert sarathi.figure_name("arxiv") == "sarathi_mistral7b_tbt_arxiv.png"

@@ -40,3 +40,16 @@ def test_timeline_figure_of_example_b(tmp_path):
     assert timelines["static"].request_id_at(5, 2) == 2
     if drawn:
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_command_draws_the_timeline_under_its_out_dir(tmp_path):
+    from tests.cli_runner import run_module
+
+    result = run_module("experiments.reproduce.seed_examples", f"--out_dir={tmp_path}")
+    figure = tmp_path / seed_examples.TIMELINE  # not the tracked docs/figures/
+    assert f"slot timeline: {figure}" in result.stdout
+    assert figure.read_bytes()[:4] == b"\x89PNG"
+    named = tmp_path / "elsewhere" / "t.png"
+    result = run_module("experiments.reproduce.seed_examples", f"--out_dir={tmp_path}",
+                        f"--figure={named}")
+    assert f"slot timeline: {named}" in result.stdout and named.exists()

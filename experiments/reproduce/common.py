@@ -17,6 +17,7 @@ import numpy as np
 from absl import app, flags
 
 import policies  # noqa: F401  (registers the built-in policies)
+from experiments.cli_errors import run_command
 from experiments.executor_flags import define_executor_flags
 from orca_jax.core.json_files import to_json_value, write_json_atomic
 from orca_jax.core.requests.run_result import RunResult
@@ -138,15 +139,26 @@ def write_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str], out_d
     return table
 
 
+def figure_path(figure: Optional[str], out_dir: str, file_name: str) -> str:
+    """Where a reproduction draws its figure: `--figure` where given, else `file_name`
+    under `--out_dir` (never into the tracked docs/figures/ unless asked to)."""
+    return figure or os.path.join(out_dir, file_name)
+
+
 def write_figure_and_report(curves: Sequence[Curve], args: flags.FlagValues, *,
-                            max_y: float, x_field: str, y_field: str, title: str,
-                            tables: Sequence[str], start: float) -> None:
-    """Draws the curves (clipped at `max_y`) to `--figure`, then says where the figure
-    and the `tables` went and how long the reproduction took since `start`."""
-    os.makedirs(os.path.dirname(args.figure) or ".", exist_ok=True)
-    if plot_sweep(clipped(curves, max_y), args.figure, x_field=x_field, y_field=y_field,
-                  title=title):
-        print(f"figure: {args.figure}")
+                            figure_name: str, max_y: float, x_field: str, y_field: str,
+                            title: str, tables: Sequence[str], start: float) -> None:
+    """Draws the curves (clipped at `max_y`) to `--figure` (default: `figure_name` under
+    `--out_dir`), then says where the figure and the `tables` went and how long the
+    reproduction took since `start`."""
+    path = figure_path(args.figure, args.out_dir, figure_name)
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    # The title names model and hardware; the caption what each point is.
+    caption = (f"engine sim; {args.num_requests} requests per point; rates "
+               f"{', '.join(f'{r:g}' for r in args.rates)} req/s; one seed")
+    if plot_sweep(clipped(curves, max_y), path, x_field=x_field, y_field=y_field,
+                  title=title, caption=caption):
+        print(f"figure: {path}")
     print(f"tables: {', '.join(f'{args.out_dir}/{name}.txt' for name in tables)} "
           f"({time.perf_counter() - start:.0f} s)")
 
@@ -177,13 +189,15 @@ def reproduction_flags(name: str, figure: str, setup_defaults: Any) -> flags.Fla
 
     Args:
       name: the reproduction's name (its default output folder).
-      figure: the PNG it writes by default.
+      figure: the file name of its PNG: under --out_dir unless --figure names a path
+        (docs/figures/ holds the one the docs show, of the default flags).
       setup_defaults: its setup class, whose `num_requests` and `rates` are the defaults.
     """
     flag_values = flags.FlagValues()
     flags.DEFINE_string("out_dir", f"runs/reproduce/{name}", "points.jsonl (resumable) and "
                         "the tables", flag_values=flag_values)
-    flags.DEFINE_string("figure", figure, "the PNG to write", flag_values=flag_values)
+    flags.DEFINE_string("figure", None, f"the PNG to write (default: OUT_DIR/{figure}; the "
+                        f"docs show docs/figures/{figure})", flag_values=flag_values)
     flags.DEFINE_integer("num_requests", setup_defaults.num_requests, "requests per point",
                          lower_bound=1, flag_values=flag_values)
     flags.DEFINE(RatesParser(), "rates", setup_defaults.rates, "the request rates to sweep",
@@ -225,7 +239,7 @@ def run_app(main: Callable[[Sequence[str]], None], flag_values: flags.FlagValues
         flags.FLAGS(argv[:1])  # absl's own flags keep their defaults
         return argv
 
-    app.run(lambda argv: main(argv[1:]), flags_parser=parse)
+    run_command(lambda argv: main(argv[1:]), flags_parser=parse)
 
 
 def parse_rates(text: str) -> tuple[float, ...]:

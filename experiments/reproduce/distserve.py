@@ -38,7 +38,8 @@ from typing import Optional, Sequence
 from absl import app, flags
 
 import policies  # noqa: F401  (registers the built-in policies)
-from experiments.reproduce.common import PAPER_STEP_PADDING
+from experiments.cli_errors import clean_errors, run_command
+from experiments.reproduce.common import PAPER_STEP_PADDING, figure_path
 from orca_jax.core.json_files import to_json_value, write_json_atomic
 from orca_jax.results.metrics import format_table
 from orca_jax.results.summary import summarize
@@ -46,7 +47,7 @@ from orca_jax.runner.disaggregated import num_gpus
 from orca_jax.runner.experiment import run_policy
 from orca_jax.runner.spec import ClusterSpec, LimitsSpec, RunSpec, SimEngineSpec, WorkloadSpec
 
-FIGURE = "docs/figures/distserve_goodput.png"
+FIGURE = "distserve_goodput.png"  # under --out_dir (docs/figures/ has the documented one)
 AZURE_CONV = "../shared/traces/azure_conv_2023.csv"
 ATTAINMENT_TARGET = 0.9  # DistServe's: 90% of the requests within both SLOs
 # The papers' headline numbers, as their abstracts state them.
@@ -282,7 +283,8 @@ def define_flags() -> None:
     """The command's flags (defined only when it runs, so importing it defines none)."""
     for name, default, text in (
             ("out_dir", "runs/reproduce/distserve", "where points.json goes"),
-            ("figure", FIGURE, "the PNG to write"),
+            ("figure", None, f"the PNG to write (default: OUT_DIR/{FIGURE}; the docs show "
+                             f"docs/figures/{FIGURE})"),
             ("trace", AZURE_CONV, "the Azure conversation trace (read in place)")):
         if name not in flags.FLAGS:
             flags.DEFINE_string(name, default, text)
@@ -293,6 +295,7 @@ def define_flags() -> None:
                           "request rates per GPU (req/s)")
 
 
+@clean_errors()
 def main(argv: Sequence[str]) -> None:
     """The command: run the grid, print the capacity table, draw the figure."""
     del argv
@@ -320,11 +323,12 @@ def main(argv: Sequence[str]) -> None:
           "meet both SLOs, and its ratio to colocated vllm on as many GPUs:")
     print(table)
     print("\nthe papers: " + "; ".join(PAPER_CLAIMS))
-    if plot(points, setup, values.figure or FIGURE):
-        print(f"figure: {values.figure or FIGURE}")
+    figure = figure_path(values.figure, out_dir, FIGURE)
+    if plot(points, setup, figure):
+        print(f"figure: {figure}")
     print(f"points: {out_dir}/points.json ({time.perf_counter() - start:.0f} s)")
 
 
 if __name__ == "__main__":
     define_flags()
-    app.run(main)
+    run_command(main)

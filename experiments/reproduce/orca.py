@@ -47,7 +47,7 @@ from orca_jax.results.sweep_store import Curve, PointKey, aggregate
 from orca_jax.runner.spec import LimitsSpec, RunSpec, SimEngineSpec, WorkloadSpec
 from orca_jax.runner.sweep import SweepExecutor
 
-FIGURE = "docs/figures/orca_gpt3_175b_latency_throughput.png"
+FIGURE = "orca_gpt3_175b_latency_throughput.png"  # under --out_dir (docs/figures/: the doc's)
 LATENCY = "normalized_latency_p50_s"
 THROUGHPUT = "throughput_req_s"
 PAPER_RATIO = 36.9  # the paper's throughput of Orca over FasterTransformer at equal latency
@@ -152,7 +152,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                                       "best_orca", "orca_req_s", "ratio", "paper_ratio"],
                       args.out_dir,
                       "ratios", {"setup": dataclasses.asdict(setup)}))
-    write_figure_and_report(result.curves, args, max_y=setup.plot_max_s, x_field=THROUGHPUT,
+    write_figure_and_report(result.curves, args, figure_name=FIGURE,
+                            max_y=setup.plot_max_s, x_field=THROUGHPUT,
                             y_field=LATENCY, title="GPT-3 175B, 16 x A100-40GB (tp=16, "
                                                    "simulated): median normalized latency",
                             tables=["curves", "ratios"], start=start)

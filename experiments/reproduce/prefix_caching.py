@@ -47,7 +47,7 @@ from orca_jax.runner.spec import ClusterSpec, LimitsSpec, RunSpec, SimEngineSpec
 from orca_jax.runner.sweep import SweepExecutor
 from orca_jax.workloads.traces import prefix_cache_ceiling
 
-FIGURE = "docs/figures/prefix_caching_sglang.png"
+FIGURE = "prefix_caching_sglang.png"  # under --out_dir (docs/figures/ has the documented one)
 MOONCAKE = "../shared/traces/mooncake_conversation_2025.jsonl"
 RATE = "offered_rate_req_s"
 THROUGHPUT = "throughput_req_s"
@@ -200,7 +200,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
           "(each the whole A100 pool):")
     print(write_table(routers, ["router", HIT_RATE, "ttft_p50_s", "ttft_p99_s", THROUGHPUT],
                       args.out_dir, "mooncake_routers", {"setup": dataclasses.asdict(setup)}))
-    write_figure_and_report(curves, args, max_y=float("inf"), x_field=RATE, y_field=THROUGHPUT,
+    write_figure_and_report(curves, args, figure_name=FIGURE,
+                            max_y=float("inf"), x_field=RATE, y_field=THROUGHPUT,
                             title="LLaMA-3 8B, 1 x A100 (simulated): shared-prefix throughput",
                             tables=["sglang", "mooncake_pool", "mooncake_routers"], start=start)
 

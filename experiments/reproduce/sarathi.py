@@ -60,7 +60,7 @@ from orca_jax.results.sweep_store import Curve, PointKey, aggregate
 from orca_jax.runner.spec import LimitsSpec, RunSpec, SimEngineSpec, WorkloadSpec
 from orca_jax.runner.sweep import SweepExecutor
 
-FIGURE = "docs/figures/sarathi_mistral7b_tbt.png"
+FIGURE = "sarathi_mistral7b_tbt.png"  # under --out_dir (docs/figures/ has the documented one)
 TBT = "itl_p99_s"
 QUEUEING = "queueing_delay_p50_s"
 RATE = "offered_rate_req_s"
@@ -185,6 +185,11 @@ flags.DEFINE_string("lengths_file", ARXIV_LENGTHS, "the Arxiv-Summarization leng
                     "--workload=arxiv", flag_values=FLAGS)
 
 
+def figure_name(workload: str) -> str:
+    """The figure's file name: FIGURE, with `_WORKLOAD` before `.png` but for synthetic."""
+    return FIGURE if workload == "synthetic" else FIGURE.replace(".png", f"_{workload}.png")
+
+
 def main(argv: Optional[Sequence[str]] = None) -> None:
     """The command: parse flags, run the sweep, print and write the tables and the figure.
 
@@ -196,8 +201,6 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     if args.workload != "synthetic":
         if args.out_dir == args["out_dir"].default:
             args.out_dir += f"_{args.workload}"
-        if args.figure == FIGURE:
-            args.figure = FIGURE.replace(".png", f"_{args.workload}.png")
     setup = SarathiSetup(num_requests=args.num_requests, rates=args.rates).for_workload(
         args.workload, args.lengths_file)
     os.makedirs(args.out_dir, exist_ok=True)
@@ -211,7 +214,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     print(write_table(result.capacity, ["tbt_slo_s", "policy", "capacity_req_s", "over_vllm",
                                         "paper_over_vllm"],
                       args.out_dir, "capacity", {"setup": dataclasses.asdict(setup)}))
-    write_figure_and_report(result.curves, args, max_y=setup.plot_max_s, x_field=RATE,
+    write_figure_and_report(result.curves, args, figure_name=figure_name(args.workload),
+                            max_y=setup.plot_max_s, x_field=RATE,
                             y_field=TBT, title="Mistral-7B, 1 x A100-80GB (simulated): p99 "
                                                f"TBT, {TITLES[args.workload]}",
                             tables=["curves", "capacity"], start=start)

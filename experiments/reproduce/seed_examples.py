@@ -8,10 +8,10 @@
     batching runs three batches, each as long as its longest member (17 + 20 +
     19 = 56 steps); continuous batching refills a slot the step after it
     frees, so it needs 40 steps and requests wait less to start. The slot
-    timeline of (b) is drawn to docs/figures/seed_timeline.png (static above,
-    continuous below).
+    timeline of (b) is drawn to OUT_DIR/seed_timeline.png, or to --figure
+    (static above, continuous below; the docs show docs/figures/seed_timeline.png).
 
-    python -m experiments.reproduce.seed_examples
+    python -m experiments.reproduce.seed_examples [--out_dir=DIR] [--figure=PNG]
 """
 
 from __future__ import annotations
@@ -20,9 +20,11 @@ import os
 from typing import Sequence
 
 import numpy as np
-from absl import app
+from absl import flags
 
 import policies
+from experiments.cli_errors import clean_errors, run_command
+from experiments.reproduce.common import figure_path
 from orca_jax import KVConfig, LoopFeatures, Request, Scheduler, SchedulerConfig, StepLimits
 from orca_jax.core.requests.run_result import RunResult
 from orca_jax.results.metrics import format_table
@@ -36,7 +38,8 @@ EXAMPLE_A_OUTPUTS = (100, 200, 300, 1000)
 # 56 steps static, 40 continuous.
 EXAMPLE_B_OUTPUTS = (7, 9, 5, 17, 20, 3, 16, 1, 8, 4, 10, 19)
 PROMPT_LEN = 4
-TIMELINE_PATH = "docs/figures/seed_timeline.png"
+TIMELINE = "seed_timeline.png"  # under --out_dir (docs/figures/ has the documented one)
+OUT_DIR = "runs/reproduce/seed_examples"
 
 
 def _run(policy: str, outputs: Sequence[int], slots: int) -> RunResult:
@@ -71,7 +74,7 @@ def example_b() -> list[dict[str, object]]:
     return rows
 
 
-def write_timeline(path: str = TIMELINE_PATH) -> tuple[dict[str, SlotTimeline], bool]:
+def write_timeline(path: str) -> tuple[dict[str, SlotTimeline], bool]:
     """Slot timelines of example (b), static above continuous, drawn to `path`.
 
     Returns:
@@ -87,6 +90,17 @@ def write_timeline(path: str = TIMELINE_PATH) -> tuple[dict[str, SlotTimeline], 
     return timelines, drawn
 
 
+def define_flags() -> None:
+    """The command's flags (defined only when it runs, so importing it defines none)."""
+    for name, default, text in (
+            ("out_dir", OUT_DIR, "where the slot timeline goes"),
+            ("figure", None, f"the PNG to write (default: OUT_DIR/{TIMELINE}; the docs show "
+                             f"docs/figures/{TIMELINE})")):
+        if name not in flags.FLAGS:
+            flags.DEFINE_string(name, default, text)
+
+
+@clean_errors()
 def main(argv: list[str]) -> None:
     del argv
     answers = example_a()
@@ -97,10 +111,12 @@ def main(argv: list[str]) -> None:
     print(f"\n(b) 4 slots, 12 requests with outputs {EXAMPLE_B_OUTPUTS} tokens:")
     print(format_table(example_b(), ["policy", "num_steps", "mean_wait_steps",
                                      "mean_latency_steps", "mean_batch_size"]))
-    _, drawn = write_timeline()
-    print(f"\nslot timeline: {TIMELINE_PATH}" if drawn
+    path = figure_path(flags.FLAGS.figure, flags.FLAGS.out_dir or OUT_DIR, TIMELINE)
+    _, drawn = write_timeline(path)
+    print(f"\nslot timeline: {path}" if drawn
           else "\nmatplotlib is not installed: no slot timeline figure")
 
 
 if __name__ == "__main__":
-    app.run(main)
+    define_flags()
+    run_command(main)

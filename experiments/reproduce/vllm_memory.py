@@ -51,7 +51,7 @@ from orca_jax.results.sweep_store import Curve, PointKey, aggregate
 from orca_jax.runner.spec import LimitsSpec, RunSpec, SimEngineSpec, WorkloadSpec
 from orca_jax.runner.sweep import SweepExecutor
 
-FIGURE = "docs/figures/vllm_opt13b_sharegpt.png"
+FIGURE = "vllm_opt13b_sharegpt.png"  # under --out_dir (docs/figures/ has the documented one)
 LATENCY = "normalized_latency_mean_s"
 RATE = "offered_rate_req_s"  # the paper plots against the offered load
 THROUGHPUT = "throughput_req_s"
@@ -208,7 +208,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
               "power-of-two block), against the same vLLM:")
         print(write_table(result.buddy_summary, SUMMARY_COLUMNS, args.out_dir, "summary_buddy",
                           {"setup": dataclasses.asdict(setup)}))
-    write_figure_and_report(result.curves, args, max_y=setup.plot_max_s, x_field=RATE,
+    write_figure_and_report(result.curves, args, figure_name=FIGURE,
+                            max_y=setup.plot_max_s, x_field=RATE,
                             y_field=LATENCY, title="OPT-13B, 1 x A100-40GB (simulated), "
                                                    "ShareGPT-like lognormal lengths",
                             tables=["curves", "summary"] + (["summary_buddy"] if

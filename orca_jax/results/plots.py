@@ -16,7 +16,8 @@ slot until it lets go of it.
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional, Sequence
+import textwrap
+from typing import Any, Optional, Sequence
 
 import numpy as np
 from numpy.typing import NDArray
@@ -42,7 +43,7 @@ METRIC_LABELS = {
 }
 
 
-def _pyplot():
+def pyplot():
     """matplotlib's pyplot on the file-only backend, or None when not installed."""
     try:
         import matplotlib
@@ -54,9 +55,25 @@ def _pyplot():
 
 
 # ---------------------------------------------------------------- sweep figure
+def add_caption(fig: Any, caption: Optional[str]) -> None:
+    """Writes `caption` (what was run: `runner.figure_caption`) in small type along the
+    figure's foot, below its axes, wrapped to the figure's width."""
+    if not caption:
+        return
+    width = fig.get_size_inches()[0]
+    text = textwrap.fill(caption, width=max(40, int(width * 15)))
+    lines = text.count("\n") + 1
+    fig.text(0.01, 0.01, text, fontsize=7, ha="left", va="bottom", color="0.3")
+    fig.tight_layout(rect=(0, 0.035 * lines + 0.01, 1, 1))
+
+
 def plot_sweep(curves: Sequence[Curve], path: str, *, x_field: str, y_field: str,
-               title: Optional[str] = None, band_label: str = "min–max over seeds") -> bool:
+               title: Optional[str] = None, band_label: str = "min–max over seeds",
+               caption: Optional[str] = None) -> Any:
     """Draws latency against throughput: one line per policy, a band over seeds.
+
+    A curve's band is drawn only where a point has more than one seed to spread over,
+    and the legend names the band only when one is drawn (one seed: no band, no note).
 
     Args:
       curves: `sweep_store.aggregate(...)` output.
@@ -64,30 +81,39 @@ def plot_sweep(curves: Sequence[Curve], path: str, *, x_field: str, y_field: str
       x_field, y_field: the summary fields the curves hold (for the axis labels).
       title: the figure's title.
       band_label: what the shaded band is, for the legend's note.
+      caption: a line under the axes saying what was run (`runner.figure_caption`).
 
     Returns:
-      False when matplotlib is not installed (nothing written), else True.
+      None when matplotlib is not installed (nothing written), else the (closed)
+      matplotlib Figure written, whose texts a caller or a test may read.
     """
-    plt = _pyplot()
+    plt = pyplot()
     if plt is None:
-        return False
+        return None
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    banded = False
     for index, curve in enumerate(curves):
         if curve.rates.size == 0:
             continue
         color = f"C{index % 10}"
         ax.plot(curve.x_mean, curve.y_mean, marker="o", color=color, label=curve.policy)
-        ax.fill_between(curve.x_mean, curve.y_low, curve.y_high, color=color, alpha=0.2,
-                        linewidth=0)
+        if np.any(curve.num_seeds > 1):  # one seed spreads over nothing: no band
+            ax.fill_between(curve.x_mean, curve.y_low, curve.y_high, color=color, alpha=0.2,
+                            linewidth=0)
+            banded = True
     ax.set_xlabel(METRIC_LABELS.get(x_field, x_field))
     ax.set_ylabel(METRIC_LABELS.get(y_field, y_field))
     ax.set_title(title or f"{METRIC_LABELS.get(y_field, y_field)} against load", fontsize=10)
     ax.grid(True, alpha=0.3)
-    ax.legend(title=f"mean; band: {band_label}", fontsize=8, title_fontsize=8)
+    if banded:
+        ax.legend(title=f"mean; band: {band_label}", fontsize=8, title_fontsize=8)
+    else:
+        ax.legend(fontsize=8)
     fig.tight_layout()
+    add_caption(fig, caption)
     fig.savefig(path, dpi=120)
     plt.close(fig)
-    return True
+    return fig
 
 
 # ---------------------------------------------------------------- slot timeline
@@ -200,7 +226,7 @@ def plot_slot_timelines(timelines: Sequence[SlotTimeline], path: str,
     Returns:
       False when matplotlib is not installed (nothing written), else True.
     """
-    plt = _pyplot()
+    plt = pyplot()
     if plt is None:
         return False
     titles = list(titles) if titles is not None else [t.policy for t in timelines]

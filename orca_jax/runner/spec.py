@@ -214,9 +214,10 @@ class JaxEngineSpec:
                            choices=ATTENTIONS)
     sampling: str = _knob("greedy", "greedy, or temperature:T[:TOP_K[:TOP_P]].")
     clock: str = _knob("profiled", "What advances the virtual clock. profiled: each step is "
-                       "priced by a per-bucket fit of what it holds, measured at warm-up (or "
-                       "read from profile_table): repeatable; wall: each step's measured wall "
-                       "time.", choices=CLOCKS)
+                       "priced from its real query and KV lengths by its bucket's linear fit "
+                       "(base + per sequence + per KV tile) to a grid of step compositions "
+                       "timed at warm-up (or read from profile_table): repeatable; wall: each "
+                       "step's measured wall time.", choices=CLOCKS)
     tp: int = _knob(1, "Tensor parallelism: the local devices the engine splits weights, KV "
                     "cache and attention over.")
     profile_table: Optional[str] = _knob(

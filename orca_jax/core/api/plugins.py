@@ -59,6 +59,23 @@ def registrar(registry: MutableMapping[str, type], base: type, *, kind: str,
     return register
 
 
+def _class_not_named(path: str, kind: str, base: type) -> str:
+    """The message for a plugin file given without its class: what to write, and the
+    `base` subclasses the file defines where it loads (importing it, as naming one would)."""
+    message = f"{kind} {path!r} names a file but no class: give {path}:ClassName"
+    try:
+        module = _import_from_file(path, path, kind)
+    except PolicyLoadError as e:
+        return f"{message} ({e})"
+    found = sorted(name for name, value in vars(module).items()
+                   if isinstance(value, type) and issubclass(value, base) and value is not base
+                   and value.__module__ == module.__name__)  # not the ones it imports
+    if not found:
+        return f"{message}; it defines no {base.__name__} subclass"
+    return (f"{message}; its {base.__name__} subclasses: "
+            + ", ".join(f"{path}:{name}" for name in found))
+
+
 def _import_from_file(path: str, spec: str, kind: str) -> types.ModuleType:
     if not os.path.isfile(path):
         raise PolicyLoadError(f"{kind} {spec!r}: file {path!r} does not exist")
@@ -91,6 +108,8 @@ def resolve_class(spec: str, *, kind: str, plural: str, registry: Mapping[str, t
       PolicyLoadError: the spec does not resolve to a subclass of `base`.
     """
     if ":" not in spec:
+        if spec.endswith(".py") or "/" in spec or os.sep in spec:
+            raise PolicyLoadError(_class_not_named(spec, kind, base))
         if spec not in registry:
             importlib.import_module(BUILTIN_PACKAGE)  # the built-ins register on import
         if spec in registry:

@@ -1,0 +1,83 @@
+"""Every command under experiments/: `--help` answers with exit status 0, and a reader
+that closes the pipe early ends the command quietly."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from experiments.cli_errors import CLOSED_PIPE_EXIT
+from tests.cli_runner import REPO, run_module
+
+
+def _entry_points() -> list[str]:
+    """The modules under experiments/ that run as commands (`python -m ...`)."""
+    modules = []
+    for path in sorted((REPO / "experiments").rglob("*.py")):
+        if 'if __name__ == "__main__":' in path.read_text():
+            modules.append(".".join(path.relative_to(REPO).with_suffix("").parts))
+    return modules
+
+
+ENTRY_POINTS = _entry_points()
+
+
+def test_the_commands_are_found():
+    assert {"experiments.run", "experiments.compare", "experiments.sweep",
+            "experiments.calibrate", "experiments.train_ranker",
+            "experiments.reproduce.distserve",
+            "experiments.reproduce.seed_examples"} <= set(ENTRY_POINTS)
+
+
+@pytest.mark.parametrize("module", ENTRY_POINTS)
+def test_help_exits_0_and_prints_the_flags(module):
+    result = run_module(module, "--help", check=False)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "--" in result.stdout and "Traceback" not in result.stderr
+
+
+def _with_stdout_closed(*args: str) -> subprocess.CompletedProcess:
+    """`python -m ARGS` whose stdout's reader has gone before anything is written,
+    as `| head -1` leaves a command that writes past the first line."""
+    process = subprocess.Popen([sys.executable, "-m", *args], cwd=REPO,
+                               env=dict(os.environ, JAX_PLATFORMS="cpu"),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process.stdout.close()
+    stderr = process.stderr.read()
+    process.wait(timeout=300)
+    return subprocess.CompletedProcess(args, process.returncode, "", stderr)
+
+
+@pytest.mark.parametrize("args", [("experiments.run", "--describe_policy=vllm"),
+                                  ("experiments.run", "--help"),
+                                  ("experiments.reproduce.orca", "--help")])
+def test_a_closed_pipe_ends_the_command_without_a_traceback(args):
+    result = _with_stdout_closed(*args)
+    assert result.returncode == CLOSED_PIPE_EXIT
+    assert result.stderr == "", result.stderr[-2000:]
+
+
+@pytest.mark.parametrize("module,listing", [
+    ("experiments.run", "policies"), ("experiments.run", "routers"),
+    ("experiments.run", "models"), ("experiments.run", "hardware"),
+    ("experiments.compare", "policies"), ("experiments.sweep", "routers")])
+def test_list_flags_print_the_registered_names_one_per_line(module, listing):
+    import policies  # noqa: F401  (registers the built-ins)
+    from orca_jax.cluster.routing import registered_routers
+    from orca_jax.core.api.policy import registered_policies
+    from orca_jax.specs.hardware import HARDWARE_ALIASES, HARDWARE_PRESETS
+    from orca_jax.specs.model_config import PRESETS
+
+    def builtin(registry):  # this process may have registered test plugins too
+        return {name for name, cls in registry.items() if cls.__module__.startswith("policies")}
+
+    expected = {"policies": builtin(registered_policies()),
+                "routers": builtin(registered_routers()),
+                "models": set(PRESETS),
+                "hardware": set(HARDWARE_PRESETS) | set(HARDWARE_ALIASES)}[listing]
+    result = run_module(module, f"--list_{listing}")
+    lines = result.stdout.splitlines()
+    assert len(lines) == len(set(lines)) and set(lines) == expected
