@@ -102,7 +102,8 @@ def run_policy(spec: RunSpec, policy_spec: str, policy_options: Optional[Mapping
         else:
             policy = make_policy(policy_spec, policy_options)
             engine = engine if engine is not None else build_engine(spec, config)
-            scheduler = Scheduler(workload, policy, engine, config)
+            # The results need no log of every token (16 bytes a token: 10^6 requests, 1 GB).
+            scheduler = Scheduler(workload, policy, engine, config, log_tokens=False)
     except BaseException:
         if folder is not None:
             folder.discard()  # nothing ran: the old folder stays as it was

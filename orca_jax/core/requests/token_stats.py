@@ -1,0 +1,260 @@
+"""What the metrics need of a run's generated tokens, without a row per token.
+
+The serving metrics read three things of the token log: each request's token
+count and last token time, each request's largest gap between consecutive
+tokens, and every inter-token gap of the finished requests (for its p99). A
+log of every token holds 16 bytes a token (10^6 requests: about 1 GB); these
+hold a few bytes a request and a step, and give the very same numbers.
+
+`TokenTally` counts them as a scheduler runs. A request's tokens come in
+*runs*: tokens at consecutive `add` calls (a decode every step). The gap inside
+a run is the difference of two consecutive call times, so the gaps of every run
+together are one count per call (a difference array over the runs); gaps
+between runs (after a preemption, a prefill between two tokens) are few and
+kept as (call, call) pairs. `TokenStats` is the frozen value, made from a tally
+(`TokenTally.stats`) or from a whole token log (`TokenStats.from_log`): the two
+agree bit for bit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Iterator
+
+import numpy as np
+from numpy.typing import NDArray
+
+# Tokens handled at once by the chunked gap computations of a whole log: sorting a log
+# of millions of tokens whole would take several copies of it.
+CHUNK_TOKENS = 1 << 16
+
+
+def check_token_log(token_req: NDArray, token_time_s: NDArray
+                    ) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
+    """The token log as arrays (no copy of arrays already so), checked chunk by chunk.
+
+    Args:
+      token_req: `[K]` request index of each generated token.
+      token_time_s: `[K]` its time, non-decreasing.
+
+    Raises:
+      ValueError: the arrays are not 1-D of one length, or the times go backwards.
+    """
+    req = np.asarray(token_req, dtype=np.int64)
+    times = np.asarray(token_time_s, dtype=np.float64)
+    if req.ndim != 1 or req.shape != times.shape:
+        raise ValueError(f"token_req {req.shape} and token_time_s {times.shape} must be 1-D "
+                         f"arrays of the same length")
+    for start in range(0, max(times.size - 1, 0), CHUNK_TOKENS):
+        backwards = np.diff(times[start:start + CHUNK_TOKENS + 1]) < 0
+        if backwards.any():
+            k = start + int(np.argmax(backwards)) + 1
+            raise ValueError(f"token_time_s must be in time order; token {k} at {times[k]} "
+                             f"comes after {times[k - 1]}")
+    return req, times
+
+
+def gap_chunks(req: NDArray[np.int64], times: NDArray[np.float64], n: int
+               ) -> Iterator[tuple[NDArray[np.int64], NDArray[np.float64]]]:
+    """Yields `([g] request index, [g] gap)` for the token log a slice of time at a time:
+    every gap between consecutive tokens of the same request, once, in no set order.
+
+    One pass over the log, `CHUNK_TOKENS` tokens at a time; each request's last token
+    time so far is carried from one slice to the next, so a gap across two slices counts.
+
+    Args:
+      req: `[K]` request index of each token, in [0, n).
+      times: `[K]` its time, non-decreasing.
+      n: the number of requests.
+    """
+    last_seen = np.full(n, np.nan)  # [N] each request's latest token time so far
+    for start in range(0, req.size, CHUNK_TOKENS):
+        # A stable sort by request keeps each request's tokens in time order.
+        order = np.argsort(req[start:start + CHUNK_TOKENS], kind="stable")
+        chunk_req = req[start:start + CHUNK_TOKENS][order]
+        chunk_times = times[start:start + CHUNK_TOKENS][order]
+        starts = np.ones(chunk_req.size, dtype=bool)  # a request's first token in the slice
+        starts[1:] = chunk_req[1:] != chunk_req[:-1]
+        previous = np.empty_like(chunk_times)
+        previous[1:] = chunk_times[:-1]
+        previous[starts] = last_seen[chunk_req[starts]]
+        ends = np.ones(chunk_req.size, dtype=bool)  # its last token in the slice
+        ends[:-1] = starts[1:]
+        last_seen[chunk_req[ends]] = chunk_times[ends]
+        has_previous = ~np.isnan(previous)
+        yield chunk_req[has_previous], (chunk_times - previous)[has_previous]
+
+
+def _merge_counts(values: NDArray[np.float64],  # [u] any order, repeats allowed
+                  counts: NDArray[np.int64]  # [u]
+                  ) -> tuple[NDArray[np.float64], NDArray[np.int64]]:  # ([U], [U])
+    """The multiset `values` (each `counts` times) as sorted distinct values and counts."""
+    keep = counts > 0
+    values, counts = values[keep], counts[keep]
+    order = np.argsort(values, kind="stable")
+    values, counts = values[order], counts[order]
+    first = np.ones(values.size, dtype=bool)
+    first[1:] = values[1:] != values[:-1]
+    starts = np.flatnonzero(first)
+    summed = np.add.reduceat(counts, starts) if starts.size else counts[:0]
+    return values[starts], summed.astype(np.int64)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class TokenStats:
+    """A run's generated tokens as the metrics read them (N requests).
+
+    Attributes:
+      num_tokens: `[N]` tokens each request generated (in this log).
+      last_token_s: `[N]` the time of its last token, -inf without one.
+      max_gap_s: `[N]` its largest gap between consecutive tokens, -inf with fewer than two.
+      gap_values: `[U]` the distinct inter-token gaps of the requests counted as finished
+        (`finished` where made), ascending.
+      gap_counts: `[U]` how many gaps have each value.
+    """
+
+    num_tokens: NDArray[np.int64]
+    last_token_s: NDArray[np.float64]
+    max_gap_s: NDArray[np.float64]
+    gap_values: NDArray[np.float64]
+    gap_counts: NDArray[np.int64]
+
+    def __post_init__(self) -> None:
+        for field in dataclasses.fields(self):
+            getattr(self, field.name).setflags(write=False)
+
+    @classmethod
+    def from_log(cls, token_req: NDArray, token_time_s: NDArray,  # [K], [K]
+                 finished: NDArray[np.bool_], *, gaps: bool = True) -> TokenStats:  # [N]
+        """The stats of a whole token log, a slice of it at a time (no sort of it whole).
+
+        Args:
+          token_req: `[K]` request index of every generated token, in [0, N).
+          token_time_s: `[K]` its time, non-decreasing.
+          finished: `[N]` the requests whose gaps `gap_values` counts.
+          gaps: False leaves `gap_values` empty (per-request figures only).
+
+        Raises:
+          ValueError: as `check_token_log`, or an index outside [0, N).
+        """
+        req, times = check_token_log(token_req, token_time_s)
+        n = int(finished.shape[0])
+        if req.size and (req.min() < 0 or req.max() >= n):
+            raise ValueError(f"token_req holds request indices outside [0, {n}): "
+                             f"min {req.min()}, max {req.max()}")
+        last_token = np.full(n, -np.inf)
+        np.maximum.at(last_token, req, times)
+        max_gap = np.full(n, -np.inf)
+        values, counts = [np.zeros(0)], [np.zeros(0, np.int64)]  # merged first, then chunks'
+        for gap_req, chunk_gaps in gap_chunks(req, times, n):
+            np.maximum.at(max_gap, gap_req, chunk_gaps)
+            if gaps:
+                distinct, count = np.unique(chunk_gaps[finished[gap_req]], return_counts=True)
+                values.append(distinct)
+                counts.append(count)
+                # Merged whenever the chunks' values outgrow the merged ones: each chunk's
+                # distinct gaps repeat the others' (step times), and kept apart they would
+                # add up to the log's size.
+                if sum(v.size for v in values[1:]) > max(values[0].size, CHUNK_TOKENS):
+                    merged = _merge_counts(np.concatenate(values), np.concatenate(counts))
+                    values, counts = [merged[0]], [merged[1]]
+        gap_values, gap_counts = _merge_counts(np.concatenate(values), np.concatenate(counts))
+        return cls(num_tokens=np.bincount(req, minlength=n).astype(np.int64),
+                   last_token_s=last_token, max_gap_s=max_gap, gap_values=gap_values,
+                   gap_counts=gap_counts)
+
+    def gap_percentile(self, p: float) -> float:
+        """The `p`th percentile of the counted gaps, as `np.percentile` (linear) gives it
+        over them all; NaN when there are none.
+
+        `np.percentile` interpolates between the two order statistics around
+        `(G - 1) * p / 100`; these are found in the counts, and the interpolation is
+        numpy's own (`np.quantile` of the pair at the same fraction).
+        """
+        total = int(self.gap_counts.sum())
+        if total == 0:
+            return float("nan")
+        virtual = (total - 1) * np.true_divide(p, 100)  # numpy's virtual index, as it makes it
+        if virtual >= total - 1:
+            return float(self.gap_values[-1])
+        below = int(np.floor(virtual))
+        ends = np.cumsum(self.gap_counts)  # [U] order statistics below each value's end
+        low = self.gap_values[np.searchsorted(ends, below, side="right")]
+        high = self.gap_values[np.searchsorted(ends, below + 1, side="right")]
+        return float(np.quantile(np.array([low, high]), virtual - below))
+
+
+class TokenTally:
+    """Counts a live run's tokens into `TokenStats`, a few bytes a request and a step.
+
+    Args:
+      num_requests: N, the requests of the run (indices 0..N-1).
+    """
+
+    def __init__(self, num_requests: int) -> None:
+        n = num_requests
+        self._times = np.zeros(1024)  # [C'] each call's time; grown by doubling
+        self._num_calls = 0
+        # [N] the call of its latest token; -2 before its first, so that no first token
+        # (not even at call 0) continues a run that ends at call - 1.
+        self._last_call = np.full(n, -2, np.int64)
+        self._run_start = np.full(n, -1, np.int64)  # [N] the first call of its current run
+        self._max_gap = np.full(n, -np.inf)  # [N]
+        # Runs that ended (the request's next token came later than the next call):
+        # (requests [b], first call [b], last call [b]) per `add` that ended some.
+        self._closed: list[tuple[NDArray[np.int64], ...]] = []
+
+    def add(self, requests: NDArray[np.int64], time_s: float) -> None:  # [k] distinct
+        """Counts a token of each of `requests` at `time_s` (not before the last call's)."""
+        call = self._num_calls
+        if call == self._times.size:
+            self._times = np.concatenate([self._times, np.zeros(call)])
+        self._times[call] = time_s
+        self._num_calls = call + 1
+        previous = self._last_call[requests]  # [k]
+        gaps = time_s - self._times[previous]  # [k] (a first token's is meaningless)
+        broke = previous != call - 1  # [k] starts a run: its first token, or after a break
+        if broke.any():
+            gaps[previous < 0] = -np.inf
+            starting, ended_at = requests[broke], previous[broke]
+            had = ended_at >= 0
+            if had.any():
+                ended = starting[had]
+                self._closed.append((ended, self._run_start[ended], ended_at[had]))
+            self._run_start[starting] = call
+        self._max_gap[requests] = np.maximum(self._max_gap[requests], gaps)
+        self._last_call[requests] = call
+
+    def stats(self, finished: NDArray[np.bool_]) -> TokenStats:  # [N]
+        """The tally so far as `TokenStats` (copies), `finished` the requests whose gaps count."""
+        n = self._last_call.size
+        times = self._times[:self._num_calls]  # [C]
+        started = np.flatnonzero(self._last_call >= 0)
+        closed = self._closed or [(np.zeros(0, np.int64),) * 3]
+        run_req = np.concatenate([started, *(c[0] for c in closed)])  # [R]
+        run_first = np.concatenate([self._run_start[started], *(c[1] for c in closed)])  # [R]
+        run_last = np.concatenate([self._last_call[started], *(c[2] for c in closed)])  # [R]
+        num_tokens = np.bincount(run_req, weights=run_last - run_first + 1,
+                                 minlength=n).astype(np.int64)
+        last_token = np.full(n, -np.inf)
+        last_token[started] = times[self._last_call[started]]
+        # Gaps inside runs of finished requests: one per call after a run's first, counted
+        # with a difference array over the calls.
+        counted = finished[run_req]
+        firsts, lasts = run_first[counted], run_last[counted]
+        steps = np.bincount(firsts + 1, minlength=times.size + 1) - np.bincount(
+            lasts + 1, minlength=times.size + 1)
+        per_call = np.cumsum(steps[:times.size])  # [C] gaps ending at each call
+        call_gaps = np.diff(times, prepend=np.nan)  # [C] each call's time since the last
+        # Gaps between the runs of one finished request: its runs in call order.
+        req, firsts = run_req[counted], firsts
+        order = np.lexsort((firsts, req))
+        req, firsts, lasts = req[order], firsts[order], lasts[order]
+        follows = req[1:] == req[:-1]
+        between = times[firsts[1:][follows]] - times[lasts[:-1][follows]]
+        gap_values, gap_counts = _merge_counts(
+            np.concatenate([call_gaps, between]),
+            np.concatenate([per_call, np.ones(between.size, np.int64)]))
+        return TokenStats(num_tokens=num_tokens, last_token_s=last_token,
+                          max_gap_s=self._max_gap.copy(), gap_values=gap_values,
+                          gap_counts=gap_counts)
