@@ -4,8 +4,14 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import policies
+from orca_jax import KVConfig, Scheduler, SchedulerConfig, StepLimits
 from orca_jax.core.requests.token_stats import TokenStats, TokenTally
 from orca_jax.results import metrics
+from orca_jax.results.summary import summarize
+from orca_jax.sim.cost_model import CostModelConfig
+from orca_jax.sim.engine import SimEngine
+from orca_jax.workloads.synthetic import synthetic_workload
 
 
 def _calls(num_requests: int, num_calls: int, seed: int) -> list[tuple[np.ndarray, float]]:
@@ -69,3 +75,25 @@ def test_a_tally_holds_bytes_per_request_and_call_not_per_token():
     stats = tally.stats(np.ones(num_requests, bool))
     assert stats.num_tokens.tolist() == [num_calls] * num_requests
     assert int(stats.gap_counts.sum()) == num_requests * (num_calls - 1)
+
+
+def test_a_run_that_counts_its_tokens_has_the_summary_of_one_that_logs_them():
+    # vllm under KV pressure: preemptions break requests' runs of consecutive tokens.
+    config = SchedulerConfig(limits=StepLimits(max_num_seqs=8, max_num_tokens=256,
+                                               max_model_len=512),
+                             kv=KVConfig(num_kv_pages=30, page_size=16))
+    requests = synthetic_workload(num_requests=90, arrival="poisson", rate=400.0,
+                                  prompt_len="uniform:8:120", output_len="uniform:1:60", seed=3)
+
+    def run(log_tokens):
+        engine = SimEngine(CostModelConfig(mode="fixed", model="tiny", step_time_s=0.01))
+        return Scheduler(requests, policies.make_policy("vllm"), engine, config,
+                         log_tokens=log_tokens).run()
+
+    logged, counted = run(True), run(False)
+    assert counted.token_req is None and logged.token_req.size == logged.num_generated.sum()
+    assert counted.total_preemptions > 0
+    with_log, without = summarize(logged), summarize(counted)
+    assert with_log.pop("host_us_per_step_median") and without.pop("host_us_per_step_median")
+    assert with_log == without
+    assert with_log["itl_p99_s"] > 0.01  # a gap across a preemption (steps take 0.01 s)
