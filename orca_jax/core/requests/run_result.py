@@ -24,10 +24,18 @@ _Array = TypeVar("_Array", bound=np.ndarray)
 
 
 def _frozen(array: _Array) -> _Array:
-    """A read-only copy (a result is a value: no one edits it in place)."""
+    """A read-only copy (a result is a value: no one edits it in place); an array that
+    is read-only already (a request table's workload facts) is shared, not copied."""
+    if array.flags.owndata and not array.flags.writeable:  # not a view of a writable one
+        return array
     copy = np.array(array)
     copy.setflags(write=False)
     return copy
+
+
+def _zeros(n: int) -> NDArray[np.int64]:
+    """`[n]` read-only zeros that take no memory (one replica's `replica`, `step_replica`)."""
+    return np.broadcast_to(np.int64(0), (n,))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
@@ -154,14 +162,14 @@ class RunResult:
                          else TokenStats.from_log(token_req, token_time,
                                                   np.isfinite(table.finish_s))),
             steps=record.steps.frozen(),
-            step_replica=_frozen(np.zeros(len(record.steps), np.int64)),
+            step_replica=_zeros(len(record.steps)),
             step_requests=None if held is None else tuple(_frozen(s[0]) for s in held),
             step_tokens=None if held is None else tuple(_frozen(s[1]) for s in held),
             step_held=None if held is None else tuple(_frozen(s[2]) for s in held),
             step_preempted=None if held is None else tuple(_frozen(s[3]) for s in held),
             step_rejected=None if held is None else tuple(_frozen(s[4]) for s in held),
             total_preemptions=record.num_preemptions, virtual_end_s=float(virtual_end_s),
-            replica=_frozen(np.zeros(n, np.int64)),
+            replica=_zeros(n),
             num_replicas=1, router=None, prefix_caching=prefix_caching,
             num_evictions=num_evictions)
 

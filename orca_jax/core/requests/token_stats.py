@@ -197,8 +197,9 @@ class TokenTally:
         self._num_calls = 0
         # [N] the call of its latest token; -2 before its first, so that no first token
         # (not even at call 0) continues a run that ends at call - 1.
-        self._last_call = np.full(n, -2, np.int64)
-        self._run_start = np.full(n, -1, np.int64)  # [N] the first call of its current run
+        # int32: 2^31 calls (steps) would take years of simulation.
+        self._last_call = np.full(n, -2, np.int32)
+        self._run_start = np.full(n, -1, np.int32)  # [N] the first call of its current run
         self._max_gap = np.full(n, -np.inf)  # [N]
         # Runs that ended (the request's next token came later than the next call):
         # (requests [b], first call [b], last call [b]) per `add` that ended some.
