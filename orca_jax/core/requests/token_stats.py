@@ -10,8 +10,8 @@ hold a few bytes a request and a step, and give the very same numbers.
 *runs*: tokens at consecutive `add` calls (a decode every step). The gap inside
 a run is the difference of two consecutive call times, so the gaps of every run
 together are one count per call (a difference array over the runs); gaps
-between runs (after a preemption, a prefill between two tokens) are few and
-kept as (call, call) pairs. `TokenStats` is the frozen value, made from a tally
+between runs (after a preemption, a prefill between two tokens) are few, and
+kept as they are measured. `TokenStats` is the frozen value, made from a tally
 (`TokenTally.stats`) or from a whole token log (`TokenStats.from_log`): the two
 agree bit for bit.
 """
@@ -201,9 +201,10 @@ class TokenTally:
         self._last_call = np.full(n, -2, np.int32)
         self._run_start = np.full(n, -1, np.int32)  # [N] the first call of its current run
         self._max_gap = np.full(n, -np.inf)  # [N]
-        # Runs that ended (the request's next token came later than the next call):
-        # (requests [b], first call [b], last call [b]) per `add` that ended some.
-        self._closed: list[tuple[NDArray[np.int64], ...]] = []
+        # Runs that ended (the request's next token came later than the next call), per
+        # `add` that ended some: (requests [b], each run's first call [b] and last call
+        # [b], the gap from its last token to the next one [b]).
+        self._closed: list[tuple[NDArray, NDArray, NDArray, NDArray[np.float64]]] = []
 
     def add(self, requests: NDArray[np.int64], time_s: float) -> None:  # [k] distinct
         """Counts a token of each of `requests` at `time_s` (not before the last call's)."""
@@ -216,43 +217,43 @@ class TokenTally:
         gaps = time_s - self._times[previous]  # [k] (a first token's is meaningless)
         broke = previous != call - 1  # [k] starts a run: its first token, or after a break
         if broke.any():
-            gaps[previous < 0] = -np.inf
-            starting, ended_at = requests[broke], previous[broke]
-            had = ended_at >= 0
+            had = broke & (previous >= 0)  # [k] after a break: a run ends
             if had.any():
-                ended = starting[had]
-                self._closed.append((ended, self._run_start[ended], ended_at[had]))
-            self._run_start[starting] = call
+                ended = requests[had]
+                self._closed.append((ended, self._run_start[ended], previous[had], gaps[had]))
+            gaps[previous < 0] = -np.inf
+            self._run_start[requests[broke]] = call
         self._max_gap[requests] = np.maximum(self._max_gap[requests], gaps)
         self._last_call[requests] = call
 
     def stats(self, finished: NDArray[np.bool_]) -> TokenStats:  # [N]
         """The tally so far as `TokenStats` (copies), `finished` the requests whose gaps count."""
-        n = self._last_call.size
-        times = self._times[:self._num_calls]  # [C]
-        started = np.flatnonzero(self._last_call >= 0)
-        closed = self._closed or [(np.zeros(0, np.int64),) * 3]
-        run_req = np.concatenate([started, *(c[0] for c in closed)])  # [R]
-        run_first = np.concatenate([self._run_start[started], *(c[1] for c in closed)])  # [R]
-        run_last = np.concatenate([self._last_call[started], *(c[2] for c in closed)])  # [R]
-        num_tokens = np.bincount(run_req, weights=run_last - run_first + 1,
-                                 minlength=n).astype(np.int64)
+        n, num_calls = self._last_call.size, self._num_calls
+        times = self._times[:num_calls]  # [C]
+        last_call, run_start = self._last_call, self._run_start
+        started = last_call >= 0  # [N] has a token: its current run is open
+        num_tokens = np.where(started, last_call - run_start + 1, 0).astype(np.int64)  # [N]
         last_token = np.full(n, -np.inf)
-        last_token[started] = times[self._last_call[started]]
-        # Gaps inside runs of finished requests: one per call after a run's first, counted
-        # with a difference array over the calls.
-        counted = finished[run_req]
-        firsts, lasts = run_first[counted], run_last[counted]
-        steps = np.bincount(firsts + 1, minlength=times.size + 1) - np.bincount(
-            lasts + 1, minlength=times.size + 1)
-        per_call = np.cumsum(steps[:times.size])  # [C] gaps ending at each call
+        last_token[started] = times[last_call[started]]
+        if self._closed:
+            closed_req, closed_first, closed_last, closed_gap = (
+                np.concatenate(parts) for parts in zip(*self._closed))
+        else:
+            closed_req = closed_first = closed_last = np.zeros(0, np.int32)
+            closed_gap = np.zeros(0)
+        np.add.at(num_tokens, closed_req, closed_last - closed_first + 1)
+        # Gaps inside the runs of finished requests: one per call after a run's first,
+        # counted with a difference array over the calls.
+        open_runs = np.flatnonzero(started & finished)
+        kept = finished[closed_req]
+        firsts = np.concatenate([run_start[open_runs], closed_first[kept]]) + 1
+        lasts = np.concatenate([last_call[open_runs], closed_last[kept]]) + 1
+        del open_runs
+        per_call = np.cumsum((np.bincount(firsts, minlength=num_calls + 1)
+                              - np.bincount(lasts, minlength=num_calls + 1))[:num_calls])
         call_gaps = np.diff(times, prepend=np.nan)  # [C] each call's time since the last
-        # Gaps between the runs of one finished request: its runs in call order.
-        req, firsts = run_req[counted], firsts
-        order = np.lexsort((firsts, req))
-        req, firsts, lasts = req[order], firsts[order], lasts[order]
-        follows = req[1:] == req[:-1]
-        between = times[firsts[1:][follows]] - times[lasts[:-1][follows]]
+        # Gaps between the runs of finished requests, as their breaks measured them.
+        between = closed_gap[kept]
         gap_values, gap_counts = _merge_counts(
             np.concatenate([call_gaps, between]),
             np.concatenate([per_call, np.ones(between.size, np.int64)]))
