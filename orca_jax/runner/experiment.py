@@ -10,6 +10,7 @@ steps.
 from __future__ import annotations
 
 import dataclasses
+import gc
 from typing import Any, Callable, Mapping, Optional
 
 from orca_jax.cluster.replicas import Cluster
@@ -131,7 +132,11 @@ def run_policy(spec: RunSpec, policy_spec: str, policy_options: Optional[Mapping
             _fail(folder, error, stream, scheduler.result, scheduler.num_steps,
                   scheduler.now_s)
         raise
-    del scheduler, stream  # its logs are in the result now: free them before the summary
+    # Its logs are in the result now: free them before the summary. The scheduler's parts
+    # refer to each other (its view, its executor), so only the cycle collector frees
+    # them, and that might not run before the summary (10^6 requests: ~230 MB held).
+    del scheduler, stream
+    gc.collect()
     try:
         summary, tables = summarize_run(result, ttft_slo_s=spec.ttft_slo_s,
                                         tpot_slo_s=spec.tpot_slo_s,
