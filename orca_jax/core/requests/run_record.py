@@ -4,10 +4,10 @@ Appending is O(1) Python per step (a tuple, or an array chunk for the tokens of
 a step), so recording does not add per-request work to the hot path; the
 arrays are assembled once, into the run's `RunResult` (`RunResult.from_log`).
 
-Steps are kept as rows of a structured array (`StepLogs`: 96 bytes a step). The
-log of every token (16 bytes a token) is kept only with `log_tokens`;
-without it the tokens are counted into a `TokenTally` (a few bytes a request and
-a step), which gives the metrics the same numbers.
+Steps are kept as rows of structured arrays (`StepLogs`: 96 bytes a step). The
+log of every token (16 bytes a token) is kept only with `logs_tokens`; without
+it the tokens are counted into a `TokenTally` (a few bytes a request and a
+step), which gives the metrics the same numbers.
 """
 
 from __future__ import annotations

@@ -137,6 +137,7 @@ class RunResult:
         """
         token_req, token_time = record.token_log() if record.logs_tokens else (None, None)
         held = record.step_requests if record.logs_step_requests else None
+        finished = np.isfinite(table.finish_s)  # [N] the requests whose gaps the stats count
         n = len(table)
         state = table.state
         if table.shared:  # a replica's own result: another replica's requests are away
@@ -158,9 +159,8 @@ class RunResult:
                            tuple(_frozen(np.asarray(t, np.int32)) for t in output_tokens)),
             token_req=None if token_req is None else _frozen(token_req),
             token_time_s=None if token_time is None else _frozen(token_time),
-            token_stats=(record.token_stats(np.isfinite(table.finish_s)) if token_req is None
-                         else TokenStats.from_log(token_req, token_time,
-                                                  np.isfinite(table.finish_s))),
+            token_stats=(record.token_stats(finished) if token_req is None
+                         else TokenStats.from_log(token_req, token_time, finished)),
             steps=record.steps.frozen(),
             step_replica=_zeros(len(record.steps)),
             step_requests=None if held is None else tuple(_frozen(s[0]) for s in held),
