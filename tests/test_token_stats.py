@@ -97,3 +97,9 @@ def test_a_run_that_counts_its_tokens_has_the_summary_of_one_that_logs_them():
     assert with_log.pop("host_us_per_step_median") and without.pop("host_us_per_step_median")
     assert with_log == without
     assert with_log["itl_p99_s"] > 0.01  # a gap across a preemption (steps take 0.01 s)
+    columns = (logged.arrival_s, logged.first_scheduled_s, logged.first_token_s,
+               logged.finish_s, logged.output_len)
+    from_log = metrics.request_metrics(*columns, logged.token_req, logged.token_time_s)
+    from_stats = metrics.request_metrics(*columns, None, None, token_stats=counted.token_stats)
+    for name, values in from_log.items():
+        np.testing.assert_array_equal(from_stats[name], values, name)

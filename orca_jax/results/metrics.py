@@ -67,8 +67,9 @@ def inter_token_gaps_by_request(
 
 
 def request_metrics(arrival_s: ArrayLike, first_scheduled_s: ArrayLike, first_token_s: ArrayLike,
-                    finish_s: ArrayLike, output_len: ArrayLike, token_req: ArrayLike,
-                    token_time_s: ArrayLike) -> dict[str, NDArray[np.float64]]:
+                    finish_s: ArrayLike, output_len: ArrayLike, token_req: Optional[ArrayLike],
+                    token_time_s: Optional[ArrayLike], *,
+                    token_stats: Optional[TokenStats] = None) -> dict[str, NDArray[np.float64]]:
     """Per-request latencies, each `[N]` float64 (NaN where not applicable).
 
     Args:
@@ -79,6 +80,8 @@ def request_metrics(arrival_s: ArrayLike, first_scheduled_s: ArrayLike, first_to
       output_len: `[N]` output tokens.
       token_req: `[K]` request index of every generated token.
       token_time_s: `[K]` time of every generated token, in time order.
+      token_stats: the run's tokens as `TokenStats`, instead of the token log (then
+        None: a run that counted its tokens, `RunResult.token_stats`).
 
     Returns:
       `queueing_delay_s` (first scheduled - arrival), `ttft_s` (first token -
@@ -88,9 +91,25 @@ def request_metrics(arrival_s: ArrayLike, first_scheduled_s: ArrayLike, first_to
       NaN with fewer than two tokens), `num_tokens` (tokens in the log).
     """
     arrays = _request_arrays(arrival_s, first_scheduled_s, first_token_s, finish_s, output_len)
-    stats = TokenStats.from_log(np.asarray(token_req), np.asarray(token_time_s),
-                                np.isfinite(arrays["finish_s"]), gaps=False)
-    return _request_metrics(arrays, stats)
+    return _request_metrics(arrays, _stats(arrays, token_req, token_time_s, token_stats,
+                                           gaps=False))
+
+
+def _stats(arrays: dict[str, NDArray[np.float64]], token_req: Optional[ArrayLike],
+           token_time_s: Optional[ArrayLike], token_stats: Optional[TokenStats], *,
+           gaps: bool) -> TokenStats:
+    """`token_stats`, or those of the token log (`gaps`: with the finished requests' gaps)."""
+    if token_stats is not None:
+        n = arrays["arrival_s"].shape[0]
+        if token_stats.num_tokens.shape != (n,):
+            raise ValueError(f"token_stats are of {token_stats.num_tokens.shape[0]} requests, "
+                             f"arrival_s of {n}")
+        return token_stats
+    if token_req is None or token_time_s is None:
+        raise ValueError("the metrics need the token log (token_req, token_time_s) or "
+                         "token_stats")
+    return TokenStats.from_log(np.asarray(token_req), np.asarray(token_time_s),
+                               np.isfinite(arrays["finish_s"]), gaps=gaps)
 
 
 def _request_arrays(arrival_s: ArrayLike, first_scheduled_s: ArrayLike,
@@ -208,11 +227,7 @@ def run_summary(arrival_s: ArrayLike, first_scheduled_s: ArrayLike, first_token_
       tpot_slo_s: TPOT SLO in seconds, or None.
     """
     arrays = _request_arrays(arrival_s, first_scheduled_s, first_token_s, finish_s, output_len)
-    if token_stats is None:
-        if token_req is None or token_time_s is None:
-            raise ValueError("run_summary needs the token log or token_stats")
-        token_stats = TokenStats.from_log(np.asarray(token_req), np.asarray(token_time_s),
-                                          np.isfinite(arrays["finish_s"]))
+    token_stats = _stats(arrays, token_req, token_time_s, token_stats, gaps=True)
     per_request = _request_metrics(arrays, token_stats)
     arrival = np.asarray(arrival_s, dtype=np.float64)
     finish = np.asarray(finish_s, dtype=np.float64)
