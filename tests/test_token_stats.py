@@ -1,11 +1,13 @@
 """Counting a run's tokens (`TokenTally`) gives the metrics what its token log gives."""
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import policies
 from orca_jax import KVConfig, Scheduler, SchedulerConfig, StepLimits
+from orca_jax.core.requests import token_stats
 from orca_jax.core.requests.token_stats import TokenStats, TokenTally
 from orca_jax.results import metrics
 from orca_jax.results.summary import summarize
@@ -27,8 +29,9 @@ def _calls(num_requests: int, num_calls: int, seed: int) -> list[tuple[np.ndarra
 
 
 @settings(max_examples=80, deadline=None)
-@given(num_requests=st.integers(1, 10), num_calls=st.integers(0, 40), seed=st.integers(0, 999))
-def test_a_tally_gives_the_stats_of_the_whole_token_log(num_requests, num_calls, seed):
+@given(num_requests=st.integers(1, 10), num_calls=st.integers(0, 40), seed=st.integers(0, 999),
+       chunk=st.sampled_from([1, 3, 1 << 16]))
+def test_a_tally_gives_the_stats_of_the_whole_token_log(num_requests, num_calls, seed, chunk):
     calls = _calls(num_requests, num_calls, seed)
     tally = TokenTally(num_requests)
     for requests, time_s in calls:
@@ -36,7 +39,10 @@ def test_a_tally_gives_the_stats_of_the_whole_token_log(num_requests, num_calls,
     token_req = np.concatenate([r for r, _ in calls] or [np.zeros(0, np.int64)])
     token_time = np.concatenate([np.full(r.size, t) for r, t in calls] or [np.zeros(0)])
     finished = np.random.default_rng(seed).random(num_requests) < 0.7
-    counted, logged = tally.stats(finished), TokenStats.from_log(token_req, token_time, finished)
+    with pytest.MonkeyPatch.context() as patch:  # slices of the log, and of the runs
+        patch.setattr(token_stats, "CHUNK_TOKENS", chunk)
+        counted = tally.stats(finished)
+        logged = TokenStats.from_log(token_req, token_time, finished)
     for field in ("num_tokens", "last_token_s", "max_gap_s", "gap_values", "gap_counts"):
         np.testing.assert_array_equal(getattr(counted, field), getattr(logged, field), field)
     np.testing.assert_array_equal(counted.num_tokens, np.bincount(token_req,

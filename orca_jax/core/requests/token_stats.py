@@ -185,7 +185,8 @@ class TokenStats:
 
 
 class TokenTally:
-    """Counts a live run's tokens into `TokenStats`, a few bytes a request and a step.
+    """Counts a live run's tokens into `TokenStats`: 8 bytes a request and a step, and 28
+    a break in a request's tokens (a preemption, a prefill between two of its tokens).
 
     Args:
       num_requests: N, the requests of the run (indices 0..N-1).
@@ -200,30 +201,31 @@ class TokenTally:
         # int32: 2^31 calls (steps) would take years of simulation.
         self._last_call = np.full(n, -2, np.int32)
         self._run_start = np.full(n, -1, np.int32)  # [N] the first call of its current run
-        self._max_gap = np.full(n, -np.inf)  # [N]
         # Runs that ended (the request's next token came later than the next call), per
         # `add` that ended some: (requests [b], each run's first call [b] and last call
         # [b], the gap from its last token to the next one [b]).
         self._closed: list[tuple[NDArray, NDArray, NDArray, NDArray[np.float64]]] = []
 
     def add(self, requests: NDArray[np.int64], time_s: float) -> None:  # [k] distinct
-        """Counts a token of each of `requests` at `time_s` (not before the last call's)."""
+        """Counts a token of each of `requests` at `time_s` (not before the last call's).
+
+        A few numpy operations a call whatever its size: the per-request figures are
+        made at the end (`stats`), from the runs.
+        """
         call = self._num_calls
         if call == self._times.size:
             self._times = np.concatenate([self._times, np.zeros(call)])
         self._times[call] = time_s
         self._num_calls = call + 1
         previous = self._last_call[requests]  # [k]
-        gaps = time_s - self._times[previous]  # [k] (a first token's is meaningless)
         broke = previous != call - 1  # [k] starts a run: its first token, or after a break
         if broke.any():
             had = broke & (previous >= 0)  # [k] after a break: a run ends
             if had.any():
-                ended = requests[had]
-                self._closed.append((ended, self._run_start[ended], previous[had], gaps[had]))
-            gaps[previous < 0] = -np.inf
+                ended, ended_at = requests[had], previous[had]
+                self._closed.append((ended, self._run_start[ended], ended_at,
+                                     time_s - self._times[ended_at]))
             self._run_start[requests[broke]] = call
-        self._max_gap[requests] = np.maximum(self._max_gap[requests], gaps)
         self._last_call[requests] = call
 
     def stats(self, finished: NDArray[np.bool_]) -> TokenStats:  # [N]
@@ -251,12 +253,42 @@ class TokenTally:
         del open_runs
         per_call = np.cumsum((np.bincount(firsts, minlength=num_calls + 1)
                               - np.bincount(lasts, minlength=num_calls + 1))[:num_calls])
+        del firsts, lasts
         call_gaps = np.diff(times, prepend=np.nan)  # [C] each call's time since the last
         # Gaps between the runs of finished requests, as their breaks measured them.
         between = closed_gap[kept]
         gap_values, gap_counts = _merge_counts(
             np.concatenate([call_gaps, between]),
             np.concatenate([per_call, np.ones(between.size, np.int64)]))
-        return TokenStats(num_tokens=num_tokens, last_token_s=last_token,
-                          max_gap_s=self._max_gap.copy(), gap_values=gap_values,
-                          gap_counts=gap_counts)
+        max_gap = np.full(n, -np.inf)  # [N]
+        np.maximum.at(max_gap, closed_req, closed_gap)
+        open_runs = np.flatnonzero(started & (last_call > run_start))  # with a gap inside
+        padded = np.append(call_gaps, -np.inf)  # [C + 1]: a run's end + 1 may be C
+        _max_inside_runs(max_gap, padded, open_runs, run_start[open_runs],
+                         last_call[open_runs])
+        del open_runs
+        _max_inside_runs(max_gap, padded, closed_req, closed_first, closed_last)
+        return TokenStats(num_tokens=num_tokens, last_token_s=last_token, max_gap_s=max_gap,
+                          gap_values=gap_values, gap_counts=gap_counts)
+
+
+def _max_inside_runs(max_gap: NDArray[np.float64],  # [N] raised in place
+                     gaps: NDArray[np.float64],  # [C + 1] each call's time since the last
+                     req: NDArray, first: NDArray, last: NDArray) -> None:  # [R] each
+    """Raises each request's `max_gap` to the largest gap inside its runs: request
+    `req[i]`'s tokens at calls `first[i]..last[i]`, whose gaps are `gaps[first+1..last]`.
+
+    With the runs sorted by start, `np.maximum.reduceat` over the indices `s0+1, e0+1,
+    s1+1, e1+1, ...` gives each run's maximum at the even places; the odd places reduce
+    the stretches between one run's end and the next one's start, which sorted starts
+    keep to one pass over the calls. `CHUNK_TOKENS` runs at a time.
+    """
+    order = np.argsort(first, kind="stable")
+    for start in range(0, order.size, CHUNK_TOKENS):
+        chunk = order[start:start + CHUNK_TOKENS]
+        bounds = np.empty(2 * chunk.size, np.int64)
+        bounds[0::2] = first[chunk] + 1
+        bounds[1::2] = last[chunk] + 1
+        inside = last[chunk] > first[chunk]  # a run of one token has no gap inside
+        run_max = np.maximum.reduceat(gaps, bounds)[0::2]
+        np.maximum.at(max_gap, req[chunk][inside], run_max[inside])
