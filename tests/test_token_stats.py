@@ -11,6 +11,9 @@ from orca_jax.core.requests import token_stats
 from orca_jax.core.requests.token_stats import TokenStats, TokenTally
 from orca_jax.results import metrics
 from orca_jax.results.summary import summarize
+from orca_jax.runner.build import build_engine, build_workload, scheduler_config
+from orca_jax.runner.experiment import run_policy
+from orca_jax.runner.spec import LimitsSpec, RunSpec, WorkloadSpec
 from orca_jax.sim.cost_model import CostModelConfig
 from orca_jax.sim.engine import SimEngine
 from orca_jax.workloads.synthetic import synthetic_workload
@@ -109,3 +112,18 @@ def test_a_run_that_counts_its_tokens_has_the_summary_of_one_that_logs_them():
     from_stats = metrics.request_metrics(*columns, None, None, token_stats=counted.token_stats)
     for name, values in from_log.items():
         np.testing.assert_array_equal(from_stats[name], values, name)
+
+
+def test_a_runner_run_keeps_no_log_of_every_token_and_summarizes_as_one_that_does():
+    spec = RunSpec(workload=WorkloadSpec(num_requests=150, rate=32.0),
+                   limits=LimitsSpec(max_num_tokens=1024, bucket_ladder=None))
+    summary, result = run_policy(spec, "vllm", progress=False)
+    assert result.token_req is None and result.token_time_s is None
+    assert result.token_stats.num_tokens.tolist() == result.num_generated.tolist()
+    config = scheduler_config(spec)
+    logged = Scheduler(build_workload(spec), policies.make_policy("vllm"),
+                       build_engine(spec, config), config).run()
+    assert logged.token_req.size == int(result.num_generated.sum())
+    expected = summarize(logged)
+    expected.pop("host_us_per_step_median"), summary.pop("host_us_per_step_median")
+    assert {k: v for k, v in summary.items() if k in expected} == expected  # + engine facts
