@@ -44,7 +44,7 @@ def mean_latencies(result: RunResult) -> dict[str, Optional[float]]:
     per_request = metrics.request_metrics(result.arrival_s, result.first_scheduled_s,
                                           result.first_token_s, result.finish_s,
                                           result.output_len, result.token_req,
-                                          result.token_time_s)
+                                          result.token_time_s, token_stats=result.token_stats)
     out = {}
     for name in ("ttft", "tpot"):
         values = per_request[f"{name}_s"]

@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from orca_jax.core.requests import token_stats
 from orca_jax.results import metrics
 
 
@@ -40,7 +41,7 @@ def test_slices_of_the_token_log_give_the_whole_log_s_gaps(num_requests, num_tok
             expected_max[r] = gaps[gap_req == r].max()
     finished_gaps = gaps[np.isfinite(run["finish_s"])[gap_req]]
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(metrics, "CHUNK_TOKENS", chunk)
+        patch.setattr(token_stats, "CHUNK_TOKENS", chunk)
         sliced = metrics.run_summary(**run)
         sliced_max = metrics.request_metrics(**run)["max_itl_s"]
     np.testing.assert_array_equal(sliced_max, expected_max)

@@ -40,7 +40,7 @@ def request_percentiles(result: RunResult) -> dict[str, Optional[float]]:
     per_request = metrics.request_metrics(result.arrival_s, result.first_scheduled_s,
                                           result.first_token_s, result.finish_s,
                                           result.output_len, result.token_req,
-                                          result.token_time_s)
+                                          result.token_time_s, token_stats=result.token_stats)
     finished = np.isfinite(result.finish_s)
     out: dict[str, Optional[float]] = {}
     for name, field in (("normalized_latency_p50_s", "normalized_latency_s"),

@@ -18,8 +18,9 @@ import numpy as np
 from numpy.typing import NDArray
 
 from orca_jax.core.requests.request import RequestState
-from orca_jax.core.requests.run_record import TransferLog
+from orca_jax.core.requests.run_record import StepLogs, TransferLog
 from orca_jax.core.requests.run_result import RunResult
+from orca_jax.core.requests.token_stats import TokenStats
 
 
 def _frozen(array: NDArray) -> NDArray:
@@ -50,6 +51,8 @@ def join_pools(prefill: RunResult, decode: RunResult, *,
     token_req = np.concatenate([prefill.token_req, decode.token_req])
     token_time = np.concatenate([prefill.token_time_s, decode.token_time_s])
     order = np.argsort(token_time, kind="stable")
+    token_req, token_time = token_req[order], token_time[order]
+    finish_s = pick("finish_s")
     logged = prefill.step_requests is not None and decode.step_requests is not None
 
     def steps(field: str):
@@ -61,7 +64,7 @@ def join_pools(prefill: RunResult, decode: RunResult, *,
         state=pick("state"),
         first_scheduled_s=pick("first_scheduled_s", prefer_prefill=True),
         first_token_s=pick("first_token_s", prefer_prefill=True),
-        last_token_s=pick("last_token_s"), finish_s=pick("finish_s"),
+        last_token_s=pick("last_token_s"), finish_s=finish_s,
         num_generated=pick("num_generated"),
         num_preemptions=_frozen(prefill.num_preemptions + decode.num_preemptions),
         num_cached_tokens=prefill.num_cached_tokens,
@@ -70,8 +73,9 @@ def join_pools(prefill: RunResult, decode: RunResult, *,
         output_tokens=(None if decode.output_tokens is None else tuple(
             d if at else p for at, p, d in
             zip(at_decode, prefill.output_tokens, decode.output_tokens))),
-        token_req=_frozen(token_req[order]), token_time_s=_frozen(token_time[order]),
-        steps=(*prefill.steps, *decode.steps),
+        token_req=_frozen(token_req), token_time_s=_frozen(token_time),
+        token_stats=TokenStats.from_log(token_req, token_time, np.isfinite(finish_s)),
+        steps=StepLogs.concat([prefill.steps, decode.steps]),
         step_replica=_frozen(np.concatenate([prefill.step_replica,
                                              decode.step_replica + num_prefill])),
         step_requests=steps("step_requests"), step_tokens=steps("step_tokens"),

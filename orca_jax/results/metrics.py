@@ -7,7 +7,9 @@ the same way. Inputs, for N requests and K generated tokens:
   NaN where the event did not happen (a rejected request, an unfinished one).
 * `output_len`: `[N]` tokens the request generates (its target length).
 * `token_req`, `token_time_s`: `[K]` the request index (0..N-1) and the time of
-  every generated token, in time order.
+  every generated token, in time order; or, for a run summary, the same tokens
+  counted as `TokenStats` (`orca_jax.core.requests.token_stats`: a few bytes a
+  request instead of 16 a token).
 
 Per-request values that need the request's end (latency, TPOT, normalized
 latency, max inter-token gap) are NaN until it finishes; run summaries use
@@ -17,65 +19,20 @@ finished requests only.
 from __future__ import annotations
 
 import math
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from orca_jax.core.requests.token_stats import TokenStats, check_token_log
+
 PERCENTILES = (50, 90, 99)
-
-
-# Tokens handled at once by the chunked gap computations: a run's token log can hold
-# millions (10^5 requests: 6.5M), and sorting it whole would take several copies of it.
-CHUNK_TOKENS = 1 << 16
 
 
 def _token_log(token_req: ArrayLike,
                token_time_s: ArrayLike) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
     """The token log as arrays (no copy of arrays already so), checked chunk by chunk."""
-    req = np.asarray(token_req, dtype=np.int64)
-    times = np.asarray(token_time_s, dtype=np.float64)
-    if req.ndim != 1 or req.shape != times.shape:
-        raise ValueError(f"token_req {req.shape} and token_time_s {times.shape} must be 1-D "
-                         f"arrays of the same length")
-    for start in range(0, max(times.size - 1, 0), CHUNK_TOKENS):
-        backwards = np.diff(times[start:start + CHUNK_TOKENS + 1]) < 0
-        if backwards.any():
-            k = start + int(np.argmax(backwards)) + 1
-            raise ValueError(f"token_time_s must be in time order; token {k} at {times[k]} "
-                             f"comes after {times[k - 1]}")
-    return req, times
-
-
-def _gap_chunks(req: NDArray[np.int64], times: NDArray[np.float64], n: int
-                ) -> Iterator[tuple[NDArray[np.int64], NDArray[np.float64]]]:
-    """Yields `([g] request index, [g] gap)` for the token log a slice of time at a time:
-    every gap between consecutive tokens of the same request, once, in no set order.
-
-    One pass over the log, `CHUNK_TOKENS` tokens at a time; each request's last token
-    time so far is carried from one slice to the next, so a gap across two slices counts.
-
-    Args:
-      req: `[K]` request index of each token, in [0, n).
-      times: `[K]` its time, non-decreasing.
-      n: the number of requests.
-    """
-    last_seen = np.full(n, np.nan)  # [N] each request's latest token time so far
-    for start in range(0, req.size, CHUNK_TOKENS):
-        # A stable sort by request keeps each request's tokens in time order.
-        order = np.argsort(req[start:start + CHUNK_TOKENS], kind="stable")
-        chunk_req = req[start:start + CHUNK_TOKENS][order]
-        chunk_times = times[start:start + CHUNK_TOKENS][order]
-        starts = np.ones(chunk_req.size, dtype=bool)  # a request's first token in the slice
-        starts[1:] = chunk_req[1:] != chunk_req[:-1]
-        previous = np.empty_like(chunk_times)
-        previous[1:] = chunk_times[:-1]
-        previous[starts] = last_seen[chunk_req[starts]]
-        ends = np.ones(chunk_req.size, dtype=bool)  # its last token in the slice
-        ends[:-1] = starts[1:]
-        last_seen[chunk_req[ends]] = chunk_times[ends]
-        has_previous = ~np.isnan(previous)
-        yield chunk_req[has_previous], (chunk_times - previous)[has_previous]
+    return check_token_log(np.asarray(token_req), np.asarray(token_time_s))
 
 
 def _gaps_by_request(token_req: ArrayLike,
@@ -110,8 +67,9 @@ def inter_token_gaps_by_request(
 
 
 def request_metrics(arrival_s: ArrayLike, first_scheduled_s: ArrayLike, first_token_s: ArrayLike,
-                    finish_s: ArrayLike, output_len: ArrayLike, token_req: ArrayLike,
-                    token_time_s: ArrayLike) -> dict[str, NDArray[np.float64]]:
+                    finish_s: ArrayLike, output_len: ArrayLike, token_req: Optional[ArrayLike],
+                    token_time_s: Optional[ArrayLike], *,
+                    token_stats: Optional[TokenStats] = None) -> dict[str, NDArray[np.float64]]:
     """Per-request latencies, each `[N]` float64 (NaN where not applicable).
 
     Args:
@@ -122,6 +80,8 @@ def request_metrics(arrival_s: ArrayLike, first_scheduled_s: ArrayLike, first_to
       output_len: `[N]` output tokens.
       token_req: `[K]` request index of every generated token.
       token_time_s: `[K]` time of every generated token, in time order.
+      token_stats: the run's tokens as `TokenStats`, instead of the token log (then
+        None: a run that counted its tokens, `RunResult.token_stats`).
 
     Returns:
       `queueing_delay_s` (first scheduled - arrival), `ttft_s` (first token -
@@ -130,6 +90,32 @@ def request_metrics(arrival_s: ArrayLike, first_scheduled_s: ArrayLike, first_to
       (latency / output_len), `max_itl_s` (largest gap between consecutive tokens;
       NaN with fewer than two tokens), `num_tokens` (tokens in the log).
     """
+    arrays = _request_arrays(arrival_s, first_scheduled_s, first_token_s, finish_s, output_len)
+    return _request_metrics(arrays, _stats(arrays, token_req, token_time_s, token_stats,
+                                           gaps=False))
+
+
+def _stats(arrays: dict[str, NDArray[np.float64]], token_req: Optional[ArrayLike],
+           token_time_s: Optional[ArrayLike], token_stats: Optional[TokenStats], *,
+           gaps: bool) -> TokenStats:
+    """`token_stats`, or those of the token log (`gaps`: with the finished requests' gaps)."""
+    if token_stats is not None:
+        n = arrays["arrival_s"].shape[0]
+        if token_stats.num_tokens.shape != (n,):
+            raise ValueError(f"token_stats are of {token_stats.num_tokens.shape[0]} requests, "
+                             f"arrival_s of {n}")
+        return token_stats
+    if token_req is None or token_time_s is None:
+        raise ValueError("the metrics need the token log (token_req, token_time_s) or "
+                         "token_stats")
+    return TokenStats.from_log(np.asarray(token_req), np.asarray(token_time_s),
+                               np.isfinite(arrays["finish_s"]), gaps=gaps)
+
+
+def _request_arrays(arrival_s: ArrayLike, first_scheduled_s: ArrayLike,
+                    first_token_s: ArrayLike, finish_s: ArrayLike,
+                    output_len: ArrayLike) -> dict[str, NDArray[np.float64]]:
+    """The `[N]` per-request inputs as float64 arrays by name, checked for shape."""
     arrays = {name: np.asarray(value, dtype=np.float64) for name, value in
               (("arrival_s", arrival_s), ("first_scheduled_s", first_scheduled_s),
                ("first_token_s", first_token_s), ("finish_s", finish_s),
@@ -138,18 +124,17 @@ def request_metrics(arrival_s: ArrayLike, first_scheduled_s: ArrayLike, first_to
     for name, value in arrays.items():
         if value.shape != (n,):
             raise ValueError(f"{name} has shape {value.shape}, expected ({n},) like arrival_s")
-    req, times = _token_log(token_req, token_time_s)
-    if req.size and (req.min() < 0 or req.max() >= n):
-        raise ValueError(f"token_req holds request indices outside [0, {n}): "
-                         f"min {req.min()}, max {req.max()}")
+    return arrays
+
+
+def _request_metrics(arrays: dict[str, NDArray[np.float64]],
+                     stats: TokenStats) -> dict[str, NDArray[np.float64]]:
+    """`request_metrics` of checked `[N]` arrays (by their argument names) and the run's
+    token stats."""
     arrival, finish, out_len = arrays["arrival_s"], arrays["finish_s"], arrays["output_len"]
     finished = np.isfinite(finish)
-
-    last_token = np.full(n, -np.inf)
-    np.maximum.at(last_token, req, times)
-    max_itl = np.full(n, -np.inf)
-    for gap_req, gaps in _gap_chunks(req, times, n):
-        np.maximum.at(max_itl, gap_req, gaps)
+    last_token = stats.last_token_s
+    max_itl = stats.max_gap_s.copy()
     with np.errstate(invalid="ignore", divide="ignore"):
         tpot = (last_token - arrays["first_token_s"]) / (out_len - 1)
         latency = finish - arrival
@@ -163,7 +148,7 @@ def request_metrics(arrival_s: ArrayLike, first_scheduled_s: ArrayLike, first_to
         "tpot_s": tpot,
         "normalized_latency_s": normalized,
         "max_itl_s": max_itl,
-        "num_tokens": np.bincount(req, minlength=n).astype(np.float64),
+        "num_tokens": stats.num_tokens.astype(np.float64),
     }
 
 
@@ -205,8 +190,9 @@ def jain_index(values: ArrayLike) -> Optional[float]:
 
 
 def run_summary(arrival_s: ArrayLike, first_scheduled_s: ArrayLike, first_token_s: ArrayLike,
-                finish_s: ArrayLike, output_len: ArrayLike, token_req: ArrayLike,
-                token_time_s: ArrayLike, *, rejected: Optional[ArrayLike] = None,
+                finish_s: ArrayLike, output_len: ArrayLike, token_req: Optional[ArrayLike],
+                token_time_s: Optional[ArrayLike], *, token_stats: Optional[TokenStats] = None,
+                rejected: Optional[ArrayLike] = None,
                 tenants: Optional[Sequence[Any]] = None, ttft_slo_s: Optional[float] = None,
                 tpot_slo_s: Optional[float] = None,
                 prompt_len: Optional[ArrayLike] = None) -> dict[str, Any]:
@@ -235,15 +221,19 @@ def run_summary(arrival_s: ArrayLike, first_scheduled_s: ArrayLike, first_token_
 
     Args:
       arrival_s, first_scheduled_s, first_token_s, finish_s, output_len,
-        token_req, token_time_s: as in `request_metrics`.
+        token_req, token_time_s: as in `request_metrics`; the token log may be None
+        when `token_stats` is given.
+      token_stats: the run's tokens as `TokenStats` (its gaps those of the requests with
+        a finite `finish_s`), instead of the token log (a run that counted its tokens).
       rejected: `[N]` bool, requests rejected up front (default: none).
       tenants: `[N]` tenant of each request (any hashable; written as str).
       ttft_slo_s: TTFT SLO in seconds, or None.
       tpot_slo_s: TPOT SLO in seconds, or None.
       prompt_len: `[N]` prompt tokens of each request, for `total_tok_s`.
     """
-    per_request = request_metrics(arrival_s, first_scheduled_s, first_token_s, finish_s,
-                                  output_len, token_req, token_time_s)
+    arrays = _request_arrays(arrival_s, first_scheduled_s, first_token_s, finish_s, output_len)
+    token_stats = _stats(arrays, token_req, token_time_s, token_stats, gaps=True)
+    per_request = _request_metrics(arrays, token_stats)
     arrival = np.asarray(arrival_s, dtype=np.float64)
     finish = np.asarray(finish_s, dtype=np.float64)
     out_len = np.asarray(output_len, dtype=np.float64)
@@ -281,7 +271,7 @@ def run_summary(arrival_s: ArrayLike, first_scheduled_s: ArrayLike, first_token_
         "normalized_latency_mean_s": _mean(done["normalized_latency_s"]),
         "queueing_delay_mean_s": _mean(done["queueing_delay_s"]),
     }
-    summary["itl_p99_s"] = _finished_gaps_percentile(token_req, token_time_s, finished, 99)
+    summary["itl_p99_s"] = _float_or_none(token_stats.gap_percentile(99))
     summary["max_itl_p99_s"] = _percentile(done["max_itl_s"], 99)
 
     if ttft_slo_s is not None or tpot_slo_s is not None:
@@ -297,26 +287,6 @@ def run_summary(arrival_s: ArrayLike, first_scheduled_s: ArrayLike, first_token_
     if tenants is not None:
         summary.update(_tenant_summary(tenants, finished, per_request))
     return summary
-
-
-def _finished_gaps_percentile(token_req: ArrayLike, token_time_s: ArrayLike,
-                              finished: NDArray[np.bool_], p: float) -> Optional[float]:
-    """The `p`th percentile of every inter-token gap of the finished requests.
-
-    The gaps are gathered slice by slice into one array of their exact count (the
-    percentile needs them all) and partitioned in place: no copy of the token log.
-    """
-    req, times = _token_log(token_req, token_time_s)
-    tokens = np.bincount(req, minlength=finished.size)[:finished.size]  # [N]
-    gaps = np.empty(int(np.maximum(tokens[finished] - 1, 0).sum()))  # [G] filled below
-    filled = 0
-    for gap_req, chunk_gaps in _gap_chunks(req, times, finished.size):
-        kept = chunk_gaps[finished[gap_req]]
-        gaps[filled:filled + kept.size] = kept
-        filled += kept.size
-    if gaps.size == 0:
-        return None
-    return float(np.percentile(gaps, p, overwrite_input=True))
 
 
 def _tenant_summary(tenants: Sequence[Any], finished: NDArray[np.bool_],

@@ -67,26 +67,27 @@ def summarize_run(result: RunResult, *, ttft_slo_s: Optional[float] = None,
     summary.update(metrics.run_summary(
         result.arrival_s, result.first_scheduled_s, result.first_token_s, result.finish_s,
         result.output_len, result.token_req, result.token_time_s,
-        rejected=result.state == RequestState.REJECTED, tenants=tenants,
-        ttft_slo_s=ttft_slo_s, tpot_slo_s=tpot_slo_s, prompt_len=result.prompt_len))
+        token_stats=result.token_stats, rejected=result.state == RequestState.REJECTED,
+        tenants=tenants, ttft_slo_s=ttft_slo_s, tpot_slo_s=tpot_slo_s,
+        prompt_len=result.prompt_len))
     tables: dict[str, list[dict[str, Any]]] = {}
     per_tenant = summary.pop("tenants", None)
     if per_tenant is not None:
         summary["num_tenants"] = len(per_tenant)
         tables["tenants"] = [{"tenant": name, **values} for name, values in per_tenant.items()]
-    steps = result.steps
-    real = sum(s.num_tokens for s in steps)
-    padded = sum(s.num_padded_tokens for s in steps)
-    host = np.fromiter((s.host_s for s in steps), np.float64, len(steps)) if steps else np.zeros(1)
+    num_steps = result.num_steps
+    real = int(result.step_array("num_tokens").sum())
+    padded = int(result.step_array("num_padded_tokens").sum())
+    host = result.step_array("host_s") if num_steps else np.zeros(1)
     summary.update({
-        "num_steps": len(steps),
+        "num_steps": num_steps,
         "virtual_end_s": result.virtual_end_s,
         "padding_fraction": (padded - real) / padded if padded else 0.0,
         "num_preemptions": result.total_preemptions,
-        "mean_batch_size": (float(np.fromiter((s.num_seqs for s in steps), np.float64,
-                                              len(steps)).mean()) if steps else 0.0),
+        "mean_batch_size": (float(result.step_array("num_seqs").astype(np.float64).mean())
+                            if num_steps else 0.0),
         "host_us_per_step_median": float(np.median(host) * 1e6),
-        "engine_s_total": float(sum(s.step_s for s in steps)),
+        "engine_s_total": float(_sum_in_order(result.step_array("step_s"))),
     })
     summary["engine_busy_fraction"] = busy_fraction(
         summary["engine_s_total"], summary.get("duration_s"), result.num_replicas)
@@ -114,6 +115,15 @@ def busy_fraction(engine_s_total: float, duration_s: Optional[float],
     if not duration_s:
         return None
     return engine_s_total / (duration_s * max(num_replicas, 1))
+
+
+def _sum_in_order(values: np.ndarray) -> float:  # [S]
+    """Python's `sum` of the values, left to right (numpy's sums pairwise: other last
+    bits), a slice at a time (no list of them all)."""
+    total = 0
+    for start in range(0, values.size, 1 << 16):
+        total = sum(values[start:start + (1 << 16)].tolist(), total)
+    return total
 
 
 def flatten(fields: Mapping[str, Any]) -> dict[str, Any]:

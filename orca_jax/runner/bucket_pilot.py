@@ -138,7 +138,8 @@ def _pilot_result(pilot: RunSpec, workload: list[Request], progress: bool) -> Ru
         return run_disaggregated(pilot, PILOT_POLICY, None, config, workload)[2]
     if pilot.cluster.num_replicas > 1:
         return build_cluster(pilot, PILOT_POLICY, None, config, workload).run()
-    scheduler = Scheduler(workload, make_policy(PILOT_POLICY), build_engine(pilot, config), config)
+    scheduler = Scheduler(workload, make_policy(PILOT_POLICY), build_engine(pilot, config), config,
+                          log_tokens=False)  # the pilot reads its steps only
     bar = Progress(f"bucket pilot ({PILOT_POLICY})", len(workload), "requests") if progress \
         else None
 

@@ -66,6 +66,9 @@ class Scheduler(SchedulerLoop):
       table: the request table of the replica's pool, as this replica sees it
         (`RequestTable.for_replica`; built over the same `requests`), shared with
         the pool's other replicas; default: a table of its own.
+      log_tokens: keep every generated token's request and time (`RunResult.token_req`,
+        `token_time_s`: 16 bytes a token); False counts them instead, which is all the
+        metrics need (`RunRecord.logs_tokens`).
 
     Attributes:
       executor: runs its iterations (`step`, `run`) and keeps its clock; depth 2
@@ -75,7 +78,7 @@ class Scheduler(SchedulerLoop):
 
     def __init__(self, requests: Sequence[Request], policy: Policy, engine: Engine,
                  config: SchedulerConfig, *, submitted_only: bool = False,
-                 table: Optional[RequestTable] = None) -> None:
+                 table: Optional[RequestTable] = None, log_tokens: bool = True) -> None:
         if not requests:
             raise ValueError("the workload has no requests")
         self.config = config
@@ -132,7 +135,8 @@ class Scheduler(SchedulerLoop):
         self.in_transfer = NO_REQUESTS
         self._num_done = 0
         self.record = RunRecord(num_requests=n,
-                                logs_step_requests=self.features.log_step_requests)
+                                logs_step_requests=self.features.log_step_requests,
+                                logs_tokens=log_tokens)
         if table is None or not table.replica:  # a shared table's first replica does it
             self._num_done += reject_impossible(self.table, self.capacity,
                                                 config.limits.max_model_len)

@@ -40,7 +40,9 @@ class RequestState(enum.IntEnum):
     ROUTED_AWAY = 5  # a cluster's router sent it to another replica (orca_jax.cluster.replicas)
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
+# Slots: a request is one object per row of a workload (10^6 of them in a large run),
+# and without a __dict__ each takes about 80 bytes less.
+@dataclasses.dataclass(frozen=True, kw_only=True, eq=False, slots=True)
 class Request:
     """One request of a workload.
 

@@ -31,6 +31,9 @@ _FIELDS = (
     "num_cached_tokens", "holder",
 )
 
+# The columns a run never writes (the workload's description of each request).
+_FACTS = ("arrival_s", "prompt_len", "output_len", "priority", "tenant", "deadline_s")
+
 
 class RequestTable:
     """Mutable per-request arrays, indexed by request index. Owned by the scheduler."""
@@ -66,6 +69,10 @@ class RequestTable:
         # [N] the replica of the pool holding each request (its index), -1 for none:
         # not routed yet, or let go. A table of one scheduler holds every request (0).
         self.holder = np.zeros(n, dtype=np.int32)
+        # The workload's facts never change in a run: read-only, so that a run's result
+        # shares them instead of copying them (`RunResult.from_log`).
+        for fact in _FACTS:
+            getattr(self, fact).setflags(write=False)
         self.reject_reason: dict[int, str] = {}
         self.replica = 0  # the replica this table object is the view of (`for_replica`)
         self.shared = False  # whether other replicas share the rows (`for_replica`)

@@ -3,6 +3,11 @@
 Appending is O(1) Python per step (a tuple, or an array chunk for the tokens of
 a step), so recording does not add per-request work to the hot path; the
 arrays are assembled once, into the run's `RunResult` (`RunResult.from_log`).
+
+Steps are kept as rows of structured arrays (`StepLogs`: 96 bytes a step). The
+log of every token (16 bytes a token) is kept only with `logs_tokens`; without
+it the tokens are counted into a `TokenTally` (a few bytes a request and a
+step), which gives the metrics the same numbers.
 """
 
 from __future__ import annotations
@@ -13,22 +18,10 @@ from typing import NamedTuple
 import numpy as np
 from numpy.typing import NDArray
 
+from orca_jax.core.requests.step_logs import StepLog, StepLogs
+from orca_jax.core.requests.token_stats import TokenStats, TokenTally
 
-class StepLog(NamedTuple):
-    """One step, as written to steps.jsonl."""
-
-    step: int
-    start_s: float
-    num_seqs: int
-    num_tokens: int  # real tokens
-    num_padded_tokens: int  # tokens of the bucket the step was padded to
-    bucket: int  # the bucket's T
-    host_s: float  # host scheduling time of the iteration (engine excluded)
-    step_s: float  # engine seconds
-    num_running: int
-    num_waiting: int
-    num_free_pages: int
-    num_cached_tokens: int = 0  # tokens this step's admissions took from the prefix cache
+__all__ = ["RunRecord", "StepLog", "StepLogs", "TransferLog"]  # StepLog's old home
 
 
 class TransferLog(NamedTuple):
@@ -49,7 +42,9 @@ class RunRecord:
 
     num_requests: int
     logs_step_requests: bool = False  # SchedulerConfig.features.log_step_requests
-    steps: list[StepLog] = dataclasses.field(default_factory=list)
+    # Keep every token's request and time (`token_log`); False counts them instead.
+    logs_tokens: bool = True
+    steps: StepLogs = dataclasses.field(default_factory=StepLogs)
     num_preemptions: int = 0  # over the run
     _token_req: list[NDArray[np.int64]] = dataclasses.field(default_factory=list)
     _token_time: list[float] = dataclasses.field(default_factory=list)
@@ -62,6 +57,9 @@ class RunRecord:
     # nothing logs no step: its removals go with the next step that does).
     _removed: list[tuple[NDArray[np.int64], NDArray[np.int64]]] = dataclasses.field(
         default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._tally = None if self.logs_tokens else TokenTally(self.num_requests)
 
     def log_step(self, entry: StepLog) -> None:
         self.steps.append(entry)
@@ -99,13 +97,30 @@ class RunRecord:
                                   np.concatenate([last_rejected, rejected]))
 
     def log_tokens(self, requests: NDArray[np.int64], time_s: float) -> None:  # [k]
-        """Records that `requests` each got a token at `time_s`."""
+        """Records that `requests` (distinct) each got a token at `time_s`."""
+        if self._tally is not None:
+            self._tally.add(requests, time_s)
+            return
         self._token_req.append(requests)
         self._token_time.append(time_s)
         self._token_count.append(int(requests.size))
 
+    def token_stats(self, finished: NDArray[np.bool_]) -> TokenStats:  # [N]
+        """The tokens so far as the metrics read them; `finished` the requests whose
+        inter-token gaps count (`TokenStats`)."""
+        if self._tally is not None:
+            return self._tally.stats(finished)
+        return TokenStats.from_log(*self.token_log(), finished)
+
     def token_log(self) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
-        """`([K] request index, [K] time)` of every generated token, in time order."""
+        """`([K] request index, [K] time)` of every generated token, in time order.
+
+        Raises:
+          ValueError: the record counts its tokens (`logs_tokens` False).
+        """
+        if self._tally is not None:
+            raise ValueError("token_log: this run counted its tokens without logging each "
+                             "(RunRecord.logs_tokens is False)")
         if not self._token_req:
             return np.zeros(0, np.int64), np.zeros(0, np.float64)
         requests = np.concatenate(self._token_req)

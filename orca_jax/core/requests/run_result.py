@@ -4,7 +4,11 @@
 that steps by hand); `Cluster.run()` returns its replicas' results joined by
 `RunResult.concat`. A result holds copies, as read-only numpy arrays and
 tuples, so it outlives its scheduler and nothing after the run reaches into a
-live one.
+live one; the workload's facts (arrival times, lengths, priorities, tenants),
+which no run writes, are the request table's own read-only arrays. Its tokens
+are `TokenStats` (what the metrics read), and the log of every token only when
+the run kept one (`Scheduler(log_tokens=True)`, the default; `run_policy` does
+not: 16 bytes a token).
 """
 
 from __future__ import annotations
@@ -17,16 +21,25 @@ from numpy.typing import NDArray
 
 from orca_jax.core.requests.request import RequestState
 from orca_jax.core.requests.request_table import RequestTable
-from orca_jax.core.requests.run_record import RunRecord, StepLog, TransferLog
+from orca_jax.core.requests.run_record import RunRecord, StepLogs, TransferLog
+from orca_jax.core.requests.token_stats import TokenStats
 
 _Array = TypeVar("_Array", bound=np.ndarray)
 
 
 def _frozen(array: _Array) -> _Array:
-    """A read-only copy (a result is a value: no one edits it in place)."""
+    """A read-only copy (a result is a value: no one edits it in place); an array that
+    is read-only already (a request table's workload facts) is shared, not copied."""
+    if array.flags.owndata and not array.flags.writeable:  # not a view of a writable one
+        return array
     copy = np.array(array)
     copy.setflags(write=False)
     return copy
+
+
+def _zeros(n: int) -> NDArray[np.int64]:
+    """`[n]` read-only zeros that take no memory (one replica's `replica`, `step_replica`)."""
+    return np.broadcast_to(np.int64(0), (n,))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
@@ -61,10 +74,16 @@ class RunResult:
     # [N] of [num_generated[i]] int32 token ids; None when the engine produces no ids.
     output_tokens: Optional[tuple[NDArray[np.int32], ...]]
     # ---------------------------------------------------------- per token
-    token_req: NDArray[np.int64]  # [K] request index of every generated token, in time order
-    token_time_s: NDArray[np.float64]  # [K] when it was generated (the end of its step)
+    # [K] request index of every generated token, in time order, and [K] when it was
+    # generated (the end of its step); None when the run counted its tokens instead of
+    # logging each (`RunRecord.logs_tokens`: a run through `runner.run_policy`).
+    token_req: Optional[NDArray[np.int64]]
+    token_time_s: Optional[NDArray[np.float64]]
+    # What the metrics read of the tokens (counts, last times, gaps; `TokenStats`), its
+    # gaps those of the requests with a finite `finish_s`.
+    token_stats: TokenStats
     # ---------------------------------------------------------- per step
-    steps: tuple[StepLog, ...]  # [S] each step as steps.jsonl writes it
+    steps: StepLogs  # [S] each step (a `StepLog`) as steps.jsonl writes it
     step_replica: NDArray[np.int64]  # [S] the replica that ran each step
     # [S] of [n]: the requests each step computed, and how many tokens each; [S] of [m]: the
     # requests holding a batch place after it (running, or finished and not yet released).
@@ -100,8 +119,8 @@ class RunResult:
         return len(self.steps)
 
     def step_array(self, field: str) -> NDArray:
-        """One StepLog field over all steps, `[S]`."""
-        return np.asarray([getattr(step, field) for step in self.steps])
+        """One StepLog field over all steps, `[S]` (int64 or float64)."""
+        return self.steps.column(field)
 
     @classmethod
     def from_log(cls, table: RequestTable, record: RunRecord, *, policy: str, engine: str,
@@ -120,8 +139,9 @@ class RunResult:
           prefix_caching: whether prefix caching was active.
           num_evictions: cached KV pages the run evicted.
         """
-        token_req, token_time = record.token_log()
+        token_req, token_time = record.token_log() if record.logs_tokens else (None, None)
         held = record.step_requests if record.logs_step_requests else None
+        finished = np.isfinite(table.finish_s)  # [N] the requests whose gaps the stats count
         n = len(table)
         state = table.state
         if table.shared:  # a replica's own result: another replica's requests are away
@@ -141,15 +161,19 @@ class RunResult:
             num_cached_tokens=_frozen(table.num_cached_tokens),
             output_tokens=(None if output_tokens is None else
                            tuple(_frozen(np.asarray(t, np.int32)) for t in output_tokens)),
-            token_req=_frozen(token_req), token_time_s=_frozen(token_time),
-            steps=tuple(record.steps), step_replica=_frozen(np.zeros(len(record.steps), np.int64)),
+            token_req=None if token_req is None else _frozen(token_req),
+            token_time_s=None if token_time is None else _frozen(token_time),
+            token_stats=(record.token_stats(finished) if token_req is None
+                         else TokenStats.from_log(token_req, token_time, finished)),
+            steps=record.steps.frozen(),
+            step_replica=_zeros(len(record.steps)),
             step_requests=None if held is None else tuple(_frozen(s[0]) for s in held),
             step_tokens=None if held is None else tuple(_frozen(s[1]) for s in held),
             step_held=None if held is None else tuple(_frozen(s[2]) for s in held),
             step_preempted=None if held is None else tuple(_frozen(s[3]) for s in held),
             step_rejected=None if held is None else tuple(_frozen(s[4]) for s in held),
             total_preemptions=record.num_preemptions, virtual_end_s=float(virtual_end_s),
-            replica=_frozen(np.zeros(n, np.int64)),
+            replica=_zeros(n),
             num_replicas=1, router=None, prefix_caching=prefix_caching,
             num_evictions=num_evictions)
 
@@ -174,12 +198,16 @@ class RunResult:
 
         Raises:
           ValueError: no results, a result of several replicas, results of
-            different workloads, or a request not routed to exactly one replica.
+            different workloads, a result without its token log, or a request not
+            routed to exactly one replica.
         """
         if not results:
             raise ValueError("RunResult.concat: no results to join")
         first = results[0]
         for index, result in enumerate(results):
+            if result.token_req is None:
+                raise ValueError(f"RunResult.concat: result {index} has no token log (its "
+                                 "record counted its tokens); join results that log them")
             if result.num_replicas != 1:
                 raise ValueError(f"RunResult.concat: result {index} already joins "
                                  f"{result.num_replicas} replicas")
@@ -206,19 +234,22 @@ class RunResult:
         token_req = np.concatenate([r.token_req for r in results])
         token_time = np.concatenate([r.token_time_s for r in results])
         order = np.argsort(token_time, kind="stable")
+        token_req, token_time = token_req[order], token_time[order]
         logged = all(r.step_requests is not None for r in results)
+        finish_s = served("finish_s")
         return dataclasses.replace(
             first,
             state=served("state"), first_scheduled_s=served("first_scheduled_s"),
             first_token_s=served("first_token_s"), last_token_s=served("last_token_s"),
-            finish_s=served("finish_s"), num_generated=served("num_generated"),
+            finish_s=finish_s, num_generated=served("num_generated"),
             num_preemptions=served("num_preemptions"),
             num_cached_tokens=served("num_cached_tokens"),
             reject_reason=tuple(results[r].reject_reason[i] for i, r in enumerate(serving)),
             output_tokens=(None if first.output_tokens is None else
                            tuple(results[r].output_tokens[i] for i, r in enumerate(serving))),
-            token_req=_frozen(token_req[order]), token_time_s=_frozen(token_time[order]),
-            steps=tuple(step for r in results for step in r.steps),
+            token_req=_frozen(token_req), token_time_s=_frozen(token_time),
+            token_stats=TokenStats.from_log(token_req, token_time, np.isfinite(finish_s)),
+            steps=StepLogs.concat([r.steps for r in results]),
             step_replica=_frozen(np.repeat(np.arange(len(results)),
                                            [r.num_steps for r in results])),
             step_requests=(tuple(a for r in results for a in r.step_requests)
