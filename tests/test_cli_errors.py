@@ -66,7 +66,7 @@ def _cases(files: Path) -> list[Case]:
         # numpy's ArrayMemoryError, a ValueError deep in the run, and a hang).
         Case("num_requests_1e12", (*SIM, "--num_requests=1000000000000"), 2,
              r"--num_requests: workload\.num_requests=1000000000000 is above its cap of "
-             r"[\d,]+: requests take at least 4096 B each and this machine has [\d.]+ GiB"),
+             r"[\d,]+: requests take at least 512 B each and this machine has [\d.]+ GiB"),
         Case("num_kv_pages_1e11", (*SIM, "--num_kv_pages=100000000000"), 2,
              r"--num_kv_pages: limits\.num_kv_pages=100000000000 gives 100,000,000,000 KV "
              r"pages, above the cap of [\d,]+ pages: "),

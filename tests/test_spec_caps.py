@@ -21,11 +21,11 @@ def sixteen_gib(monkeypatch):
 
 def test_a_count_at_its_cap_is_accepted_and_one_above_refused_naming_value_and_cap(
         sixteen_gib):
-    cap = 16 * GIB // 4096  # requests: 4 KiB each at least
+    cap = 16 * GIB // 512  # requests: 512 B each at least
     RunSpec(workload=WorkloadSpec(num_requests=cap))
     with pytest.raises(ValueError, match=(
             rf"^workload\.num_requests={cap + 1} is above its cap of {cap:,}: requests take "
-            r"at least 4096 B each and this machine has 16\.0 GiB of memory$")):
+            r"at least 512 B each and this machine has 16\.0 GiB of memory$")):
         RunSpec(workload=WorkloadSpec(num_requests=cap + 1))
 
 

@@ -34,9 +34,10 @@ from orca_jax.specs.model_config import get_model_config
 RunSpecLike = Any
 
 # What one unit costs the run on the host at least, in bytes.
-# A request through the simulator: 3.7 KB at 10^6 requests (issue 25's soak; 4.3 KB with
-# the interpreter at 10^5, benchmarks/results/memory_at_scale.txt).
-BYTES_PER_REQUEST = 4096
+# A request through the simulator: 716 B at 10^6 requests (its Request object alone about
+# 200, the scheduler's table and KV columns about 230; benchmarks/results/
+# memory_at_scale_1e6.txt), rounded down: a lower bound, so no run that fits is refused.
+BYTES_PER_REQUEST = 512
 # A KV page: the pool's ref count (int64) and free list (int32), the prefix cache's flag
 # (bool), rounded up.
 BYTES_PER_KV_PAGE = 16
