@@ -92,3 +92,21 @@ def test_thresholds(preemptions, finished, recomputed, computed, warns):
     assert (line is not None) == warns
     if warns:
         assert line.startswith("run p may be thrashing") and "\n" not in line
+
+
+@pytest.mark.parametrize("admission_preempts, warns", [("false", False), ("true", True)])
+def test_the_guides_preempting_example_thrashes_only_when_admissions_preempt(
+        admission_preempts, warns, caplog):
+    summary, _, lines = _run(str(REPO / "examples/preemptive_las.py") + ":PreemptiveLAS",
+                             caplog, {"admission_preempts": admission_preempts})
+    assert summary["policy"] == "preemptive_las" and summary["num_finished"] == 200
+    assert len(lines) == int(warns)
+    assert (summary["preemptions_per_finished"] > 1) == warns
+
+
+def test_the_guide_quotes_the_preempting_example_as_it_is():
+    doc = (REPO / "docs/writing_a_policy.md").read_text()
+    quoted = doc.split("```python\n@register(\"preemptive_las\")", 1)[1].split("```", 1)[0]
+    text = (REPO / "examples/preemptive_las.py").read_text()
+    for line in ('@register("preemptive_las")\n' + quoted).splitlines():
+        assert line in text.splitlines(), line
