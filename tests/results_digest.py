@@ -7,8 +7,14 @@ from pathlib import Path
 # Summary fields added after the digests were taken, each a function of fields the digest
 # covers (issue 26): `output_tok_s` is `throughput_tok_s` renamed, `total_tok_s` adds the
 # requests' prompt lengths over `duration_s`, `engine_busy_fraction` is `engine_s_total`
-# over `duration_s`. Left out, so adding them moves no digest and every bit stays checked.
-DERIVED_SUMMARY_FIELDS = ("output_tok_s", "total_tok_s", "engine_busy_fraction")
+# over `duration_s`; `preemptions_per_finished` is `num_preemptions` over `num_finished`;
+# `recomputed_tokens` (and `recomputed_token_fraction`, over the steps' `num_tokens`) is
+# fixed by the decisions the steps' and requests' rows record (the tokens the steps computed
+# beyond each request's own). Left out, so adding them moves no digest and every bit stays
+# checked.
+DERIVED_SUMMARY_FIELDS = ("output_tok_s", "total_tok_s", "engine_busy_fraction",
+                          "preemptions_per_finished", "recomputed_tokens",
+                          "recomputed_token_fraction")
 
 
 def results_digest(out: Path) -> str:

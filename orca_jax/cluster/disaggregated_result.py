@@ -82,6 +82,8 @@ def join_pools(prefill: RunResult, decode: RunResult, *,
         step_held=steps("step_held"), step_preempted=steps("step_preempted"),
         step_rejected=steps("step_rejected"),
         total_preemptions=prefill.total_preemptions + decode.total_preemptions,
+        total_recomputed_tokens=(prefill.total_recomputed_tokens
+                                 + decode.total_recomputed_tokens),
         virtual_end_s=max(prefill.virtual_end_s, decode.virtual_end_s),
         replica=_frozen(np.where(served_decode, decode.replica + num_prefill, -1)),
         prefill_replica=prefill.replica, num_prefill_replicas=num_prefill,

@@ -22,6 +22,7 @@ from orca_jax.core.requests.request import RequestState
 from orca_jax.core.requests.run_record import StepLog
 from orca_jax.core.requests.run_result import RunResult
 from orca_jax.results import metrics
+from orca_jax.results.thrash import thrash_figures
 
 
 def summarize(result: RunResult, *, ttft_slo_s: Optional[float] = None,
@@ -43,9 +44,11 @@ def summarize_run(result: RunResult, *, ttft_slo_s: Optional[float] = None,
     `num_replicas`, `router` and `load_imbalance`; a run with prefix caching
     active also gets `prefix_hit_rate` (prompt tokens taken from the cache over
     the prompt tokens of admitted requests) and `num_evictions` (cached pages
-    evicted); `engine_busy_fraction` is `engine_s_total` over `duration_s` (and over
-    the replicas; `busy_fraction`); a run of several tenants, `num_tenants` and the
-    fairness indices.
+    evicted); `preemptions_per_finished`, `recomputed_tokens` and
+    `recomputed_token_fraction` say whether the policy thrashed
+    (`orca_jax.results.thrash`); `engine_busy_fraction` is `engine_s_total` over
+    `duration_s` (and over the replicas; `busy_fraction`); a run of several tenants,
+    `num_tenants` and the fairness indices.
     With an SLO, `goodput_req_s_per_gpu` is the goodput over `num_gpus` (default:
     one per replica). A disaggregated run also gets `num_prefill_replicas` and its
     transfers' figures (`num_transfers`, `transfer_bytes_total`, `transfer_s_mean`,
@@ -89,6 +92,8 @@ def summarize_run(result: RunResult, *, ttft_slo_s: Optional[float] = None,
         "host_us_per_step_median": float(np.median(host) * 1e6),
         "engine_s_total": float(_sum_in_order(result.step_array("step_s"))),
     })
+    summary.update(thrash_figures(result.total_preemptions, summary["num_finished"],
+                                  result.total_recomputed_tokens, real))
     summary["engine_busy_fraction"] = busy_fraction(
         summary["engine_s_total"], summary.get("duration_s"), result.num_replicas)
     if summary.get("goodput_req_s") is not None:

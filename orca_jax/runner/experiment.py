@@ -41,6 +41,7 @@ from orca_jax.runner.live_results import StreamResults
 from orca_jax.runner.progress import Progress
 from orca_jax.runner.settings import effective_settings
 from orca_jax.runner.spec import RunSpec
+from orca_jax.runner.thrash_watch import ThrashWatch
 
 
 class _RunProgress:
@@ -125,7 +126,7 @@ def run_policy(spec: RunSpec, policy_spec: str, policy_options: Optional[Mapping
         folder.begin(resolved)
         stream = StreamResults(folder, scheduler)
     try:
-        result = scheduler.run(progress=_observers(bar, stream))
+        result = scheduler.run(progress=_observers(bar, stream, ThrashWatch(label)))
         if stream is not None:
             stream.flush()  # the steps and requests since its last flush
     except BaseException as error:

@@ -270,8 +270,10 @@ class Scheduler(SchedulerLoop):
         # preempts: it planned around them (a transfer took their reservation up front).
         stalled = self.waiting[self.kv.num_held[self.waiting] > 0]
         if stalled.size and self.policy.preempts:
+            computed = int(self.table.num_computed[stalled].sum())
             preempt(self.kv_memory, stalled)
             self.record.num_preemptions += int(stalled.size)
+            self.record.num_recomputed_tokens += computed
             if self.features.log_step_requests:
                 self.record.log_removed(stalled, NO_REQUESTS)
             return False
@@ -299,7 +301,10 @@ class Scheduler(SchedulerLoop):
         if victims.size == 0:
             return 0.0
         table = self.table
+        computed = int(table.num_computed[victims].sum())
         move_s = preempt(self.kv_memory, victims, self.policy.preemption_modes(self.view, victims))
+        # What a victim's mode threw away (recompute: all it had computed; a swap: nothing).
+        self.record.num_recomputed_tokens += computed - int(table.num_computed[victims].sum())
         table.state[victims] = _WAITING
         self.running = _frozen(self.running[table.state[self.running] == _RUNNING])
         self.waiting = _frozen(np.sort(np.concatenate([self.waiting, victims])))

@@ -46,6 +46,9 @@ class RunRecord:
     logs_tokens: bool = True
     steps: StepLogs = dataclasses.field(default_factory=StepLogs)
     num_preemptions: int = 0  # over the run
+    # Computed tokens the preemptions threw away (a recompute victim's `num_computed`), which
+    # it computes again when readmitted (less what the prefix cache still holds then).
+    num_recomputed_tokens: int = 0
     _token_req: list[NDArray[np.int64]] = dataclasses.field(default_factory=list)
     _token_time: list[float] = dataclasses.field(default_factory=list)
     _token_count: list[int] = dataclasses.field(default_factory=list)

@@ -97,6 +97,8 @@ class RunResult:
     step_rejected: Optional[tuple[NDArray[np.int64], ...]] = None
     # ---------------------------------------------------------- the run
     total_preemptions: int  # preemptions over the run (every request's, summed)
+    # Computed tokens the preemptions threw away, to compute again (`RunRecord`), summed.
+    total_recomputed_tokens: int = 0
     virtual_end_s: float  # the clock when the run ended (a cluster: its last replica's)
     replica: NDArray[np.int64]  # [N] replica that served it; -1 rejected up front by a cluster
     num_replicas: int  # 1 for one scheduler
@@ -172,7 +174,9 @@ class RunResult:
             step_held=None if held is None else tuple(_frozen(s[2]) for s in held),
             step_preempted=None if held is None else tuple(_frozen(s[3]) for s in held),
             step_rejected=None if held is None else tuple(_frozen(s[4]) for s in held),
-            total_preemptions=record.num_preemptions, virtual_end_s=float(virtual_end_s),
+            total_preemptions=record.num_preemptions,
+            total_recomputed_tokens=record.num_recomputed_tokens,
+            virtual_end_s=float(virtual_end_s),
             replica=_zeros(n),
             num_replicas=1, router=None, prefix_caching=prefix_caching,
             num_evictions=num_evictions)
@@ -261,6 +265,7 @@ class RunResult:
             step_rejected=(tuple(a for r in results for a in r.step_rejected)
                            if logged else None),
             total_preemptions=sum(r.total_preemptions for r in results),
+            total_recomputed_tokens=sum(r.total_recomputed_tokens for r in results),
             virtual_end_s=max(r.virtual_end_s for r in results),
             replica=_frozen(np.where(rejected | missing, -1, serving)),
             num_replicas=len(results),
