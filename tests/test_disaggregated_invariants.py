@@ -25,6 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 BUILTIN = sorted(name for name, cls in policies.registered_policies().items()
                  if cls.__module__.startswith("policies.") and name != "ltr")
 EXAMPLES = [f"{REPO}/examples/least_attained_service.py:LeastAttainedService",
+            f"{REPO}/examples/preemptive_las.py:PreemptiveLAS",
             f"{REPO}/examples/slo_admission.py:SLOAdmission"]
 
 

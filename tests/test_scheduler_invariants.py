@@ -12,6 +12,7 @@ import dataclasses
 import functools
 import json
 import os
+import re
 import tempfile
 from pathlib import Path
 
@@ -48,6 +49,7 @@ BUILTIN_POLICIES = sorted(name for name, cls in policies.registered_policies().i
 # The plugins of examples/, which the docs show users: held to the same invariants (the
 # least-attained-service example once deadlocked under a batch cap of 1, issue 25).
 EXAMPLE_PLUGINS = ["examples/least_attained_service.py:LeastAttainedService",
+                   "examples/preemptive_las.py:PreemptiveLAS",
                    "examples/slo_admission.py:SLOAdmission"]
 POLICIES = BUILTIN_POLICIES + EXAMPLE_PLUGINS
 REPO = Path(__file__).resolve().parents[1]
@@ -616,3 +618,12 @@ def test_invariants_hold_with_prefix_caching(policy_name, run):
         assert run_checked(off) == iterations
         np.testing.assert_array_equal(off.record.token_log()[1],
                                       scheduler.record.token_log()[1])
+
+
+def test_every_example_plugin_is_held_to_the_invariants():
+    """A plugin added to examples/ joins EXAMPLE_PLUGINS (and so every test above)."""
+    shipped = sorted(f"examples/{path.name}:{match}"
+                     for path in (REPO / "examples").glob("*.py")
+                     for match in re.findall(r"^class (\w+)\(Policy\)", path.read_text(),
+                                             re.MULTILINE))
+    assert shipped == sorted(EXAMPLE_PLUGINS)
