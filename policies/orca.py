@@ -56,7 +56,10 @@ class Orca(Policy):
         ids, counts = running.tolist(), tokens.tolist()
         budget -= int(tokens.sum())
         kv_budget = view.kv_budget(ids, counts)  # the KV admissions may take now
-        for request in view.waiting.tolist():
+        # Each pass admits one request or stops, and none passes the cap: the queue's
+        # first `cap - len(ids)` requests are all it can reach (an overloaded run's queue
+        # grows with the run; reading it whole made each step O(queue)).
+        for request in view.waiting[:max(cap - len(ids), 0)].tolist():
             if len(ids) >= cap or budget <= 0:
                 break
             prompt = int(view.requests.num_uncomputed([request])[0])
