@@ -38,26 +38,28 @@ identical but for the measured host time; they still run, as a check.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import statistics
 import textwrap
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 from absl import app, flags
 
 from experiments import flags as run_flags
-from experiments import policy_flags
+from experiments import policy_flags, variant_flags
 from experiments.policy_flags import LabeledPolicy, resolve_policies
 from experiments.process_exit import without_final_collection
 from experiments.terminal_table import WIDTH, fit_table
+from orca_jax.core.api.policy import PolicyLoadError
 from orca_jax.core.json_files import to_json_value, write_json_atomic, write_text_atomic
-from orca_jax.core.loop.config import SchedulerConfig
+from orca_jax.core.requests.request import Request
 from orca_jax.results import comparison
 from orca_jax.results.folder_lock import run_lock
 from orca_jax.results.metrics import format_table
 from orca_jax.results.plots import add_caption, pyplot
 from orca_jax.results.run_folder import check_writable_dir
-from orca_jax.runner.bucket_pilot import token_sizes, with_fitted_buckets
+from orca_jax.runner.bucket_pilot import BucketFit, needs_fit, token_sizes, with_fitted_buckets
 from orca_jax.runner.build import (
     build_engine,
     build_workload,
@@ -72,6 +74,7 @@ from orca_jax.runner.spec import JaxEngineSpec, RunSpec
 
 flags.adopt_module_key_flags(run_flags)
 flags.adopt_module_key_flags(policy_flags)
+flags.adopt_module_key_flags(variant_flags)
 flags.DEFINE_integer("repeats", 1, "Runs of each policy on the same engine, in alternating order "
                      "(A B, B A, A B, ...); with N > 1 the table gives each metric's median and "
                      "min-max over them, and each run is kept in POLICY/repeat_K. For wall-clock "
@@ -207,20 +210,61 @@ def said_equal(rows: Sequence[dict[str, Any]], settings: dict[str, dict[str, Any
     return verdict, lines + ([bound] if bound else [])
 
 
+@dataclasses.dataclass(frozen=True)
+class Setup:
+    """One setup the policies run under: the command's own flags, or a `--variants` one."""
+
+    variant: Optional[str]  # its --variants label; None: the command's flags, no variants
+    spec: RunSpec
+
+    def row_label(self, policy_label: str) -> str:
+        """A policy's name under this setup: its label, and `@VARIANT` under a variant."""
+        return policy_label if self.variant is None else f"{policy_label}@{self.variant}"
+
+    def folder(self, out: str, policy_label: str) -> str:
+        """A policy's folder under this setup: OUT/POLICY, or OUT/VARIANT/POLICY."""
+        return os.path.join(out, *(() if self.variant is None else (self.variant,)),
+                            policy_label)
+
+
+def _ladder_lines(setups: Sequence[Setup]) -> list[str]:
+    """A line when variants run different bucket sizes (a variant set the ladder or the
+    budget): the compiled-steps line speaks of one ladder."""
+    sizes = {setup.variant: token_sizes(setup.spec) for setup in setups}
+    if len(set(sizes.values())) < 2:
+        return []
+    return ["note: the variants run different bucket sizes: "
+            + "; ".join(f"{label}: {len(s)} sizes up to {s[-1]}" for label, s in sizes.items())
+            + " (each run's config.json lists them)"]
+
+
 @run_flags.clean_errors()
 def main(argv: list[str]) -> None:
     del argv
     spec = run_flags.spec_from_flags()
     entries = resolve_policies(list(run_flags.FLAGS.policies), run_flags.FLAGS.policy_opts)
-    labels = [entry.label for entry in entries]
+    variants = variant_flags.parse_variants(run_flags.FLAGS.variants)
+    setups = ([Setup(label, variant_spec) for label, variant_spec
+               in variant_flags.variant_specs(variants).items()] if variants
+              else [Setup(None, spec)])
     out = run_flags.FLAGS.out_dir
-    config = scheduler_config(spec)
-    # Every policy and the router are built and checked before anything runs (a typo in
-    # the last policy's knob fails now, not after the others ran, and leaves no folder);
-    # each one's KV reservation mode (a class attribute or a knob) is read off it.
-    built = check_policies(spec, config, [(entry.spec, entry.options) for entry in entries])
+    # Every policy and the router of every setup are built and checked before anything
+    # runs (a typo in the last policy's knob fails now, not after the others ran, and
+    # leaves no folder); each one's KV reservation mode (a class attribute or a knob) is
+    # read off it.
+    settings: dict[str, dict[str, Any]] = {}
+    for setup in setups:
+        config = scheduler_config(setup.spec)
+        try:
+            built = check_policies(setup.spec, config,
+                                   [(entry.spec, entry.options) for entry in entries])
+        except PolicyLoadError as e:
+            if setup.variant is None:
+                raise
+            raise PolicyLoadError(f"--variants: {setup.variant}: {e}") from None
+        for entry, policy in zip(entries, built):
+            settings[setup.row_label(entry.label)] = effective_settings(policy, config)
     check_writable_dir(out)  # before anything runs; each policy's folder is staged (run_folder)
-    settings = {label: effective_settings(policy, config) for label, policy in zip(labels, built)}
     allowed = list(run_flags.FLAGS.allow_unequal)
     unknown = [name for name in allowed if name not in RESULT_SETTINGS]
     if unknown:
@@ -229,28 +273,63 @@ def main(argv: list[str]) -> None:
     # One writer at a time into the folder; it is created by the first policy's run, once
     # the workload (a trace that does not load) and the engine have passed their checks.
     with run_lock(out, kind="compare"):
-        _compare(spec, entries, config, settings, allowed)
+        _compare(spec, setups, entries, settings, allowed)
 
 
-def _compare(spec: RunSpec, entries: Sequence[LabeledPolicy], config: SchedulerConfig,
+def _fit_setups(spec: RunSpec, setups: Sequence[Setup], requests: Sequence[Request]
+                ) -> list[tuple[Setup, Optional[BucketFit]]]:
+    """Every setup with its `fit:K` sizes filled in, from one pilot for all of them.
+
+    The pilot plays the command's own setup (`spec`, whatever the variants change: its
+    cluster, router, engine settings) and every setup that fits the same ladder under
+    the same token budget takes its sizes, so every variant compiles the very same
+    steps: a variant's results differ by what it sets, not by a ladder fitted to it.
+    Only a setup whose ladder or budget differs (whose steps differ anyway) gets a
+    pilot of its own.
+    """
+    pilots: dict[tuple[Optional[str], int], tuple[RunSpec, Optional[BucketFit]]] = {}
+    fitted = []
+    for setup in setups:
+        limits = setup.spec.limits
+        key = (limits.bucket_ladder, limits.max_num_tokens)
+        if key not in pilots and needs_fit(setup.spec):
+            own = key == (spec.limits.bucket_ladder, spec.limits.max_num_tokens)
+            pilots[key] = with_fitted_buckets(spec if own else setup.spec, requests,
+                                              progress=True)
+            fit = pilots[key][1]
+            assert fit is not None
+            print(("" if own else f"variant {setup.variant}: ") + fit.lines())
+        if not needs_fit(setup.spec):
+            fitted.append((setup, None))
+            continue
+        sizes, fit = pilots[key][0].limits.token_buckets, pilots[key][1]
+        fitted.append((Setup(setup.variant, dataclasses.replace(
+            setup.spec, limits=dataclasses.replace(limits, token_buckets=sizes))), fit))
+    return fitted
+
+
+def _compare(spec: RunSpec, setups: Sequence[Setup], entries: Sequence[LabeledPolicy],
              settings: dict[str, dict[str, Any]], allowed: Sequence[str]) -> None:
     """`main` once every check has passed and it holds the folder's lock."""
-    labels = [entry.label for entry in entries]
-    by_label = {entry.label: entry for entry in entries}
     repeats = run_flags.FLAGS.repeats
     out = run_flags.FLAGS.out_dir
+    # One workload for every setup: a variant may not set what builds it (variant_flags).
     requests = build_workload(spec)
     print(workload_line(spec, requests))
     # One ladder for every policy, fitted (fit:K) to a pilot of a fixed reference policy, so
     # that no policy's steps depend on which others are compared.
-    spec, bucket_fit = with_fitted_buckets(spec, requests, progress=True)
-    if bucket_fit is not None:
-        print(bucket_fit.lines())
-        config = scheduler_config(spec)
-    # One engine for every policy: the very same compiled steps (and the same KV cache
-    # buffers) serve each of them.
-    engine = build_engine(spec, config)
-    clock = deterministic_clock(spec)
+    fitted = _fit_setups(spec, setups, requests)
+    # Each row: (its label, its setup, how its ladder was fitted, its policy).
+    runs = {setup.row_label(entry.label): (setup, fit, entry)
+            for setup, fit in fitted for entry in entries}
+    labels = list(runs)
+    # One engine for every policy of a setup: the very same compiled steps (and the same KV
+    # cache buffers) serve each of them. A cluster builds its replicas' own, per run.
+    engines = {setup.variant: build_engine(setup.spec, scheduler_config(setup.spec))
+               for setup, _ in fitted
+               if setup.spec.cluster.num_replicas == 1 and not setup.spec.cluster.disaggregated}
+    clocks = [deterministic_clock(setup.spec) for setup, _ in fitted]
+    clock = None if None in clocks else clocks[0]
     if repeats > 1 and clock is not None:
         print(f"--repeats={repeats} on a deterministic clock ({clock}): the repeats will be "
               "identical but for the measured host time")
@@ -259,24 +338,27 @@ def _compare(spec: RunSpec, entries: Sequence[LabeledPolicy], config: SchedulerC
         if repeats > 1:
             print(f"repeat {k}: {', '.join(order)}")
         for label in order:
-            entry = by_label[label]
-            folder = os.path.join(out, label)
-            summary, _ = run_policy(spec, entry.spec, entry.options,
+            setup, fit, entry = runs[label]
+            folder = setup.folder(out, entry.label)
+            summary, _ = run_policy(setup.spec, entry.spec, entry.options,
                                     out_dir=os.path.join(folder, f"repeat_{k}")
                                     if repeats > 1 else folder,
-                                    requests=requests, engine=engine, label=label,
-                                    bucket_fit=bucket_fit)
+                                    requests=requests, engine=engines.get(setup.variant),
+                                    label=label, bucket_fit=fit)
             summaries[label].append(summary)
     rows = [summaries[label][0] if repeats == 1 else over_repeats(summaries[label])
             for label in labels]
-    rows = [{**row, "policy": label} for row, label in zip(rows, labels)]
+    rows = [{**row, "policy": label,
+             **({} if runs[label][0].variant is None else {"variant": runs[label][0].variant})}
+            for row, label in zip(rows, labels)]
     verdict, lines = said_equal(rows, settings, allowed)
+    lines += _ladder_lines([setup for setup, _ in fitted])
     rows = [{**row, **settings[row["policy"]],
              "arrival_bound": comparison.arrival_bound(row.get("engine_busy_fraction")),
              "identical_compiled_steps": verdict,
              "unequal_settings": ",".join(comparison.unequal_settings(settings,
                                                                       RESULT_SETTINGS)),
-             "num_buckets": len(token_sizes(spec))} for row in rows]
+             "num_buckets": len(token_sizes(runs[row["policy"]][0].spec))} for row in rows]
     columns = [run_flags.TABLE_COLUMNS[0], *FAIRNESS_COLUMNS, *run_flags.TABLE_COLUMNS[1:]]
     table = format_table(table_rows(rows), columns)
     shown = fit_table(table_rows(rows))
