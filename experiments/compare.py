@@ -26,6 +26,33 @@ comparison.json row: `identical_compiled_steps`, `unequal_settings`,
   seconds over the run's duration) below 50%, so their throughput is the offered
   load's, not the policy's capacity (`arrival_bound` in the table).
 
+Setups, not only policies: `--variants=LABEL:key=value;key=value,LABEL2:...`
+(`experiments.variant_flags`) runs every policy of `--policies` under every
+variant, each the command's own flags with those flags set otherwise (keys are the
+run flags' names: `router`, `num_replicas`, `prefill_replicas`, `decode_replicas`,
+`bucket_ladder`, `step_padding`, `max_num_tokens`, ...; `LABEL:` alone is the
+command's own setup). Three routers:
+
+    python -m experiments.compare --engine=sim --policies=vllm --num_replicas=2 \\
+      --variants=rr:router=round_robin,lo:router=least_outstanding,ca:router=cache_aware
+
+colocated 2 against disaggregated 1+1 (quoted: `;` separates one variant's settings):
+
+    python -m experiments.compare --engine=sim --policies=vllm \\
+      --variants='co:num_replicas=2,dis:prefill_replicas=1;decode_replicas=1'
+
+A row is `POLICY@VARIANT` (comparison.json also has a `variant` field; it is the
+`policy` of each summary.json) and its folder OUT_DIR/VARIANT/POLICY. Every
+variant runs on the one workload the command's flags build (a key that would
+change it is refused), and every variant, whatever cluster, router or engine
+settings it sets, compiles the one ladder fitted by one pilot of the command's own
+setup: so that variants differ by what they set, not by a ladder each fitted to
+itself (on the jax engine, the same compiled steps). Only a variant that sets its
+own ladder or token budget runs other sizes (a note says so; a fit:K of its own
+gets its own pilot). Every variant is resolved and its policies and router checked
+before anything runs; a bad key or value is one line naming the variant and the
+key, exit status 2, nothing written.
+
 A wall-clock comparison (`--engine=jax --clock=wall`) measures a machine that
 drifts (clocks, heat, neighbours' jobs), so `--repeats=N` runs every policy N
 times on the same engine, in alternating order (A B, B A, A B, ...), so that
@@ -38,11 +65,10 @@ identical but for the measured host time; they still run, as a check.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import statistics
 import textwrap
-from typing import Any, Optional, Sequence
+from typing import Any, Sequence
 
 from absl import app, flags
 
@@ -53,13 +79,12 @@ from experiments.process_exit import without_final_collection
 from experiments.terminal_table import WIDTH, fit_table
 from orca_jax.core.api.policy import PolicyLoadError
 from orca_jax.core.json_files import to_json_value, write_json_atomic, write_text_atomic
-from orca_jax.core.requests.request import Request
 from orca_jax.results import comparison
 from orca_jax.results.folder_lock import run_lock
 from orca_jax.results.metrics import format_table
 from orca_jax.results.plots import add_caption, pyplot
 from orca_jax.results.run_folder import check_writable_dir
-from orca_jax.runner.bucket_pilot import BucketFit, needs_fit, token_sizes, with_fitted_buckets
+from orca_jax.runner.bucket_pilot import token_sizes
 from orca_jax.runner.build import (
     build_engine,
     build_workload,
@@ -210,43 +235,15 @@ def said_equal(rows: Sequence[dict[str, Any]], settings: dict[str, dict[str, Any
     return verdict, lines + ([bound] if bound else [])
 
 
-@dataclasses.dataclass(frozen=True)
-class Setup:
-    """One setup the policies run under: the command's own flags, or a `--variants` one."""
-
-    variant: Optional[str]  # its --variants label; None: the command's flags, no variants
-    spec: RunSpec
-
-    def row_label(self, policy_label: str) -> str:
-        """A policy's name under this setup: its label, and `@VARIANT` under a variant."""
-        return policy_label if self.variant is None else f"{policy_label}@{self.variant}"
-
-    def folder(self, out: str, policy_label: str) -> str:
-        """A policy's folder under this setup: OUT/POLICY, or OUT/VARIANT/POLICY."""
-        return os.path.join(out, *(() if self.variant is None else (self.variant,)),
-                            policy_label)
-
-
-def _ladder_lines(setups: Sequence[Setup]) -> list[str]:
-    """A line when variants run different bucket sizes (a variant set the ladder or the
-    budget): the compiled-steps line speaks of one ladder."""
-    sizes = {setup.variant: token_sizes(setup.spec) for setup in setups}
-    if len(set(sizes.values())) < 2:
-        return []
-    return ["note: the variants run different bucket sizes: "
-            + "; ".join(f"{label}: {len(s)} sizes up to {s[-1]}" for label, s in sizes.items())
-            + " (each run's config.json lists them)"]
-
-
 @run_flags.clean_errors()
 def main(argv: list[str]) -> None:
     del argv
     spec = run_flags.spec_from_flags()
     entries = resolve_policies(list(run_flags.FLAGS.policies), run_flags.FLAGS.policy_opts)
     variants = variant_flags.parse_variants(run_flags.FLAGS.variants)
-    setups = ([Setup(label, variant_spec) for label, variant_spec
+    setups = ([variant_flags.Setup(label, variant_spec) for label, variant_spec
                in variant_flags.variant_specs(variants).items()] if variants
-              else [Setup(None, spec)])
+              else [variant_flags.Setup(None, spec)])
     out = run_flags.FLAGS.out_dir
     # Every policy and the router of every setup are built and checked before anything
     # runs (a typo in the last policy's knob fails now, not after the others ran, and
@@ -276,39 +273,8 @@ def main(argv: list[str]) -> None:
         _compare(spec, setups, entries, settings, allowed)
 
 
-def _fit_setups(spec: RunSpec, setups: Sequence[Setup], requests: Sequence[Request]
-                ) -> list[tuple[Setup, Optional[BucketFit]]]:
-    """Every setup with its `fit:K` sizes filled in, from one pilot for all of them.
-
-    The pilot plays the command's own setup (`spec`, whatever the variants change: its
-    cluster, router, engine settings) and every setup that fits the same ladder under
-    the same token budget takes its sizes, so every variant compiles the very same
-    steps: a variant's results differ by what it sets, not by a ladder fitted to it.
-    Only a setup whose ladder or budget differs (whose steps differ anyway) gets a
-    pilot of its own.
-    """
-    pilots: dict[tuple[Optional[str], int], tuple[RunSpec, Optional[BucketFit]]] = {}
-    fitted = []
-    for setup in setups:
-        limits = setup.spec.limits
-        key = (limits.bucket_ladder, limits.max_num_tokens)
-        if key not in pilots and needs_fit(setup.spec):
-            own = key == (spec.limits.bucket_ladder, spec.limits.max_num_tokens)
-            pilots[key] = with_fitted_buckets(spec if own else setup.spec, requests,
-                                              progress=True)
-            fit = pilots[key][1]
-            assert fit is not None
-            print(("" if own else f"variant {setup.variant}: ") + fit.lines())
-        if not needs_fit(setup.spec):
-            fitted.append((setup, None))
-            continue
-        sizes, fit = pilots[key][0].limits.token_buckets, pilots[key][1]
-        fitted.append((Setup(setup.variant, dataclasses.replace(
-            setup.spec, limits=dataclasses.replace(limits, token_buckets=sizes))), fit))
-    return fitted
-
-
-def _compare(spec: RunSpec, setups: Sequence[Setup], entries: Sequence[LabeledPolicy],
+def _compare(spec: RunSpec, setups: Sequence[variant_flags.Setup],
+             entries: Sequence[LabeledPolicy],
              settings: dict[str, dict[str, Any]], allowed: Sequence[str]) -> None:
     """`main` once every check has passed and it holds the folder's lock."""
     repeats = run_flags.FLAGS.repeats
@@ -318,7 +284,7 @@ def _compare(spec: RunSpec, setups: Sequence[Setup], entries: Sequence[LabeledPo
     print(workload_line(spec, requests))
     # One ladder for every policy, fitted (fit:K) to a pilot of a fixed reference policy, so
     # that no policy's steps depend on which others are compared.
-    fitted = _fit_setups(spec, setups, requests)
+    fitted = variant_flags.fit_setups(spec, setups, requests)
     # Each row: (its label, its setup, how its ladder was fitted, its policy).
     runs = {setup.row_label(entry.label): (setup, fit, entry)
             for setup, fit in fitted for entry in entries}
@@ -352,7 +318,7 @@ def _compare(spec: RunSpec, setups: Sequence[Setup], entries: Sequence[LabeledPo
              **({} if runs[label][0].variant is None else {"variant": runs[label][0].variant})}
             for row, label in zip(rows, labels)]
     verdict, lines = said_equal(rows, settings, allowed)
-    lines += _ladder_lines([setup for setup, _ in fitted])
+    lines += variant_flags.ladder_lines([setup for setup, _ in fitted])
     rows = [{**row, **settings[row["policy"]],
              "arrival_bound": comparison.arrival_bound(row.get("engine_busy_fraction")),
              "identical_compiled_steps": verdict,

@@ -14,18 +14,23 @@ changes the workload (`WORKLOAD_KEYS`: the workload flags, `seed`, and `model`,
 refused. `variant_specs` resolves every variant to its `RunSpec` through the same
 `experiments.flags.spec_from_flags` as the command's own flags, so a variant's
 values are checked as the flags are; a bad key or value is one line naming the
-variant and the key.
+variant and the key. `Setup` is one setup a comparison runs (a variant, or the
+command's own flags without `--variants`); `fit_setups` fills in their `fit:K`
+ladders from one pilot.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+import os
+from typing import Optional, Sequence
 
 from absl import app, flags
 
 from experiments import flags as run_flags
 from experiments.policy_flags import LABEL
+from orca_jax.core.requests.request import Request
+from orca_jax.runner.bucket_pilot import BucketFit, needs_fit, token_sizes, with_fitted_buckets
 from orca_jax.runner.spec import RunSpec, WorkloadSpec
 
 flags.DEFINE_list("variants", [], "Setups to run every policy of --policies under, on the one "
@@ -118,3 +123,63 @@ def variant_specs(variants: Sequence[Variant]) -> dict[str, RunSpec]:
             for key, (value, present) in saved.items():
                 FLAGS[key].value, FLAGS[key].present = value, present
     return specs
+
+
+@dataclasses.dataclass(frozen=True)
+class Setup:
+    """One setup the policies run under: the command's own flags, or a `--variants` one."""
+
+    variant: Optional[str]  # its --variants label; None: the command's flags, no variants
+    spec: RunSpec
+
+    def row_label(self, policy_label: str) -> str:
+        """A policy's name under this setup: its label, and `@VARIANT` under a variant."""
+        return policy_label if self.variant is None else f"{policy_label}@{self.variant}"
+
+    def folder(self, out: str, policy_label: str) -> str:
+        """A policy's folder under this setup: OUT/POLICY, or OUT/VARIANT/POLICY."""
+        return os.path.join(out, *(() if self.variant is None else (self.variant,)),
+                            policy_label)
+
+
+def ladder_lines(setups: Sequence[Setup]) -> list[str]:
+    """A line when variants run different bucket sizes (a variant set the ladder or the
+    budget): the compiled-steps line speaks of one ladder."""
+    sizes = {setup.variant: token_sizes(setup.spec) for setup in setups}
+    if len(set(sizes.values())) < 2:
+        return []
+    return ["note: the variants run different bucket sizes: "
+            + "; ".join(f"{label}: {len(s)} sizes up to {s[-1]}" for label, s in sizes.items())
+            + " (each run's config.json lists them)"]
+
+
+def fit_setups(spec: RunSpec, setups: Sequence[Setup], requests: Sequence[Request]
+                ) -> list[tuple[Setup, Optional[BucketFit]]]:
+    """Every setup with its `fit:K` sizes filled in, from one pilot for all of them.
+
+    The pilot plays the command's own setup (`spec`, whatever the variants change: its
+    cluster, router, engine settings) and every setup that fits the same ladder under
+    the same token budget takes its sizes, so every variant compiles the very same
+    steps: a variant's results differ by what it sets, not by a ladder fitted to it.
+    Only a setup whose ladder or budget differs (whose steps differ anyway) gets a
+    pilot of its own.
+    """
+    pilots: dict[tuple[Optional[str], int], tuple[RunSpec, Optional[BucketFit]]] = {}
+    fitted = []
+    for setup in setups:
+        limits = setup.spec.limits
+        key = (limits.bucket_ladder, limits.max_num_tokens)
+        if key not in pilots and needs_fit(setup.spec):
+            own = key == (spec.limits.bucket_ladder, spec.limits.max_num_tokens)
+            pilots[key] = with_fitted_buckets(spec if own else setup.spec, requests,
+                                              progress=True)
+            fit = pilots[key][1]
+            assert fit is not None
+            print(("" if own else f"variant {setup.variant}: ") + fit.lines())
+        if not needs_fit(setup.spec):
+            fitted.append((setup, None))
+            continue
+        sizes, fit = pilots[key][0].limits.token_buckets, pilots[key][1]
+        fitted.append((Setup(setup.variant, dataclasses.replace(
+            setup.spec, limits=dataclasses.replace(limits, token_buckets=sizes))), fit))
+    return fitted
