@@ -26,6 +26,33 @@ comparison.json row: `identical_compiled_steps`, `unequal_settings`,
   seconds over the run's duration) below 50%, so their throughput is the offered
   load's, not the policy's capacity (`arrival_bound` in the table).
 
+Setups, not only policies: `--variants=LABEL:key=value;key=value,LABEL2:...`
+(`experiments.variant_flags`) runs every policy of `--policies` under every
+variant, each the command's own flags with those flags set otherwise (keys are the
+run flags' names: `router`, `num_replicas`, `prefill_replicas`, `decode_replicas`,
+`bucket_ladder`, `step_padding`, `max_num_tokens`, ...; `LABEL:` alone is the
+command's own setup). Three routers:
+
+    python -m experiments.compare --engine=sim --policies=vllm --num_replicas=2 \\
+      --variants=rr:router=round_robin,lo:router=least_outstanding,ca:router=cache_aware
+
+colocated 2 against disaggregated 1+1 (quoted: `;` separates one variant's settings):
+
+    python -m experiments.compare --engine=sim --policies=vllm \\
+      --variants='co:num_replicas=2,dis:prefill_replicas=1;decode_replicas=1'
+
+A row is `POLICY@VARIANT` (comparison.json also has a `variant` field; it is the
+`policy` of each summary.json) and its folder OUT_DIR/VARIANT/POLICY. Every
+variant runs on the one workload the command's flags build (a key that would
+change it is refused), and every variant, whatever cluster, router or engine
+settings it sets, compiles the one ladder fitted by one pilot of the command's own
+setup: so that variants differ by what they set, not by a ladder each fitted to
+itself (on the jax engine, the same compiled steps). Only a variant that sets its
+own ladder or token budget runs other sizes (a note says so; a fit:K of its own
+gets its own pilot). Every variant is resolved and its policies and router checked
+before anything runs; a bad key or value is one line naming the variant and the
+key, exit status 2, nothing written.
+
 A wall-clock comparison (`--engine=jax --clock=wall`) measures a machine that
 drifts (clocks, heat, neighbours' jobs), so `--repeats=N` runs every policy N
 times on the same engine, in alternating order (A B, B A, A B, ...), so that
@@ -46,18 +73,18 @@ from typing import Any, Sequence
 from absl import app, flags
 
 from experiments import flags as run_flags
-from experiments import policy_flags
+from experiments import policy_flags, variant_flags
 from experiments.policy_flags import LabeledPolicy, resolve_policies
 from experiments.process_exit import without_final_collection
 from experiments.terminal_table import WIDTH, fit_table
+from orca_jax.core.api.policy import PolicyLoadError
 from orca_jax.core.json_files import to_json_value, write_json_atomic, write_text_atomic
-from orca_jax.core.loop.config import SchedulerConfig
 from orca_jax.results import comparison
 from orca_jax.results.folder_lock import run_lock
 from orca_jax.results.metrics import format_table
 from orca_jax.results.plots import add_caption, pyplot
 from orca_jax.results.run_folder import check_writable_dir
-from orca_jax.runner.bucket_pilot import token_sizes, with_fitted_buckets
+from orca_jax.runner.bucket_pilot import token_sizes
 from orca_jax.runner.build import (
     build_engine,
     build_workload,
@@ -72,6 +99,7 @@ from orca_jax.runner.spec import JaxEngineSpec, RunSpec
 
 flags.adopt_module_key_flags(run_flags)
 flags.adopt_module_key_flags(policy_flags)
+flags.adopt_module_key_flags(variant_flags)
 flags.DEFINE_integer("repeats", 1, "Runs of each policy on the same engine, in alternating order "
                      "(A B, B A, A B, ...); with N > 1 the table gives each metric's median and "
                      "min-max over them, and each run is kept in POLICY/repeat_K. For wall-clock "
@@ -212,15 +240,28 @@ def main(argv: list[str]) -> None:
     del argv
     spec = run_flags.spec_from_flags()
     entries = resolve_policies(list(run_flags.FLAGS.policies), run_flags.FLAGS.policy_opts)
-    labels = [entry.label for entry in entries]
+    variants = variant_flags.parse_variants(run_flags.FLAGS.variants)
+    setups = ([variant_flags.Setup(label, variant_spec) for label, variant_spec
+               in variant_flags.variant_specs(variants).items()] if variants
+              else [variant_flags.Setup(None, spec)])
     out = run_flags.FLAGS.out_dir
-    config = scheduler_config(spec)
-    # Every policy and the router are built and checked before anything runs (a typo in
-    # the last policy's knob fails now, not after the others ran, and leaves no folder);
-    # each one's KV reservation mode (a class attribute or a knob) is read off it.
-    built = check_policies(spec, config, [(entry.spec, entry.options) for entry in entries])
+    # Every policy and the router of every setup are built and checked before anything
+    # runs (a typo in the last policy's knob fails now, not after the others ran, and
+    # leaves no folder); each one's KV reservation mode (a class attribute or a knob) is
+    # read off it.
+    settings: dict[str, dict[str, Any]] = {}
+    for setup in setups:
+        config = scheduler_config(setup.spec)
+        try:
+            built = check_policies(setup.spec, config,
+                                   [(entry.spec, entry.options) for entry in entries])
+        except PolicyLoadError as e:
+            if setup.variant is None:
+                raise
+            raise PolicyLoadError(f"--variants: {setup.variant}: {e}") from None
+        for entry, policy in zip(entries, built):
+            settings[setup.row_label(entry.label)] = effective_settings(policy, config)
     check_writable_dir(out)  # before anything runs; each policy's folder is staged (run_folder)
-    settings = {label: effective_settings(policy, config) for label, policy in zip(labels, built)}
     allowed = list(run_flags.FLAGS.allow_unequal)
     unknown = [name for name in allowed if name not in RESULT_SETTINGS]
     if unknown:
@@ -229,28 +270,32 @@ def main(argv: list[str]) -> None:
     # One writer at a time into the folder; it is created by the first policy's run, once
     # the workload (a trace that does not load) and the engine have passed their checks.
     with run_lock(out, kind="compare"):
-        _compare(spec, entries, config, settings, allowed)
+        _compare(spec, setups, entries, settings, allowed)
 
 
-def _compare(spec: RunSpec, entries: Sequence[LabeledPolicy], config: SchedulerConfig,
+def _compare(spec: RunSpec, setups: Sequence[variant_flags.Setup],
+             entries: Sequence[LabeledPolicy],
              settings: dict[str, dict[str, Any]], allowed: Sequence[str]) -> None:
     """`main` once every check has passed and it holds the folder's lock."""
-    labels = [entry.label for entry in entries]
-    by_label = {entry.label: entry for entry in entries}
     repeats = run_flags.FLAGS.repeats
     out = run_flags.FLAGS.out_dir
+    # One workload for every setup: a variant may not set what builds it (variant_flags).
     requests = build_workload(spec)
     print(workload_line(spec, requests))
     # One ladder for every policy, fitted (fit:K) to a pilot of a fixed reference policy, so
     # that no policy's steps depend on which others are compared.
-    spec, bucket_fit = with_fitted_buckets(spec, requests, progress=True)
-    if bucket_fit is not None:
-        print(bucket_fit.lines())
-        config = scheduler_config(spec)
-    # One engine for every policy: the very same compiled steps (and the same KV cache
-    # buffers) serve each of them.
-    engine = build_engine(spec, config)
-    clock = deterministic_clock(spec)
+    fitted = variant_flags.fit_setups(spec, setups, requests)
+    # Each row: (its label, its setup, how its ladder was fitted, its policy).
+    runs = {setup.row_label(entry.label): (setup, fit, entry)
+            for setup, fit in fitted for entry in entries}
+    labels = list(runs)
+    # One engine for every policy of a setup: the very same compiled steps (and the same KV
+    # cache buffers) serve each of them. A cluster builds its replicas' own, per run.
+    engines = {setup.variant: build_engine(setup.spec, scheduler_config(setup.spec))
+               for setup, _ in fitted
+               if setup.spec.cluster.num_replicas == 1 and not setup.spec.cluster.disaggregated}
+    clocks = [deterministic_clock(setup.spec) for setup, _ in fitted]
+    clock = None if None in clocks else clocks[0]
     if repeats > 1 and clock is not None:
         print(f"--repeats={repeats} on a deterministic clock ({clock}): the repeats will be "
               "identical but for the measured host time")
@@ -259,24 +304,27 @@ def _compare(spec: RunSpec, entries: Sequence[LabeledPolicy], config: SchedulerC
         if repeats > 1:
             print(f"repeat {k}: {', '.join(order)}")
         for label in order:
-            entry = by_label[label]
-            folder = os.path.join(out, label)
-            summary, _ = run_policy(spec, entry.spec, entry.options,
+            setup, fit, entry = runs[label]
+            folder = setup.folder(out, entry.label)
+            summary, _ = run_policy(setup.spec, entry.spec, entry.options,
                                     out_dir=os.path.join(folder, f"repeat_{k}")
                                     if repeats > 1 else folder,
-                                    requests=requests, engine=engine, label=label,
-                                    bucket_fit=bucket_fit)
+                                    requests=requests, engine=engines.get(setup.variant),
+                                    label=label, bucket_fit=fit)
             summaries[label].append(summary)
     rows = [summaries[label][0] if repeats == 1 else over_repeats(summaries[label])
             for label in labels]
-    rows = [{**row, "policy": label} for row, label in zip(rows, labels)]
+    rows = [{**row, "policy": label,
+             **({} if runs[label][0].variant is None else {"variant": runs[label][0].variant})}
+            for row, label in zip(rows, labels)]
     verdict, lines = said_equal(rows, settings, allowed)
+    lines += variant_flags.ladder_lines([setup for setup, _ in fitted])
     rows = [{**row, **settings[row["policy"]],
              "arrival_bound": comparison.arrival_bound(row.get("engine_busy_fraction")),
              "identical_compiled_steps": verdict,
              "unequal_settings": ",".join(comparison.unequal_settings(settings,
                                                                       RESULT_SETTINGS)),
-             "num_buckets": len(token_sizes(spec))} for row in rows]
+             "num_buckets": len(token_sizes(runs[row["policy"]][0].spec))} for row in rows]
     columns = [run_flags.TABLE_COLUMNS[0], *FAIRNESS_COLUMNS, *run_flags.TABLE_COLUMNS[1:]]
     table = format_table(table_rows(rows), columns)
     shown = fit_table(table_rows(rows))
