@@ -23,13 +23,14 @@ stays a few microseconds per running request.
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
 import numpy as np
 from numpy.typing import NDArray
 
 from orca_jax.core.api.policy import Policy, check_kv_reservation
 from orca_jax.core.kv import KVMemory, preempt
+from orca_jax.core.kv.preemption import RECOMPUTE
 from orca_jax.core.kv.prefix_hits import PrefixHits
 from orca_jax.core.loop import request_export
 from orca_jax.core.loop.admission import reject_impossible
@@ -270,10 +271,7 @@ class Scheduler(SchedulerLoop):
         # preempts: it planned around them (a transfer took their reservation up front).
         stalled = self.waiting[self.kv.num_held[self.waiting] > 0]
         if stalled.size and self.policy.preempts:
-            computed = int(self.table.num_computed[stalled].sum())
-            preempt(self.kv_memory, stalled)
-            self.record.num_preemptions += int(stalled.size)
-            self.record.num_recomputed_tokens += computed
+            self._evict(stalled)
             if self.features.log_step_requests:
                 self.record.log_removed(stalled, NO_REQUESTS)
             return False
@@ -301,13 +299,21 @@ class Scheduler(SchedulerLoop):
         if victims.size == 0:
             return 0.0
         table = self.table
-        computed = int(table.num_computed[victims].sum())
-        move_s = preempt(self.kv_memory, victims, self.policy.preemption_modes(self.view, victims))
-        # What a victim's mode threw away (recompute: all it had computed; a swap: nothing).
-        self.record.num_recomputed_tokens += computed - int(table.num_computed[victims].sum())
+        move_s = self._evict(victims, self.policy.preemption_modes(self.view, victims))
         table.state[victims] = _WAITING
         self.running = _frozen(self.running[table.state[self.running] == _RUNNING])
         self.waiting = _frozen(np.sort(np.concatenate([self.waiting, victims])))
+        return move_s
+
+    def _evict(self, victims: NDArray[np.int64],  # [n]
+               modes: Union[str, Sequence[str]] = RECOMPUTE) -> float:
+        """Takes the victims' KV off the device by their modes and counts it in the run's
+        record: the preemptions, and the computed tokens a mode threw away (recompute:
+        all of them; a swap: none). Returns the seconds the moves between tiers take."""
+        table = self.table
+        computed = int(table.num_computed[victims].sum())
+        move_s = preempt(self.kv_memory, victims, modes)
+        self.record.num_recomputed_tokens += computed - int(table.num_computed[victims].sum())
         self.record.num_preemptions += int(victims.size)
         return move_s
 
