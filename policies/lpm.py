@@ -117,7 +117,8 @@ class LPM(Policy):
             budget, taken, free = budget - count, taken + need, free - need
         if preempted:
             return StepPlan(ids, counts, preempt=preempted)
-        for request in waiting.tolist():
+        # Only the head the batch cap can reach: an overloaded queue is long.
+        for request in waiting[:max(cap - len(ids), 0)].tolist():
             if len(ids) >= cap or budget <= 0:
                 break
             uncached = requests.num_uncomputed([request]) - view.cached_tokens([request])
