@@ -39,7 +39,8 @@ average QoE of at least 0.9 as acceptable, which `qoe_attainment` (the share of
 finished requests with QoE >= `QOE_ACCEPTABLE`) reports per request.
 
 Memory: the token times are 16 bytes a token in the run's result (request index and
-time), and grouping them here adds 16 more (`TokenTimes`: 8 a token, and the sort).
+time), and grouping them here adds 16 more (`TokenTimes`: 8 a token, and the sort); a
+run peaks at about 42 bytes a token (docs/token_times_and_qoe.md).
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ ANDES_TOKENS_PER_S = 4.8
 # The QoE Andes counts as acceptable (its figures' threshold on average QoE).
 QOE_ACCEPTABLE = 0.9
 # Tokens handled at once (the temporaries of `andes_qoe_grouped` are a few per token).
-CHUNK_TOKENS = 1 << 20
+CHUNK_TOKENS = 1 << 16
 
 
 @dataclasses.dataclass(frozen=True)
