@@ -325,7 +325,8 @@ def _compare(spec: RunSpec, setups: Sequence[variant_flags.Setup],
              "unequal_settings": ",".join(comparison.unequal_settings(settings,
                                                                       RESULT_SETTINGS)),
              "num_buckets": len(token_sizes(runs[row["policy"]][0].spec))} for row in rows]
-    columns = [run_flags.TABLE_COLUMNS[0], *FAIRNESS_COLUMNS, *run_flags.TABLE_COLUMNS[1:]]
+    columns = [run_flags.TABLE_COLUMNS[0], *FAIRNESS_COLUMNS, *run_flags.TABLE_COLUMNS[1:],
+               *[c for c in run_flags.QOE_COLUMNS if any(c in row for row in rows)]]
     table = format_table(table_rows(rows), columns)
     shown = fit_table(table_rows(rows))
     if repeats > 1:

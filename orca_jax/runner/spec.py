@@ -426,6 +426,16 @@ class RunSpec(metaclass=_TakesFlatKeywords):
     seed: int = _knob(0, "Workload and sampling seed (and a real engine's random weights).")
     ttft_slo_s: Optional[float] = _knob(None, "TTFT SLO for goodput, seconds.")
     tpot_slo_s: Optional[float] = _knob(None, "TPOT SLO for goodput, seconds.")
+    log_token_times: bool = _knob(False, "Keep every output token's time (16 bytes a token) "
+                                  "and write each request's as token_times in requests.jsonl "
+                                  "(run-clock seconds, as first_token_s), with its Andes QoE "
+                                  "(qoe; summary.json: qoe_mean, qoe_p10, qoe_p50, "
+                                  "qoe_attainment). docs/token_times_and_qoe.md.")
+    qoe_ttft_s: float = _knob(1.0, "QoE (with log_token_times): the time to first token a "
+                              "user expects, seconds (Andes's default).")
+    qoe_tokens_per_s: float = _knob(4.8, "QoE (with log_token_times): the token delivery "
+                                    "speed a user expects (reading speed), tokens/s "
+                                    "(Andes's default).")
 
     def __post_init__(self) -> None:
         parts: dict[str, tuple[type, ...]] = {
@@ -439,6 +449,8 @@ class RunSpec(metaclass=_TakesFlatKeywords):
         _check_at_least("run", "seed", self.seed, 0)
         _check_positive("run", "ttft_slo_s", self.ttft_slo_s)
         _check_positive("run", "tpot_slo_s", self.tpot_slo_s)
+        _check_positive("run", "qoe_ttft_s", self.qoe_ttft_s, " (seconds)")
+        _check_positive("run", "qoe_tokens_per_s", self.qoe_tokens_per_s, " (tokens per second)")
         if self.limits.bucket_ladder is not None and self.engine.kind != "sim":
             raise ValueError(f"limits.bucket_ladder {self.limits.bucket_ladder!r} is fitted to a "
                              f"simulator pilot run, not for engine {self.engine.kind!r}: give "

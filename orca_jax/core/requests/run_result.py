@@ -37,6 +37,14 @@ def _frozen(array: _Array) -> _Array:
     return copy
 
 
+def _own(*arrays: Optional[NDArray]) -> None:
+    """Marks arrays made for the result alone (a token log, 16 bytes a token) read-only, so
+    that `_frozen` keeps them rather than copying them."""
+    for array in arrays:
+        if array is not None:
+            array.setflags(write=False)
+
+
 def _zeros(n: int) -> NDArray[np.int64]:
     """`[n]` read-only zeros that take no memory (one replica's `replica`, `step_replica`)."""
     return np.broadcast_to(np.int64(0), (n,))
@@ -142,6 +150,7 @@ class RunResult:
           num_evictions: cached KV pages the run evicted.
         """
         token_req, token_time = record.token_log() if record.logs_tokens else (None, None)
+        _own(token_req, token_time)
         held = record.step_requests if record.logs_step_requests else None
         finished = np.isfinite(table.finish_s)  # [N] the requests whose gaps the stats count
         n = len(table)
@@ -239,6 +248,7 @@ class RunResult:
         token_time = np.concatenate([r.token_time_s for r in results])
         order = np.argsort(token_time, kind="stable")
         token_req, token_time = token_req[order], token_time[order]
+        _own(token_req, token_time)
         logged = all(r.step_requests is not None for r in results)
         finish_s = served("finish_s")
         return dataclasses.replace(
