@@ -21,6 +21,10 @@ import orca_jax
 from orca_jax import Policy, SchedulerView, StepPlan
 from orca_jax.learned.length_predictor import checked_predictions, get_predictor
 
+# `Policy.stable_steps` of a policy whose plan repeats for as long as nothing happens:
+# the executor bounds the leap by the next event itself.
+STEADY = 1 << 30
+
 
 class LastScheduled:
     """When the policy last scheduled each request (arrival if never): a starvation clock."""
