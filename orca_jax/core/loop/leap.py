@@ -37,12 +37,14 @@ import numpy as np
 from numpy.typing import NDArray
 
 from orca_jax.core.loop.scheduled_step import IdleStep, ScheduledStep
+from orca_jax.core.requests.request import RequestState
 from orca_jax.core.requests.step_logs import STEP_DTYPE
 from orca_jax.core.step.engine_api import Bucket
 
 if TYPE_CHECKING:
     from orca_jax.core.loop.scheduler import Scheduler
 
+_RUNNING = int(RequestState.RUNNING)
 # The most steps one leap runs: its arrays hold steps x batch entries.
 MAX_LEAP_STEPS = 4096
 # Steps priced at a time while an arrival may cut the leap short: pricing past the
@@ -92,8 +94,9 @@ class Leaper:
         host_start = time.perf_counter()
         s = self.scheduler
         ids = template.request_ids
-        running = s.running
-        if running.size != ids.size or not np.array_equal(running, ids):
+        table = s.table
+        # The plan held every running request (in its own order): ids are distinct.
+        if s.running.size != ids.size or not (table.state[ids] == _RUNNING).all():
             self._template = None  # a finish changed the batch: the next step is planned
             return False
         if s.busy.size or s.in_transfer.size:
@@ -102,7 +105,6 @@ class Leaper:
         upcoming = s.next_arrival_s()
         if upcoming is not None and upcoming <= now:
             return False
-        table = s.table
         computed = table.num_computed[ids]  # [n]
         if not s.watchdog.would_gain(ids, computed + 1):
             return False
