@@ -31,7 +31,7 @@ steps; the executor is made without leaping there).
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Optional, Union
+from typing import Any, Optional, Union
 
 import numpy as np
 from numpy.typing import NDArray
@@ -40,9 +40,6 @@ from orca_jax.core.loop.scheduled_step import IdleStep, ScheduledStep
 from orca_jax.core.requests.request import RequestState
 from orca_jax.core.requests.step_logs import STEP_DTYPE
 from orca_jax.core.step.engine_api import Bucket
-
-if TYPE_CHECKING:
-    from orca_jax.core.loop.scheduler import Scheduler
 
 _RUNNING = int(RequestState.RUNNING)
 # The most steps one leap runs: its arrays hold steps x batch entries.
@@ -63,7 +60,8 @@ class Leaper:
       num_leaps: leaps so far.
     """
 
-    def __init__(self, scheduler: "Scheduler") -> None:
+    # A `Scheduler`, typed loosely: it imports this module through its executor.
+    def __init__(self, scheduler: Any) -> None:
         self.scheduler = scheduler
         self._template: Optional[ScheduledStep] = None  # the steady step a leap repeats
         self._preemptions = scheduler.record.num_preemptions
