@@ -155,6 +155,9 @@ class Leaper:
         bucket = template.packed.bucket
         parts: list[tuple[NDArray, NDArray, NDArray]] = []
         clock, done, chunk = now, 0, _FIRST_CHUNK
+        if upcoming is not None:  # about the steps before the arrival, at the last step's pace
+            last_s = self.scheduler.record.steps[-1].step_s
+            chunk = max(2, min(_FIRST_CHUNK, int((upcoming - now) / last_s * 1.25) + 2))
         while done < limit:
             count = limit - done if upcoming is None else min(limit - done, chunk)
             span = engine.decode_span(bucket, kv_lens + done, count)

@@ -103,8 +103,11 @@ class StepLogs(Sequence[StepLog]):
         """Adds the next `k` steps, given as rows (a leap's steps: no tuple per step)."""
         if self._frozen:
             raise ValueError("StepLogs.extend_rows: these steps are a finished run's")
-        self._pack()
-        self._add_chunk(rows)
+        # As tuples in the tail, packed with the steps around them: a leap of a few steps
+        # made into a chunk of its own would leave the log in thousands of tiny chunks.
+        self._tail.extend(map(StepLog._make, rows.tolist()))
+        if len(self._tail) >= PACK_STEPS:
+            self._pack()
 
     def _pack(self) -> None:
         if self._tail:
