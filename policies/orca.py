@@ -27,6 +27,7 @@ import dataclasses
 from typing import ClassVar, Optional
 
 from orca_jax import Policy, SchedulerView, StepPlan, fit_to_budget, register
+from policies._common import STEADY
 
 
 @register("orca")
@@ -45,6 +46,13 @@ class Orca(Policy):
     max_num_seqs: Optional[int] = None
     kv_reservation: str = "max"
     preempts: ClassVar[bool] = False  # so it refuses kv_reservation=none (Policy.preempts)
+
+    def stable_steps(self, view: SchedulerView) -> Optional[int]:
+        """Steady while its plan now admits nobody: every running request holds its whole
+        reservation (no page is taken), so while only decodes happen the queue, the
+        budget, the seats and the KV its admissions may take all stay, and so does the
+        plan. It keeps no bookkeeping and reads no clock: asking is planning once."""
+        return STEADY if self.schedule(view).request_ids.size == view.running.size else None
 
     def schedule(self, view: SchedulerView) -> StepPlan:
         cap = min(self.max_num_seqs or view.max_num_seqs, view.max_num_seqs)

@@ -29,6 +29,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from orca_jax import Policy, SchedulerView, StepPlan, register
+from policies._common import STEADY
 
 
 @register("sarathi")
@@ -72,6 +73,19 @@ class Sarathi(Policy):
         new_ids, new_tokens = self._admit(view, budget - int(tokens.sum()), free - needed,
                                           int(running.size))
         return StepPlan(np.concatenate([ids, new_ids]), np.concatenate([tokens, new_tokens]))
+
+    def stable_steps(self, view: SchedulerView) -> Optional[int]:
+        """Steady while every running request decodes within the budget and `_admit`
+        admits nobody: the plan is then the decodes in admission order, and while only
+        decodes happen the queue, budget and seats stay and the free pages only fall
+        (which admits fewer). No bookkeeping, no clock."""
+        running = view.running
+        budget = min(self.max_num_tokens, view.max_num_tokens)
+        if running.size > budget:
+            return None
+        new_ids, _ = self._admit(view, budget - int(running.size), view.num_free_pages,
+                                 int(running.size))
+        return None if new_ids.size else STEADY
 
     def _schedule_with_preemption(self, view: SchedulerView, budget: int,
                                   decodes: NDArray[np.int64],  # [d]

@@ -15,6 +15,7 @@ from typing import ClassVar, Optional
 import numpy as np
 
 from orca_jax import Policy, RequestState, SchedulerView, StepPlan, fit_to_budget, register
+from policies._common import STEADY
 
 
 @register("static")
@@ -40,6 +41,14 @@ class Static(Policy):
     defer_release: bool = dataclasses.field(default=True, init=False)
     _batch: np.ndarray = dataclasses.field(  # request indices of the current batch
         default_factory=lambda: np.zeros(0, np.int64), init=False, repr=False)
+
+    def stable_steps(self, view: SchedulerView) -> Optional[int]:
+        """Steady while its batch runs: nobody joins mid-batch, and the plan is the
+        members not finished (one token each, the batch's shape held) until the last
+        finishes; a member's finish ends a leap, and the release waits for the next
+        plan."""
+        states = view.requests.state[self._batch]
+        return STEADY if (states != RequestState.FINISHED).any() else None
 
     def schedule(self, view: SchedulerView) -> StepPlan:
         release = np.zeros(0, np.int64)

@@ -42,11 +42,13 @@ framework. vLLM's KV pool of N blocks holds N - 1 usable blocks
 from __future__ import annotations
 
 import dataclasses
+from typing import Optional
 
 import numpy as np
 from numpy.typing import NDArray
 
 from orca_jax import Policy, SchedulerView, StepLimits, StepPlan, register
+from policies._common import STEADY
 
 
 @register("vllm")
@@ -137,6 +139,28 @@ class VLLM(Policy):
         if new_ids.size:
             ids, tokens = np.concatenate([ids, new_ids]), np.concatenate([tokens, new_tokens])
         return StepPlan(ids, tokens)
+
+    def stable_steps(self, view: SchedulerView) -> Optional[int]:
+        """Steady while every running request decodes and nobody could be admitted.
+
+        After a step that decoded every running request, the next plan is again all of
+        `running`, one token each, in admission order, as long as their tokens fit the
+        budget and their pages fit the pool (the executor bounds the pages): no
+        preemption then. It admits nobody as long as `_admit` admits nobody now: while
+        only decodes happen the queue, the budget left, the seats and the prefix
+        cache do not change, and the free pages only fall, which admits fewer. No
+        bookkeeping, no clock: any number of steps.
+        """
+        running = view.running
+        budget = min(self.max_num_tokens, view.max_num_tokens)
+        if running.size > budget:
+            return None
+        threshold = self.long_prefill_token_threshold
+        if running.size + view.waiting.size <= 1:
+            threshold = 0
+        new_ids, _ = self._admit(view, budget - int(running.size), view.num_free_pages,
+                                 int(running.size), threshold)
+        return None if new_ids.size else STEADY
 
     def _schedule_with_preemption(self, view: SchedulerView, budget: int,
                                   want: NDArray[np.int64],  # [r]

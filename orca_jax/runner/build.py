@@ -148,7 +148,8 @@ def scheduler_config(spec: RunSpec) -> SchedulerConfig:
         slo=SLOTargets(ttft_slo_s=spec.ttft_slo_s, tpot_slo_s=spec.tpot_slo_s),
         features=LoopFeatures(count_host_time=limits.count_host_time,
                               overlap=isinstance(engine, JaxEngineSpec) and engine.overlap,
-                              log_step_requests=limits.log_step_requests))
+                              log_step_requests=limits.log_step_requests,
+                              leap=isinstance(engine, SimEngineSpec) and engine.leap))
 
 
 def build_engine(spec: RunSpec, config: SchedulerConfig) -> Engine:

@@ -13,6 +13,8 @@ import dataclasses
 import gc
 from typing import Any, Callable, Mapping, Optional
 
+from absl import logging
+
 from orca_jax.cluster.replicas import Cluster
 from orca_jax.cluster.routing import Router
 from orca_jax.core.api.policy import Policy, PolicyLoadError, make_policy
@@ -132,6 +134,10 @@ def run_policy(spec: RunSpec, policy_spec: str, policy_options: Optional[Mapping
         result = scheduler.run(progress=_observers(bar, stream, ThrashWatch(label)))
         if stream is not None:
             stream.flush()  # the steps and requests since its last flush
+        leaper = scheduler.executor.leaper
+        if leaper is not None:  # how much the host skipped (the results are the same)
+            logging.info("run %s: leaped over %d of %d steps in %d leaps", label,
+                         leaper.num_leaped_steps, scheduler.num_steps, leaper.num_leaps)
     except BaseException as error:
         if folder is not None and not isinstance(error, ResultsWriteError):
             _fail(folder, error, stream, scheduler.result, scheduler.num_steps,

@@ -263,6 +263,10 @@ class SimEngineSpec:
                               "attention on the real lengths, as the real engine runs it) or "
                               "ragged (an ideal engine that computes real tokens only).",
                               choices=STEP_PADDINGS)
+    leap: bool = _knob(True, "Run stretches of steady decode steps at once where the policy "
+                       "promises its plan repeats (Policy.stable_steps): the same results bit "
+                       "for bit, less host time. --noleap runs every step one by one. Not "
+                       "for clusters or with count_host_time.")
 
     def __post_init__(self) -> None:
         get_model_config(self.model)  # fails early, naming the presets

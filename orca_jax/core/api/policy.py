@@ -20,7 +20,7 @@ Policies never import jax: decisions are plain Python and numpy.
 from __future__ import annotations
 
 import abc
-from typing import ClassVar, Mapping, Sequence, Type, Union
+from typing import ClassVar, Mapping, Optional, Sequence, Type, Union
 
 import numpy as np
 from numpy.typing import NDArray
@@ -38,6 +38,10 @@ _REGISTRY: dict[str, type["Policy"]] = {}
 
 class Policy(abc.ABC):
     """Base class of every scheduling policy.
+
+    Besides `schedule`, a policy may promise that its plan repeats over steady
+    decode steps (`stable_steps`; none by default): the simulator then leaps
+    over them.
 
     Class attributes a policy may override (as plain class attributes or as
     dataclass fields, to make them knobs):
@@ -75,6 +79,30 @@ class Policy(abc.ABC):
         context again when readmitted."""
         del view, victims
         return "recompute"
+
+    def stable_steps(self, view: SchedulerView) -> Optional[int]:
+        """How many next steps this policy promises to plan as the step just run (a
+        leaping simulator runs them at once: `orca_jax.core.loop.leap`); None, the
+        default, promises nothing and is asked again after every step.
+
+        Asked only right after a step that computed one token of every running request
+        (a decode of each, in the plan's order) and preempted, released and rejected
+        nothing, with the view as the next `schedule()` would see it. Returning k
+        promises: for each of the next k iterations, if nothing changes but those
+        steps' own work — each running request computes one more token, pages are
+        taken as the steps need them while the pool has them, the clock moves past
+        each step — with no arrival, no finish before the last of them, no preemption
+        and no change to the prefix cache, `schedule()` would return that same plan
+        again (the same requests in the same order, one token each, nothing else),
+        and not calling it changes none of this policy's later decisions. The
+        executor stops a leap at every event itself (an arrival, a finish, a page the
+        pool lacks, a prefix-cache page filled); the policy answers only for its own
+        rules: its budget, its cap, admissions (whether a waiting request could get
+        in), its reading of the clock and of its bookkeeping. Fewer steps is always
+        a safe answer.
+        """
+        del view
+        return None
 
     def check_limits(self, limits: StepLimits) -> None:
         """Refuses, before anything runs, scheduler limits under which this policy's

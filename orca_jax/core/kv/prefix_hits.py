@@ -127,6 +127,13 @@ class PrefixHits:
         """Keeps the tokens just sampled (the table's `num_generated` already counts them)."""
         self._generated[self._start[sampled] + self._table.num_generated[sampled] - 1] = tokens
 
+    def record_span(self, sampled: NDArray[np.int64],  # [s]
+                    tokens: NDArray[np.int32]) -> None:  # [c, s]
+        """`record` of `c` steps at once, step by step (the table counts all of them)."""
+        last = self._start[sampled] + self._table.num_generated[sampled] - 1  # [s]
+        steps = np.arange(tokens.shape[0] - 1, -1, -1)[:, None]  # [c, 1] steps before the last
+        self._generated[last[None, :] - steps] = tokens
+
     def commit(self, ids: NDArray[np.int64]) -> None:  # [n] just computed
         """Names the pages these requests filled (before any of them frees its pages)."""
         full = self._table.num_computed[ids] // self._page_size  # [n]

@@ -40,12 +40,17 @@ class LoopFeatures:
         `step_tokens`, `step_held`; memory grows with steps x batch).
       kv_handoff: a finished request keeps its KV pages (in `in_transfer`) until a
         transfer hands them on (`orca_jax.cluster.handoff`: a disaggregated prefill replica).
+      leap: run stretches of steady decode steps at once where the policy promises its
+        plan repeats (`Policy.stable_steps`) and the engine prices spans (the simulator):
+        the same results bit for bit, fewer host operations (`orca_jax.core.loop.leap`).
+        Only at depth 1, without `count_host_time`, and not for a replica of a cluster.
     """
 
     count_host_time: bool = False
     overlap: bool = False
     log_step_requests: bool = False
     kv_handoff: bool = False
+    leap: bool = False
 
 
 # Part name -> its class, in SchedulerConfig's field order.

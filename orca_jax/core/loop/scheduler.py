@@ -154,7 +154,9 @@ class Scheduler(SchedulerLoop):
         self.view = SchedulerView(self)
         overlaps = (config.features.overlap and getattr(engine, "feeds_tokens", False)
                     and self.late_tokens_conflict() is None)
-        self.executor = Executor(self, depth=2 if overlaps else 1)
+        # A cluster's replica never leaps: its event loop interleaves the replicas' steps.
+        self.executor = Executor(self, depth=2 if overlaps else 1,
+                                 leap=config.features.leap and not submitted_only and table is None)
 
     # ------------------------------------------------------------- queries
     def next_arrival_s(self) -> Optional[float]:

@@ -108,6 +108,16 @@ class RunRecord:
         self._token_time.append(time_s)
         self._token_count.append(int(requests.size))
 
+    def log_token_span(self, requests: NDArray[np.int64],  # [k] distinct
+                       times_s: NDArray[np.float64]) -> None:  # [c]
+        """`log_tokens(requests, t)` for each `t` of `times_s`, in order (a leap's steps)."""
+        if self._tally is not None:
+            self._tally.add_span(requests, times_s)
+            return
+        self._token_req.extend([requests] * times_s.size)
+        self._token_time.extend(times_s.tolist())
+        self._token_count.extend([int(requests.size)] * times_s.size)
+
     def token_stats(self, finished: NDArray[np.bool_]) -> TokenStats:  # [N]
         """The tokens so far as the metrics read them; `finished` the requests whose
         inter-token gaps count (`TokenStats`)."""
