@@ -29,7 +29,7 @@ flags.adopt_module_key_flags(run_flags)
 flags.DEFINE_string("policy", "orca", "Policy: a registered name, package.module:Class, or "
                     "path/to/file.py:Class. " + registered_names("policies"))
 flags.DEFINE_string("describe_policy", None, "Print the knobs (types, defaults, docs) of this "
-                    "policy or router (a registered name, package.module:Class or "
+                    "policy, router or KV cache policy (a registered name, package.module:Class or "
                     "path/to/file.py:Class) and exit.")
 
 
@@ -44,6 +44,11 @@ def describe(spec: str) -> str:
     except PolicyLoadError as policy_error:
         try:
             return plugins.describe(resolve_router_class(spec), "router")
+        except PolicyLoadError:
+            pass
+        try:
+            return plugins.describe(plugins.resolve_cache_policy_class(spec), "cache policy",
+                                    flag="kv_cache_policy_opts")
         except PolicyLoadError:
             raise policy_error from None
 

@@ -71,6 +71,9 @@ class VLLM(Policy):
       enable_prefix_caching: opt in to the core's prefix caching (vLLM's
         `--enable-prefix-caching`, on by default); it is active only where
         `SchedulerConfig.kv.enable_prefix_caching` is on too.
+      preemption_mode: recompute (vLLM v1; the default) frees a victim's pages to
+        compute again; swap (vLLM v0's `--preemption-mode swap`) moves them to the host
+        KV tier and back (needs `--kv_host_gb` or `--kv_host_pages`).
     """
 
     renamed_options = {"max_num_batched_tokens": "max_num_tokens"}
@@ -81,6 +84,7 @@ class VLLM(Policy):
     long_prefill_token_threshold: int = 0
     priority: bool = False
     enable_prefix_caching: bool = True
+    preemption_mode: str = "recompute"
 
     @property
     def prefix_caching(self) -> bool:  # the core reads this (see `Policy.prefix_caching`)
@@ -90,9 +94,17 @@ class VLLM(Policy):
         for field in ("max_num_seqs", "max_num_tokens"):
             if getattr(self, field) < 1:
                 raise ValueError(f"{field} must be >= 1, got {getattr(self, field)}")
+        if self.preemption_mode not in ("recompute", "swap"):
+            raise ValueError(f"preemption_mode must be recompute or swap, got "
+                             f"{self.preemption_mode!r}")
         if self.long_prefill_token_threshold < 0:
             raise ValueError("long_prefill_token_threshold must be >= 0, got "
                              f"{self.long_prefill_token_threshold}")
+
+    def preemption_modes(self, view: SchedulerView, victims: NDArray[np.int64]) -> str:
+        """Every victim by `preemption_mode` (vLLM preempts all one way)."""
+        del view, victims
+        return self.preemption_mode
 
     def check_limits(self, limits: StepLimits) -> None:
         """Without chunked prefill, refuses a step budget below the context, as vLLM does

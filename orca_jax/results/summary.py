@@ -55,9 +55,13 @@ def summarize_run(result: RunResult, *, ttft_slo_s: Optional[float] = None,
     With an SLO, `goodput_req_s_per_gpu` is the goodput over `num_gpus` (default:
     one per replica). A disaggregated run also gets `num_prefill_replicas` and its
     transfers' figures (`num_transfers`, `transfer_bytes_total`, `transfer_s_mean`,
-    `transfer_wait_s_mean`: from the first token to the transfer's start). With the
-    run's `token_times` (`--log_token_times`), Andes's QoE over the finished requests:
-    `qoe_mean`, `qoe_p10`, `qoe_p50`, `qoe_attainment` and the targets
+    `transfer_wait_s_mean`: from the first token to the transfer's start). A run with
+    slower KV tiers also gets `kv_stall_s_total` and `kv_stalled_steps` (steps that waited
+    for KV moves between tiers) and, per tier, `kv_tiers.TIER.hit_tokens`, `read_bytes`,
+    `write_bytes`, `stall_s`, `evictions` and swapped pages (steps.jsonl then says each
+    step's `kv_stall_s`).
+    With the run's `token_times` (`--log_token_times`), Andes's QoE over the finished
+    requests: `qoe_mean`, `qoe_p10`, `qoe_p50`, `qoe_attainment` and the targets
     (`TokenTimes.summary`, `orca_jax.results.qoe`).
 
     The parts with one row per something are tables (name -> rows), each written
@@ -111,6 +115,8 @@ def summarize_run(result: RunResult, *, ttft_slo_s: Optional[float] = None,
         tables["transfers"] = transfer_rows(result)
     if result.prefix_caching:
         summary.update(_prefix_caching(result))
+    if result.kv_tiers is not None:
+        summary.update(_kv_tiers(result))
     if clustered:
         summary["load_imbalance"] = _load_imbalance(result)
         tables["replicas"] = replica_rows(result)
@@ -161,6 +167,16 @@ def _prefix_caching(result: RunResult) -> dict[str, Any]:
     cached = int(np.minimum(result.num_cached_tokens, result.prompt_len)[admitted].sum())
     return {"prefix_hit_rate": cached / prompt if prompt else 0.0,
             "num_evictions": result.num_evictions}
+
+
+def _kv_tiers(result: RunResult) -> dict[str, Any]:
+    """A run with slower KV tiers: each tier's hits, bytes each way, stall seconds,
+    evictions and swaps (`kv_tiers.host.hit_tokens`, ...), and the steps' stalls."""
+    assert result.kv_tiers is not None
+    stalls = list(result.kv_stall_s.values())
+    return {"kv_stall_s_total": float(sum(stalls)), "kv_stalled_steps": len(stalls),
+            **flatten({"kv_tiers": {name: dict(stats) for name, stats in
+                                    result.kv_tiers.items()}})}
 
 
 def _transfers(result: RunResult) -> dict[str, Any]:
@@ -320,8 +336,9 @@ def iter_step_rows(result: RunResult) -> Iterator[dict[str, Any]]:
     logged = result.step_requests is not None and result.step_tokens is not None
     removed = result.step_preempted is not None and result.step_rejected is not None
     ids = result.request_ids
+    tiered = result.kv_tiers is not None
     for s, step in enumerate(result.steps):
-        yield step_row(
+        row = step_row(
             step, prefix_caching=result.prefix_caching,
             replica=int(result.step_replica[s]) if result.num_replicas > 1 else None,
             request_ids=([result.request_ids[i] for i in result.step_requests[s].tolist()]
@@ -331,6 +348,9 @@ def iter_step_rows(result: RunResult) -> Iterator[dict[str, Any]]:
                            if removed else None),
             rejected_ids=([ids[i] for i in result.step_rejected[s].tolist()]
                           if removed else None))
+        if tiered:  # the seconds it waited for KV moves between tiers before it started
+            row["kv_stall_s"] = float(result.kv_stall_s.get(s, 0.0))
+        yield row
 
 
 def step_rows(result: RunResult) -> list[dict[str, Any]]:

@@ -19,15 +19,17 @@ from numpy.typing import NDArray
 
 from orca_jax.cluster.replicas import Cluster
 from orca_jax.cluster.routing import Router, make_router, resolve_router_class
-from orca_jax.core.api.plugins import PolicyLoadError, parse_options
+from orca_jax.core.api.plugins import PolicyLoadError, parse_options, resolve_cache_policy
 from orca_jax.core.api.policy import Policy, make_policy
 from orca_jax.core.kv import KVConfig
+from orca_jax.core.kv.cache_policies import make_cache_policy
 from orca_jax.core.loop.config import LoopFeatures, SchedulerConfig
 from orca_jax.core.plans.limits import SLOTargets, StepLimits
 from orca_jax.core.requests.request import Request
 from orca_jax.core.step.engine_api import Engine, EngineConfigError
 from orca_jax.core.step.packing import pages_per_seq_for
 from orca_jax.core.step.sampling import SamplingConfig
+from orca_jax.runner.kv_tiers import tier_configs
 from orca_jax.runner.spec import JaxEngineSpec, RunSpec, SimEngineSpec, sampling_params
 from orca_jax.sim import cost_model
 from orca_jax.sim.engine import SimEngine
@@ -142,7 +144,8 @@ def scheduler_config(spec: RunSpec) -> SchedulerConfig:
         limits=StepLimits(max_num_seqs=limits.max_num_seqs, max_num_tokens=limits.max_num_tokens,
                           max_model_len=context, token_buckets=limits.token_buckets,
                           no_progress_steps=limits.no_progress_steps),
-        kv=KVConfig(num_kv_pages=pages, page_size=limits.page_size, kv_layout=limits.kv_layout),
+        kv=KVConfig(num_kv_pages=pages, page_size=limits.page_size, kv_layout=limits.kv_layout,
+                    **_tier_settings(spec)),
         sampling=SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p,
                                 seed=spec.seed),
         slo=SLOTargets(ttft_slo_s=spec.ttft_slo_s, tpot_slo_s=spec.tpot_slo_s),
@@ -150,6 +153,36 @@ def scheduler_config(spec: RunSpec) -> SchedulerConfig:
                               overlap=isinstance(engine, JaxEngineSpec) and engine.overlap,
                               log_step_requests=limits.log_step_requests,
                               leap=isinstance(engine, SimEngineSpec) and engine.leap))
+
+
+def _tier_settings(spec: RunSpec) -> dict[str, object]:
+    """KVConfig's slower tiers and cache policy, when the run has tiers (else nothing:
+    a run without tiers builds the KVConfig it always did)."""
+    engine, limits = spec.engine, spec.limits
+    if not isinstance(engine, SimEngineSpec):
+        return {}
+    tiers = tier_configs(limits, get_model_config(engine.model), engine.tp)
+    if not tiers:
+        return {}
+    name = resolve_cache_policy(limits.kv_cache_policy)
+    options = tuple(parse_options(limits.kv_cache_policy_opts).items())
+    try:
+        make_cache_policy(name, {k: _option(v) for k, v in options})
+    except (TypeError, ValueError) as e:
+        raise PolicyLoadError(f"--kv_cache_policy_opts={limits.kv_cache_policy_opts!r}: "
+                              f"{e}") from None
+    return dict(tiers=tiers, cache_policy=name,
+                cache_policy_opts=tuple((k, _option(v)) for k, v in options))
+
+
+def _option(value: str) -> object:
+    """A cache policy knob's text as a number where it is one."""
+    for kind in (int, float):
+        try:
+            return kind(value)
+        except ValueError:
+            pass
+    return value
 
 
 def build_engine(spec: RunSpec, config: SchedulerConfig) -> Engine:
@@ -329,6 +362,9 @@ def check_policies(spec: RunSpec, config: SchedulerConfig,
     for policy_spec, options in policies:
         policy = make_policy(policy_spec, options)
         check_policy_limits(policy, options, config)
+        if getattr(policy, "preemption_mode", None) == "swap" and not config.kv.tiers:
+            raise PolicyLoadError(f"policy {policy.name!r}: preemption_mode=swap needs a host "
+                                  "KV tier (--kv_host_gb or --kv_host_pages)")
         built.append(policy)
     check_router(spec)
     return built

@@ -20,6 +20,7 @@ from orca_jax import _legacy
 from orca_jax.core.api.plugins import parse_options
 from orca_jax.core.kv import KV_LAYOUTS
 from orca_jax.core.step.bucket_fit import max_fitted_sizes, parse_fit_ladder
+from orca_jax.runner.kv_tiers import tier_configs
 from orca_jax.runner.spec_caps import check_caps
 from orca_jax.sim.cost_model import STEP_PADDINGS
 from orca_jax.specs.hardware import (
@@ -312,6 +313,27 @@ class LimitsSpec:
                                   "bit.")
     no_progress_steps: int = _knob(10_000, "Fail the run after this many iterations in a row "
                                    "in which no request gains a computed token or finishes.")
+    kv_host_gb: Optional[float] = _knob(None, "Host (DRAM) KV tier under the device's pool, in "
+                                        "GB (decimal) over the replica: swapped-out requests "
+                                        "and prefix pages the device evicts (None: no host "
+                                        "tier).")
+    kv_host_pages: Optional[int] = _knob(None, "Host KV tier in pages (instead of "
+                                         "kv_host_gb).")
+    kv_disk_gb: Optional[float] = _knob(None, "Disk (or remote store) KV tier under the host "
+                                        "tier, in GB: prefix pages the host evicts (None: no "
+                                        "disk tier).")
+    kv_disk_pages: Optional[int] = _knob(None, "Disk KV tier in pages (instead of "
+                                         "kv_disk_gb).")
+    kv_host_link: str = _knob("pcie4", "The link between the device and the host KV tier.",
+                              presets=KV_LINK_NAMES)
+    kv_disk_link: str = _knob("nvme", "The link between the host and the disk KV tier.",
+                              presets=KV_LINK_NAMES)
+    kv_cache_policy: str = _knob("lru", "The slower KV tiers' cache policy (which page to "
+                                 "evict, write_back/write_through/drop, what to prefetch): "
+                                 "lru, lfu, arc, prefetch-on-queue, or a plugin as "
+                                 "path/to/file.py:Class.")
+    kv_cache_policy_opts: str = _knob("", "The cache policy's knobs: key=value,... (e.g. "
+                                      "placement=write_through).")
 
     def __post_init__(self) -> None:
         for field in ("max_num_seqs", "max_num_tokens", "num_kv_pages", "page_size",
@@ -320,6 +342,16 @@ class LimitsSpec:
         _check_at_least("limits", "max_model_len", self.max_model_len, 2)
         _check_choice("limits", "kv_layout", self.kv_layout, KV_LAYOUTS)
         _check_positive("limits", "kv_memory_gb", self.kv_memory_gb)
+        for field in ("kv_host_gb", "kv_disk_gb"):
+            _check_positive("limits", field, getattr(self, field))
+        for field in ("kv_host_pages", "kv_disk_pages"):
+            _check_at_least("limits", field, getattr(self, field), 1)
+        for field in ("kv_host_link", "kv_disk_link"):
+            try:
+                get_kv_link(getattr(self, field))
+            except ValueError as e:
+                raise ValueError(f"limits.{field}: {e}") from None
+        parse_options(self.kv_cache_policy_opts)  # fails early, naming the bad option
         buckets = self.token_buckets
         if buckets is not None and not (
                 buckets and buckets[0] >= 1 and list(buckets) == sorted(set(buckets))
@@ -468,4 +500,14 @@ class RunSpec(metaclass=_TakesFlatKeywords):
                              f"real engine runs one replica per process), got "
                              f"{self.engine.kind!r}")
         check_caps(self)  # counts this machine cannot hold: refused before anything allocates
+        tiered = any(getattr(self.limits, field) is not None for field in (
+            "kv_host_gb", "kv_host_pages", "kv_disk_gb", "kv_disk_pages"))
+        if tiered and not isinstance(self.engine, SimEngineSpec):
+            raise ValueError("KV tiers (--kv_host_*, --kv_disk_*) are simulated only for now "
+                             "(the jax engine's host tier is to come): use --engine=sim")
+        if tiered and (self.cluster.num_replicas > 1 or self.cluster.disaggregated):
+            raise ValueError("KV tiers (--kv_host_*, --kv_disk_*) serve one replica for now: "
+                             "give --num_replicas=1 without prefill/decode pools")
+        if tiered and isinstance(self.engine, SimEngineSpec):
+            tier_configs(self.limits, get_model_config(self.engine.model), self.engine.tp)
 

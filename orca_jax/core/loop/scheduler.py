@@ -30,7 +30,7 @@ from numpy.typing import NDArray
 
 from orca_jax.core.api.policy import Policy, check_kv_reservation
 from orca_jax.core.kv import KVMemory, preempt
-from orca_jax.core.kv.preemption import RECOMPUTE
+from orca_jax.core.kv.preemption import RECOMPUTE, SWAP
 from orca_jax.core.kv.prefix_hits import PrefixHits
 from orca_jax.core.loop import request_export
 from orca_jax.core.loop.admission import reject_impossible
@@ -109,6 +109,11 @@ class Scheduler(SchedulerLoop):
             prefix_caching=self.prefix_caching, uses_planned_output=not engine.needs_token_ids)
         self.kv = self.kv_memory.pool
         self.capacity = self.kv_memory.capacity
+        if self.kv_memory.linked is not None:  # slower tiers' links queue on our clock
+            self.kv_memory.linked.clock = lambda: self.now_s
+        if getattr(policy, "preemption_mode", RECOMPUTE) == SWAP and not kv_config.tiers:
+            raise ValueError(f"policy {policy.name!r}: preemption_mode=swap needs a host KV "
+                             "tier (--kv_host_gb or --kv_host_pages)")
         seeds = (np.arange(n, dtype=np.uint64) * np.uint64(0x9E3779B1)
                  + np.uint64(sampling.seed)) & np.uint64(0xFFFFFFFF)
         # One value for every request: read-only broadcast views, no memory per request.
@@ -155,8 +160,11 @@ class Scheduler(SchedulerLoop):
         overlaps = (config.features.overlap and getattr(engine, "feeds_tokens", False)
                     and self.late_tokens_conflict() is None)
         # A cluster's replica never leaps: its event loop interleaves the replicas' steps.
+        # Nor does a run with slower KV tiers: their links move pages (prefetches,
+        # write-throughs) on steps a leap would not see one by one.
         self.executor = Executor(self, depth=2 if overlaps else 1,
-                                 leap=config.features.leap and not submitted_only and table is None)
+                                 leap=(config.features.leap and not submitted_only
+                                       and table is None and self.kv_memory.linked is None))
 
     # ------------------------------------------------------------- queries
     def next_arrival_s(self) -> Optional[float]:
@@ -336,6 +344,8 @@ class Scheduler(SchedulerLoop):
         seconds of KV brought back from a slower tier: it holds the step back)."""
         table = self.table
         admitted = ids[table.state[ids] == _WAITING]
+        if self.kv_memory.linked is not None:  # slower tiers: the queue's head prefetches
+            self.kv_memory.prefetch(self.waiting[~np.isin(self.waiting, admitted)])
         if admitted.size == 0:
             return 0, 0.0
         table.state[admitted] = _RUNNING

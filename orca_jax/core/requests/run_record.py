@@ -49,6 +49,9 @@ class RunRecord:
     # Computed tokens the preemptions threw away (a recompute victim's `num_computed`), which
     # it computes again when readmitted (less what the prefix cache still holds then).
     num_recomputed_tokens: int = 0
+    # Step index -> seconds it waited for KV moves between memory tiers before it started
+    # (only steps that waited: empty without slower tiers).
+    kv_stall_s: dict[int, float] = dataclasses.field(default_factory=dict)
     _token_req: list[NDArray[np.int64]] = dataclasses.field(default_factory=list)
     _token_time: list[float] = dataclasses.field(default_factory=list)
     _token_count: list[int] = dataclasses.field(default_factory=list)

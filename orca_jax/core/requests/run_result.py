@@ -14,7 +14,7 @@ not: 16 bytes a token).
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional, Sequence, TypeVar
+from typing import Any, Mapping, Optional, Sequence, TypeVar
 
 import numpy as np
 from numpy.typing import NDArray
@@ -119,6 +119,11 @@ class RunResult:
     prefill_replica: Optional[NDArray[np.int64]] = None
     num_prefill_replicas: int = 0  # replicas 0..num_prefill_replicas - 1 are the prefill pool
     transfers: tuple[TransferLog, ...] = ()
+    # Slower KV tiers (host, disk): per tier, its hits, bytes each way, stall seconds,
+    # evictions and swapped pages (`LinkedTiers.summary`); None without them. And step
+    # index -> seconds it waited for KV moves between tiers (steps that waited only).
+    kv_tiers: Optional[Mapping[str, Mapping[str, Any]]] = None
+    kv_stall_s: Mapping[int, float] = dataclasses.field(default_factory=dict)
 
     @property
     def num_requests(self) -> int:
@@ -136,7 +141,9 @@ class RunResult:
     def from_log(cls, table: RequestTable, record: RunRecord, *, policy: str, engine: str,
                  virtual_end_s: float,
                  output_tokens: Optional[Sequence[Sequence[int]]],
-                 prefix_caching: bool = False, num_evictions: int = 0) -> RunResult:
+                 prefix_caching: bool = False, num_evictions: int = 0,
+                 kv_tiers: Optional[Mapping[str, Mapping[str, Any]]] = None,
+                 kv_stall_s: Optional[Mapping[int, float]] = None) -> RunResult:
         """One scheduler's run, copied from its request table and log.
 
         Args:
@@ -188,7 +195,7 @@ class RunResult:
             virtual_end_s=float(virtual_end_s),
             replica=_zeros(n),
             num_replicas=1, router=None, prefix_caching=prefix_caching,
-            num_evictions=num_evictions)
+            num_evictions=num_evictions, kv_tiers=kv_tiers, kv_stall_s=dict(kv_stall_s or {}))
 
     @classmethod
     def concat(cls, results: Sequence[RunResult], *, router: str,
