@@ -41,6 +41,16 @@ colocated 2 against disaggregated 1+1 (quoted: `;` separates one variant's setti
     python -m experiments.compare --engine=sim --policies=vllm \\
       --variants='co:num_replicas=2,dis:prefill_replicas=1;decode_replicas=1'
 
+or the same setups from a JSON file, where a value may hold `,` and `;` (a
+`--router_opts` of several knobs); the file's errors name it, the variant and the
+key, and `--variants` with `--variants_file` is refused:
+
+    echo '{"co": {"num_replicas": 2}, "dis": {"prefill_replicas": 1,
+           "decode_replicas": 1}}' > variants.json
+    python -m experiments.compare --engine=sim --policies=vllm --variants_file=variants.json
+
+`sweep` takes the same two flags and sweeps every policy under every variant.
+
 A row is `POLICY@VARIANT` (comparison.json also has a `variant` field; it is the
 `policy` of each summary.json) and its folder OUT_DIR/VARIANT/POLICY. Every
 variant runs on the one workload the command's flags build (a key that would
@@ -325,7 +335,8 @@ def _compare(spec: RunSpec, setups: Sequence[variant_flags.Setup],
     write_json_atomic(os.path.join(out, "comparison.json"),
                       to_json_value([flat_row(row) for row in rows]), sort_keys=False)
     if _plot(rows, os.path.join(out, "comparison.png"),
-             figure_caption(spec, repeats=repeats)):
+             figure_caption(spec, repeats=repeats)
+             + variant_flags.caption_note(spec, setups)):
         print(f"figure: {os.path.join(out, 'comparison.png')}")
     print(f"results in {out}")
 

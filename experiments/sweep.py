@@ -48,8 +48,7 @@ from orca_jax.results.metrics import format_table
 from orca_jax.results.plots import METRIC_LABELS, plot_sweep
 from orca_jax.results.sweep_store import aggregate, point_key
 from orca_jax.runner.figure_caption import figure_caption
-from orca_jax.runner.spec import RunSpec
-from orca_jax.runner.sweep import PolicyRun, run_sweep, variant_settings
+from orca_jax.runner.sweep import PolicyRun, run_sweep
 
 METRICS = {"normalized_latency": "normalized_latency_mean_s", "ttft_p99": "ttft_p99_s",
            "tpot_p99": "tpot_p99_s", "goodput": "goodput_req_s",
@@ -96,21 +95,6 @@ def _parse_list(name: str, values: Sequence[str], kind: type) -> list:
     return parsed
 
 
-def variants_caption(spec: RunSpec, setups: Sequence[variant_flags.Setup]) -> str:
-    """The figure caption's note on the variants (empty without them): each label with
-    what it sets, so the caption, which speaks of the command's own setup, misleads no
-    one about the curves."""
-    if setups[0].variant is None:
-        return ""
-    notes = []
-    for setup in setups:
-        sets = variant_settings(spec, setup.spec)
-        notes.append(f"{setup.variant}: " + (", ".join(f"{key}={value}"
-                                                       for key, value in sets.items())
-                                              or "the command's own setup"))
-    return "; variants " + "; ".join(notes)
-
-
 @run_flags.clean_errors()
 def main(argv: list[str]) -> None:
     del argv
@@ -151,7 +135,7 @@ def main(argv: list[str]) -> None:
                   title=f"{METRIC_LABELS[y_field]} vs {METRIC_LABELS[x_field]} "
                         f"({len(seeds)} seed{'s' * (len(seeds) > 1)})",
                   caption=figure_caption(spec, rates=rates, seeds=seeds)
-                  + variants_caption(spec, setups)):
+                  + variant_flags.caption_note(spec, setups)):
         print(f"figure: {figure}")
     else:
         print("matplotlib is not installed: no figure (the points are in points.jsonl)")

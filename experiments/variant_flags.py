@@ -49,6 +49,7 @@ from orca_jax.runner.bucket_pilot import BucketFit, needs_fit, token_sizes, with
 from orca_jax.runner.build import check_policies, scheduler_config
 from orca_jax.runner.settings import effective_settings
 from orca_jax.runner.spec import RunSpec, WorkloadSpec
+from orca_jax.runner.sweep import variant_settings
 
 flags.DEFINE_list("variants", [], "Setups to run every policy of --policies under, on the one "
                   "workload with one bucket pilot: LABEL:key=value;key=value,LABEL2:... (quote "
@@ -295,6 +296,21 @@ def check_setups(setups: Sequence[Setup], entries: Sequence[LabeledPolicy]
         for entry, policy in zip(entries, built):
             settings[setup.row_label(entry.label)] = effective_settings(policy, config)
     return settings
+
+
+def caption_note(spec: RunSpec, setups: Sequence[Setup]) -> str:
+    """The figure caption's note on the variants (empty without them): each label with
+    what it sets (`runner.sweep.variant_settings`), so that the caption, which speaks of
+    the command's own setup, misleads no one about the bars or curves."""
+    if setups[0].variant is None:
+        return ""
+    notes = []
+    for setup in setups:
+        sets = variant_settings(spec, setup.spec)
+        notes.append(f"{setup.variant}: " + (", ".join(f"{key}={value}"
+                                                       for key, value in sets.items())
+                                              or "the command's own setup"))
+    return "; variants " + "; ".join(notes)
 
 
 def ladder_lines(setups: Sequence[Setup]) -> list[str]:

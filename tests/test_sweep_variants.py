@@ -192,3 +192,18 @@ def test_the_store_keys_points_by_variant_and_writes_the_old_line_without_one(tm
         f.write(b"{")  # the first line, broken
     with pytest.raises(SweepPointsError, match=r"points\.jsonl:1: not a sweep point"):
         store.load()
+
+
+def test_the_figure_caption_says_what_each_variant_sets():
+    from experiments.variant_flags import Setup, caption_note
+    from orca_jax.runner.spec import ClusterSpec, RunSpec
+
+    spec = RunSpec(cluster=ClusterSpec(num_replicas=2))
+    setups = [Setup("rr", spec),
+              Setup("ca", RunSpec(cluster=ClusterSpec(num_replicas=2, router="cache_aware"))),
+              Setup("dis", RunSpec(cluster=ClusterSpec(num_prefill_replicas=1,
+                                                       num_decode_replicas=1)))]
+    assert caption_note(spec, setups) == (
+        "; variants rr: the command's own setup; ca: router=cache_aware; dis: "
+        "num_replicas=1, num_prefill_replicas=1, num_decode_replicas=1")
+    assert caption_note(spec, [Setup(None, spec)]) == ""
