@@ -207,3 +207,16 @@ def test_the_figure_caption_says_what_each_variant_sets():
         "; variants rr: the command's own setup; ca: router=cache_aware; dis: "
         "num_replicas=1, num_prefill_replicas=1, num_decode_replicas=1")
     assert caption_note(spec, [Setup(None, spec)]) == ""
+
+
+def test_run_sweep_refuses_a_variant_with_another_workload(tmp_path):
+    from orca_jax.runner.spec import RunSpec, WorkloadSpec
+    from orca_jax.runner.sweep import PolicyRun, SweepError
+    from orca_jax.runner.sweep import run_sweep as run_grid
+
+    spec = RunSpec(workload=WorkloadSpec(num_requests=8))
+    other = RunSpec(workload=WorkloadSpec(num_requests=9))
+    with pytest.raises(SweepError, match="variant x: its workload differs from the sweep's"):
+        run_grid(spec, [PolicyRun("vllm", "vllm")], [4.0], [0], str(tmp_path / "s"),
+                 variants={"ok": spec, "x": other})
+    assert not (tmp_path / "s" / "sweep.json").exists()

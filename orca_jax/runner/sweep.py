@@ -177,6 +177,9 @@ def run_sweep(spec: RunSpec, policies: Sequence[PolicyRun], rates: Sequence[floa
     if len(set(labels)) != len(labels):
         raise SweepError(f"policies {[run.spec for run in policies]}: two share a label "
                          f"({labels}); a sweep keys its points by label")
+    if any(run.variant is not None for run in policies):
+        raise SweepError(f"policies {labels}: a policy's variant is set by `variants`, "
+                         "not given with it")
     variants = dict(variants or {})
     _check_variants(spec, variants)
     if build_per_point and spec.workload.arrival == "trace":
