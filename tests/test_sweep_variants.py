@@ -189,7 +189,7 @@ def test_the_store_keys_points_by_variant_and_writes_the_old_line_without_one(tm
     SweepStore(tmp_path / "plain", {"num_requests": 10}, {})
     assert "variants" not in json.loads((tmp_path / "plain" / "sweep.json").read_text())
     with open(store.points_path, "r+b") as f:
-        f.write(b"{")  # the first line, broken
+        f.write(b"x")  # the first line, broken
     with pytest.raises(SweepPointsError, match=r"points\.jsonl:1: not a sweep point"):
         store.load()
 
