@@ -32,6 +32,7 @@ from orca_jax.core.api.policy import Policy, check_kv_reservation
 from orca_jax.core.kv import KVMemory, preempt
 from orca_jax.core.kv.preemption import RECOMPUTE, SWAP
 from orca_jax.core.kv.prefix_hits import PrefixHits
+from orca_jax.core.loop import cancel as cancelling
 from orca_jax.core.loop import request_export
 from orca_jax.core.loop.admission import reject_impossible
 from orca_jax.core.loop.config import SchedulerConfig
@@ -230,6 +231,23 @@ class Scheduler(SchedulerLoop):
         if ids.size:
             self._next_arrival = min(self._next_arrival, int(ids.min()))
             self._arrival_horizon = max(self._arrival_horizon, int(ids.max()) + 1)
+
+    # ------------------------------------------------ requests ended from outside (cancel)
+    def cancel(self, ids: Sequence[int], reason: str) -> int:
+        """Ends requests whose clients left: rejected with `reason`, their pages freed,
+        the policy told through `last_finished` (`cancel.cancel`). Returns how many
+        were live."""
+        return cancelling.cancel(self, np.asarray(ids, dtype=np.int64), reason)
+
+    def stop(self, ids: Sequence[int]) -> int:
+        """Finishes requests now with the tokens they have (a stop string, end of
+        sequence; `cancel.stop`). Returns how many were live."""
+        return cancelling.stop(self, np.asarray(ids, dtype=np.int64))
+
+    def generated_tokens(self, request: int) -> list[int]:
+        """The token ids `request` has generated that the host holds so far (with steps
+        in flight, its newest may still be on the device). Empty without token ids."""
+        return [] if self._generated is None else self._generated[request]
 
     # ------------------------------------------------ requests moving (request_export)
     def export_request(self, request: int) -> RequestExport:
