@@ -94,7 +94,14 @@ def plot(curves: Sequence[dict], path: str, *, title: str, caption: str, cols: i
     panels = list(dict.fromkeys(c["panel"] for c in curves))
     rows = math.ceil(len(panels) / cols)
     fig, axes = plt.subplots(rows, cols, squeeze=False, figsize=(5.2 * cols, 3.0 * rows))
-    grid = np.geomspace(SCALES[0], SCALES[-1], 200)
+    # Draw only where some curve moves: from just below the smallest needed scale to just
+    # above the largest 99th percentile of one (within SCALES' range).
+    finite = [c["need"][np.isfinite(c["need"])] for c in curves]
+    finite = [f for f in finite if f.size]
+    low = max(SCALES[0], 0.8 * min((float(f.min()) for f in finite), default=SCALES[0]))
+    high = min(SCALES[-1], 1.25 * max((float(np.quantile(f, 0.99)) for f in finite),
+                                      default=SCALES[-1]))
+    grid = np.geomspace(low, max(high, 1.01 * low), 400)
     for ax, panel in zip(axes.flat, panels):
         for curve in (c for c in curves if c["panel"] == panel):
             ax.plot(grid, [attainment(curve["need"], s) for s in grid],
