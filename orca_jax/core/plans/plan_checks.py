@@ -174,7 +174,10 @@ def check_plan(scheduler: SchedulerState, plan: StepPlan) -> NDArray[np.int64]:
                         f"(prompt {int(table.prompt_len[request])}, "
                         f"computed {int(table.num_computed[request])}, "
                         f"generated {int(table.num_generated[request])}, "
-                        f"cached {int(cached[i])})")
+                        f"cached {int(cached[i])})"
+                        + (": with prefix caching an admission starts past its cache hit; "
+                           "give a waiting request at most view.requests.num_uncomputed - "
+                           "view.cached_tokens" if cached[i] else ""))
     total = int(tokens.sum())
     budget = scheduler.bucket_config.max_num_tokens
     if total > budget:
