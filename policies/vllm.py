@@ -42,6 +42,7 @@ framework. vLLM's KV pool of N blocks holds N - 1 usable blocks
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import numpy as np
 from numpy.typing import NDArray
@@ -67,8 +68,9 @@ class VLLM(Policy):
         request of the largest (priority, arrival), as vLLM's `--scheduling-policy
         priority` (lower value = more urgent).
       enable_prefix_caching: opt in to the core's prefix caching (vLLM's
-        `--enable-prefix-caching`, on by default); it is active only where
-        `SchedulerConfig.kv.enable_prefix_caching` is on too.
+        `--enable-prefix-caching`, on by default); it decides only under the
+        run's `--prefix_caching=policy` (the default): `on` and `off` decide for
+        every policy, and refuse this knob given explicitly against them.
     """
 
     renamed_options = {"max_num_batched_tokens": "max_num_tokens"}
@@ -79,6 +81,7 @@ class VLLM(Policy):
     long_prefill_token_threshold: int = 0
     priority: bool = False
     enable_prefix_caching: bool = True
+    prefix_caching_knob: ClassVar[str] = "enable_prefix_caching"
 
     @property
     def prefix_caching(self) -> bool:  # the core reads this (see `Policy.prefix_caching`)
