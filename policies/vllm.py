@@ -27,7 +27,8 @@ Preempted requests rejoin waiting at the front (FCFS) or by rank (priority).
 vLLM's FCFS queue stays in arrival order under that rule (running requests are
 always older than never-admitted ones), which is the order of `view.waiting`.
 
-Prefix caching (`enable_prefix_caching`, on by default as in vLLM) is the
+Prefix caching (`enable_prefix_caching`, on by default as in vLLM, under the
+run's default `--prefix_caching=policy`; `on`/`off` decide instead) is the
 core's: an admission starts past its cached pages, so a waiting request wants
 only its uncached tokens (`view.cached_tokens`) and its pages count its hits
 (`view.pages_needed`), as vLLM's `get_computed_blocks` and `allocate_slots`.
