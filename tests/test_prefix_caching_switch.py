@@ -210,3 +210,15 @@ def test_0_2_s_boolean_knob_maps_onto_the_switch_with_a_warning():
     with warnings.catch_warnings(), pytest.raises(TypeError, match="give only prefix_caching"):
         warnings.simplefilter("ignore")
         KVConfig(enable_prefix_caching=True, prefix_caching="on")
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(run=shared_prefix_workloads())
+def test_sarathi_counts_a_shared_page_freed_only_with_its_last_holder(run):
+    # Its preemption pass once counted each victim's held pages as freed; a page another
+    # running request shares is not, and the plan broke the KV rule (found at ~40 cases).
+    requests, config = run
+    scheduler = Scheduler(requests, make_policy("sarathi"), sim_engine(),
+                          config.with_knobs(prefix_caching="on"))
+    run_checked_with_cache(scheduler)
+    check_outcome(scheduler)

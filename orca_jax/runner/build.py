@@ -311,13 +311,13 @@ def check_prefix_caching(policy: Policy, options: Optional[Mapping[str, str]],
     Raises:
       PolicyLoadError: one line naming the policy, the knob or reason, and the switch.
     """
-    mode = config.kv.prefix_caching
+    mode, options = config.kv.prefix_caching, options or {}
     if mode == "policy":
         return
     prefix_caching_active(policy, mode, PolicyLoadError)
     renamed: Mapping[str, str] = getattr(policy, "renamed_options", {})
     knob = policy.prefix_caching_knob
-    given = [key for key in options or {} if renamed.get(key, key) == knob]
+    given = [key for key in options if renamed.get(key, key) == knob]
     if given and bool(policy.prefix_caching) != (mode == "on"):
         raise PolicyLoadError(
             f"policy {policy.name!r}: option {given[0]}={options[given[0]]} contradicts "

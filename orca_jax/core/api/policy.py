@@ -61,7 +61,7 @@ class Policy(abc.ABC):
         through `plan_in_order` or `view.kv_budget` gets both from them.
       prefix_caching_knob: the knob (a dataclass field) that sets `prefix_caching`,
         if any (vllm: `enable_prefix_caching`): a command refuses it given
-        explicitly against the run's `on`/`off` (`runner.build.check_policy_limits`).
+        explicitly against the run's `on`/`off` (`runner.build.check_prefix_caching`).
       prefix_caching_unsupported: why this policy cannot plan with shared pages,
         if it cannot (empty: it can); the run's `on` then refuses it, naming the
         policy and this reason, instead of running it uncached.
