@@ -13,6 +13,15 @@ simulator's default `auto` ladder (`fit:16`) first simulates the whole workload 
 the pilot run it fits the step sizes to (`orca_jax.runner.bucket_pilot`);
 `--bucket_ladder=auto` measures the command as it runs by default, pilot included.
 
+With `--issue_trace`, it measures leaping (`orca_jax.core.loop.leap`) on issue 34's
+trace shape instead: 10,000 Poisson requests at each of `--rates` (30 and 15 req/s),
+prompts of 300 tokens, outputs of 100, `--policy=vllm` with a batch cap of 256 and a
+4,096-token budget, each rate run with `--leap` and `--noleap` (alternating which goes
+first from round to round), and prints each run's process time per request, its steps
+and the fraction of them run inside leaps (the run's log line), then the medians:
+
+    python -m benchmarks.sim_speed --issue_trace --rounds 3 > benchmarks/results/sim_speed_leap.txt
+
 With `--old_rev REV`, every case also runs at revision REV (its files from `git archive`
 in a temporary folder): this script's own code runs the same command line with that
 tree as the working folder and alone on PYTHONPATH. The command line is the stable
@@ -30,6 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import resource
 import statistics
 import subprocess
@@ -104,6 +114,57 @@ def compare_case(num_requests: int, num_replicas: int, bucket_ladder: str,
     return ratio
 
 
+ISSUE_TRACE = ["--engine=sim", "--policy=vllm", "--model=llama3-8b", "--hardware=a100",
+               "--prompt_len=fixed:300", "--output_len=fixed:100", "--max_num_seqs=256",
+               "--max_num_tokens=4096", "--policy_opts=max_num_tokens=4096"]
+LEAP_LINE = re.compile(r"leaped over (\d+) of (\d+) steps in (\d+) leaps")
+
+
+def run_trace_case(num_requests: int, rate: float, leap: bool, bucket_ladder: str) -> dict:
+    """One run of the issue's trace shape in a child process: process time, steps, leaps."""
+    with tempfile.TemporaryDirectory() as out:
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        result = subprocess.run(
+            [sys.executable, "-m", "experiments.run", *ISSUE_TRACE,
+             f"--num_requests={num_requests}", f"--rate={rate:g}",
+             f"--bucket_ladder={bucket_ladder}", "--leap" if leap else "--noleap",
+             f"--out_dir={out}/run"],
+            cwd=REPO, env=tree_env(REPO, JAX_PLATFORMS="cpu"), capture_output=True, text=True)
+        if result.returncode != 0:
+            sys.exit(f"experiments.run failed:\n{result.stderr[-2000:]}")
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        num_steps = sum(1 for _ in open(os.path.join(out, "run", "steps.jsonl")))
+    found = LEAP_LINE.search(result.stderr)
+    leaped = int(found.group(1)) if found else 0
+    cpu_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return {"rate": rate, "leap": leap, "steps": num_steps, "leaped": leaped,
+            "leaps": int(found.group(3)) if found else 0, "cpu_s": cpu_s,
+            "ms_per_request": cpu_s / num_requests * 1e3}
+
+
+def issue_trace(num_requests: int, rates: list[float], rounds: int, bucket_ladder: str) -> None:
+    """Leap against no leap on the issue's trace shape, `rounds` interleaved runs each."""
+    print(f"{'rate':>5} {'mode':>7} {'steps':>7} {'leaped':>7} {'leaps':>6} {'process s':>10} "
+          f"{'ms/request':>11}")
+    for rate in rates:
+        runs: dict[bool, list[dict]] = {True: [], False: []}
+        for round_index in range(rounds):
+            for leap in ((True, False) if round_index % 2 == 0 else (False, True)):
+                row = run_trace_case(num_requests, rate, leap, bucket_ladder)
+                runs[leap].append(row)
+                print(f"{rate:>5g} {'leap' if leap else 'noleap':>7} {row['steps']:>7} "
+                      f"{row['leaped']:>7} {row['leaps']:>6} {row['cpu_s']:>10.2f} "
+                      f"{row['ms_per_request']:>11.3f}", flush=True)
+        medians = {leap: statistics.median(r["ms_per_request"] for r in rows)
+                   for leap, rows in runs.items()}
+        fraction = statistics.median(r["leaped"] / r["steps"] for r in runs[True])
+        same_steps = {r["steps"] for r in runs[True]} == {r["steps"] for r in runs[False]}
+        print(f"rate {rate:g}: median ms/request leap {medians[True]:.3f}, noleap "
+              f"{medians[False]:.3f}, noleap/leap {medians[False] / medians[True]:.2f}x; "
+              f"leaped fraction of steps {fraction:.3f}; steps "
+              f"{'identical' if same_steps else 'DIFFER'}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, nargs="+", default=[10_000, 100_000])
@@ -114,7 +175,20 @@ def main() -> None:
                         help="also run every case at this git revision, interleaved")
     parser.add_argument("--rounds", type=int, default=3,
                         help="with --old_rev: runs of each case at each tree")
+    parser.add_argument("--issue_trace", action="store_true",
+                        help="leap against noleap on issue 34's trace shape (see above)")
+    parser.add_argument("--rates", type=float, nargs="+", default=[30.0, 15.0],
+                        help="with --issue_trace: the arrival rates, req/s")
     args = parser.parse_args()
+    if args.issue_trace:
+        num_requests = args.requests[0] if args.requests != [10_000, 100_000] else 10_000
+        print(f"# {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} {os.cpu_count()}-core "
+              f"machine, load average at start: "
+              f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}; issue 34's trace: "
+              f"{num_requests} requests, {' '.join(ISSUE_TRACE)}, "
+              f"--bucket_ladder={args.bucket_ladder}, --rounds={args.rounds}")
+        issue_trace(num_requests, args.rates, args.rounds, args.bucket_ladder)
+        return
     print(f"# {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} {os.cpu_count()}-core "
           f"machine, load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}, "
           f"--bucket_ladder={args.bucket_ladder}"

@@ -5,7 +5,8 @@
 
   * Bad input (`USAGE_ERRORS`: a flag, a trace, a checkpoint, a policy's spec or
     knobs, an engine setting, an --out_dir that cannot hold results or that another
-    run, comparison or sweep is writing, a sweep folder of another configuration):
+    run, comparison or sweep is writing, a sweep folder of another configuration or
+    with a malformed points.jsonl line):
     `error: ...` naming the culprit, exit status 2.
   * A failed run (`RUN_ERRORS`: a plan that breaks a rule, results that could not be
     written): one line, exit status 1.
@@ -42,13 +43,13 @@ from orca_jax.core.plans.plan import PlanError
 from orca_jax.core.step.engine_api import EngineConfigError
 from orca_jax.results.folder_lock import FolderLockedError
 from orca_jax.results.run_folder import OutDirError, ResultsWriteError
-from orca_jax.results.sweep_store import SweepConfigError
+from orca_jax.results.sweep_store import SweepConfigError, SweepPointsError
 from orca_jax.runner.sweep_point import SweepError
 from orca_jax.workloads.traces import TraceError
 
 USAGE_ERRORS: tuple[type[BaseException], ...] = (
     app.UsageError, flags.Error, PolicyLoadError, TraceError, EngineConfigError, OutDirError,
-    FolderLockedError, SweepConfigError, SweepError)
+    FolderLockedError, SweepConfigError, SweepPointsError, SweepError)
 # A plan that breaks a rule; results that could not be written (a full disk).
 RUN_ERRORS: tuple[type[BaseException], ...] = (PlanError, ResultsWriteError)
 USAGE_EXIT, RUN_EXIT, INTERRUPT_EXIT = 2, 1, 130

@@ -41,6 +41,16 @@ colocated 2 against disaggregated 1+1 (quoted: `;` separates one variant's setti
     python -m experiments.compare --engine=sim --policies=vllm \\
       --variants='co:num_replicas=2,dis:prefill_replicas=1;decode_replicas=1'
 
+or the same setups from a JSON file, where a value may hold `,` and `;` (a
+`--router_opts` of several knobs); the file's errors name it, the variant and the
+key, and `--variants` with `--variants_file` is refused:
+
+    echo '{"co": {"num_replicas": 2}, "dis": {"prefill_replicas": 1,
+           "decode_replicas": 1}}' > variants.json
+    python -m experiments.compare --engine=sim --policies=vllm --variants_file=variants.json
+
+`sweep` takes the same two flags and sweeps every policy under every variant.
+
 A row is `POLICY@VARIANT` (comparison.json also has a `variant` field; it is the
 `policy` of each summary.json) and its folder OUT_DIR/VARIANT/POLICY. Every
 variant runs on the one workload the command's flags build (a key that would
@@ -77,7 +87,6 @@ from experiments import policy_flags, variant_flags
 from experiments.policy_flags import LabeledPolicy, resolve_policies
 from experiments.process_exit import without_final_collection
 from experiments.terminal_table import WIDTH, fit_table
-from orca_jax.core.api.policy import PolicyLoadError
 from orca_jax.core.json_files import to_json_value, write_json_atomic, write_text_atomic
 from orca_jax.results import comparison
 from orca_jax.results.folder_lock import run_lock
@@ -88,13 +97,12 @@ from orca_jax.runner.bucket_pilot import token_sizes
 from orca_jax.runner.build import (
     build_engine,
     build_workload,
-    check_policies,
     scheduler_config,
     workload_line,
 )
 from orca_jax.runner.experiment import run_policy
 from orca_jax.runner.figure_caption import figure_caption
-from orca_jax.runner.settings import RESULT_SETTINGS, SETTINGS, effective_settings
+from orca_jax.runner.settings import RESULT_SETTINGS, SETTINGS
 from orca_jax.runner.spec import JaxEngineSpec, RunSpec
 
 flags.adopt_module_key_flags(run_flags)
@@ -240,27 +248,13 @@ def main(argv: list[str]) -> None:
     del argv
     spec = run_flags.spec_from_flags()
     entries = resolve_policies(list(run_flags.FLAGS.policies), run_flags.FLAGS.policy_opts)
-    variants = variant_flags.parse_variants(run_flags.FLAGS.variants)
-    setups = ([variant_flags.Setup(label, variant_spec) for label, variant_spec
-               in variant_flags.variant_specs(variants).items()] if variants
-              else [variant_flags.Setup(None, spec)])
+    setups = variant_flags.setups_from_flags(spec)
     out = run_flags.FLAGS.out_dir
     # Every policy and the router of every setup are built and checked before anything
     # runs (a typo in the last policy's knob fails now, not after the others ran, and
     # leaves no folder); each one's KV reservation mode (a class attribute or a knob) is
     # read off it.
-    settings: dict[str, dict[str, Any]] = {}
-    for setup in setups:
-        config = scheduler_config(setup.spec)
-        try:
-            built = check_policies(setup.spec, config,
-                                   [(entry.spec, entry.options) for entry in entries])
-        except PolicyLoadError as e:
-            if setup.variant is None:
-                raise
-            raise PolicyLoadError(f"--variants: {setup.variant}: {e}") from None
-        for entry, policy in zip(entries, built):
-            settings[setup.row_label(entry.label)] = effective_settings(policy, config)
+    settings = variant_flags.check_setups(setups, entries)
     check_writable_dir(out)  # before anything runs; each policy's folder is staged (run_folder)
     allowed = list(run_flags.FLAGS.allow_unequal)
     unknown = [name for name in allowed if name not in RESULT_SETTINGS]
@@ -325,7 +319,8 @@ def _compare(spec: RunSpec, setups: Sequence[variant_flags.Setup],
              "unequal_settings": ",".join(comparison.unequal_settings(settings,
                                                                       RESULT_SETTINGS)),
              "num_buckets": len(token_sizes(runs[row["policy"]][0].spec))} for row in rows]
-    columns = [run_flags.TABLE_COLUMNS[0], *FAIRNESS_COLUMNS, *run_flags.TABLE_COLUMNS[1:]]
+    columns = [run_flags.TABLE_COLUMNS[0], *FAIRNESS_COLUMNS, *run_flags.TABLE_COLUMNS[1:],
+               *[c for c in run_flags.QOE_COLUMNS if any(c in row for row in rows)]]
     table = format_table(table_rows(rows), columns)
     shown = fit_table(table_rows(rows))
     if repeats > 1:
@@ -341,7 +336,8 @@ def _compare(spec: RunSpec, setups: Sequence[variant_flags.Setup],
     write_json_atomic(os.path.join(out, "comparison.json"),
                       to_json_value([flat_row(row) for row in rows]), sort_keys=False)
     if _plot(rows, os.path.join(out, "comparison.png"),
-             figure_caption(spec, repeats=repeats)):
+             figure_caption(spec, repeats=repeats)
+             + variant_flags.caption_note(spec, setups)):
         print(f"figure: {os.path.join(out, 'comparison.png')}")
     print(f"results in {out}")
 

@@ -223,7 +223,12 @@ TABLE_COLUMNS = ("policy", "num_finished", "num_rejected", "num_steps", "duratio
                  "normalized_latency_mean_s", "num_preemptions", "padding_fraction",
                  "num_buckets",  # the compiled step shapes (of the ladder) beside the padding
                  "prefix_hit_rate",  # only with prefix caching active ('-' otherwise)
+                 # only with slower KV tiers ('-' otherwise)
+                 "kv_tiers.host.hit_tokens", "kv_tiers.host.read_bytes", "kv_stall_s_total",
+                 "kv_tiers.disk.hit_tokens",
                  "goodput_req_s", "slo_attainment")  # only with an SLO set ('-' otherwise)
+# Columns a table gains only where some run has them (none otherwise, not even '-').
+QOE_COLUMNS = ("qoe_mean", "qoe_p10", "qoe_p50", "qoe_attainment")  # --log_token_times
 
 # Deprecated flag -> the flag it sets now (kept for one release).
 RENAMED_FLAGS = {"max_batch_size": "max_num_seqs", "token_budget": "max_num_tokens"}

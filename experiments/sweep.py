@@ -14,6 +14,21 @@ exits 1 naming it; a rerun retries it). `--executor=ray` runs each point as a
 Ray task (a local Ray, `--ray_num_cpus`, or a cluster's `--ray_address`). Then sweep.png:
 the chosen latency metric against throughput, one curve per policy, mean over
 seeds with a band over seeds.
+
+Setups, not only policies: `--variants` (or `--variants_file`), as compare takes
+them (`experiments.variant_flags`), sweeps every policy under every variant, over
+the same rates and seeds on the same workload, each (rate, seed)'s `fit:K` ladder
+fitted by one pilot of the command's own setup. Two routers:
+
+    python -m experiments.sweep --engine=sim --policies=vllm --num_replicas=2 \
+      --rates=4,8,16 --variants=rr:router=round_robin,ca:router=cache_aware
+
+A curve (its legend entry, its rows of sweep.txt) is `POLICY@VARIANT`; its
+points' lines in points.jsonl carry `variant`, sweep.json each variant's
+settings (a resumed sweep refuses a label that now sets something else; new
+variants may be added), and `--point_runs` folders are
+points/VARIANT/POLICY/rate_R_seed_S. A sweep without variants writes what it
+always did.
 """
 
 from __future__ import annotations
@@ -24,7 +39,7 @@ from typing import Sequence
 
 from absl import app, flags
 
-from experiments import executor_flags, policy_flags
+from experiments import executor_flags, policy_flags, variant_flags
 from experiments import flags as run_flags
 from experiments.policy_flags import resolve_policies
 from experiments.process_exit import without_final_collection
@@ -32,7 +47,6 @@ from orca_jax.core.json_files import write_text_atomic
 from orca_jax.results.metrics import format_table
 from orca_jax.results.plots import METRIC_LABELS, plot_sweep
 from orca_jax.results.sweep_store import aggregate, point_key
-from orca_jax.runner.build import check_policies, scheduler_config
 from orca_jax.runner.figure_caption import figure_caption
 from orca_jax.runner.sweep import PolicyRun, run_sweep
 
@@ -47,6 +61,7 @@ for _flag in flags.FLAGS.get_flags_for_module(run_flags):
     if _flag.name not in ("rate", "seed"):
         flags.declare_key_flag(_flag.name)
 flags.adopt_module_key_flags(policy_flags)
+flags.adopt_module_key_flags(variant_flags)
 
 flags.DEFINE_list("rates", ["2", "4", "8", "16"], "Request rates to sweep (requests/s).")
 flags.DEFINE_list("seeds", ["0"], "Workload seeds to sweep (the band is over these).")
@@ -93,18 +108,21 @@ def main(argv: list[str]) -> None:
     entries = resolve_policies(list(FLAGS.policies), FLAGS.policy_opts)
     rates = _parse_list("rates", FLAGS.rates, float)
     seeds = _parse_list("seeds", FLAGS.seeds, int)
-    # Every policy and the router load, and every knob is valid, before the first point.
-    check_policies(spec, scheduler_config(spec),
-                   [(entry.spec, entry.options) for entry in entries])
+    setups = variant_flags.setups_from_flags(spec)
+    # Every policy and the router of every setup load, and every knob is valid, before the
+    # first point.
+    variant_flags.check_setups(setups, entries)
+    variants = {setup.variant: setup.spec for setup in setups if setup.variant is not None}
     runs = [PolicyRun(entry.label, entry.spec, dict(entry.options)) for entry in entries]
     executor = executor_flags.executor_from_flags()
     # A sweep that cannot run as asked (SweepError), a folder of another sweep or in use
     # (SweepConfigError): usage errors, exit 2 (cli_errors).
     store, keys = run_sweep(spec, runs, rates, seeds, FLAGS.out_dir,
-                            point_runs=FLAGS.point_runs, progress=True, executor=executor)
+                            point_runs=FLAGS.point_runs, progress=True, executor=executor,
+                            variants=variants)
     x_field, y_field = THROUGHPUTS[FLAGS.throughput], METRICS[FLAGS.metric]
     curves = aggregate(store.load(), keys, x_field, y_field, band=FLAGS.band)
-    rows = [{"policy": c.policy, "rate": r, "num_seeds": int(n), x_field: x, y_field: y,
+    rows = [{"policy": c.label, "rate": r, "num_seeds": int(n), x_field: x, y_field: y,
              f"{y_field}_low": lo, f"{y_field}_high": hi}
             for c in curves for r, n, x, y, lo, hi in
             zip(c.rates, c.num_seeds, c.x_mean, c.y_mean, c.y_low, c.y_high)]
@@ -116,7 +134,8 @@ def main(argv: list[str]) -> None:
     if plot_sweep(curves, figure, x_field=x_field, y_field=y_field, band_label=band,
                   title=f"{METRIC_LABELS[y_field]} vs {METRIC_LABELS[x_field]} "
                         f"({len(seeds)} seed{'s' * (len(seeds) > 1)})",
-                  caption=figure_caption(spec, rates=rates, seeds=seeds)):
+                  caption=figure_caption(spec, rates=rates, seeds=seeds)
+                  + variant_flags.caption_note(spec, setups)):
         print(f"figure: {figure}")
     else:
         print("matplotlib is not installed: no figure (the points are in points.jsonl)")
@@ -125,7 +144,8 @@ def main(argv: list[str]) -> None:
     failed = [p for p in store.load() if p.get("error") and point_key(p) in wanted]
     if failed:
         first = failed[0]
-        sys.exit(f"error: {len(failed)} of {len(keys)} points failed (first: {first['policy']} "
+        sys.exit(f"error: {len(failed)} of {len(keys)} points failed (first: "
+                 f"{point_key(first).label} "
                  f"rate={first['rate']:g} seed={first['seed']}: {first['error']}); the others "
                  "are in the store, and a rerun runs the failed ones again")
 

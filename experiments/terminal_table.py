@@ -11,10 +11,11 @@ from typing import Any, Mapping, Sequence
 from orca_jax.results.metrics import format_table
 
 # Most telling first: a column that does not fit is dropped from the right.
-# Goodput and SLO attainment only show where an SLO was set (the rows have them then).
+# Goodput and SLO attainment only show where an SLO was set (the rows have them then), the
+# QoE only with --log_token_times.
 KEY_COLUMNS = ("policy", "kv_reservation", "num_finished", "goodput_req_s", "slo_attainment",
-               "output_tok_s", "arrival_bound", "ttft_p50_s", "ttft_p99_s", "tpot_p99_s",
-               "latency_p99_s",
+               "qoe_mean", "output_tok_s", "arrival_bound", "ttft_p50_s", "ttft_p99_s",
+               "tpot_p99_s", "latency_p99_s",
                "num_preemptions", "num_steps", "normalized_latency_mean_s", "throughput_req_s")
 WIDTH = 120
 

@@ -1,4 +1,5 @@
-"""`--variants`: the setups `compare` runs every policy under (`experiments.compare`).
+"""`--variants`: the setups `compare` runs every policy under (`experiments.compare`), and
+`sweep` sweeps every policy under (`experiments.sweep`).
 
 `--variants=LABEL:key=value;key=value,LABEL2:key=value` names setups (variants),
 each the command's own flags with those flags set otherwise: a key is a run flag's
@@ -7,6 +8,18 @@ name without `--` (`router`, `num_replicas`, `prefill_replicas`, `decode_replica
 takes. Variants are separated by `,` and one variant's settings by `;` (quote the
 flag in a shell), so a value holds neither; `LABEL:` alone is the command's own
 setup. A label names a folder (letters, digits, `_`, `+`, `-`).
+
+`--variants_file=PATH` names the same setups in a JSON file, an object of labels
+each holding an object of settings, where a value may hold `,` and `;`:
+
+    {"rr": {"router": "round_robin"},
+     "dis": {"prefill_replicas": 1, "decode_replicas": 1},
+     "ca": {"router": "cache_aware", "router_opts": "a=1,b=2"}}
+
+A number or `true`/`false` stands for its text, a list of strings for those strings
+joined by `,` (a list flag's text). The file is checked as `--variants` is, and
+its errors name the file, the variant and the key. The two flags do not go together
+(JSON because the project has no YAML parser among its dependencies).
 
 Every variant runs on the one workload the command's flags build, so a key that
 changes the workload (`WORKLOAD_KEYS`: the workload flags, `seed`, and `model`,
@@ -22,16 +35,21 @@ ladders from one pilot.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from absl import app, flags
 
 from experiments import flags as run_flags
-from experiments.policy_flags import LABEL
+from experiments.policy_flags import LABEL, LabeledPolicy
+from orca_jax.core.api.policy import PolicyLoadError
 from orca_jax.core.requests.request import Request
 from orca_jax.runner.bucket_pilot import BucketFit, needs_fit, token_sizes, with_fitted_buckets
+from orca_jax.runner.build import check_policies, scheduler_config
+from orca_jax.runner.settings import effective_settings
 from orca_jax.runner.spec import RunSpec, WorkloadSpec
+from orca_jax.runner.sweep import variant_settings
 
 flags.DEFINE_list("variants", [], "Setups to run every policy of --policies under, on the one "
                   "workload with one bucket pilot: LABEL:key=value;key=value,LABEL2:... (quote "
@@ -41,8 +59,13 @@ flags.DEFINE_list("variants", [], "Setups to run every policy of --policies unde
                   "'LABEL:' alone is the command's own setup. E.g. --num_replicas=2 "
                   "--variants=rr:router=round_robin,ca:router=cache_aware, or "
                   "--variants='co:num_replicas=2,dis:prefill_replicas=1;decode_replicas=1'. "
-                  "Rows are POLICY@LABEL, folders OUT_DIR/LABEL/POLICY. Keys that change "
-                  "the workload (its flags, seed, model, max_model_len, engine) are refused.")
+                  "Rows (compare) and curves (sweep) are POLICY@LABEL, folders "
+                  "OUT_DIR/LABEL/POLICY. Keys that change the workload (its flags, seed, "
+                  "model, max_model_len, engine) are refused.")
+flags.DEFINE_string("variants_file", None, "The setups of --variants from a JSON file (instead "
+                    "of --variants): an object of labels, each an object of settings, e.g. "
+                    '{"rr": {"router": "round_robin"}, "dis": {"prefill_replicas": 1, '
+                    '"decode_replicas": 1}}; a value may hold \',\' and \';\'.')
 
 # Flags a variant may not set: each would build another workload (requests, prompt token
 # ids or their context), and every variant runs on the one the command's flags build.
@@ -56,10 +79,28 @@ VARIANT_KEYS = frozenset(set(run_flags.FIELD_FLAGS) - WORKLOAD_KEYS | {"bucket_l
 
 @dataclasses.dataclass(frozen=True)
 class Variant:
-    """One setup of `--variants`: its label and the flags it sets (flag -> text)."""
+    """One setup of `--variants` (or `--variants_file`): its label and the flags it sets
+    (flag -> text)."""
 
     label: str
     settings: dict[str, str]
+    source: str = "--variants"  # where it was given, for its errors: the flag (and file)
+
+
+def _checked_key(source: str, label: str, key: str) -> str:
+    """A variant's key (without `--`), if a variant may set it.
+
+    Raises:
+      app.UsageError: the key changes the workload or is no run flag (naming the variant).
+    """
+    key = key.strip().removeprefix("--")
+    if key in WORKLOAD_KEYS:
+        raise app.UsageError(f"{source}: {label}: {key} changes the workload, which every "
+                             f"variant shares; give it as the command's --{key}")
+    if key not in VARIANT_KEYS:
+        raise app.UsageError(f"{source}: {label}: {key} is not a run flag a variant can set "
+                             f"(one of {', '.join(sorted(VARIANT_KEYS))})")
+    return key
 
 
 def parse_variants(items: Sequence[str]) -> list[Variant]:
@@ -81,19 +122,92 @@ def parse_variants(items: Sequence[str]) -> list[Variant]:
         settings: dict[str, str] = {}
         for setting in filter(None, (s.strip() for s in rest.split(";"))):
             key, eq, value = setting.partition("=")
-            key = key.strip().removeprefix("--")
             if not eq:
                 raise app.UsageError(f"--variants: {label}: {setting!r} must be key=value")
-            if key in WORKLOAD_KEYS:
-                raise app.UsageError(f"--variants: {label}: {key} changes the workload, "
-                                     "which every variant shares; give it as the command's "
-                                     f"--{key}")
-            if key not in VARIANT_KEYS:
-                raise app.UsageError(f"--variants: {label}: {key} is not a run flag a "
-                                     f"variant can set (one of {', '.join(sorted(VARIANT_KEYS))})")
-            settings[key] = value.strip()
+            settings[_checked_key("--variants", label, key)] = value.strip()
         variants.append(Variant(label, settings))
     return variants
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object's pairs as a dict, refusing a key given twice (json keeps the last)."""
+    seen: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in seen:
+            raise ValueError(f"{key!r} is given twice")
+        seen[key] = value
+    return seen
+
+
+def _flag_text(value: Any) -> Optional[str]:
+    """A JSON value as its flag's text: a string as it is, a number or bool as the flag
+    reads it, a list of strings or numbers joined by ','; None for anything else."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (str, int, float)):
+        return str(value)
+    if isinstance(value, list) and all(isinstance(v, (str, int, float))
+                                       and not isinstance(v, bool) for v in value):
+        return ",".join(str(v) for v in value)
+    return None
+
+
+def read_variants_file(path: str) -> list[Variant]:
+    """The variants of `--variants_file=PATH`: a JSON object of labels, each an object of
+    settings (key -> value), keys checked as `parse_variants` checks them.
+
+    Raises:
+      app.UsageError: the file does not read or is not such an object, a label names no
+        folder or repeats, a key is no run flag or changes the workload, a value is not
+        text, a number, a bool or a list of those (one line naming file, variant and key).
+    """
+    source = f"--variants_file={path}"
+    try:
+        with open(path, encoding="utf-8") as f:
+            document = json.load(f, object_pairs_hook=_unique_keys)
+    except OSError as e:
+        raise app.UsageError(f"{source}: cannot read it ({e.strerror or e})") from None
+    except json.JSONDecodeError as e:
+        raise app.UsageError(f"{source}: line {e.lineno}, column {e.colno}: not JSON "
+                             f"({e.msg})") from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise app.UsageError(f"{source}: {e}") from None
+    if not isinstance(document, dict) or not document:
+        raise app.UsageError(f"{source}: must be a JSON object of labels, each an object of "
+                             'settings, e.g. {"rr": {"router": "round_robin"}}')
+    variants: list[Variant] = []
+    for label, settings in document.items():
+        if not LABEL.fullmatch(label):
+            raise app.UsageError(f"{source}: label {label!r} must be letters, digits, _, + "
+                                 "or - (it names a folder)")
+        if not isinstance(settings, dict):
+            raise app.UsageError(f"{source}: {label}: must be an object of settings "
+                                 f'(key: value), not {json.dumps(settings)}')
+        checked: dict[str, str] = {}
+        for key, value in settings.items():
+            key = _checked_key(source, label, key)
+            text = _flag_text(value)
+            if text is None:
+                raise app.UsageError(f"{source}: {label}: {key}: {json.dumps(value)} is not "
+                                     "a flag's value (text, a number, true/false or a list)")
+            checked[key] = text
+        variants.append(Variant(label, checked, source))
+    return variants
+
+
+def variants_from_flags() -> list[Variant]:
+    """The variants of `--variants` or `--variants_file` (none without either).
+
+    Raises:
+      app.UsageError: both flags are given, or their variants are refused.
+    """
+    FLAGS = run_flags.FLAGS
+    if FLAGS.variants and FLAGS.variants_file is not None:
+        raise app.UsageError("--variants and --variants_file: give the variants one way, "
+                             "not both")
+    if FLAGS.variants_file is not None:
+        return read_variants_file(FLAGS.variants_file)
+    return parse_variants(FLAGS.variants)
 
 
 def variant_specs(variants: Sequence[Variant]) -> dict[str, RunSpec]:
@@ -112,13 +226,13 @@ def variant_specs(variants: Sequence[Variant]) -> dict[str, RunSpec]:
                 try:
                     FLAGS[key].parse(value)
                 except (flags.Error, ValueError) as e:
-                    raise app.UsageError(f"--variants: {variant.label}: {key}={value}: "
+                    raise app.UsageError(f"{variant.source}: {variant.label}: {key}={value}: "
                                          f"{e}") from None
             try:
                 FLAGS.validate_all_flags()
                 specs[variant.label] = run_flags.spec_from_flags()
             except (flags.Error, app.UsageError, ValueError) as e:
-                raise app.UsageError(f"--variants: {variant.label}: {e}") from None
+                raise app.UsageError(f"{variant.source}: {variant.label}: {e}") from None
         finally:
             for key, (value, present) in saved.items():
                 FLAGS[key].value, FLAGS[key].present = value, present
@@ -131,6 +245,7 @@ class Setup:
 
     variant: Optional[str]  # its --variants label; None: the command's flags, no variants
     spec: RunSpec
+    source: str = "--variants"  # where the variant was given, for its errors
 
     def row_label(self, policy_label: str) -> str:
         """A policy's name under this setup: its label, and `@VARIANT` under a variant."""
@@ -140,6 +255,62 @@ class Setup:
         """A policy's folder under this setup: OUT/POLICY, or OUT/VARIANT/POLICY."""
         return os.path.join(out, *(() if self.variant is None else (self.variant,)),
                             policy_label)
+
+
+def setups_from_flags(spec: RunSpec) -> list[Setup]:
+    """The setups the command runs: one per variant of `--variants` or `--variants_file`,
+    or the command's own (`spec`, variant None) without either.
+
+    Raises:
+      app.UsageError: a variant is refused (`variants_from_flags`, `variant_specs`).
+    """
+    variants = variants_from_flags()
+    if not variants:
+        return [Setup(None, spec)]
+    specs = variant_specs(variants)
+    return [Setup(variant.label, specs[variant.label], variant.source) for variant in variants]
+
+
+def check_setups(setups: Sequence[Setup], entries: Sequence[LabeledPolicy]
+                 ) -> dict[str, dict[str, Any]]:
+    """Builds every policy under every setup (its router too), before anything runs: a typo
+    in the last one fails now and leaves no folder.
+
+    Returns:
+      Each row's (`Setup.row_label`) effective settings (`runner.settings`).
+
+    Raises:
+      PolicyLoadError: a policy, a knob or a router does not load (under a variant, the
+        line names it).
+    """
+    settings: dict[str, dict[str, Any]] = {}
+    for setup in setups:
+        config = scheduler_config(setup.spec)
+        try:
+            built = check_policies(setup.spec, config,
+                                   [(entry.spec, entry.options) for entry in entries])
+        except PolicyLoadError as e:
+            if setup.variant is None:
+                raise
+            raise PolicyLoadError(f"{setup.source}: {setup.variant}: {e}") from None
+        for entry, policy in zip(entries, built):
+            settings[setup.row_label(entry.label)] = effective_settings(policy, config)
+    return settings
+
+
+def caption_note(spec: RunSpec, setups: Sequence[Setup]) -> str:
+    """The figure caption's note on the variants (empty without them): each label with
+    what it sets (`runner.sweep.variant_settings`), so that the caption, which speaks of
+    the command's own setup, misleads no one about the bars or curves."""
+    if setups[0].variant is None:
+        return ""
+    notes = []
+    for setup in setups:
+        sets = variant_settings(spec, setup.spec)
+        notes.append(f"{setup.variant}: " + (", ".join(f"{key}={value}"
+                                                       for key, value in sets.items())
+                                              or "the command's own setup"))
+    return "; variants " + "; ".join(notes)
 
 
 def ladder_lines(setups: Sequence[Setup]) -> list[str]:
@@ -180,6 +351,6 @@ def fit_setups(spec: RunSpec, setups: Sequence[Setup], requests: Sequence[Reques
             fitted.append((setup, None))
             continue
         sizes, fit = pilots[key][0].limits.token_buckets, pilots[key][1]
-        fitted.append((Setup(setup.variant, dataclasses.replace(
+        fitted.append((dataclasses.replace(setup, spec=dataclasses.replace(
             setup.spec, limits=dataclasses.replace(limits, token_buckets=sizes))), fit))
     return fitted

@@ -21,6 +21,31 @@ import orca_jax
 from orca_jax import Policy, SchedulerView, StepPlan
 from orca_jax.learned.length_predictor import checked_predictions, get_predictor
 
+# `Policy.stable_steps` of a policy whose plan repeats for as long as nothing happens:
+# the executor bounds the leap by the next event itself.
+STEADY = 1 << 30
+
+
+def admits_nobody(view: SchedulerView) -> bool:
+    """Whether `plan_in_order` over the running requests (each decoding one token) then
+    the waiting ones, in any order, admits nobody now, and so nobody while only decodes
+    happen: the queue, the seats and the budget stay, and the free pages only fall.
+
+    A waiting request ranked below every running one has no victims to preempt: it is
+    admitted only where its pages fit the room left, which is at most `view.kv_room()`.
+    With prefix caching, hits change what fits: False unless nobody waits or no seat
+    or budget is left.
+    """
+    waiting = view.waiting
+    num_running = int(view.running.size)
+    budget_left = view.max_num_tokens - num_running
+    if waiting.size == 0 or num_running >= view.max_num_seqs or budget_left <= 0:
+        return True
+    if view.prefix_caching:
+        return False
+    count = np.minimum(view.requests.num_uncomputed(waiting), budget_left)  # [w]
+    return bool((view.pages_needed(waiting, count) > view.kv_room()).all())
+
 
 class LastScheduled:
     """When the policy last scheduled each request (arrival if never): a starvation clock."""

@@ -35,6 +35,10 @@ preempts the lowest-ranked; SGLang keeps the running batch first and admits
 only when nothing was preempted, hence this loop.) As SGLang, the queue
 stays in FCFS order when it is longer than `max_ranked_waiting` (the lookups
 of every waiting request are then skipped; only those admitted are looked up).
+
+It opts in to prefix caching (`prefix_caching = True`): its ranking is the cache's
+hits. Under `--prefix_caching=off` nothing hits, so only its in-batch check moves
+a request out of FCFS order.
 """
 
 from __future__ import annotations
@@ -117,7 +121,8 @@ class LPM(Policy):
             budget, taken, free = budget - count, taken + need, free - need
         if preempted:
             return StepPlan(ids, counts, preempt=preempted)
-        for request in waiting.tolist():
+        # Only the head the batch cap can reach: an overloaded queue is long.
+        for request in waiting[:max(cap - len(ids), 0)].tolist():
             if len(ids) >= cap or budget <= 0:
                 break
             uncached = requests.num_uncomputed([request]) - view.cached_tokens([request])

@@ -19,6 +19,11 @@ stall the whole queue (FCFS) for as long as their outputs last. A prompt that
 does fit beside the decodes but not in this step's budget left (a running
 prefill holds it) still waits to run whole, which takes only until that
 prefill is done: the next step.
+
+With prefix caching active (`--prefix_caching=on`; Orca itself has no prefix
+cache, so it does not opt in), an admission's prompt is the part past its cache
+hit, and its reservation (max context) counts the hit pages it shares: the
+core's `kv_budget` asks for the pages past them and the free hit pages once.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import dataclasses
 from typing import ClassVar, Optional
 
 from orca_jax import Policy, SchedulerView, StepPlan, fit_to_budget, register
+from policies._common import STEADY
 
 
 @register("orca")
@@ -46,6 +52,13 @@ class Orca(Policy):
     kv_reservation: str = "max"
     preempts: ClassVar[bool] = False  # so it refuses kv_reservation=none (Policy.preempts)
 
+    def stable_steps(self, view: SchedulerView) -> Optional[int]:
+        """Steady while its plan now admits nobody: every running request holds its whole
+        reservation (no page is taken), so while only decodes happen the queue, the
+        budget, the seats and the KV its admissions may take all stay, and so does the
+        plan. It keeps no bookkeeping and reads no clock: asking is planning once."""
+        return STEADY if self.schedule(view).request_ids.size == view.running.size else None
+
     def schedule(self, view: SchedulerView) -> StepPlan:
         cap = min(self.max_num_seqs or view.max_num_seqs, view.max_num_seqs)
         budget = view.max_num_tokens
@@ -63,6 +76,8 @@ class Orca(Policy):
             if len(ids) >= cap or budget <= 0:
                 break
             prompt = int(view.requests.num_uncomputed([request])[0])
+            if view.prefix_caching:  # an admission starts past its cache hit
+                prompt -= int(view.cached_tokens([request])[0])
             # Every request in `ids` takes at least one token a step until it finishes, so
             # a prompt over the rest of the whole budget waits for decodes to end unless it
             # is chunked (see the module docstring).

@@ -14,11 +14,12 @@ promoted ahead of the shortest ones (oldest first), so long jobs cannot starve.
 from __future__ import annotations
 
 import dataclasses
+from typing import Optional
 
 import numpy as np
 
 from orca_jax import SchedulerView, StepPlan, plan_in_order, register
-from policies._common import LengthRanked
+from policies._common import STEADY, LengthRanked, admits_nobody
 
 
 @register("sjf")
@@ -34,6 +35,13 @@ class SJF(LengthRanked):
       starvation_s: a request waiting this long since its arrival is promoted to
         the front of the queue (inf: never).
     """
+
+    def stable_steps(self, view: SchedulerView) -> Optional[int]:
+        """Steady while nobody waiting could be admitted (`admits_nobody`): running
+        requests always come first, in admission order, so the plan is all of them,
+        one token each. The starvation clock only reorders the queue, and the
+        predictions are cached once per request: no bookkeeping a skipped call misses."""
+        return STEADY if admits_nobody(view) else None
 
     def schedule(self, view: SchedulerView) -> StepPlan:
         waiting, requests = view.waiting, view.requests

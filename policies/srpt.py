@@ -15,13 +15,14 @@ requests finish even under a stream of short ones.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Optional
 
 import numpy as np
 from numpy.typing import NDArray
 
-from orca_jax import SchedulerView, StepPlan, plan_in_order, register
-from policies._common import LastScheduled, LengthRanked, candidates
+from orca_jax import RequestState, SchedulerView, StepPlan, plan_in_order, register
+from policies._common import LastScheduled, LengthRanked, admits_nobody, candidates
 
 
 @register("srpt")
@@ -47,6 +48,24 @@ class SRPT(LengthRanked):
         output_left = np.maximum(self._lengths.output_len(view, ids)
                                  - requests.num_generated[ids], 1)
         return self.prompt_token_weight * prefill_left + output_left
+
+    def stable_steps(self, view: SchedulerView) -> Optional[int]:
+        """Steady, without a starvation clock (`starvation_s` inf), while every running
+        request ranks above every waiting one and nobody waiting could be admitted
+        (`admits_nobody`). Each decode lowers every running request's remaining work by
+        one and leaves the queue's, so the running keep their order and their lead, as
+        long as no prediction is overrun (the remaining output is clamped at 1 there,
+        where ties could reorder them): the bound is the fewest predicted tokens left."""
+        if math.isfinite(self.starvation_s) or self._promoted_s is None:
+            return None
+        running = view.running
+        ids = candidates(view)
+        order = ids[np.lexsort((ids, self.remaining_work(view, ids), self._promoted_s[ids]))]
+        if not (view.requests.state[order[:running.size]] == RequestState.RUNNING).all():
+            return None
+        left = int((self._lengths.output_len(view, running)
+                    - view.requests.num_generated[running]).min())
+        return left if left >= 1 and admits_nobody(view) else None
 
     def schedule(self, view: SchedulerView) -> StepPlan:
         if self._promoted_s is None:

@@ -27,7 +27,8 @@ Preempted requests rejoin waiting at the front (FCFS) or by rank (priority).
 vLLM's FCFS queue stays in arrival order under that rule (running requests are
 always older than never-admitted ones), which is the order of `view.waiting`.
 
-Prefix caching (`enable_prefix_caching`, on by default as in vLLM) is the
+Prefix caching (`enable_prefix_caching`, on by default as in vLLM, under the
+run's default `--prefix_caching=policy`; `on`/`off` decide instead) is the
 core's: an admission starts past its cached pages, so a waiting request wants
 only its uncached tokens (`view.cached_tokens`) and its pages count its hits
 (`view.pages_needed`), as vLLM's `get_computed_blocks` and `allocate_slots`.
@@ -42,11 +43,13 @@ framework. vLLM's KV pool of N blocks holds N - 1 usable blocks
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar, Optional
 
 import numpy as np
 from numpy.typing import NDArray
 
 from orca_jax import Policy, SchedulerView, StepLimits, StepPlan, register
+from policies._common import STEADY
 
 
 @register("vllm")
@@ -67,8 +70,12 @@ class VLLM(Policy):
         request of the largest (priority, arrival), as vLLM's `--scheduling-policy
         priority` (lower value = more urgent).
       enable_prefix_caching: opt in to the core's prefix caching (vLLM's
-        `--enable-prefix-caching`, on by default); it is active only where
-        `SchedulerConfig.kv.enable_prefix_caching` is on too.
+        `--enable-prefix-caching`, on by default); it decides only under the
+        run's `--prefix_caching=policy` (the default): `on` and `off` decide for
+        every policy, and refuse this knob given explicitly against them.
+      preemption_mode: recompute (vLLM v1; the default) frees a victim's pages to
+        compute again; swap (vLLM v0's `--preemption-mode swap`) moves them to the host
+        KV tier and back (needs `--kv_host_gb` or `--kv_host_pages`).
     """
 
     renamed_options = {"max_num_batched_tokens": "max_num_tokens"}
@@ -79,6 +86,8 @@ class VLLM(Policy):
     long_prefill_token_threshold: int = 0
     priority: bool = False
     enable_prefix_caching: bool = True
+    preemption_mode: str = "recompute"
+    prefix_caching_knob: ClassVar[str] = "enable_prefix_caching"
 
     @property
     def prefix_caching(self) -> bool:  # the core reads this (see `Policy.prefix_caching`)
@@ -88,9 +97,17 @@ class VLLM(Policy):
         for field in ("max_num_seqs", "max_num_tokens"):
             if getattr(self, field) < 1:
                 raise ValueError(f"{field} must be >= 1, got {getattr(self, field)}")
+        if self.preemption_mode not in ("recompute", "swap"):
+            raise ValueError(f"preemption_mode must be recompute or swap, got "
+                             f"{self.preemption_mode!r}")
         if self.long_prefill_token_threshold < 0:
             raise ValueError("long_prefill_token_threshold must be >= 0, got "
                              f"{self.long_prefill_token_threshold}")
+
+    def preemption_modes(self, view: SchedulerView, victims: NDArray[np.int64]) -> str:
+        """Every victim by `preemption_mode` (vLLM preempts all one way)."""
+        del view, victims
+        return self.preemption_mode
 
     def check_limits(self, limits: StepLimits) -> None:
         """Without chunked prefill, refuses a step budget below the context, as vLLM does
@@ -137,6 +154,28 @@ class VLLM(Policy):
         if new_ids.size:
             ids, tokens = np.concatenate([ids, new_ids]), np.concatenate([tokens, new_tokens])
         return StepPlan(ids, tokens)
+
+    def stable_steps(self, view: SchedulerView) -> Optional[int]:
+        """Steady while every running request decodes and nobody could be admitted.
+
+        After a step that decoded every running request, the next plan is again all of
+        `running`, one token each, in admission order, as long as their tokens fit the
+        budget and their pages fit the pool (the executor bounds the pages): no
+        preemption then. It admits nobody as long as `_admit` admits nobody now: while
+        only decodes happen the queue, the budget left, the seats and the prefix
+        cache do not change, and the free pages only fall, which admits fewer. No
+        bookkeeping, no clock: any number of steps.
+        """
+        running = view.running
+        budget = min(self.max_num_tokens, view.max_num_tokens)
+        if running.size > budget:
+            return None
+        threshold = self.long_prefill_token_threshold
+        if running.size + view.waiting.size <= 1:
+            threshold = 0
+        new_ids, _ = self._admit(view, budget - int(running.size), view.num_free_pages,
+                                 int(running.size), threshold)
+        return None if new_ids.size else STEADY
 
     def _schedule_with_preemption(self, view: SchedulerView, budget: int,
                                   want: NDArray[np.int64],  # [r]

@@ -103,22 +103,29 @@ class VTC(Policy):
         """`[<=limit]` waiting requests in VTC's admission order, counters charged as it goes."""
         requests = view.requests
         assert self._counter is not None and self._prompt_charged is not None
-        tenants = requests.tenant[waiting]
-        queues: dict[int, list[int]] = {}
-        for request, tenant in zip(waiting.tolist(), tenants.tolist()):
-            queues.setdefault(tenant, []).append(request)  # waiting is in arrival order
-        heap = [(float(self._counter[t]), q[0], t) for t, q in queues.items()]
+        if waiting.size == 0:
+            return waiting
+        # Each backlogged tenant's queue, in arrival order (`waiting` is): grouped by a
+        # stable sort in numpy, so a long queue costs no Python loop over its requests.
+        by_tenant = np.argsort(requests.tenant[waiting], kind="stable")
+        grouped = waiting[by_tenant]
+        tenants = requests.tenant[grouped]
+        starts = np.flatnonzero(np.concatenate(([True], tenants[1:] != tenants[:-1])))
+        bounds = np.append(starts, grouped.size)
+        queues = {int(tenants[s]): grouped[s:e]
+                  for s, e in zip(starts.tolist(), bounds[1:].tolist())}
+        heap = [(float(self._counter[t]), int(q[0]), t) for t, q in queues.items()]
         heapq.heapify(heap)
         heads = {t: 0 for t in queues}
         order: list[int] = []
         while heap and len(order) < limit:
             count, _, tenant = heapq.heappop(heap)
             queue = queues[tenant]
-            request = queue[heads[tenant]]
+            request = int(queue[heads[tenant]])
             order.append(request)
             if not self._prompt_charged[request]:
                 count += self.input_weight * float(requests.prompt_len[request])
             heads[tenant] += 1
             if heads[tenant] < len(queue):
-                heapq.heappush(heap, (count, queue[heads[tenant]], tenant))
+                heapq.heappush(heap, (count, int(queue[heads[tenant]]), tenant))
         return np.asarray(order, dtype=np.int64)

@@ -64,7 +64,7 @@ def test_config_run_section_is_the_spec_grouped_in_its_parts(tmp_path):
          f"--out_dir={out}")
     run = json.loads((out / "config.json").read_text())["run"]
     assert set(run) == {"workload", "engine", "limits", "cluster", "seed", "ttft_slo_s",
-                        "tpot_slo_s"}
+                        "tpot_slo_s", "log_token_times", "qoe_ttft_s", "qoe_tokens_per_s"}
     assert run["workload"]["arrival"] == "gamma" and run["workload"]["cv"] == 2.0
     assert run["engine"] == {"kind": "sim", "model": "llama3-8b", "hardware": "a100", "tp": 1,
                              "step_time_ms": 5.0, "cost_fit": None,

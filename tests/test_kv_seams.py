@@ -26,7 +26,7 @@ from policies.vllm import VLLM
 PAGE = 4
 STEP_S = 0.01
 CONFIG = SchedulerConfig(limits=StepLimits(max_num_seqs=6, max_num_tokens=32, max_model_len=64),
-                         kv=KVConfig(num_kv_pages=14, page_size=PAGE, enable_prefix_caching=False))
+                         kv=KVConfig(num_kv_pages=14, page_size=PAGE, prefix_caching="off"))
 
 
 class ContentEngine:
@@ -65,14 +65,14 @@ class SwappingVLLM(VLLM):
     """`vllm`, whose victims swap instead of recomputing."""
 
     def preemption_modes(self, view, victims):
-        return "swap"
+        return "toy_swap"
 
 
 @pytest.fixture
 def swap_mode():
-    register_preemption_mode("swap", Swap())
+    register_preemption_mode("toy_swap", Swap())
     yield
-    unregister_preemption_mode("swap")
+    unregister_preemption_mode("toy_swap")
 
 
 def workload(seed=0, num_requests=10):
@@ -141,8 +141,8 @@ def test_each_swap_is_priced_as_the_tier_s_fixed_delay(swap_mode):
     assert priced.now_s == pytest.approx(free.now_s + 0.25 * host.num_moves)
 
 
-def test_recompute_is_the_one_built_in_mode_and_unknown_modes_are_named():
-    assert preemption_modes() == ["recompute"]
+def test_recompute_and_swap_are_the_built_in_modes_and_unknown_modes_are_named():
+    assert preemption_modes() == ["recompute", "swap"]
 
     @dataclasses.dataclass(kw_only=True)
     class Unknown(VLLM):
@@ -158,7 +158,7 @@ class HalfSwappingVLLM(VLLM):
     """`vllm` choosing per victim: even request indices swap, odd ones recompute."""
 
     def preemption_modes(self, view, victims):
-        return ["swap" if victim % 2 == 0 else "recompute" for victim in victims.tolist()]
+        return ["toy_swap" if victim % 2 == 0 else "recompute" for victim in victims.tolist()]
 
 
 def test_modes_chosen_per_victim_keep_every_token(swap_mode):

@@ -142,9 +142,9 @@ CASES: dict[str, tuple] = {
     "nonpositive_tokens": (REQUESTS, CONFIG, {}, 1, lambda v: StepPlan([0, 1], [1, 0])),
     "nonpositive_tokens_negative": (REQUESTS, CONFIG, {}, 0, lambda v: StepPlan([0], [-3])),
     # After step 0 every prompt is cached and one token sampled: 2 tokens is a decode too many.
-    "decode_before_prefill_done": (REQUESTS, CONFIG, {}, 1, lambda v: StepPlan([0, 1], [1, 2])),
+    "tokens_over_uncomputed": (REQUESTS, CONFIG, {}, 1, lambda v: StepPlan([0, 1], [1, 2])),
     # A waiting request cannot be given more than its prompt.
-    "decode_before_prefill_done_waiting": (REQUESTS, CONFIG, {}, 0,
+    "tokens_over_uncomputed_waiting": (REQUESTS, CONFIG, {}, 0,
                                            lambda v: StepPlan([0], [11])),
     "preempt_not_running": (REQUESTS[:2] + [Request(id=2, arrival_s=0.005, prompt_len=4,
                                                     output_len=2)],
@@ -192,7 +192,7 @@ CASES: dict[str, tuple] = {
 
 def rule_of(case: str) -> str:
     for rule in ("kv_pages", "unknown_request", "finished_request", "duplicate_request",
-                 "nonpositive_tokens", "decode_before_prefill_done", "release_not_finished",
+                 "nonpositive_tokens", "tokens_over_uncomputed", "release_not_finished",
                  "not_a_plan", "reject_not_waiting"):
         if case.startswith(rule):
             return rule

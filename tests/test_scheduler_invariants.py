@@ -560,7 +560,7 @@ def check_cache_rejects_nothing_changed(scheduler: Scheduler) -> None:
     first = waiting[:1]
     too_many = (scheduler.table.num_uncomputed(first) - scheduler.view.cached_tokens(first) + 1)
     from orca_jax.core.plans.plan_checks import check_plan
-    with pytest.raises(Exception, match="decode_before_prefill_done"):
+    with pytest.raises(Exception, match=r"tokens_over_uncomputed.*give a request at most"):
         check_plan(scheduler, StepPlan(first, too_many))
     after = (kv.ref_count, kv.num_free, cache.free_pages(), cache.version,
              scheduler.table.num_computed)
@@ -603,7 +603,7 @@ def test_invariants_hold_with_prefix_caching(policy_name, run):
     iterations = run_checked_with_cache(scheduler)
     check_outcome(scheduler)
     off = Scheduler(requests, build_cached(policy_name), sim_engine(),
-                    config.with_knobs(enable_prefix_caching=False))
+                    config.with_knobs(prefix_caching="off"))
     if scheduler.prefix_caching:
         assert (scheduler.kv.ref_count == 0).all()
         assert (scheduler.table.num_cached_tokens

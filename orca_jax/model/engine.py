@@ -456,6 +456,9 @@ class _DispatchedStep(PendingStep):
         self._engine, self._inputs = engine, inputs
         self._start = time.perf_counter()
         self._device_tokens = engine._dispatch(inputs, token_source)  # [S], on the device
+        self.dispatched_at = time.perf_counter()  # the host is free again from here
+        self.ready_at: Optional[float] = None  # the tokens were ready on the device
+        self.landed_at: Optional[float] = None  # ... and copied to the host
         self._done: Optional[tuple[np.ndarray, float]] = None
 
     def wait(self) -> tuple[np.ndarray, float]:
@@ -464,8 +467,11 @@ class _DispatchedStep(PendingStep):
             # The tokens are replicated: this process's shard is all of them (under a mesh
             # spanning processes the array is not fully addressable, so no np.asarray).
             shard = self._device_tokens.addressable_shards[0].data
-            tokens = np.asarray(shard.block_until_ready())  # [S]
-            elapsed = time.perf_counter() - self._start
+            shard.block_until_ready()
+            self.ready_at = time.perf_counter()
+            tokens = np.asarray(shard)  # [S]
+            self.landed_at = time.perf_counter()
+            elapsed = self.landed_at - self._start
             if self._engine._multiprocess:  # one clock: process 0's; descriptors checked
                 elapsed = distributed.agree_on_step(elapsed, self._inputs)
             self._done = (tokens, elapsed)
@@ -474,6 +480,17 @@ class _DispatchedStep(PendingStep):
     @property
     def step_s(self) -> float:
         return self.wait()[1]
+
+    def timings(self) -> dict[str, float]:
+        """Seconds (perf_counter) of the step's life, for overlap diagnosis: `dispatch_s`
+        (host time inside the dispatch call), `ready_s` (dispatch start to the tokens
+        ready on the device, as seen by the host's wait), `readback_s` (their copy to
+        the host); the latter two need `wait()` first."""
+        out = {"start": self._start, "dispatch_s": self.dispatched_at - self._start}
+        if self.ready_at is not None and self.landed_at is not None:
+            out.update(ready_s=self.ready_at - self._start,
+                       readback_s=self.landed_at - self.ready_at)
+        return out
 
     def output(self) -> StepOutput:
         tokens, elapsed = self.wait()

@@ -70,7 +70,8 @@ def add_caption(fig: Any, caption: Optional[str]) -> None:
 def plot_sweep(curves: Sequence[Curve], path: str, *, x_field: str, y_field: str,
                title: Optional[str] = None, band_label: str = "min–max over seeds",
                caption: Optional[str] = None) -> Any:
-    """Draws latency against throughput: one line per policy, a band over seeds.
+    """Draws latency against throughput: one line per policy (per `POLICY@VARIANT` under
+    variants), a band over seeds.
 
     A curve's band is drawn only where a point has more than one seed to spread over,
     and the legend names the band only when one is drawn (one seed: no band, no note).
@@ -96,7 +97,7 @@ def plot_sweep(curves: Sequence[Curve], path: str, *, x_field: str, y_field: str
         if curve.rates.size == 0:
             continue
         color = f"C{index % 10}"
-        ax.plot(curve.x_mean, curve.y_mean, marker="o", color=color, label=curve.policy)
+        ax.plot(curve.x_mean, curve.y_mean, marker="o", color=color, label=curve.label)
         if np.any(curve.num_seeds > 1):  # one seed spreads over nothing: no band
             ax.fill_between(curve.x_mean, curve.y_low, curve.y_high, color=color, alpha=0.2,
                             linewidth=0)

@@ -23,6 +23,7 @@ from orca_jax.core.json_files import to_json_value
 from orca_jax.core.requests.request import RequestState
 from orca_jax.core.requests.run_record import StepLog
 from orca_jax.core.requests.run_result import RunResult
+from orca_jax.results.qoe import TokenTimes, row_fields
 from orca_jax.results.summary import iter_step_rows, request_row, request_row_args, step_row
 
 _FINISHED, _REJECTED = int(RequestState.FINISHED), int(RequestState.REJECTED)
@@ -74,14 +75,16 @@ _REQUEST_FORMAT = ('{"id": %s, "arrival_s": %s, "first_scheduled_s": %s, "first_
 
 def request_line(columns: Any, i: int, *, request_id: Any, tenant: str, reason: Optional[str],
                  output_tokens: Optional[Sequence[int]], prefix_caching: bool,
-                 replica: Optional[int] = None, prefill_replica: Optional[int] = None) -> str:
+                 replica: Optional[int] = None, prefill_replica: Optional[int] = None,
+                 token_times: Optional[Sequence[float]] = None,
+                 qoe: Optional[float] = None) -> str:
     """`json.dumps(request_row(columns, i, ...))` (the same arguments): a requests.jsonl
     line, no newline."""
     if type(request_id) is not int or type(tenant) is not str:  # a trace's own id, say
         return json.dumps(request_row(
             columns, i, request_id=request_id, tenant=tenant, reason=reason,
             output_tokens=output_tokens, prefix_caching=prefix_caching, replica=replica,
-            prefill_replica=prefill_replica))
+            prefill_replica=prefill_replica, token_times=token_times, qoe=qoe))
     state = int(columns.state[i])
     line = _REQUEST_FORMAT % (
         int.__repr__(request_id), _time_text(columns.arrival_s[i]),
@@ -100,13 +103,18 @@ def request_line(columns: Any, i: int, *, request_id: Any, tenant: str, reason: 
         line += f', "replica": {int(replica)}'
     if prefill_replica is not None:
         line += f', "prefill_replica": {int(prefill_replica)}'
+    if token_times is not None:
+        line += (f', "token_times": {json.dumps(to_json_value(list(token_times)))}, '
+                 f'"qoe": {json.dumps(to_json_value(qoe))}')
     return line + "}"
 
 
-def iter_request_lines(result: RunResult) -> Iterator[str]:
-    """`json.dumps` of each of `iter_request_rows(result)`, one at a time."""
+def iter_request_lines(result: RunResult,
+                       token_times: Optional[TokenTimes] = None) -> Iterator[str]:
+    """`json.dumps` of each of `iter_request_rows(result, token_times)`, one at a time."""
     for i in range(result.num_requests):
-        yield request_line(result, i, **request_row_args(result, i))
+        yield request_line(result, i, **request_row_args(result, i),
+                           **row_fields(token_times, i))
 
 
 def iter_step_lines(result: RunResult) -> Iterator[str]:

@@ -22,19 +22,22 @@ from orca_jax.core.requests.request import RequestState
 from orca_jax.core.requests.run_record import StepLog
 from orca_jax.core.requests.run_result import RunResult
 from orca_jax.results import metrics
+from orca_jax.results.qoe import TokenTimes, row_fields
 from orca_jax.results.thrash import thrash_figures
 
 
 def summarize(result: RunResult, *, ttft_slo_s: Optional[float] = None,
               tpot_slo_s: Optional[float] = None,
-              num_gpus: Optional[int] = None) -> dict[str, Any]:
+              num_gpus: Optional[int] = None,
+              token_times: Optional[TokenTimes] = None) -> dict[str, Any]:
     """The run's summary.json content: flat, one scalar per field (see `summarize_run`)."""
     return summarize_run(result, ttft_slo_s=ttft_slo_s, tpot_slo_s=tpot_slo_s,
-                         num_gpus=num_gpus)[0]
+                         num_gpus=num_gpus, token_times=token_times)[0]
 
 
 def summarize_run(result: RunResult, *, ttft_slo_s: Optional[float] = None,
-                  tpot_slo_s: Optional[float] = None, num_gpus: Optional[int] = None
+                  tpot_slo_s: Optional[float] = None, num_gpus: Optional[int] = None,
+                  token_times: Optional[TokenTimes] = None
                   ) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:
     """The run's summary.json content and the tables written beside it.
 
@@ -52,7 +55,14 @@ def summarize_run(result: RunResult, *, ttft_slo_s: Optional[float] = None,
     With an SLO, `goodput_req_s_per_gpu` is the goodput over `num_gpus` (default:
     one per replica). A disaggregated run also gets `num_prefill_replicas` and its
     transfers' figures (`num_transfers`, `transfer_bytes_total`, `transfer_s_mean`,
-    `transfer_wait_s_mean`: from the first token to the transfer's start).
+    `transfer_wait_s_mean`: from the first token to the transfer's start). A run with
+    slower KV tiers also gets `kv_stall_s_total` and `kv_stalled_steps` (steps that waited
+    for KV moves between tiers) and, per tier, `kv_tiers.TIER.hit_tokens`, `read_bytes`,
+    `write_bytes`, `stall_s`, `evictions` and swapped pages (steps.jsonl then says each
+    step's `kv_stall_s`).
+    With the run's `token_times` (`--log_token_times`), Andes's QoE over the finished
+    requests: `qoe_mean`, `qoe_p10`, `qoe_p50`, `qoe_attainment` and the targets
+    (`TokenTimes.summary`, `orca_jax.results.qoe`).
 
     The parts with one row per something are tables (name -> rows), each written
     as NAME.jsonl: `tenants` (one row per tenant: `tenant`, `num_requests`,
@@ -105,9 +115,13 @@ def summarize_run(result: RunResult, *, ttft_slo_s: Optional[float] = None,
         tables["transfers"] = transfer_rows(result)
     if result.prefix_caching:
         summary.update(_prefix_caching(result))
+    if result.kv_tiers is not None:
+        summary.update(_kv_tiers(result))
     if clustered:
         summary["load_imbalance"] = _load_imbalance(result)
         tables["replicas"] = replica_rows(result)
+    if token_times is not None:
+        summary.update(token_times.summary())
     return ({k: to_json_value(v) for k, v in summary.items()},
             {name: to_json_value(rows) for name, rows in tables.items()})
 
@@ -153,6 +167,16 @@ def _prefix_caching(result: RunResult) -> dict[str, Any]:
     cached = int(np.minimum(result.num_cached_tokens, result.prompt_len)[admitted].sum())
     return {"prefix_hit_rate": cached / prompt if prompt else 0.0,
             "num_evictions": result.num_evictions}
+
+
+def _kv_tiers(result: RunResult) -> dict[str, Any]:
+    """A run with slower KV tiers: each tier's hits, bytes each way, stall seconds,
+    evictions and swaps (`kv_tiers.host.hit_tokens`, ...), and the steps' stalls."""
+    assert result.kv_tiers is not None
+    stalls = list(result.kv_stall_s.values())
+    return {"kv_stall_s_total": float(sum(stalls)), "kv_stalled_steps": len(stalls),
+            **flatten({"kv_tiers": {name: dict(stats) for name, stats in
+                                    result.kv_tiers.items()}})}
 
 
 def _transfers(result: RunResult) -> dict[str, Any]:
@@ -201,7 +225,9 @@ def replica_rows(result: RunResult) -> list[dict[str, Any]]:
 def request_row(columns: Any, i: int, *, request_id: int, tenant: str, reason: Optional[str],
                 output_tokens: Optional[Sequence[int]], prefix_caching: bool,
                 replica: Optional[int] = None,
-                prefill_replica: Optional[int] = None) -> dict[str, Any]:
+                prefill_replica: Optional[int] = None,
+                token_times: Optional[Sequence[float]] = None,
+                qoe: Optional[float] = None) -> dict[str, Any]:
     """Request `i`'s requests.jsonl row.
 
     Args:
@@ -215,6 +241,8 @@ def request_row(columns: Any, i: int, *, request_id: int, tenant: str, reason: O
       prefix_caching: whether the run had prefix caching active.
       replica: the replica that served it, in a run of several (-1: rejected up front).
       prefill_replica: the replica that ran its prompt, in a disaggregated run.
+      token_times: its output tokens' times (run clock, in order), with
+        `--log_token_times`; then `qoe` is its QoE (None unless it finished).
     """
     state = RequestState(columns.state[i])
     row = {
@@ -241,16 +269,22 @@ def request_row(columns: Any, i: int, *, request_id: int, tenant: str, reason: O
         row["replica"] = int(replica)
     if prefill_replica is not None:
         row["prefill_replica"] = int(prefill_replica)
+    if token_times is not None:
+        row["token_times"] = list(token_times)
+        row["qoe"] = qoe
     return {k: to_json_value(v) for k, v in row.items()}
 
 
-def iter_request_rows(result: RunResult) -> Iterator[dict[str, Any]]:
+def iter_request_rows(result: RunResult,
+                      token_times: Optional[TokenTimes] = None) -> Iterator[dict[str, Any]]:
     """One dict per request (requests.jsonl), in arrival order, made one at a time; with
     several replicas, each row ends with the `replica` that served it (-1: rejected up
     front). A rejected request's `reason` is the core's (up front) or
-    `policy <name>: <its text>`."""
+    `policy <name>: <its text>`. With `token_times`, each row ends with the request's
+    `token_times` and `qoe` (`orca_jax.results.qoe.row_fields`)."""
     for i in range(result.num_requests):
-        yield request_row(result, i, **request_row_args(result, i))
+        yield request_row(result, i, **request_row_args(result, i),
+                          **row_fields(token_times, i))
 
 
 def request_row_args(result: RunResult, i: int) -> dict[str, Any]:
@@ -302,8 +336,9 @@ def iter_step_rows(result: RunResult) -> Iterator[dict[str, Any]]:
     logged = result.step_requests is not None and result.step_tokens is not None
     removed = result.step_preempted is not None and result.step_rejected is not None
     ids = result.request_ids
+    tiered = result.kv_tiers is not None
     for s, step in enumerate(result.steps):
-        yield step_row(
+        row = step_row(
             step, prefix_caching=result.prefix_caching,
             replica=int(result.step_replica[s]) if result.num_replicas > 1 else None,
             request_ids=([result.request_ids[i] for i in result.step_requests[s].tolist()]
@@ -313,6 +348,9 @@ def iter_step_rows(result: RunResult) -> Iterator[dict[str, Any]]:
                            if removed else None),
             rejected_ids=([ids[i] for i in result.step_rejected[s].tolist()]
                           if removed else None))
+        if tiered:  # the seconds it waited for KV moves between tiers before it started
+            row["kv_stall_s"] = float(result.kv_stall_s.get(s, 0.0))
+        yield row
 
 
 def step_rows(result: RunResult) -> list[dict[str, Any]]:

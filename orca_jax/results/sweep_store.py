@@ -1,9 +1,11 @@
 """A sweep's results on disk, resumable: one JSON line per finished point.
 
-A sweep runs every policy x rate x seed. Each finished point is appended to
-`points.jsonl` in the sweep's folder as one line holding its key (policy,
-rate, seed), the run's summary, and where it came from (`session`, the id of
-the process that ran it, and `finished_at`). Rerunning the sweep reads the
+A sweep runs every policy x rate x seed (and, with variants, under every variant:
+a setup of its own, e.g. another router, on the same workload). Each finished
+point is appended to `points.jsonl` in the sweep's folder as one line holding its
+key (policy, rate, seed, and `variant` when it ran under one), the run's summary,
+and where it came from (`session`, the id of the process that ran it, and
+`finished_at`). Rerunning the sweep reads the
 file and runs only the missing points. A point that raised is stored too, with
 its `error` (`Type: message`) and an empty summary; a rerun runs it again, and
 its new line then stands for it.
@@ -13,13 +15,14 @@ Why a crash cannot break a resume: a line is written with a single
 `fsync`ed, so a kill leaves either the whole line or a prefix of it with no
 final newline. Loading drops (and truncates away) such a trailing partial line:
 its point simply runs again. A malformed line *followed* by others is not a
-crash artifact; loading refuses it, naming the file and line.
+crash artifact; loading refuses it (`SweepPointsError`), naming the file and line.
 
 The workload a sweep ran on is fixed in `sweep.json` (the run plumbing except
-the swept rate and seed, and each policy's spec and options). Opening the
-folder with a different workload, or with different options for a policy
-already in it, raises `SweepConfigError` naming the fields that differ; new
-policies, rates and seeds may be added to an existing sweep. A `sweep.json`
+the swept rate and seed, each policy's spec and options, and under `variants`
+each variant's settings that differ from that plumbing). Opening the folder with a
+different workload, or with different options for a policy or different settings
+for a variant already in it, raises `SweepConfigError` naming the fields that
+differ; new policies, variants, rates and seeds may be added to an existing sweep. A `sweep.json`
 written by an older version still resumes: settings it lacks count at their
 defaults, settings and options it names by their old names are read under the
 new ones, and settings the run no longer has are not compared.
@@ -57,6 +60,10 @@ class SweepConfigError(ValueError):
     """The sweep folder holds results of a different configuration."""
 
 
+class SweepPointsError(ValueError):
+    """A line of `points.jsonl` that is not a sweep point (and not a write cut short)."""
+
+
 class SweepLockedError(SweepConfigError, FolderLockedError):
     """Another sweep (or run, or comparison) is writing into the same folder."""
 
@@ -81,6 +88,17 @@ class PointKey(NamedTuple):
     policy: str  # the policy's label in the sweep
     rate: float  # requests per second
     seed: int
+    variant: Optional[str] = None  # the variant's label; None: the sweep's own setup
+
+    @property
+    def label(self) -> str:
+        """The curve's name: the policy's label, and `@VARIANT` under a variant."""
+        return curve_label(self.policy, self.variant)
+
+
+def curve_label(policy: str, variant: Optional[str]) -> str:
+    """A curve's name: `POLICY`, or `POLICY@VARIANT` (as compare names its rows)."""
+    return policy if variant is None else f"{policy}@{variant}"
 
 
 def _canonical(obj: Any) -> Any:
@@ -112,17 +130,22 @@ class SweepStore:
         stored sweep that names them the old way. A stored setting that is not in
         `run_config` at all (one the other engine reads) is not compared.
       renamed_options: label -> {old name: new name} of a policy's options.
+      variants: label -> the settings (as in `run_config`) in which a variant differs
+        from `run_config`, of the variants run now (None or empty: none; sweep.json
+        then has no `variants`).
 
     Raises:
-      SweepConfigError: the folder holds a sweep of another `run_config`, or a
-        policy label already in it with another spec or options.
+      SweepConfigError: the folder holds a sweep of another `run_config`, a policy
+        label already in it with another spec or options, or a variant label already
+        in it with other settings.
     """
 
     def __init__(self, out_dir: os.PathLike | str, run_config: Mapping[str, Any],
                  policies: Mapping[str, Mapping[str, Any]],
                  run_defaults: Optional[Mapping[str, Any]] = None, *,
                  renamed_settings: Optional[Mapping[str, str]] = None,
-                 renamed_options: Optional[Mapping[str, Mapping[str, str]]] = None) -> None:
+                 renamed_options: Optional[Mapping[str, Mapping[str, str]]] = None,
+                 variants: Optional[Mapping[str, Mapping[str, Any]]] = None) -> None:
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.points_path = self.out_dir / POINTS_FILE
@@ -132,10 +155,11 @@ class SweepStore:
         self._renamed_settings = dict(renamed_settings or {})
         self._renamed_options = {label: dict(names)
                                  for label, names in (renamed_options or {}).items()}
-        self._check_and_record_config(_canonical(dict(run_config)), _canonical(dict(policies)))
+        self._check_and_record_config(_canonical(dict(run_config)), _canonical(dict(policies)),
+                                      _canonical(dict(variants or {})))
 
-    def _check_and_record_config(self, run: dict[str, Any],
-                                 policies: dict[str, Any]) -> None:
+    def _check_and_record_config(self, run: dict[str, Any], policies: dict[str, Any],
+                                 variants: dict[str, Any]) -> None:
         if self.config_path.exists():
             try:
                 stored = json.loads(self.config_path.read_text())
@@ -153,17 +177,25 @@ class SweepStore:
                 if label in stored_policies:
                     diffs += _differences(self._current_names(label, stored_policies[label]),
                                           policy, f"policies.{label}")
+            stored_variants = stored.get("variants", {})
+            for label, settings in variants.items():
+                if label in stored_variants:
+                    diffs += _differences(stored_variants[label], settings, f"variants.{label}")
             if diffs:
                 raise SweepConfigError(
                     f"{self.out_dir} holds a sweep of another configuration ({self.config_path} "
                     f"differs in: {'; '.join(diffs)}). Use another --out_dir, or rerun with the "
                     "stored settings to resume it.")
             merged = {**stored_policies, **policies}
+            merged_variants = {**stored_variants, **variants}
         else:
-            stored, merged = None, dict(policies)
-        if stored is None or merged != stored_policies:
-            write_json_atomic(self.config_path, {"version": CONFIG_VERSION, "run": run,
-                                                 "policies": merged})
+            stored, merged, merged_variants = None, dict(policies), dict(variants)
+        if (stored is None or merged != stored_policies
+                or merged_variants != stored_variants):
+            # A sweep without variants keeps the sweep.json it always had.
+            write_json_atomic(self.config_path, {
+                "version": CONFIG_VERSION, "run": run, "policies": merged,
+                **({"variants": merged_variants} if merged_variants else {})})
 
     def _current_names(self, label: str, policy: Any) -> Any:
         """A stored policy entry with its options under their names now."""
@@ -181,7 +213,8 @@ class SweepStore:
         dropped and truncated from the file, so the next append starts clean.
 
         Raises:
-          ValueError: a malformed line that is not the file's last, naming file and line.
+          SweepPointsError: a malformed line that is not the file's last, naming file and
+            line.
         """
         if not self.points_path.exists():
             return []
@@ -200,10 +233,13 @@ class SweepStore:
                 continue
             try:
                 point = json.loads(line)
-                key = PointKey(str(point["policy"]), float(point["rate"]), int(point["seed"]))
-            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
-                raise ValueError(f"{self.points_path}:{number}: not a sweep point "
-                                 f"({type(e).__name__}: {e})") from None
+                key = point_key(point)
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError,
+                    UnicodeDecodeError) as e:
+                raise SweepPointsError(
+                    f"{self.points_path}:{number}: not a sweep point ({type(e).__name__}: "
+                    f"{e}); remove that line (its point runs again) or use another "
+                    "--out_dir") from None
             if key not in seen:
                 seen[key] = len(points)
                 points.append(point)
@@ -229,6 +265,8 @@ class SweepStore:
           The line's content.
         """
         point = {"policy": key.policy, "rate": float(key.rate), "seed": int(key.seed),
+                 # Only under a variant: a sweep without them writes the lines it always did.
+                 **({} if key.variant is None else {"variant": key.variant}),
                  "session": self.session, "finished_at": time.time(), **(extra or {}),
                  "summary": to_json_value(summary)}
         line = (json.dumps(point, sort_keys=True) + "\n").encode()
@@ -244,8 +282,10 @@ class SweepStore:
 
 
 def point_key(point: Mapping[str, Any]) -> PointKey:
-    """The key of a loaded point."""
-    return PointKey(str(point["policy"]), float(point["rate"]), int(point["seed"]))
+    """The key of a loaded point (its `variant` None when the line has none)."""
+    variant = point.get("variant")
+    return PointKey(str(point["policy"]), float(point["rate"]), int(point["seed"]),
+                    None if variant is None else str(variant))
 
 
 def grid(policies: Sequence[str], rates: Sequence[float],
@@ -256,7 +296,8 @@ def grid(policies: Sequence[str], rates: Sequence[float],
 
 @dataclasses.dataclass(frozen=True)
 class Curve:
-    """One policy's points over rates, aggregated over seeds (a plotted curve)."""
+    """One policy's points over rates (under one variant), aggregated over seeds (a plotted
+    curve)."""
 
     policy: str
     rates: np.ndarray  # [R] rates with at least one finished seed, ascending
@@ -265,11 +306,18 @@ class Curve:
     y_low: np.ndarray  # [R] band's lower edge over seeds
     y_high: np.ndarray  # [R] band's upper edge over seeds
     num_seeds: np.ndarray  # [R] seeds with a value at each rate
+    variant: Optional[str] = None  # the variant's label; None: the sweep's own setup
+
+    @property
+    def label(self) -> str:
+        """The curve's name (its legend entry): `POLICY`, or `POLICY@VARIANT`."""
+        return curve_label(self.policy, self.variant)
 
 
 def aggregate(points: Iterable[Mapping[str, Any]], keys: Iterable[PointKey], x_field: str,
               y_field: str, band: str = "minmax") -> list[Curve]:
-    """Curves of `y_field` against `x_field` per policy, mean over seeds with a band.
+    """Curves of `y_field` against `x_field` per policy (and variant), mean over seeds with
+    a band.
 
     Args:
       points: loaded points (`SweepStore.load()`).
@@ -278,21 +326,22 @@ def aggregate(points: Iterable[Mapping[str, Any]], keys: Iterable[PointKey], x_f
       band: `minmax` (lowest to highest seed) or `std` (mean ± one standard deviation).
 
     Returns:
-      One curve per policy, in the order policies first appear in `keys`.
+      One curve per (policy, variant), in the order they first appear in `keys`.
       A point whose summary lacks either value (nothing finished) is skipped.
     """
     if band not in ("minmax", "std"):
         raise ValueError(f"band must be 'minmax' or 'std', got {band!r}")
     wanted = list(keys)
     by_key = {point_key(p): p["summary"] for p in points}
-    order = list(dict.fromkeys(k.policy for k in wanted))
+    order = list(dict.fromkeys((k.policy, k.variant) for k in wanted))
     curves = []
-    for policy in order:
-        rates = sorted({k.rate for k in wanted if k.policy == policy})
+    for policy, variant in order:
+        ours = [k for k in wanted if (k.policy, k.variant) == (policy, variant)]
+        rates = sorted({k.rate for k in ours})
         rows = []
         for rate in rates:
-            values = [(by_key[k].get(x_field), by_key[k].get(y_field)) for k in wanted
-                      if k.policy == policy and k.rate == rate and k in by_key]
+            values = [(by_key[k].get(x_field), by_key[k].get(y_field)) for k in ours
+                      if k.rate == rate and k in by_key]
             values = [(x, y) for x, y in values if x is not None and y is not None]
             if not values:
                 continue
@@ -305,5 +354,5 @@ def aggregate(points: Iterable[Mapping[str, Any]], keys: Iterable[PointKey], x_f
         table = np.asarray(rows, dtype=np.float64).reshape(-1, 6)  # [R, 6]
         curves.append(Curve(policy=policy, rates=table[:, 0], x_mean=table[:, 1],
                             y_mean=table[:, 2], y_low=table[:, 3], y_high=table[:, 4],
-                            num_seeds=table[:, 5].astype(np.int64)))
+                            num_seeds=table[:, 5].astype(np.int64), variant=variant))
     return curves

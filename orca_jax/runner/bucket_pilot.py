@@ -134,8 +134,9 @@ def with_fitted_buckets(spec: RunSpec, requests: Optional[Sequence[Request]] = N
 def _pilot_result(pilot: RunSpec, workload: list[Request], progress: bool) -> RunResult:
     """Runs `PILOT_POLICY` on the pilot spec: one replica, a cluster or prefill/decode pools."""
     config = scheduler_config(pilot)
-    if pilot.cluster.disaggregated:
-        return run_disaggregated(pilot, PILOT_POLICY, None, config, workload)[2]
+    if pilot.cluster.disaggregated:  # the pilot reads its steps only: no token times
+        return run_disaggregated(dataclasses.replace(pilot, log_token_times=False),
+                                 PILOT_POLICY, None, config, workload)[2]
     if pilot.cluster.num_replicas > 1:
         return build_cluster(pilot, PILOT_POLICY, None, config, workload).run()
     scheduler = Scheduler(workload, make_policy(PILOT_POLICY), build_engine(pilot, config), config,

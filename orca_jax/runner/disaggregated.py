@@ -16,8 +16,9 @@ from orca_jax.cluster.transfers import KVTransferCost, kv_transfer_cost
 from orca_jax.core.api.plugins import parse_options
 from orca_jax.core.api.policy import make_policy
 from orca_jax.core.loop.scheduler import SchedulerConfig
-from orca_jax.core.requests.request import Request
+from orca_jax.core.requests.request import Request, RequestState
 from orca_jax.core.requests.run_result import RunResult
+from orca_jax.results.qoe import QoETargets, TokenTimes
 from orca_jax.results.summary import summarize_run
 from orca_jax.runner.build import build_engine, model_config
 from orca_jax.runner.spec import JaxEngineSpec, RunSpec
@@ -30,6 +31,23 @@ def num_gpus(spec: RunSpec) -> int:
     replicas = (cluster.num_prefill_replicas + cluster.num_decode_replicas
                 if cluster.disaggregated else cluster.num_replicas)
     return replicas * spec.engine.tp
+
+
+def token_times(spec: RunSpec, result: RunResult) -> Optional[TokenTimes]:
+    """The run's token times by request and each finished request's QoE, with
+    `spec.log_token_times` (None without: the run writes and summarizes none).
+
+    Raises:
+      ValueError: the result kept no token log (its scheduler counted its tokens).
+    """
+    if not spec.log_token_times:
+        return None
+    if result.token_req is None or result.token_time_s is None:
+        raise ValueError("log_token_times: the run kept no token log (build its scheduler "
+                         "with log_tokens=True)")
+    return TokenTimes.from_log(result.token_req, result.token_time_s, result.arrival_s,
+                               result.state == RequestState.FINISHED,
+                               QoETargets(spec.qoe_ttft_s, spec.qoe_tokens_per_s))
 
 
 def transfer_cost(spec: RunSpec) -> KVTransferCost:
@@ -55,13 +73,14 @@ def run_disaggregated(spec: RunSpec, policy_spec: str,
                       policy_options: Optional[Mapping[str, str]], config: SchedulerConfig,
                       workload: list[Request]
                       ) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]], RunResult,
-                                 DisaggregatedCluster, dict[str, Any]]:
+                                 DisaggregatedCluster, dict[str, Any], Optional[TokenTimes]]:
     """Runs `workload` on the spec's prefill and decode pools.
 
     Returns:
       The summary (with each pool's policy), the tables beside it (`summarize_run`:
       transfers, replicas), the joined result, the cluster (its replicas, for
-      config.json), and config.json's `pools` section.
+      config.json), config.json's `pools` section, and the token times by request
+      (`token_times`: None unless `spec.log_token_times`).
     """
     cluster_spec = spec.cluster
     pools = {}
@@ -80,8 +99,10 @@ def run_disaggregated(spec: RunSpec, policy_spec: str,
     cluster = DisaggregatedCluster(workload, prefill=pools["prefill"], decode=pools["decode"],
                                    transfer_cost=cost)
     result = cluster.run()
+    times = token_times(spec, result)
     summary, tables = summarize_run(result, ttft_slo_s=spec.ttft_slo_s,
-                                    tpot_slo_s=spec.tpot_slo_s, num_gpus=num_gpus(spec))
+                                    tpot_slo_s=spec.tpot_slo_s, num_gpus=num_gpus(spec),
+                                    token_times=times)
     prefill_policy, decode_policy = cluster.prefill[0].policy, cluster.decode[0].policy
     summary["prefill_policy"], summary["decode_policy"] = prefill_policy.name, decode_policy.name
     pool_config = {"prefill_policy": prefill_policy.name, "decode_policy": decode_policy.name,
@@ -90,4 +111,4 @@ def run_disaggregated(spec: RunSpec, policy_spec: str,
                                "max_concurrent": cost.link.max_concurrent,
                                "source": cost.link.source},
                    "kv_bytes_per_token_per_shard": cost.bytes_per_token}
-    return summary, tables, result, cluster, pool_config
+    return summary, tables, result, cluster, pool_config, times

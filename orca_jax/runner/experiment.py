@@ -13,6 +13,8 @@ import dataclasses
 import gc
 from typing import Any, Callable, Mapping, Optional
 
+from absl import logging
+
 from orca_jax.cluster.replicas import Cluster
 from orca_jax.cluster.routing import Router
 from orca_jax.core.api.policy import Policy, PolicyLoadError, make_policy
@@ -21,6 +23,7 @@ from orca_jax.core.loop.scheduler import Scheduler, SchedulerConfig
 from orca_jax.core.requests.request import Request
 from orca_jax.core.requests.run_result import RunResult
 from orca_jax.core.step.engine_api import Engine
+from orca_jax.results.qoe import TokenTimes
 from orca_jax.results.row_lines import iter_request_lines, iter_step_lines
 from orca_jax.results.run_folder import ResultsWriteError, RunFolder
 from orca_jax.results.summary import (
@@ -36,7 +39,7 @@ from orca_jax.runner.build import (
     profile_table_record,
     scheduler_config,
 )
-from orca_jax.runner.disaggregated import num_gpus, run_disaggregated
+from orca_jax.runner.disaggregated import num_gpus, run_disaggregated, token_times
 from orca_jax.runner.live_results import StreamResults
 from orca_jax.runner.progress import Progress
 from orca_jax.runner.settings import effective_settings
@@ -105,8 +108,10 @@ def run_policy(spec: RunSpec, policy_spec: str, policy_options: Optional[Mapping
         else:
             policy = make_policy(policy_spec, policy_options)
             engine = engine if engine is not None else build_engine(spec, config)
-            # The results need no log of every token (16 bytes a token: 10^6 requests, 1 GB).
-            scheduler = Scheduler(workload, policy, engine, config, log_tokens=False)
+            # The results need no log of every token (16 bytes a token: 10^6 requests, 1 GB)
+            # but to write each request's token times (`--log_token_times`).
+            scheduler = Scheduler(workload, policy, engine, config,
+                                  log_tokens=spec.log_token_times)
     except BaseException:
         if folder is not None:
             folder.discard()  # nothing ran: the old folder stays as it was
@@ -129,6 +134,10 @@ def run_policy(spec: RunSpec, policy_spec: str, policy_options: Optional[Mapping
         result = scheduler.run(progress=_observers(bar, stream, ThrashWatch(label)))
         if stream is not None:
             stream.flush()  # the steps and requests since its last flush
+        leaper = scheduler.executor.leaper
+        if leaper is not None:  # how much the host skipped (the results are the same)
+            logging.info("run %s: leaped over %d of %d steps in %d leaps", label,
+                         leaper.num_leaped_steps, scheduler.num_steps, leaper.num_leaps)
     except BaseException as error:
         if folder is not None and not isinstance(error, ResultsWriteError):
             _fail(folder, error, stream, scheduler.result, scheduler.num_steps,
@@ -140,9 +149,10 @@ def run_policy(spec: RunSpec, policy_spec: str, policy_options: Optional[Mapping
     del scheduler, stream
     gc.collect()
     try:
+        times = token_times(spec, result)
         summary, tables = summarize_run(result, ttft_slo_s=spec.ttft_slo_s,
                                         tpot_slo_s=spec.tpot_slo_s,
-                                        num_gpus=num_gpus(spec))
+                                        num_gpus=num_gpus(spec), token_times=times)
         summary.update(flatten(engine.facts()))
         summary["policy"] = label
         if folder is not None:
@@ -159,7 +169,8 @@ def run_policy(spec: RunSpec, policy_spec: str, policy_options: Optional[Mapping
                                          write_dir=str(folder.staging))
             if table is not None:
                 folder.write_json("config.json", {**resolved, "profile_table": table})
-            _finish(folder, result, summary, tables, write_steps=rewrite_steps)
+            _finish(folder, result, summary, tables, write_steps=rewrite_steps,
+                    token_times=times)
     except BaseException as error:
         if folder is not None and not isinstance(error, ResultsWriteError):
             _fail(folder, error, None, lambda: result, result.num_steps, result.virtual_end_s)
@@ -181,9 +192,11 @@ def _observers(*observers: Optional[Callable[[Scheduler], None]]
 
 
 def _finish(folder: RunFolder, result: RunResult, summary: Mapping[str, Any],
-            tables: Mapping[str, Any], *, write_steps: bool = False) -> None:
-    """Writes the finished run's files into its folder and moves it into place."""
-    folder.write_lines("requests.jsonl", iter_request_lines(result))
+            tables: Mapping[str, Any], *, write_steps: bool = False,
+            token_times: Optional[TokenTimes] = None) -> None:
+    """Writes the finished run's files into its folder and moves it into place (each
+    request's row with its `token_times` and `qoe` when given)."""
+    folder.write_lines("requests.jsonl", iter_request_lines(result, token_times))
     if write_steps:
         folder.write_lines("steps.jsonl", iter_step_lines(result))
     for name, rows in tables.items():
@@ -231,12 +244,13 @@ def _run_cluster(spec: RunSpec, policy_spec: str, config: SchedulerConfig, clust
         result = cluster.run(progress=bar.update if bar else None)
         if bar:
             bar.close()
+        times = token_times(spec, result)
         summary, tables = summarize_run(result, ttft_slo_s=spec.ttft_slo_s,
                                         tpot_slo_s=spec.tpot_slo_s,
-                                        num_gpus=num_gpus(spec))
+                                        num_gpus=num_gpus(spec), token_times=times)
         summary["policy"] = label
         if folder is not None:
-            _finish(folder, result, summary, tables, write_steps=True)
+            _finish(folder, result, summary, tables, write_steps=True, token_times=times)
     except BaseException as error:
         if folder is not None and not isinstance(error, ResultsWriteError):
             _fail(folder, error, None, cluster.replicas[0].result,
@@ -255,7 +269,7 @@ def _run_disaggregated(spec: RunSpec, policy_spec: str,
     results, as a cluster's: whole when the run ends (on a failure: status.json
     `failed`, no logs)."""
     try:
-        summary, tables, result, cluster, pools = run_disaggregated(
+        summary, tables, result, cluster, pools, times = run_disaggregated(
             spec, policy_spec, policy_options, config, workload)
     except PolicyLoadError:
         if folder is not None:
@@ -275,7 +289,7 @@ def _run_disaggregated(spec: RunSpec, policy_spec: str,
         folder.begin({**_resolved_config(spec, policy_spec, decode.policy, config,
                                          decode.engine, label, bucket_fit=bucket_fit),
                       "pools": pools}, stream=False)
-        _finish(folder, result, summary, tables, write_steps=True)
+        _finish(folder, result, summary, tables, write_steps=True, token_times=times)
     return summary, result
 
 

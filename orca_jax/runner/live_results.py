@@ -15,6 +15,8 @@ Only this runner layer reads a live scheduler; `orca_jax.results` reads values.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import numpy as np
 from numpy.typing import NDArray
 
@@ -72,20 +74,27 @@ class StreamResults:
         logged = record.step_requests[self.num_steps_written:] if record.logs_step_requests \
             else None
         prefix_caching = self.scheduler.prefix_caching
+        first = self.num_steps_written
+        # With slower KV tiers each row says the seconds its step waited for their moves.
+        stalls = record.kv_stall_s if self.scheduler.kv_memory.linked is not None else None
         if logged is None:  # the common case, one line a step: made from a format
-            self.folder.append_lines("steps.jsonl", (
-                step_line(step, prefix_caching=prefix_caching) for step in new))
+            lines = (step_line(step, prefix_caching=prefix_caching) for step in new)
+            if stalls is not None:
+                lines = (f'{line[:-1]}, "kv_stall_s": {float(stalls.get(first + k, 0.0))!r}}}'
+                         for k, line in enumerate(lines))
+            self.folder.append_lines("steps.jsonl", lines)
             self.num_steps_written += len(new)
             return
         self.folder.append_steps(
-            step_row(step, prefix_caching=prefix_caching,
+            _with_stall(step_row(step, prefix_caching=prefix_caching,
                      request_ids=([ids[i].id for i in logged[k][0].tolist()]
                                   if logged is not None else None),
                      request_tokens=logged[k][1].tolist() if logged is not None else None,
                      preempted_ids=([ids[i].id for i in logged[k][3].tolist()]
                                     if logged is not None else None),
                      rejected_ids=([ids[i].id for i in logged[k][4].tolist()]
-                                   if logged is not None else None))
+                                   if logged is not None else None)),
+                        stalls, first + k)
             for k, step in enumerate(new))
         self.num_steps_written += len(new)
 
@@ -118,3 +127,10 @@ class StreamResults:
                          tenant=table.tenant_names[table.tenant[i]], reason=None,
                          output_tokens=None, prefix_caching=scheduler.prefix_caching)
             for i in done.tolist()))
+
+
+def _with_stall(row: dict, stalls: Optional[dict], step: int) -> dict:
+    """`row` with its step's `kv_stall_s` when the run has slower KV tiers."""
+    if stalls is not None:
+        row["kv_stall_s"] = float(stalls.get(step, 0.0))
+    return row

@@ -74,18 +74,19 @@ def run_rows_on_ray(executor: SweepExecutor, spec: RunSpec,
                     build_per_point: bool,
                     saturated: Optional[Callable[[float, Mapping[str, object]], bool]],
                     extra_metrics: Optional[Callable[[RunResult], Mapping[str, object]]],
-                    point_runs: bool) -> None:
+                    point_runs: bool,
+                    variants: Optional[Mapping[str, RunSpec]] = None) -> None:
     """Runs the rows' missing points as Ray tasks; `record` takes each as it finishes.
 
     Args:
       executor: the Ray cluster's address, or a local Ray's CPUs.
       spec: the sweep's spec.
-      rows: (policy, rate) in the grid's order.
+      rows: (curve, rate) in the grid's order (a curve: a policy, under its variant).
       seeds: the workload seeds of each row.
       out_dir: the store's folder (point run folders go under it).
       points: the store's points so far, by key (`record` adds to it).
       record: appends a finished point to the store (the driver's only write).
-      build_per_point, saturated, extra_metrics, point_runs: as in `run_sweep`.
+      build_per_point, saturated, extra_metrics, point_runs, variants: as in `run_sweep`.
     """
     ray = import_ray()
     started_here = not ray.is_initialized()
@@ -96,39 +97,40 @@ def run_rows_on_ray(executor: SweepExecutor, spec: RunSpec,
     task = ray.remote(num_cpus=1)(_point_task)
     cwd = os.getcwd()
     # Fitted here, in the driver: every policy's task at a rate and seed gets the same fit.
-    specs = PointSpecs(spec, PointWorkloads(spec, build_per_point))
-    # Each policy's rows in order; with `saturated` only one row of a policy is in flight.
-    queues: dict[str, list[float]] = {}
+    specs = PointSpecs(spec, PointWorkloads(spec, build_per_point), variants)
+    # Each curve's rows in order; with `saturated` only one row of a curve is in flight.
+    CurveId = tuple[str, Optional[str]]  # (policy label, variant)
+    queues: dict[CurveId, list[float]] = {}
     for run, rate in rows:
-        queues.setdefault(run.label, []).append(rate)
-    runs = {run.label: run for run, _ in rows}
+        queues.setdefault(run.curve, []).append(rate)
+    runs = {run.curve: run for run, _ in rows}
     in_flight: dict[Any, PointKey] = {}  # object ref -> its point
-    open_rows: dict[str, list[PointKey]] = {}  # policy -> the row it waits on
+    open_rows: dict[CurveId, list[PointKey]] = {}  # curve -> the row it waits on
 
-    def submit_next(label: str) -> None:
-        """Submits the policy's next row that has missing points (all rows without
-        `saturated`); a finished row that saturates ends the policy's rates."""
-        while queues[label]:
-            rate = queues[label].pop(0)
-            row = [PointKey(label, rate, int(seed)) for seed in seeds]
+    def submit_next(curve: CurveId) -> None:
+        """Submits the curve's next row that has missing points (all rows without
+        `saturated`); a finished row that saturates ends the curve's rates."""
+        while queues[curve]:
+            rate = queues[curve].pop(0)
+            row = [runs[curve].point(rate, seed) for seed in seeds]
             todo = [k for k in row if k not in points or points[k].get("error")]
             for key in todo:
-                this_spec, bucket_fit = specs.at(key.rate, key.seed)
-                ref = task.remote(key, spec, this_spec, bucket_fit, runs[label],
+                this_spec, bucket_fit = specs.at(key.rate, key.seed, key.variant)
+                ref = task.remote(key, spec, this_spec, bucket_fit, runs[curve],
                                   build_per_point, point_run_dir(out_dir, key, point_runs),
                                   extra_metrics, cwd)
                 in_flight[ref] = key
             if saturated is None:
                 continue
             if todo:
-                open_rows[label] = row
+                open_rows[curve] = row
                 return
             if row_saturated(saturated, rate, row, points):
-                queues[label].clear()
+                queues[curve].clear()
 
     try:
-        for label in queues:
-            submit_next(label)
+        for curve in queues:
+            submit_next(curve)
         while in_flight:
             done, _ = ray.wait(list(in_flight), num_returns=1)
             key = in_flight.pop(done[0])
@@ -137,12 +139,13 @@ def run_rows_on_ray(executor: SweepExecutor, spec: RunSpec,
             except ray.exceptions.RayError as e:  # the worker died (out of memory, a signal)
                 outcome = PointOutcome({}, 0.0, f"{type(e).__name__}: {e}".splitlines()[0])
             record(key, outcome)
-            row = open_rows.get(key.policy)
+            curve = (key.policy, key.variant)
+            row = open_rows.get(curve)
             if row and not any(k in in_flight.values() for k in row):
-                del open_rows[key.policy]
+                del open_rows[curve]
                 if row_saturated(saturated, key.rate, row, points):
-                    queues[key.policy].clear()
-                submit_next(key.policy)
+                    queues[curve].clear()
+                submit_next(curve)
     finally:
         for ref in in_flight:
             ray.cancel(ref, force=True)

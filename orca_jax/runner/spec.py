@@ -19,7 +19,9 @@ from typing import Any, Optional, Union
 from orca_jax import _legacy
 from orca_jax.core.api.plugins import parse_options
 from orca_jax.core.kv import KV_LAYOUTS
+from orca_jax.core.kv.config import PREFIX_CACHING_MODES
 from orca_jax.core.step.bucket_fit import max_fitted_sizes, parse_fit_ladder
+from orca_jax.runner.kv_tiers import tier_configs
 from orca_jax.runner.spec_caps import check_caps
 from orca_jax.sim.cost_model import STEP_PADDINGS
 from orca_jax.specs.hardware import (
@@ -263,6 +265,10 @@ class SimEngineSpec:
                               "attention on the real lengths, as the real engine runs it) or "
                               "ragged (an ideal engine that computes real tokens only).",
                               choices=STEP_PADDINGS)
+    leap: bool = _knob(True, "Run stretches of steady decode steps at once where the policy "
+                       "promises its plan repeats (Policy.stable_steps): the same results bit "
+                       "for bit, less host time. --noleap runs every step one by one. Not "
+                       "for clusters or with count_host_time.")
 
     def __post_init__(self) -> None:
         get_model_config(self.model)  # fails early, naming the presets
@@ -302,12 +308,39 @@ class LimitsSpec:
                                     "steps.jsonl (request_ids, request_tokens).")
     kv_layout: str = _knob("paged", "KV pages: paged, or buddy: each reservation one "
                            "power-of-two block (the vLLM paper's Orca).", choices=KV_LAYOUTS)
+    prefix_caching: str = _knob("policy", "Share the KV pages of common prompt prefixes "
+                                "between requests: policy (each policy's own opt-in: vllm's "
+                                "enable_prefix_caching knob, lpm; the others off), on (every "
+                                "policy), off (none). The switch wins over a policy's opt-in; "
+                                "--describe_policy says what each does with it.",
+                                choices=PREFIX_CACHING_MODES)
     count_host_time: bool = _knob(False, "Add the scheduler's measured host time (planning, "
                                   "packing, bookkeeping) to the virtual clock, as a real "
                                   "server pays it; runs are then no longer repeatable bit for "
                                   "bit.")
     no_progress_steps: int = _knob(10_000, "Fail the run after this many iterations in a row "
                                    "in which no request gains a computed token or finishes.")
+    kv_host_gb: Optional[float] = _knob(None, "Host (DRAM) KV tier under the device's pool, in "
+                                        "GB (decimal) over the replica: swapped-out requests "
+                                        "and prefix pages the device evicts (None: no host "
+                                        "tier).")
+    kv_host_pages: Optional[int] = _knob(None, "Host KV tier in pages (instead of "
+                                         "kv_host_gb).")
+    kv_disk_gb: Optional[float] = _knob(None, "Disk (or remote store) KV tier under the host "
+                                        "tier, in GB: prefix pages the host evicts (None: no "
+                                        "disk tier).")
+    kv_disk_pages: Optional[int] = _knob(None, "Disk KV tier in pages (instead of "
+                                         "kv_disk_gb).")
+    kv_host_link: str = _knob("pcie4", "The link between the device and the host KV tier.",
+                              presets=KV_LINK_NAMES)
+    kv_disk_link: str = _knob("nvme", "The link between the host and the disk KV tier.",
+                              presets=KV_LINK_NAMES)
+    kv_cache_policy: str = _knob("lru", "The slower KV tiers' cache policy (which page to "
+                                 "evict, write_back/write_through/drop, what to prefetch): "
+                                 "lru, lfu, arc, prefetch-on-queue, or a plugin as "
+                                 "path/to/file.py:Class.")
+    kv_cache_policy_opts: str = _knob("", "The cache policy's knobs: key=value,... (e.g. "
+                                      "placement=write_through).")
 
     def __post_init__(self) -> None:
         for field in ("max_num_seqs", "max_num_tokens", "num_kv_pages", "page_size",
@@ -315,7 +348,21 @@ class LimitsSpec:
             _check_at_least("limits", field, getattr(self, field), 1)
         _check_at_least("limits", "max_model_len", self.max_model_len, 2)
         _check_choice("limits", "kv_layout", self.kv_layout, KV_LAYOUTS)
+        _check_choice("limits", "prefix_caching", self.prefix_caching, PREFIX_CACHING_MODES)
+        if self.prefix_caching == "on" and self.kv_layout == "buddy":
+            raise ValueError("limits.prefix_caching 'on' shares single KV pages and kv_layout "
+                             "'buddy' hands out whole blocks; choose one")
         _check_positive("limits", "kv_memory_gb", self.kv_memory_gb)
+        for field in ("kv_host_gb", "kv_disk_gb"):
+            _check_positive("limits", field, getattr(self, field))
+        for field in ("kv_host_pages", "kv_disk_pages"):
+            _check_at_least("limits", field, getattr(self, field), 1)
+        for field in ("kv_host_link", "kv_disk_link"):
+            try:
+                get_kv_link(getattr(self, field))
+            except ValueError as e:
+                raise ValueError(f"limits.{field}: {e}") from None
+        parse_options(self.kv_cache_policy_opts)  # fails early, naming the bad option
         buckets = self.token_buckets
         if buckets is not None and not (
                 buckets and buckets[0] >= 1 and list(buckets) == sorted(set(buckets))
@@ -426,6 +473,16 @@ class RunSpec(metaclass=_TakesFlatKeywords):
     seed: int = _knob(0, "Workload and sampling seed (and a real engine's random weights).")
     ttft_slo_s: Optional[float] = _knob(None, "TTFT SLO for goodput, seconds.")
     tpot_slo_s: Optional[float] = _knob(None, "TPOT SLO for goodput, seconds.")
+    log_token_times: bool = _knob(False, "Keep every output token's time (16 bytes a token) "
+                                  "and write each request's as token_times in requests.jsonl "
+                                  "(run-clock seconds, as first_token_s), with its Andes QoE "
+                                  "(qoe; summary.json: qoe_mean, qoe_p10, qoe_p50, "
+                                  "qoe_attainment). docs/token_times_and_qoe.md.")
+    qoe_ttft_s: float = _knob(1.0, "QoE (with log_token_times): the time to first token a "
+                              "user expects, seconds (Andes's default).")
+    qoe_tokens_per_s: float = _knob(4.8, "QoE (with log_token_times): the token delivery "
+                                    "speed a user expects (reading speed), tokens/s "
+                                    "(Andes's default).")
 
     def __post_init__(self) -> None:
         parts: dict[str, tuple[type, ...]] = {
@@ -439,6 +496,8 @@ class RunSpec(metaclass=_TakesFlatKeywords):
         _check_at_least("run", "seed", self.seed, 0)
         _check_positive("run", "ttft_slo_s", self.ttft_slo_s)
         _check_positive("run", "tpot_slo_s", self.tpot_slo_s)
+        _check_positive("run", "qoe_ttft_s", self.qoe_ttft_s, " (seconds)")
+        _check_positive("run", "qoe_tokens_per_s", self.qoe_tokens_per_s, " (tokens per second)")
         if self.limits.bucket_ladder is not None and self.engine.kind != "sim":
             raise ValueError(f"limits.bucket_ladder {self.limits.bucket_ladder!r} is fitted to a "
                              f"simulator pilot run, not for engine {self.engine.kind!r}: give "
@@ -452,4 +511,14 @@ class RunSpec(metaclass=_TakesFlatKeywords):
                              f"real engine runs one replica per process), got "
                              f"{self.engine.kind!r}")
         check_caps(self)  # counts this machine cannot hold: refused before anything allocates
+        tiered = any(getattr(self.limits, field) is not None for field in (
+            "kv_host_gb", "kv_host_pages", "kv_disk_gb", "kv_disk_pages"))
+        if tiered and not isinstance(self.engine, SimEngineSpec):
+            raise ValueError("KV tiers (--kv_host_*, --kv_disk_*) are simulated only for now "
+                             "(the jax engine's host tier is to come): use --engine=sim")
+        if tiered and (self.cluster.num_replicas > 1 or self.cluster.disaggregated):
+            raise ValueError("KV tiers (--kv_host_*, --kv_disk_*) serve one replica for now: "
+                             "give --num_replicas=1 without prefill/decode pools")
+        if tiered and isinstance(self.engine, SimEngineSpec):
+            tier_configs(self.limits, get_model_config(self.engine.model), self.engine.tp)
 

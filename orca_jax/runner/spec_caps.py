@@ -47,6 +47,9 @@ BYTES_PER_PAGE_ENTRY = 2 * 4
 # A token of the step budget: a packed step's int32 and int64 arrays per token (ids,
 # positions, slots, sequence index) and the bucket ladders listed up to the budget.
 BYTES_PER_STEP_TOKEN = 32
+# An output token of a run that keeps every token's time (`RunSpec.log_token_times`, and
+# every cluster): its request index (int64) and time (float64) in the result's token log.
+BYTES_PER_LOGGED_TOKEN = 16
 # Page ids are int32 and page 0 is the null page; positions are int32.
 MAX_INT32 = 2**31 - 1
 
@@ -146,6 +149,24 @@ def _kv_pages(spec: RunSpecLike) -> tuple[Optional[int], str, str]:
         f" (of {engine.model}, page_size {limits.page_size})")
 
 
+def _least_logged_tokens(spec: RunSpecLike) -> int:
+    """The fewest output tokens a request of the run logs the time of: none when the run
+    counts its tokens (one replica without `log_token_times`); else the least its output
+    length distribution gives (`fixed:N`, `uniform:LO:HI`), at least one."""
+    cluster = spec.cluster
+    if not (spec.log_token_times or cluster.num_replicas > 1 or cluster.disaggregated):
+        return 0
+    kind, _, rest = (spec.workload.output_len or "").partition(":")
+    try:
+        if kind == "fixed":
+            return max(int(rest), 1)
+        if kind == "uniform":
+            return max(int(rest.split(":")[0]), 1)
+    except ValueError:
+        pass  # the workload spec names its own malformed value
+    return 1
+
+
 def check_caps(spec: RunSpecLike) -> None:
     """Refuses a run whose counts cannot fit this machine (see the module docstring).
 
@@ -158,8 +179,11 @@ def check_caps(spec: RunSpecLike) -> None:
     """
     limits = spec.limits
     check_step_tokens(limits.max_num_tokens)
-    _check_count("workload.num_requests", spec.workload.num_requests, BYTES_PER_REQUEST,
-                 "requests")
+    least = _least_logged_tokens(spec)
+    _check_count("workload.num_requests", spec.workload.num_requests,
+                 BYTES_PER_REQUEST + BYTES_PER_LOGGED_TOKEN * least,
+                 f"requests (with their {least} output token{'s' if least > 1 else ''}' "
+                 "logged times)" if least else "requests")
     pages, source, meaning = _kv_pages(spec)
     replicas = _num_replicas(spec)
     memory = physical_memory()

@@ -1,4 +1,5 @@
-"""The sweep runner: policies x request rates x seeds, into a resumable `SweepStore`.
+"""The sweep runner: policies x request rates x seeds (x variants), into a resumable
+`SweepStore`.
 
 The sweep command (`experiments/sweep.py`) and the paper reproductions
 (`experiments/reproduce/`) both run their grids through `run_sweep`. Each
@@ -10,6 +11,14 @@ A point's spec is the sweep's spec at that point's rate and seed
 (`run_config`). Every point of a seed shares one engine, as `compare` shares
 one between policies: the same compiled steps serve every policy, and a real
 engine's random weights follow the seed.
+
+Variants (`variants`: label -> spec) are setups of their own on the sweep's
+workload, as `compare --variants` runs them: every policy is swept under every
+variant, on the very requests of the sweep's own spec at each rate and seed (a
+variant may not change the workload), its ladder fitted by the one pilot of the
+sweep's own spec (`PointSpecs`). A point's key and its line in `points.jsonl`
+carry its variant; sweep.json records each variant's settings, so a resumed sweep
+refuses a label that now means another setup.
 """
 
 from __future__ import annotations
@@ -83,20 +92,50 @@ def run_config(spec: RunSpec) -> dict[str, object]:
     return config
 
 
+def variant_settings(spec: RunSpec, variant: RunSpec) -> dict[str, object]:
+    """What a variant sets: its settings (as `run_config` names them) that differ from the
+    sweep's `spec` (sweep.json's `variants`)."""
+    base = _settings(spec)
+    return {key: value for key, value in _settings(variant).items()
+            if key not in ("rate", "seed") and base.get(key) != value}
+
+
+def _check_variants(spec: RunSpec, variants: Mapping[str, RunSpec]) -> None:
+    """Refuses a variant that would run another workload than the sweep's.
+
+    Raises:
+      SweepError: a variant's workload, model, context limit or engine kind differs.
+    """
+    for label, variant in variants.items():
+        changed = [name for name, ours, theirs in (
+            ("workload", spec.workload, variant.workload),
+            ("engine", spec.engine.kind, variant.engine.kind),
+            ("model", spec.engine.model, variant.engine.model),
+            ("max_model_len", spec.limits.max_model_len, variant.limits.max_model_len))
+            if ours != theirs]
+        if changed:
+            raise SweepError(f"variant {label}: its {', '.join(changed)} differs from the "
+                             "sweep's; every variant runs on the sweep's workload")
+
+
 def run_sweep(spec: RunSpec, policies: Sequence[PolicyRun], rates: Sequence[float],
               seeds: Sequence[int], out_dir: str, *, build_per_point: bool = False,
               saturated: Optional[Callable[[float, Mapping[str, object]], bool]] = None,
               extra_metrics: Optional[Callable[[RunResult], Mapping[str, object]]] = None,
               point_runs: bool = False, progress: bool = False,
-              executor: Optional["SweepExecutor"] = None) -> tuple[SweepStore, list[PointKey]]:
+              executor: Optional["SweepExecutor"] = None,
+              variants: Optional[Mapping[str, RunSpec]] = None
+              ) -> tuple[SweepStore, list[PointKey]]:
     """Runs the grid's missing points into the store in `out_dir`.
 
-    Points run policy-major, then rate, then seed. Points already in the store
-    are not run again (their stored summaries count, e.g. for `saturated`).
+    Points run policy-major, then rate, then seed (with variants, variant-major first).
+    Points already in the store are not run again (their stored summaries count, e.g.
+    for `saturated`).
 
     Args:
       spec: the workload and engine plumbing (its rate and seed are replaced per point).
-      policies: the curves, each under its own label.
+      policies: the curves, each under its own label (their `variant` unset: `variants`
+        sets it).
       rates: request rates (req/s), run in this order (ascending with `saturated`).
       seeds: workload seeds.
       out_dir: the store's folder.
@@ -117,13 +156,16 @@ def run_sweep(spec: RunSpec, policies: Sequence[PolicyRun], rates: Sequence[floa
         (`SweepExecutor("ray")`). Either way this process alone appends to the store, and a
         point that raises is recorded failed with its error (`error` in its line, an empty
         summary) while the sweep goes on; a rerun retries failed points.
+      variants: label -> spec of the setups to sweep every policy under (rate and seed
+        replaced per point, as `spec`'s), each on `spec`'s workload; None or empty: `spec`
+        alone. Labels name folders (`point_runs`).
 
     Returns:
       The store and the keys that were run or found (the grid to aggregate).
 
     Raises:
-      SweepError: two policies share a label, `build_per_point` with a trace, or a trace
-        whose arrivals are all at one time.
+      SweepError: two policies share a label, `build_per_point` with a trace, a trace
+        whose arrivals are all at one time, or a variant with another workload.
       TraceError: the trace does not load (nothing is written).
       OutDirError: `out_dir` is a file, or cannot be created or written.
       SweepConfigError: `out_dir` holds a sweep of another configuration.
@@ -135,6 +177,11 @@ def run_sweep(spec: RunSpec, policies: Sequence[PolicyRun], rates: Sequence[floa
     if len(set(labels)) != len(labels):
         raise SweepError(f"policies {[run.spec for run in policies]}: two share a label "
                          f"({labels}); a sweep keys its points by label")
+    if any(run.variant is not None for run in policies):
+        raise SweepError(f"policies {labels}: a policy's variant is set by `variants`, "
+                         "not given with it")
+    variants = dict(variants or {})
+    _check_variants(spec, variants)
     if build_per_point and spec.workload.arrival == "trace":
         raise SweepError(f"trace {spec.workload.trace}: its arrivals do not follow a rate; "
                          "sweep it by rescaling (build_per_point=False)")
@@ -147,8 +194,9 @@ def run_sweep(spec: RunSpec, policies: Sequence[PolicyRun], rates: Sequence[floa
     # sweep.json behind to refuse the corrected rerun.
     for run in policies:
         make_policy(run.spec, run.options)
-    if spec.cluster.num_replicas > 1:
-        make_router(spec.cluster.router, parse_options(spec.cluster.router_opts))
+    for setup in list(variants.values()) or [spec]:
+        if setup.cluster.num_replicas > 1:
+            make_router(setup.cluster.router, parse_options(setup.cluster.router_opts))
     executor = executor or SweepExecutor()
     if executor.kind not in ("serial", "ray"):
         raise SweepError(f"executor {executor.kind!r}: expected 'serial' or 'ray'")
@@ -164,18 +212,18 @@ def run_sweep(spec: RunSpec, policies: Sequence[PolicyRun], rates: Sequence[floa
         return _run_grid(spec, policies, classes, rates, seeds, out_dir,
                          build_per_point=build_per_point, saturated=saturated,
                          extra_metrics=extra_metrics, point_runs=point_runs, progress=progress,
-                         executor=executor)
+                         executor=executor, variants=variants)
 
 
 def _run_grid(spec: RunSpec, policies: Sequence[PolicyRun], classes: Mapping[str, type],
               rates: Sequence[float], seeds: Sequence[int], out_dir: str, *,
+              variants: Mapping[str, RunSpec],
               build_per_point: bool,
               saturated: Optional[Callable[[float, Mapping[str, object]], bool]],
               extra_metrics: Optional[Callable[[RunResult], Mapping[str, object]]],
               point_runs: bool, progress: bool,
               executor: "SweepExecutor") -> tuple[SweepStore, list[PointKey]]:
     """`run_sweep` once its policies have loaded and it holds the folder's lock."""
-    labels = [run.label for run in policies]
     store = SweepStore(out_dir, run_config(spec),
                        {run.label: {"spec": run.spec, "options": dict(run.options)}
                         for run in policies},
@@ -183,31 +231,36 @@ def _run_grid(spec: RunSpec, policies: Sequence[PolicyRun], classes: Mapping[str
                                      **_settings(RunSpec())},
                        renamed_settings=OLD_SETTING_NAMES,
                        renamed_options={label: cls.renamed_options
-                                        for label, cls in classes.items()})
+                                        for label, cls in classes.items()},
+                       variants={label: variant_settings(spec, variant)
+                                 for label, variant in variants.items()})
+    # The curves: every policy under every variant (variant-major, as compare's rows).
+    curves = ([dataclasses.replace(run, variant=label) for label in variants for run in policies]
+              if variants else list(policies))
     points = {point_key(p): p for p in store.load()}
     rate_order = sorted(float(r) for r in rates) if saturated else [float(r) for r in rates]
-    grid_keys = [PointKey(label, rate, int(seed))
-                 for label in labels for rate in rate_order for seed in seeds]
+    grid_keys = [run.point(rate, seed) for run in curves for rate in rate_order for seed in seeds]
     num_resumed = sum(k in points and not points[k].get("error") for k in grid_keys)
     bar = Progress(f"sweep, {num_resumed} resumed", len(grid_keys), "points",
                    initial=num_resumed, delay_s=0.0) if progress else None
     record = _Recorder(store, points, bar)
-    rows = [(run, rate) for run in policies for rate in rate_order]
+    rows = [(run, rate) for run in curves for rate in rate_order]
     if executor.kind == "ray":
         from orca_jax.runner.ray_sweep import run_rows_on_ray  # only when asked: Ray is an extra
         run_rows_on_ray(executor, spec, rows, seeds, out_dir, points, record,
                         build_per_point=build_per_point, saturated=saturated,
-                        extra_metrics=extra_metrics, point_runs=point_runs)
+                        extra_metrics=extra_metrics, point_runs=point_runs, variants=variants)
     else:
         _run_rows_serially(spec, rows, seeds, out_dir, points, record,
                            build_per_point=build_per_point, saturated=saturated,
-                           extra_metrics=extra_metrics, point_runs=point_runs)
+                           extra_metrics=extra_metrics, point_runs=point_runs,
+                           variants=variants)
     if bar:
         bar.close()
     keys: list[PointKey] = []
-    for run in policies:  # the grid up to each policy's last run rate
+    for run in curves:  # the grid up to each curve's last run rate
         for rate in rate_order:
-            row = [PointKey(run.label, rate, int(seed)) for seed in seeds]
+            row = [run.point(rate, seed) for seed in seeds]
             keys += row
             if row_saturated(saturated, rate, row, points):
                 break
@@ -258,30 +311,31 @@ def _run_rows_serially(spec: RunSpec, rows: Sequence[tuple[PolicyRun, float]],
                        build_per_point: bool,
                        saturated: Optional[Callable[[float, Mapping[str, object]], bool]],
                        extra_metrics: Optional[Callable[[RunResult], Mapping[str, object]]],
-                       point_runs: bool) -> None:
-    """Runs the rows' missing points in this process, one engine per seed, and one fitted
-    ladder (`fit:K`) per rate and seed, shared by every policy there."""
+                       point_runs: bool, variants: Mapping[str, RunSpec]) -> None:
+    """Runs the rows' missing points in this process, one engine per seed (and variant), and
+    one fitted ladder (`fit:K`) per rate and seed, shared by every policy there."""
     workloads = PointWorkloads(spec, build_per_point)
-    specs = PointSpecs(spec, workloads)
-    engines: dict[int, Engine] = {}
-    done_policies: set[str] = set()
+    specs = PointSpecs(spec, workloads, variants)
+    engines: dict[tuple[Optional[str], int], Engine] = {}
+    done: set[tuple[str, Optional[str]]] = set()  # curves past saturation
     for run, rate in rows:
-        if run.label in done_policies:
+        if run.curve in done:
             continue
-        row = [PointKey(run.label, rate, int(seed)) for seed in seeds]
+        row = [run.point(rate, seed) for seed in seeds]
         for key in row:
             if key in points and not points[key].get("error"):
                 continue
-            record.running(f"running {key.policy} rate={key.rate:g} seed={key.seed}")
-            this_spec, bucket_fit = specs.at(rate, key.seed)
+            record.running(f"running {key.label} rate={key.rate:g} seed={key.seed}")
+            this_spec, bucket_fit = specs.at(rate, key.seed, key.variant)
 
-            def engine_of_seed(seed: int = key.seed, this_spec: RunSpec = this_spec) -> Engine:
-                if seed not in engines:
-                    engines[seed] = build_engine(this_spec, scheduler_config(this_spec))
-                return engines[seed]
+            def engine_of_seed(seed: int = key.seed, variant: Optional[str] = key.variant,
+                               this_spec: RunSpec = this_spec) -> Engine:
+                if (variant, seed) not in engines:
+                    engines[variant, seed] = build_engine(this_spec, scheduler_config(this_spec))
+                return engines[variant, seed]
 
             record(key, run_point(key, this_spec, run, lambda k=key: workloads.at(k.rate, k.seed),
                                   engine_of_seed, point_run_dir(out_dir, key, point_runs),
                                   extra_metrics, bucket_fit))
         if row_saturated(saturated, rate, row, points):
-            done_policies.add(run.label)
+            done.add(run.curve)

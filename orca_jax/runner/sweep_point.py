@@ -15,7 +15,7 @@ from typing import Callable, Mapping, Optional, Sequence
 from orca_jax.core.requests.request import Request
 from orca_jax.core.requests.run_result import RunResult
 from orca_jax.core.step.engine_api import Engine
-from orca_jax.results.sweep_store import PointKey
+from orca_jax.results.sweep_store import PointKey, curve_label
 from orca_jax.runner.bucket_pilot import BucketFit, needs_fit, with_fitted_buckets
 from orca_jax.runner.build import build_workload
 from orca_jax.runner.experiment import run_policy
@@ -28,11 +28,22 @@ class SweepError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class PolicyRun:
-    """One curve of a sweep: a policy with its knobs, under a label."""
+    """One curve of a sweep: a policy with its knobs, under a label (and a variant)."""
 
-    label: str  # the curve's name, and the key of its points in the store
+    label: str  # the policy's name, and the key of its points in the store
     spec: str  # registered name, `package.module:Class` or `file.py:Class`
     options: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    # The setup it runs under: a label of `run_sweep`'s `variants`; None: the sweep's spec.
+    variant: Optional[str] = None
+
+    @property
+    def curve(self) -> tuple[str, Optional[str]]:
+        """What identifies the curve among a sweep's: (label, variant)."""
+        return self.label, self.variant
+
+    def point(self, rate: float, seed: int) -> PointKey:
+        """The key of this curve's point at `rate` and `seed`."""
+        return PointKey(self.label, float(rate), int(seed), self.variant)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,9 +103,13 @@ def row_saturated(saturated: Optional[Callable[[float, Mapping[str, object]], bo
 
 
 def point_run_dir(out_dir: str, key: PointKey, point_runs: bool) -> Optional[str]:
-    """Where a point's run folder goes (with `point_runs`), else None."""
-    return (os.path.join(out_dir, "points", key.policy, f"rate_{key.rate:g}_seed_{key.seed}")
-            if point_runs else None)
+    """Where a point's run folder goes (with `point_runs`): points/POLICY/rate_R_seed_S, or
+    points/VARIANT/POLICY/... under a variant (as compare's OUT_DIR/VARIANT/POLICY); else
+    None."""
+    if not point_runs:
+        return None
+    return os.path.join(out_dir, "points", *(() if key.variant is None else (key.variant,)),
+                        key.policy, f"rate_{key.rate:g}_seed_{key.seed}")
 
 
 class PointWorkloads:
@@ -121,23 +136,47 @@ class PointWorkloads:
 
 class PointSpecs:
     """Each point's spec with its `fit:K` sizes, fitted once per rate and seed and shared
-    by every policy there (the pilot's policy is fixed, so the fit is theirs alike)."""
+    by every policy there (the pilot's policy is fixed, so the fit is theirs alike).
 
-    def __init__(self, spec: RunSpec, workloads: PointWorkloads) -> None:
+    Under variants (`variants`: label -> the variant's spec), as in compare
+    (`experiments.variant_flags.fit_setups`): the pilot plays the sweep's own spec, and
+    every variant with the sweep's ladder and token budget takes its sizes, whatever
+    cluster, router or engine settings it sets, so variants differ by what they set and
+    not by a ladder fitted to each; a variant with a ladder or budget of its own (whose
+    steps differ anyway) gets a pilot of its own.
+    """
+
+    def __init__(self, spec: RunSpec, workloads: PointWorkloads,
+                 variants: Optional[Mapping[str, RunSpec]] = None) -> None:
         self.spec, self.workloads = spec, workloads
-        self._fits: dict[tuple[float, int], tuple[RunSpec, Optional[BucketFit]]] = {}
+        self.variants = dict(variants or {})
+        # (rate, seed, ladder, budget) -> the pilot's fitted spec and its fit
+        self._fits: dict[tuple[float, int, Optional[str], int],
+                         tuple[RunSpec, Optional[BucketFit]]] = {}
 
-    def at(self, rate: float, seed: int) -> tuple[RunSpec, Optional[BucketFit]]:
-        """The point's spec (fitted) and how it was fitted (None: nothing to fit)."""
-        if (rate, seed) not in self._fits:
-            unfitted = point_spec(self.spec, rate, seed)
+    def at(self, rate: float, seed: int,
+           variant: Optional[str] = None) -> tuple[RunSpec, Optional[BucketFit]]:
+        """The point's spec (fitted) under `variant` (None: the sweep's own) and how it was
+        fitted (None: nothing to fit, or its pilot failed: the point's run fails on it)."""
+        unfitted = point_spec(self.spec if variant is None else self.variants[variant],
+                              rate, seed)
+        if not needs_fit(unfitted):
+            return unfitted, None
+        limits = unfitted.limits
+        ladder = (limits.bucket_ladder, limits.max_num_tokens)
+        key = (rate, seed, *ladder)
+        if key not in self._fits:
+            own = ladder == (self.spec.limits.bucket_ladder, self.spec.limits.max_num_tokens)
+            pilot = point_spec(self.spec, rate, seed) if own else unfitted
             try:
-                self._fits[rate, seed] = (
-                    with_fitted_buckets(unfitted, self.workloads.at(rate, seed))
-                    if needs_fit(unfitted) else (unfitted, None))
+                self._fits[key] = with_fitted_buckets(pilot, self.workloads.at(rate, seed))
             except Exception:  # noqa: BLE001 -- the point's own run fails on it, recorded
-                self._fits[rate, seed] = unfitted, None
-        return self._fits[rate, seed]
+                self._fits[key] = pilot, None
+        fitted, fit = self._fits[key]
+        if fit is None:
+            return unfitted, None
+        return dataclasses.replace(unfitted, limits=dataclasses.replace(
+            limits, token_buckets=fitted.limits.token_buckets)), fit
 
 
 @dataclasses.dataclass(frozen=True)
@@ -176,7 +215,8 @@ def run_point(key: PointKey, spec: RunSpec, run: PolicyRun,
     try:
         summary, result = run_policy(spec, run.spec, dict(run.options), out_dir=run_dir,
                                      requests=requests(), engine=engine(), progress=False,
-                                     label=run.label, bucket_fit=bucket_fit)
+                                     label=curve_label(run.label, run.variant),
+                                     bucket_fit=bucket_fit)
         if extra_metrics:
             summary.update(extra_metrics(result))
     except Exception as e:  # noqa: BLE001 -- recorded with the point, the sweep goes on

@@ -438,6 +438,34 @@ def bucket_step_seconds(config: CostModelConfig, bucket: Bucket,
     return roofline_seconds(config, *lengths(), padded_to)
 
 
+def decode_span_seconds(config: CostModelConfig, bucket: Bucket,
+                        kv_lens: NDArray[np.int64],  # [n]
+                        num_steps: int) -> NDArray[np.float64]:  # [num_steps]
+    """Seconds of each of `num_steps` decode-only steps in `bucket` of the same `n`
+    sequences, step j (from 0) attending to `kv_lens + j` tokens: bit for bit what
+    `bucket_step_seconds` gives each step one by one (a leap over steady decodes).
+
+    `per_op` and `fixed` price the steps at once (`PerOpRoofline.decode_span_seconds`);
+    the others step by step, through the very function a step is priced with.
+
+    Raises:
+      ValueError: a `fitted` model has no time for the bucket.
+    """
+    kv_lens = np.asarray(kv_lens, np.int64)
+    if config.mode == "fixed":
+        assert config.step_time_s is not None
+        return np.full(num_steps, config.step_time_s)
+    if config.mode == "per_op":
+        padded_to = ((bucket.num_tokens, bucket.num_seqs) if config.step_padding == "bucket"
+                     else None)
+        kv_tokens = int(kv_lens.sum()) + kv_lens.size * np.arange(num_steps, dtype=np.int64)
+        return (config.per_op_roofline.decode_span_seconds(kv_lens.size, kv_tokens, padded_to)
+                + config.step_overhead_s)
+    q_lens = np.ones(kv_lens.size, np.int64)
+    return np.array([bucket_step_seconds(config, bucket, lambda j=j: (q_lens, kv_lens + j))
+                     for j in range(num_steps)], np.float64)
+
+
 def roofline_seconds(config: CostModelConfig, q_lens: NDArray[np.int64],
                      kv_lens: NDArray[np.int64],
                      padded_to: Optional[tuple[int, int]] = None) -> float:

@@ -25,6 +25,7 @@ from orca_jax.core.step.engine_api import (
 from orca_jax.sim.cost_model import (
     CostModelConfig,
     bucket_step_seconds,
+    decode_span_seconds,
     real_lengths,
     step_seconds,
 )
@@ -98,6 +99,23 @@ class SimEngine(Engine):
         sampled[:kv_lens.size] = kv_lens % self.vocab_size
         return StepOutput(sampled_tokens=sampled, step_s=bucket_step_seconds(
             self.config, bucket, lambda: (packed.q_lens, kv_lens)))
+
+
+    def decode_span(self, bucket: Bucket, kv_lens: NDArray[np.int64],  # [n]
+                    num_steps: int) -> tuple[NDArray[np.float64], NDArray[np.int32]]:
+        """`num_steps` decode-only steps at once (`Engine.decode_span`): each step's cost
+        model seconds (`cost_model.decode_span_seconds`) and its placeholder tokens, bit
+        for bit those of `step_packed` one step at a time.
+
+        Raises:
+          ValueError: its bucket was not warmed up.
+        """
+        if self._warm_buckets is not None:
+            self._check_warm(bucket, self._warm_buckets)
+        kv_lens = np.asarray(kv_lens, np.int64)
+        lens = kv_lens[None, :] + np.arange(num_steps, dtype=np.int64)[:, None]  # [k, n]
+        tokens = (lens % self.vocab_size).astype(np.int32)
+        return decode_span_seconds(self.config, bucket, kv_lens, num_steps), tokens
 
 
 def _check_inputs(inputs: StepInputs) -> tuple[NDArray[np.int64], NDArray[np.int64]]:

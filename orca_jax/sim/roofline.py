@@ -278,6 +278,43 @@ class PerOpRoofline:
         num_tokens, num_seqs, kv_decode, kv_prefill, pairs_prefill = _step_work(q_lens, kv_lens)
         if padded_to is not None:
             num_tokens, num_seqs = max(num_tokens, padded_to[0]), max(num_seqs, padded_to[1])
+        return (self._rows_seconds(num_tokens, num_seqs)
+                + self._attention_seconds(_DECODE, kv_decode, kv_decode)
+                + self._attention_seconds(_PREFILL, kv_prefill, pairs_prefill))
+
+    def decode_span_seconds(self, num_seqs: int,
+                            kv_tokens: NDArray[np.int64],  # [k]
+                            padded_to: Optional[tuple[int, int]] = None
+                            ) -> NDArray[np.float64]:  # [k]
+        """`kernels_seconds` of `k` decode-only steps of `num_seqs` sequences at once, step
+        j's sequences attending to `kv_tokens[j]` tokens in all, bit for bit the floats
+        `kernels_seconds` gives each step (a leap over steady decodes,
+        `orca_jax.core.loop.leap`).
+
+        The same operations in the same order, elementwise over the steps: numpy's
+        elementwise float64 products and sums round as Python's, and the one function
+        whose rounding numpy and Python may not share, the hypotenuse, is `math.hypot`'s.
+        """
+        num_tokens = num_seqs  # one new token each
+        if padded_to is not None:
+            num_tokens, num_seqs = max(num_tokens, padded_to[0]), max(num_seqs, padded_to[1])
+        rows_s = self._rows_seconds(num_tokens, num_seqs)
+        kv = np.asarray(kv_tokens, np.int64).astype(np.float64)  # [k] float(sum k_i), exact
+        op = _DECODE
+        num_bytes = self._unit_bytes_list[op] * kv  # [k]
+        s_per_byte = np.where(num_bytes <= self._l2_bytes, self._l2_s_per_byte_list[op],
+                              self._hbm_s_per_byte_list[op])  # [k]
+        compute_s = kv * self._unit_flops_list[op] * self._s_per_flop_list[op]  # [k]
+        hypot = np.fromiter(map(math.hypot, (num_bytes * s_per_byte).tolist(),
+                                compute_s.tolist()), np.float64, count=kv.size)  # [k]
+        attention_s = self._launches_list[op] * (self._latency_s_list[op] + hypot)  # [k]
+        # `_attention_seconds` is 0.0 for no KV (and prefill's is 0.0: no prefill here).
+        attention_s = np.where(kv > 0.0, attention_s, 0.0)
+        return rows_s + attention_s + 0.0
+
+    def _rows_seconds(self, num_tokens: int, num_seqs: int) -> float:
+        """Seconds of every kernel but attention (and the all-reduces) over `num_tokens`
+        token rows and `num_seqs` sampled rows: kept once computed, per count."""
         per_token = self._per_token_s.get(num_tokens)
         if per_token is None:
             units = np.full(len(OPERATIONS), float(num_tokens))
@@ -291,8 +328,7 @@ class PerOpRoofline:
             units[_LM_HEAD] = num_seqs
             per_row = _exact_dot(self.launch_seconds(units, units), self._launches)
             self._per_row_s[num_seqs] = per_row
-        return (per_token + per_row + self._attention_seconds(_DECODE, kv_decode, kv_decode)
-                + self._attention_seconds(_PREFILL, kv_prefill, pairs_prefill))
+        return per_token + per_row
 
     def _attention_seconds(self, op: int, kv_tokens: float, pairs: float) -> float:
         """`launch_seconds * launches` of attention kernel `op`, in Python floats."""

@@ -335,8 +335,24 @@ KV_LINK_PRESETS: dict[str, KVLinkSpec] = {
     # PCIe 5.0 x16: 32 GT/s per lane: 63 GB/s per direction.
     "pcie5": KVLinkSpec(name="pcie5", latency_s=10e-6, bytes_per_s=32e9 * 16 * 128 / 130 / 8,
                         source="PCI-SIG PCIe 5.0: 32 GT/s x16, 128b/130b"),
+    # Links to slower KV tiers (issue 27): the host's DRAM and a disk or remote store.
+    # GH200's NVLink-C2C joins the Grace CPU's memory to the Hopper GPU: 900 GB/s both
+    # directions, 450 GB/s each way.
+    "nvlink-c2c": KVLinkSpec(name="nvlink-c2c", latency_s=5e-6, bytes_per_s=450e9,
+                             source="NVIDIA GH200 datasheet: NVLink-C2C 900 GB/s (both "
+                                    "directions)"),
+    # One PCIe 4.0 x4 NVMe SSD: ~7 GB/s sequential read, ~100 us per request (an
+    # assumption from datacenter drives' datasheets, e.g. Samsung PM9A3: 6.9 GB/s read).
+    "nvme": KVLinkSpec(name="nvme", latency_s=100e-6, bytes_per_s=7e9,
+                       source="PCIe 4.0 x4 NVMe SSD datasheets (Samsung PM9A3: 6.9 GB/s read)"),
+    # A remote KV store over RDMA (Mooncake's store): one 200 Gb/s NIC per GPU, a few
+    # microseconds of verbs latency plus the store's lookup (an assumption: 50 us).
+    "rdma": KVLinkSpec(name="rdma", latency_s=50e-6, bytes_per_s=200e9 / 8,
+                       source="one 200 Gb/s RDMA NIC per GPU (Mooncake's transfer engine); "
+                              "latency assumed"),
 }
-KV_LINK_ALIASES: dict[str, str] = {"nvlink": "nvlink3"}
+KV_LINK_ALIASES: dict[str, str] = {"nvlink": "nvlink3", "pcie-gen4-x16": "pcie4",
+                                   "pcie-gen5-x16": "pcie5"}
 
 
 def get_kv_link(name: str, max_concurrent: Optional[int] = None) -> KVLinkSpec:

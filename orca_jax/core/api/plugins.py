@@ -260,11 +260,12 @@ def _type_name(hint: Any) -> str:
     return hint.__name__ if isinstance(hint, type) else str(hint).replace("typing.", "")
 
 
-def describe(cls: type, kind: str) -> str:
+def describe(cls: type, kind: str, flag: Optional[str] = None) -> str:
     """A plugin's knobs for the terminal: each init field's type, default and doc.
 
     The docs come from the class docstring's `Attributes:` or `Args:` section (Google
-    style), as the built-ins write them.
+    style), as the built-ins write them (a base class's where the class has none).
+    `flag` names the options flag (default `--{kind}_opts`).
     """
     doc = inspect.getdoc(cls) or ""
     summary = doc.split("\n\n")[0].replace("\n", " ") if cls.__doc__ else ""
@@ -276,8 +277,10 @@ def describe(cls: type, kind: str) -> str:
     if not knobs:
         return "\n".join(lines + ["no knobs"])
     hints = typing.get_type_hints(cls)
-    docs = _knob_docs(doc)
-    lines.append(f"knobs (--{kind}_opts=key=value,...):")
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):  # a subclass's docs over its bases'
+        docs.update(_knob_docs(inspect.getdoc(klass) or "") if klass.__doc__ else {})
+    lines.append(f"knobs (--{flag or kind + '_opts'}=key=value,...):")
     for f in knobs:
         if f.default is not dataclasses.MISSING:
             default = repr(f.default)
@@ -290,3 +293,29 @@ def describe(cls: type, kind: str) -> str:
             lines.extend(textwrap.wrap(docs[f.name], 96, initial_indent=" " * 6,
                                        subsequent_indent=" " * 6))
     return "\n".join(lines)
+
+
+def resolve_cache_policy_class(spec: str) -> type:
+    """The KV tiers' cache policy class for a registered name, `module:Class` or
+    `file.py:Class` (`orca_jax.core.kv.cache_policies`).
+
+    Raises:
+      PolicyLoadError: the spec does not resolve to a `CachePolicy` subclass.
+    """
+    from orca_jax.core.kv.cache_policies import CachePolicy, cache_policy_registry
+    return resolve_class(spec, kind="cache policy", plural="cache policies",
+                         registry=cache_policy_registry(), base=CachePolicy)
+
+
+def resolve_cache_policy(spec: str) -> str:
+    """The registered name of the cache policy `spec`: a plugin loaded by path is
+    registered under the spec as written, so a `KVConfig` names it by text."""
+    from orca_jax.core.kv.cache_policies import cache_policy_registry, register_cache_policy
+    registry = cache_policy_registry()
+    if spec in registry:
+        return spec
+    cls = resolve_cache_policy_class(spec)
+    if registry.get(cls.name) is cls:
+        return cls.name
+    register_cache_policy(spec)(cls)
+    return spec

@@ -16,9 +16,12 @@ import numpy as np
 from numpy.typing import NDArray
 
 from orca_jax.core.kv.buddy import BuddyPool
+from orca_jax.core.kv.cache_policies import make_cache_policy
 from orca_jax.core.kv.cached_pool import CachedPool
 from orca_jax.core.kv.capacity import CachedCapacity, KVCapacity, reservation_tokens
 from orca_jax.core.kv.config import KVConfig
+from orca_jax.core.kv.links import Link
+from orca_jax.core.kv.lower_tiers import LinkedTiers, PageTier
 from orca_jax.core.kv.pool import KV_LAYOUTS, KVPool, PagedPool
 from orca_jax.core.kv.prefix_cache import PrefixCache
 from orca_jax.core.kv.prefix_hits import PrefixHits
@@ -51,7 +54,9 @@ class KVMemory:
       pool: the device's pages (`KVPool`).
       hits: prefix-cache lookups, or None when no cache is kept.
       capacity: the capacity question.
-      tiers: where each request's KV is (the device alone unless a plugin adds tiers).
+      tiers: where each request's KV is (the device alone unless the config or a plugin
+        adds tiers).
+      linked: the chain when the config gave slower tiers (`LinkedTiers`), else None.
     """
 
     table: RequestTable
@@ -61,6 +66,7 @@ class KVMemory:
     tiers: TierChain
     reserve_tokens: NDArray[np.int64]  # [N] tokens each admission reserves (0: on demand)
     reserves: bool  # whether admissions reserve
+    linked: Optional[LinkedTiers] = None
 
     @classmethod
     def build(cls, table: RequestTable, *, policy_name: str, config: KVConfig,
@@ -75,7 +81,7 @@ class KVMemory:
           max_pages_per_seq: a page-table row's width.
           max_model_len: the context limit (the `max` reservation).
           reservation: the policy's `kv_reservation`.
-          prefix_caching: whether prefix caching is active (the config's and the policy's).
+          prefix_caching: whether prefix caching is active (`prefix_caching_active`).
           uses_planned_output: see `PrefixHits`.
 
         Raises:
@@ -89,7 +95,8 @@ class KVMemory:
         if layout == "buddy" and prefix_caching:
             raise ValueError(f"policy {policy_name!r}: prefix caching shares single KV pages and "
                              "the buddy layout hands out whole blocks; turn one off "
-                             "(SchedulerConfig.kv.enable_prefix_caching or the policy's knob)")
+                             "(SchedulerConfig.kv.prefix_caching, or under 'policy' the "
+                             "policy's opt-in)")
         n = len(table)
         # A workload of lengths only has no ids to match: no admission could ever hit, so
         # no cache is kept and every step takes the uncached path (same results, faster).
@@ -108,9 +115,22 @@ class KVMemory:
         else:
             hits = PrefixHits(table, pool, uses_planned_output=uses_planned_output)
             capacity = CachedCapacity(table, pool, hits, **rules)
+        device = DeviceTier(num_kv_pages)
+        linked = None
+        if config.tiers:
+            options = dict(config.cache_policy_opts)
+            linked = LinkedTiers(device, n, [
+                PageTier(tier.name, tier.num_pages, tier.page_bytes,
+                         Link.of(tier.link, tier.link_latency_s, tier.link_bytes_per_s),
+                         make_cache_policy(config.cache_policy, options))
+                for tier in config.tiers])
+            if cache is not None and hits is not None:
+                cache.spill, cache.fill = linked.spill, linked.filled
+                linked.on_change = cache.bump_version
+                hits.tiers = linked
         return cls(table=table, pool=pool, hits=hits, capacity=capacity,
-                   tiers=TierChain(DeviceTier(num_kv_pages), n), reserve_tokens=reserve,
-                   reserves=reservation != "none")
+                   tiers=linked if linked is not None else TierChain(device, n),
+                   reserve_tokens=reserve, reserves=reservation != "none", linked=linked)
 
     def admit(self, ids: NDArray[np.int64],  # [a] waiting requests being admitted
               is_first: NDArray[np.bool_]) -> tuple[int, float]:  # [a] first admissions
@@ -120,20 +140,48 @@ class KVMemory:
         cost)."""
         table = self.table
         num_cached = 0
+        back = self.tiers.away(ids)  # [b] resuming where they were preempted
         if self.hits is not None:  # share the hits before any allocation can evict them
-            cached = self.hits.admit(ids)
-            table.num_computed[ids] = cached
+            fresh, first = ids, is_first
+            if back.size:  # a swapped request comes back with its own pages, not hits
+                keep = ~np.isin(ids, back)
+                fresh, first = ids[keep], is_first[keep]
+            cached = self.hits.admit(fresh)
+            table.num_computed[fresh] = cached
             # A request readmitted after preemption finds its own freed pages: that saves
             # recompute but is no prefix hit, so a request's hit is its first admission's.
-            table.num_cached_tokens[ids[is_first]] = cached[is_first]
+            table.num_cached_tokens[fresh[first]] = cached[first]
             num_cached = int(cached.sum())
-        back = self.tiers.away(ids)  # [b] resuming where they were preempted
         if self.reserves:
             self.pool.allocate(ids, np.maximum(table.num_computed[ids], self.reserve_tokens[ids]))
         elif back.size:
             self.pool.allocate(back, table.num_computed[back])
         seconds = self.tiers.bring_back(back, self.pool) if back.size else 0.0
+        if self.linked is not None and self.hits is not None:  # loads of slower-tier hits
+            seconds += self.hits.load_s
+            self.hits.load_s = 0.0
         return num_cached, seconds
+
+    def take_stall(self) -> float:
+        """Seconds the step being scheduled waits for the write-backs its allocation
+        caused (slower tiers only; see `LinkedTiers.spill`)."""
+        return self.linked.take_carried() if self.linked is not None else 0.0
+
+    def prefetch(self, waiting: NDArray[np.int64]) -> None:  # [w] in queue order
+        """A prefetching cache policy starts the pages below the host tier of the hits of
+        the requests at the waiting queue's head (`PrefetchOnQueue.depth` of them)
+        towards the host tier."""
+        if self.hits is not None and self.prefetches and waiting.size:
+            self.hits.prefetch(waiting[:getattr(self.linked.lower[0].policy, "depth", 1)])
+
+    @property
+    def prefetches(self) -> bool:
+        """Whether the slower tiers' policy prefetches queued requests' pages."""
+        return self.linked is not None and self.linked.lower[0].policy.prefetch_on_queue
+
+    def tier_summary(self) -> Optional[dict]:
+        """Per slower tier: hits, bytes each way, stall seconds, evictions (None without)."""
+        return None if self.linked is None else self.linked.summary(self.pool.page_size)
 
     @property
     def needed_is_allocation(self) -> bool:

@@ -102,6 +102,11 @@ class KVPool(Protocol):
         """Grows each request's pages to hold `target_tokens` (`[n]`, `[n]`)."""
         ...
 
+    def allocate_steps(self, ids: NDArray[np.int64], need: NDArray[np.int64]) -> None:
+        """`allocate` of several steps one after another, at once (`[n]`, `[k, n]` pages
+        each step takes); only layouts whose totals decide (`totals_decide`) have it."""
+        ...
+
     def free(self, ids: NDArray[np.int64]) -> None:
         """Returns every page of these requests (`[n]`) and releases their rows."""
         ...
@@ -256,6 +261,34 @@ class PagedPool(PageTable):
             within = np.arange(total) - np.repeat(np.cumsum(need) - need, need)
             self.page_table[rows, starts + within] = pages
         self.num_held[growing] = held + need
+
+    def allocate_steps(self, ids: NDArray[np.int64],  # [n] distinct, each holding a row
+                       need: NDArray[np.int64]) -> None:  # [k, n]
+        """`allocate` of `k` steps one after another, at once: step j takes `need[j, i]`
+        new pages for request `ids[i]`, off the free stack in the very order `k` calls
+        would take them (step by step, each step in `ids` order), so the page table ends
+        as theirs does (a leap over steady decodes: `orca_jax.core.loop.leap`)."""
+        step, pos = np.nonzero(need)  # [g] row-major: by step, then in ids order
+        counts = need[step, pos]  # [g]
+        total = int(counts.sum())
+        if total == 0:
+            return
+        if total > self.num_free:
+            raise RuntimeError(f"KV pool overcommitted: {total} pages asked, {self.num_free} free")
+        held = self.num_held[ids]  # [n]
+        grown = held + need.sum(axis=0)  # [n]
+        if int(grown.max()) > self.max_pages_per_seq:
+            raise RuntimeError("a request would exceed max_pages_per_seq")
+        rows = self.row_of[ids]  # [n]
+        if (rows[need.any(axis=0)] < 0).any():
+            raise RuntimeError("allocate_steps: a growing request holds no page-table row")
+        pages = self._take(total)
+        self.ref_count[pages] = 1
+        earlier = np.cumsum(need, axis=0)[step, pos] - counts  # [g] its pages of earlier steps
+        first = np.repeat(held[pos] + earlier, counts)  # [total] its column of each grant
+        within = np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts)
+        self.page_table[np.repeat(rows[pos], counts), first + within] = pages
+        self.num_held[ids] = grown
 
     def _take(self, count: int) -> NDArray[np.int32]:
         """`[count]` pages off the free stack (the caller checked that it has them)."""

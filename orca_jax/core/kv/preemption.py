@@ -4,23 +4,28 @@ A policy names the mode of each victim (`Policy.preemption_modes`); the core
 preempts with `preempt`, the one preemption function: the mode takes the
 victims' KV off the device and the request counts a preemption. The core also
 calls it when requests received with their KV wait while their pages block
-every admission (they recompute, as if preempted). The one built-in mode is
-`recompute` (vLLM's default): the pages are freed and the request computes its
-context again when readmitted. A plugin adds a mode with
-`register_preemption_mode` (a `swap` mode moves the pages down the
-`TierChain` instead, and the request resumes where it was).
+every admission (they recompute, as if preempted). Built in: `recompute`
+(vLLM v1's, the default): the pages are freed and the request computes its
+context again when readmitted; and `swap` (vLLM v0's `preemption_mode=swap`):
+the pages move to the host tier over its link and come back over it when the
+request is readmitted, which resumes where it was (a victim the host tier has
+no room for recomputes). `preemption_costs` says what each would cost, for a
+policy choosing per victim. A plugin adds a mode with `register_preemption_mode`.
 """
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence, Union
+import math
+from typing import NamedTuple, Protocol, Sequence, Union
 
 import numpy as np
 from numpy.typing import NDArray
 
+from orca_jax.core.kv.lower_tiers import swap_tier
 from orca_jax.core.kv.memory import KVMemory
 
 RECOMPUTE = "recompute"
+SWAP = "swap"
 
 
 class PreemptionMode(Protocol):
@@ -41,7 +46,52 @@ class Recompute:
         return 0.0
 
 
-_MODES: dict[str, PreemptionMode] = {RECOMPUTE: Recompute()}
+class Swap:
+    """The victims' pages move to the host tier (the step waits for the copy); each comes
+    back over the link when readmitted and resumes where it was. Victims the host tier
+    has no room for recompute."""
+
+    def evict(self, memory: KVMemory, ids: NDArray[np.int64]) -> float:  # [n]
+        tier = swap_tier(memory.tiers)
+        if tier is None:
+            raise ValueError("preemption mode 'swap' needs a host KV tier (--kv_host_gb or "
+                             "--kv_host_pages)")
+        held = memory.pool.num_held[ids]
+        room = memory.tiers.tiers[tier].capacity_pages - memory.tiers.num_used(tier)
+        fits = np.cumsum(held) <= room  # [n] the first victims, while the tier has room
+        seconds = 0.0
+        if fits.any():
+            seconds = memory.tiers.move_away(ids[fits], memory.pool, tier)
+            memory.pool.free(ids[fits])  # num_computed stays: nothing is computed again
+        if not fits.all():
+            seconds += Recompute().evict(memory, ids[~fits])
+        return seconds
+
+
+_MODES: dict[str, PreemptionMode] = {RECOMPUTE: Recompute(), SWAP: Swap()}
+BUILT_IN = (RECOMPUTE, SWAP)
+
+
+class PreemptionCosts(NamedTuple):
+    """What preempting each request would cost, by mode (`preemption_costs`)."""
+
+    pages: NDArray[np.int64]  # [n] device pages it holds (freed either way)
+    swap_s: NDArray[np.float64]  # [n] link seconds of its swap out and back (inf: no host)
+    recompute_tokens: NDArray[np.int64]  # [n] tokens recompute computes again
+
+
+def preemption_costs(memory: KVMemory, ids: NDArray[np.int64]) -> PreemptionCosts:  # [n]
+    """Each request's cost under `swap` and `recompute`: a swap's link seconds out and
+    back in, unqueued (the links' queues add to them), and recompute's tokens."""
+    pages = memory.pool.num_held[ids].astype(np.int64)
+    tier = swap_tier(memory.tiers)
+    if tier is None:
+        swap_s = np.full(ids.size, math.inf)
+    else:
+        host = memory.tiers.tiers[tier]
+        swap_s = np.array([2.0 * host.move_s(np.array([count])) for count in pages.tolist()],
+                          dtype=np.float64)
+    return PreemptionCosts(pages, swap_s, memory.table.num_computed[ids].astype(np.int64))
 
 
 def register_preemption_mode(name: str, mode: PreemptionMode) -> None:
@@ -52,8 +102,8 @@ def register_preemption_mode(name: str, mode: PreemptionMode) -> None:
 
 
 def unregister_preemption_mode(name: str) -> None:
-    """Removes a mode a plugin registered (the built-in one stays)."""
-    if name == RECOMPUTE or name not in _MODES:
+    """Removes a mode a plugin registered (the built-in ones stay)."""
+    if name in BUILT_IN or name not in _MODES:
         raise ValueError(f"preemption mode {name!r} is not a plugin's registered mode")
     del _MODES[name]
 

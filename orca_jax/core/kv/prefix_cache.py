@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import collections
 import hashlib
-from typing import Callable
+from typing import Callable, Optional
 
 import numpy as np
 from numpy.typing import NDArray
@@ -59,6 +59,10 @@ class PrefixCache:
         self.num_committed = np.zeros(num_requests, dtype=np.int64)  # [N] row pages examined
         self.num_evictions = 0
         self.version = 0  # changes whenever a name is cached or evicted (lookups' memo key)
+        # With slower KV tiers (`lower_tiers.LinkedTiers`): told the names evicted
+        # (write-back) and the names just cached (write-through). None without tiers.
+        self.spill: Optional[Callable[[list[bytes]], None]] = None
+        self.fill: Optional[Callable[[list[bytes]], None]] = None
 
     @property
     def num_cached(self) -> int:
@@ -69,6 +73,10 @@ class PrefixCache:
     def num_free(self) -> int:
         """Free pages that still hold a cached block (evictable)."""
         return len(self._free)
+
+    def bump_version(self) -> None:
+        """Lookups' memos are stale (a slower tier cached or evicted a page)."""
+        self.version += 1
 
     def names(self, request: int, num_pages: int, tokens: TokenReader) -> list[bytes]:
         """The names of the request's first `num_pages` full pages (computed once each)."""
@@ -118,6 +126,8 @@ class PrefixCache:
                 self.is_cached[page] = True
                 self.version += 1
         self.num_committed[request] = row.size
+        if self.fill is not None and row.size > first:
+            self.fill(names[first:row.size])
 
     def start(self, request: int, num_shared: int) -> None:
         """A request (re)starts holding `num_shared` shared pages: those are named."""
@@ -144,13 +154,18 @@ class PrefixCache:
         Returns `[count]` pages, now uncached and owned by the caller.
         """
         pages = np.empty(count, dtype=np.int32)
+        evicted = []
         for k in range(count):
             page, _ = self._free.popitem(last=False)
-            del self._page_of[self._name_of.pop(page)]
+            name = self._name_of.pop(page)
+            del self._page_of[name]
+            evicted.append(name)
             pages[k] = page
         self.is_cached[pages] = False
         self.num_evictions += count
         self.version += 1
+        if self.spill is not None:
+            self.spill(evicted)
         return pages
 
     def free_pages(self) -> NDArray[np.int32]:

@@ -15,12 +15,19 @@ size recomputes its whole last page).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Optional
+
 import numpy as np
 from numpy.typing import NDArray
 
 from orca_jax.core.kv.cached_pool import CachedPool
 from orca_jax.core.kv.prefix_cache import TokenReader
 from orca_jax.core.requests.request_table import RequestTable
+
+if TYPE_CHECKING:
+    from orca_jax.core.kv.lower_tiers import LinkedTiers
+
+_NONE: tuple[int, ...] = ()  # no page found on a slower tier
 
 
 class PrefixHits:
@@ -47,7 +54,10 @@ class PrefixHits:
         # Requests without token ids (length-only workloads) never hit and are never named.
         self._has_tokens = np.array([spec.prompt_tokens is not None for spec in table.specs],
                                     dtype=np.bool_)  # [N]
-        self._memo: dict[int, tuple[int, int, list[int]]] = {}  # request -> (version, known, hit)
+        # request -> (version, known, device hit, slower tier of each page after it)
+        self._memo: dict[int, tuple[int, int, list[int], tuple[int, ...]]] = {}
+        self.tiers: Optional["LinkedTiers"] = None  # slower tiers a hit may go on into
+        self.load_s = 0.0  # stall of the loads admissions started (KVMemory.admit takes it)
 
     def reader(self, request: int) -> TokenReader:
         """Reads the request's known token ids, prompt then generated."""
@@ -73,28 +83,44 @@ class PrefixHits:
 
     def lookup(self, request: int) -> list[int]:
         """The cached pages an admission of `request` now would share (reads only)."""
-        if not self._has_tokens[request]:
-            return []
+        return self._lookup(request)[0]
+
+    def _lookup(self, request: int) -> tuple[list[int], tuple[int, ...]]:
+        """The device pages an admission now would share, and the slower tier of each
+        of its next pages found there (none without tiers; reads only)."""
+        tiers = self.tiers
+        if not self._has_tokens[request] or (tiers is not None and tiers.tier_of[request]):
+            return [], _NONE  # a swapped-out request comes back with its own pages
         known = int(self._table.prompt_len[request] + self._table.num_generated[request])
         memo = self._memo.get(request)
         if memo is not None and memo[0] == self._cache.version and memo[1] == known:
-            return memo[2]
-        pages = self._cache.lookup(request, (known - 1) // self._page_size,
-                                   self.reader(request))
-        self._memo[request] = (self._cache.version, known, pages)
-        return pages
+            return memo[2], memo[3]
+        num_pages = (known - 1) // self._page_size
+        pages = self._cache.lookup(request, num_pages, self.reader(request))
+        lower = _NONE
+        if tiers is not None and len(pages) < num_pages:
+            names = self._cache.names(request, num_pages, self.reader(request))
+            lower = tuple(tiers.lower_hits(names[len(pages):]))
+        self._memo[request] = (self._cache.version, known, pages, lower)
+        return pages, lower
 
     def hit_counts(self, ids: NDArray[np.int64],  # [n]
-                   mask: NDArray[np.bool_]) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
-        """`([n] hit pages, [n] of those free now)` of each request where `mask`, else 0."""
+                   mask: NDArray[np.bool_], *, device_only: bool = False
+                   ) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+        """`([n] hit pages, [n] of those that take a free page)` of each request where
+        `mask`, else 0. A page found on a slower tier is a hit that takes a free device
+        page (it is loaded into one); `device_only` counts the device's hits alone."""
         hits = np.zeros(ids.size, dtype=np.int64)
         free = np.zeros(ids.size, dtype=np.int64)
         ref_count = self._kv.ref_count
         for k in np.flatnonzero(mask).tolist():
-            pages = self.lookup(int(ids[k]))
+            pages, lower = self._lookup(int(ids[k]))
             if pages:
                 hits[k] = len(pages)
                 free[k] = int(np.count_nonzero(ref_count[pages] == 0))
+            if lower and not device_only:
+                hits[k] += len(lower)
+                free[k] += len(lower)
         return hits, free
 
     def hit_pages(self, ids: NDArray[np.int64]) -> NDArray[np.int32]:  # [a] -> [h]
@@ -107,25 +133,49 @@ class PrefixHits:
         """Free hit pages counted more than once when each admission counts its own."""
         if hit.size == 0:
             return 0
-        _, free = self.hit_counts(ids, np.ones(ids.size, dtype=np.bool_))
+        _, free = self.hit_counts(ids, np.ones(ids.size, dtype=np.bool_), device_only=True)
         return int(free.sum()) - int(np.count_nonzero(self._kv.ref_count[hit] == 0))
 
     def admit(self, ids: NDArray[np.int64]) -> NDArray[np.int64]:  # [a] -> [a]
         """Shares each admitted request's hit (all before any allocation, so no admission
         evicts another's hit). Returns the tokens each took from the cache."""
         cached = np.zeros(ids.size, dtype=np.int64)
+        loads = []
         for k, request in enumerate(ids.tolist()):
-            pages = self.lookup(request)
+            pages, lower = self._lookup(request)
             if pages:
                 self._kv.share(request, np.asarray(pages, dtype=np.int32))
             self._cache.start(request, len(pages))
-            cached[k] = len(pages) * self._page_size
+            cached[k] = (len(pages) + len(lower)) * self._page_size
+            if lower:
+                loads.append((request, len(pages), lower))
+        if loads and self.tiers is not None:  # after sharing: a load's evictions spare hits
+            for request, shared, lower in loads:
+                names = self._cache.names(request, shared + len(lower), self.reader(request))
+                self.load_s += self.tiers.load(names[shared:], lower)
         return cached
+
+    def prefetch(self, ids: NDArray[np.int64]) -> None:  # [a] just queued
+        """Starts the pages of these requests' hits found below the host tier towards it."""
+        assert self.tiers is not None
+        for request in ids.tolist():
+            pages, lower = self._lookup(request)
+            if any(tier > 1 for tier in lower):
+                names = self._cache.names(request, len(pages) + len(lower),
+                                          self.reader(request))
+                self.tiers.prefetch(names[len(pages):], lower)
 
     def record(self, sampled: NDArray[np.int64],  # [s] just sampled, counted in the table
                tokens: NDArray[np.int32]) -> None:  # [s]
         """Keeps the tokens just sampled (the table's `num_generated` already counts them)."""
         self._generated[self._start[sampled] + self._table.num_generated[sampled] - 1] = tokens
+
+    def record_span(self, sampled: NDArray[np.int64],  # [s]
+                    tokens: NDArray[np.int32]) -> None:  # [c, s]
+        """`record` of `c` steps at once, step by step (the table counts all of them)."""
+        last = self._start[sampled] + self._table.num_generated[sampled] - 1  # [s]
+        steps = np.arange(tokens.shape[0] - 1, -1, -1)[:, None]  # [c, 1] steps before the last
+        self._generated[last[None, :] - steps] = tokens
 
     def commit(self, ids: NDArray[np.int64]) -> None:  # [n] just computed
         """Names the pages these requests filled (before any of them frees its pages)."""

@@ -31,6 +31,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from orca_jax.core.loop.in_flight import StepsInFlight
+from orca_jax.core.loop.leap import Leaper
 from orca_jax.core.loop.scheduled_step import IdleStep, ScheduledStep, StepResult
 from orca_jax.core.plans.scheduler_state import SchedulerState
 from orca_jax.core.step.engine_api import Engine, PackedStep, StepOutput
@@ -41,6 +42,9 @@ class HostClockFeatures(Protocol):
 
     @property
     def count_host_time(self) -> bool: ...
+
+    @property
+    def leap(self) -> bool: ...
 
 
 class TwoPhaseScheduler(SchedulerState, Protocol):
@@ -83,6 +87,10 @@ class Executor:
     Args:
       scheduler: the scheduler whose steps it runs (and whose engine it uses).
       depth: steps in flight right after a dispatch (1: each step runs in step).
+      leap: at depth 1 and without `count_host_time`, run stretches of steady decode
+        steps at once (`orca_jax.core.loop.leap.Leaper`: the same results bit for bit)
+        where the policy and the engine allow it; the scheduler passes its
+        `features.leap` (off for a replica of a cluster).
 
     Raises:
       ValueError: `depth` < 1; the scheduler has already run a step; or `depth` > 1
@@ -90,7 +98,8 @@ class Executor:
         each step's tokens before the next plan (prefix caching, a KV handoff).
     """
 
-    def __init__(self, scheduler: TwoPhaseScheduler, depth: int = 1) -> None:
+    def __init__(self, scheduler: TwoPhaseScheduler, depth: int = 1, *,
+                 leap: bool = False) -> None:
         if not isinstance(depth, int) or depth < 1:
             raise ValueError(f"Executor: depth must be an int >= 1, got {depth!r}")
         if scheduler.num_steps:
@@ -112,6 +121,10 @@ class Executor:
         self.in_flight = StepsInFlight(len(scheduler.table))  # stays empty at depth 1
         scheduler.busy = self.in_flight.busy
         self._count_host_time = scheduler.features.count_host_time
+        # Made only where a leap can be exact: each step in step, no measured host time.
+        self.leaper: Optional[Leaper] = (
+            Leaper(scheduler) if leap and depth == 1 and not self._count_host_time  # type: ignore[arg-type]
+            else None)
         # An `Engine` may price a step from its lengths, never building the padded
         # descriptor (the simulator); a duck-typed engine has only `step`. Chosen once.
         self._run_packed: Callable[[PackedStep], StepOutput] = (
@@ -126,6 +139,9 @@ class Executor:
     def step(self) -> bool:
         """Runs one iteration. Returns False when every request was done already."""
         scheduler = self.scheduler
+        leaper = self.leaper
+        if leaper is not None and leaper.leap():
+            return True
         # Every request done (then no request waits, runs or awaits release), or an idle
         # gap: the next arrival is next. Asked in this order, most steps ask only the sizes.
         if not (scheduler.running.size or scheduler.waiting.size or scheduler.unreleased.size):
@@ -135,6 +151,8 @@ class Executor:
             if upcoming is not None and upcoming > scheduler.now_s:
                 scheduler.now_s = upcoming
         step = scheduler.schedule()
+        if leaper is not None:
+            leaper.note(step)
         if type(step) is IdleStep:
             self._idle(step)
             return True

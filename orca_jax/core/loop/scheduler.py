@@ -11,10 +11,11 @@ could ever take are rejected up front (`orca_jax.core.loop.admission`), and a ru
 in which no request gains a computed token or finishes for `no_progress_steps`
 iterations fails (`no_progress`).
 
-With prefix caching active (`SchedulerConfig.kv.enable_prefix_caching` and the
-policy's `prefix_caching`), an admission shares the cached pages of its known
-tokens and starts past them, and pages are named as they fill
-(`orca_jax.core.kv.prefix_cache`, `orca_jax.core.kv.prefix_hits`).
+With prefix caching active (the run's switch `SchedulerConfig.kv.prefix_caching`
+is `on`, or `policy` and the policy opts in: `Policy.prefix_caching`), an
+admission shares the cached pages of its known tokens and starts past them, and
+pages are named as they fill (`orca_jax.core.kv.prefix_cache`,
+`orca_jax.core.kv.prefix_hits`).
 
 All per-request state is in the `RequestTable`'s arrays and every per-step
 operation is a whole-array numpy expression, so the host cost per iteration
@@ -28,10 +29,11 @@ from typing import Optional, Sequence, Union
 import numpy as np
 from numpy.typing import NDArray
 
-from orca_jax.core.api.policy import Policy, check_kv_reservation
+from orca_jax.core.api.policy import Policy, check_kv_reservation, prefix_caching_active
 from orca_jax.core.kv import KVMemory, preempt
-from orca_jax.core.kv.preemption import RECOMPUTE
+from orca_jax.core.kv.preemption import RECOMPUTE, SWAP
 from orca_jax.core.kv.prefix_hits import PrefixHits
+from orca_jax.core.loop import cancel as cancelling
 from orca_jax.core.loop import request_export
 from orca_jax.core.loop.admission import reject_impossible
 from orca_jax.core.loop.config import SchedulerConfig
@@ -91,7 +93,7 @@ class Scheduler(SchedulerLoop):
         self.engine = engine
         check_kv_reservation(policy, ValueError)
         policy.check_limits(limits)
-        self.prefix_caching = bool(kv_config.enable_prefix_caching and policy.prefix_caching)
+        self.prefix_caching = prefix_caching_active(policy, kv_config.prefix_caching, ValueError)
         if table is not None and len(table) != len(requests):
             raise ValueError(f"Scheduler: the shared table has {len(table)} requests, the "
                              f"workload {len(requests)}; share a table of the same workload")
@@ -109,6 +111,11 @@ class Scheduler(SchedulerLoop):
             prefix_caching=self.prefix_caching, uses_planned_output=not engine.needs_token_ids)
         self.kv = self.kv_memory.pool
         self.capacity = self.kv_memory.capacity
+        if self.kv_memory.linked is not None:  # slower tiers' links queue on our clock
+            self.kv_memory.linked.clock = lambda: self.now_s
+        if getattr(policy, "preemption_mode", RECOMPUTE) == SWAP and not kv_config.tiers:
+            raise ValueError(f"policy {policy.name!r}: preemption_mode=swap needs a host KV "
+                             "tier (--kv_host_gb or --kv_host_pages)")
         seeds = (np.arange(n, dtype=np.uint64) * np.uint64(0x9E3779B1)
                  + np.uint64(sampling.seed)) & np.uint64(0xFFFFFFFF)
         # One value for every request: read-only broadcast views, no memory per request.
@@ -154,7 +161,12 @@ class Scheduler(SchedulerLoop):
         self.view = SchedulerView(self)
         overlaps = (config.features.overlap and getattr(engine, "feeds_tokens", False)
                     and self.late_tokens_conflict() is None)
-        self.executor = Executor(self, depth=2 if overlaps else 1)
+        # A cluster's replica never leaps: its event loop interleaves the replicas' steps.
+        # Nor does a run with slower KV tiers: their links move pages (prefetches,
+        # write-throughs) on steps a leap would not see one by one.
+        self.executor = Executor(self, depth=2 if overlaps else 1,
+                                 leap=(config.features.leap and not submitted_only
+                                       and table is None and self.kv_memory.linked is None))
 
     # ------------------------------------------------------------- queries
     def next_arrival_s(self) -> Optional[float]:
@@ -220,6 +232,23 @@ class Scheduler(SchedulerLoop):
         if ids.size:
             self._next_arrival = min(self._next_arrival, int(ids.min()))
             self._arrival_horizon = max(self._arrival_horizon, int(ids.max()) + 1)
+
+    # ------------------------------------------------ requests ended from outside (cancel)
+    def cancel(self, ids: Sequence[int], reason: str) -> int:
+        """Ends requests whose clients left: rejected with `reason`, their pages freed,
+        the policy told through `last_finished` (`cancel.cancel`). Returns how many
+        were live."""
+        return cancelling.cancel(self, np.asarray(ids, dtype=np.int64), reason)
+
+    def stop(self, ids: Sequence[int]) -> int:
+        """Finishes requests now with the tokens they have (a stop string, end of
+        sequence; `cancel.stop`). Returns how many were live."""
+        return cancelling.stop(self, np.asarray(ids, dtype=np.int64))
+
+    def generated_tokens(self, request: int) -> list[int]:
+        """The token ids `request` has generated that the host holds so far (with steps
+        in flight, its newest may still be on the device). Empty without token ids."""
+        return [] if self._generated is None else self._generated[request]
 
     # ------------------------------------------------ requests moving (request_export)
     def export_request(self, request: int) -> RequestExport:
@@ -334,6 +363,8 @@ class Scheduler(SchedulerLoop):
         seconds of KV brought back from a slower tier: it holds the step back)."""
         table = self.table
         admitted = ids[table.state[ids] == _WAITING]
+        if self.kv_memory.linked is not None:  # slower tiers: the queue's head prefetches
+            self.kv_memory.prefetch(self.waiting[~np.isin(self.waiting, admitted)])
         if admitted.size == 0:
             return 0, 0.0
         table.state[admitted] = _RUNNING

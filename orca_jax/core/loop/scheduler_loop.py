@@ -138,7 +138,8 @@ class SchedulerLoop:
             virtual_end_s=self.now_s,
             output_tokens=self._generated,
             prefix_caching=self.prefix_caching,
-            num_evictions=self.kv.cache.num_evictions if self.kv.cache is not None else 0)
+            num_evictions=self.kv.cache.num_evictions if self.kv.cache is not None else 0,
+            kv_tiers=self.kv_memory.tier_summary(), kv_stall_s=self.record.kv_stall_s)
 
     def step(self) -> bool:
         """Runs one iteration through the executor (`Executor.step`, bound to the instance
@@ -194,6 +195,8 @@ class SchedulerLoop:
             # Without reservations or hits, admission took no pages: the check's count holds.
             reuse = self.kv_memory.needed_is_allocation
             self.kv.allocate(ids, kv_lens, need=needed if reuse else None)
+            if not reuse and self.kv_memory.linked is not None:
+                kv_move_s += self.kv_memory.take_stall()  # its evictions' write-backs
         # Only the pages of the step's widest context: a row's later pages (reserved ahead,
         # or null) are never read by this step, and copying max_model_len-wide rows would
         # make the host's page-table work grow with max_model_len instead of the contexts.
@@ -262,6 +265,8 @@ class SchedulerLoop:
         gained = self.watchdog.computed(ids, kv_lens)  # a gain is progress: it counts it
         update_s = time.perf_counter() - update_start
         bucket = step.packed.bucket
+        if step.kv_move_s:  # it waited for KV moves between tiers (never without tiers)
+            self.record.kv_stall_s[self.num_steps] = step.kv_move_s
         self.record.log_step(StepLog(
             step=self.num_steps, start_s=result.start_s, num_seqs=int(ids.size),
             num_tokens=step.num_real_tokens, num_padded_tokens=bucket.num_tokens,

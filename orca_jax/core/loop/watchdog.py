@@ -42,6 +42,11 @@ class ProgressWatchdog:
         self._stalled = 0
         return True
 
+    def would_gain(self, ids: NDArray[np.int64],  # [n]
+                   num_computed: NDArray[np.int64]) -> bool:  # [n]
+        """Whether `computed(ids, num_computed)` would count progress (reads only)."""
+        return bool((num_computed > self._most_computed[ids]).any())
+
     def progressed(self) -> None:
         """Counts one iteration that made progress (the cheap path: most iterations)."""
         self._stalled = 0

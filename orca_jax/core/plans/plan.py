@@ -145,7 +145,7 @@ class PlanError(ValueError):
       rule: a short stable name of the broken rule. A policy's: `token_budget`,
         `batch_cap`, `kv_pages`, `kv_watermark`, `unknown_request`, `not_arrived`,
         `finished_request`, `duplicate_request`, `nonpositive_tokens`,
-        `decode_before_prefill_done`, `preempt_not_running`, `preempt_and_schedule`,
+        `tokens_over_uncomputed`, `preempt_not_running`, `preempt_and_schedule`,
         `release_without_defer`, `release_not_finished`, `reject_not_waiting`,
         `reject_and_schedule`, `busy_request` (a request in a step in flight that the
         next step cannot follow: SchedulerView.busy), `no_progress` (the plan runs

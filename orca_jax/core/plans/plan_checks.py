@@ -168,13 +168,15 @@ def check_plan(scheduler: SchedulerState, plan: StepPlan) -> NDArray[np.int64]:
     if over.any():
         i = int(np.flatnonzero(over)[0])
         request = int(ids[i])
-        raise PlanError(name, "decode_before_prefill_done",
+        raise PlanError(name, "tokens_over_uncomputed",
                         f"request {request} is given {int(tokens[i])} tokens but has "
                         f"{int(uncomputed[i])} uncomputed "
                         f"(prompt {int(table.prompt_len[request])}, "
                         f"computed {int(table.num_computed[request])}, "
                         f"generated {int(table.num_generated[request])}, "
-                        f"cached {int(cached[i])})")
+                        f"cached {int(cached[i])}): give a request at most "
+                        "view.requests.num_uncomputed(ids) - view.cached_tokens(ids) tokens "
+                        "(a running decode takes 1)")
     total = int(tokens.sum())
     budget = scheduler.bucket_config.max_num_tokens
     if total > budget:

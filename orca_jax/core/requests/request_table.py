@@ -86,6 +86,41 @@ class RequestTable:
         self.shared = other.shared = True
         return other
 
+    def fill(self, index: int, request: Request) -> None:
+        """Gives row `index`, a placeholder no scheduler holds yet, the facts of `request`
+        (an open workload: a server fills a row as each request arrives, in arrival order).
+        Its tenant must be one of `tenant_names`; its progress columns are untouched.
+
+        Raises:
+          ValueError: the tenant is not one of the table's; nothing changes.
+        """
+        if request.tenant not in self.tenant_names:
+            raise ValueError(f"fill: tenant {request.tenant!r} is not one of the table's "
+                             f"{list(self.tenant_names)}")
+        if isinstance(self.specs, tuple):  # a fixed workload's tuple: one list from now on
+            self.specs = list(self.specs)  # type: ignore[assignment]
+        self.specs[index] = request  # type: ignore[index]
+        values = {"arrival_s": request.arrival_s, "prompt_len": request.prompt_len,
+                  "output_len": request.output_len, "priority": request.priority,
+                  "tenant": self.tenant_names.index(request.tenant),
+                  "deadline_s": np.inf if request.deadline_s is None else request.deadline_s}
+        for fact, value in values.items():
+            self._write_fact(fact, np.asarray([index]), np.asarray([value]))
+        if request.prompt_tokens is not None:
+            self.last_token[index] = int(request.prompt_tokens[-1])
+
+    def end_output(self, ids: NDArray[np.int64]) -> None:  # [n]
+        """Cuts each request's output to the tokens it has generated (a stop string, an
+        end-of-sequence token: the answer ends early, and its row says how long it got)."""
+        self._write_fact("output_len", ids, self.num_generated[ids])
+
+    def _write_fact(self, fact: str, ids: NDArray[np.int64], values: NDArray) -> None:
+        """Writes a fact column, read-only again after (shared with finished results)."""
+        column = getattr(self, fact)
+        column.setflags(write=True)
+        column[ids] = values
+        column.setflags(write=False)
+
     def held_here(self, ids: NDArray[np.int64]) -> NDArray[np.bool_]:  # [n] -> [n]
         """Whether this replica holds each request."""
         return self.holder[ids] == self.replica

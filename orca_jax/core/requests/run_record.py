@@ -49,6 +49,9 @@ class RunRecord:
     # Computed tokens the preemptions threw away (a recompute victim's `num_computed`), which
     # it computes again when readmitted (less what the prefix cache still holds then).
     num_recomputed_tokens: int = 0
+    # Step index -> seconds it waited for KV moves between memory tiers before it started
+    # (only steps that waited: empty without slower tiers).
+    kv_stall_s: dict[int, float] = dataclasses.field(default_factory=dict)
     _token_req: list[NDArray[np.int64]] = dataclasses.field(default_factory=list)
     _token_time: list[float] = dataclasses.field(default_factory=list)
     _token_count: list[int] = dataclasses.field(default_factory=list)
@@ -107,6 +110,16 @@ class RunRecord:
         self._token_req.append(requests)
         self._token_time.append(time_s)
         self._token_count.append(int(requests.size))
+
+    def log_token_span(self, requests: NDArray[np.int64],  # [k] distinct
+                       times_s: NDArray[np.float64]) -> None:  # [c]
+        """`log_tokens(requests, t)` for each `t` of `times_s`, in order (a leap's steps)."""
+        if self._tally is not None:
+            self._tally.add_span(requests, times_s)
+            return
+        self._token_req.extend([requests] * times_s.size)
+        self._token_time.extend(times_s.tolist())
+        self._token_count.extend([int(requests.size)] * times_s.size)
 
     def token_stats(self, finished: NDArray[np.bool_]) -> TokenStats:  # [N]
         """The tokens so far as the metrics read them; `finished` the requests whose

@@ -14,7 +14,7 @@ not: 16 bytes a token).
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional, Sequence, TypeVar
+from typing import Any, Mapping, Optional, Sequence, TypeVar
 
 import numpy as np
 from numpy.typing import NDArray
@@ -35,6 +35,14 @@ def _frozen(array: _Array) -> _Array:
     copy = np.array(array)
     copy.setflags(write=False)
     return copy
+
+
+def _own(*arrays: Optional[NDArray]) -> None:
+    """Marks arrays made for the result alone (a token log, 16 bytes a token) read-only, so
+    that `_frozen` keeps them rather than copying them."""
+    for array in arrays:
+        if array is not None:
+            array.setflags(write=False)
 
 
 def _zeros(n: int) -> NDArray[np.int64]:
@@ -111,6 +119,11 @@ class RunResult:
     prefill_replica: Optional[NDArray[np.int64]] = None
     num_prefill_replicas: int = 0  # replicas 0..num_prefill_replicas - 1 are the prefill pool
     transfers: tuple[TransferLog, ...] = ()
+    # Slower KV tiers (host, disk): per tier, its hits, bytes each way, stall seconds,
+    # evictions and swapped pages (`LinkedTiers.summary`); None without them. And step
+    # index -> seconds it waited for KV moves between tiers (steps that waited only).
+    kv_tiers: Optional[Mapping[str, Mapping[str, Any]]] = None
+    kv_stall_s: Mapping[int, float] = dataclasses.field(default_factory=dict)
 
     @property
     def num_requests(self) -> int:
@@ -128,7 +141,9 @@ class RunResult:
     def from_log(cls, table: RequestTable, record: RunRecord, *, policy: str, engine: str,
                  virtual_end_s: float,
                  output_tokens: Optional[Sequence[Sequence[int]]],
-                 prefix_caching: bool = False, num_evictions: int = 0) -> RunResult:
+                 prefix_caching: bool = False, num_evictions: int = 0,
+                 kv_tiers: Optional[Mapping[str, Mapping[str, Any]]] = None,
+                 kv_stall_s: Optional[Mapping[int, float]] = None) -> RunResult:
         """One scheduler's run, copied from its request table and log.
 
         Args:
@@ -142,6 +157,7 @@ class RunResult:
           num_evictions: cached KV pages the run evicted.
         """
         token_req, token_time = record.token_log() if record.logs_tokens else (None, None)
+        _own(token_req, token_time)
         held = record.step_requests if record.logs_step_requests else None
         finished = np.isfinite(table.finish_s)  # [N] the requests whose gaps the stats count
         n = len(table)
@@ -179,7 +195,7 @@ class RunResult:
             virtual_end_s=float(virtual_end_s),
             replica=_zeros(n),
             num_replicas=1, router=None, prefix_caching=prefix_caching,
-            num_evictions=num_evictions)
+            num_evictions=num_evictions, kv_tiers=kv_tiers, kv_stall_s=dict(kv_stall_s or {}))
 
     @classmethod
     def concat(cls, results: Sequence[RunResult], *, router: str,
@@ -239,6 +255,7 @@ class RunResult:
         token_time = np.concatenate([r.token_time_s for r in results])
         order = np.argsort(token_time, kind="stable")
         token_req, token_time = token_req[order], token_time[order]
+        _own(token_req, token_time)
         logged = all(r.step_requests is not None for r in results)
         finish_s = served("finish_s")
         return dataclasses.replace(

@@ -99,6 +99,16 @@ class StepLogs(Sequence[StepLog]):
         if len(self._tail) >= PACK_STEPS:
             self._pack()
 
+    def extend_rows(self, rows: NDArray) -> None:  # [k] of STEP_DTYPE
+        """Adds the next `k` steps, given as rows (a leap's steps: no tuple per step)."""
+        if self._frozen:
+            raise ValueError("StepLogs.extend_rows: these steps are a finished run's")
+        # As tuples in the tail, packed with the steps around them: a leap of a few steps
+        # made into a chunk of its own would leave the log in thousands of tiny chunks.
+        self._tail.extend(map(StepLog._make, rows.tolist()))
+        if len(self._tail) >= PACK_STEPS:
+            self._pack()
+
     def _pack(self) -> None:
         if self._tail:
             self._add_chunk(np.array(self._tail, dtype=STEP_DTYPE))

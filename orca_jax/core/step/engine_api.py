@@ -216,6 +216,22 @@ class Engine(abc.ABC):
         """
         return self.step(packed.inputs)
 
+    def decode_span(self, bucket: Bucket, kv_lens: NDArray[np.int64],  # [n]
+                    num_steps: int) -> Optional[tuple[NDArray[np.float64], NDArray[np.int32]]]:
+        """Runs `num_steps` decode-only steps of the same `n` sequences in `bucket` at once,
+        step j (from 0) attending to `kv_lens + j` tokens (its new token included): what a
+        leaping executor asks (`orca_jax.core.loop.leap`) instead of `num_steps` calls of
+        `step_packed`.
+
+        Returns:
+          `(step seconds [num_steps], sampled tokens [num_steps, n])`, bit for bit what
+          `step_packed` gives for each of those steps one by one; or None (the default):
+          this engine runs every step (a real engine, an engine that records its steps),
+          and an executor never leaps over its steps.
+        """
+        del bucket, kv_lens, num_steps
+        return None
+
     @property
     def feeds_tokens(self) -> bool:
         """Whether `step_async` takes a `token_source` (the device keeps the last step's

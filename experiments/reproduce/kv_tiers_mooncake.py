@@ -1,0 +1,112 @@
+"""Issue 27's done-when on the Mooncake conversation trace: prefix hits across KV tiers.
+
+    python -m experiments.reproduce.kv_tiers_mooncake          # the whole trace
+    python -m experiments.reproduce.kv_tiers_mooncake --num_requests=2000   # a quick look
+
+One replica of `llama3.1-8b` on an A100 (simulated), `vllm` with prefix caching, the
+trace at 1/`time_scale` of its rate (as `experiments.reproduce.prefix_caching`):
+
+1. an unbounded device pool: its peak of pages held by requests, and its hit rate;
+2. a device pool of a tenth of that peak, device only: the hit rate falls;
+3. the same device pool over a host tier of the whole working set (every page the
+   trace names, `prefix_cache_ceiling`'s count): the hit rate against the trace's
+   ceiling (0.3736 at page 16);
+4. LRU, LFU and ARC on host tiers of two sizes (a tenth and a third of the working set).
+
+Raw output: `benchmarks/results/kv_tiers_mooncake.txt`.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any, Optional, Sequence
+
+from absl import flags
+
+from experiments.cli_errors import clean_errors
+from experiments.terminal_table import format_table
+from orca_jax.runner.experiment import run_policy
+from orca_jax.runner.spec import LimitsSpec, RunSpec, SimEngineSpec, WorkloadSpec
+from orca_jax.workloads.traces import prefix_cache_ceiling
+
+MOONCAKE = "/work/shared/traces/mooncake_conversation_2025.jsonl"
+HIT_RATE = "prefix_hit_rate"
+FLAGS = flags.FlagValues()
+flags.DEFINE_string("trace", MOONCAKE, "the Mooncake conversation trace", flag_values=FLAGS)
+flags.DEFINE_integer("num_requests", None, "its first N requests (None: all)", flag_values=FLAGS)
+flags.DEFINE_float("time_scale", 4.0, "multiplies the trace's arrival times", flag_values=FLAGS)
+flags.DEFINE_integer("max_num_seqs", 64, "the batch cap", flag_values=FLAGS)
+
+
+def spec(num_kv_pages: int, **tiers: Any) -> RunSpec:
+    return RunSpec(
+        workload=WorkloadSpec(arrival="trace", trace=FLAGS.trace,
+                              num_requests=FLAGS.num_requests,
+                              trace_time_scale=FLAGS.time_scale),
+        engine=SimEngineSpec(model="llama3.1-8b", hardware="a100"),
+        limits=LimitsSpec(max_num_seqs=FLAGS.max_num_seqs, num_kv_pages=num_kv_pages,
+                          max_model_len=131072, **tiers))
+
+
+def run(label: str, num_kv_pages: int, **tiers: Any) -> dict[str, Any]:
+    start = time.perf_counter()
+    summary, result = run_policy(spec(num_kv_pages, **tiers), "vllm",
+                                 {"max_num_seqs": str(FLAGS.max_num_seqs)}, progress=False)
+    free = result.steps.column("num_free_pages")
+    row = {"run": label, "device_pages": num_kv_pages,
+           "host_pages": tiers.get("kv_host_pages", 0), "policy": tiers.get(
+               "kv_cache_policy", "-") if tiers else "-",
+           HIT_RATE: round(summary.get(HIT_RATE, 0.0), 4),
+           "host_hit_tokens": summary.get("kv_tiers.host.hit_tokens", 0),
+           "host_read_GB": round(summary.get("kv_tiers.host.read_bytes", 0) / 1e9, 2),
+           "stall_s": round(summary.get("kv_stall_s_total", 0.0), 2),
+           "ttft_p50_s": round(summary["ttft_p50_s"], 2),
+           "peak_held_pages": int(num_kv_pages - free.min()),
+           "wall_s": round(time.perf_counter() - start, 1)}
+    print(row, flush=True)
+    return row
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    FLAGS(list(argv or sys.argv))
+    with clean_errors():
+        ceiling = prefix_cache_ceiling(FLAGS.trace, page_size=16,
+                                       max_requests=FLAGS.num_requests)
+        working_set = ceiling_pages(FLAGS.trace, FLAGS.num_requests)
+        print(f"trace {FLAGS.trace}: {FLAGS.num_requests or 'all'} requests, ceiling "
+              f"{ceiling:.4f}, working set {working_set} pages of 16 tokens", flush=True)
+        unbounded = run("unbounded device", 4_000_000)
+        device = max(unbounded["peak_held_pages"] // 10, 1)
+        rows = [unbounded, run("device only, 1/10 of peak", device),
+                run("device + host (working set)", device, kv_host_pages=working_set)]
+        print(format_table(rows, list(rows[0])))
+        host = rows[-1][HIT_RATE]
+        print(f"done-when: device-only hit rate {rows[1][HIT_RATE]:.4f}; with a host tier "
+              f"{host:.4f} against the ceiling {ceiling:.4f} ({(ceiling - host) / ceiling:+.2%} "
+              "short)")
+        table = [run(f"{policy}, host 1/{share}", device, kv_host_pages=working_set // share,
+                     kv_cache_policy=policy)
+                 for share in (10, 3) for policy in ("lru", "lfu", "arc")]
+        print(format_table(table, ["policy", "host_pages", HIT_RATE, "host_hit_tokens",
+                                   "host_read_GB", "stall_s", "ttft_p50_s"]))
+
+
+def ceiling_pages(trace: str, num_requests: Optional[int]) -> int:
+    """Distinct full pages of 16 tokens the trace's prompts name (the working set)."""
+    import json
+    seen: set[tuple[int, int]] = set()
+    with open(trace) as f:
+        for k, line in enumerate(f):
+            if num_requests is not None and k >= num_requests:
+                break
+            record = json.loads(line)
+            full = record["input_length"] // 16
+            for page in range(full):
+                # a page is named by its block chain up to it: (last block id, page in it)
+                seen.add((record["hash_ids"][page * 16 // 512], page % 32))
+    return len(seen)
+
+
+if __name__ == "__main__":
+    main(sys.argv)

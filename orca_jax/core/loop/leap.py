@@ -1,0 +1,243 @@
+"""Leaping: a stretch of steady decode steps run at once, exactly as one by one.
+
+Most steps of a long simulation are decodes in which nothing happens: the same
+requests each compute one token, nobody arrives, nobody finishes, the plan is
+the one of the step before. A `Leaper` (made by an `Executor` at depth 1 when
+`LoopFeatures.leap` is on) runs such a stretch as one iteration: it prices its
+steps at once (`Engine.decode_span`: step j's KV lengths are the first step's
+plus j), moves the clock past them, and records them as the single steps would
+have been recorded — the request table, the token counts and times, the pages
+taken, the finishes of the last step, one steps.jsonl row per step — so that a
+run leaps or not with the same results bit for bit (`tests/test_leap.py`).
+
+When it may leap, after a step that computed one token of every running request
+in its plan's order and preempted, released and rejected nothing:
+
+- the policy promises that its plan repeats (`Policy.stable_steps`; a policy
+  that promises nothing, the default, is never leaped over);
+- the engine prices spans (`Engine.decode_span`; a real engine does not);
+- no request arrives before a leaped step starts (it would join the queue),
+  no request finishes before the last leaped step, and the watchdog counts the
+  first step as progress (then every later one is);
+- the pages the steps take fit the free pool (a paged pool; with prefix
+  caching active, or another layout, no step may take a page, and with prefix
+  caching a step that fills a page is the last: the cache's names change there).
+
+It never leaps with `count_host_time` (each step's measured host time moves the
+clock) or for a replica of a cluster (its event loop interleaves the replicas'
+steps; the executor is made without leaping there).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Optional, Union
+
+import numpy as np
+from numpy.typing import NDArray
+
+from orca_jax.core.loop.scheduled_step import IdleStep, ScheduledStep
+from orca_jax.core.requests.request import RequestState
+from orca_jax.core.requests.step_logs import STEP_DTYPE
+from orca_jax.core.step.engine_api import Bucket
+
+_RUNNING = int(RequestState.RUNNING)
+# The most steps one leap runs: its arrays hold steps x batch entries.
+MAX_LEAP_STEPS = 4096
+# Steps priced at a time while an arrival may cut the leap short: pricing past the
+# arrival is wasted work.
+_FIRST_CHUNK = 32
+
+
+class Leaper:
+    """Runs a scheduler's stretches of steady decode steps at once (see the module doc).
+
+    Args:
+      scheduler: the scheduler whose executor (depth 1) asks it before each iteration.
+
+    Attributes:
+      num_leaped_steps: steps run inside leaps so far.
+      num_leaps: leaps so far.
+    """
+
+    # A `Scheduler`, typed loosely: it imports this module through its executor.
+    def __init__(self, scheduler: Any) -> None:
+        self.scheduler = scheduler
+        self._template: Optional[ScheduledStep] = None  # the steady step a leap repeats
+        self._preemptions = scheduler.record.num_preemptions
+        self._off = False  # the engine prices no spans
+        self.num_leaped_steps = 0
+        self.num_leaps = 0
+
+    def note(self, step: Union[ScheduledStep, IdleStep]) -> None:
+        """Called after each iteration run one by one: keeps `step` as the plan a leap
+        may repeat if it decoded every request in it and changed nothing else."""
+        preemptions = self.scheduler.record.num_preemptions
+        steady = (type(step) is ScheduledStep and preemptions == self._preemptions
+                  and not step.progressed and step.kv_move_s == 0.0
+                  and step.num_real_tokens == step.request_ids.size
+                  and bool(step.samples.all()))
+        self._preemptions = preemptions
+        self._template = step if steady else None
+
+    def leap(self) -> bool:
+        """Runs the steady steps that may run at once now. Returns False (nothing done)
+        when none may; the executor then runs the next iteration as usual."""
+        template = self._template
+        if template is None or self._off:
+            return False
+        if self.scheduler.engine.needs_token_ids:  # token values by the host: step by step
+            self._off = True
+            return False
+        host_start = time.perf_counter()
+        s = self.scheduler
+        ids = template.request_ids
+        table = s.table
+        # The plan held every running request (in its own order): ids are distinct.
+        if s.running.size != ids.size or not (table.state[ids] == _RUNNING).all():
+            self._template = None  # a finish changed the batch: the next step is planned
+            return False
+        if s.busy.size or s.in_transfer.size:
+            return False
+        now = s.now_s
+        upcoming = s.next_arrival_s()
+        if upcoming is not None and upcoming <= now:
+            return False
+        computed = table.num_computed[ids]  # [n]
+        if not s.watchdog.would_gain(ids, computed + 1):
+            return False
+        promised = s.policy.stable_steps(s.view)
+        if promised is None or promised < 1:
+            return False
+        limit = min(int(promised), MAX_LEAP_STEPS,
+                    int((table.output_len[ids] - table.num_generated[ids]).min()))
+        limit, taken = self._page_limit(ids, computed, limit)
+        if limit < 1:
+            return False
+        priced = self._price(template, computed + 1, limit, now, upcoming)
+        if priced is None:
+            return False
+        step_s, tokens, starts, ends = priced
+        self._apply(template.packed.bucket, ids, computed, taken, step_s, tokens, starts, ends,
+                    host_start)
+        return True
+
+    def _page_limit(self, ids: NDArray[np.int64], computed: NDArray[np.int64], limit: int
+                    ) -> tuple[int, Optional[NDArray[np.int64]]]:
+        """`(steps the pool lets the leap run, [steps + 1] pages the first j steps take
+        in all, or None when they take none)`."""
+        s = self.scheduler
+        capacity = s.capacity
+        if not s.kv.totals_decide:  # blocks to place (buddy): no page taken inside a leap
+            needs = capacity.pages_needed(ids, np.full(ids.size, limit)).any()
+            return (0 if needs else limit), None
+        steps = np.arange(limit + 1, dtype=np.int64)  # [k + 1]
+        taken = capacity.pages_needed(ids, np.broadcast_to(steps[:, None], (limit + 1, ids.size))
+                                      ).sum(axis=1)  # [k + 1] pages the first j steps take
+        if s.kv_memory.hits is not None:
+            # Names change when a page fills, and the pool may evict cached pages when one
+            # is taken: a leap takes none, and ends at the first step that fills one.
+            fits = int(np.searchsorted(taken, 0, side="right")) - 1  # taken is non-decreasing
+            fills = (computed[None, :] + steps[1:, None]) % s.kv.page_size == 0  # [k, n]
+            first_fill = np.flatnonzero(fills.any(axis=1))
+            if first_fill.size:
+                fits = min(fits, int(first_fill[0]) + 1)
+            return fits, None
+        fits = int(np.searchsorted(taken, s.kv.num_free, side="right")) - 1
+        return fits, (taken[:fits + 1] if taken[fits] else None)
+
+    def _price(self, template: ScheduledStep, kv_lens: NDArray[np.int64], limit: int,
+               now: float, upcoming: Optional[float]
+               ) -> Optional[tuple[NDArray, NDArray, NDArray, NDArray]]:
+        """`(step seconds [k], tokens [k, n], starts [k], ends [k])` of the steps that run
+        before the next arrival (each starts before it), at most `limit`; None if none."""
+        engine = self.scheduler.engine
+        bucket = template.packed.bucket
+        parts: list[tuple[NDArray, NDArray, NDArray]] = []
+        clock, done, chunk = now, 0, _FIRST_CHUNK
+        if upcoming is not None:  # about the steps before the arrival, at the last step's pace
+            last_s = self.scheduler.record.steps[-1].step_s
+            chunk = max(2, min(_FIRST_CHUNK, int((upcoming - now) / last_s * 1.25) + 2))
+        while done < limit:
+            count = limit - done if upcoming is None else min(limit - done, chunk)
+            span = engine.decode_span(bucket, kv_lens + done, count)
+            if span is None:
+                self._off = True
+                return None
+            step_s, tokens = span
+            # The clock's own additions, one step after another (accumulate adds in order).
+            clocks = np.add.accumulate(np.concatenate([[clock], step_s]))  # [count + 1]
+            runs = count if upcoming is None else int(
+                np.searchsorted(clocks[:-1], upcoming, side="left"))  # steps starting before it
+            parts.append((step_s[:runs], tokens[:runs], clocks[:runs + 1]))
+            done += runs
+            clock = float(clocks[runs])
+            if runs < count:
+                break
+            chunk *= 2
+        if done == 0:
+            return None
+        step_s = np.concatenate([p[0] for p in parts])
+        tokens = np.concatenate([p[1] for p in parts])
+        starts = np.concatenate([p[2][:-1] for p in parts])
+        ends = np.concatenate([p[2][1:] for p in parts])
+        return step_s, tokens, starts, ends
+
+    def _apply(self, bucket: Bucket, ids: NDArray[np.int64], computed: NDArray[np.int64],
+               taken: Optional[NDArray[np.int64]], step_s: NDArray[np.float64],
+               tokens: NDArray[np.int32], starts: NDArray[np.float64],
+               ends: NDArray[np.float64], host_start: float) -> None:
+        """What `schedule()` and `update()` of each of the `k` steps would have done."""
+        s = self.scheduler
+        table, record = s.table, s.record
+        k, n = int(step_s.size), int(ids.size)
+        s.last_finished = s.last_finished[:0]  # "finished since the previous schedule()"
+        free_before = s.kv.num_free
+        if taken is not None:
+            taken = taken[:k + 1]
+            # [k, n] pages each step takes: the pages to run j + 1 tokens less those to run j.
+            steps = np.arange(k + 1, dtype=np.int64)[:, None]
+            held_for = s.kv.pages_needed(ids, computed[None, :] + steps)  # [k + 1, n]
+            s.kv.allocate_steps(ids, np.diff(held_for, axis=0))
+        table.num_computed[ids] = computed + k
+        generated = table.num_generated[ids] + k  # [n]
+        table.num_generated[ids] = generated
+        table.last_token[ids] = tokens[-1]
+        hits = s.kv_memory.hits
+        if hits is not None:
+            hits.record_span(ids, tokens)
+            hits.commit(ids)  # only the last step may fill a page (`_page_limit`)
+        table.last_token_s[ids] = ends[-1]
+        first = ids[np.isnan(table.first_token_s[ids])]
+        table.first_token_s[first] = ends[0]
+        record.log_token_span(ids, ends)
+        held_before = (np.concatenate([s.running, s.unreleased])
+                       if s.features.log_step_requests else None)
+        finished = ids[generated == table.output_len[ids]]
+        if finished.size:
+            s._finish(finished, float(ends[-1]))
+        s.watchdog.computed(ids, computed + k)
+        rows = np.zeros(k, STEP_DTYPE)
+        rows["step"] = np.arange(s.num_steps, s.num_steps + k)
+        rows["start_s"] = starts
+        rows["num_seqs"] = n
+        rows["num_tokens"] = n
+        rows["num_padded_tokens"] = bucket.num_tokens
+        rows["bucket"] = bucket.num_tokens
+        rows["step_s"] = step_s
+        rows["num_running"] = n
+        rows["num_running"][-1] = s.running.size
+        rows["num_waiting"] = s.waiting.size
+        rows["num_free_pages"] = free_before - (taken[1:] if taken is not None else 0)
+        rows["num_free_pages"][-1] = s.kv.num_free
+        if held_before is not None:
+            held_after = np.concatenate([s.running, s.unreleased])
+            ones = np.ones(n, np.int64)
+            for j in range(k):
+                record.log_step_requests(ids, ones, held_after if j == k - 1 else held_before)
+        s.num_steps += k
+        s.now_s = float(ends[-1])
+        self.num_leaped_steps += k
+        self.num_leaps += 1
+        rows["host_s"] = (time.perf_counter() - host_start) / k  # the leap's, shared out
+        record.steps.extend_rows(rows)

@@ -1,0 +1,70 @@
+"""The slower KV tiers a run's flags ask for (`--kv_host_gb`, `--kv_disk_gb`, ...), as the
+core's `TierConfig`s: sizes in pages of the run's model, links from the presets.
+
+A tier's size is over the replica (as `--kv_memory_gb`); a page's move crosses
+each GPU's own link with that GPU's share of the KV heads (as a disaggregated
+transfer, `orca_jax.cluster.transfers`), so a link prices one shard's bytes.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+from orca_jax.core.kv.config import TierConfig
+from orca_jax.specs.hardware import get_kv_link
+from orca_jax.specs.memory import kv_bytes_per_token
+from orca_jax.specs.model_config import ModelConfig
+
+
+def tier_configs(limits: object, model: Optional[ModelConfig], tp: int = 1
+                 ) -> tuple[TierConfig, ...]:
+    """The tiers of `limits` (a `LimitsSpec`) for `model` at tensor parallelism `tp`.
+
+    Raises:
+      ValueError: one line naming the flag: a tier smaller than one page, a link preset
+        that does not exist, a disk tier without a host tier.
+    """
+    host = _size(limits, "host")
+    disk = _size(limits, "disk")
+    if host is None and disk is None:
+        return ()
+    if host is None:
+        raise ValueError("--kv_disk_gb/--kv_disk_pages: a disk KV tier sits under a host "
+                         "tier; give --kv_host_gb or --kv_host_pages too")
+    if model is None:
+        raise ValueError("--kv_host_gb/--kv_disk_gb need a model preset to size pages; give "
+                         "--kv_host_pages/--kv_disk_pages instead")
+    page_size = getattr(limits, "page_size")
+    page_bytes = kv_bytes_per_token(model) * page_size  # the replica's, every shard
+    shard_bytes = math.ceil(page_bytes * math.ceil(model.num_kv_heads / tp)
+                            / model.num_kv_heads)
+    tiers = []
+    for name, size in (("host", host), ("disk", disk)):
+        if size is None:
+            continue
+        flag, value = size
+        pages = value if flag.endswith("pages") else int(value * 1e9 // page_bytes)
+        if pages < 1:
+            raise ValueError(f"--{flag}={value} holds no KV page: one page of {model.name} "
+                             f"is {page_bytes / 1e6:.3g} MB ({page_size} tokens)")
+        link_flag = f"kv_{name}_link"
+        try:
+            link = get_kv_link(getattr(limits, link_flag))
+        except ValueError as e:
+            raise ValueError(f"--{link_flag}: {e}") from None
+        tiers.append(TierConfig(name=name, num_pages=int(pages), page_bytes=shard_bytes,
+                                link=link.name, link_latency_s=link.latency_s,
+                                link_bytes_per_s=link.bytes_per_s))
+    return tuple(tiers)
+
+
+def _size(limits: object, name: str) -> Optional[tuple[str, float]]:
+    """(flag, value) of tier `name`'s size, or None when unset."""
+    gb, pages = getattr(limits, f"kv_{name}_gb"), getattr(limits, f"kv_{name}_pages")
+    if gb is not None and pages is not None:
+        raise ValueError(f"--kv_{name}_gb={gb} and --kv_{name}_pages={pages} both set; "
+                         "give one")
+    if pages is not None:
+        return f"kv_{name}_pages", pages
+    return None if gb is None else (f"kv_{name}_gb", gb)

@@ -1,0 +1,201 @@
+"""Leaping over steady decode steps changes no result (`orca_jax.core.loop.leap`).
+
+Every built-in policy that promises a steady plan (`Policy.stable_steps`) runs each
+workload twice, leaping and step by step, and every request's timestamps, token
+counts and preemptions, every step's row (but its measured host time), the token log
+and the summary must be the same bit for bit; the leaps must have happened. The
+pieces a leap stands on (pricing k steps at once, counting k steps' tokens, taking k
+steps' pages) are checked against their one-step versions.
+"""
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+
+import policies  # noqa: F401  (registers the built-in policies)
+from orca_jax.core.api.policy import Policy, make_policy, registered_policies
+from orca_jax.core.kv.pool import PagedPool
+from orca_jax.core.loop.scheduler import Scheduler
+from orca_jax.core.requests.token_stats import TokenTally
+from orca_jax.core.step.engine_api import Bucket
+from orca_jax.results.summary import summarize_run
+from orca_jax.runner.build import build_engine, build_workload, scheduler_config
+from orca_jax.runner.spec import LimitsSpec, RunSpec, SimEngineSpec, WorkloadSpec
+from orca_jax.sim.cost_model import (
+    CostModelConfig,
+    LinearStepTime,
+    bucket_step_seconds,
+    decode_span_seconds,
+)
+from policies.vllm import VLLM
+
+# The built-in policies that promise a steady plan (the others are asked every step).
+STEADY_POLICIES = sorted(
+    name for name, cls in registered_policies().items()
+    if cls.__module__.startswith("policies.") and cls.stable_steps is not Policy.stable_steps)
+SETTINGS = {
+    "plain": RunSpec(workload=WorkloadSpec(num_requests=80, rate=8)),
+    # 160 pages of 16 tokens: the on-demand policies preempt, the reserving ones queue.
+    "kv_tight": RunSpec(workload=WorkloadSpec(num_requests=80, rate=20),
+                        limits=LimitsSpec(num_kv_pages=160, max_model_len=1024)),
+    "shared_prefix": RunSpec(
+        workload=WorkloadSpec(arrival="shared_prefix", num_requests=80, rate=10,
+                              prefix_len="fixed:256"),
+        limits=LimitsSpec(num_kv_pages=600, log_step_requests=True)),
+}
+RESULT_ARRAYS = ("state", "first_scheduled_s", "first_token_s", "last_token_s", "finish_s",
+                 "num_generated", "num_preemptions", "num_cached_tokens")
+
+
+def run(spec: RunSpec, policy: str, *, leap: bool, seed: int, log_tokens: bool = False):
+    """The finished run and its scheduler, with leaping on or off."""
+    spec = dataclasses.replace(spec, seed=seed,
+                               engine=dataclasses.replace(spec.engine, leap=leap))
+    config = scheduler_config(spec)
+    scheduler = Scheduler(build_workload(spec), make_policy(policy), build_engine(spec, config),
+                          config, log_tokens=log_tokens)
+    return scheduler.run(), scheduler
+
+
+def assert_same_run(leaped, stepped) -> None:
+    """Every result of the two runs but measured host time, bit for bit."""
+    for field in RESULT_ARRAYS:
+        np.testing.assert_array_equal(getattr(leaped, field), getattr(stepped, field),
+                                      err_msg=field)
+    assert leaped.reject_reason == stepped.reject_reason
+    assert leaped.virtual_end_s == stepped.virtual_end_s
+    assert leaped.num_steps == stepped.num_steps
+    for field in ("step", "start_s", "num_seqs", "num_tokens", "num_padded_tokens", "bucket",
+                  "step_s", "num_running", "num_waiting", "num_free_pages",
+                  "num_cached_tokens"):
+        np.testing.assert_array_equal(leaped.step_array(field), stepped.step_array(field),
+                                      err_msg=field)
+    summaries = [{k: v for k, v in summarize_run(r)[0].items() if "host" not in k}
+                 for r in (leaped, stepped)]
+    assert summaries[0] == summaries[1]
+
+
+@pytest.mark.parametrize("setting", sorted(SETTINGS))
+@pytest.mark.parametrize("policy", STEADY_POLICIES)
+def test_a_leaping_run_is_the_step_by_step_run(policy, setting):
+    leaped_steps = 0
+    for seed in (1, 2):
+        leaped, scheduler = run(SETTINGS[setting], policy, leap=True, seed=seed)
+        stepped, plain = run(SETTINGS[setting], policy, leap=False, seed=seed)
+        assert plain.executor.leaper is None
+        assert_same_run(leaped, stepped)
+        leaped_steps += scheduler.executor.leaper.num_leaped_steps
+    assert leaped_steps > 0  # else this compares two step-by-step runs
+
+
+def test_the_token_log_and_the_step_requests_are_the_same():
+    spec = dataclasses.replace(SETTINGS["kv_tight"],
+                               limits=dataclasses.replace(SETTINGS["kv_tight"].limits,
+                                                          log_step_requests=True))
+    leaped, scheduler = run(spec, "vllm", leap=True, seed=3, log_tokens=True)
+    stepped, _ = run(spec, "vllm", leap=False, seed=3, log_tokens=True)
+    assert scheduler.executor.leaper.num_leaped_steps > 100
+    assert leaped.num_preemptions.sum() > 0  # KV-tight: leaps between preemptions
+    assert_same_run(leaped, stepped)
+    np.testing.assert_array_equal(leaped.token_req, stepped.token_req)
+    np.testing.assert_array_equal(leaped.token_time_s, stepped.token_time_s)
+    for a, b in zip(leaped.step_requests, stepped.step_requests):
+        for x, y in zip(a, b):
+            np.testing.assert_array_equal(x, y)
+
+
+def test_the_policies_that_promise_a_steady_plan():
+    assert STEADY_POLICIES == ["orca", "sarathi", "sjf", "srpt", "static", "vllm",
+                               "vllm-priority"]
+
+
+@dataclasses.dataclass(kw_only=True)
+class SilentVLLM(VLLM):
+    """vLLM's plan, but no promise: a plugin that declares nothing."""
+
+    def stable_steps(self, view):
+        return Policy.stable_steps(self, view)
+
+
+def test_a_policy_that_promises_nothing_is_never_leaped_over():
+    spec = dataclasses.replace(SETTINGS["plain"], engine=SimEngineSpec(leap=True))
+    config = scheduler_config(spec)
+    scheduler = Scheduler(build_workload(spec), SilentVLLM(), build_engine(spec, config), config)
+    silent = scheduler.run()
+    stepped, _ = run(SETTINGS["plain"], "vllm", leap=False, seed=spec.seed)
+    assert scheduler.executor.leaper.num_leaped_steps == 0
+    assert_same_run(silent, stepped)
+
+
+def test_srpt_with_a_starvation_clock_is_asked_every_step():
+    policy = make_policy("srpt", {"starvation_s": "5"})
+    spec = SETTINGS["plain"]
+    config = scheduler_config(spec)
+    scheduler = Scheduler(build_workload(spec), policy, build_engine(spec, config), config)
+    scheduler.run()
+    assert scheduler.executor.leaper is None or scheduler.executor.leaper.num_leaped_steps == 0
+
+
+COST_MODELS = {
+    "per_op": CostModelConfig(),
+    "per_op_ragged": CostModelConfig(step_padding="ragged"),
+    "per_op_tp2": CostModelConfig(tp=2),
+    "roofline_max": CostModelConfig(mode="roofline_max"),
+    "fixed": CostModelConfig(mode="fixed", step_time_s=0.0123),
+    "fitted_linear": CostModelConfig(mode="fitted", fitted_step_s={
+        256: LinearStepTime(base_s=1e-3, per_seq_s=2e-6, per_tile_s=3e-7, q_tile=16,
+                            kv_tile=64)}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(COST_MODELS))
+def test_a_span_is_priced_as_its_steps_one_by_one(name):
+    config = COST_MODELS[name]
+    rng = np.random.default_rng(7)
+    bucket = Bucket(num_tokens=256, num_seqs=256)
+    for _ in range(20):
+        n = int(rng.integers(1, 257))
+        kv_lens = rng.integers(1, 6000, n)  # short ones too: L2-sized attention reads
+        steps = int(rng.integers(1, 200))
+        span = decode_span_seconds(config, bucket, kv_lens, steps)
+        ones = np.ones(n, np.int64)
+        one_by_one = [bucket_step_seconds(config, bucket, lambda j=j: (ones, kv_lens + j))
+                      for j in range(steps)]
+        assert span.tolist() == one_by_one  # bit for bit, not approximately
+
+
+def test_a_tally_of_a_span_is_the_tally_of_its_steps():
+    times = np.cumsum(np.random.default_rng(0).random(50))
+    spans, single = TokenTally(6), TokenTally(6)
+    for tally in (spans, single):
+        tally.add(np.array([0, 1, 2]), 0.0)
+    spans.add_span(np.array([1, 2, 4]), times[:20])
+    spans.add_span(np.array([0, 5]), times[20:])
+    for t in times[:20]:
+        single.add(np.array([1, 2, 4]), float(t))
+    for t in times[20:]:
+        single.add(np.array([0, 5]), float(t))
+    finished = np.ones(6, bool)
+    a, b = spans.stats(finished), single.stats(finished)
+    for field in ("num_tokens", "last_token_s", "max_gap_s", "gap_values", "gap_counts"):
+        np.testing.assert_array_equal(getattr(a, field), getattr(b, field))
+
+
+def test_pages_of_a_span_are_the_pages_of_its_steps():
+    pools = [PagedPool(num_kv_pages=64, page_size=4, max_pages_per_seq=16, num_requests=5)
+             for _ in range(2)]
+    ids = np.array([3, 0, 4])
+    computed = np.array([4, 7, 1])
+    for pool in pools:
+        pool.allocate(ids, computed)
+    steps = np.arange(13)[:, None]
+    need = np.diff(pools[0].pages_needed(ids, computed + steps), axis=0)  # [12, 3]
+    pools[0].allocate_steps(ids, need)
+    for j in range(1, 13):
+        pools[1].allocate(ids, computed + j)
+    np.testing.assert_array_equal(pools[0].page_table, pools[1].page_table)
+    np.testing.assert_array_equal(pools[0].num_held, pools[1].num_held)
+    assert pools[0].num_free == pools[1].num_free
+    assert math.isclose(pools[0].num_free, 64 - int(pools[0].num_held.sum()))
