@@ -4,7 +4,6 @@ a policy that chooses per victim (issue 27)."""
 import dataclasses
 
 import numpy as np
-import pytest
 
 from orca_jax.core.loop.scheduler import Scheduler
 from orca_jax.core.requests.request import RequestState
