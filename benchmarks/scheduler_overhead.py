@@ -90,7 +90,7 @@ def measure(policy: str, num_running: int, num_steps: int, options: dict[str, st
                                                max_num_tokens=max(2048, num_running * 64),
                                                max_model_len=context),
                              kv=KVConfig(num_kv_pages=num_running * context // 16, page_size=16,
-                                         enable_prefix_caching=prefix_caching))
+                                         prefix_caching="policy" if prefix_caching else "off"))
     scheduler = Scheduler(requests, policies.make_policy(policy, options), NullEngine(), config)
     scheduler.engine.warmup(scheduler.bucket_config.buckets())
     everyone = np.arange(num_running)

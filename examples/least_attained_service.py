@@ -24,7 +24,8 @@ class LeastAttainedService(Policy):
         ids, counts = [], []
         budget, free = view.max_num_tokens, view.kv_room()  # the pages a plan may take
         for request in order.tolist():  # a request that does not fit takes no seat
-            count = min(int(requests.num_uncomputed([request])[0]), budget)
+            left = requests.num_uncomputed([request]) - view.cached_tokens([request])  # past a hit
+            count = min(int(left[0]), budget)
             pages = int(view.pages_needed([request], [count])[0])
             if count < 1 or pages > free:
                 continue  # paused this step (a running request keeps its pages)

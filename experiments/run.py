@@ -18,7 +18,7 @@ from experiments.process_exit import without_final_collection
 from experiments.terminal_table import fit_table
 from orca_jax.cluster.routing import resolve_router_class
 from orca_jax.core.api import plugins
-from orca_jax.core.api.policy import PolicyLoadError, resolve_policy_class
+from orca_jax.core.api.policy import PolicyLoadError, prefix_caching_line, resolve_policy_class
 from orca_jax.results.folder_lock import run_lock
 from orca_jax.results.run_folder import check_out_dir
 from orca_jax.runner.bucket_pilot import token_sizes, with_fitted_buckets
@@ -34,13 +34,15 @@ flags.DEFINE_string("describe_policy", None, "Print the knobs (types, defaults, 
 
 
 def describe(spec: str) -> str:
-    """The knobs of the policy `spec`, or of the router `spec` if no policy is called so.
+    """The knobs of the policy `spec` and what it does with prefix caching, or the knobs of
+    the router `spec` if no policy is called so.
 
     Raises:
       PolicyLoadError: `spec` is neither (the policy's message).
     """
     try:
-        return plugins.describe(resolve_policy_class(spec), "policy")
+        cls = resolve_policy_class(spec)
+        return f"{plugins.describe(cls, 'policy')}\n{prefix_caching_line(cls)}"
     except PolicyLoadError as policy_error:
         try:
             return plugins.describe(resolve_router_class(spec), "router")

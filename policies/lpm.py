@@ -35,6 +35,10 @@ preempts the lowest-ranked; SGLang keeps the running batch first and admits
 only when nothing was preempted, hence this loop.) As SGLang, the queue
 stays in FCFS order when it is longer than `max_ranked_waiting` (the lookups
 of every waiting request are then skipped; only those admitted are looked up).
+
+It opts in to prefix caching (`prefix_caching = True`): its ranking is the cache's
+hits. Under `--prefix_caching=off` nothing hits, so only its in-batch check moves
+a request out of FCFS order.
 """
 
 from __future__ import annotations

@@ -19,6 +19,11 @@ stall the whole queue (FCFS) for as long as their outputs last. A prompt that
 does fit beside the decodes but not in this step's budget left (a running
 prefill holds it) still waits to run whole, which takes only until that
 prefill is done: the next step.
+
+With prefix caching active (`--prefix_caching=on`; Orca itself has no prefix
+cache, so it does not opt in), an admission's prompt is the part past its cache
+hit, and its reservation (max context) counts the hit pages it shares: the
+core's `kv_budget` asks for the pages past them and the free hit pages once.
 """
 
 from __future__ import annotations
@@ -71,6 +76,8 @@ class Orca(Policy):
             if len(ids) >= cap or budget <= 0:
                 break
             prompt = int(view.requests.num_uncomputed([request])[0])
+            if view.prefix_caching:  # an admission starts past its cache hit
+                prompt -= int(view.cached_tokens([request])[0])
             # Every request in `ids` takes at least one token a step until it finishes, so
             # a prompt over the rest of the whole budget waits for decodes to end unless it
             # is chunked (see the module docstring).

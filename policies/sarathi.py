@@ -15,6 +15,12 @@ request itself), as Sarathi-Serve pops the tail of its running queue; a step
 that preempted admits nobody (as vLLM; Sarathi-Serve's own admission test
 would fail then anyway in all but corner cases).
 
+With prefix caching active (`--prefix_caching=on`; Sarathi-Serve's scheduler
+has no prefix cache, so it does not opt in), a new prefill starts past its
+cache hit: it wants only its uncached tokens, `can_allocate` counts the pages
+past its hits (as vLLM's `get_computed_blocks`), and a preemption frees a
+shared page only with its last holder.
+
 Decodes are charged to the budget too, one token each; if more requests
 decode than the budget holds (a batch cap above the budget), the oldest get
 the tokens and the rest wait a step, since a step can never exceed the budget.
@@ -96,6 +102,7 @@ class Sarathi(Policy):
         held_of = dict(zip(alive, view.pages_held(view.running).tolist()))
         want_of = dict(zip(prefills.tolist(), want.tolist()))
         want_of.update(dict.fromkeys(decodes.tolist(), 1))
+        shared = view.prefix_caching  # a shared page is freed only with its last holder
         free = view.num_free_pages
         scheduled: dict[int, int] = {}
         preempted: list[int] = []
@@ -107,8 +114,10 @@ class Sarathi(Policy):
             while pages > free:
                 victim = next(r for r in reversed(alive) if r not in scheduled)
                 alive.remove(victim)
+                freed_before = view.pages_freed(preempted) if shared else 0
                 preempted.append(victim)
-                free += held_of[victim]
+                free += (view.pages_freed(preempted) - freed_before if shared
+                         else held_of[victim])
                 if victim == request:
                     break
             if request in preempted:
@@ -134,12 +143,16 @@ class Sarathi(Policy):
         candidates = waiting[:min(cap - num_running, budget)]  # [c]
         requests = view.requests
         want = requests.num_uncomputed(candidates)  # [c]
+        if view.prefix_caching:  # an admission starts past its cache hit
+            want = want - view.cached_tokens(candidates)
         before = np.cumsum(want) - want  # [c]
         tokens = np.minimum(want, budget - before)  # [c]
         pages = view.pages_needed(candidates, np.maximum(tokens, 1))  # [c]
-        # Less the pages it holds: one received with its KV (disaggregated decode) has them.
-        full_pages = (-(-requests.num_known(candidates) // view.page_size)
-                      - view.pages_held(candidates))  # [c]
+        if view.prefix_caching:  # its whole sequence's pages less its hits and what it holds
+            full_pages = view.pages_needed(candidates, want)  # [c]
+        else:  # less the pages it holds: one received with its KV (disaggregated decode)
+            full_pages = (-(-requests.num_known(candidates) // view.page_size)
+                          - view.pages_held(candidates))  # [c]
         fits = (before < budget) & (full_pages <= view.kv_room(free - (np.cumsum(pages) - pages)))
         num_admitted = int(fits.size) if fits.all() else int(np.argmin(fits))
         return candidates[:num_admitted], tokens[:num_admitted]

@@ -5,6 +5,10 @@ longest member is done, and nobody joins mid-batch. Answers go back to their
 clients together when the whole batch is done (`defer_release`), as a
 request-level serving system returns a batch. Each member reserves its maximum
 context, like Orca, so the comparison isolates the scheduling granularity.
+
+With prefix caching active (`--prefix_caching=on`; it does not opt in itself),
+a member's prompt starts past its cache hit at its admission, and its
+reservation counts the hit pages it shares (`view.kv_budget`).
 """
 
 from __future__ import annotations
@@ -60,8 +64,10 @@ class Static(Policy):
         members = self._batch[view.requests.state[self._batch] != RequestState.FINISHED]
         # Prefills that do not fit the step's budget together wait for the next step
         # (a prompt longer than the whole budget is chunked).
-        members, tokens = fit_to_budget(members, view.requests.num_uncomputed(members),
-                                        view.max_num_tokens)
+        left = view.requests.num_uncomputed(members)
+        if view.prefix_caching:  # a member not yet admitted starts past its cache hit
+            left = left - view.cached_tokens(members)
+        members, tokens = fit_to_budget(members, left, view.max_num_tokens)
         # The batch keeps its shape until its longest member is done: finished members
         # still occupy (and cost) their rows, as in FasterTransformer.
         shape = min(int(self._batch.size), view.max_num_tokens) if self.hold_batch_shape else 0
@@ -72,7 +78,10 @@ class Static(Policy):
         budget = view.kv_budget()  # the KV admissions may take now
         batch: list[int] = []
         for request in view.waiting[:cap].tolist():
-            prompt = min(int(view.requests.num_uncomputed([request])[0]), view.max_num_tokens)
+            prompt = int(view.requests.num_uncomputed([request])[0])
+            if view.prefix_caching:  # its admission starts past its cache hit
+                prompt -= int(view.cached_tokens([request])[0])
+            prompt = min(prompt, view.max_num_tokens)
             if not budget.take(request, prompt):
                 break
             batch.append(request)

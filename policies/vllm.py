@@ -27,7 +27,8 @@ Preempted requests rejoin waiting at the front (FCFS) or by rank (priority).
 vLLM's FCFS queue stays in arrival order under that rule (running requests are
 always older than never-admitted ones), which is the order of `view.waiting`.
 
-Prefix caching (`enable_prefix_caching`, on by default as in vLLM) is the
+Prefix caching (`enable_prefix_caching`, on by default as in vLLM, under the
+run's default `--prefix_caching=policy`; `on`/`off` decide instead) is the
 core's: an admission starts past its cached pages, so a waiting request wants
 only its uncached tokens (`view.cached_tokens`) and its pages count its hits
 (`view.pages_needed`), as vLLM's `get_computed_blocks` and `allocate_slots`.
@@ -42,7 +43,7 @@ framework. vLLM's KV pool of N blocks holds N - 1 usable blocks
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import ClassVar, Optional
 
 import numpy as np
 from numpy.typing import NDArray
@@ -71,8 +72,9 @@ class VLLM(Policy):
         request of the largest (priority, arrival), as vLLM's `--scheduling-policy
         priority` (lower value = more urgent).
       enable_prefix_caching: opt in to the core's prefix caching (vLLM's
-        `--enable-prefix-caching`, on by default); it is active only where
-        `SchedulerConfig.kv.enable_prefix_caching` is on too.
+        `--enable-prefix-caching`, on by default); it decides only under the
+        run's `--prefix_caching=policy` (the default): `on` and `off` decide for
+        every policy, and refuse this knob given explicitly against them.
       preemption_mode: recompute (vLLM v1; the default) frees a victim's pages to
         compute again; swap (vLLM v0's `--preemption-mode swap`) moves them to the host
         KV tier and back (needs `--kv_host_gb` or `--kv_host_pages`).
@@ -87,6 +89,7 @@ class VLLM(Policy):
     priority: bool = False
     enable_prefix_caching: bool = True
     preemption_mode: str = "recompute"
+    prefix_caching_knob: ClassVar[str] = "enable_prefix_caching"
 
     @property
     def prefix_caching(self) -> bool:  # the core reads this (see `Policy.prefix_caching`)

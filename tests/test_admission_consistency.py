@@ -93,7 +93,8 @@ def small_runs(draw):
                              kv=KVConfig(num_kv_pages=num_kv_pages, page_size=page_size,
                                          watermark_pages=draw(
                                              st.integers(0, min(4, num_kv_pages - 1))),
-                                         enable_prefix_caching=draw(st.booleans())))
+                                         prefix_caching=draw(
+                                             st.sampled_from(["policy", "off", "on"]))))
     requests = [Request(id=i, arrival_s=draw(st.sampled_from([0.0, 0.0, 0.005, 0.05])),
                         prompt_len=draw(st.integers(1, 70)), output_len=draw(st.integers(1, 20)))
                 for i in range(draw(st.integers(1, 6)))]
@@ -107,7 +108,7 @@ def small_runs(draw):
 def test_every_request_finishes_or_is_rejected_with_a_reason(policy_name, run):
     requests, config, reservation, layout = run
     if layout == "buddy" and policy_name in RESERVING:  # buddy needs a reserving policy
-        config = config.with_knobs(kv_layout="buddy", enable_prefix_caching=False)
+        config = config.with_knobs(kv_layout="buddy", prefix_caching="off")
     scheduler = Scheduler(requests, build(policy_name, reservation), sim_engine(), config)
     run_to_end(scheduler)  # a stranded request would raise PlanError (no_progress)
     assert_each_finished_or_rejected_with_reason(scheduler)

@@ -22,7 +22,7 @@ JAX = ("--engine=jax", "--num_requests=6", "--prompt_len=uniform:4:20", "--outpu
 def _config(max_num_tokens=2048, max_num_seqs=256, caching=True):
     return SchedulerConfig(limits=StepLimits(max_num_tokens=max_num_tokens,
                                              max_num_seqs=max_num_seqs),
-                           kv=KVConfig(enable_prefix_caching=caching))
+                           kv=KVConfig(prefix_caching="policy" if caching else "off"))
 
 
 def test_each_policy_runs_at_the_lower_of_its_own_knob_and_the_scheduler_limit():

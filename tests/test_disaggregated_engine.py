@@ -112,7 +112,7 @@ def test_without_the_page_copy_the_tokens_differ(params, colocated, monkeypatch)
 
 @pytest.mark.slow
 def test_a_running_request_migrated_between_engines_keeps_its_greedy_tokens(params, colocated):
-    config = CONFIG.with_knobs(enable_prefix_caching=False)  # pages are their own
+    config = CONFIG.with_knobs(prefix_caching="off")  # pages are their own
     a = Scheduler(_requests(), policies.make_policy("vllm"), _engine(params), config)
     b = Scheduler(_requests(), policies.make_policy("vllm"), _engine(params), config,
                   submitted_only=True)

@@ -150,7 +150,7 @@ def test_prefix_caching_keeps_greedy_tokens(engine, dense_tokens):
         config = SchedulerConfig(limits=StepLimits(max_num_seqs=4, max_num_tokens=BUCKETS[-1],
                                                    max_model_len=MAX_LEN, token_buckets=BUCKETS),
                                  kv=KVConfig(num_kv_pages=num_kv_pages, page_size=PAGE_SIZE,
-                                             enable_prefix_caching=caching))
+                                             prefix_caching="policy" if caching else "off"))
         result = Scheduler(requests, policies.make_policy("vllm"), engine, config).run()
         return [tokens.tolist() for tokens in result.output_tokens], result
 

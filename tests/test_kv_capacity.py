@@ -53,7 +53,7 @@ def test_the_view_s_watermark_and_layout_still_read_with_a_warning_once(monkeypa
     monkeypatch.setattr(view_module, "_warned", set())
     config = SchedulerConfig(limits=StepLimits(max_model_len=64),
                              kv=KVConfig(num_kv_pages=40, page_size=4, watermark_pages=3,
-                                         kv_layout="buddy", enable_prefix_caching=False))
+                                         kv_layout="buddy", prefix_caching="off"))
     view = scheduler(config, [Request(id=0, arrival_s=0.0, prompt_len=4, output_len=2)],
                      policy="orca").view
     for name, value in [("watermark_pages", 3), ("kv_layout", "buddy")]:
@@ -106,7 +106,7 @@ def test_a_budget_takes_what_the_whole_question_would_let_in(layout, pages, wate
     config = SchedulerConfig(
         limits=StepLimits(max_num_seqs=16, max_num_tokens=256, max_model_len=64),
         kv=KVConfig(num_kv_pages=pages, page_size=4, watermark_pages=watermark,
-                    kv_layout=layout, enable_prefix_caching=False))
+                    kv_layout=layout, prefix_caching="off"))
     requests = [Request(id=i, arrival_s=0.0, prompt_len=p, output_len=1)
                 for i, p in enumerate(held)]
     requests += [Request(id=len(held) + i, arrival_s=1.0, prompt_len=p, output_len=4)
@@ -140,7 +140,7 @@ def test_a_budget_on_a_fragmented_buddy_pool_refuses_what_the_free_total_would_t
     config = SchedulerConfig(
         limits=StepLimits(max_num_seqs=8, max_num_tokens=256, max_model_len=64),
         kv=KVConfig(num_kv_pages=16, page_size=4, kv_layout="buddy",
-                    enable_prefix_caching=False))
+                    prefix_caching="off"))
     requests = [Request(id=i, arrival_s=0.0, prompt_len=prompt, output_len=16 - prompt)
                 for i, prompt in enumerate([6, 15, 6])]  # 16 tokens: 4 pages each
     requests.append(Request(id=3, arrival_s=1.0, prompt_len=29, output_len=1))

@@ -26,7 +26,7 @@ from policies.vllm import VLLM
 PAGE = 4
 STEP_S = 0.01
 CONFIG = SchedulerConfig(limits=StepLimits(max_num_seqs=6, max_num_tokens=32, max_model_len=64),
-                         kv=KVConfig(num_kv_pages=14, page_size=PAGE, enable_prefix_caching=False))
+                         kv=KVConfig(num_kv_pages=14, page_size=PAGE, prefix_caching="off"))
 
 
 class ContentEngine:

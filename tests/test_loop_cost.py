@@ -15,7 +15,7 @@ from orca_jax.sim.cost_model import CostModelConfig
 from orca_jax.sim.engine import SimEngine
 
 CONFIG = SchedulerConfig(max_num_seqs=8, num_kv_pages=64, max_model_len=128,
-                         enable_prefix_caching=False)
+                         prefix_caching="off")
 
 
 def _scheduler(policy: str = "orca") -> Scheduler:

@@ -138,7 +138,7 @@ def request(i, tokens, arrival_s=0.0, output_len=2):
 def scheduler_for(requests, *, num_kv_pages=16, policy="vllm", caching=True, **policy_opts):
     config = SchedulerConfig(limits=StepLimits(max_num_seqs=4, max_num_tokens=64, max_model_len=32),
                              kv=KVConfig(num_kv_pages=num_kv_pages, page_size=PAGE,
-                                         enable_prefix_caching=caching))
+                                         prefix_caching="policy" if caching else "off"))
     engine = SimEngine(CostModelConfig(mode="fixed", step_time_s=STEP_S))
     scheduler = Scheduler(requests, make_policy(policy, policy_opts), engine, config)
     engine.warmup(scheduler.bucket_config.buckets())

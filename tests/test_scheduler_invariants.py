@@ -603,7 +603,7 @@ def test_invariants_hold_with_prefix_caching(policy_name, run):
     iterations = run_checked_with_cache(scheduler)
     check_outcome(scheduler)
     off = Scheduler(requests, build_cached(policy_name), sim_engine(),
-                    config.with_knobs(enable_prefix_caching=False))
+                    config.with_knobs(prefix_caching="off"))
     if scheduler.prefix_caching:
         assert (scheduler.kv.ref_count == 0).all()
         assert (scheduler.table.num_cached_tokens

@@ -25,6 +25,12 @@ its first requests with their arrival pattern rescaled to each rate. SLOs:
 TTFT 1 s, and TPOT 15 ms (tight: a decode step of a growing batch) or 50 ms
 (loose). A system's rates stop once fewer than 30% of its requests meet the
 loose SLO.
+
+DistServe's other reading, the SLO scale (`experiments.reproduce.slo_scale`): at a
+fixed rate per GPU (`--slo_scale_rates`), both SLOs multiplied by one factor, the
+tightest factor at which each system still meets 90% attainment, and how many
+times tighter that is than colocated `vllm`'s on as many GPUs (the paper's "12.6x
+tighter SLO"). Both SLO pairs above serve as the base (scale 1).
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from absl import app, flags
 
 import policies  # noqa: F401  (registers the built-in policies)
 from experiments.cli_errors import clean_errors, run_command
+from experiments.reproduce import slo_scale
 from experiments.reproduce.common import PAPER_STEP_PADDING, figure_path
 from orca_jax.core.json_files import to_json_value, write_json_atomic
 from orca_jax.results.metrics import format_table
@@ -48,6 +55,7 @@ from orca_jax.runner.experiment import run_policy
 from orca_jax.runner.spec import ClusterSpec, LimitsSpec, RunSpec, SimEngineSpec, WorkloadSpec
 
 FIGURE = "distserve_goodput.png"  # under --out_dir (docs/figures/ has the documented one)
+SLO_SCALE_FIGURE = "distserve_slo_scale.png"
 AZURE_CONV = "../shared/traces/azure_conv_2023.csv"
 ATTAINMENT_TARGET = 0.9  # DistServe's: 90% of the requests within both SLOs
 # The papers' headline numbers, as their abstracts state them.
@@ -137,6 +145,7 @@ class DistServeSetup:
     kv_link: str = "nvlink"
     seed: int = 0
     trace: str = AZURE_CONV
+    slo_scale_rates: tuple[float, ...] = (1.0, 2.0, 4.0)  # per GPU; () runs no SLO-scale sweep
 
     def workloads(self) -> tuple[Workload, ...]:
         return (Workload(name="synthetic", model=self.model, ttft_slo_s=1.0,
@@ -227,6 +236,78 @@ def capacities(points: Sequence[dict], setup: DistServeSetup) -> list[dict]:
     return rows
 
 
+def run_slo_scale(setup: DistServeSetup, out_dir: Optional[str] = None
+                  ) -> tuple[list[dict], list[dict]]:
+    """Every system once at each of `setup.slo_scale_rates`, read under scaled SLOs.
+
+    Returns:
+      The rows (one per workload, base SLO pair, rate and system: its tightest
+      scale at 90% attainment, how many times tighter than colocated vllm's on as
+      many GPUs, and its attainment at each of `slo_scale.SCALES`) and the curves
+      for `slo_scale.plot` (each with its `[N]` needed scales).
+    """
+    rows, curves = [], []
+    for workload in setup.workloads():
+        for rate in setup.slo_scale_rates:
+            results = {}
+            for system in setup.systems:
+                spec = workload.spec(setup, system, rate)
+                _, results[system] = run_policy(spec, system.policy,
+                                                POLICY_OPTIONS[system.policy], progress=False)
+            for base, tpot_slo in zip(("tight", "loose"), workload.tpot_slos_s):
+                need = {system: slo_scale.needed_scales(result, workload.ttft_slo_s, tpot_slo)
+                        for system, result in results.items()}
+                tightest = {system: slo_scale.tightest_scale(values, ATTAINMENT_TARGET)
+                            for system, values in need.items()}
+                for system in setup.systems:
+                    baseline = next(s for s in setup.systems if s.num_gpus == system.num_gpus
+                                    and s.policy == "vllm" and not s.disaggregated)
+                    rows.append({
+                        "workload": workload.name, "base_slo": base,
+                        "ttft_slo_s": workload.ttft_slo_s, "tpot_slo_s": tpot_slo,
+                        "rate_per_gpu": rate, "system": system.label,
+                        "num_gpus": system.num_gpus, "tightest_scale": tightest[system],
+                        "tighter_than_vllm": slo_scale.ratio(tightest[baseline],
+                                                             tightest[system]),
+                        "attainment": {f"{s:g}": slo_scale.attainment(need[system], s)
+                                       for s in slo_scale.SCALES}})
+                    curves.append({
+                        "base_slo": base, "workload": workload.name,
+                        "num_gpus": system.num_gpus, "rate_per_gpu": rate,
+                        "panel": (f"{workload.name}, {system.num_gpus} GPUs, {rate:g} req/s per "
+                                  f"GPU: scale x (TTFT {workload.ttft_slo_s:g} s, TPOT "
+                                  f"{tpot_slo * 1e3:g} ms)"),
+                        "label": system.label, "disaggregated": system.disaggregated,
+                        "need": need[system]})
+    if out_dir is not None:
+        os.makedirs(out_dir, exist_ok=True)
+        write_json_atomic(os.path.join(out_dir, "slo_scale.json"),
+                          to_json_value({"scales": slo_scale.SCALES, "rows": rows}),
+                          sort_keys=False)
+    return rows, curves
+
+
+def slo_scale_summary(rows: Sequence[dict]) -> list[dict]:
+    """Per workload, base SLOs, rate and GPU count: colocated vllm's tightest scale, the
+    best disaggregated split's, and how many times tighter it is (the paper's 12.6x)."""
+    out = []
+    groups = dict.fromkeys((r["workload"], r["base_slo"], r["rate_per_gpu"], r["num_gpus"])
+                           for r in rows)
+    for key in groups:
+        mine = [r for r in rows
+                if (r["workload"], r["base_slo"], r["rate_per_gpu"], r["num_gpus"]) == key]
+        vllm = next(r for r in mine if r["system"].startswith("vllm"))
+        split = [r for r in mine if r["system"].startswith("disagg")
+                 and r["tightest_scale"] is not None]
+        best = min(split, key=lambda r: r["tightest_scale"]) if split else None
+        out.append({"workload": key[0], "base_slo": key[1], "rate_per_gpu": key[2],
+                    "num_gpus": key[3], "vllm_tightest": vllm["tightest_scale"],
+                    "best_disagg": best["system"] if best else None,
+                    "disagg_tightest": best["tightest_scale"] if best else None,
+                    "tighter": best["tighter_than_vllm"] if best else None})
+    return out
+
+
 def goodput_rows(points: Sequence[dict], setup: DistServeSetup) -> list[dict]:
     """One row per workload, TPOT SLO and system: its goodput per GPU at each rate."""
     rows = []
@@ -279,12 +360,30 @@ def plot(points: Sequence[dict], setup: DistServeSetup, path: str) -> bool:
     return True
 
 
+def tpot_rows(points: Sequence[dict], setup: DistServeSetup) -> list[dict]:
+    """One row per workload and system: its TPOT p90 (ms) at each rate (SLO-independent)."""
+    rows = []
+    for workload in setup.workloads():
+        for system in setup.systems:
+            row: dict = {"workload": workload.name, "system": system.label}
+            for p in points:
+                if (p["workload"], p["tpot_slo"], p["system"]) == (workload.name, "tight",
+                                                                   system.label):
+                    value = p["tpot_p90_s"]
+                    row[f"{p['rate_per_gpu']:g}"] = None if value is None else value * 1e3
+            rows.append(row)
+    return rows
+
+
 def define_flags() -> None:
     """The command's flags (defined only when it runs, so importing it defines none)."""
     for name, default, text in (
             ("out_dir", "runs/reproduce/distserve", "where points.json goes"),
             ("figure", None, f"the PNG to write (default: OUT_DIR/{FIGURE}; the docs show "
                              f"docs/figures/{FIGURE})"),
+            ("slo_scale_figure", None,
+             f"the SLO-scale PNG to write (default: OUT_DIR/{SLO_SCALE_FIGURE}; the docs "
+             f"show docs/figures/{SLO_SCALE_FIGURE})"),
             ("trace", AZURE_CONV, "the Azure conversation trace (read in place)")):
         if name not in flags.FLAGS:
             flags.DEFINE_string(name, default, text)
@@ -293,21 +392,34 @@ def define_flags() -> None:
     if "rates" not in flags.FLAGS:
         flags.DEFINE_list("rates", [f"{r:g}" for r in DistServeSetup.rates],
                           "request rates per GPU (req/s)")
+    if "slo_scale_rates" not in flags.FLAGS:
+        flags.DEFINE_list("slo_scale_rates", [f"{r:g}" for r in DistServeSetup.slo_scale_rates],
+                          "rates per GPU (req/s) at which to sweep the SLO scale (empty: "
+                          "no SLO-scale sweep)")
+
+
+def _rates(name: str, given: Sequence[str], *, allow_empty: bool) -> tuple[float, ...]:
+    """The rates of flag `name`, or a UsageError naming the flag and its value."""
+    try:
+        rates = tuple(float(r) for r in given)
+    except ValueError:
+        raise app.UsageError(f"--{name}={','.join(given)}: expected numbers") from None
+    if (not rates and not allow_empty) or any(not r > 0 or not math.isfinite(r)
+                                              for r in rates):
+        raise app.UsageError(f"--{name}={','.join(given)}: every rate must be > 0")
+    return rates
 
 
 @clean_errors()
 def main(argv: Sequence[str]) -> None:
-    """The command: run the grid, print the capacity table, draw the figure."""
+    """The command: run the grid, print the capacity table, draw the figure; then the
+    SLO-scale sweep, its table and its figure."""
     del argv
     values = flags.FLAGS
-    try:
-        rates = tuple(float(r) for r in values.rates)
-    except ValueError:
-        raise app.UsageError(f"--rates={','.join(values.rates)}: expected numbers") from None
-    if not rates or any(not r > 0 or not math.isfinite(r) for r in rates):
-        raise app.UsageError(f"--rates={','.join(values.rates)}: every rate must be > 0")
+    rates = _rates("rates", values.rates, allow_empty=False)
+    scale_rates = _rates("slo_scale_rates", values.slo_scale_rates, allow_empty=True)
     setup = DistServeSetup(num_requests=values.num_requests, rates=rates,
-                           trace=values.trace)
+                           trace=values.trace, slo_scale_rates=scale_rates)
     out_dir = values.out_dir or "runs/reproduce/distserve"
     start = time.perf_counter()
     points, capacity = run(setup, out_dir)
@@ -319,14 +431,55 @@ def main(argv: Sequence[str]) -> None:
           "past the system's capacity:")
     print(format_table(goodput_rows(points, setup), ["workload", "tpot_slo", "system",
                                                      *(f"{r:g}" for r in setup.rates)]))
+    print("\nTPOT p90 (ms) at each offered rate per GPU (req/s):")
+    print(format_table(tpot_rows(points, setup), ["workload", "system",
+                                                  *(f"{r:g}" for r in setup.rates)]))
     print(f"\ncapacity: the rate per GPU (req/s) at which {ATTAINMENT_TARGET:.0%} of the requests "
           "meet both SLOs, and its ratio to colocated vllm on as many GPUs:")
     print(table)
-    print("\nthe papers: " + "; ".join(PAPER_CLAIMS))
     figure = figure_path(values.figure, out_dir, FIGURE)
     if plot(points, setup, figure):
         print(f"figure: {figure}")
+    if setup.slo_scale_rates:
+        print_slo_scale(setup, out_dir, values.slo_scale_figure)
+    print("\nthe papers: " + "; ".join(PAPER_CLAIMS))
     print(f"points: {out_dir}/points.json ({time.perf_counter() - start:.0f} s)")
+
+
+def print_slo_scale(setup: DistServeSetup, out_dir: str, figure: Optional[str]) -> None:
+    """Runs the SLO-scale sweep, prints its tables (paper beside ours), draws its figure."""
+    rows, curves = run_slo_scale(setup, out_dir)
+    shown = ("0.25", "0.5", "1", "2", "4", "8")
+    print(f"\nSLO scale: both SLOs x scale at a fixed rate per GPU; attainment at some scales, "
+          f"the tightest scale at which {ATTAINMENT_TARGET:.0%} of the requests meet both "
+          "(exact, from each request's needed scale) and how many times tighter than "
+          "colocated vllm's on as many GPUs:")
+    print(format_table([{**{k: v for k, v in r.items() if k != "attainment"},
+                         **{f"@{s}": r["attainment"][s] for s in shown}} for r in rows],
+                       ["workload", "base_slo", "tpot_slo_s", "rate_per_gpu", "system",
+                        *(f"@{s}" for s in shown), "tightest_scale", "tighter_than_vllm"]))
+    summary = slo_scale_summary(rows)
+    print("\nSLO scale, paper beside ours: DistServe reports up to 12.6x tighter SLOs than "
+          "colocated vLLM at 90% attainment; ours, the best disaggregated split over colocated "
+          "vllm on as many GPUs:")
+    print(format_table(summary, ["workload", "base_slo", "rate_per_gpu", "num_gpus",
+                                 "vllm_tightest", "best_disagg", "disagg_tightest", "tighter"]))
+    path = figure_path(figure, out_dir, SLO_SCALE_FIGURE)
+    rates = ", ".join(f"{r:g}" for r in setup.slo_scale_rates)
+    model = setup.workloads()[0].model
+    # The figure shows the tight base only (the loose one is in the tables): a row per
+    # workload and GPU count, a column per rate.
+    names = [w.name for w in setup.workloads()]
+    tight = sorted((c for c in curves if c["base_slo"] == "tight"),
+                   key=lambda c: (names.index(c["workload"]), c["num_gpus"], c["rate_per_gpu"]))
+    if slo_scale.plot(tight, path, cols=len(setup.slo_scale_rates),
+                      title=f"DistServe SLO scale: attainment as both SLOs (TTFT 1 s, TPOT 15 ms "
+                            f"at scale 1) tighten, {model} on simulated A100s, at {rates} req/s "
+                            f"per GPU",
+                      caption=f"engine sim (per-op cost model, priced ragged); "
+                              f"{setup.num_requests} requests per run; seed {setup.seed}; "
+                              f"dotted line: {ATTAINMENT_TARGET:.0%}; dashed: disaggregated"):
+        print(f"figure: {path}")
 
 
 if __name__ == "__main__":

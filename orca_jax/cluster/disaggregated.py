@@ -96,7 +96,7 @@ class DisaggregatedCluster(EventLoop):
         prompts = [dataclasses.replace(r, output_len=1, planned_output_tokens=None)
                    for r in requests]
         prefill_config = prefill.config.with_knobs(kv_handoff=True)
-        decode_config = decode.config.with_knobs(kv_handoff=False, enable_prefix_caching=False)
+        decode_config = decode.config.with_knobs(kv_handoff=False, prefix_caching="off")
         # Each pool's replicas share its request table (the prefill pool's answers are
         # one token long, the decode pool's whole).
         self.prefill = share_table(prompts, prefill.num_replicas, prefill.make_policy,

@@ -20,7 +20,7 @@ from numpy.typing import NDArray
 from orca_jax.cluster.replicas import Cluster
 from orca_jax.cluster.routing import Router, make_router, resolve_router_class
 from orca_jax.core.api.plugins import PolicyLoadError, parse_options, resolve_cache_policy
-from orca_jax.core.api.policy import Policy, make_policy
+from orca_jax.core.api.policy import Policy, make_policy, prefix_caching_active
 from orca_jax.core.kv import KVConfig
 from orca_jax.core.kv.cache_policies import make_cache_policy
 from orca_jax.core.loop.config import LoopFeatures, SchedulerConfig
@@ -145,7 +145,7 @@ def scheduler_config(spec: RunSpec) -> SchedulerConfig:
                           max_model_len=context, token_buckets=limits.token_buckets,
                           no_progress_steps=limits.no_progress_steps),
         kv=KVConfig(num_kv_pages=pages, page_size=limits.page_size, kv_layout=limits.kv_layout,
-                    **_tier_settings(spec)),
+                    prefix_caching=limits.prefix_caching, **_tier_settings(spec)),
         sampling=SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p,
                                 seed=spec.seed),
         slo=SLOTargets(ttft_slo_s=spec.ttft_slo_s, tpot_slo_s=spec.tpot_slo_s),
@@ -330,6 +330,34 @@ def check_policy_limits(policy: Policy, options: Optional[Mapping[str, str]],
         raise PolicyLoadError(str(e)) from None
 
 
+def check_prefix_caching(policy: Policy, options: Optional[Mapping[str, str]],
+                         config: SchedulerConfig) -> None:
+    """Refuses a policy the run's prefix-caching switch cannot serve as asked.
+
+    The switch (`--prefix_caching`) wins over a policy's own opt-in, so under `on` or
+    `off` a policy's opt-in knob (`Policy.prefix_caching_knob`, vllm's
+    `enable_prefix_caching`) does nothing: given explicitly against the switch it is a
+    contradiction, refused rather than silently overruled (given in agreement, or left
+    at its default, it is accepted). Under `on`, a policy that declares
+    `prefix_caching_unsupported` is refused with its reason.
+
+    Raises:
+      PolicyLoadError: one line naming the policy, the knob or reason, and the switch.
+    """
+    mode, options = config.kv.prefix_caching, options or {}
+    if mode == "policy":
+        return
+    prefix_caching_active(policy, mode, PolicyLoadError)
+    renamed: Mapping[str, str] = getattr(policy, "renamed_options", {})
+    knob = policy.prefix_caching_knob
+    given = [key for key in options if renamed.get(key, key) == knob]
+    if given and bool(policy.prefix_caching) != (mode == "on"):
+        raise PolicyLoadError(
+            f"policy {policy.name!r}: option {given[0]}={options[given[0]]} contradicts "
+            f"--prefix_caching={mode}, which decides caching for every policy; drop the "
+            f"option, or give --prefix_caching=policy to let the policy's knob decide")
+
+
 def check_router(spec: RunSpec) -> Optional[Router]:
     """The run's router, built from its spec and options (None with one replica).
 
@@ -356,7 +384,8 @@ def check_policies(spec: RunSpec, config: SchedulerConfig,
 
     Raises:
       PolicyLoadError: a policy or the router does not load, an option is unknown or
-        mistyped, or a knob exceeds a scheduler limit (`check_policy_limits`).
+        mistyped, a knob exceeds a scheduler limit (`check_policy_limits`), or the
+        run's prefix-caching switch cannot serve it (`check_prefix_caching`).
     """
     built = []
     for policy_spec, options in policies:
@@ -365,6 +394,7 @@ def check_policies(spec: RunSpec, config: SchedulerConfig,
         if getattr(policy, "preemption_mode", None) == "swap" and not config.kv.tiers:
             raise PolicyLoadError(f"policy {policy.name!r}: preemption_mode=swap needs a host "
                                   "KV tier (--kv_host_gb or --kv_host_pages)")
+        check_prefix_caching(policy, options, config)
         built.append(policy)
     check_router(spec)
     return built

@@ -7,8 +7,10 @@ scheduler's limits (`max_num_tokens`: tokens per step, Sarathi-Serve's chunk
 size, vLLM's `max_num_batched_tokens`; `max_num_seqs`: the batch cap; None: the
 scheduler's), so a policy with such a knob runs at `min(knob, limit)`, and one
 without it (orca, static, the ranking policies) at the scheduler's limit.
-Prefix caching is active when the run allows it (`--enable_prefix_caching`) and
-the policy opts in (`Policy.prefix_caching`), as the scheduler decides it.
+Prefix caching is active as the run's switch (`--prefix_caching`,
+`KVConfig.prefix_caching`) decides it for the policy: `on` every policy, `off`
+none, `policy` (the default) the policy's own opt-in (`Policy.prefix_caching`),
+as the scheduler decides it (`prefix_caching_active`).
 
 compare prints these per policy and warns when the ones that change results
 (`RESULT_SETTINGS`) differ between the policies it compares.
@@ -18,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from orca_jax.core.api.policy import Policy
+from orca_jax.core.api.policy import Policy, prefix_caching_active
 from orca_jax.core.loop.config import SchedulerConfig
 
 # The per-policy settings compare shows, in its table's order.
@@ -48,6 +50,6 @@ def effective_settings(policy: Policy, config: SchedulerConfig) -> dict[str, Any
         "token_budget": _capped(policy, "max_num_tokens", limits.max_num_tokens),
         "batch_cap": _capped(policy, "max_num_seqs", limits.max_num_seqs),
         "kv_reservation": policy.kv_reservation,
-        "prefix_caching": bool(config.kv.enable_prefix_caching and policy.prefix_caching),
+        "prefix_caching": prefix_caching_active(policy, config.kv.prefix_caching, ValueError),
         "count_host_time": bool(config.features.count_host_time),
     }

@@ -19,6 +19,7 @@ from typing import Any, Optional, Union
 from orca_jax import _legacy
 from orca_jax.core.api.plugins import parse_options
 from orca_jax.core.kv import KV_LAYOUTS
+from orca_jax.core.kv.config import PREFIX_CACHING_MODES
 from orca_jax.core.step.bucket_fit import max_fitted_sizes, parse_fit_ladder
 from orca_jax.runner.kv_tiers import tier_configs
 from orca_jax.runner.spec_caps import check_caps
@@ -307,6 +308,12 @@ class LimitsSpec:
                                     "steps.jsonl (request_ids, request_tokens).")
     kv_layout: str = _knob("paged", "KV pages: paged, or buddy: each reservation one "
                            "power-of-two block (the vLLM paper's Orca).", choices=KV_LAYOUTS)
+    prefix_caching: str = _knob("policy", "Share the KV pages of common prompt prefixes "
+                                "between requests: policy (each policy's own opt-in: vllm's "
+                                "enable_prefix_caching knob, lpm; the others off), on (every "
+                                "policy), off (none). The switch wins over a policy's opt-in; "
+                                "--describe_policy says what each does with it.",
+                                choices=PREFIX_CACHING_MODES)
     count_host_time: bool = _knob(False, "Add the scheduler's measured host time (planning, "
                                   "packing, bookkeeping) to the virtual clock, as a real "
                                   "server pays it; runs are then no longer repeatable bit for "
@@ -341,6 +348,10 @@ class LimitsSpec:
             _check_at_least("limits", field, getattr(self, field), 1)
         _check_at_least("limits", "max_model_len", self.max_model_len, 2)
         _check_choice("limits", "kv_layout", self.kv_layout, KV_LAYOUTS)
+        _check_choice("limits", "prefix_caching", self.prefix_caching, PREFIX_CACHING_MODES)
+        if self.prefix_caching == "on" and self.kv_layout == "buddy":
+            raise ValueError("limits.prefix_caching 'on' shares single KV pages and kv_layout "
+                             "'buddy' hands out whole blocks; choose one")
         _check_positive("limits", "kv_memory_gb", self.kv_memory_gb)
         for field in ("kv_host_gb", "kv_disk_gb"):
             _check_positive("limits", field, getattr(self, field))

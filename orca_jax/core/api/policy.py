@@ -20,6 +20,7 @@ Policies never import jax: decisions are plain Python and numpy.
 from __future__ import annotations
 
 import abc
+import dataclasses
 from typing import ClassVar, Mapping, Optional, Sequence, Type, Union
 
 import numpy as np
@@ -53,10 +54,21 @@ class Policy(abc.ABC):
       defer_release: when True, finished requests are handed back to their
         clients only when the policy lists them in `StepPlan.release` (as
         request-level batching returns a whole batch at once).
-      prefix_caching: True opts in to prefix caching (active when
-        `SchedulerConfig.kv.enable_prefix_caching` is on too): an admission then
-        starts past the cached pages of its prompt, so the tokens a plan gives a
-        waiting request count from there (`view.cached_tokens`).
+      prefix_caching: True opts in to prefix caching. The run's switch
+        (`SchedulerConfig.kv.prefix_caching`, `--prefix_caching`) decides:
+        `policy` (the default) follows this opt-in, `on` turns caching on
+        whatever it says, `off` off. With caching active (`view.prefix_caching`)
+        an admission starts past the cached pages of its prompt, so the tokens a
+        plan gives a waiting request count from there (`view.requests.
+        num_uncomputed - view.cached_tokens`), and a preemption frees a shared
+        page only with its last holder (`view.pages_freed`); a policy that plans
+        through `plan_in_order` or `view.kv_budget` gets both from them.
+      prefix_caching_knob: the knob (a dataclass field) that sets `prefix_caching`,
+        if any (vllm: `enable_prefix_caching`): a command refuses it given
+        explicitly against the run's `on`/`off` (`runner.build.check_prefix_caching`).
+      prefix_caching_unsupported: why this policy cannot plan with shared pages,
+        if it cannot (empty: it can); the run's `on` then refuses it, naming the
+        policy and this reason, instead of running it uncached.
       renamed_options: old knob name -> new name, for knobs renamed in a release;
         `--policy_opts` still takes the old name, with a DeprecationWarning.
       preempts: False for a policy that never preempts: it cannot free pages when
@@ -69,6 +81,8 @@ class Policy(abc.ABC):
     kv_reservation: str = "none"
     defer_release: bool = False
     prefix_caching: bool = False
+    prefix_caching_knob: ClassVar[str] = "prefix_caching"
+    prefix_caching_unsupported: ClassVar[str] = ""
     preempts: ClassVar[bool] = True
 
     def preemption_modes(self, view: SchedulerView, victims: NDArray[np.int64]
@@ -158,6 +172,38 @@ def make_policy(spec: str, options: Mapping[str, str] | None = None) -> Policy:
     policy = plugins.build(cls, options, "policy")
     check_kv_reservation(policy, PolicyLoadError)
     return policy
+
+
+def prefix_caching_active(policy: Policy, mode: str, error: Type[Exception]) -> bool:
+    """Whether prefix caching is active for `policy` under the run's switch `mode`
+    (`KVConfig.prefix_caching`): `policy`, the policy's own opt-in; `on`, yes; `off`, no.
+
+    Raises:
+      error: `on` for a policy that declares `prefix_caching_unsupported` (one line
+        naming the policy and its reason).
+    """
+    if mode == "policy":
+        return bool(policy.prefix_caching)
+    if mode == "on" and policy.prefix_caching_unsupported:
+        raise error(f"policy {policy.name!r} cannot run with prefix_caching 'on': "
+                    f"{policy.prefix_caching_unsupported}")
+    return mode == "on"
+
+
+def prefix_caching_line(cls: type[Policy]) -> str:
+    """What a policy class does with prefix caching, in one line (`--describe_policy`)."""
+    if cls.prefix_caching_unsupported:
+        return (f"prefix caching: not supported ({cls.prefix_caching_unsupported}); "
+                "--prefix_caching=on refuses it")
+    knob = cls.prefix_caching_knob
+    fields = {f.name: f for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else {}
+    if knob in fields and fields[knob].init:  # a knob: its default is the opt-in
+        opt_in = f"opts in by its knob {knob} (default {fields[knob].default!r})"
+    else:
+        opt_in = ("opts in" if getattr(cls, "prefix_caching", False) is True
+                  else "does not opt in")
+    return (f"prefix caching: {opt_in}, which decides under --prefix_caching=policy (the "
+            "default); --prefix_caching=on caches for it too, =off never")
 
 
 def check_kv_reservation(policy: Policy, error: Type[Exception]) -> None:

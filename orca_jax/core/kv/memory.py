@@ -81,7 +81,7 @@ class KVMemory:
           max_pages_per_seq: a page-table row's width.
           max_model_len: the context limit (the `max` reservation).
           reservation: the policy's `kv_reservation`.
-          prefix_caching: whether prefix caching is active (the config's and the policy's).
+          prefix_caching: whether prefix caching is active (`prefix_caching_active`).
           uses_planned_output: see `PrefixHits`.
 
         Raises:
@@ -95,7 +95,8 @@ class KVMemory:
         if layout == "buddy" and prefix_caching:
             raise ValueError(f"policy {policy_name!r}: prefix caching shares single KV pages and "
                              "the buddy layout hands out whole blocks; turn one off "
-                             "(SchedulerConfig.kv.enable_prefix_caching or the policy's knob)")
+                             "(SchedulerConfig.kv.prefix_caching, or under 'policy' the "
+                             "policy's opt-in)")
         n = len(table)
         # A workload of lengths only has no ids to match: no admission could ever hit, so
         # no cache is kept and every step takes the uncached path (same results, faster).

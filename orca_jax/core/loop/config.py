@@ -17,7 +17,7 @@ import dataclasses
 import warnings
 from typing import Any
 
-from orca_jax.core.kv.config import KVConfig
+from orca_jax.core.kv.config import KVConfig, prefix_caching_of_old_knob
 from orca_jax.core.plans.limits import SLOTargets, StepLimits
 from orca_jax.core.step.sampling import SamplingConfig
 
@@ -59,6 +59,7 @@ PARTS: dict[str, type] = {"limits": StepLimits, "kv": KVConfig, "sampling": Samp
 # 0.1's flat keyword -> the part that holds it now (under the same name).
 FLAT_KNOBS: dict[str, str] = {field.name: part for part, kind in PARTS.items()
                               for field in dataclasses.fields(kind)}
+FLAT_KNOBS["enable_prefix_caching"] = "kv"  # 0.2's name of kv.prefix_caching (KVConfig says)
 
 
 class _TakesFlatKeywords(type):
@@ -122,6 +123,8 @@ class SchedulerConfig(metaclass=_TakesFlatKeywords):
         """
         grouped: dict[str, dict[str, Any]] = {}
         for name, value in knobs.items():
+            if name == "enable_prefix_caching":  # 0.2's name, for one release
+                name, value = "prefix_caching", prefix_caching_of_old_knob(value)
             if name not in FLAT_KNOBS:
                 raise TypeError(f"SchedulerConfig.with_knobs: {name!r} is no knob of any part "
                                 f"({', '.join(PARTS)})")

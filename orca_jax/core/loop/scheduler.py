@@ -11,10 +11,11 @@ could ever take are rejected up front (`orca_jax.core.loop.admission`), and a ru
 in which no request gains a computed token or finishes for `no_progress_steps`
 iterations fails (`no_progress`).
 
-With prefix caching active (`SchedulerConfig.kv.enable_prefix_caching` and the
-policy's `prefix_caching`), an admission shares the cached pages of its known
-tokens and starts past them, and pages are named as they fill
-(`orca_jax.core.kv.prefix_cache`, `orca_jax.core.kv.prefix_hits`).
+With prefix caching active (the run's switch `SchedulerConfig.kv.prefix_caching`
+is `on`, or `policy` and the policy opts in: `Policy.prefix_caching`), an
+admission shares the cached pages of its known tokens and starts past them, and
+pages are named as they fill (`orca_jax.core.kv.prefix_cache`,
+`orca_jax.core.kv.prefix_hits`).
 
 All per-request state is in the `RequestTable`'s arrays and every per-step
 operation is a whole-array numpy expression, so the host cost per iteration
@@ -28,7 +29,7 @@ from typing import Optional, Sequence, Union
 import numpy as np
 from numpy.typing import NDArray
 
-from orca_jax.core.api.policy import Policy, check_kv_reservation
+from orca_jax.core.api.policy import Policy, check_kv_reservation, prefix_caching_active
 from orca_jax.core.kv import KVMemory, PreemptionCosts, preempt, preemption_costs
 from orca_jax.core.kv.preemption import RECOMPUTE, SWAP
 from orca_jax.core.kv.prefix_hits import PrefixHits
@@ -92,7 +93,7 @@ class Scheduler(SchedulerLoop):
         self.engine = engine
         check_kv_reservation(policy, ValueError)
         policy.check_limits(limits)
-        self.prefix_caching = bool(kv_config.enable_prefix_caching and policy.prefix_caching)
+        self.prefix_caching = prefix_caching_active(policy, kv_config.prefix_caching, ValueError)
         if table is not None and len(table) != len(requests):
             raise ValueError(f"Scheduler: the shared table has {len(table)} requests, the "
                              f"workload {len(requests)}; share a table of the same workload")

@@ -70,8 +70,9 @@ class SchedulerView:
       bucket_token_sizes: the configured step sizes (T of each bucket).
       max_model_len: the context limit (prompt + output) of every request.
       kv_reservation: this run's KV allocation mode (see `Policy.kv_reservation`).
-      prefix_caching: whether prefix caching is active (the config's switch and
-        the policy's): an admission then starts past its hit (`cached_tokens`).
+      prefix_caching: whether prefix caching is active (the run's switch,
+        `SchedulerConfig.kv.prefix_caching`, and under `policy` the policy's
+        opt-in): an admission then starts past its hit (`cached_tokens`).
       ttft_slo_s, tpot_slo_s: the run's SLOs in seconds (`--ttft_slo_s`,
         `--tpot_slo_s`), None when unset; the core does not enforce them, a policy
         may (reject a request with `StepPlan(reject=...)`).
