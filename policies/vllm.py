@@ -51,6 +51,8 @@ from numpy.typing import NDArray
 from orca_jax import Policy, SchedulerView, StepLimits, StepPlan, register
 from policies._common import STEADY
 
+_FIRST_LOOK = 4  # waiting requests `_admit` looks at before looking further
+
 
 @register("vllm")
 @dataclasses.dataclass(kw_only=True)
@@ -238,12 +240,32 @@ class VLLM(Policy):
         waiting = view.waiting
         if budget <= 0 or num_running >= cap or waiting.size == 0:
             return waiting[:0], waiting[:0]
-        requests = view.requests
         if self.priority:
+            requests = view.requests
             waiting = waiting[np.lexsort((waiting, requests.arrival_s[waiting],
                                           requests.priority[waiting]))]
         # Each admission takes >= 1 token and one seat: only a prefix can get in.
         candidates = waiting[:min(cap - num_running, budget)]  # [c]
+        # Admission stops at the first request that does not fit, and nothing about a
+        # candidate depends on those after it: look at a short head first and further
+        # only while all fit (each look at a waiting request's prefix hit is a walk over
+        # its pages, and the cache changes every step).
+        size = _FIRST_LOOK
+        while True:
+            head = candidates[:size]
+            fits, tokens = self._fits(view, head, budget, free, threshold)
+            if not fits.all() or head.size == candidates.size:
+                break
+            size *= 4
+        num_admitted = int(np.argmin(fits)) if not fits.all() else int(fits.size)
+        return head[:num_admitted], tokens[:num_admitted]
+
+    def _fits(self, view: SchedulerView, candidates: NDArray[np.int64],  # [c]
+              budget: int, free: int, threshold: int
+              ) -> tuple[NDArray[np.bool_], NDArray[np.int64]]:
+        """Whether each candidate fits after those before it are admitted (`[c]`), and the
+        tokens it would get (`[c]`)."""
+        requests = view.requests
         # An admission starts past its cached pages: only the rest is left to compute.
         uncached = requests.num_uncomputed(candidates) - view.cached_tokens(candidates)  # [c]
         want = uncached
@@ -260,8 +282,7 @@ class VLLM(Policy):
         pages = view.pages_needed(candidates, np.maximum(tokens, 1))  # [c]
         free_before = free - (np.cumsum(pages) - pages)  # [c]
         fits &= full_pages <= view.kv_room(free_before)  # vLLM asks it of the whole prompt
-        num_admitted = int(np.argmin(fits)) if not fits.all() else int(fits.size)
-        return candidates[:num_admitted], tokens[:num_admitted]
+        return fits, tokens
 
 
 @register("vllm-priority")

@@ -22,8 +22,10 @@ from orca_jax.core.kv.config import KVConfig
 from orca_jax.core.kv.memory import KVMemory, make_pool
 from orca_jax.core.kv.pool import KV_LAYOUTS, KVPool, PagedPool
 from orca_jax.core.kv.preemption import (
+    PreemptionCosts,
     PreemptionMode,
     preempt,
+    preemption_costs,
     preemption_modes,
     register_preemption_mode,
     unregister_preemption_mode,
@@ -34,9 +36,9 @@ from orca_jax.core.kv.tiers import DeviceTier, KVTier, TierChain
 __all__ = ["BuddyAllocator", "BuddyPool", "CachedCapacity", "CachedPool", "DeviceTier",
            "KVBudget", "KVCapacity", "KVConfig", "KVMemory", "KVPool", "KVTier", "KV_LAYOUTS",
            "PagedPool",
-           "PreemptionMode", "PrefixCache", "TierChain", "make_pool", "pool_rule_broken",
-           "preempt", "preemption_modes", "register_preemption_mode",
-           "unregister_preemption_mode"]
+           "PreemptionCosts", "PreemptionMode", "PrefixCache", "TierChain", "make_pool",
+           "pool_rule_broken", "preempt", "preemption_costs", "preemption_modes",
+           "register_preemption_mode", "unregister_preemption_mode"]
 
 
 def __getattr__(name: str) -> object:

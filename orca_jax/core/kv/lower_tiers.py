@@ -94,6 +94,11 @@ class LinkedTiers(TierChain):
         self._horizon = 0.0  # the latest move end a step has been made to wait for
         self.carried_s = 0.0  # stall the step being scheduled owes its evictions' moves
         self.on_change: Callable[[], None] = lambda: None  # a lookup's memo is stale
+        # Changes that can shorten a lookup's run or move one of its pages to another
+        # tier: a page evicted from a slower tier, or one cached on a tier above another
+        # that holds it. Any other change (a new page cached) can only lengthen a run, so
+        # a lookup whose count is unchanged goes on from where its run ended.
+        self.num_reorders = 0
 
     # ------------------------------------------------------------------ moves
     def _tier(self, index: int) -> PageTier:
@@ -184,6 +189,7 @@ class LinkedTiers(TierChain):
         while target.cached and target.num_used + num_pages > target.capacity_pages:
             name = target.policy.victim()
             del target.cached[name]
+            self.num_reorders += 1
             target.ready_s.pop(name, None)
             target.stats["evictions"] += 1
             spilled.append(name)
@@ -205,6 +211,9 @@ class LinkedTiers(TierChain):
         room = target.capacity_pages - target.num_used
         new = new[:max(room, 0)]  # swapped pages fill it: the rest are dropped
         end = self._move(source, tier, len(new), ready_s) if moves else ready_s
+        below = self.lower[tier:]  # lower[tier - 1] is this tier
+        if below and any(name in deeper.cached for deeper in below for name in new):
+            self.num_reorders += 1  # a lookup now finds these on this faster tier
         for name in new:
             target.cached[name] = None
             target.policy.inserted(name)
@@ -231,10 +240,13 @@ class LinkedTiers(TierChain):
         if self._tier(1).policy.placement == "write_through":
             self._insert(1, names, source=DEVICE, ready_s=self.clock())
 
-    def lower_hits(self, names: Sequence[Hashable]) -> list[int]:
+    def lower_hits(self, names: Sequence[Hashable], found: Optional[list[int]] = None
+                   ) -> list[int]:
         """The tier holding each of `names` (those after a request's device hit), as
-        long as some slower tier holds them all (the run ends at the first miss)."""
-        found = []
+        long as some slower tier holds them all (the run ends at the first miss);
+        `found`: a run already found for the first of them, to go on from."""
+        found = [] if found is None else found
+        names = names[len(found):]
         for name in names:
             for k, tier in enumerate(self.lower, start=1):
                 if name in tier.cached:

@@ -21,7 +21,7 @@ from typing import NamedTuple, Protocol, Sequence, Union
 import numpy as np
 from numpy.typing import NDArray
 
-from orca_jax.core.kv.lower_tiers import swap_tier
+from orca_jax.core.kv.lower_tiers import PageTier, swap_tier
 from orca_jax.core.kv.memory import KVMemory
 
 RECOMPUTE = "recompute"
@@ -73,25 +73,44 @@ BUILT_IN = (RECOMPUTE, SWAP)
 
 
 class PreemptionCosts(NamedTuple):
-    """What preempting each request would cost, by mode (`preemption_costs`)."""
+    """What preempting each request would cost, by mode (`preemption_costs`).
+
+    Swap moves `pages` down the host link and, when the request is readmitted, back up
+    it; recompute moves nothing and computes `recompute_tokens` again (their prefill
+    time is the engine's: a policy weighs them against the link seconds).
+    """
 
     pages: NDArray[np.int64]  # [n] device pages it holds (freed either way)
-    swap_s: NDArray[np.float64]  # [n] link seconds of its swap out and back (inf: no host)
+    swap_out_s: NDArray[np.float64]  # [n] link seconds of its swap out (inf: no host tier)
+    swap_in_s: NDArray[np.float64]  # [n] link seconds of its swap back in (inf: no host)
     recompute_tokens: NDArray[np.int64]  # [n] tokens recompute computes again
+    swap_fits: NDArray[np.bool_]  # [n] the host tier has room for its pages now (alone)
+
+    @property
+    def swap_s(self) -> NDArray[np.float64]:  # [n]
+        """Link seconds of a swap out and back in."""
+        return self.swap_out_s + self.swap_in_s
 
 
 def preemption_costs(memory: KVMemory, ids: NDArray[np.int64]) -> PreemptionCosts:  # [n]
     """Each request's cost under `swap` and `recompute`: a swap's link seconds out and
-    back in, unqueued (the links' queues add to them), and recompute's tokens."""
+    back in, unqueued (the links' queues add to them), whether the host tier has room
+    for it, and recompute's tokens. Reads only."""
+    ids = np.asarray(ids, dtype=np.int64)
     pages = memory.pool.num_held[ids].astype(np.int64)
     tier = swap_tier(memory.tiers)
     if tier is None:
-        swap_s = np.full(ids.size, math.inf)
+        out_s = in_s = np.full(ids.size, math.inf)
+        fits = np.zeros(ids.size, dtype=np.bool_)
     else:
         host = memory.tiers.tiers[tier]
-        swap_s = np.array([2.0 * host.move_s(np.array([count])) for count in pages.tolist()],
-                          dtype=np.float64)
-    return PreemptionCosts(pages, swap_s, memory.table.num_computed[ids].astype(np.int64))
+        assert isinstance(host, PageTier)
+        num_bytes = pages * host.page_bytes  # [n]
+        out_s = host.link.down.latency_s + num_bytes / host.link.down.bytes_per_s
+        in_s = host.link.up.latency_s + num_bytes / host.link.up.bytes_per_s
+        fits = pages <= host.capacity_pages - memory.tiers.num_used(tier)
+    return PreemptionCosts(pages, out_s.astype(np.float64), in_s.astype(np.float64),
+                           memory.table.num_computed[ids].astype(np.int64), fits)
 
 
 def register_preemption_mode(name: str, mode: PreemptionMode) -> None:

@@ -91,15 +91,19 @@ class PrefixCache:
         names.append(hash_page(names[-1] if names else ROOT_HASH,
                                tokens(start, start + self.page_size)))
 
-    def lookup(self, request: int, num_pages: int, tokens: TokenReader) -> list[int]:
-        """The pages of the longest cached run of the request's first `num_pages` pages.
+    def lookup(self, request: int, num_pages: int, tokens: TokenReader,
+               pages: Optional[list[int]] = None) -> list[int]:
+        """The pages of the longest cached run of the request's first `num_pages` pages;
+        `pages`: a run found for it before, to go on from (a new list is returned).
+        Only an eviction can break a run (`num_evictions`), so with none since, the
+        run found then is still cached.
 
         Reads only: a rejected plan's lookups leave the cache as it was.
         """
-        pages = []
+        pages = [] if pages is None else list(pages)
         page_of = self._page_of
         names = self._names[request]
-        for k in range(num_pages):
+        for k in range(len(pages), num_pages):
             if k == len(names):  # name pages lazily: a miss ends the walk early
                 self._name_next(names, tokens)
             page = page_of.get(names[k])

@@ -15,7 +15,7 @@ size recomputes its whole last page).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, NamedTuple, Optional
 
 import numpy as np
 from numpy.typing import NDArray
@@ -28,6 +28,18 @@ if TYPE_CHECKING:
     from orca_jax.core.kv.lower_tiers import LinkedTiers
 
 _NONE: tuple[int, ...] = ()  # no page found on a slower tier
+
+
+class _Memo(NamedTuple):
+    """A request's last lookup, and the state of the caches it was made in."""
+
+    version: int  # the prefix cache's version then (any change since makes it stale)
+    known: int  # the request's known tokens then
+    pages: list[int]  # its device hit
+    lower: tuple[int, ...]  # the slower tier of each page after it, as long as found
+    evictions: int  # the device cache's evictions then
+    reorders: int  # the slower tiers' evictions and moves up then (`LinkedTiers`)
+    page_array: NDArray[np.int64]  # [len(pages)] its device hit
 
 
 class PrefixHits:
@@ -54,8 +66,7 @@ class PrefixHits:
         # Requests without token ids (length-only workloads) never hit and are never named.
         self._has_tokens = np.array([spec.prompt_tokens is not None for spec in table.specs],
                                     dtype=np.bool_)  # [N]
-        # request -> (version, known, device hit, slower tier of each page after it)
-        self._memo: dict[int, tuple[int, int, list[int], tuple[int, ...]]] = {}
+        self._memo: dict[int, _Memo] = {}  # request -> its last lookup
         self.tiers: Optional["LinkedTiers"] = None  # slower tiers a hit may go on into
         self.load_s = 0.0  # stall of the loads admissions started (KVMemory.admit takes it)
 
@@ -92,16 +103,30 @@ class PrefixHits:
         if not self._has_tokens[request] or (tiers is not None and tiers.tier_of[request]):
             return [], _NONE  # a swapped-out request comes back with its own pages
         known = int(self._table.prompt_len[request] + self._table.num_generated[request])
+        cache = self._cache
         memo = self._memo.get(request)
-        if memo is not None and memo[0] == self._cache.version and memo[1] == known:
-            return memo[2], memo[3]
+        if memo is not None and memo.known == known and memo.version == cache.version:
+            return memo.pages, memo.lower
         num_pages = (known - 1) // self._page_size
-        pages = self._cache.lookup(request, num_pages, self.reader(request))
+        reader = self.reader(request)
+        # Since the memo, with no eviction, its run is still cached (the cache only
+        # gained pages): go on from its end instead of walking every page again.
+        same = memo is not None and memo.known == known
+        kept = same and memo.evictions == cache.num_evictions
+        pages = cache.lookup(request, num_pages, reader, memo.pages if kept else None)
         lower = _NONE
         if tiers is not None and len(pages) < num_pages:
-            names = self._cache.names(request, num_pages, self.reader(request))
-            lower = tuple(tiers.lower_hits(names[len(pages):]))
-        self._memo[request] = (self._cache.version, known, pages, lower)
+            names = cache.names(request, num_pages, reader)
+            # Likewise below: a run that starts where it did, with no page of a slower
+            # tier evicted or moved up since, goes on from its end (the device's
+            # evictions only add pages there).
+            on = (same and len(pages) == len(memo.pages)
+                  and memo.reorders == tiers.num_reorders)
+            lower = tuple(tiers.lower_hits(names[len(pages):],
+                                           list(memo.lower) if on else None))
+        self._memo[request] = _Memo(cache.version, known, pages, lower, cache.num_evictions,
+                                    tiers.num_reorders if tiers is not None else 0,
+                                    np.asarray(pages, dtype=np.int64))
         return pages, lower
 
     def hit_counts(self, ids: NDArray[np.int64],  # [n]
@@ -113,11 +138,13 @@ class PrefixHits:
         hits = np.zeros(ids.size, dtype=np.int64)
         free = np.zeros(ids.size, dtype=np.int64)
         ref_count = self._kv.ref_count
+        memos = self._memo
         for k in np.flatnonzero(mask).tolist():
-            pages, lower = self._lookup(int(ids[k]))
+            request = int(ids[k])
+            pages, lower = self._lookup(request)
             if pages:
                 hits[k] = len(pages)
-                free[k] = int(np.count_nonzero(ref_count[pages] == 0))
+                free[k] = int(np.count_nonzero(ref_count[memos[request].page_array] == 0))
             if lower and not device_only:
                 hits[k] += len(lower)
                 free[k] += len(lower)

@@ -30,7 +30,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from orca_jax.core.api.policy import Policy, check_kv_reservation, prefix_caching_active
-from orca_jax.core.kv import KVMemory, preempt
+from orca_jax.core.kv import KVMemory, PreemptionCosts, preempt, preemption_costs
 from orca_jax.core.kv.preemption import RECOMPUTE, SWAP
 from orca_jax.core.kv.prefix_hits import PrefixHits
 from orca_jax.core.loop import cancel as cancelling
@@ -190,6 +190,10 @@ class Scheduler(SchedulerLoop):
         (0 for a request running or done, and when caching is not active). A request
         not held here counts as if it were sent here (a router asks)."""
         return self.capacity.cached_tokens(ids)
+
+    def preemption_costs(self, ids: NDArray[np.int64]) -> PreemptionCosts:  # [n]
+        """Each request's cost under swap and recompute (`kv.preemption_costs`)."""
+        return preemption_costs(self.kv_memory, ids)
 
     @property
     def kv_reservation(self) -> str:

@@ -13,7 +13,7 @@ from typing import Optional, Protocol
 import numpy as np
 from numpy.typing import NDArray
 
-from orca_jax.core.kv import KVCapacity, KVConfig, KVPool
+from orca_jax.core.kv import KVCapacity, KVConfig, KVPool, PreemptionCosts
 from orca_jax.core.plans.limits import SLOTargets, StepLimits
 from orca_jax.core.requests.request_table import RequestTable
 from orca_jax.core.step.packing import BucketConfig
@@ -105,4 +105,8 @@ class SchedulerState(Protocol):
 
     def cached_tokens(self, ids: NDArray[np.int64]) -> NDArray[np.int64]:  # [n] -> [n]
         """Tokens an admission of each request now would take from the prefix cache."""
+        ...
+
+    def preemption_costs(self, ids: NDArray[np.int64]) -> PreemptionCosts:  # [n]
+        """What preempting each request by swap or by recompute would cost now."""
         ...

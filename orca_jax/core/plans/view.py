@@ -20,6 +20,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from orca_jax.core.kv.capacity import KVBudget
+from orca_jax.core.kv.preemption import PreemptionCosts
 from orca_jax.core.plans.scheduler_state import SchedulerState
 from orca_jax.core.requests.request_table import RequestTableView
 
@@ -168,6 +169,16 @@ class SchedulerView:
         done) requests, requests without token ids, and when caching is not active.
         Works for requests not yet arrived too (a router asks before routing)."""
         return self._scheduler.cached_tokens(np.asarray(ids, dtype=np.int64))
+
+    def preemption_costs(self, ids: NDArray[np.int64]) -> PreemptionCosts:  # [n]
+        """What preempting each of these running requests would cost, by mode, so a
+        policy can choose per victim (`Policy.preemption_modes`). Fields, each `[n]`:
+        `pages` (device pages it holds), `swap_out_s` and `swap_in_s` (the host link's
+        seconds to move them out now and back at readmission, unqueued; inf without a
+        host tier), `swap_fits` (the host tier has room for them now), and
+        `recompute_tokens` (what recompute computes again; its prefill time is the
+        engine's). `swap_s` is out plus in. Reads only."""
+        return self._scheduler.preemption_costs(np.asarray(ids, dtype=np.int64))
 
     @property
     def next_arrival_s(self) -> Optional[float]:
