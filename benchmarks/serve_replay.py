@@ -2,14 +2,14 @@
 
 For each policy: starts `python -m experiments.serve --model=tiny --policy=P` on a free
 loopback port, waits for /health, replays the first `--num_requests` of `--trace` with
-`experiments.bench_serve` (arrivals times `--time_scale`; prompts of the trace's input
+`experiments.bench_serve` (arrivals times `--trace_time_scale`; prompts of the trace's input
 lengths cut to the server's context, `max_tokens` the trace's output length with
 `ignore_eos`), SIGTERMs the server (which writes its results folder), and prints the
 client's TTFT/TPOT/ITL/E2E percentiles beside the server's summary, and the server's
 peak RSS (VmHWM).
 
     python -m benchmarks.serve_replay --policies vllm orca --num_requests 200 \
-        --time_scale 2 > benchmarks/results/serve_replay_azure.txt
+        --trace_time_scale 2 > benchmarks/results/serve_replay_azure.txt
 """
 
 from __future__ import annotations
@@ -118,6 +118,7 @@ def run_one(policy: str, trace: str, num_requests: int, time_scale: float,
     code, hwm = server.stop()
     summary = bench_serve.summarize(outcomes, planned)
     bench_serve.write(str(client_dir), outcomes, summary)
+    bench_serve.write_sent(str(work / "sent.jsonl"), planned)
     rows = sum(1 for _ in open(server_dir / "requests.jsonl"))
     return {"policy": policy, "exit": code, "ready_s": ready_s, "replay_s": replay_s,
             "server_rows": rows, "vm_hwm_mib": hwm / 1024 if hwm else None,
@@ -129,7 +130,7 @@ def main() -> None:
     parser.add_argument("--policies", nargs="+", default=["vllm", "orca"])
     parser.add_argument("--trace", default="/work/shared/traces/azure_conv_2023.csv")
     parser.add_argument("--num_requests", type=int, default=200)
-    parser.add_argument("--time_scale", type=float, default=2.0)
+    parser.add_argument("--trace_time_scale", type=float, default=2.0)
     parser.add_argument("--server_args", nargs="*", default=[],
                         help="more flags for experiments.serve (as --name=value)")
     parser.add_argument("--work_dir", default=None, help="keep the folders here")
@@ -137,10 +138,10 @@ def main() -> None:
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="serve_replay_"))
     work.mkdir(parents=True, exist_ok=True)
     print(f"serve_replay: trace {args.trace}, first {args.num_requests} requests, arrivals "
-          f"x{args.time_scale}, model tiny, server flags {args.server_args}; "
+          f"x{args.trace_time_scale}, model tiny, server flags {args.server_args}; "
           f"load average {os.getloadavg()[0]:.2f}; folders in {work}", flush=True)
     for policy in args.policies:
-        r = run_one(policy, args.trace, args.num_requests, args.time_scale, work,
+        r = run_one(policy, args.trace, args.num_requests, args.trace_time_scale, work,
                     args.server_args)
         c = r["client"]
         print(f"\n== {policy}: server ready in {r['ready_s']:.1f} s, replay {r['replay_s']:.1f}"

@@ -2,9 +2,9 @@
 
     python -m experiments.bench_serve --url=http://127.0.0.1:8000 \
         --trace=/work/shared/traces/azure_conv_2023.csv --num_requests=200 \
-        --time_scale=4 --out_dir=/tmp/replay --server_dir=/tmp/serve_out
+        --trace_time_scale=4 --out_dir=/tmp/replay --server_dir=/tmp/serve_out
 
-Each trace request is sent at its arrival time (times `--time_scale`) as a streaming
+Each trace request is sent at its arrival time (times `--trace_time_scale`, as run's) as a streaming
 `/v1/completions` call: the prompt is `prompt_len` repeated characters (one token each
 under the byte tokenizer of the random-weight presets, so prompt lengths match the
 trace), `max_tokens` is the trace's output length with `ignore_eos` (so output lengths
@@ -35,7 +35,7 @@ flags.DEFINE_string("model", "tiny", "The served model name.")
 flags.DEFINE_string("trace", None, "Trace file (CSV or JSON Lines, as --workload=trace).")
 flags.DEFINE_integer("num_requests", None, "The first N requests of the trace (unset: all).",
                      lower_bound=1)
-flags.DEFINE_float("time_scale", 1.0, "Multiplies every arrival time (4: a quarter of the "
+flags.DEFINE_float("trace_time_scale", 1.0, "Multiplies every arrival time (4: a quarter of the "
                    "trace's rate).", lower_bound=0.0)
 flags.DEFINE_integer("max_model_len", None, "Context of the server: a request whose prompt "
                      "and output exceed it has its prompt cut to fit (counted in the "
@@ -45,6 +45,9 @@ flags.DEFINE_string("api_key", None, "Bearer key, if the server needs one.")
 flags.DEFINE_string("out_dir", None, "Folder for requests.jsonl and summary.json.")
 flags.DEFINE_string("server_dir", None, "The server's results folder, to print its "
                     "summary beside the client's.")
+flags.DEFINE_string("write_trace", None, "Also write the requests as sent (arrivals scaled, "
+                    "prompts cut) to this .jsonl trace: `experiments.run --workload=trace "
+                    "--clock=wall` on it is the offline run of exactly this replay.")
 flags.DEFINE_float("timeout_s", 600.0, "Per-request timeout.", lower_bound=0.0)
 
 PERCENTILES = (50, 90, 99)
@@ -181,6 +184,14 @@ def summarize(outcomes: Sequence[Outcome], planned: Sequence[Planned]) -> dict:
             "e2e_s": _pcts([o.e2e_s for o in ok])}
 
 
+def write_sent(path: str, planned: Sequence[Planned]) -> None:
+    """The requests as sent, as a JSON Lines trace (`arrival_s`, `prompt_len`, `output_len`)."""
+    with open(path, "w") as f:
+        for p in planned:
+            f.write(json.dumps({"id": p.id, "arrival_s": p.send_s, "prompt_len": p.prompt_len,
+                                "output_len": p.output_len}) + "\n")
+
+
 def write(out_dir: str, outcomes: Sequence[Outcome], summary: dict) -> None:
     """requests.jsonl (a row per request) and summary.json into `out_dir`."""
     os.makedirs(out_dir, exist_ok=True)
@@ -219,8 +230,8 @@ def main(argv: list[str]) -> None:
     if not FLAGS.trace:
         raise app.UsageError("--trace: give a trace file (e.g. /work/shared/traces/"
                              "azure_conv_2023.csv)")
-    if FLAGS.time_scale <= 0:
-        raise app.UsageError(f"--time_scale={FLAGS.time_scale}: must be > 0")
+    if FLAGS.trace_time_scale <= 0:
+        raise app.UsageError(f"--trace_time_scale={FLAGS.trace_time_scale}: must be > 0")
     import logging
 
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per request
@@ -232,7 +243,9 @@ def main(argv: list[str]) -> None:
     context = FLAGS.max_model_len
     if context is None:
         context = served_max_model_len(FLAGS.url.rstrip("/"), FLAGS.model, FLAGS.api_key)
-    planned = plan(requests, FLAGS.time_scale, context or None)
+    planned = plan(requests, FLAGS.trace_time_scale, context or None)
+    if FLAGS.write_trace:
+        write_sent(FLAGS.write_trace, planned)
     outcomes = asyncio.run(replay(FLAGS.url.rstrip("/"), FLAGS.model, planned,
                                   api_key=FLAGS.api_key, timeout_s=FLAGS.timeout_s))
     summary = summarize(outcomes, planned)
