@@ -4,16 +4,16 @@
         --trace=/work/shared/traces/azure_conv_2023.csv --num_requests=200 \
         --trace_time_scale=4 --out_dir=/tmp/replay --server_dir=/tmp/serve_out
 
-Each trace request is sent at its arrival time (times `--trace_time_scale`, as run's) as a streaming
-`/v1/completions` call: the prompt is `prompt_len` repeated characters (one token each
-under the byte tokenizer of the random-weight presets, so prompt lengths match the
-trace), `max_tokens` is the trace's output length with `ignore_eos` (so output lengths
+Each trace request is sent at its arrival time (times `--trace_time_scale`, as run's)
+as a streaming `/v1/completions` call: the prompt is `prompt_len` repeated characters
+(one token each under the byte tokenizer of the random-weight presets, so prompt lengths
+match the trace), `max_tokens` is the trace's output length with `ignore_eos` (so output lengths
 match too), greedy. The client records per request, on its own clock: TTFT (send to
 first token), ITL (gaps between chunks carrying tokens), E2E, tokens and HTTP status.
 It writes `--out_dir`: requests.jsonl (one row per request) and summary.json (p50, p90,
 p99), and prints its percentiles beside the server's when `--server_dir` names the
 server's results folder (written when the server gets SIGTERM; see
-`benchmarks/serve_replay.py`, which does that). Only needs httpx (no jax).
+`benchmarks/serve_replay.py`, which does that). Needs httpx; imports no jax.
 """
 
 from __future__ import annotations
