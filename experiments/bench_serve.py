@@ -29,6 +29,8 @@ from typing import Optional, Sequence
 import numpy as np
 from absl import app, flags
 
+from experiments.cli_errors import clean_errors, run_command
+
 FLAGS = flags.FLAGS
 flags.DEFINE_string("url", "http://127.0.0.1:8000", "The server's base URL (no /v1).")
 flags.DEFINE_string("model", "tiny", "The served model name.")
@@ -225,6 +227,7 @@ def table(client: dict, server: Optional[dict]) -> str:
     return "\n".join(lines) + "\n(ms)"
 
 
+@clean_errors()
 def main(argv: list[str]) -> None:
     del argv
     if not FLAGS.trace:
@@ -242,7 +245,13 @@ def main(argv: list[str]) -> None:
         raise app.UsageError(f"--trace={FLAGS.trace}: {e}") from None
     context = FLAGS.max_model_len
     if context is None:
-        context = served_max_model_len(FLAGS.url.rstrip("/"), FLAGS.model, FLAGS.api_key)
+        import httpx
+
+        try:
+            context = served_max_model_len(FLAGS.url.rstrip("/"), FLAGS.model, FLAGS.api_key)
+        except (httpx.HTTPError, ValueError, KeyError) as e:
+            raise app.UsageError(f"--url={FLAGS.url}: no server's /v1/models answers there "
+                                 f"({type(e).__name__}: {e})") from None
     planned = plan(requests, FLAGS.trace_time_scale, context or None)
     if FLAGS.write_trace:
         write_sent(FLAGS.write_trace, planned)
@@ -262,4 +271,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    run_command(main)
