@@ -22,6 +22,15 @@ and the fraction of them run inside leaps (the run's log line), then the medians
 
     python -m benchmarks.sim_speed --issue_trace --rounds 3 > benchmarks/results/sim_speed_leap.txt
 
+With `--profile`, it runs one case of the issue's trace (the first of `--rates`) under
+cProfile in a child process and prints where its time goes, phase by phase (`PHASES`:
+the imports, the workload, the policy's plan, the plan checks, admission, KV
+allocation and freeing, packing, pricing, the update, token counts, the leaps, the
+streamed logs and the finished run's files), each as cProfile's inclusive seconds and
+as a share of the whole process. cProfile adds a fixed cost to every Python call, so
+the shares of call-heavy phases are inflated; compare the phases of one profile, or
+two profiles, never a profile with a process time.
+
 With `--old_rev REV`, every case also runs at revision REV (its files from `git archive`
 in a temporary folder): this script's own code runs the same command line with that
 tree as the working folder and alone on PYTHONPATH. The command line is the stable
@@ -142,6 +151,76 @@ def run_trace_case(num_requests: int, rate: float, leap: bool, bucket_ladder: st
             "ms_per_request": cpu_s / num_requests * 1e3}
 
 
+# (label, depth, functions as (path ending, function name)): the phases of a profile;
+# depth 1 phases are parts of the depth 0 phase above them.
+PHASES = (
+    ("process (cProfile's total)", 0, ()),
+    ("imports", 1, (("<frozen importlib._bootstrap>", "_find_and_load"),)),
+    ("workload", 1, (("orca_jax/runner/build.py", "build_workload"),)),
+    ("scheduler built", 1, (("orca_jax/core/loop/scheduler.py", "__init__"),)),
+    ("run loop (Scheduler.run)", 1, (("orca_jax/core/loop/scheduler_loop.py", "run"),)),
+    ("leaps (Leaper.leap)", 2, (("orca_jax/core/loop/leap.py", "leap"),)),
+    ("schedule() in all", 2, (("orca_jax/core/loop/scheduler_loop.py", "schedule"),)),
+    ("arrivals join", 3, (("orca_jax/core/loop/scheduler_loop.py", "_admit_arrivals"),)),
+    ("policy plan (Policy.schedule)", 3, (("policies/", "schedule"),)),
+    ("plan checks", 3, (("orca_jax/core/plans/plan_checks.py", "check_plan"),)),
+    ("admission", 3, (("orca_jax/core/loop/scheduler.py", "_admit"),)),
+    ("KV allocation", 3, (("orca_jax/core/kv/pool.py", "allocate"),)),
+    ("packing", 3, (("orca_jax/core/step/packing.py", "pack_step"),)),
+    ("pricing (engine step)", 2, (("orca_jax/sim/engine.py", "step_packed"),)),
+    ("update() in all", 2, (("orca_jax/core/loop/scheduler_loop.py", "update"),)),
+    ("token counts and times", 3, (("orca_jax/core/requests/run_record.py", "log_tokens"),)),
+    ("finishes (pages freed)", 3, (("orca_jax/core/loop/scheduler_loop.py", "_finish"),)),
+    ("step log", 3, (("orca_jax/core/requests/run_record.py", "log_step"),)),
+    ("streamed logs", 2, (("orca_jax/runner/live_results.py", "__call__"),)),
+    ("summary", 1, (("orca_jax/results/summary.py", "summarize_run"),)),
+    ("finished run's files", 1, (("orca_jax/runner/experiment.py", "_finish"),)),
+)
+
+
+def profile_phases(stats_path: str) -> list[tuple[str, int, float, int]]:
+    """`(label, depth, inclusive seconds, calls)` of each of `PHASES` in a cProfile
+    file (a phase of several functions sums them; a function named nowhere counts 0)."""
+    import pstats
+    stats = pstats.Stats(stats_path).stats  # (file, line, name) -> (cc, nc, tt, ct, callers)
+    total = max(entry[3] for entry in stats.values())
+    rows = []
+    for label, depth, functions in PHASES:
+        if not functions:
+            rows.append((label, depth, total, 1))
+            continue
+        seconds, calls = 0.0, 0
+        for (path, _, name), (_, num_calls, _, cumulative, _) in stats.items():
+            if name in [f for ending, f in functions if path.endswith(ending)
+                        or (ending.endswith("/") and ending in path)]:
+                seconds += cumulative
+                calls += num_calls
+        rows.append((label, depth, seconds, calls))
+    return rows
+
+
+def profile_case(num_requests: int, rate: float, bucket_ladder: str) -> None:
+    """Prints the phases of one profiled run of the issue's trace (see the module doc)."""
+    with tempfile.TemporaryDirectory() as out:
+        stats_path = os.path.join(out, "run.prof")
+        result = subprocess.run(
+            [sys.executable, "-m", "cProfile", "-o", stats_path, "-m", "experiments.run",
+             *ISSUE_TRACE, f"--num_requests={num_requests}", f"--rate={rate:g}",
+             f"--bucket_ladder={bucket_ladder}", f"--out_dir={out}/run"],
+            cwd=REPO, env=tree_env(REPO, JAX_PLATFORMS="cpu"), capture_output=True, text=True)
+        if result.returncode != 0:
+            sys.exit(f"experiments.run failed:\n{result.stderr[-2000:]}")
+        num_steps = sum(1 for _ in open(os.path.join(out, "run", "steps.jsonl")))
+        rows = profile_phases(stats_path)
+    total = rows[0][2]
+    print(f"profile of one run at {rate:g} req/s, {num_requests} requests, {num_steps} steps "
+          "(cProfile's inclusive seconds; its per-call cost inflates call-heavy phases)")
+    print(f"{'phase':<36} {'seconds':>8} {'share':>6} {'calls':>8} {'us/step':>8}")
+    for label, depth, seconds, calls in rows:
+        print(f"{'  ' * depth + label:<36} {seconds:>8.3f} {seconds / total:>6.1%} "
+              f"{calls:>8} {seconds / num_steps * 1e6:>8.1f}", flush=True)
+
+
 def issue_trace(num_requests: int, rates: list[float], rounds: int, bucket_ladder: str) -> None:
     """Leap against no leap on the issue's trace shape, `rounds` interleaved runs each."""
     print(f"{'rate':>5} {'mode':>7} {'steps':>7} {'leaped':>7} {'leaps':>6} {'process s':>10} "
@@ -177,9 +256,20 @@ def main() -> None:
                         help="with --old_rev: runs of each case at each tree")
     parser.add_argument("--issue_trace", action="store_true",
                         help="leap against noleap on issue 34's trace shape (see above)")
+    parser.add_argument("--profile", action="store_true",
+                        help="profile one run of issue 34's trace, phase by phase (see above)")
     parser.add_argument("--rates", type=float, nargs="+", default=[30.0, 15.0],
                         help="with --issue_trace: the arrival rates, req/s")
     args = parser.parse_args()
+    if args.profile:
+        num_requests = args.requests[0] if args.requests != [10_000, 100_000] else 10_000
+        print(f"# {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} {os.cpu_count()}-core "
+              f"machine, load average at start: "
+              f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}; issue 34's trace: "
+              f"{' '.join(ISSUE_TRACE)}, --bucket_ladder={args.bucket_ladder}")
+        for rate in args.rates:
+            profile_case(num_requests, rate, args.bucket_ladder)
+        return
     if args.issue_trace:
         num_requests = args.requests[0] if args.requests != [10_000, 100_000] else 10_000
         print(f"# {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} {os.cpu_count()}-core "
