@@ -21,6 +21,7 @@ first from round to round), and prints each run's process time per request, its 
 and the fraction of them run inside leaps (the run's log line), then the medians:
 
     python -m benchmarks.sim_speed --issue_trace --rounds 3 > benchmarks/results/sim_speed_leap.txt
+    python -m benchmarks.sim_speed --issue_trace --old_rev 21242e9 --rounds 3   # and before leaping
 
 With `--profile`, it runs one case of the issue's trace (the first of `--rates`) under
 cProfile in a child process and prints where its time goes, phase by phase (`PHASES`:
@@ -56,6 +57,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Optional
 
 from benchmarks.old_revision import REPO, interleaved, median_ratio, revision_tree, tree_env
 
@@ -76,12 +78,13 @@ def run_command(num_requests: int, num_replicas: int, bucket_ladder: str,
 def run_case(num_requests: int, num_replicas: int, bucket_ladder: str,
              tree: Path = REPO) -> dict:
     """Runs one case in a child process on `tree`'s code; its process time, steps, wall time."""
+    env = tree_env(tree, JAX_PLATFORMS="cpu")  # its first call compiles: not this run's time
     with tempfile.TemporaryDirectory() as out:
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         start = time.perf_counter()
         result = subprocess.run(
             run_command(num_requests, num_replicas, bucket_ladder, out),
-            cwd=tree, env=tree_env(tree, JAX_PLATFORMS="cpu"), capture_output=True, text=True)
+            cwd=tree, env=env, capture_output=True, text=True)
         if result.returncode != 0:
             sys.exit(f"experiments.run failed in {tree}:\n{result.stderr[-2000:]}")
         wall_s = time.perf_counter() - start
@@ -129,16 +132,19 @@ ISSUE_TRACE = ["--engine=sim", "--policy=vllm", "--model=llama3-8b", "--hardware
 LEAP_LINE = re.compile(r"leaped over (\d+) of (\d+) steps in (\d+) leaps")
 
 
-def run_trace_case(num_requests: int, rate: float, leap: bool, bucket_ladder: str) -> dict:
-    """One run of the issue's trace shape in a child process: process time, steps, leaps."""
+def run_trace_case(num_requests: int, rate: float, leap: Optional[bool], bucket_ladder: str,
+                   tree: Path = REPO) -> dict:
+    """One run of the issue's trace shape in a child process on `tree`'s code: process
+    time, steps, leaps (`leap` None: no leap flag, for a revision from before it)."""
+    env = tree_env(tree, JAX_PLATFORMS="cpu")  # its first call compiles: not this run's time
     with tempfile.TemporaryDirectory() as out:
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        flag = [] if leap is None else ["--leap" if leap else "--noleap"]
         result = subprocess.run(
             [sys.executable, "-m", "experiments.run", *ISSUE_TRACE,
              f"--num_requests={num_requests}", f"--rate={rate:g}",
-             f"--bucket_ladder={bucket_ladder}", "--leap" if leap else "--noleap",
-             f"--out_dir={out}/run"],
-            cwd=REPO, env=tree_env(REPO, JAX_PLATFORMS="cpu"), capture_output=True, text=True)
+             f"--bucket_ladder={bucket_ladder}", *flag, f"--out_dir={out}/run"],
+            cwd=tree, env=env, capture_output=True, text=True)
         if result.returncode != 0:
             sys.exit(f"experiments.run failed:\n{result.stderr[-2000:]}")
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -221,26 +227,35 @@ def profile_case(num_requests: int, rate: float, bucket_ladder: str) -> None:
               f"{calls:>8} {seconds / num_steps * 1e6:>8.1f}", flush=True)
 
 
-def issue_trace(num_requests: int, rates: list[float], rounds: int, bucket_ladder: str) -> None:
-    """Leap against no leap on the issue's trace shape, `rounds` interleaved runs each."""
+def issue_trace(num_requests: int, rates: list[float], rounds: int, bucket_ladder: str,
+                old_tree: Optional[Path] = None) -> None:
+    """Leap against no leap on the issue's trace shape, `rounds` interleaved runs each
+    (and revision `old_tree`'s run, where given: the modes' order turns each round)."""
     print(f"{'rate':>5} {'mode':>7} {'steps':>7} {'leaped':>7} {'leaps':>6} {'process s':>10} "
           f"{'ms/request':>11}")
+    modes: list[tuple[str, Optional[bool], Path]] = [("leap", True, REPO),
+                                                      ("noleap", False, REPO)]
+    if old_tree is not None:
+        modes.append(("old", None, old_tree))
     for rate in rates:
-        runs: dict[bool, list[dict]] = {True: [], False: []}
+        runs: dict[str, list[dict]] = {label: [] for label, _, _ in modes}
         for round_index in range(rounds):
-            for leap in ((True, False) if round_index % 2 == 0 else (False, True)):
-                row = run_trace_case(num_requests, rate, leap, bucket_ladder)
-                runs[leap].append(row)
-                print(f"{rate:>5g} {'leap' if leap else 'noleap':>7} {row['steps']:>7} "
+            turned = modes[round_index % len(modes):] + modes[:round_index % len(modes)]
+            for label, leap, tree in (turned if round_index % 2 == 0 else turned[::-1]):
+                row = run_trace_case(num_requests, rate, leap, bucket_ladder, tree)
+                runs[label].append(row)
+                print(f"{rate:>5g} {label:>7} {row['steps']:>7} "
                       f"{row['leaped']:>7} {row['leaps']:>6} {row['cpu_s']:>10.2f} "
                       f"{row['ms_per_request']:>11.3f}", flush=True)
-        medians = {leap: statistics.median(r["ms_per_request"] for r in rows)
-                   for leap, rows in runs.items()}
-        fraction = statistics.median(r["leaped"] / r["steps"] for r in runs[True])
-        same_steps = {r["steps"] for r in runs[True]} == {r["steps"] for r in runs[False]}
-        print(f"rate {rate:g}: median ms/request leap {medians[True]:.3f}, noleap "
-              f"{medians[False]:.3f}, noleap/leap {medians[False] / medians[True]:.2f}x; "
-              f"leaped fraction of steps {fraction:.3f}; steps "
+        medians = {label: statistics.median(r["ms_per_request"] for r in rows)
+                   for label, rows in runs.items()}
+        fraction = statistics.median(r["leaped"] / r["steps"] for r in runs["leap"])
+        same_steps = len({r["steps"] for rows in runs.values() for r in rows}) == 1
+        print(f"rate {rate:g}: median ms/request leap {medians['leap']:.3f}, noleap "
+              f"{medians['noleap']:.3f}, noleap/leap {medians['noleap'] / medians['leap']:.2f}x"
+              + (f", old {medians['old']:.3f}, old/leap {medians['old'] / medians['leap']:.2f}x"
+                 if "old" in medians else "")
+              + f"; leaped fraction of steps {fraction:.3f}; steps "
               f"{'identical' if same_steps else 'DIFFER'}", flush=True)
 
 
@@ -276,8 +291,13 @@ def main() -> None:
               f"machine, load average at start: "
               f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}; issue 34's trace: "
               f"{num_requests} requests, {' '.join(ISSUE_TRACE)}, "
-              f"--bucket_ladder={args.bucket_ladder}, --rounds={args.rounds}")
-        issue_trace(num_requests, args.rates, args.rounds, args.bucket_ladder)
+              f"--bucket_ladder={args.bucket_ladder}, --rounds={args.rounds}"
+              + (f", --old_rev={args.old_rev}" if args.old_rev else ""))
+        if args.old_rev:
+            with revision_tree(args.old_rev) as old_tree:
+                issue_trace(num_requests, args.rates, args.rounds, args.bucket_ladder, old_tree)
+        else:
+            issue_trace(num_requests, args.rates, args.rounds, args.bucket_ladder)
         return
     print(f"# {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} {os.cpu_count()}-core "
           f"machine, load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}, "
