@@ -21,6 +21,16 @@ first from round to round), and prints each run's process time per request, its 
 and the fraction of them run inside leaps (the run's log line), then the medians:
 
     python -m benchmarks.sim_speed --issue_trace --rounds 3 > benchmarks/results/sim_speed_leap.txt
+    python -m benchmarks.sim_speed --issue_trace --old_rev 21242e9 --rounds 3   # and before leaping
+
+With `--profile`, it runs one case of the issue's trace (the first of `--rates`) under
+cProfile in a child process and prints where its time goes, phase by phase (`PHASES`:
+the imports, the workload, the policy's plan, the plan checks, admission, KV
+allocation and freeing, packing, pricing, the update, token counts, the leaps, the
+streamed logs and the finished run's files), each as cProfile's inclusive seconds and
+as a share of the whole process. cProfile adds a fixed cost to every Python call, so
+the shares of call-heavy phases are inflated; compare the phases of one profile, or
+two profiles, never a profile with a process time.
 
 With `--old_rev REV`, every case also runs at revision REV (its files from `git archive`
 in a temporary folder): this script's own code runs the same command line with that
@@ -47,6 +57,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Optional
 
 from benchmarks.old_revision import REPO, interleaved, median_ratio, revision_tree, tree_env
 
@@ -67,12 +78,13 @@ def run_command(num_requests: int, num_replicas: int, bucket_ladder: str,
 def run_case(num_requests: int, num_replicas: int, bucket_ladder: str,
              tree: Path = REPO) -> dict:
     """Runs one case in a child process on `tree`'s code; its process time, steps, wall time."""
+    env = tree_env(tree, JAX_PLATFORMS="cpu")  # its first call compiles: not this run's time
     with tempfile.TemporaryDirectory() as out:
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         start = time.perf_counter()
         result = subprocess.run(
             run_command(num_requests, num_replicas, bucket_ladder, out),
-            cwd=tree, env=tree_env(tree, JAX_PLATFORMS="cpu"), capture_output=True, text=True)
+            cwd=tree, env=env, capture_output=True, text=True)
         if result.returncode != 0:
             sys.exit(f"experiments.run failed in {tree}:\n{result.stderr[-2000:]}")
         wall_s = time.perf_counter() - start
@@ -120,16 +132,19 @@ ISSUE_TRACE = ["--engine=sim", "--policy=vllm", "--model=llama3-8b", "--hardware
 LEAP_LINE = re.compile(r"leaped over (\d+) of (\d+) steps in (\d+) leaps")
 
 
-def run_trace_case(num_requests: int, rate: float, leap: bool, bucket_ladder: str) -> dict:
-    """One run of the issue's trace shape in a child process: process time, steps, leaps."""
+def run_trace_case(num_requests: int, rate: float, leap: Optional[bool], bucket_ladder: str,
+                   tree: Path = REPO) -> dict:
+    """One run of the issue's trace shape in a child process on `tree`'s code: process
+    time, steps, leaps (`leap` None: no leap flag, for a revision from before it)."""
+    env = tree_env(tree, JAX_PLATFORMS="cpu")  # its first call compiles: not this run's time
     with tempfile.TemporaryDirectory() as out:
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        flag = [] if leap is None else ["--leap" if leap else "--noleap"]
         result = subprocess.run(
             [sys.executable, "-m", "experiments.run", *ISSUE_TRACE,
              f"--num_requests={num_requests}", f"--rate={rate:g}",
-             f"--bucket_ladder={bucket_ladder}", "--leap" if leap else "--noleap",
-             f"--out_dir={out}/run"],
-            cwd=REPO, env=tree_env(REPO, JAX_PLATFORMS="cpu"), capture_output=True, text=True)
+             f"--bucket_ladder={bucket_ladder}", *flag, f"--out_dir={out}/run"],
+            cwd=tree, env=env, capture_output=True, text=True)
         if result.returncode != 0:
             sys.exit(f"experiments.run failed:\n{result.stderr[-2000:]}")
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -142,26 +157,105 @@ def run_trace_case(num_requests: int, rate: float, leap: bool, bucket_ladder: st
             "ms_per_request": cpu_s / num_requests * 1e3}
 
 
-def issue_trace(num_requests: int, rates: list[float], rounds: int, bucket_ladder: str) -> None:
-    """Leap against no leap on the issue's trace shape, `rounds` interleaved runs each."""
+# (label, depth, functions as (path ending, function name)): the phases of a profile;
+# depth 1 phases are parts of the depth 0 phase above them.
+PHASES = (
+    ("process (cProfile's total)", 0, ()),
+    ("imports", 1, (("<frozen importlib._bootstrap>", "_find_and_load"),)),
+    ("workload", 1, (("orca_jax/runner/build.py", "build_workload"),)),
+    ("scheduler built", 1, (("orca_jax/core/loop/scheduler.py", "__init__"),)),
+    ("run loop (Scheduler.run)", 1, (("orca_jax/core/loop/scheduler_loop.py", "run"),)),
+    ("leaps (Leaper.leap)", 2, (("orca_jax/core/loop/leap.py", "leap"),)),
+    ("schedule() in all", 2, (("orca_jax/core/loop/scheduler_loop.py", "schedule"),)),
+    ("arrivals join", 3, (("orca_jax/core/loop/scheduler_loop.py", "_admit_arrivals"),)),
+    ("policy plan (Policy.schedule)", 3, (("policies/", "schedule"),)),
+    ("plan checks", 3, (("orca_jax/core/plans/plan_checks.py", "check_plan"),)),
+    ("admission", 3, (("orca_jax/core/loop/scheduler.py", "_admit"),)),
+    ("KV allocation", 3, (("orca_jax/core/kv/pool.py", "allocate"),)),
+    ("packing", 3, (("orca_jax/core/step/packing.py", "pack_step"),)),
+    ("pricing (engine step)", 2, (("orca_jax/sim/engine.py", "step_packed"),)),
+    ("update() in all", 2, (("orca_jax/core/loop/scheduler_loop.py", "update"),)),
+    ("token counts and times", 3, (("orca_jax/core/requests/run_record.py", "log_tokens"),)),
+    ("finishes (pages freed)", 3, (("orca_jax/core/loop/scheduler_loop.py", "_finish"),)),
+    ("step log", 3, (("orca_jax/core/requests/run_record.py", "log_step"),)),
+    ("streamed logs", 2, (("orca_jax/runner/live_results.py", "__call__"),)),
+    ("summary", 1, (("orca_jax/results/summary.py", "summarize_run"),)),
+    ("finished run's files", 1, (("orca_jax/runner/experiment.py", "_finish"),)),
+)
+
+
+def profile_phases(stats_path: str) -> list[tuple[str, int, float, int]]:
+    """`(label, depth, inclusive seconds, calls)` of each of `PHASES` in a cProfile
+    file (a phase of several functions sums them; a function named nowhere counts 0)."""
+    import pstats
+    stats = pstats.Stats(stats_path).stats  # (file, line, name) -> (cc, nc, tt, ct, callers)
+    total = max(entry[3] for entry in stats.values())
+    rows = []
+    for label, depth, functions in PHASES:
+        if not functions:
+            rows.append((label, depth, total, 1))
+            continue
+        seconds, calls = 0.0, 0
+        for (path, _, name), (_, num_calls, _, cumulative, _) in stats.items():
+            if name in [f for ending, f in functions if path.endswith(ending)
+                        or (ending.endswith("/") and ending in path)]:
+                seconds += cumulative
+                calls += num_calls
+        rows.append((label, depth, seconds, calls))
+    return rows
+
+
+def profile_case(num_requests: int, rate: float, bucket_ladder: str) -> None:
+    """Prints the phases of one profiled run of the issue's trace (see the module doc)."""
+    with tempfile.TemporaryDirectory() as out:
+        stats_path = os.path.join(out, "run.prof")
+        result = subprocess.run(
+            [sys.executable, "-m", "cProfile", "-o", stats_path, "-m", "experiments.run",
+             *ISSUE_TRACE, f"--num_requests={num_requests}", f"--rate={rate:g}",
+             f"--bucket_ladder={bucket_ladder}", f"--out_dir={out}/run"],
+            cwd=REPO, env=tree_env(REPO, JAX_PLATFORMS="cpu"), capture_output=True, text=True)
+        if result.returncode != 0:
+            sys.exit(f"experiments.run failed:\n{result.stderr[-2000:]}")
+        num_steps = sum(1 for _ in open(os.path.join(out, "run", "steps.jsonl")))
+        rows = profile_phases(stats_path)
+    total = rows[0][2]
+    print(f"profile of one run at {rate:g} req/s, {num_requests} requests, {num_steps} steps "
+          "(cProfile's inclusive seconds; its per-call cost inflates call-heavy phases)")
+    print(f"{'phase':<36} {'seconds':>8} {'share':>6} {'calls':>8} {'us/step':>8}")
+    for label, depth, seconds, calls in rows:
+        print(f"{'  ' * depth + label:<36} {seconds:>8.3f} {seconds / total:>6.1%} "
+              f"{calls:>8} {seconds / num_steps * 1e6:>8.1f}", flush=True)
+
+
+def issue_trace(num_requests: int, rates: list[float], rounds: int, bucket_ladder: str,
+                old_tree: Optional[Path] = None) -> None:
+    """Leap against no leap on the issue's trace shape, `rounds` interleaved runs each
+    (and revision `old_tree`'s run, where given: the modes' order turns each round)."""
     print(f"{'rate':>5} {'mode':>7} {'steps':>7} {'leaped':>7} {'leaps':>6} {'process s':>10} "
           f"{'ms/request':>11}")
+    modes: list[tuple[str, Optional[bool], Path]] = [("leap", True, REPO),
+                                                      ("noleap", False, REPO)]
+    if old_tree is not None:
+        modes.append(("old", None, old_tree))
     for rate in rates:
-        runs: dict[bool, list[dict]] = {True: [], False: []}
+        runs: dict[str, list[dict]] = {label: [] for label, _, _ in modes}
         for round_index in range(rounds):
-            for leap in ((True, False) if round_index % 2 == 0 else (False, True)):
-                row = run_trace_case(num_requests, rate, leap, bucket_ladder)
-                runs[leap].append(row)
-                print(f"{rate:>5g} {'leap' if leap else 'noleap':>7} {row['steps']:>7} "
+            turned = modes[round_index % len(modes):] + modes[:round_index % len(modes)]
+            for label, leap, tree in (turned if round_index % 2 == 0 else turned[::-1]):
+                row = run_trace_case(num_requests, rate, leap, bucket_ladder, tree)
+                runs[label].append(row)
+                print(f"{rate:>5g} {label:>7} {row['steps']:>7} "
                       f"{row['leaped']:>7} {row['leaps']:>6} {row['cpu_s']:>10.2f} "
                       f"{row['ms_per_request']:>11.3f}", flush=True)
-        medians = {leap: statistics.median(r["ms_per_request"] for r in rows)
-                   for leap, rows in runs.items()}
-        fraction = statistics.median(r["leaped"] / r["steps"] for r in runs[True])
-        same_steps = {r["steps"] for r in runs[True]} == {r["steps"] for r in runs[False]}
-        print(f"rate {rate:g}: median ms/request leap {medians[True]:.3f}, noleap "
-              f"{medians[False]:.3f}, noleap/leap {medians[False] / medians[True]:.2f}x; "
-              f"leaped fraction of steps {fraction:.3f}; steps "
+        medians = {label: statistics.median(r["ms_per_request"] for r in rows)
+                   for label, rows in runs.items()}
+        fraction = statistics.median(r["leaped"] / r["steps"] for r in runs["leap"])
+        same_steps = len({r["steps"] for rows in runs.values() for r in rows}) == 1
+        print(f"rate {rate:g}: median ms/request leap {medians['leap']:.3f}, noleap "
+              f"{medians['noleap']:.3f}, noleap/leap {medians['noleap'] / medians['leap']:.2f}x"
+              + (f", old {medians['old']:.3f}, old/leap {medians['old'] / medians['leap']:.2f}x"
+                 if "old" in medians else "")
+              + f"; leaped fraction of steps {fraction:.3f}; steps "
               f"{'identical' if same_steps else 'DIFFER'}", flush=True)
 
 
@@ -177,17 +271,33 @@ def main() -> None:
                         help="with --old_rev: runs of each case at each tree")
     parser.add_argument("--issue_trace", action="store_true",
                         help="leap against noleap on issue 34's trace shape (see above)")
+    parser.add_argument("--profile", action="store_true",
+                        help="profile one run of issue 34's trace, phase by phase (see above)")
     parser.add_argument("--rates", type=float, nargs="+", default=[30.0, 15.0],
                         help="with --issue_trace: the arrival rates, req/s")
     args = parser.parse_args()
+    if args.profile:
+        num_requests = args.requests[0] if args.requests != [10_000, 100_000] else 10_000
+        print(f"# {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} {os.cpu_count()}-core "
+              f"machine, load average at start: "
+              f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}; issue 34's trace: "
+              f"{' '.join(ISSUE_TRACE)}, --bucket_ladder={args.bucket_ladder}")
+        for rate in args.rates:
+            profile_case(num_requests, rate, args.bucket_ladder)
+        return
     if args.issue_trace:
         num_requests = args.requests[0] if args.requests != [10_000, 100_000] else 10_000
         print(f"# {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} {os.cpu_count()}-core "
               f"machine, load average at start: "
               f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}; issue 34's trace: "
               f"{num_requests} requests, {' '.join(ISSUE_TRACE)}, "
-              f"--bucket_ladder={args.bucket_ladder}, --rounds={args.rounds}")
-        issue_trace(num_requests, args.rates, args.rounds, args.bucket_ladder)
+              f"--bucket_ladder={args.bucket_ladder}, --rounds={args.rounds}"
+              + (f", --old_rev={args.old_rev}" if args.old_rev else ""))
+        if args.old_rev:
+            with revision_tree(args.old_rev) as old_tree:
+                issue_trace(num_requests, args.rates, args.rounds, args.bucket_ladder, old_tree)
+        else:
+            issue_trace(num_requests, args.rates, args.rounds, args.bucket_ladder)
         return
     print(f"# {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} {os.cpu_count()}-core "
           f"machine, load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}, "

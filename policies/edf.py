@@ -25,8 +25,8 @@ from typing import Literal, Optional
 import numpy as np
 from numpy.typing import NDArray
 
-from orca_jax import Policy, SchedulerView, StepPlan, plan_in_order, register
-from policies._common import candidates
+from orca_jax import Policy, RequestState, SchedulerView, StepPlan, plan_in_order, register
+from policies._common import STEADY, admits_nobody, candidates
 
 
 @register("edf")
@@ -66,7 +66,10 @@ class EDF(Policy):
             tokens_left = np.where(by_slo, first_due, tokens_left)
         return deadline, tokens_left
 
-    def schedule(self, view: SchedulerView) -> StepPlan:
+    def order(self, view: SchedulerView) -> tuple[NDArray[np.int64], NDArray[np.int64],
+                                                  NDArray[np.float64]]:
+        """`([k] the running and waiting requests by (late, deadline, index), [k] each
+        one's output tokens due by its deadline, [k] its deadline)`, in that order."""
         ids = candidates(view)
         deadline, tokens_left = self.deadlines(view, ids)
         late = np.zeros(ids.size, dtype=bool)
@@ -74,5 +77,27 @@ class EDF(Policy):
             # A first-token deadline already met (nothing due) cannot be missed any more.
             late = (tokens_left > 0) & (view.now_s + tokens_left * self.time_per_token_s
                                         > deadline)
-        order = ids[np.lexsort((ids, deadline, late))]
-        return plan_in_order(view, order)
+        ranked = np.lexsort((ids, deadline, late))
+        return ids[ranked], tokens_left[ranked], deadline[ranked]
+
+    def schedule(self, view: SchedulerView) -> StepPlan:
+        return plan_in_order(view, self.order(view)[0])
+
+    def stable_steps(self, view: SchedulerView) -> Optional[int]:
+        """Steady while every running request ranks above every waiting one, nobody
+        waiting could be admitted (`admits_nobody`), and no running request's rank can
+        move. Deadlines are fixed; with `infeasible="deprioritize"` the rank also holds
+        whether a request looks late, which moves with the clock and each token: it
+        cannot move for a running request with no deadline or nothing due by it (a
+        decoding request's first token is out), so every running one must be such;
+        a waiting request can only turn late as the clock moves, which ranks it lower
+        still. No bookkeeping: any number of steps."""
+        order, tokens_left, deadline = self.order(view)
+        num_running = view.running.size
+        if not (view.requests.state[order[:num_running]] == RequestState.RUNNING).all():
+            return None
+        if self.infeasible == "deprioritize":
+            fixed = np.isinf(deadline[:num_running]) | (tokens_left[:num_running] == 0)
+            if not fixed.all():
+                return None
+        return STEADY if admits_nobody(view) else None

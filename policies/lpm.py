@@ -50,6 +50,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from orca_jax import Policy, SchedulerView, StepPlan, register
+from policies._common import STEADY, admits_nobody
 
 InBatch = Literal["off", "deprioritize", "defer"]
 
@@ -92,6 +93,15 @@ class LPM(Policy):
         if self.in_batch_prefix_tokens < 1:
             raise ValueError(
                 f"in_batch_prefix_tokens must be >= 1, got {self.in_batch_prefix_tokens}")
+
+    def stable_steps(self, view: SchedulerView) -> Optional[int]:
+        """Steady while nobody waiting could be admitted (`admits_nobody`; with prefix
+        caching, only while nobody waits or no seat or budget is left). The running
+        pass takes the running in admission order, one token each, and preempts only
+        when pages run out (a leap takes only pages the pool has); the queue's ranking
+        (prefix hits) does not matter when nobody gets in, and the free pages only fall,
+        which admits fewer. Its per-request key cache is a cache: no bookkeeping."""
+        return STEADY if admits_nobody(view) else None
 
     def schedule(self, view: SchedulerView) -> StepPlan:
         waiting = view.waiting

@@ -14,11 +14,13 @@ request that only misses this step's token budget is paused, not preempted.
 from __future__ import annotations
 
 import dataclasses
+from typing import Optional
 
 import numpy as np
+from numpy.typing import NDArray
 
-from orca_jax import Policy, SchedulerView, StepPlan, plan_in_order, register
-from policies._common import candidates
+from orca_jax import Policy, RequestState, SchedulerView, StepPlan, plan_in_order, register
+from policies._common import STEADY, admits_nobody, candidates
 
 
 @register("priority")
@@ -26,8 +28,23 @@ from policies._common import candidates
 class Priority(Policy):
     """Preemptive strict priority (no knobs: the ranking is the requests' own)."""
 
-    def schedule(self, view: SchedulerView) -> StepPlan:
+    def order(self, view: SchedulerView) -> NDArray[np.int64]:
+        """`[k]` the running and waiting requests by (priority, arrival, index)."""
         requests = view.requests
         ids = candidates(view)
-        order = ids[np.lexsort((ids, requests.arrival_s[ids], requests.priority[ids]))]
-        return plan_in_order(view, order, preempt_over_cap=True)
+        return ids[np.lexsort((ids, requests.arrival_s[ids], requests.priority[ids]))]
+
+    def schedule(self, view: SchedulerView) -> StepPlan:
+        return plan_in_order(view, self.order(view), preempt_over_cap=True)
+
+    def stable_steps(self, view: SchedulerView) -> Optional[int]:
+        """Steady while every running request ranks above every waiting one and nobody
+        waiting could be admitted (`admits_nobody`). The ranking is the requests' own
+        (priority, arrival), which no step moves, so the running keep their order and
+        no waiting request rises above one (none preempts, none takes a seat over the
+        cap); the free pages only fall, which admits fewer. No bookkeeping, no clock."""
+        order = self.order(view)
+        num_running = view.running.size
+        if not (view.requests.state[order[:num_running]] == RequestState.RUNNING).all():
+            return None
+        return STEADY if admits_nobody(view) else None

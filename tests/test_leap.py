@@ -10,6 +10,7 @@ steps' pages) are checked against their one-step versions.
 
 import dataclasses
 import math
+from typing import Optional
 
 import numpy as np
 import pytest
@@ -18,6 +19,7 @@ import policies  # noqa: F401  (registers the built-in policies)
 from orca_jax.core.api.policy import Policy, make_policy, registered_policies
 from orca_jax.core.kv.pool import PagedPool
 from orca_jax.core.loop.scheduler import Scheduler
+from orca_jax.core.requests.request import Request
 from orca_jax.core.requests.token_stats import TokenTally
 from orca_jax.core.step.engine_api import Bucket
 from orca_jax.results.summary import summarize_run
@@ -29,6 +31,7 @@ from orca_jax.sim.cost_model import (
     bucket_step_seconds,
     decode_span_seconds,
 )
+from policies._common import STEADY
 from policies.vllm import VLLM
 
 # The built-in policies that promise a steady plan (the others are asked every step).
@@ -40,6 +43,9 @@ SETTINGS = {
     # 160 pages of 16 tokens: the on-demand policies preempt, the reserving ones queue.
     "kv_tight": RunSpec(workload=WorkloadSpec(num_requests=80, rate=20),
                         limits=LimitsSpec(num_kv_pages=160, max_model_len=1024)),
+    # An overloaded queue: the batch cap is full, arrivals queue behind it.
+    "queued": RunSpec(workload=WorkloadSpec(num_requests=120, rate=40),
+                      limits=LimitsSpec(max_num_seqs=8)),
     "shared_prefix": RunSpec(
         workload=WorkloadSpec(arrival="shared_prefix", num_requests=80, rate=10,
                               prefix_len="fixed:256"),
@@ -49,12 +55,21 @@ RESULT_ARRAYS = ("state", "first_scheduled_s", "first_token_s", "last_token_s", 
                  "num_generated", "num_preemptions", "num_cached_tokens")
 
 
-def run(spec: RunSpec, policy: str, *, leap: bool, seed: int, log_tokens: bool = False):
-    """The finished run and its scheduler, with leaping on or off."""
+def run(spec: RunSpec, policy: str, *, leap: bool, seed: int, log_tokens: bool = False,
+        options: Optional[dict] = None, ranked: bool = False):
+    """The finished run and its scheduler, with leaping on or off (`ranked`: the
+    requests get random priorities and, one in three, a completion deadline)."""
     spec = dataclasses.replace(spec, seed=seed,
                                engine=dataclasses.replace(spec.engine, leap=leap))
     config = scheduler_config(spec)
-    scheduler = Scheduler(build_workload(spec), make_policy(policy), build_engine(spec, config),
+    requests = build_workload(spec)
+    if ranked:
+        rng = np.random.default_rng(seed)
+        requests = [dataclasses.replace(
+            r, priority=int(rng.integers(0, 4)),
+            deadline_s=(r.arrival_s + float(rng.uniform(0.5, 8.0)) if rng.random() < 1 / 3
+                        else None)) for r in requests]
+    scheduler = Scheduler(requests, make_policy(policy, options), build_engine(spec, config),
                           config, log_tokens=log_tokens)
     return scheduler.run(), scheduler
 
@@ -90,6 +105,42 @@ def test_a_leaping_run_is_the_step_by_step_run(policy, setting):
     assert leaped_steps > 0  # else this compares two step-by-step runs
 
 
+# edf_fast: a token costs less than a step, so a running request turns late as it runs.
+RANKED = {"priority": {}, "edf": {}, "edf_ignore": {"infeasible": "ignore"},
+          "edf_slo": {"ttft_slo_s": "1.5"}, "edf_fast": {"time_per_token_s": "0.001"}}
+
+
+@pytest.mark.parametrize("setting", ["plain", "kv_tight", "queued"])
+@pytest.mark.parametrize("case", sorted(RANKED))
+def test_ranked_policies_leap_exactly_with_priorities_and_deadlines(case, setting):
+    policy = case.split("_")[0]
+    leaped_steps = 0
+    for seed in (1, 2):
+        leaped, scheduler = run(SETTINGS[setting], policy, leap=True, seed=seed,
+                                options=RANKED[case], ranked=True)
+        stepped, _ = run(SETTINGS[setting], policy, leap=False, seed=seed,
+                         options=RANKED[case], ranked=True)
+        assert_same_run(leaped, stepped)
+        leaped_steps += scheduler.executor.leaper.num_leaped_steps
+    assert leaped_steps > 0
+
+
+def test_edf_promises_nothing_while_a_running_request_may_turn_late():
+    spec = dataclasses.replace(SETTINGS["plain"], engine=SimEngineSpec(leap=False))
+    config = scheduler_config(spec)
+    requests = [Request(id=0, arrival_s=0.0, prompt_len=32, output_len=50, deadline_s=30.0),
+                Request(id=1, arrival_s=0.0, prompt_len=32, output_len=50)]
+    promised = {}
+    for infeasible in ("deprioritize", "ignore"):
+        policy = make_policy("edf", {"infeasible": infeasible})
+        scheduler = Scheduler(requests, policy, build_engine(spec, config), config)
+        for _ in range(3):  # the prefill, then decodes of both
+            scheduler.step()
+        promised[infeasible] = policy.stable_steps(scheduler.view)
+    # Request 0's completion deadline has 47 tokens due: its lateness moves with the clock.
+    assert promised == {"deprioritize": None, "ignore": STEADY}
+
+
 def test_the_token_log_and_the_step_requests_are_the_same():
     spec = dataclasses.replace(SETTINGS["kv_tight"],
                                limits=dataclasses.replace(SETTINGS["kv_tight"].limits,
@@ -107,8 +158,8 @@ def test_the_token_log_and_the_step_requests_are_the_same():
 
 
 def test_the_policies_that_promise_a_steady_plan():
-    assert STEADY_POLICIES == ["orca", "sarathi", "sjf", "srpt", "static", "vllm",
-                               "vllm-priority"]
+    assert STEADY_POLICIES == ["edf", "lpm", "orca", "priority", "sarathi", "sjf", "srpt",
+                               "static", "vllm", "vllm-priority"]
 
 
 @dataclasses.dataclass(kw_only=True)

@@ -22,6 +22,7 @@ from orca_jax.core.requests.run_result import RunResult
 from orca_jax.results.row_lines import (
     iter_request_lines,
     iter_step_lines,
+    plain_request_lines,
     request_line,
     step_line,
 )
@@ -102,6 +103,32 @@ def test_a_request_line_is_the_json_of_its_row(columns, request_id, tenant, reas
                 output_tokens=output_tokens, prefix_caching=prefix_caching, replica=replica,
                 prefill_replica=prefill_replica)
     assert request_line(columns, 0, **args) == json.dumps(request_row(columns, 0, **args))
+
+
+@st.composite
+def several_requests(draw):
+    rows = draw(st.integers(1, 6))
+    columns = [draw(request_columns()) for _ in range(rows)]
+    merged = _Columns({})
+    for name in vars(columns[0]):
+        setattr(merged, name, np.concatenate([getattr(c, name) for c in columns]))
+    return merged, rows
+
+
+@settings(max_examples=200, deadline=None)
+@given(requests=several_requests(), data=st.data(), prefix_caching=st.booleans())
+def test_plain_request_lines_are_the_json_of_their_rows(requests, data, prefix_caching):
+    columns, num_rows = requests
+    rows = data.draw(st.lists(st.integers(0, num_rows - 1), max_size=8))
+    ids = [data.draw(st.one_of(INTS, st.text(max_size=5))) for _ in rows]
+    tenants = [data.draw(st.text(max_size=8)) for _ in rows]
+    reasons = [data.draw(st.one_of(st.none(), st.text(max_size=8))) for _ in rows]
+    lines = plain_request_lines(columns, rows, request_ids=ids, tenants=tenants,
+                                reasons=reasons, prefix_caching=prefix_caching)
+    assert lines == [json.dumps(request_row(columns, i, request_id=request_id, tenant=tenant,
+                                            reason=reason, output_tokens=None,
+                                            prefix_caching=prefix_caching))
+                     for i, request_id, tenant, reason in zip(rows, ids, tenants, reasons)]
 
 
 def _run(log_step_requests: bool = False) -> RunResult:

@@ -19,6 +19,8 @@ import typing
 from json.encoder import encode_basestring_ascii  # json.dumps' own string encoder
 from typing import Any, Iterator, Optional, Sequence
 
+import numpy as np
+
 from orca_jax.core.json_files import to_json_value
 from orca_jax.core.requests.request import RequestState
 from orca_jax.core.requests.run_record import StepLog
@@ -109,9 +111,61 @@ def request_line(columns: Any, i: int, *, request_id: Any, tenant: str, reason: 
     return line + "}"
 
 
+# Rows made at a time by `plain_request_lines`: its columns' lists are this long at most.
+_LINES_AT_ONCE = 4096
+
+
+def plain_request_lines(columns: Any, rows: Sequence[int], *, request_ids: Sequence[Any],
+                        tenants: Sequence[str], reasons: Sequence[Optional[str]],
+                        prefix_caching: bool) -> list[str]:
+    """`request_line(columns, i, request_id=..., tenant=..., reason=..., output_tokens=None,
+    prefix_caching=...)` of each `i` of `rows` (`request_ids`, `tenants`, `reasons`: each
+    row's, in the same order): the same lines, with each column read once for all rows (a
+    list of Python values) instead of one numpy scalar a field a row."""
+    index = np.asarray(rows, dtype=np.int64)  # [r]
+    times = [columns.arrival_s[index].tolist(), columns.first_scheduled_s[index].tolist(),
+             columns.first_token_s[index].tolist(), columns.last_token_s[index].tolist(),
+             columns.finish_s[index].tolist()]
+    ints = [columns.prompt_len[index].tolist(), columns.output_len[index].tolist(),
+            columns.num_generated[index].tolist(), columns.num_preemptions[index].tolist(),
+            columns.priority[index].tolist()]
+    states = columns.state[index].tolist()
+    cached = columns.num_cached_tokens[index].tolist() if prefix_caching else None
+    texts = [[_float_repr(v) if v - v == 0.0 else "null" for v in column] for column in times]
+    lines = []
+    for k, (request_id, tenant, state) in enumerate(zip(request_ids, tenants, states)):
+        i = int(index[k])
+        if type(request_id) is not int or type(tenant) is not str:
+            lines.append(request_line(columns, i, request_id=request_id, tenant=tenant,
+                                      reason=reasons[k], output_tokens=None,
+                                      prefix_caching=prefix_caching))
+            continue
+        line = _REQUEST_FORMAT % (
+            int.__repr__(request_id), texts[0][k], texts[1][k], texts[2][k], texts[3][k],
+            texts[4][k], ints[0][k], ints[1][k], ints[2][k], ints[3][k], ints[4][k],
+            encode_basestring_ascii(tenant), _STATUS.get(state, '"unfinished"'))
+        if state == _REJECTED:
+            line += f', "reason": {json.dumps(to_json_value(reasons[k]))}'
+        if cached is not None:
+            line += f', "num_cached_tokens": {cached[k]}'
+        lines.append(line + "}")
+    return lines
+
+
 def iter_request_lines(result: RunResult,
                        token_times: Optional[TokenTimes] = None) -> Iterator[str]:
     """`json.dumps` of each of `iter_request_rows(result, token_times)`, one at a time."""
+    if (token_times is None and result.output_tokens is None and result.num_replicas == 1
+            and result.prefill_replica is None):  # the plain rows: many at a time
+        names = result.tenant_names
+        for start in range(0, result.num_requests, _LINES_AT_ONCE):
+            stop = min(start + _LINES_AT_ONCE, result.num_requests)
+            yield from plain_request_lines(
+                result, range(start, stop), request_ids=result.request_ids[start:stop],
+                tenants=[names[t] for t in result.tenant[start:stop].tolist()],
+                reasons=result.reject_reason[start:stop],
+                prefix_caching=result.prefix_caching)
+        return
     for i in range(result.num_requests):
         yield request_line(result, i, **request_row_args(result, i),
                            **row_fields(token_times, i))

@@ -21,7 +21,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from orca_jax.core.loop.scheduler import Scheduler
-from orca_jax.results.row_lines import request_line, step_line
+from orca_jax.results.row_lines import plain_request_lines, step_line
 from orca_jax.results.run_folder import RunFolder
 from orca_jax.results.summary import step_row
 
@@ -122,11 +122,13 @@ class StreamResults:
         if done.size == 0:
             return
         self._written[done] = True
-        self.folder.append_lines("requests.jsonl", (
-            request_line(table, i, request_id=table.specs[i].id,
-                         tenant=table.tenant_names[table.tenant[i]], reason=None,
-                         output_tokens=None, prefix_caching=scheduler.prefix_caching)
-            for i in done.tolist()))
+        specs, names = table.specs, table.tenant_names
+        rows = done.tolist()
+        self.folder.append_lines("requests.jsonl", plain_request_lines(
+            table, rows, request_ids=[specs[i].id for i in rows],
+            tenants=[names[t] for t in table.tenant[done].tolist()],
+            reasons=[None] * len(rows),  # a streamed row names no reason (its final row does)
+            prefix_caching=scheduler.prefix_caching))
 
 
 def _with_stall(row: dict, stalls: Optional[dict], step: int) -> dict:
