@@ -180,3 +180,22 @@ def test_host_memory_kind_is_chosen_and_checked():
         host_kv.host_memory_kind(cpu, "disk")
     with pytest.raises(ValueError, match="host_kv_memory='disk' is not one of"):
         _engine(host_kv_memory="disk")
+
+
+def test_a_jax_run_spec_takes_a_host_tier_of_its_dtype_and_refuses_a_disk_tier():
+    from orca_jax.runner.build import scheduler_config
+    from orca_jax.runner.spec import JaxEngineSpec, LimitsSpec, RunSpec, WorkloadSpec
+
+    def jax_spec(dtype, **limits):
+        return RunSpec(workload=WorkloadSpec(),
+                       engine=JaxEngineSpec(model="tiny", dtype=dtype),
+                       limits=LimitsSpec(page_size=PAGE_SIZE, **limits))
+
+    fp32 = scheduler_config(jax_spec("float32", kv_host_pages=50)).kv.tiers
+    bf16 = scheduler_config(jax_spec("bfloat16", kv_host_pages=50)).kv.tiers
+    assert [t.name for t in fp32] == ["host"] and fp32[0].num_pages == 50
+    page_bytes = 2 * CONFIG.num_layers * CONFIG.num_kv_heads * CONFIG.head_dim * PAGE_SIZE
+    assert (fp32[0].page_bytes, bf16[0].page_bytes) == (4 * page_bytes, 2 * page_bytes)
+    with pytest.raises(ValueError, match=r"^--kv_disk_gb/--kv_disk_pages: the jax engine holds "
+                                         r"a host KV tier only"):
+        jax_spec("float32", kv_host_pages=50, kv_disk_pages=100)

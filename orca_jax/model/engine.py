@@ -262,6 +262,8 @@ class JaxEngine(Engine):
     def _prepare(self, buckets: list[Bucket]) -> None:
         """Compiles each bucket not yet compiled and runs it once on dummy inputs."""
         todo = [bucket for bucket in buckets if bucket not in self._compiled]
+        if self._host_kv is not None:  # a run's host KV tier: its copies compile here too
+            self._host_kv.warmup()
         if not todo:
             return
         # Compiling takes seconds per bucket: say so, or a run looks stuck before its first step.

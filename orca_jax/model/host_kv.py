@@ -92,8 +92,22 @@ class HostKVStore:
         self._blocks: dict[int, _Block] = {}
         self._where: dict[Hashable, tuple[int, int]] = {}  # key -> (block, row)
         self._ids = itertools.count()
+        self._warm = False
         self.stats = dict(pages_out=0, pages_in=0, bytes_out=0, bytes_in=0,
                           copy_out_host_s=0.0, copy_in_host_s=0.0)
+
+    def warmup(self) -> None:
+        """Compiles the copies of every block width (on the null page), so that no copy
+        compiles mid-run; once."""
+        if self._warm:
+            return
+        limit = self._engine.pages_per_seq
+        widths = sorted({_width(n, limit) for n in range(1, limit + 1)})
+        for width in widths:
+            null = np.full(width, NULL_PAGE, np.int32)
+            block = self._to_host(self._engine.gather_kv_pages(null))
+            self._engine.scatter_kv_pages(null, self._to_device(block), np.zeros(width, np.int32))
+        self._warm = True
 
     @property
     def num_pages(self) -> int:
