@@ -199,3 +199,13 @@ def test_a_jax_run_spec_takes_a_host_tier_of_its_dtype_and_refuses_a_disk_tier()
     with pytest.raises(ValueError, match=r"^--kv_disk_gb/--kv_disk_pages: the jax engine holds "
                                          r"a host KV tier only"):
         jax_spec("float32", kv_host_pages=50, kv_disk_pages=100)
+
+
+def test_the_copy_bandwidth_probe_runs_dry_on_the_cpu(capsys):
+    from benchmarks import host_kv_copy
+
+    assert host_kv_copy.main(["--dry_run"]) == 0
+    out = capsys.readouterr().out
+    for row in ("raw numpy out", "store numpy save", "store numpy take+put", "pcie5"):
+        assert row in out
+    assert "auto host memory here: numpy" in out

@@ -127,7 +127,7 @@ class LinkedTiers(TierChain):
 
     def wait(self, end_s: float, tier: int) -> float:
         """The step being scheduled waits until `end_s`: the seconds it waits beyond the
-        moves it already waits for (charged to tier `tier`). None when an engine copies
+        moves it already waits for (charged to tier `tier`). 0 when an engine copies
         the pages: its measured clock has the copies."""
         if self.contents is not None:
             return 0.0
@@ -257,7 +257,9 @@ class LinkedTiers(TierChain):
         overlaps the steps that follow) when its policy writes through."""
         host = self._tier(1)
         if host.policy.placement == "write_through":
-            new = [name for name in names if name not in host.cached]
+            # Only an engine's tier copies: the simulator's hot path lists nothing.
+            new = ([name for name in names if name not in host.cached]
+                   if self.contents is not None else [])
             self._insert(1, names, source=DEVICE, ready_s=self.clock())
             self._copy_out(new, names, pages)
 
