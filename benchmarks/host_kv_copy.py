@@ -128,7 +128,7 @@ def main(argv: list[str]) -> int:
             print(_row(f"raw {kind} in", num_pages, page_bytes,
                        _median_s(back, args.repeats)))
         for kind in kinds:  # B. through the host tier's store, gather and scatter included
-            store = host_kv.HostKVStore(cache, kind)  # type: ignore[arg-type]
+            store = host_kv.HostKVStore(cache, kind)
             keys = list(range(num_pages))
 
             def save() -> Any:

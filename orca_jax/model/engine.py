@@ -398,7 +398,9 @@ class JaxEngine(Engine):
         if self._multiprocess:
             raise EngineConfigError("JaxEngine: a host KV tier on a mesh spanning processes "
                                     "is not built; run it on one process")
-        self._host_kv = host_kv.make_store(self, self._host_kv_memory)
+        device = self.mesh.devices.flat[0] if self.mesh is not None else jax.devices()[0]
+        self._host_kv = host_kv.HostKVStore(
+            self, host_kv.host_memory_kind(device, self._host_kv_memory))
         return self._host_kv
 
     @property

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from typing import TYPE_CHECKING, Hashable, Sequence
+from typing import Hashable, Protocol, Sequence
 
 import jax
 import numpy as np
@@ -37,10 +37,22 @@ import numpy as np
 from orca_jax.core.step.engine_api import NULL_PAGE
 from orca_jax.model import llama as model_lib
 
-if TYPE_CHECKING:
-    from orca_jax.model.engine import JaxEngine
-
 HOST_KV_MEMORIES = ("auto", "pinned_host", "numpy")
+
+
+class PageCopier(Protocol):
+    """What the store asks of an engine (`JaxEngine` is one): its cache's pages."""
+
+    @property
+    def pages_per_seq(self) -> int: ...
+
+    @property
+    def kv_page_bytes(self) -> int: ...
+
+    def gather_kv_pages(self, pages: np.ndarray) -> model_lib.KVCache: ...  # [W]
+
+    def scatter_kv_pages(self, pages: np.ndarray,  # [W]
+                         data: model_lib.KVCache, rows: np.ndarray) -> None: ...  # [W]
 
 
 def host_memory_kind(device: jax.Device, choice: str = "auto") -> str:
@@ -86,7 +98,7 @@ class HostKVStore:
       memory_kind: `pinned_host` or `numpy` (`host_memory_kind`).
     """
 
-    def __init__(self, engine: "JaxEngine", memory_kind: str) -> None:
+    def __init__(self, engine: PageCopier, memory_kind: str) -> None:
         self._engine = engine
         self.memory_kind = memory_kind
         self._blocks: dict[int, _Block] = {}
@@ -202,8 +214,3 @@ class HostKVStore:
                 **{f"host_kv_{name}": (round(value, 6) if isinstance(value, float) else value)
                    for name, value in self.stats.items()}}
 
-
-def make_store(engine: "JaxEngine", choice: str) -> HostKVStore:
-    """`engine`'s host KV store, in the host memory `choice` gives (`host_memory_kind`)."""
-    device = engine.mesh.devices.flat[0] if engine.mesh is not None else jax.devices()[0]
-    return HostKVStore(engine, host_memory_kind(device, choice))
