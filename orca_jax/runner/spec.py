@@ -316,12 +316,13 @@ class LimitsSpec:
     kv_host_gb: Optional[float] = _knob(None, "Host (DRAM) KV tier under the device's pool, in "
                                         "GB (decimal) over the replica: swapped-out requests "
                                         "and prefix pages the device evicts (None: no host "
-                                        "tier).")
+                                        "tier). On the jax engine the pages are copied to host "
+                                        "memory (pinned where the device offers it).")
     kv_host_pages: Optional[int] = _knob(None, "Host KV tier in pages (instead of "
                                          "kv_host_gb).")
     kv_disk_gb: Optional[float] = _knob(None, "Disk (or remote store) KV tier under the host "
                                         "tier, in GB: prefix pages the host evicts (None: no "
-                                        "disk tier).")
+                                        "disk tier). Simulator only.")
     kv_disk_pages: Optional[int] = _knob(None, "Disk KV tier in pages (instead of "
                                          "kv_disk_gb).")
     kv_host_link: str = _knob("pcie4", "The link between the device and the host KV tier.",
