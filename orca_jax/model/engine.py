@@ -36,7 +36,7 @@ from orca_jax.core.step.engine_api import (
     bucket_arrays_are_consistent,
 )
 from orca_jax.core.step.packing import build_step_inputs
-from orca_jax.model import compile_cache, distributed, executable_cache, sharding
+from orca_jax.model import compile_cache, distributed, executable_cache, host_kv, sharding
 from orca_jax.model import llama as model_lib
 from orca_jax.model.bucketed_attention import kv_chunk_pages
 from orca_jax.specs.model_config import ModelConfig
@@ -124,13 +124,17 @@ class JaxEngine(Engine):
         keeps its sampled tokens on the device and `step_async(inputs, token_source)`
         feeds them to the next step's decodes, so the host never waits for them
         (overlap scheduling). Off, the compiled step is the plain one.
+      host_kv_memory: where a run's host KV tier keeps pages (`host_kv_store`):
+        `auto` (pinned host memory on an accelerator that offers it, else numpy),
+        `pinned_host` or `numpy`.
     """
 
     def __init__(self, model_config: ModelConfig, params: nnx.State, *, num_cache_pages: int,
                  page_size: int, pages_per_seq: int, dtype: jnp.dtype = jnp.float32,
                  attention: str = "reference",
                  warmup_kv_len: Optional[int] = None,
-                 mesh: Optional[jax.sharding.Mesh] = None, feed_tokens: bool = False) -> None:
+                 mesh: Optional[jax.sharding.Mesh] = None, feed_tokens: bool = False,
+                 host_kv_memory: str = "auto") -> None:
         if num_cache_pages < 2 or page_size < 1 or pages_per_seq < 1:
             raise ValueError(f"JaxEngine: needs num_cache_pages >= 2 (null page + one), "
                              f"page_size >= 1, pages_per_seq >= 1; got {num_cache_pages}, "
@@ -139,6 +143,9 @@ class JaxEngine(Engine):
         if warmup_kv_len is not None and not 1 <= warmup_kv_len <= max_len:
             raise ValueError(f"JaxEngine: warmup_kv_len={warmup_kv_len} must be in [1, {max_len}]")
         attend = model_lib.attention_op(attention)  # fails early on an unknown op name
+        if host_kv_memory not in host_kv.HOST_KV_MEMORIES:
+            raise ValueError(f"JaxEngine: host_kv_memory={host_kv_memory!r} is not one of "
+                             f"{host_kv.HOST_KV_MEMORIES}")
         if mesh is not None:
             if tuple(mesh.axis_names) != (sharding.TP_AXIS,):
                 raise EngineConfigError(f"JaxEngine: mesh axes {mesh.axis_names} must be "
@@ -181,6 +188,8 @@ class JaxEngine(Engine):
         self._num_executables_loaded = 0  # steps loaded from `executable_cache`
         self._compile_s = 0.0
         self._multiprocess = distributed.is_multiprocess()
+        self._host_kv_memory = host_kv_memory
+        self._host_kv: Optional[host_kv.HostKVStore] = None  # made for a run's host tier
 
     @staticmethod
     def _check_params(abstract: nnx.State, params: nnx.State) -> None:
@@ -239,6 +248,8 @@ class JaxEngine(Engine):
             # Of those, steps loaded whole from `executable_cache` (not traced or lowered).
             "executables_loaded": self._num_executables_loaded,
             "compile_cache_dir": compile_cache.current_dir() or "none"}
+        if self._host_kv is not None:  # a run with a host KV tier: what it copied
+            facts.update(self._host_kv.facts())
         if self.attention == "bucketed":
             # One program per bucket; it loops over this many KV tokens at a time.
             facts["attention_kv_chunk_tokens"] = kv_chunk_pages(self.page_size) * self.page_size
@@ -251,6 +262,8 @@ class JaxEngine(Engine):
     def _prepare(self, buckets: list[Bucket]) -> None:
         """Compiles each bucket not yet compiled and runs it once on dummy inputs."""
         todo = [bucket for bucket in buckets if bucket not in self._compiled]
+        if self._host_kv is not None:  # a run's host KV tier: its copies compile here too
+            self._host_kv.warmup()
         if not todo:
             return
         # Compiling takes seconds per bucket: say so, or a run looks stuck before its first step.
@@ -374,6 +387,39 @@ class JaxEngine(Engine):
             raise ValueError(f"JaxEngine.write_kv_pages: {count} pages of KV for "
                              f"{len(pages)} pages")
         self._cache = _scatter_pages(self._cache, self._padded(pages), data)
+
+    def host_kv_store(self) -> host_kv.HostKVStore:
+        """A host KV tier's pages in host memory (`host_kv.HostKVStore`; one per engine:
+        a run's scheduler takes it, and `facts` report its copies).
+
+        Raises:
+          EngineConfigError: on a mesh spanning processes (not built).
+        """
+        if self._multiprocess:
+            raise EngineConfigError("JaxEngine: a host KV tier on a mesh spanning processes "
+                                    "is not built; run it on one process")
+        device = self.mesh.devices.flat[0] if self.mesh is not None else jax.devices()[0]
+        self._host_kv = host_kv.HostKVStore(
+            self, host_kv.host_memory_kind(device, self._host_kv_memory))
+        return self._host_kv
+
+    @property
+    def kv_page_bytes(self) -> int:
+        """Bytes of one cache page, every layer's K and V (all shards)."""
+        return sum(buffer.nbytes // self.num_cache_pages
+                   for buffer in (*self._cache.k, *self._cache.v))
+
+    def gather_kv_pages(self, pages: np.ndarray) -> model_lib.KVCache:  # [W]
+        """A copy of these pages' K and V on the device (a block of its own, which
+        later steps' writes to the cache do not touch), after every step dispatched."""
+        return _gather_pages(self._cache, pages)
+
+    def scatter_kv_pages(self, pages: np.ndarray,  # [W] target pages (null: padding)
+                         data: model_lib.KVCache,  # layers x [W', page_size, heads, dim]
+                         rows: np.ndarray) -> None:  # [W] row of `data` for each page
+        """Writes row `rows[i]` of `data` into cache page `pages[i]`, before any step
+        dispatched later."""
+        self._cache = _scatter_rows(self._cache, pages, data, rows)
 
     def _padded(self, pages: np.ndarray) -> np.ndarray:  # [n] -> [P]
         if len(pages) > self.pages_per_seq:
@@ -502,6 +548,15 @@ def _gather_pages(cache: model_lib.KVCache, pages: jax.Array  # [P]
                   ) -> model_lib.KVCache:  # layers x [P, page_size, kv_heads, head_dim]
     return model_lib.KVCache(k=tuple(k[pages] for k in cache.k),
                              v=tuple(v[pages] for v in cache.v))
+
+
+@functools.partial(jax.jit, donate_argnums=0)
+def _scatter_rows(cache: model_lib.KVCache, pages: jax.Array,  # [W]
+                  kv: model_lib.KVCache, rows: jax.Array  # [W] rows of kv
+                  ) -> model_lib.KVCache:
+    # Padding entries write row 0 into the null page, which no request reads.
+    return model_lib.KVCache(k=tuple(k.at[pages].set(x[rows]) for k, x in zip(cache.k, kv.k)),
+                             v=tuple(v.at[pages].set(x[rows]) for v, x in zip(cache.v, kv.v)))
 
 
 @functools.partial(jax.jit, donate_argnums=0)

@@ -29,7 +29,7 @@ from orca_jax.core.requests.request import Request
 from orca_jax.core.step.engine_api import Engine, EngineConfigError
 from orca_jax.core.step.packing import pages_per_seq_for
 from orca_jax.core.step.sampling import SamplingConfig
-from orca_jax.runner.kv_tiers import tier_configs
+from orca_jax.runner.kv_tiers import engine_kv_shape, tier_configs
 from orca_jax.runner.spec import JaxEngineSpec, RunSpec, SimEngineSpec, sampling_params
 from orca_jax.sim import cost_model
 from orca_jax.sim.engine import SimEngine
@@ -158,10 +158,8 @@ def scheduler_config(spec: RunSpec) -> SchedulerConfig:
 def _tier_settings(spec: RunSpec) -> dict[str, object]:
     """KVConfig's slower tiers and cache policy, when the run has tiers (else nothing:
     a run without tiers builds the KVConfig it always did)."""
-    engine, limits = spec.engine, spec.limits
-    if not isinstance(engine, SimEngineSpec):
-        return {}
-    tiers = tier_configs(limits, get_model_config(engine.model), engine.tp)
+    tiers = tier_configs(spec.limits, *engine_kv_shape(spec.engine))
+    limits = spec.limits
     if not tiers:
         return {}
     name = resolve_cache_policy(limits.kv_cache_policy)

@@ -13,13 +13,14 @@ from typing import Optional
 
 from orca_jax.core.kv.config import TierConfig
 from orca_jax.specs.hardware import get_kv_link
-from orca_jax.specs.memory import kv_bytes_per_token
-from orca_jax.specs.model_config import ModelConfig
+from orca_jax.specs.memory import DTYPE_BYTES, kv_bytes_per_token
+from orca_jax.specs.model_config import PRESETS, ModelConfig
 
 
-def tier_configs(limits: object, model: Optional[ModelConfig], tp: int = 1
-                 ) -> tuple[TierConfig, ...]:
-    """The tiers of `limits` (a `LimitsSpec`) for `model` at tensor parallelism `tp`.
+def tier_configs(limits: object, model: Optional[ModelConfig], tp: int = 1,
+                 dtype_bytes: int = DTYPE_BYTES) -> tuple[TierConfig, ...]:
+    """The tiers of `limits` (a `LimitsSpec`) for `model` at tensor parallelism `tp`, its
+    KV `dtype_bytes` bytes a value (the jax engine's dtype; the simulator's bf16).
 
     Raises:
       ValueError: one line naming the flag: a tier smaller than one page, a link preset
@@ -36,7 +37,7 @@ def tier_configs(limits: object, model: Optional[ModelConfig], tp: int = 1
         raise ValueError("--kv_host_gb/--kv_disk_gb need a model preset to size pages; give "
                          "--kv_host_pages/--kv_disk_pages instead")
     page_size = getattr(limits, "page_size")
-    page_bytes = kv_bytes_per_token(model) * page_size  # the replica's, every shard
+    page_bytes = kv_bytes_per_token(model, dtype_bytes) * page_size  # the replica's, every shard
     shard_bytes = math.ceil(page_bytes * math.ceil(model.num_kv_heads / tp)
                             / model.num_kv_heads)
     tiers = []
@@ -68,3 +69,13 @@ def _size(limits: object, name: str) -> Optional[tuple[str, float]]:
     if pages is not None:
         return f"kv_{name}_pages", pages
     return None if gb is None else (f"kv_{name}_gb", gb)
+
+
+def engine_kv_shape(engine: object) -> tuple[Optional[ModelConfig], int, int]:
+    """`(model, tp, KV dtype bytes)` of an engine spec, for `tier_configs`: the jax
+    engine's KV is of its dtype, and a checkpoint's model without a preset has no shape
+    here (then only page counts size a tier)."""
+    name = getattr(engine, "model")
+    model = PRESETS.get(name)
+    dtype = getattr(engine, "dtype", "bfloat16")  # the simulator prices bf16 KV
+    return model, int(getattr(engine, "tp")), 4 if dtype == "float32" else DTYPE_BYTES

@@ -21,7 +21,7 @@ from orca_jax.core.api.plugins import parse_options
 from orca_jax.core.kv import KV_LAYOUTS
 from orca_jax.core.kv.config import PREFIX_CACHING_MODES
 from orca_jax.core.step.bucket_fit import max_fitted_sizes, parse_fit_ladder
-from orca_jax.runner.kv_tiers import tier_configs
+from orca_jax.runner.kv_tiers import engine_kv_shape, tier_configs
 from orca_jax.runner.spec_caps import check_caps
 from orca_jax.sim.cost_model import STEP_PADDINGS
 from orca_jax.specs.hardware import (
@@ -323,12 +323,13 @@ class LimitsSpec:
     kv_host_gb: Optional[float] = _knob(None, "Host (DRAM) KV tier under the device's pool, in "
                                         "GB (decimal) over the replica: swapped-out requests "
                                         "and prefix pages the device evicts (None: no host "
-                                        "tier).")
+                                        "tier). On the jax engine the pages are copied to host "
+                                        "memory (pinned where the device offers it).")
     kv_host_pages: Optional[int] = _knob(None, "Host KV tier in pages (instead of "
                                          "kv_host_gb).")
     kv_disk_gb: Optional[float] = _knob(None, "Disk (or remote store) KV tier under the host "
                                         "tier, in GB: prefix pages the host evicts (None: no "
-                                        "disk tier).")
+                                        "disk tier). Simulator only.")
     kv_disk_pages: Optional[int] = _knob(None, "Disk KV tier in pages (instead of "
                                          "kv_disk_gb).")
     kv_host_link: str = _knob("pcie4", "The link between the device and the host KV tier.",
@@ -513,12 +514,15 @@ class RunSpec(metaclass=_TakesFlatKeywords):
         check_caps(self)  # counts this machine cannot hold: refused before anything allocates
         tiered = any(getattr(self.limits, field) is not None for field in (
             "kv_host_gb", "kv_host_pages", "kv_disk_gb", "kv_disk_pages"))
-        if tiered and not isinstance(self.engine, SimEngineSpec):
-            raise ValueError("KV tiers (--kv_host_*, --kv_disk_*) are simulated only for now "
-                             "(the jax engine's host tier is to come): use --engine=sim")
+        disk = any(getattr(self.limits, field) is not None
+                   for field in ("kv_disk_gb", "kv_disk_pages"))
+        if disk and not isinstance(self.engine, SimEngineSpec):
+            raise ValueError("--kv_disk_gb/--kv_disk_pages: the jax engine holds a host KV tier "
+                             "only (the disk tier is simulated only for now); drop the disk "
+                             "tier or use --engine=sim")
         if tiered and (self.cluster.num_replicas > 1 or self.cluster.disaggregated):
             raise ValueError("KV tiers (--kv_host_*, --kv_disk_*) serve one replica for now: "
                              "give --num_replicas=1 without prefill/decode pools")
-        if tiered and isinstance(self.engine, SimEngineSpec):
-            tier_configs(self.limits, get_model_config(self.engine.model), self.engine.tp)
+        if tiered:
+            tier_configs(self.limits, *engine_kv_shape(self.engine))
 

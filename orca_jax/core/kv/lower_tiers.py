@@ -18,8 +18,10 @@ tier's write-back, a prefetch) only occupy their links: they overlap the steps,
 and delay the moves queued behind them.
 
 What moves where is recorded as stats per tier (pages hit, bytes each way,
-stall seconds); the pages' contents do not move in the simulator (a real
-engine's tier would copy them where `store` and `load` are called).
+stall seconds); the pages' contents do not move in the simulator. An engine that
+holds real KV sets `contents` (`tier_contents.PageContents`, the host tier's
+only): each move then copies the pages too, and a step waits for no modelled
+move (the engine's own clock has the copies).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from numpy.typing import NDArray
 from orca_jax.core.kv.cache_policies import CachePolicy
 from orca_jax.core.kv.links import Link
 from orca_jax.core.kv.pool import KVPool
+from orca_jax.core.kv.tier_contents import PageContents, swap_keys
 from orca_jax.core.kv.tiers import DEVICE, KVTier, TierChain
 
 
@@ -99,6 +102,11 @@ class LinkedTiers(TierChain):
         # that holds it. Any other change (a new page cached) can only lengthen a run, so
         # a lookup whose count is unchanged goes on from where its run ended.
         self.num_reorders = 0
+        # The host tier's pages, where an engine copies real KV (None: the simulator).
+        self.contents: Optional[PageContents] = None
+        # Host-tier hits taken at admission, to put into their device pages once the
+        # step has allocated them: (request, its first loaded page's index, pages, the KV).
+        self._landing: list[tuple[int, int, int, object]] = []
 
     # ------------------------------------------------------------------ moves
     def _tier(self, index: int) -> PageTier:
@@ -124,7 +132,10 @@ class LinkedTiers(TierChain):
 
     def wait(self, end_s: float, tier: int) -> float:
         """The step being scheduled waits until `end_s`: the seconds it waits beyond the
-        moves it already waits for (charged to tier `tier`)."""
+        moves it already waits for (charged to tier `tier`). 0 when an engine copies
+        the pages: its measured clock has the copies."""
+        if self.contents is not None:
+            return 0.0
         base = max(self.clock(), self._horizon)
         extra = max(0.0, end_s - base)
         self._horizon = max(base, end_s)
@@ -153,6 +164,10 @@ class LinkedTiers(TierChain):
         self._make_room(tier, total)
         target.num_swapped += total
         target.stats["swapped_out_pages"] += total
+        if self.contents is not None:  # before the caller frees the pages for the step
+            for request in ids.tolist():
+                pages = pool.pages_of(request)
+                self.contents.save(swap_keys(request, pages.size), pages)
         self.tier_of[ids] = tier
         self.pages_away[ids] = num_pages
         self._num_away += int(ids.size)
@@ -167,6 +182,10 @@ class LinkedTiers(TierChain):
             moving = ids[self.tier_of[ids] == tier]
             total = int(self.pages_away[moving].sum())
             self._tier(tier).stats["swapped_in_pages"] += total
+            if self.contents is not None:  # into the pages just allocated (`drop` forgets)
+                for request, count in zip(moving.tolist(), self.pages_away[moving].tolist()):
+                    self.contents.put(self.contents.take(swap_keys(request, count)),
+                                      pool.pages_of(request)[:count])
             seconds += self.wait(self._move(tier, DEVICE, total, now), tier)
         self.drop(ids)
         return seconds
@@ -176,8 +195,11 @@ class LinkedTiers(TierChain):
         if self._num_away == 0:
             return
         away = ids[self.tier_of[ids] != DEVICE]
-        for tier, count in zip(self.tier_of[away].tolist(), self.pages_away[away].tolist()):
+        for request, tier, count in zip(away.tolist(), self.tier_of[away].tolist(),
+                                        self.pages_away[away].tolist()):
             self._tier(tier).num_swapped -= count
+            if self.contents is not None:
+                self.contents.discard(swap_keys(request, count))
         super().drop(ids)
 
     # ----------------------------------------------------------- prefix pages
@@ -193,6 +215,8 @@ class LinkedTiers(TierChain):
             target.ready_s.pop(name, None)
             target.stats["evictions"] += 1
             spilled.append(name)
+        if spilled and self.contents is not None:
+            self.contents.discard(spilled)
         if spilled and tier + 1 < len(self.tiers) and target.policy.placement == "write_back":
             self._insert(tier + 1, spilled, source=tier, ready_s=self.clock())
         if spilled:
@@ -222,7 +246,8 @@ class LinkedTiers(TierChain):
         self.on_change()
         return end
 
-    def spill(self, names: Sequence[Hashable]) -> None:
+    def spill(self, names: Sequence[Hashable],
+              pages: Optional[NDArray[np.int32]] = None) -> None:  # [n] their device pages
         """Pages the device's prefix cache just evicted: written back to the host tier
         (the step that takes their device pages waits for the copy), unless it holds
         them already or its policy drops them."""
@@ -233,12 +258,32 @@ class LinkedTiers(TierChain):
         if new:
             end = self._insert(1, new, source=DEVICE, ready_s=self.clock())
             self.carried_s += self.wait(end, 1)
+            self._copy_out(new, names, pages)
 
-    def filled(self, names: Sequence[Hashable]) -> None:
+    def filled(self, names: Sequence[Hashable],
+               pages: Optional[NDArray[np.int32]] = None) -> None:  # [n] their device pages
         """Pages just filled on the device: written through to the host tier (the copy
         overlaps the steps that follow) when its policy writes through."""
-        if self._tier(1).policy.placement == "write_through":
+        host = self._tier(1)
+        if host.policy.placement == "write_through":
+            # Only an engine's tier copies: the simulator's hot path lists nothing.
+            new = ([name for name in names if name not in host.cached]
+                   if self.contents is not None else [])
             self._insert(1, names, source=DEVICE, ready_s=self.clock())
+            self._copy_out(new, names, pages)
+
+    def _copy_out(self, new: Sequence[Hashable], names: Sequence[Hashable],
+                  pages: Optional[NDArray[np.int32]]) -> None:  # [len(names)]
+        """Copies those of `new` (of `names`, on device `pages`) the host tier took."""
+        if self.contents is None or not new:
+            return
+        if pages is None:
+            raise RuntimeError("the host tier copies KV: it needs the device pages")
+        cached = self._tier(1).cached
+        page_of = dict(zip(names, pages.tolist()))
+        kept = [name for name in new if name in cached]
+        if kept:
+            self.contents.save(kept, np.array([page_of[name] for name in kept], np.int32))
 
     def lower_hits(self, names: Sequence[Hashable], found: Optional[list[int]] = None
                    ) -> list[int]:
@@ -256,10 +301,14 @@ class LinkedTiers(TierChain):
                 break
         return found
 
-    def load(self, names: Sequence[Hashable], tiers: Sequence[int]) -> float:
+    def load(self, names: Sequence[Hashable], tiers: Sequence[int],
+             into: Optional[tuple[int, int]] = None) -> float:
         """Loads a request's prefix pages (`names`, on `tiers`: from `lower_hits`) into
         device pages: each counts a hit there, a disk page passes through (and stays in)
-        the host tier. Returns the stall."""
+        the host tier. Returns the stall. With `contents`, their KV is taken now and put
+        into the pages `into` (request, index of its first such page) names, at `land`."""
+        if self.contents is not None and into is not None:
+            self._landing.append((*into, len(names), self.contents.take(names)))
         now = self.clock()
         stall = 0.0
         for k in sorted(set(tiers)):
@@ -280,6 +329,17 @@ class LinkedTiers(TierChain):
                 k_from = k
             stall += self.wait(self._move(k_from, DEVICE, len(those), ready), k)
         return stall
+
+    def land(self, pool: KVPool) -> None:
+        """Puts the host-tier hits taken at admission into the device pages the step
+        allocated for them (before it is dispatched)."""
+        if not self._landing:
+            return
+        contents = self.contents
+        assert contents is not None
+        for request, first, count, taken in self._landing:
+            contents.put(taken, pool.pages_of(request)[first:first + count])
+        self._landing = []
 
     def prefetch(self, names: Sequence[Hashable], tiers: Sequence[int]) -> None:
         """Starts a queued request's pages found below the host tier towards it (no step

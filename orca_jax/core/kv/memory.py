@@ -162,6 +162,12 @@ class KVMemory:
             self.hits.load_s = 0.0
         return num_cached, seconds
 
+    def land_loads(self) -> None:
+        """Copies the host-tier prefix hits admitted this step into the device pages the
+        step allocated for them, where an engine holds the tier's KV (else nothing)."""
+        if self.linked is not None and self.linked.contents is not None:
+            self.linked.land(self.pool)
+
     def take_stall(self) -> float:
         """Seconds the step being scheduled waits for the write-backs its allocation
         caused (slower tiers only; see `LinkedTiers.spill`)."""

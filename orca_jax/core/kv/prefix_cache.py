@@ -60,9 +60,10 @@ class PrefixCache:
         self.num_evictions = 0
         self.version = 0  # changes whenever a name is cached or evicted (lookups' memo key)
         # With slower KV tiers (`lower_tiers.LinkedTiers`): told the names evicted
-        # (write-back) and the names just cached (write-through). None without tiers.
-        self.spill: Optional[Callable[[list[bytes]], None]] = None
-        self.fill: Optional[Callable[[list[bytes]], None]] = None
+        # (write-back) and the names just filled (write-through), with their device pages
+        # (an engine's host tier copies them). None without tiers.
+        self.spill: Optional[Callable[[list[bytes], NDArray[np.int32]], None]] = None
+        self.fill: Optional[Callable[[list[bytes], NDArray[np.int32]], None]] = None
 
     @property
     def num_cached(self) -> int:
@@ -131,7 +132,7 @@ class PrefixCache:
                 self.version += 1
         self.num_committed[request] = row.size
         if self.fill is not None and row.size > first:
-            self.fill(names[first:row.size])
+            self.fill(names[first:row.size], row[first:])
 
     def start(self, request: int, num_shared: int) -> None:
         """A request (re)starts holding `num_shared` shared pages: those are named."""
@@ -169,7 +170,7 @@ class PrefixCache:
         self.num_evictions += count
         self.version += 1
         if self.spill is not None:
-            self.spill(evicted)
+            self.spill(evicted, pages)
         return pages
 
     def free_pages(self) -> NDArray[np.int32]:

@@ -179,7 +179,7 @@ class PrefixHits:
         if loads and self.tiers is not None:  # after sharing: a load's evictions spare hits
             for request, shared, lower in loads:
                 names = self._cache.names(request, shared + len(lower), self.reader(request))
-                self.load_s += self.tiers.load(names[shared:], lower)
+                self.load_s += self.tiers.load(names[shared:], lower, into=(request, shared))
         return cached
 
     def prefetch(self, ids: NDArray[np.int64]) -> None:  # [a] just queued

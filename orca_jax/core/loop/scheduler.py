@@ -113,6 +113,7 @@ class Scheduler(SchedulerLoop):
         self.capacity = self.kv_memory.capacity
         if self.kv_memory.linked is not None:  # slower tiers' links queue on our clock
             self.kv_memory.linked.clock = lambda: self.now_s
+            self._hold_tier_contents(engine)
         if getattr(policy, "preemption_mode", RECOMPUTE) == SWAP and not kv_config.tiers:
             raise ValueError(f"policy {policy.name!r}: preemption_mode=swap needs a host KV "
                              "tier (--kv_host_gb or --kv_host_pages)")
@@ -167,6 +168,19 @@ class Scheduler(SchedulerLoop):
         self.executor = Executor(self, depth=2 if overlaps else 1,
                                  leap=(config.features.leap and not submitted_only
                                        and table is None and self.kv_memory.linked is None))
+
+    def _hold_tier_contents(self, engine: Engine) -> None:
+        """An engine whose cache holds real KV keeps the host tier's pages in host memory
+        and copies them (`Engine.host_kv_store`); the simulator's tiers move none."""
+        linked = self.kv_memory.linked
+        assert linked is not None
+        store = engine.host_kv_store() if isinstance(engine, Engine) else None
+        if store is None:
+            return
+        if len(linked.lower) > 1:
+            raise ValueError(f"engine {engine.name!r} holds a host KV tier only; a disk tier "
+                             "(--kv_disk_gb/--kv_disk_pages) is simulated only for now")
+        linked.contents = store  # type: ignore[assignment]
 
     # ------------------------------------------------------------- queries
     def next_arrival_s(self) -> Optional[float]:

@@ -197,6 +197,8 @@ class SchedulerLoop:
             self.kv.allocate(ids, kv_lens, need=needed if reuse else None)
             if not reuse and self.kv_memory.linked is not None:
                 kv_move_s += self.kv_memory.take_stall()  # its evictions' write-backs
+        if self.kv_memory.linked is not None:  # host-tier hits into the pages just allocated
+            self.kv_memory.land_loads()
         # Only the pages of the step's widest context: a row's later pages (reserved ahead,
         # or null) are never read by this step, and copying max_model_len-wide rows would
         # make the host's page-table work grow with max_model_len instead of the contexts.

@@ -276,6 +276,13 @@ class Engine(abc.ABC):
         """Writes `kv` from `read_kv_pages` into these pages, in order (None: nothing)."""
         del pages, kv
 
+    def host_kv_store(self) -> Optional[object]:
+        """Where a run's host KV tier keeps its pages, for an engine whose cache holds
+        real KV: an `orca_jax.core.kv.tier_contents.PageContents` that copies pages
+        between this engine's cache and host memory. None (the default, the simulator):
+        the tier moves no data."""
+        return None
+
     def _check_warm(self, bucket: Bucket, warm: Collection[Bucket]) -> None:
         """Raises ValueError naming `bucket` and the `warm` ones if it is not among them."""
         if bucket not in warm:
@@ -313,6 +320,9 @@ class EngineWrapper(Engine):
 
     def write_kv_pages(self, pages: NDArray[np.int32], kv: object) -> None:  # [n]
         self.engine.write_kv_pages(pages, kv)
+
+    def host_kv_store(self) -> Optional[object]:
+        return self.engine.host_kv_store()
 
 
 def bucket_arrays_are_consistent(inputs: StepInputs) -> bool:
