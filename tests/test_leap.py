@@ -180,6 +180,41 @@ def test_a_policy_that_promises_nothing_is_never_leaped_over():
     assert_same_run(silent, stepped)
 
 
+@dataclasses.dataclass(kw_only=True)
+class CountingVLLM(VLLM):
+    """Overrides vLLM's `schedule` only (as a plugin that changes a built-in's plans
+    would): vLLM's promise is not about these plans, so every step asks it."""
+
+    num_calls: int = 0
+
+    def schedule(self, view):
+        self.num_calls += 1
+        return super().schedule(view)
+
+
+@dataclasses.dataclass(kw_only=True)
+class CountingPromisingVLLM(CountingVLLM):
+    """The same, promising again what vLLM promises: it is leaped over."""
+
+    def stable_steps(self, view):
+        return super().stable_steps(view)
+
+
+@pytest.mark.parametrize("cls, leaps", [(CountingVLLM, False), (CountingPromisingVLLM, True)])
+def test_a_subclass_that_overrides_schedule_does_not_inherit_the_promise(cls, leaps):
+    spec = dataclasses.replace(SETTINGS["plain"], engine=SimEngineSpec(leap=True))
+    config = scheduler_config(spec)
+    policy = cls()
+    scheduler = Scheduler(build_workload(spec), policy, build_engine(spec, config), config)
+    result = scheduler.run()
+    leaped = scheduler.executor.leaper.num_leaped_steps
+    assert (leaped > 0) == leaps
+    # Every step not leaped over asked the policy (the idle ones ask nothing).
+    assert policy.num_calls <= result.num_steps - leaped
+    if not leaps:
+        assert policy.num_calls > 0.9 * result.num_steps
+
+
 def test_srpt_with_a_starvation_clock_is_asked_every_step():
     policy = make_policy("srpt", {"starvation_s": "5"})
     spec = SETTINGS["plain"]

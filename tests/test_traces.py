@@ -154,6 +154,12 @@ def test_missing_file_is_named(tmp_path):
         load_trace(tmp_path / "absent.jsonl")
 
 
+def test_a_missing_public_trace_says_where_to_get_it(tmp_path):
+    with pytest.raises(TraceError, match=r"azure_conv_2023\.csv: no such trace file \(it is "
+                       r"data/processed_traces/splitwise_conv\.csv of github\.com/microsoft/vidur"):
+        load_trace(tmp_path / "azure_conv_2023.csv")
+
+
 def test_write_then_load_gives_the_same_requests(tmp_path):
     w = synthetic_workload(num_requests=50, arrival="gamma", rate=3.0, cv=2.0,
                            prompt_len="zipf:1.3:300", output_len="uniform:1:40", seed=11,

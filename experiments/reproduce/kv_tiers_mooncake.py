@@ -18,19 +18,19 @@ Raw output: `benchmarks/results/kv_tiers_mooncake.txt`.
 
 from __future__ import annotations
 
-import sys
 import time
 from typing import Any, Optional, Sequence
 
 from absl import flags
 
 from experiments.cli_errors import clean_errors
+from experiments.reproduce.common import parse_flags, run_app
+from experiments.reproduce.prefix_caching import MOONCAKE
 from experiments.terminal_table import format_table
 from orca_jax.runner.experiment import run_policy
 from orca_jax.runner.spec import LimitsSpec, RunSpec, SimEngineSpec, WorkloadSpec
 from orca_jax.workloads.traces import prefix_cache_ceiling
 
-MOONCAKE = "/work/shared/traces/mooncake_conversation_2025.jsonl"
 HIT_RATE = "prefix_hit_rate"
 FLAGS = flags.FlagValues()
 flags.DEFINE_string("trace", MOONCAKE, "the Mooncake conversation trace", flag_values=FLAGS)
@@ -69,7 +69,12 @@ def run(label: str, num_kv_pages: int, **tiers: Any) -> dict[str, Any]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
-    FLAGS(list(argv or sys.argv))
+    """The command: the four runs above, printed as they finish.
+
+    Args:
+      argv: the flags (without the program name); None: the command line's.
+    """
+    parse_flags(FLAGS, argv)
     with clean_errors():
         ceiling = prefix_cache_ceiling(FLAGS.trace, page_size=16,
                                        max_requests=FLAGS.num_requests)
@@ -109,4 +114,4 @@ def ceiling_pages(trace: str, num_requests: Optional[int]) -> int:
 
 
 if __name__ == "__main__":
-    main(sys.argv)
+    run_app(main, FLAGS, __doc__)

@@ -164,6 +164,21 @@ def _all_or_none(parsed: list[tuple[str, Optional[int], dict[str, object]]], key
                      f"(give it in every record, or in none: {none_means})")
 
 
+# Where the public traces the reproductions default to come from (the project keeps no
+# copy): a missing default says where to get it.
+PUBLIC_TRACE_SOURCES = {
+    "mooncake_conversation_2025.jsonl": "FAST25-release/traces/conversation_trace.jsonl of "
+                                        "github.com/kvcache-ai/Mooncake",
+    "azure_conv_2023.csv": "data/processed_traces/splitwise_conv.csv of "
+                           "github.com/microsoft/vidur",
+    "azure_code_2023.csv": "data/processed_traces/splitwise_code.csv of "
+                           "github.com/microsoft/vidur",
+    "arxiv_summarization_lengths.csv": "data/processed_traces/arxiv_summarization_stats_"
+                                       "llama2_tokenizer_filtered_v2.csv of "
+                                       "github.com/microsoft/vidur",
+}
+
+
 def _sorted_records(path: Path, max_requests: Optional[int], block_size: Optional[int] = None
                     ) -> list[tuple[str, Optional[int], dict[str, object]]]:
     """Reads and checks every record of a trace file.
@@ -177,7 +192,9 @@ def _sorted_records(path: Path, max_requests: Optional[int], block_size: Optiona
     """
     fmt = _file_format(path)
     if not path.is_file():
-        raise TraceError(f"{path}: no such trace file")
+        source = PUBLIC_TRACE_SOURCES.get(path.name)
+        raise TraceError(f"{path}: no such trace file"
+                         + (f" (it is {source}; point the flag at your copy)" if source else ""))
     if fmt == "csv":
         names, records = _csv_records(path)
         _check_trace_header(path, names)

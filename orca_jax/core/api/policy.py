@@ -114,6 +114,10 @@ class Policy(abc.ABC):
         rules: its budget, its cap, admissions (whether a waiting request could get
         in), its reading of the clock and of its bookkeeping. Fewer steps is always
         a safe answer.
+
+        A promise holds for the `schedule` of the class that makes it (or of a class
+        above it): a subclass that overrides `schedule` and not this is asked every
+        step, whatever its parent promised.
         """
         del view
         return None

@@ -14,7 +14,9 @@ When it may leap, after a step that computed one token of every running request
 in its plan's order and preempted, released and rejected nothing:
 
 - the policy promises that its plan repeats (`Policy.stable_steps`; a policy
-  that promises nothing, the default, is never leaped over);
+  that promises nothing, the default, is never leaped over, and neither is one
+  whose `schedule` comes from a subclass of the class that made the promise:
+  a plugin that overrides a built-in's `schedule` does not inherit its promise);
 - the engine prices spans (`Engine.decode_span`; a real engine does not);
 - no request arrives before a leaped step starts (it would join the queue),
   no request finishes before the last leaped step, and the watchdog counts the
@@ -49,6 +51,17 @@ MAX_LEAP_STEPS = 4096
 _FIRST_CHUNK = 32
 
 
+def promise_covers_schedule(policy_type: type) -> bool:
+    """Whether the `stable_steps` of `policy_type` was written with its `schedule`:
+    defined by the class that defines `schedule`, or by a subclass of it. A subclass
+    that overrides `schedule` alone (a plugin that changes a built-in's plans) would
+    otherwise be skipped on the strength of its parent's promise."""
+    mro = policy_type.__mro__
+    def owner(name: str) -> int:
+        return next(i for i, cls in enumerate(mro) if name in vars(cls))
+    return owner("stable_steps") <= owner("schedule")
+
+
 class Leaper:
     """Runs a scheduler's stretches of steady decode steps at once (see the module doc).
 
@@ -65,7 +78,8 @@ class Leaper:
         self.scheduler = scheduler
         self._template: Optional[ScheduledStep] = None  # the steady step a leap repeats
         self._preemptions = scheduler.record.num_preemptions
-        self._off = False  # the engine prices no spans
+        # The engine prices no spans, or the policy's promise is not about its plans.
+        self._off = not promise_covers_schedule(type(scheduler.policy))
         self.num_leaped_steps = 0
         self.num_leaps = 0
 
