@@ -128,7 +128,7 @@ def run_one(policy: str, trace: str, num_requests: int, time_scale: float,
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--policies", nargs="+", default=["vllm", "orca"])
-    parser.add_argument("--trace", default="/work/shared/traces/azure_conv_2023.csv")
+    parser.add_argument("--trace", default="../shared/traces/azure_conv_2023.csv")
     parser.add_argument("--num_requests", type=int, default=200)
     parser.add_argument("--trace_time_scale", type=float, default=2.0)
     parser.add_argument("--server_args", nargs="*", default=[],

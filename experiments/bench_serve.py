@@ -1,7 +1,7 @@
 """Replays a trace against a running server: `python -m experiments.bench_serve`.
 
     python -m experiments.bench_serve --url=http://127.0.0.1:8000 \
-        --trace=/work/shared/traces/azure_conv_2023.csv --num_requests=200 \
+        --trace=../shared/traces/azure_conv_2023.csv --num_requests=200 \
         --trace_time_scale=4 --out_dir=/tmp/replay --server_dir=/tmp/serve_out
 
 Each trace request is sent at its arrival time (times `--trace_time_scale`, as run's)
@@ -29,28 +29,35 @@ from typing import Optional, Sequence
 import numpy as np
 from absl import app, flags
 
-from experiments.cli_errors import clean_errors, run_command
+from experiments.cli_errors import clean_errors, one_line, run_command
 
-FLAGS = flags.FLAGS
-flags.DEFINE_string("url", "http://127.0.0.1:8000", "The server's base URL (no /v1).")
-flags.DEFINE_string("model", "tiny", "The served model name.")
-flags.DEFINE_string("trace", None, "Trace file (CSV or JSON Lines, as --workload=trace).")
+# Its own flags, not absl's global ones: a process that imports the run commands' flags
+# (a test, a benchmark) can import this module too.
+FLAGS = flags.FlagValues()
+flags.DEFINE_string("url", "http://127.0.0.1:8000", "The server's base URL (no /v1).",
+                    flag_values=FLAGS)
+flags.DEFINE_string("model", "tiny", "The served model name.", flag_values=FLAGS)
+flags.DEFINE_string("trace", None, "Trace file (CSV or JSON Lines, as --workload=trace).",
+                    flag_values=FLAGS)
 flags.DEFINE_integer("num_requests", None, "The first N requests of the trace (unset: all).",
-                     lower_bound=1)
+                     lower_bound=1, flag_values=FLAGS)
 flags.DEFINE_float("trace_time_scale", 1.0, "Multiplies every arrival time (4: a quarter of the "
-                   "trace's rate).", lower_bound=0.0)
+                   "trace's rate).", lower_bound=0.0, flag_values=FLAGS)
 flags.DEFINE_integer("max_model_len", None, "Context of the server: a request whose prompt "
                      "and output exceed it has its prompt cut to fit (counted in the "
                      "summary's num_prompts_cut); unset: the server's, from /v1/models; 0: "
-                     "sent as the trace says (the server answers 400).", lower_bound=0)
-flags.DEFINE_string("api_key", None, "Bearer key, if the server needs one.")
-flags.DEFINE_string("out_dir", None, "Folder for requests.jsonl and summary.json.")
+                     "sent as the trace says (the server answers 400).", lower_bound=0,
+                     flag_values=FLAGS)
+flags.DEFINE_string("api_key", None, "Bearer key, if the server needs one.", flag_values=FLAGS)
+flags.DEFINE_string("out_dir", None, "Folder for requests.jsonl and summary.json.",
+                    flag_values=FLAGS)
 flags.DEFINE_string("server_dir", None, "The server's results folder, to print its "
-                    "summary beside the client's.")
+                    "summary beside the client's.", flag_values=FLAGS)
 flags.DEFINE_string("write_trace", None, "Also write the requests as sent (arrivals scaled, "
                     "prompts cut) to this .jsonl trace: `experiments.run --workload=trace "
-                    "--clock=wall` on it is the offline run of exactly this replay.")
-flags.DEFINE_float("timeout_s", 600.0, "Per-request timeout.", lower_bound=0.0)
+                    "--clock=wall` on it is the offline run of exactly this replay.",
+                    flag_values=FLAGS)
+flags.DEFINE_float("timeout_s", 600.0, "Per-request timeout.", lower_bound=0.0, flag_values=FLAGS)
 
 PERCENTILES = (50, 90, 99)
 # TPOT: a request's (E2E - TTFT) / (tokens - 1), the server summary's per-request mean gap.
@@ -231,7 +238,7 @@ def table(client: dict, server: Optional[dict]) -> str:
 def main(argv: list[str]) -> None:
     del argv
     if not FLAGS.trace:
-        raise app.UsageError("--trace: give a trace file (e.g. /work/shared/traces/"
+        raise app.UsageError("--trace: give a trace file (e.g. ../shared/traces/"
                              "azure_conv_2023.csv)")
     if FLAGS.trace_time_scale <= 0:
         raise app.UsageError(f"--trace_time_scale={FLAGS.trace_time_scale}: must be > 0")
@@ -270,5 +277,19 @@ def main(argv: list[str]) -> None:
     sys.stdout.flush()
 
 
+def _parse(argv: list[str]) -> list[str]:
+    """absl's parser for this command's own flags (`--help` lists them)."""
+    if any(arg in ("-h", "-?", "--help", "--helpshort", "--helpfull") for arg in argv[1:]):
+        print(f"{__doc__.strip()}\n\nflags:\n{FLAGS.get_help(include_special_flags=False)}")
+        sys.exit(0)
+    try:
+        rest = FLAGS(argv)
+    except flags.Error as e:
+        print(one_line(e), file=sys.stderr)
+        sys.exit(2)
+    flags.FLAGS(argv[:1])  # absl's own flags keep their defaults
+    return rest
+
+
 if __name__ == "__main__":
-    run_command(main)
+    run_command(main, flags_parser=_parse)
