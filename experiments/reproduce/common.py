@@ -17,7 +17,7 @@ import numpy as np
 from absl import app, flags
 
 import policies  # noqa: F401  (registers the built-in policies)
-from experiments.cli_errors import run_command
+from experiments.cli_errors import clean_errors, run_command
 from experiments.executor_flags import define_executor_flags
 from orca_jax.core.json_files import to_json_value, write_json_atomic
 from orca_jax.core.requests.run_result import RunResult
@@ -53,7 +53,9 @@ def request_percentiles(result: RunResult) -> dict[str, Optional[float]]:
 def run_grid(spec: RunSpec, runs: Sequence[PolicyRun], rates: Sequence[float],
              seeds: Sequence[int], out_dir: str, *,
              saturated: Optional[Callable[[float, Mapping[str, Any]], bool]] = None,
-             executor: Optional[SweepExecutor] = None
+             executor: Optional[SweepExecutor] = None,
+             variants: Optional[Mapping[str, RunSpec]] = None,
+             extra_metrics: Optional[Callable[[RunResult], Mapping[str, Any]]] = None
              ) -> tuple[list[dict[str, Any]], list[PointKey]]:
     """Runs every policy over ascending rates and seeds, into a resumable `SweepStore`.
 
@@ -73,6 +75,9 @@ def run_grid(spec: RunSpec, runs: Sequence[PolicyRun], rates: Sequence[float],
         (default `falls_behind`).
       executor: where the points run (`orca_jax.runner.sweep.SweepExecutor`; default
         serially in this process, `SweepExecutor("ray")` as Ray tasks).
+      variants: label -> spec of setups (KV tiers, pool sizes) to run every policy under,
+        on `spec`'s workload (`run_sweep`'s); None: `spec` alone.
+      extra_metrics: more summary fields from a finished run, beside `request_percentiles`'.
 
     Returns:
       The store's points and the keys that were run or found (the grid to aggregate).
@@ -80,9 +85,14 @@ def run_grid(spec: RunSpec, runs: Sequence[PolicyRun], rates: Sequence[float],
     Raises:
       SweepError: a point raised (it is stored failed, with its error; the others ran).
     """
+    def metrics_of(result: RunResult) -> dict[str, Any]:
+        return {**request_percentiles(result), **(extra_metrics(result) if extra_metrics
+                                                  else {})}
+
     store, keys = run_sweep(spec, runs, rates, seeds, out_dir, build_per_point=True,
                             saturated=saturated or falls_behind,
-                            extra_metrics=request_percentiles, executor=executor)
+                            extra_metrics=metrics_of if extra_metrics else request_percentiles,
+                            executor=executor, variants=variants)
     points = store.load()
     wanted = set(keys)
     failed = [p for p in points if p.get("error") and point_key(p) in wanted]
@@ -229,7 +239,11 @@ def parse_flags(flag_values: flags.FlagValues,
 def run_app(main: Callable[[Sequence[str]], None], flag_values: flags.FlagValues,
             doc: str) -> None:
     """Runs a reproduction's `main(argv)` (argv without the program name) as an absl app;
-    `--help` lists the reproduction's own flags."""
+    `--help` lists the reproduction's own flags.
+
+    `main` runs under `clean_errors`, so a bad flag that `parse_flags` refuses (an
+    `app.UsageError`) is one line naming the flag and its value, exit status 2, not
+    absl's usage text and exit status 1."""
 
     def parse(argv: list[str]) -> list[str]:
         if any(arg in ("-h", "-?", "--help", "--helpshort", "--helpfull") for arg in argv[1:]):
@@ -239,7 +253,11 @@ def run_app(main: Callable[[Sequence[str]], None], flag_values: flags.FlagValues
         flags.FLAGS(argv[:1])  # absl's own flags keep their defaults
         return argv
 
-    run_command(lambda argv: main(argv[1:]), flags_parser=parse)
+    @clean_errors()
+    def run(argv: list[str]) -> None:
+        main(argv[1:])
+
+    run_command(run, flags_parser=parse)
 
 
 def parse_rates(text: str) -> tuple[float, ...]:
