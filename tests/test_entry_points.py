@@ -29,7 +29,26 @@ def test_the_commands_are_found():
     assert {"experiments.run", "experiments.compare", "experiments.sweep",
             "experiments.calibrate", "experiments.train_ranker",
             "experiments.reproduce.distserve",
-            "experiments.reproduce.seed_examples"} <= set(ENTRY_POINTS)
+            "experiments.reproduce.seed_examples",
+            "experiments.reproduce.cached_attention"} <= set(ENTRY_POINTS)
+
+
+REPRODUCTIONS = [m for m in ENTRY_POINTS if m.startswith("experiments.reproduce.")]
+
+
+@pytest.mark.parametrize("module", REPRODUCTIONS)
+def test_a_reproduction_refuses_a_bad_flag_in_one_line_with_exit_2(module):
+    # Each reproduction parses its flags in its own way (its own FlagValues through the
+    # shared helpers, or absl's global flags); none may answer with absl's usage text and
+    # exit status 1. seed_examples has no --num_requests: an unknown flag is bad input too.
+    flag = "--num_requests=abc"
+    result = run_module(module, flag, check=False)
+    assert result.returncode == 2, result.stderr[-2000:]
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "num_requests" in lines[0]
+    if "Unknown" not in lines[0]:
+        assert flag in lines[0]
+    assert result.stdout == ""
 
 
 @pytest.mark.parametrize("module", ENTRY_POINTS)

@@ -85,7 +85,8 @@ SETUPS = (BASELINE, "device cache", "host", "small host", "small host + disk",
           "small host + disk + prefetch", "unbounded device")  # the tables' order
 COLUMNS = ["setup", "rate", TTFT_MEAN, "ttft_p50_s", "ttft_p99_s", PREFILL, "prefix_hit_rate",
            "host_hit_tokens", "disk_hit_tokens", "stall_s", "num_finished", "peak_held_pages"]
-DIFFERS = ("What differs: a simulated A100 roofline, not their testbed; a synthetic "
+DIFFERS = ("What differs: one of their models (LLaMA-2 70B, not LLaMA-13B/65B or Falcon-40B) "
+           "on a simulated A100 roofline, not their testbed; a synthetic "
            "conversation workload (ShareGPT-like lengths, our think times), not ShareGPT "
            "itself; a load from host or disk here stalls its whole step, where "
            "CachedAttention pre-loads layer by layer behind the compute and saves "
