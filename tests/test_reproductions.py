@@ -1,5 +1,6 @@
 """The paper reproductions on tiny configurations: structure and the papers' orderings."""
 
+import dataclasses
 import json
 
 import numpy as np
@@ -32,6 +33,9 @@ def test_clipped_drops_points_above_the_cap():
     (curve,) = common.clipped([_curve([1.0, 2.0, 3.0], [0.1, 0.5, 0.2])], 0.3)
     assert curve.x_mean.tolist() == [1.0, 3.0]
     assert curve.num_seeds.tolist() == [1, 1]
+    # A variant's curve keeps its variant, so its legend entry (cached_attention's setups).
+    (curve,) = common.clipped([dataclasses.replace(_curve([1.0], [0.1]), variant="host")], 1.0)
+    assert curve.label == "p@host"
 
 
 def test_orca_beats_static_at_equal_latency(tmp_path):

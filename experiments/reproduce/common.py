@@ -8,6 +8,7 @@ latency bound, which is how the papers compare systems at equal latency.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import time
@@ -128,13 +129,14 @@ def throughput_at_bound(curve: Curve, bound: float) -> Optional[float]:
 
 
 def clipped(curves: Sequence[Curve], max_y: float) -> list[Curve]:
-    """The curves without their points above `max_y` (so a plot keeps a readable y range)."""
+    """The curves without their points above `max_y` (so a plot keeps a readable y range;
+    each keeps its policy and variant, so its legend entry)."""
     out = []
     for c in curves:
         keep = c.y_mean <= max_y
-        out.append(Curve(policy=c.policy, rates=c.rates[keep], x_mean=c.x_mean[keep],
-                         y_mean=c.y_mean[keep], y_low=c.y_low[keep], y_high=c.y_high[keep],
-                         num_seeds=c.num_seeds[keep]))
+        out.append(dataclasses.replace(c, rates=c.rates[keep], x_mean=c.x_mean[keep],
+                                       y_mean=c.y_mean[keep], y_low=c.y_low[keep],
+                                       y_high=c.y_high[keep], num_seeds=c.num_seeds[keep]))
     return out
 
 
