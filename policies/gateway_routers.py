@@ -21,6 +21,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from orca_jax.cluster.routing import ClusterView, Router, register_router
+from orca_jax.core.plans.plan import PlanError
 from orca_jax.core.requests.request import RequestState
 
 _FINISHED = int(RequestState.FINISHED)
@@ -162,7 +163,10 @@ class LengthBuckets(Router):
 
     def route(self, view: ClusterView, request: int) -> int:
         if not self._groups:
-            self._groups = self.groups(view.num_replicas)
+            try:
+                self._groups = self.groups(view.num_replicas)
+            except ValueError as e:  # on the first arrival, before anything is routed
+                raise PlanError(self.name, "bucket_replicas", str(e), kind="router") from None
             self._last = [-1] * len(self._groups)
         b = self.bucket(int(view.requests.prompt_len[request]))
         group = self._groups[b]
