@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import policies
-from orca_jax import KVConfig, SchedulerConfig, StepLimits
+from orca_jax import KVConfig, Request, SchedulerConfig, StepLimits
 from orca_jax.cluster.disaggregated import DisaggregatedCluster, PoolSpec
 from orca_jax.cluster.replicas import Cluster
 from orca_jax.cluster.routing import ClusterView, make_router
@@ -20,8 +20,9 @@ from orca_jax.runner.spec import ClusterSpec, RunSpec
 from orca_jax.sim.cost_model import CostModelConfig
 from orca_jax.sim.engine import SimEngine
 from orca_jax.specs.hardware import get_kv_link
+from orca_jax.workloads.prefix_workloads import shared_prefix_workload
 from orca_jax.workloads.synthetic import synthetic_workload
-from policies.gateway_routers import PowerOfTwo
+from policies.gateway_routers import KVAware, PowerOfTwo
 
 CONFIG = SchedulerConfig(limits=StepLimits(max_num_seqs=8, max_num_tokens=256, max_model_len=512),
                          kv=KVConfig(num_kv_pages=160, page_size=16))
@@ -170,3 +171,82 @@ def test_each_pool_s_router_options_are_checked_before_the_run():
         check_router(spec)
     check_router(dataclasses.replace(spec, cluster=dataclasses.replace(
         spec.cluster, decode_router_opts="bounds=64+512")))
+
+
+# ------------------------------------------------------------------ kv_aware
+PAGE = 4
+PREFIX_CONFIG = SchedulerConfig(
+    limits=StepLimits(max_num_seqs=8, max_num_tokens=128, max_model_len=512),
+    kv=KVConfig(num_kv_pages=256, page_size=PAGE))
+
+
+def _prefixed(i, prefix, arrival_s, output_len):
+    """A 19-token prompt: 16 tokens of its prefix (4 pages), then 3 of its own."""
+    tokens = np.concatenate([np.full(16, 100 + prefix), np.arange(3) + 1000 * (i + 1)])
+    return Request(id=i, arrival_s=arrival_s, prompt_len=19, output_len=output_len,
+                   prompt_tokens=tokens.astype(np.int32))
+
+
+@dataclasses.dataclass
+class RecordingKVAware(KVAware):
+    """kv_aware that records each decision's costs and choice."""
+
+    seen: list = dataclasses.field(default_factory=list)
+
+    def route(self, view: ClusterView, request: int) -> int:
+        costs = self.costs(view, request)
+        choice = super().route(view, request)
+        self.seen.append((costs, choice))
+        return choice
+
+
+@pytest.mark.parametrize("weight,expected", [(1.0, "idle"), (10.0, "cached")])
+def test_kv_aware_costs_uncached_prompt_blocks_plus_active_blocks(weight, expected):
+    # Request 0 (prefix 0) runs alone from 0 s: its prompt in the first 0.01 s step, then one
+    # token a step, so at 0.505 s it knows 19 + 50 tokens: 18 pages. Request 1 (prefix 0)
+    # arrives then: its replica caches 16 of its 19 tokens (0.75 pages left to prefill), the
+    # idle one none (4.75 pages).
+    router = RecordingKVAware(overlap_score_weight=weight)
+    result = _run([_prefixed(0, 0, 0.0, 200), _prefixed(1, 0, 0.505, 5)], 2, router,
+                  config=PREFIX_CONFIG)
+    busy = int(result.replica[0])
+    costs, choice = router.seen[1]
+    assert costs[busy] == pytest.approx(weight * 0.75 + 18)
+    assert costs[1 - busy] == pytest.approx(weight * 4.75)
+    assert choice == (1 - busy if expected == "idle" else busy) == int(result.replica[1])
+    assert result.num_cached_tokens[1] == (16 if expected == "cached" else 0)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_kv_aware_at_temperature_0_takes_the_cheapest_and_above_it_spreads(seed):
+    requests = shared_prefix_workload(num_requests=80, rate=100.0, num_prefixes=4,
+                                      prefix_len="uniform:8:64", prefix_zipf=1.0,
+                                      suffix_len="uniform:1:40", output_len="uniform:1:60",
+                                      seed=seed, vocab_size=1000)
+    cheapest = RecordingKVAware()
+    _run(requests, 4, cheapest, seed=seed, config=PREFIX_CONFIG)
+    assert all(costs[choice] == costs.min() for costs, choice in cheapest.seen)
+    assert sum(np.ptp(costs) > 0 for costs, _ in cheapest.seen) > 40  # costs that differ
+    hot = RecordingKVAware(temperature=1000.0)
+    served = _run(requests, 4, hot, seed=seed, config=PREFIX_CONFIG).replica
+    # Nearly uniform: most choices are not the cheapest, and every replica takes its share.
+    assert sum(costs[choice] > costs.min() for costs, choice in hot.seen) > 40
+    assert np.bincount(served, minlength=4).min() >= 10
+    np.testing.assert_array_equal(
+        _run(requests, 4, "kv_aware", seed=seed, config=PREFIX_CONFIG, temperature=1000.0
+             ).replica, served)  # seeded: a rerun draws the same
+
+
+def test_kv_aware_softmax_scales_the_costs_to_their_spread():
+    router = make_router("kv_aware", {"temperature": "1"})
+    # Costs 5 and 15: scaled to 0 and 1, so p is proportional to 1 and exp(-1).
+    np.testing.assert_allclose(router.probabilities(np.array([5.0, 15.0])),
+                               [1 / (1 + np.exp(-1)), np.exp(-1) / (1 + np.exp(-1))])
+    # Any costs of the same order give the same chances (Dynamo's temperature has no unit).
+    np.testing.assert_allclose(router.probabilities(np.array([500.0, 1000.0, 1500.0])),
+                               router.probabilities(np.array([0.0, 0.5, 1.0])))
+    np.testing.assert_allclose(router.probabilities(np.full(3, 7.0)), [1 / 3] * 3)
+    for options, message in (({"temperature": "-1"}, "temperature must be >= 0"),
+                             ({"overlap_score_weight": "nan"}, "overlap_score_weight must be")):
+        with pytest.raises(PolicyLoadError, match=f"router 'kv_aware': {message}"):
+            make_router("kv_aware", options)
