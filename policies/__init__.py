@@ -21,6 +21,7 @@ from policies import (  # noqa: F401
                       mlfq,
                       orca,
                       priority,
+                      router_chain,
                       routers,
                       sarathi,
                       sjf,  # (registers the built-ins)
