@@ -192,3 +192,16 @@ def test_the_softmax_picker_is_max_at_temperature_0_and_spreads_above_it():
     assert np.bincount(hot, minlength=3).min() > 15  # near uniform over 80 requests
     np.testing.assert_array_equal(choices(100.0), hot)  # seeded
     assert (choices(100.0, seed=1) != hot).any()
+
+
+def test_describe_policy_prints_a_stage_s_knobs_and_where_they_go():
+    result = subprocess.run(
+        [sys.executable, "-m", "experiments.run", f"--describe_policy={EXAMPLE}"],
+        cwd=REPO, env=dict(os.environ, JAX_PLATFORMS="cpu"), capture_output=True, text=True,
+        timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("scorer 'predictedttft' (") and "time to first token" in lines[0]
+    assert lines[1] == ("knobs (the chain router's "
+                        "--router_opts=stage_opts=predictedttft.key=value;...):")
+    assert lines[2] == "  prefill_tokens_per_s: float = 10000.0"
