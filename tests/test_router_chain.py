@@ -2,6 +2,7 @@
 path, and what it refuses (a NaN score) in one line, before the request is routed."""
 
 import dataclasses
+import json
 import os
 import subprocess
 import sys
@@ -108,6 +109,7 @@ def test_a_scorer_loads_by_path_with_its_knobs():
 
 NAN_SCORER = """
 import dataclasses
+import json
 import numpy as np
 from orca_jax.cluster.routing import RouteScorer
 
@@ -205,3 +207,21 @@ def test_describe_policy_prints_a_stage_s_knobs_and_where_they_go():
     assert lines[1] == ("knobs (the chain router's "
                         "--router_opts=stage_opts=predictedttft.key=value;...):")
     assert lines[2] == "  prefill_tokens_per_s: float = 10000.0"
+
+
+def test_config_json_holds_each_stage_with_its_resolved_knobs(tmp_path):
+    out = tmp_path / "run"
+    result = subprocess.run(
+        [sys.executable, "-m", "experiments.run", "--engine=sim", "--policy=vllm",
+         "--num_requests=10", "--num_replicas=2", "--router=chain",
+         "--router_opts=filters=load_bound,scorers=queue*2+prefix_cache,picker=softmax,"
+         "stage_opts=softmax.temperature=0.5", f"--out_dir={out}"],
+        cwd=REPO, env=dict(os.environ, JAX_PLATFORMS="cpu"), capture_output=True, text=True,
+        timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    router = json.loads((out / "config.json").read_text())["router"]
+    assert router["scorers"] == "queue*2+prefix_cache"
+    assert router["stages"] == [
+        {"kind": "filter", "name": "load_bound", "max_outstanding": 64},  # its default
+        {"kind": "scorer", "name": "queue"}, {"kind": "scorer", "name": "prefix_cache"},
+        {"kind": "picker", "name": "softmax", "temperature": 0.5}]
