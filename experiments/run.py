@@ -16,7 +16,7 @@ from experiments import flags as run_flags
 from experiments.list_flags import registered_names
 from experiments.process_exit import without_final_collection
 from experiments.terminal_table import fit_table
-from orca_jax.cluster.routing import resolve_router_class
+from orca_jax.cluster.routing import resolve_route_stage_class, resolve_router_class
 from orca_jax.core.api import plugins
 from orca_jax.core.api.policy import PolicyLoadError, prefix_caching_line, resolve_policy_class
 from orca_jax.results.folder_lock import run_lock
@@ -29,13 +29,15 @@ flags.adopt_module_key_flags(run_flags)
 flags.DEFINE_string("policy", "orca", "Policy: a registered name, package.module:Class, or "
                     "path/to/file.py:Class. " + registered_names("policies"))
 flags.DEFINE_string("describe_policy", None, "Print the knobs (types, defaults, docs) of this "
-                    "policy, router or KV cache policy (a registered name, package.module:Class or "
-                    "path/to/file.py:Class) and exit.")
+                    "policy, router, chain router stage (filter, scorer, picker) or KV cache "
+                    "policy (a registered name, package.module:Class or path/to/file.py:Class) "
+                    "and exit.")
 
 
 def describe(spec: str) -> str:
     """The knobs of the policy `spec` and what it does with prefix caching, or the knobs of
-    the router `spec` if no policy is called so.
+    the router `spec` (or of a `chain` router's filter, scorer or picker) if no policy is
+    called so.
 
     Raises:
       PolicyLoadError: `spec` is neither (the policy's message).
@@ -48,6 +50,14 @@ def describe(spec: str) -> str:
             return plugins.describe(resolve_router_class(spec), "router")
         except PolicyLoadError:
             pass
+        for kind in ("filter", "scorer", "picker"):  # the `chain` router's stages
+            try:
+                cls = resolve_route_stage_class(kind, spec)
+            except PolicyLoadError:
+                continue
+            return plugins.describe(cls, kind).replace(
+                f"knobs (--{kind}_opts=key=value,...):",
+                f"knobs (the chain router's --router_opts=stage_opts={cls.name}.key=value;...):")
         try:
             return plugins.describe(plugins.resolve_cache_policy_class(spec), "cache policy",
                                     flag="kv_cache_policy_opts")

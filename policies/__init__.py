@@ -15,11 +15,13 @@ from orca_jax import (
 )
 from policies import (  # noqa: F401
                       edf,
+                      gateway_routers,
                       lpm,
                       ltr,
                       mlfq,
                       orca,
                       priority,
+                      router_chain,
                       routers,
                       sarathi,
                       sjf,  # (registers the built-ins)

@@ -15,6 +15,27 @@
 * `prefix_hash`: consistent hashing of the prompt's first block onto a ring of
   virtual nodes, with bounded loads: requests that share a first block meet
   on one replica unless it is over its share.
+
+The gateways' routers are in `policies/gateway_routers.py`:
+
+* `power_of_two`: sgl-router's: two replicas drawn with the run's seed, the one
+  with fewer outstanding requests takes the request.
+* `length_buckets`: prompts by length (`bounds`) to separate replica groups
+  (`replicas`), the least loaded of its group taking each; a disaggregated
+  cluster's pools each take their own (`--prefill_router_opts`,
+  `--decode_router_opts`).
+* `kv_aware`: Dynamo's KV router: cost = `overlap_score_weight` x the prompt
+  blocks a replica has not cached + its active blocks; the cheapest, or a
+  seeded softmax draw over the costs at a `temperature` above 0.
+
+And in `policies/router_chain.py`:
+
+* `chain`: llm-d's filter → score → pick, each stage a plugin (a
+  `RouteFilter`, `RouteScorer` or `RoutePicker`) by name or path, so a
+  predicted-latency scorer is a few lines in a file
+  (`examples/predicted_latency_scorer.py`).
+
+docs/clusters.md compares them.
 """
 
 from __future__ import annotations

@@ -190,7 +190,8 @@ def test_cluster_progress_counts_each_request_once_as_it_is_done():
 
 def test_cluster_rejects_bad_settings():
     with pytest.raises(PolicyLoadError, match="unknown router 'random'; registered routers: "
-                                              "cache_aware, least_outstanding, least_work, "
+                                              "cache_aware, chain, kv_aware, least_outstanding, "
+                                              "least_work, length_buckets, power_of_two, "
                                               "prefix_hash, round_robin"):
         Cluster(_workload(n=2), num_replicas=2, router="random", make_policy=lambda: None,
                 make_engine=_engine, config=CONFIG)

@@ -76,7 +76,9 @@ def test_config_run_section_is_the_spec_grouped_in_its_parts(tmp_path):
                               "prefill_policy": None, "decode_policy": None,
                               "prefill_policy_opts": None, "decode_policy_opts": None,
                               "prefill_router": "least_outstanding",
-                              "decode_router": "least_outstanding", "kv_link": "ib200",
+                              "decode_router": "least_outstanding",
+                              "prefill_router_opts": "", "decode_router_opts": "",
+                              "kv_link": "ib200",
                               "kv_link_max_concurrent": 1}
 
 

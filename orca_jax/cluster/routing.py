@@ -10,6 +10,10 @@ It is loaded by registered name, `package.module:Class` or `file.py:Class`
     class LeastOutstanding(Router):
         def route(self, view: ClusterView, request: int) -> int:
             return int(np.argmin(view.outstanding()))
+
+The `chain` router is built of smaller plugins, llm-d's filter → score → pick
+stages: `RouteFilter`, `RouteScorer` and `RoutePicker`, registered with
+`register_route_filter` (`_scorer`, `_picker`) and loaded as routers are.
 """
 
 from __future__ import annotations
@@ -121,3 +125,84 @@ def make_router(spec: str, options: Optional[Mapping[str, str]] = None) -> Route
       PolicyLoadError: the spec does not resolve, or an option is unknown or mistyped.
     """
     return plugins.build(resolve_router_class(spec), options, "router")
+
+
+# ------------------------------------------------------------ a chain's stages
+class RouteStage(abc.ABC):
+    """Base class of a filter → score → pick chain's stages (the `chain` router of
+    `policies/router_chain.py`): a small plugin, like a router, with its knobs as
+    dataclass fields, loaded by registered name, `module:Class` or `file.py:Class`.
+    Each stage sees the candidate replicas left by the stages before it."""
+
+    name: ClassVar[str] = ""
+    kind: ClassVar[str] = ""  # `filter`, `scorer` or `picker`, for messages
+
+
+class RouteFilter(RouteStage):
+    """Drops replicas that must not take the request (over a load bound, short of KV)."""
+
+    kind = "filter"
+
+    @abc.abstractmethod
+    def keep(self, view: ClusterView, request: int,
+             replicas: NDArray[np.int64]) -> NDArray[np.bool_]:  # [C] -> [C]
+        """Which of the candidate `replicas` may take `request`."""
+
+
+class RouteScorer(RouteStage):
+    """Scores each candidate replica for the request: higher is better."""
+
+    kind = "scorer"
+
+    @abc.abstractmethod
+    def score(self, view: ClusterView, request: int,
+              replicas: NDArray[np.int64]) -> NDArray[np.float64]:  # [C] -> [C]
+        """A finite score per candidate replica (the chain refuses NaN and inf)."""
+
+
+class RoutePicker(RouteStage):
+    """Chooses one candidate replica from the candidates' summed scores."""
+
+    kind = "picker"
+
+    @abc.abstractmethod
+    def pick(self, view: ClusterView, request: int, replicas: NDArray[np.int64],  # [C]
+             scores: NDArray[np.float64]) -> int:  # [C]
+        """One of `replicas` (a replica index, not a position in `replicas`)."""
+
+
+_STAGES: dict[str, dict[str, type[RouteStage]]] = {
+    "filter": {}, "scorer": {}, "picker": {}}
+_STAGE_BASES: dict[str, type[RouteStage]] = {
+    "filter": RouteFilter, "scorer": RouteScorer, "picker": RoutePicker}
+register_route_filter = plugins.registrar(_STAGES["filter"], RouteFilter, kind="filter",
+                                          decorator="register_route_filter")
+register_route_scorer = plugins.registrar(_STAGES["scorer"], RouteScorer, kind="scorer",
+                                          decorator="register_route_scorer")
+register_route_picker = plugins.registrar(_STAGES["picker"], RoutePicker, kind="picker",
+                                          decorator="register_route_picker")
+
+
+def registered_route_stages(kind: str) -> dict[str, type[RouteStage]]:
+    """The registered stages of `kind` (`filter`, `scorer`, `picker`) by name (a copy)."""
+    return dict(_STAGES[kind])
+
+
+def resolve_route_stage_class(kind: str, spec: str) -> type[RouteStage]:
+    """Finds the `kind` stage class for a registered name, `module:Class` or `file.py:Class`.
+
+    Raises:
+      PolicyLoadError: the spec does not resolve to a stage of that kind.
+    """
+    return plugins.resolve_class(spec, kind=kind, plural=f"{kind}s", registry=_STAGES[kind],
+                                 base=_STAGE_BASES[kind])
+
+
+def make_route_stage(kind: str, spec: str,
+                     options: Optional[Mapping[str, str]] = None) -> RouteStage:
+    """Builds a `kind` stage from its spec and string options.
+
+    Raises:
+      PolicyLoadError: the spec does not resolve, or an option is unknown or mistyped.
+    """
+    return plugins.build(resolve_route_stage_class(kind, spec), options, kind)

@@ -359,12 +359,20 @@ def check_prefix_caching(policy: Policy, options: Optional[Mapping[str, str]],
 def check_router(spec: RunSpec) -> Optional[Router]:
     """The run's router, built from its spec and options (None with one replica).
 
-    With one replica the router class is still resolved, so a misspelt router fails.
+    With one replica the router class is still resolved, so a misspelt router fails; a
+    disaggregated cluster's prefill and decode routers are built too.
 
     Raises:
       PolicyLoadError: the router does not resolve, or an option is unknown or mistyped.
     """
     cluster = spec.cluster
+    if cluster.disaggregated:  # each pool's router, with its options
+        for role in ("prefill", "decode"):
+            try:
+                make_router(getattr(cluster, f"{role}_router"),
+                            parse_options(getattr(cluster, f"{role}_router_opts")))
+            except PolicyLoadError as e:
+                raise PolicyLoadError(f"{role} pool: {e}") from None
     if cluster.num_replicas == 1:
         resolve_router_class(cluster.router)
         return None

@@ -84,17 +84,19 @@ def run_disaggregated(spec: RunSpec, policy_spec: str,
     """
     cluster_spec = spec.cluster
     pools = {}
-    for role, count, policy, options, router in (
+    for role, count, policy, options, router, router_opts in (
             ("prefill", cluster_spec.num_prefill_replicas, cluster_spec.prefill_policy,
-             cluster_spec.prefill_policy_opts, cluster_spec.prefill_router),
+             cluster_spec.prefill_policy_opts, cluster_spec.prefill_router,
+             cluster_spec.prefill_router_opts),
             ("decode", cluster_spec.num_decode_replicas, cluster_spec.decode_policy,
-             cluster_spec.decode_policy_opts, cluster_spec.decode_router)):
+             cluster_spec.decode_policy_opts, cluster_spec.decode_router,
+             cluster_spec.decode_router_opts)):
         name, knobs = _pool_policy(policy_spec, policy_options, policy, options)
         make_policy(name, knobs)  # a bad pool policy fails here, before any engine is built
         pools[role] = PoolSpec(num_replicas=count,
                                make_policy=lambda name=name, knobs=knobs: make_policy(name, knobs),
                                make_engine=lambda: build_engine(spec, config), config=config,
-                               router=router)
+                               router=router, router_options=parse_options(router_opts))
     cost = transfer_cost(spec)
     cluster = DisaggregatedCluster(workload, prefill=pools["prefill"], decode=pools["decode"],
                                    transfer_cost=cost)

@@ -310,6 +310,10 @@ def _resolved_config(spec: RunSpec, policy_spec: str, policy: Policy, config: Sc
     }
     if router is not None:
         resolved["router"] = {"spec": spec.cluster.router, "name": router.name, **_knobs(router)}
+        stages = getattr(router, "stages", None)  # a `chain` router's, each with its knobs
+        if stages:
+            resolved["router"]["stages"] = [{"kind": stage.kind, "name": stage.name,
+                                             **_knobs(stage)} for stage in stages]
     if bucket_fit is not None:
         resolved["bucket_fit"] = bucket_fit.record()
     return resolved

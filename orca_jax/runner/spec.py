@@ -416,6 +416,10 @@ class ClusterSpec:
     decode_router: str = _knob("least_outstanding", "Disaggregated: which decode replica takes "
                                "each prefilled request (a router, as router).",
                                registry="router")
+    prefill_router_opts: str = _knob("", "Disaggregated: the prefill router's knobs: "
+                                     "key=value,...")
+    decode_router_opts: str = _knob("", "Disaggregated: the decode router's knobs: "
+                                    "key=value,...")
     kv_link: str = _knob("ib200", "Disaggregated: the KV link preset.", presets=KV_LINK_NAMES)
     kv_link_max_concurrent: int = _knob(1, "Disaggregated: KV transfers in flight on one "
                                         "(prefill, decode) link at once; the rest queue.")
@@ -435,7 +439,8 @@ class ClusterSpec:
                              f"prefill/decode pools ({self.num_prefill_replicas}+"
                              f"{self.num_decode_replicas}) both set; choose one")
         get_kv_link(self.kv_link)  # fails early, naming the presets
-        for field in ("prefill_policy_opts", "decode_policy_opts"):
+        for field in ("prefill_policy_opts", "decode_policy_opts", "prefill_router_opts",
+                      "decode_router_opts"):
             if getattr(self, field) is not None:
                 parse_options(getattr(self, field))
 

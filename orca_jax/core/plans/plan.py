@@ -153,7 +153,9 @@ class PlanError(ValueError):
         finished for SchedulerConfig.limits.no_progress_steps iterations), `not_a_plan`
         (schedule() returned no StepPlan, or built one from fields it cannot hold:
         a MalformedPlan).
-        A router's: `replica_out_of_range`.
+        A router's: `replica_out_of_range`; `bucket_replicas` (`length_buckets`' groups
+        do not fit the pool); the `chain` router's `filter_shape`, `score_shape`,
+        `score_not_finite` (a scorer gave NaN or inf), `pick_not_candidate`.
       detail: what exactly was wrong, with the numbers.
       kind: what broke the rule: `policy` or `router`.
     """
