@@ -158,6 +158,11 @@ class Scheduler(SchedulerLoop):
             # Held by none: those to route, and those rejected up front (every replica's).
             self.table.holder[absent | (state == RequestState.REJECTED)] = -1
             self._num_done += int(np.count_nonzero(absent))
+        programs = self.table.programs
+        if programs is not None and table is None:  # the pool's first replica, or the only
+            if not submitted_only:  # a call with parents comes by its release, not by time
+                self.table.holder[programs.has_parents & (self.table.state == _PENDING)] = -1
+            programs.start()
         self.watchdog = ProgressWatchdog(n, config.limits.no_progress_steps)
         self.view = SchedulerView(self)
         overlaps = (config.features.overlap and getattr(engine, "feeds_tokens", False)
@@ -184,8 +189,26 @@ class Scheduler(SchedulerLoop):
 
     # ------------------------------------------------------------- queries
     def next_arrival_s(self) -> Optional[float]:
+        """When the next request arrives here: the next pending one's arrival, or the next
+        program call's release (one replica releases its own; docs/programs.md)."""
         pending = self._next_pending()
-        return None if pending is None else float(self.table.arrival_s[pending])
+        upcoming = None if pending is None else float(self.table.arrival_s[pending])
+        programs = self.table.programs
+        if programs is not None and programs.self_release:
+            release = programs.next_release_s()
+            if release is not None and (upcoming is None or release < upcoming):
+                upcoming = release
+        return upcoming
+
+    def _release_calls(self) -> None:
+        """Program calls whose release time has come arrive here (their `arrival_s`, the
+        zero-service bound, is no later than their release, so the arrivals take them)."""
+        programs = self.table.programs
+        assert programs is not None
+        released = programs.release_due(self.now_s)
+        if released.size:
+            self.table.holder[released] = self.table.replica
+            self._next_arrival = min(self._next_arrival, int(released.min()))
 
     def _next_pending(self) -> Optional[int]:
         state, holder, me = self.table.state, self.table.holder, self.table.replica
@@ -339,6 +362,8 @@ class Scheduler(SchedulerLoop):
         self.table.finish_s[release] = self.now_s
         self.unreleased = _frozen(self.unreleased[~np.isin(self.unreleased, release)])
         self._num_done += int(release.size)
+        if self.table.programs is not None:  # the client has the answer: the program goes on
+            self.table.programs.done(release, self.now_s)
 
     def _apply_preemption(self, victims: NDArray[np.int64]) -> float:
         """Preempts `victims`; returns the seconds their KV's moves between tiers take (a
@@ -375,6 +400,8 @@ class Scheduler(SchedulerLoop):
             table.reject_reason[request] = f"policy {self.policy.name}: {reason}"
         self.waiting = _frozen(self.waiting[table.state[self.waiting] == _WAITING])
         self._num_done += int(reject.size)
+        if table.programs is not None:
+            table.programs.done(reject, self.now_s)
 
     def _admit(self, ids: NDArray[np.int64]) -> tuple[int, float]:
         """Admits the waiting ones of `ids`. Returns (tokens they took from the prefix cache,

@@ -295,6 +295,9 @@ class SchedulerLoop:
                                f"{self.record.num_preemptions} preemptions so far"))
 
     def _admit_arrivals(self) -> None:
+        programs = self.table.programs
+        if programs is not None and programs.self_release:
+            self._release_calls()
         first = self._next_pending()
         if first is None:
             return
@@ -364,3 +367,5 @@ class SchedulerLoop:
         else:
             table.finish_s[finished] = end_s
             self._num_done += int(finished.size)
+            if table.programs is not None:  # their children's tool pauses start
+                table.programs.done(finished, end_s)
