@@ -22,6 +22,7 @@ from orca_jax.core.requests.request import RequestState
 from orca_jax.core.requests.run_record import StepLog
 from orca_jax.core.requests.run_result import RunResult
 from orca_jax.results import metrics
+from orca_jax.results.programs import program_summary
 from orca_jax.results.qoe import TokenTimes, row_fields
 from orca_jax.results.thrash import thrash_figures
 
@@ -63,6 +64,8 @@ def summarize_run(result: RunResult, *, ttft_slo_s: Optional[float] = None,
     With the run's `token_times` (`--log_token_times`), Andes's QoE over the finished
     requests: `qoe_mean`, `qoe_p10`, `qoe_p50`, `qoe_attainment` and the targets
     (`TokenTimes.summary`, `orca_jax.results.qoe`).
+    A workload of agent programs also gets the programs' completion times and the
+    shares of their time computing, waiting and in tools (`results.programs`).
 
     The parts with one row per something are tables (name -> rows), each written
     as NAME.jsonl: `tenants` (one row per tenant: `tenant`, `num_requests`,
@@ -122,6 +125,7 @@ def summarize_run(result: RunResult, *, ttft_slo_s: Optional[float] = None,
         tables["replicas"] = replica_rows(result)
     if token_times is not None:
         summary.update(token_times.summary())
+    summary.update(program_summary(result))  # nothing without agent programs
     return ({k: to_json_value(v) for k, v in summary.items()},
             {name: to_json_value(rows) for name, rows in tables.items()})
 

@@ -23,6 +23,7 @@ critical-path service of each done call (for ATLAS).
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 from typing import Any, Optional, Sequence
 
@@ -240,3 +241,29 @@ class ProgramBook:
         """Calls running now (on any replica)."""
         live = self.live_rows()
         return live[self._table.state[live] == _RUNNING]
+
+
+@dataclasses.dataclass(frozen=True)
+class ProgramRecord:
+    """A finished run's programs, for its metrics (`RunResult.programs`).
+
+    Attributes:
+      program: `[N]` each request's program index (-1: not a call of a program).
+      program_ids: `[P]` each program's `Request.program_id`.
+      release_s: `[N]` when each call was released (NaN: never).
+      tool_s: `[N]` the pause before each call.
+    """
+
+    program: NDArray[np.int64]
+    program_ids: NDArray[np.int64]
+    release_s: NDArray[np.float64]
+    tool_s: NDArray[np.float64]
+
+    @classmethod
+    def of(cls, book: ProgramBook) -> ProgramRecord:
+        """A copy of the book's figures now (read-only)."""
+        arrays = [book.program.copy(), book.program_ids.copy(), book.release_s.copy(),
+                  book.tool_s.copy()]
+        for array in arrays:
+            array.setflags(write=False)
+        return cls(*arrays)
