@@ -143,7 +143,9 @@ class ProgramBook:
         self.num_calls = np.bincount(self.program[in_program], minlength=p)  # [P]
         self.calls_done = np.zeros(p, dtype=np.int64)  # [P]
         self.service_done = np.zeros(p, dtype=np.float64)  # [P] tokens of its done calls
+        self.path_max = np.zeros(p, dtype=np.float64)  # [P] its longest chain of done calls
         self._heap: list[tuple[float, int]] = []  # (release time, row) of known releases
+        self._routing: dict[int, float] = {}  # row -> release time: popped, not fired yet
         self.self_release = True
 
     @property
@@ -175,6 +177,7 @@ class ProgramBook:
         self.calls_done[program] += 1
         self.service_done[program] += service
         self.path_service[row] += service  # its parents' longest chain, then its own
+        self.path_max[program] = max(self.path_max[program], self.path_service[row])
         for child in self._children[row]:
             self._ready_s[child] = max(self._ready_s[child], at_s)
             self.path_service[child] = max(self.path_service[child], self.path_service[row])
@@ -208,11 +211,13 @@ class ProgramBook:
         """Pops every known release (time, row), for an event loop to fire each at its
         time (`released`)."""
         heap, self._heap = self._heap, []
+        self._routing.update((row, when) for when, row in heap)
         return sorted(heap)
 
     def released(self, row: int, at_s: float) -> None:
         """A call popped by `pop_releases` is released at `at_s`."""
         self.release_s[row] = at_s
+        self._routing.pop(row, None)
 
     @property
     def num_unreleased(self) -> int:
@@ -235,7 +240,7 @@ class ProgramBook:
 
     def pending_releases(self) -> list[tuple[float, int]]:
         """Known releases not yet made, (time, row), in no order."""
-        return list(self._heap)
+        return list(self._heap) + [(when, row) for row, when in self._routing.items()]
 
     def running_rows(self) -> NDArray[np.int64]:  # -> [k]
         """Calls running now (on any replica)."""
