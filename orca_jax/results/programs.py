@@ -71,7 +71,9 @@ def program_summary(result: RunResult, *, program_slo_s: Optional[float] = None
     the completed programs' time `program_computing_share`, `program_waiting_share` and
     `program_tools_share`; with `program_slo_s`, `program_slo_attainment` (completed
     programs within it, over all programs) and `program_goodput_per_s` (those per second
-    of the run)."""
+    of the run). With KV pinned across tool pauses: `kv_pins` (pins made), `kv_pin_hits`
+    (pins a child call was admitted over), `kv_pinned_page_s` (pages times seconds
+    pinned) and `kv_pinned_pages_max`."""
     record = result.programs
     if record is None:
         return {}
@@ -89,6 +91,10 @@ def program_summary(result: RunResult, *, program_slo_s: Optional[float] = None
     for part in ("computing", "waiting", "tools"):
         summary[f"program_{part}_share"] = (float(times[f"{part}_s"].sum()) / total
                                             if total > 0 else None)
+    if record.num_pins:  # KV pinned across tool pauses (`--kv_pin_s`)
+        summary.update({"kv_pins": record.num_pins, "kv_pin_hits": record.num_pin_hits,
+                        "kv_pinned_page_s": record.pinned_page_s,
+                        "kv_pinned_pages_max": record.max_pinned_pages})
     if program_slo_s is not None:
         met = int(np.count_nonzero(completion <= program_slo_s))
         summary["program_slo_attainment"] = met / max(int(record.program_ids.size), 1)

@@ -346,6 +346,11 @@ class LimitsSpec:
                                 "policy), off (none). The switch wins over a policy's opt-in; "
                                 "--describe_policy says what each does with it.",
                                 choices=PREFIX_CACHING_MODES)
+    kv_pin_s: float = _knob(0.0, "Agent programs: seconds a finished call's KV pages stay "
+                            "pinned on the device for its program's next call (0: freed at "
+                            "once; inf: until that call is admitted); each policy decides "
+                            "per call (Policy.kv_pin_s, whose default this is). With prefix "
+                            "caching, on one replica (docs/programs.md).")
     count_host_time: bool = _knob(False, "Add the scheduler's measured host time (planning, "
                                   "packing, bookkeeping) to the virtual clock, as a real "
                                   "server pays it; runs are then no longer repeatable bit for "
@@ -382,6 +387,9 @@ class LimitsSpec:
         _check_at_least("limits", "max_model_len", self.max_model_len, 2)
         _check_choice("limits", "kv_layout", self.kv_layout, KV_LAYOUTS)
         _check_choice("limits", "prefix_caching", self.prefix_caching, PREFIX_CACHING_MODES)
+        if not self.kv_pin_s >= 0:
+            raise ValueError(f"limits.kv_pin_s must be >= 0 (seconds; inf: until the next "
+                             f"call), got {self.kv_pin_s}")
         if self.prefix_caching == "on" and self.kv_layout == "buddy":
             raise ValueError("limits.prefix_caching 'on' shares single KV pages and kv_layout "
                              "'buddy' hands out whole blocks; choose one")

@@ -34,7 +34,7 @@ from orca_jax.core.kv import KVMemory, PreemptionCosts, preempt, preemption_cost
 from orca_jax.core.kv.preemption import RECOMPUTE, SWAP
 from orca_jax.core.kv.prefix_hits import PrefixHits
 from orca_jax.core.loop import cancel as cancelling
-from orca_jax.core.loop import request_export
+from orca_jax.core.loop import program_pins, request_export
 from orca_jax.core.loop.admission import reject_impossible
 from orca_jax.core.loop.config import SchedulerConfig
 from orca_jax.core.loop.executor import Executor
@@ -159,6 +159,9 @@ class Scheduler(SchedulerLoop):
             self.table.holder[absent | (state == RequestState.REJECTED)] = -1
             self._num_done += int(np.count_nonzero(absent))
         programs = self.table.programs
+        if config.kv.kv_pin_s and (submitted_only or table is not None):
+            raise ValueError("kv_pin_s: pinning a program's KV across tool pauses is for one "
+                             "replica for now (a cluster may route the next call elsewhere)")
         if programs is not None and table is None:  # the pool's first replica, or the only
             if not submitted_only:  # a call with parents comes by its release, not by time
                 self.table.holder[programs.has_parents & (self.table.state == _PENDING)] = -1
@@ -194,8 +197,12 @@ class Scheduler(SchedulerLoop):
         pending = self._next_pending()
         upcoming = None if pending is None else float(self.table.arrival_s[pending])
         programs = self.table.programs
-        if programs is not None and programs.self_release:
-            release = programs.next_release_s()
+        if programs is not None:
+            release = programs.next_release_s() if programs.self_release else None
+            if programs.pins:  # a pin's end frees pages: a leap stops there
+                ends = programs.next_pin_end_s()
+                release = ends if release is None or (ends is not None and ends < release) \
+                    else release
             if release is not None and (upcoming is None or release < upcoming):
                 upcoming = release
         return upcoming
@@ -339,6 +346,9 @@ class Scheduler(SchedulerLoop):
         # stops admitting at a request that needs pages), and nothing else frees any. They
         # recompute, as if preempted, and are logged so. Not behind a policy that never
         # preempts: it planned around them (a transfer took their reservation up front).
+        if self.waiting.size and self.table.programs is not None and program_pins.release_all(
+                self):
+            return False  # pinned pages never block the run: the policy looks again
         stalled = self.waiting[self.kv.num_held[self.waiting] > 0]
         if stalled.size and self.policy.preempts:
             self._evict(stalled)
@@ -418,4 +428,7 @@ class Scheduler(SchedulerLoop):
         table.first_scheduled_s[admitted[is_first]] = self.now_s
         self.running = _frozen(np.concatenate([self.running, admitted]))
         self.waiting = _frozen(self.waiting[table.state[self.waiting] == _WAITING])
-        return self.kv_memory.admit(admitted, is_first)
+        admission = self.kv_memory.admit(admitted, is_first)
+        if table.programs is not None and table.programs.pins:  # they shared their hits
+            program_pins.unpin_admitted_parents(self, admitted)
+        return admission

@@ -82,6 +82,7 @@ class SchedulerView:
       programs: the agent programs of the workload (`ProgramsView`: each request's
         program, its attained service, calls done, a sibling running; each program's
         tool pause), None for a workload without programs (docs/programs.md).
+      kv_pin_s: the run's `--kv_pin_s` (`Policy.kv_pin_s`'s default).
     """
 
     def __init__(self, scheduler: SchedulerState) -> None:
@@ -99,6 +100,7 @@ class SchedulerView:
         self.ttft_slo_s: Optional[float] = config.slo.ttft_slo_s
         self.tpot_slo_s: Optional[float] = config.slo.tpot_slo_s
         self.seed: int = config.sampling.seed
+        self.kv_pin_s: float = config.kv.kv_pin_s
         book = scheduler.table.programs
         self.programs: Optional[ProgramsView] = None if book is None else ProgramsView(book)
 

@@ -132,6 +132,14 @@ class ProgramBook:
             for parent in ps:
                 children[parent].append(row)
         self._children = children
+        self.has_children = np.array([bool(c) for c in children], dtype=bool)  # [N]
+        # KV pinned across tool pauses (`core.loop.program_pins`): row -> when its pin
+        # ends, and row -> (when it began, pages held); the pins' totals.
+        self.pins: dict[int, float] = {}
+        self._pinned_at: dict[int, tuple[float, int]] = {}
+        self.num_pins = self.num_pin_hits = 0
+        self.pinned_page_s = 0.0
+        self.max_pinned_pages = 0
         self._ready_s = np.full(n, -np.inf)  # [N] latest done time of its parents so far
         self.release_s = np.where((self.program >= 0) & ~self.has_parents, table.arrival_s,
                                   np.nan)  # [N]
@@ -219,6 +227,37 @@ class ProgramBook:
         self.release_s[row] = at_s
         self._routing.pop(row, None)
 
+    # ------------------------------------------------------------------ pins
+    def pin(self, row: int, at_s: float, until_s: float, pages: int) -> None:
+        """Records that finished call `row` keeps its `pages` for its program until
+        `until_s` (inf: until a child is admitted)."""
+        self.pins[row] = until_s
+        self._pinned_at[row] = (at_s, pages)
+        self.num_pins += 1
+        self.max_pinned_pages = max(self.max_pinned_pages, self.pinned_pages)
+
+    def unpin(self, row: int, at_s: float, hit: bool) -> None:
+        """Ends `row`'s pin at `at_s` (`hit`: a child was admitted over its pages)."""
+        del self.pins[row]
+        start, pages = self._pinned_at.pop(row)
+        self.pinned_page_s += pages * max(at_s - start, 0.0)
+        self.num_pin_hits += int(hit)
+
+    @property
+    def pinned_pages(self) -> int:
+        """Pages the pins hold now (a page two pins share counts twice)."""
+        return sum(pages for _, pages in self._pinned_at.values())
+
+    def next_pin_end_s(self) -> Optional[float]:
+        """When the next pin's time runs out (None: no pin ends by time)."""
+        ends = [until for until in self.pins.values() if until < np.inf]
+        return min(ends) if ends else None
+
+    def pinned_parents(self, rows: NDArray[np.int64]) -> list[int]:  # [a]
+        """The pinned parents of these calls."""
+        return sorted({p for row in rows.tolist() for p in self._parent_rows[row]
+                       if p in self.pins})
+
     @property
     def num_unreleased(self) -> int:
         """Calls with parents not released yet (nor done)."""
@@ -263,6 +302,12 @@ class ProgramRecord:
     program_ids: NDArray[np.int64]
     release_s: NDArray[np.float64]
     tool_s: NDArray[np.float64]
+    # KV pinned across tool pauses: pins made, pins a child was admitted over, page-seconds
+    # pinned (ended pins), and the most pages pinned at once.
+    num_pins: int = 0
+    num_pin_hits: int = 0
+    pinned_page_s: float = 0.0
+    max_pinned_pages: int = 0
 
     @classmethod
     def of(cls, book: ProgramBook) -> ProgramRecord:
@@ -271,4 +316,5 @@ class ProgramRecord:
                   book.tool_s.copy()]
         for array in arrays:
             array.setflags(write=False)
-        return cls(*arrays)
+        return cls(*arrays, num_pins=book.num_pins, num_pin_hits=book.num_pin_hits,
+                   pinned_page_s=book.pinned_page_s, max_pinned_pages=book.max_pinned_pages)
