@@ -340,8 +340,9 @@ def spec_from_flags() -> RunSpec:
     workload = _field_values(WorkloadSpec)
     if FLAGS.workload not in ("shared_prefix", "conversation"):
         workload = {k: v for k, v in workload.items() if k not in PREFIX_FIELDS}
-    if FLAGS.workload == "trace":
+    if FLAGS.workload in ("trace", "program_trace"):
         workload["num_requests"] = FLAGS.num_requests  # unset: the whole trace
+    if FLAGS.workload == "trace":
         # Unset: the trace's own output lengths, and an error where it has none.
         workload["output_len"] = FLAGS.output_len
     limits = _field_values(LimitsSpec)

@@ -182,13 +182,17 @@ def test_program_workloads_run_from_the_spec_and_report_program_times(tmp_path):
     assert sum(shares) == pytest.approx(1.0) and min(shares) >= 0
 
 
-def test_the_disaggregated_cluster_refuses_programs_in_one_line(tmp_path):
-    spec = RunSpec(workload=WorkloadSpec(arrival="programs", num_requests=10),
-                   cluster=ClusterSpec(num_prefill_replicas=1, num_decode_replicas=1))
-    with pytest.raises(ValueError, match="^disaggregated cluster: a workload of agent "
-                                         "programs") as error:
-        run_policy(spec, "vllm", out_dir=str(tmp_path), progress=False)
+def test_the_disaggregated_cluster_refuses_programs_in_one_line():
+    with pytest.raises(ValueError, match="^--workload=programs: the disaggregated cluster "
+                                         "does not run agent programs yet") as error:
+        RunSpec(workload=WorkloadSpec(arrival="programs", num_requests=10),
+                cluster=ClusterSpec(num_prefill_replicas=1, num_decode_replicas=1))
     assert "\n" not in str(error.value)
+    from orca_jax.cluster.disaggregated import DisaggregatedCluster
+    with pytest.raises(ValueError, match="^disaggregated cluster: a workload of agent "
+                                         "programs"):
+        DisaggregatedCluster(small_programs("copilot", 10), prefill=None, decode=None,
+                             transfer_cost=None)
 
 
 # --------------------------------------------------------------- the invariant

@@ -89,14 +89,14 @@ class DisaggregatedCluster(EventLoop):
 
     def __init__(self, requests: Sequence[Request], *, prefill: PoolSpec, decode: PoolSpec,
                  transfer_cost: KVTransferCost) -> None:
-        if not decode.config.kv.receives_transfers:
-            raise ValueError(f"decode pool: kv_layout {decode.config.kv.kv_layout!r}; a received "
-                             "request's pages are reserved before its admission, so the decode "
-                             "pool needs the 'paged' layout")
         if has_programs(requests):
             raise ValueError("disaggregated cluster: a workload of agent programs (calls "
                              "released by their parents) is not supported yet; run it on "
                              "one replica or --num_replicas (docs/programs.md)")
+        if not decode.config.kv.receives_transfers:
+            raise ValueError(f"decode pool: kv_layout {decode.config.kv.kv_layout!r}; a received "
+                             "request's pages are reserved before its admission, so the decode "
+                             "pool needs the 'paged' layout")
         self.transfer_cost = transfer_cost
         prompts = [dataclasses.replace(r, output_len=1, planned_output_tokens=None)
                    for r in requests]

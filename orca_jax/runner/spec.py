@@ -565,4 +565,14 @@ class RunSpec(metaclass=_TakesFlatKeywords):
                              "give --num_replicas=1 without prefill/decode pools")
         if tiered:
             tier_configs(self.limits, *engine_kv_shape(self.engine))
+        if self.limits.kv_pin_s and (self.cluster.num_replicas > 1
+                                     or self.cluster.disaggregated):
+            raise ValueError("--kv_pin_s pins a program's KV on one replica for now (a cluster "
+                             "may route the next call elsewhere): give --num_replicas=1 "
+                             "without prefill/decode pools")
+        if (self.workload.arrival in ("programs", "program_trace")
+                and self.cluster.disaggregated):
+            raise ValueError(f"--workload={self.workload.arrival}: the disaggregated cluster "
+                             "does not run agent programs yet; give --num_replicas instead "
+                             "of prefill/decode pools")
 
