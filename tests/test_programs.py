@@ -175,9 +175,12 @@ def test_program_workloads_run_from_the_spec_and_report_program_times(tmp_path):
         pytest.approx(2.0))
     generated, _ = run_policy(RunSpec(workload=WorkloadSpec(
         arrival="programs", program_shape="parallel", num_requests=40, rate=2.0,
-        program_first_prompt="uniform:50:200")), "plas", out_dir=str(tmp_path / "g"),
-        progress=False)
+        program_first_prompt="uniform:50:200"), program_slo_s=1e9), "plas",
+        out_dir=str(tmp_path / "g"), progress=False)
     assert generated["num_finished"] == 40
+    assert generated["program_slo_attainment"] == 1.0  # no program misses a huge SLO
+    assert generated["program_goodput_per_s"] == pytest.approx(
+        generated["num_programs"] / generated["virtual_end_s"])
     shares = [generated[f"program_{part}_share"] for part in ("computing", "waiting", "tools")]
     assert sum(shares) == pytest.approx(1.0) and min(shares) >= 0
 

@@ -38,7 +38,8 @@ def summarize(result: RunResult, *, ttft_slo_s: Optional[float] = None,
 
 def summarize_run(result: RunResult, *, ttft_slo_s: Optional[float] = None,
                   tpot_slo_s: Optional[float] = None, num_gpus: Optional[int] = None,
-                  token_times: Optional[TokenTimes] = None
+                  token_times: Optional[TokenTimes] = None,
+                  program_slo_s: Optional[float] = None
                   ) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:
     """The run's summary.json content and the tables written beside it.
 
@@ -65,7 +66,9 @@ def summarize_run(result: RunResult, *, ttft_slo_s: Optional[float] = None,
     requests: `qoe_mean`, `qoe_p10`, `qoe_p50`, `qoe_attainment` and the targets
     (`TokenTimes.summary`, `orca_jax.results.qoe`).
     A workload of agent programs also gets the programs' completion times and the
-    shares of their time computing, waiting and in tools (`results.programs`).
+    shares of their time computing, waiting and in tools (`results.programs`); with
+    `program_slo_s`, the programs within it (`program_slo_attainment`,
+    `program_goodput_per_s`).
 
     The parts with one row per something are tables (name -> rows), each written
     as NAME.jsonl: `tenants` (one row per tenant: `tenant`, `num_requests`,
@@ -125,7 +128,8 @@ def summarize_run(result: RunResult, *, ttft_slo_s: Optional[float] = None,
         tables["replicas"] = replica_rows(result)
     if token_times is not None:
         summary.update(token_times.summary())
-    summary.update(program_summary(result))  # nothing without agent programs
+    # Nothing without agent programs.
+    summary.update(program_summary(result, program_slo_s=program_slo_s))
     return ({k: to_json_value(v) for k, v in summary.items()},
             {name: to_json_value(rows) for name, rows in tables.items()})
 

@@ -514,6 +514,10 @@ class RunSpec(metaclass=_TakesFlatKeywords):
     seed: int = _knob(0, "Workload and sampling seed (and a real engine's random weights).")
     ttft_slo_s: Optional[float] = _knob(None, "TTFT SLO for goodput, seconds.")
     tpot_slo_s: Optional[float] = _knob(None, "TPOT SLO for goodput, seconds.")
+    program_slo_s: Optional[float] = _knob(None, "Agent programs: completion-time SLO of a "
+                                           "program (first call's arrival to last call's "
+                                           "finish), seconds, for program_slo_attainment and "
+                                           "program_goodput_per_s.")
     log_token_times: bool = _knob(False, "Keep every output token's time (16 bytes a token) "
                                   "and write each request's as token_times in requests.jsonl "
                                   "(run-clock seconds, as first_token_s), with its Andes QoE "
@@ -536,6 +540,7 @@ class RunSpec(metaclass=_TakesFlatKeywords):
                                 f"{' or '.join(kind.__name__ for kind in kinds)}, got {value!r}")
         _check_at_least("run", "seed", self.seed, 0)
         _check_positive("run", "ttft_slo_s", self.ttft_slo_s)
+        _check_positive("run", "program_slo_s", self.program_slo_s)
         _check_positive("run", "tpot_slo_s", self.tpot_slo_s)
         _check_positive("run", "qoe_ttft_s", self.qoe_ttft_s, " (seconds)")
         _check_positive("run", "qoe_tokens_per_s", self.qoe_tokens_per_s, " (tokens per second)")
