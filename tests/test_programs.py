@@ -314,3 +314,35 @@ def test_plas_and_atlas_run_the_calls_of_the_least_served_programs(name, measure
     assert len(plans) > 50 and differs_from_fcfs > 5
     if name == "atlas":  # threads side by side: the longest chain is less than the sum
         assert differs_between > 5
+
+
+# ------------------------------------------------------------------ the view
+def test_the_view_tells_a_tool_pause_its_end_and_running_siblings():
+    requests = [
+        Request(id=0, arrival_s=0.0, prompt_len=20, output_len=3, program_id=4, call_index=0),
+        Request(id=1, arrival_s=1.0, prompt_len=30, output_len=300, program_id=4, call_index=1,
+                parents=(0,), tool_s=1.0),
+        Request(id=2, arrival_s=2.0, prompt_len=40, output_len=300, program_id=4, call_index=2,
+                parents=(0,), tool_s=2.0),
+        Request(id=3, arrival_s=0.0, prompt_len=10, output_len=500),  # of no program
+    ]
+    scheduler = Scheduler(requests, make_builtin("vllm"), sim_engine(), CONFIG)
+    programs, table = scheduler.view.programs, scheduler.table
+    rows = {spec.id: row for row, spec in enumerate(table.specs)}
+    while table.state[rows[0]] != RequestState.FINISHED:
+        scheduler.step()
+    done_s = table.finish_s[rows[0]]
+    assert programs.in_tool_pause(scheduler.now_s).tolist() == [True]
+    assert programs.pause_ends_s(scheduler.now_s)[0] == pytest.approx(done_s + 1.0)
+    assert programs.calls_done([rows[1], rows[3]]).tolist() == [1, 0]
+    while scheduler.now_s < done_s + 2.5:
+        scheduler.step()
+    ids = np.array([rows[1], rows[2], rows[3]])
+    assert (table.state[ids] == RequestState.RUNNING).all()
+    assert not programs.in_tool_pause(scheduler.now_s).any()
+    assert programs.sibling_running(ids).tolist() == [True, True, False]
+    one, two = 20 + 3, [30 + table.num_generated[rows[1]], 40 + table.num_generated[rows[2]]]
+    assert programs.attained(ids[:1])[0] == one + sum(two)
+    assert programs.critical_path(ids[:1])[0] == one + max(two)  # threads count once
+    alone = 10 + table.num_generated[rows[3]]
+    assert programs.attained(ids[2:])[0] == programs.critical_path(ids[2:])[0] == alone
