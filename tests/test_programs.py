@@ -346,3 +346,18 @@ def test_the_view_tells_a_tool_pause_its_end_and_running_siblings():
     assert programs.critical_path(ids[:1])[0] == one + max(two)  # threads count once
     alone = 10 + table.num_generated[rows[3]]
     assert programs.attained(ids[2:])[0] == programs.critical_path(ids[2:])[0] == alone
+
+
+def test_a_rate_sweep_rescales_program_starts_not_tool_pauses():
+    from orca_jax.runner.sweep_point import workload_at
+    base = small_programs("parallel", 60)
+    spec = RunSpec(workload=WorkloadSpec(arrival="programs"))
+    slower = workload_at(spec, base, 0.5)  # built at rate 1: starts twice as far apart
+    calls = {(r.program_id, r.call_index): r for r in slower}
+    for before, after in zip(base, slower):
+        if not before.parents:
+            assert after.arrival_s == 2 * before.arrival_s
+            continue
+        parents = [calls[(after.program_id, p)].arrival_s for p in after.parents]
+        assert after.arrival_s == pytest.approx(max(parents) + before.tool_s)
+        assert after.tool_s == before.tool_s

@@ -276,3 +276,35 @@ def program_workload(*, num_requests: int, rate: float, shape: ProgramShape, see
             heapq.heappop(pending)
             settled += 1
     return program_requests(calls, num_requests)
+
+
+def rescale_starts(requests: Sequence[Request], scale: float) -> list[Request]:
+    """The programs with their starts multiplied by `scale` (a rate sweep's rescaling:
+    `runner.sweep_point.workload_at`), tool pauses as they are: each call without
+    parents arrives at `scale` times its arrival, each later call at its new
+    zero-service bound (scaling those too would stretch the tool pauses). Requests of no
+    program are scaled as starts."""
+    by_call = {(r.program_id, r.call_index): r for r in requests if r.program_id is not None}
+    new: dict[tuple[int, int], float] = {}
+
+    def bound(r: Request) -> float:
+        if r.program_id is None or not r.parents:
+            return r.arrival_s * scale
+        key = (r.program_id, r.call_index)
+        if key not in new:  # parents first (iteratively deep chains would recurse)
+            stack = [r]
+            while stack:
+                top = stack[-1]
+                missing = [by_call[(top.program_id, p)] for p in top.parents
+                           if (top.program_id, p) not in new
+                           and by_call[(top.program_id, p)].parents]
+                if missing:
+                    stack.extend(missing)
+                    continue
+                stack.pop()
+                new[(top.program_id, top.call_index)] = max(
+                    new.get((top.program_id, p), by_call[(top.program_id, p)].arrival_s * scale)
+                    for p in top.parents) + top.tool_s
+        return new[key]
+
+    return [dataclasses.replace(r, arrival_s=bound(r)) for r in requests]
