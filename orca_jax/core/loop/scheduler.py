@@ -198,13 +198,10 @@ class Scheduler(SchedulerLoop):
         upcoming = None if pending is None else float(self.table.arrival_s[pending])
         programs = self.table.programs
         if programs is not None:
-            release = programs.next_release_s() if programs.self_release else None
-            if programs.pins:  # a pin's end frees pages: a leap stops there
-                ends = programs.next_pin_end_s()
-                release = ends if release is None or (ends is not None and ends < release) \
-                    else release
-            if release is not None and (upcoming is None or release < upcoming):
-                upcoming = release
+            events = [upcoming, programs.next_release_s() if programs.self_release else None,
+                      programs.next_pin_end_s() if programs.pins else None]  # a pin's end
+            known = [when for when in events if when is not None]  # frees pages: leaps stop
+            upcoming = min(known) if known else None
         return upcoming
 
     def _release_calls(self) -> None:
@@ -346,8 +343,9 @@ class Scheduler(SchedulerLoop):
         # stops admitting at a request that needs pages), and nothing else frees any. They
         # recompute, as if preempted, and are logged so. Not behind a policy that never
         # preempts: it planned around them (a transfer took their reservation up front).
-        if self.waiting.size and self.table.programs is not None and program_pins.release_all(
-                self):
+        pinned = self.table.programs is not None and bool(self.table.programs.pins)
+        if pinned and self.waiting.size:
+            program_pins.release_all(self)
             return False  # pinned pages never block the run: the policy looks again
         stalled = self.waiting[self.kv.num_held[self.waiting] > 0]
         if stalled.size and self.policy.preempts:
