@@ -107,7 +107,8 @@ LOWER_BOUNDS: dict[str, float] = {
     "step_time_ms": 0.0, "max_num_seqs": 1, "max_num_tokens": 1, "num_kv_pages": 1,
     "page_size": 1, "max_model_len": 2, "no_progress_steps": 1, "num_replicas": 1,
     "num_prefill_replicas": 0, "num_decode_replicas": 0, "kv_link_max_concurrent": 1,
-    "seed": 0, "trace_block_size": 1}
+    "seed": 0, "trace_block_size": 1, "program_fanout": 1,
+    "kv_pin_s": 0.0}
 # Where a field's `registry` names its values.
 REGISTRIES = {"router": lambda: sorted(registered_routers())}
 
@@ -339,8 +340,9 @@ def spec_from_flags() -> RunSpec:
     workload = _field_values(WorkloadSpec)
     if FLAGS.workload not in ("shared_prefix", "conversation"):
         workload = {k: v for k, v in workload.items() if k not in PREFIX_FIELDS}
-    if FLAGS.workload == "trace":
+    if FLAGS.workload in ("trace", "program_trace"):
         workload["num_requests"] = FLAGS.num_requests  # unset: the whole trace
+    if FLAGS.workload == "trace":
         # Unset: the trace's own output lengths, and an error where it has none.
         workload["output_len"] = FLAGS.output_len
     limits = _field_values(LimitsSpec)

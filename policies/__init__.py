@@ -14,6 +14,7 @@ from orca_jax import (
                       registered_policies,
 )
 from policies import (  # noqa: F401
+                      autellix,
                       edf,
                       gateway_routers,
                       lpm,

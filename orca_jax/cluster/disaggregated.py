@@ -38,6 +38,7 @@ from orca_jax.cluster.routing import Router, make_router
 from orca_jax.cluster.transfers import KVTransferCost, LinkQueues, Transfer
 from orca_jax.core.api.policy import Policy
 from orca_jax.core.loop.scheduler import SchedulerConfig
+from orca_jax.core.requests.programs import has_programs
 from orca_jax.core.requests.request import Request, RequestState
 from orca_jax.core.requests.run_record import TransferLog
 from orca_jax.core.requests.run_result import RunResult
@@ -88,6 +89,10 @@ class DisaggregatedCluster(EventLoop):
 
     def __init__(self, requests: Sequence[Request], *, prefill: PoolSpec, decode: PoolSpec,
                  transfer_cost: KVTransferCost) -> None:
+        if has_programs(requests):
+            raise ValueError("disaggregated cluster: a workload of agent programs (calls "
+                             "released by their parents) is not supported yet; run it on "
+                             "one replica or --num_replicas (docs/programs.md)")
         if not decode.config.kv.receives_transfers:
             raise ValueError(f"decode pool: kv_layout {decode.config.kv.kv_layout!r}; a received "
                              "request's pages are reserved before its admission, so the decode "

@@ -73,6 +73,21 @@ class Arrival(Event):
         loop.arrive(self.position, when)
 
 
+@dataclasses.dataclass(frozen=True)
+class CallRelease(Event):
+    """A program call is released (its parents are done and its tool pause is over): it
+    arrives, and is routed into pool 0 as an arrival is (docs/programs.md)."""
+
+    priority: ClassVar[int] = ARRIVAL_PRIORITY
+    request: int
+
+    def tiebreak(self) -> tuple[int, ...]:
+        return (self.request,)
+
+    def fire(self, loop: EventLoop, when: float) -> None:
+        loop.release_call(self.request, when)
+
+
 @dataclasses.dataclass(slots=True)  # one per step: plain slots are the cheapest to build
 class ReplicaStep(Event):
     """A replica runs its next iteration (if this is still its newest step event)."""
@@ -168,6 +183,12 @@ class EventLoop(abc.ABC):
         self._scheduled: list[list[Optional[float]]] = [[None] * len(p.replicas)
                                                         for p in self.pools]
         self._blocked: set[tuple[int, int]] = set()  # (pool, replica) stepped with no effect
+        # The workload's agent programs (None without): pool 0's replicas let the loop
+        # route each call's release instead of releasing it themselves.
+        self.programs = self.pools[0].replicas[0].table.programs
+        if self.programs is not None:
+            self.programs.self_release = False
+        self._arrivals_left = bool(arrivals.size)  # an Arrival event is still to fire
 
     # -------------------------------------------------------------- running
     def run_events(self, progress: Optional[Callable[[], None]] = None) -> None:
@@ -183,6 +204,10 @@ class EventLoop(abc.ABC):
             scheduler.awaits_submissions = bool(self.arrivals.size)
         if self.arrivals.size:
             self.push(Arrival(0), float(self.arrival_s[self.arrivals[0]]))
+        if self.programs is not None:
+            for scheduler in self.pools[0].replicas:
+                scheduler.awaits_submissions = self._awaits()
+            self._push_releases()  # those after calls rejected up front
         events = self._events
         while events:
             when, _, _, _, event = heapq.heappop(events)
@@ -216,10 +241,44 @@ class EventLoop(abc.ABC):
         if position + 1 < self.arrivals.size:
             self.push(Arrival(position + 1), float(self.arrival_s[self.arrivals[position + 1]]))
             return
+        self._arrivals_left = False
+        self._last_arrival()
+
+    def _awaits(self) -> bool:
+        """Whether pool 0 may still be given requests: an arrival, or a program call not
+        released yet."""
+        return self._arrivals_left or (self.programs is not None
+                                       and self.programs.num_unreleased > 0)
+
+    def _last_arrival(self) -> None:
+        """Once nothing more comes, pool 0's replicas stop waiting for it (idle is stuck)."""
+        if self._awaits():
+            return
         for index, scheduler in enumerate(self.pools[0].replicas):
-            scheduler.awaits_submissions = False  # nothing more comes: idle now is stuck
+            scheduler.awaits_submissions = False
             if not scheduler.in_transfer.size:
                 self.wake(0, index)
+
+    def release_call(self, request: int, when: float) -> None:
+        """Fires a program call's release at `when`: it arrives in pool 0 (idle replicas
+        move to `when` first, so the one it is routed to starts it no earlier)."""
+        assert self.programs is not None
+        self.programs.released(request, when)
+        for index, scheduler in enumerate(self.pools[0].replicas):
+            idle = not (scheduler.waiting.size or scheduler.running.size
+                        or scheduler.unreleased.size)
+            if (idle or (0, index) in self._blocked) and not scheduler.in_transfer.size:
+                scheduler.now_s = max(scheduler.now_s, when)
+                if (0, index) in self._blocked:
+                    self.wake(0, index)
+        self.route_arrival(request, when)
+        self._last_arrival()
+
+    def _push_releases(self) -> None:
+        """Turns the program calls whose release time became known into events."""
+        assert self.programs is not None
+        for when, request in self.programs.pop_releases():
+            self.push(CallRelease(request), when)
 
     # ---------------------------------------------------------------- steps
     def wake(self, pool: int, index: int) -> None:
@@ -250,6 +309,8 @@ class EventLoop(abc.ABC):
         scheduler = self.pools[pool].replicas[index]
         before = _progress_marks(scheduler)
         scheduler.step()
+        if self.programs is not None:  # a call done here may release its children
+            self._push_releases()
         # An iteration that ran a step changed something; else compare every mark.
         if scheduler.num_steps == before[0] and _progress_marks(scheduler) == before:
             self._blocked.add((pool, index))  # it waits for an event to give it something

@@ -59,12 +59,16 @@ class Cluster(EventLoop):
         table = self.replicas[0].table
         rejected = table.state == RequestState.REJECTED  # up front, on every replica
         self._num_rejected = int(np.count_nonzero(rejected))
+        self._num_routable = len(table) - self._num_rejected  # arrivals and program calls
         self._num_routed = 0
         # replica[i]: the replica serving request i (arrival order); -1: rejected up front.
         self.replica = np.full(len(table), -1, dtype=np.int64)
         self._pool = ReplicaPool(self.replicas, self.router)
         self.view = self._pool.view
-        super().__init__([self._pool], np.flatnonzero(~rejected), table.arrival_s)
+        # A program call with parents is routed when the run releases it (`CallRelease`).
+        later = (table.programs.has_parents if table.programs is not None
+                 else np.zeros(len(table), dtype=bool))
+        super().__init__([self._pool], np.flatnonzero(~rejected & ~later), table.arrival_s)
 
     @property
     def num_replicas(self) -> int:
@@ -93,7 +97,7 @@ class Cluster(EventLoop):
         """Requests done: finished on their replica, or rejected up front."""
         # Every replica counts the requests rejected up front and those it does not hold
         # (all arrivals but the ones routed to it) as done: count each request once.
-        counted_by_all = self.num_replicas * (self._num_rejected + self.arrivals.size)
+        counted_by_all = self.num_replicas * (self._num_rejected + self._num_routable)
         return (sum(r.num_done for r in self.replicas) - counted_by_all
                 + self._num_rejected + self._num_routed)
 

@@ -22,6 +22,7 @@ from orca_jax.core.requests.request import RequestState
 from orca_jax.core.requests.run_record import StepLog
 from orca_jax.core.requests.run_result import RunResult
 from orca_jax.results import metrics
+from orca_jax.results.programs import program_summary
 from orca_jax.results.qoe import TokenTimes, row_fields
 from orca_jax.results.thrash import thrash_figures
 
@@ -37,7 +38,8 @@ def summarize(result: RunResult, *, ttft_slo_s: Optional[float] = None,
 
 def summarize_run(result: RunResult, *, ttft_slo_s: Optional[float] = None,
                   tpot_slo_s: Optional[float] = None, num_gpus: Optional[int] = None,
-                  token_times: Optional[TokenTimes] = None
+                  token_times: Optional[TokenTimes] = None,
+                  program_slo_s: Optional[float] = None
                   ) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:
     """The run's summary.json content and the tables written beside it.
 
@@ -63,6 +65,10 @@ def summarize_run(result: RunResult, *, ttft_slo_s: Optional[float] = None,
     With the run's `token_times` (`--log_token_times`), Andes's QoE over the finished
     requests: `qoe_mean`, `qoe_p10`, `qoe_p50`, `qoe_attainment` and the targets
     (`TokenTimes.summary`, `orca_jax.results.qoe`).
+    A workload of agent programs also gets the programs' completion times and the
+    shares of their time computing, waiting and in tools (`results.programs`); with
+    `program_slo_s`, the programs within it (`program_slo_attainment`,
+    `program_goodput_per_s`).
 
     The parts with one row per something are tables (name -> rows), each written
     as NAME.jsonl: `tenants` (one row per tenant: `tenant`, `num_requests`,
@@ -122,6 +128,8 @@ def summarize_run(result: RunResult, *, ttft_slo_s: Optional[float] = None,
         tables["replicas"] = replica_rows(result)
     if token_times is not None:
         summary.update(token_times.summary())
+    # Nothing without agent programs.
+    summary.update(program_summary(result, program_slo_s=program_slo_s))
     return ({k: to_json_value(v) for k, v in summary.items()},
             {name: to_json_value(rows) for name, rows in tables.items()})
 

@@ -38,6 +38,8 @@ from orca_jax.specs.hardware import get_hardware
 from orca_jax.specs.memory import num_kv_pages_for_memory
 from orca_jax.specs.model_config import ModelConfig, get_model_config
 from orca_jax.workloads.prefix_workloads import conversation_workload, shared_prefix_workload
+from orca_jax.workloads.program_traces import load_program_trace
+from orca_jax.workloads.programs import ProgramShape, program_workload
 from orca_jax.workloads.synthetic import (
     parse_length_spec,
     synthetic_workload,
@@ -73,6 +75,22 @@ def build_workload(spec: RunSpec) -> list[Request]:
                               output_lens=_trace_output_lens(spec))
         return (with_prompt_tokens(requests, vocab, spec.seed, context=max_model_len(spec))
                 if real else requests)
+    if workload.arrival == "programs":
+        return program_workload(
+            num_requests=workload.num_requests, rate=workload.rate, seed=spec.seed,
+            shape=ProgramShape(
+                shape=workload.program_shape, turns=workload.program_turns,
+                calls_per_turn=workload.program_calls_per_turn,
+                first_prompt=workload.program_first_prompt,
+                prompt_growth=workload.program_prompt_growth,
+                completion_len=workload.program_completion_len,
+                tool_ms=workload.program_tool_ms, turn_gap_ms=workload.program_turn_gap_ms,
+                fanout=workload.program_fanout),
+            vocab_size=vocab, context=max_model_len(spec))
+    if workload.arrival == "program_trace":
+        return load_program_trace(workload.trace, max_requests=workload.num_requests,
+                                  vocab_size=vocab, seed=spec.seed,
+                                  time_scale=workload.trace_time_scale)
     if workload.arrival == "shared_prefix":
         return shared_prefix_workload(
             num_requests=workload.num_requests, rate=workload.rate,
@@ -145,7 +163,8 @@ def scheduler_config(spec: RunSpec) -> SchedulerConfig:
                           max_model_len=context, token_buckets=limits.token_buckets,
                           no_progress_steps=limits.no_progress_steps),
         kv=KVConfig(num_kv_pages=pages, page_size=limits.page_size, kv_layout=limits.kv_layout,
-                    prefix_caching=limits.prefix_caching, **_tier_settings(spec)),
+                    prefix_caching=limits.prefix_caching, kv_pin_s=limits.kv_pin_s,
+                    **_tier_settings(spec)),
         sampling=SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p,
                                 seed=spec.seed),
         slo=SLOTargets(ttft_slo_s=spec.ttft_slo_s, tpot_slo_s=spec.tpot_slo_s),

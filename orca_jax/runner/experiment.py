@@ -152,7 +152,8 @@ def run_policy(spec: RunSpec, policy_spec: str, policy_options: Optional[Mapping
         times = token_times(spec, result)
         summary, tables = summarize_run(result, ttft_slo_s=spec.ttft_slo_s,
                                         tpot_slo_s=spec.tpot_slo_s,
-                                        num_gpus=num_gpus(spec), token_times=times)
+                                        num_gpus=num_gpus(spec), token_times=times,
+                                        program_slo_s=spec.program_slo_s)
         summary.update(flatten(engine.facts()))
         summary["policy"] = label
         if folder is not None:
@@ -247,7 +248,8 @@ def _run_cluster(spec: RunSpec, policy_spec: str, config: SchedulerConfig, clust
         times = token_times(spec, result)
         summary, tables = summarize_run(result, ttft_slo_s=spec.ttft_slo_s,
                                         tpot_slo_s=spec.tpot_slo_s,
-                                        num_gpus=num_gpus(spec), token_times=times)
+                                        num_gpus=num_gpus(spec), token_times=times,
+                                        program_slo_s=spec.program_slo_s)
         summary["policy"] = label
         if folder is not None:
             _finish(folder, result, summary, tables, write_steps=True, token_times=times)

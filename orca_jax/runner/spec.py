@@ -33,16 +33,19 @@ from orca_jax.specs.hardware import (
     get_kv_link,
 )
 from orca_jax.specs.model_config import PRESETS, get_model_config
+from orca_jax.workloads.programs import COPILOT_DEFAULTS, PROGRAM_SHAPES
 from orca_jax.workloads.synthetic import parse_length_spec
 
-WORKLOADS = ("poisson", "gamma", "burst", "trace", "shared_prefix", "conversation")
+WORKLOADS = ("poisson", "gamma", "burst", "trace", "shared_prefix", "conversation", "programs",
+             "program_trace")
 ENGINES = ("sim", "jax")
 DTYPES = ("float32", "bfloat16")
 ATTENTIONS = ("auto", "reference", "bucketed", "pallas", "pallas_interpret")
 CLOCKS = ("profiled", "wall")
 # The prefix workloads' length specs -> the column an `empirical:PATH` spec of each reads.
 LENGTH_COLUMNS = {"prefix_len": "prompt_len", "suffix_len": "prompt_len",
-                  "num_turns": "num_turns", "think_time_ms": "think_time_ms"}
+                  "num_turns": "num_turns", "think_time_ms": "think_time_ms",
+                  **{f"program_{name}": "prompt_len" for name in COPILOT_DEFAULTS}}
 MODEL_PRESETS = tuple(PRESETS)
 HARDWARE_NAMES = (*HARDWARE_PRESETS, *HARDWARE_ALIASES)
 KV_LINK_NAMES = (*KV_LINK_PRESETS, *KV_LINK_ALIASES)
@@ -133,7 +136,10 @@ class WorkloadSpec:
     arrival: str = _knob("poisson", "Arrival process, a trace file, or prompts that share "
                          "prefixes: shared_prefix (a few system prompts, Zipf popularity, and "
                          "private suffixes) or conversation (multi-turn chats whose turns hold "
-                         "the conversation so far).", choices=WORKLOADS)
+                         "the conversation so far); programs (agent sessions of LLM calls "
+                         "with tool pauses, --program_*) or program_trace (--trace: a "
+                         "program JSONL, ours or the Copilot agent trace's; "
+                         "docs/programs.md).", choices=WORKLOADS)
     trace: Optional[str] = _knob(None, "Trace file (JSONL or CSV) of arrival 'trace'; its "
                                  "columns/fields (ours, Vidur's, Mooncake's), units and what "
                                  "may be left out: docs/traces.md. Without arrival times it is "
@@ -148,7 +154,7 @@ class WorkloadSpec:
                                         "trace, None: the whole trace; of conversation: "
                                         "turns).")
     rate: float = _knob(4.0, "Arrival rate in requests/s (poisson, gamma, shared_prefix; "
-                        "conversation: conversations/s).")
+                        "conversation: conversations/s; programs: programs/s).")
     cv: float = _knob(1.0, "Coefficient of variation of gamma inter-arrival gaps.")
     prompt_len: str = _knob("uniform:32:512", "Prompt length distribution: fixed:N, "
                             "uniform:LO:HI, lognormal:MEAN:SIGMA, zipf:A:MAX, "
@@ -170,6 +176,31 @@ class WorkloadSpec:
                            "prompt_len).")
     think_time_ms: str = _knob("lognormal:10000:1", "conversation: milliseconds from a turn's "
                                "arrival to the next turn's (as prompt_len).")
+    program_shape: str = _knob("copilot", "programs: copilot (sequential sessions of turns "
+                               "of calls) or parallel (a planning call fans out to "
+                               "--program_fanout threads that join).", choices=PROGRAM_SHAPES)
+    program_turns: str = _knob(COPILOT_DEFAULTS["turns"], "programs: turns per program "
+                               "(parallel: fan-out stages); the default's mean is the Copilot "
+                               "agent trace's 3.95 (as prompt_len).")
+    program_calls_per_turn: str = _knob(COPILOT_DEFAULTS["calls_per_turn"], "programs, "
+                                        "copilot: LLM calls per turn; the default's mean is "
+                                        "the Copilot agent trace's 7.83 (as prompt_len).")
+    program_first_prompt: str = _knob(COPILOT_DEFAULTS["first_prompt"], "programs: the "
+                                      "first call's prompt tokens (as prompt_len).")
+    program_prompt_growth: str = _knob(COPILOT_DEFAULTS["prompt_growth"], "programs: tokens "
+                                       "a tool's output adds to the context before the next "
+                                       "call (as prompt_len).")
+    program_completion_len: str = _knob(COPILOT_DEFAULTS["completion_len"], "programs: each "
+                                        "call's answer tokens (the defaults give prompts "
+                                        "about 120 times the completions, as the Copilot "
+                                        "trace's 128; as prompt_len).")
+    program_tool_ms: str = _knob(COPILOT_DEFAULTS["tool_ms"], "programs: the tool pause in "
+                                 "milliseconds before each call but a turn's first (as "
+                                 "prompt_len).")
+    program_turn_gap_ms: str = _knob(COPILOT_DEFAULTS["turn_gap_ms"], "programs: the user's "
+                                     "pause in milliseconds before a turn's first call (as "
+                                     "prompt_len).")
+    program_fanout: int = _knob(4, "programs, parallel: thread calls per stage.")
 
     def __post_init__(self) -> None:
         _check_choice("workload", "arrival", self.arrival, WORKLOADS)
@@ -182,9 +213,10 @@ class WorkloadSpec:
         if not (math.isfinite(self.prefix_zipf) and self.prefix_zipf >= 0):
             raise ValueError(f"workload.prefix_zipf must be a finite number >= 0, got "
                              f"{self.prefix_zipf}")
-        if self.arrival == "trace" and not self.trace:
-            raise ValueError("workload.arrival 'trace' needs a trace file (workload.trace, "
-                             "--trace)")
+        if self.arrival in ("trace", "program_trace") and not self.trace:
+            raise ValueError(f"workload.arrival {self.arrival!r} needs a trace file "
+                             "(workload.trace, --trace)")
+        _check_at_least("workload", "program_fanout", self.program_fanout, 1)
         if self.output_len is None and self.arrival != "trace":
             raise ValueError(f"workload.output_len: None is only for a trace (which then "
                              f"gives its own output lengths); workload {self.arrival!r} needs "
@@ -314,6 +346,11 @@ class LimitsSpec:
                                 "policy), off (none). The switch wins over a policy's opt-in; "
                                 "--describe_policy says what each does with it.",
                                 choices=PREFIX_CACHING_MODES)
+    kv_pin_s: float = _knob(0.0, "Agent programs: seconds a finished call's KV pages stay "
+                            "pinned on the device for its program's next call (0: freed at "
+                            "once; inf: until that call is admitted); each policy decides "
+                            "per call (Policy.kv_pin_s, whose default this is). With prefix "
+                            "caching, on one replica (docs/programs.md).")
     count_host_time: bool = _knob(False, "Add the scheduler's measured host time (planning, "
                                   "packing, bookkeeping) to the virtual clock, as a real "
                                   "server pays it; runs are then no longer repeatable bit for "
@@ -350,6 +387,9 @@ class LimitsSpec:
         _check_at_least("limits", "max_model_len", self.max_model_len, 2)
         _check_choice("limits", "kv_layout", self.kv_layout, KV_LAYOUTS)
         _check_choice("limits", "prefix_caching", self.prefix_caching, PREFIX_CACHING_MODES)
+        if not self.kv_pin_s >= 0:
+            raise ValueError(f"limits.kv_pin_s must be >= 0 (seconds; inf: until the next "
+                             f"call), got {self.kv_pin_s}")
         if self.prefix_caching == "on" and self.kv_layout == "buddy":
             raise ValueError("limits.prefix_caching 'on' shares single KV pages and kv_layout "
                              "'buddy' hands out whole blocks; choose one")
@@ -479,6 +519,10 @@ class RunSpec(metaclass=_TakesFlatKeywords):
     seed: int = _knob(0, "Workload and sampling seed (and a real engine's random weights).")
     ttft_slo_s: Optional[float] = _knob(None, "TTFT SLO for goodput, seconds.")
     tpot_slo_s: Optional[float] = _knob(None, "TPOT SLO for goodput, seconds.")
+    program_slo_s: Optional[float] = _knob(None, "Agent programs: completion-time SLO of a "
+                                           "program (first call's arrival to last call's "
+                                           "finish), seconds, for program_slo_attainment and "
+                                           "program_goodput_per_s.")
     log_token_times: bool = _knob(False, "Keep every output token's time (16 bytes a token) "
                                   "and write each request's as token_times in requests.jsonl "
                                   "(run-clock seconds, as first_token_s), with its Andes QoE "
@@ -501,6 +545,7 @@ class RunSpec(metaclass=_TakesFlatKeywords):
                                 f"{' or '.join(kind.__name__ for kind in kinds)}, got {value!r}")
         _check_at_least("run", "seed", self.seed, 0)
         _check_positive("run", "ttft_slo_s", self.ttft_slo_s)
+        _check_positive("run", "program_slo_s", self.program_slo_s)
         _check_positive("run", "tpot_slo_s", self.tpot_slo_s)
         _check_positive("run", "qoe_ttft_s", self.qoe_ttft_s, " (seconds)")
         _check_positive("run", "qoe_tokens_per_s", self.qoe_tokens_per_s, " (tokens per second)")
@@ -530,4 +575,14 @@ class RunSpec(metaclass=_TakesFlatKeywords):
                              "give --num_replicas=1 without prefill/decode pools")
         if tiered:
             tier_configs(self.limits, *engine_kv_shape(self.engine))
+        if self.limits.kv_pin_s and (self.cluster.num_replicas > 1
+                                     or self.cluster.disaggregated):
+            raise ValueError("--kv_pin_s pins a program's KV on one replica for now (a cluster "
+                             "may route the next call elsewhere): give --num_replicas=1 "
+                             "without prefill/decode pools")
+        if (self.workload.arrival in ("programs", "program_trace")
+                and self.cluster.disaggregated):
+            raise ValueError(f"--workload={self.workload.arrival}: the disaggregated cluster "
+                             "does not run agent programs yet; give --num_replicas instead "
+                             "of prefill/decode pools")
 

@@ -182,7 +182,7 @@ def run_sweep(spec: RunSpec, policies: Sequence[PolicyRun], rates: Sequence[floa
                          "not given with it")
     variants = dict(variants or {})
     _check_variants(spec, variants)
-    if build_per_point and spec.workload.arrival == "trace":
+    if build_per_point and spec.workload.arrival in ("trace", "program_trace"):
         raise SweepError(f"trace {spec.workload.trace}: its arrivals do not follow a rate; "
                          "sweep it by rescaling (build_per_point=False)")
     # Options under their names now, so an old name and the new one are the same sweep.
@@ -203,7 +203,7 @@ def run_sweep(spec: RunSpec, policies: Sequence[PolicyRun], rates: Sequence[floa
     if executor.kind == "ray":
         from orca_jax.runner.ray_sweep import import_ray  # Ray is an extra: only when asked
         import_ray()  # missing: one line, before the folder is touched
-    if spec.workload.arrival == "trace":
+    if spec.workload.arrival in ("trace", "program_trace"):
         # A trace that does not load, or has no rate, is refused before the folder is
         # touched (not stored as every point's failure, in a folder then holding a sweep).
         workload_at(spec, build_workload(point_spec(spec, 1.0, int(seeds[0]))),

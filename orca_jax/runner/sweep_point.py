@@ -20,6 +20,7 @@ from orca_jax.runner.bucket_pilot import BucketFit, needs_fit, with_fitted_bucke
 from orca_jax.runner.build import build_workload
 from orca_jax.runner.experiment import run_policy
 from orca_jax.runner.spec import RunSpec
+from orca_jax.workloads.programs import rescale_starts
 
 
 class SweepError(ValueError):
@@ -74,21 +75,28 @@ def workload_at(spec: RunSpec, base: list[Request], rate: float) -> list[Request
     Synthetic arrivals are drawn as unit gaps divided by the rate, so building
     at rate 1 and scaling by 1 / `rate` is the workload built at `rate` (its
     arrival times up to rounding in the last bit). A trace keeps its arrival
-    pattern, rescaled so its mean rate is `rate`.
+    pattern, rescaled so its mean rate is `rate`. Agent programs: their starts are
+    rescaled, their tool pauses kept (`workloads.programs.rescale_starts`).
 
     Raises:
       SweepError: a trace whose arrivals are all at one time (it has no rate).
     """
-    if spec.workload.arrival == "trace":
-        span = (max(r.arrival_s for r in base) - min(r.arrival_s for r in base)
-                if len(base) >= 2 else 0.0)
+    programs = spec.workload.arrival in ("programs", "program_trace")
+    # Programs: the rate is of program starts (calls without parents); later calls
+    # arrive as their parents and tool pauses let them, which a rate does not scale.
+    starts = [r for r in base if not r.parents] if programs else base
+    if spec.workload.arrival in ("trace", "program_trace"):
+        span = (max(r.arrival_s for r in starts) - min(r.arrival_s for r in starts)
+                if len(starts) >= 2 else 0.0)
         if span <= 0:
             raise SweepError(f"trace {spec.workload.trace}: all arrivals at one time (an "
                              "offline batch has no rate); a rate sweep needs arrivals spread "
                              "in time")
-        scale = (len(base) - 1) / span / rate
+        scale = (len(starts) - 1) / span / rate
     else:
         scale = 1.0 / rate
+    if programs:
+        return rescale_starts(base, scale)
     return [dataclasses.replace(r, arrival_s=r.arrival_s * scale) for r in base]
 
 

@@ -94,6 +94,18 @@ class Policy(abc.ABC):
         del view, victims
         return "recompute"
 
+    def kv_pin_s(self, view: SchedulerView, finished: NDArray[np.int64]
+                 ) -> Union[float, Sequence[float]]:  # finished: [f]
+        """Seconds the KV pages of each program call just finished stay pinned for its
+        program (docs/programs.md): held on the device, counted against the pool, until
+        a child call of the program is admitted (and shares them as a prefix hit), the
+        time passes, or an admission needs them. 0 frees them at once (they stay cached,
+        evictable); inf holds them until a child is admitted. Asked only with prefix
+        caching active, for calls that have children. The default is the run's
+        `--kv_pin_s` (`view.kv_pin_s`)."""
+        del finished
+        return view.kv_pin_s
+
     def stable_steps(self, view: SchedulerView) -> Optional[int]:
         """How many next steps this policy promises to plan as the step just run (a
         leaping simulator runs them at once: `orca_jax.core.loop.leap`); None, the

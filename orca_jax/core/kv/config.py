@@ -104,6 +104,10 @@ class KVConfig(metaclass=_TakesOldKnob):
         (`orca_jax.core.kv.lower_tiers`).
       cache_policy: the slower tiers' cache policy, a registered name
         (`orca_jax.core.kv.cache_policies`); with `cache_policy_opts`, its knobs.
+      kv_pin_s: seconds a finished program call's KV pages stay pinned for its
+        program's next call (0: freed at once; inf: until that call is admitted); each
+        policy decides per call (`Policy.kv_pin_s`, whose default reads this). With
+        prefix caching only (docs/programs.md).
     """
 
     num_kv_pages: int = 4096
@@ -114,8 +118,12 @@ class KVConfig(metaclass=_TakesOldKnob):
     tiers: tuple[TierConfig, ...] = ()
     cache_policy: str = "lru"
     cache_policy_opts: tuple[tuple[str, object], ...] = ()
+    kv_pin_s: float = 0.0
 
     def __post_init__(self) -> None:
+        if not self.kv_pin_s >= 0:  # inf is allowed: until the next call
+            raise ValueError(f"SchedulerConfig.kv.kv_pin_s must be >= 0 (seconds; inf: until "
+                             f"the program's next call), got {self.kv_pin_s}")
         for field in ("num_kv_pages", "page_size"):
             if getattr(self, field) < 1:
                 raise ValueError(f"SchedulerConfig.kv.{field} must be >= 1, "

@@ -52,6 +52,9 @@ def _leave_queues(scheduler: Scheduler, gone: NDArray[np.int64]) -> None:
     scheduler.running = frozen(scheduler.running[state[scheduler.running] == _RUNNING])
     scheduler.waiting = frozen(scheduler.waiting[state[scheduler.waiting] == _WAITING])
     scheduler.last_finished = frozen(np.union1d(scheduler.last_finished, gone))
+    programs = scheduler.table.programs
+    if programs is not None:  # a call's children go on without it (docs/programs.md)
+        programs.done(gone, scheduler.now_s)
 
 
 def cancel(scheduler: Scheduler, ids: NDArray[np.int64], reason: str) -> int:

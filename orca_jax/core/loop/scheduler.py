@@ -34,7 +34,7 @@ from orca_jax.core.kv import KVMemory, PreemptionCosts, preempt, preemption_cost
 from orca_jax.core.kv.preemption import RECOMPUTE, SWAP
 from orca_jax.core.kv.prefix_hits import PrefixHits
 from orca_jax.core.loop import cancel as cancelling
-from orca_jax.core.loop import request_export
+from orca_jax.core.loop import program_pins, request_export
 from orca_jax.core.loop.admission import reject_impossible
 from orca_jax.core.loop.config import SchedulerConfig
 from orca_jax.core.loop.executor import Executor
@@ -158,6 +158,14 @@ class Scheduler(SchedulerLoop):
             # Held by none: those to route, and those rejected up front (every replica's).
             self.table.holder[absent | (state == RequestState.REJECTED)] = -1
             self._num_done += int(np.count_nonzero(absent))
+        programs = self.table.programs
+        if config.kv.kv_pin_s and (submitted_only or table is not None):
+            raise ValueError("kv_pin_s: pinning a program's KV across tool pauses is for one "
+                             "replica for now (a cluster may route the next call elsewhere)")
+        if programs is not None and table is None:  # the pool's first replica, or the only
+            if not submitted_only:  # a call with parents comes by its release, not by time
+                self.table.holder[programs.has_parents & (self.table.state == _PENDING)] = -1
+            programs.start()
         self.watchdog = ProgressWatchdog(n, config.limits.no_progress_steps)
         self.view = SchedulerView(self)
         overlaps = (config.features.overlap and getattr(engine, "feeds_tokens", False)
@@ -184,8 +192,27 @@ class Scheduler(SchedulerLoop):
 
     # ------------------------------------------------------------- queries
     def next_arrival_s(self) -> Optional[float]:
+        """When the next request arrives here: the next pending one's arrival, or the next
+        program call's release (one replica releases its own; docs/programs.md)."""
         pending = self._next_pending()
-        return None if pending is None else float(self.table.arrival_s[pending])
+        upcoming = None if pending is None else float(self.table.arrival_s[pending])
+        programs = self.table.programs
+        if programs is not None:
+            events = [upcoming, programs.next_release_s() if programs.self_release else None,
+                      programs.next_pin_end_s() if programs.pins else None]  # a pin's end
+            known = [when for when in events if when is not None]  # frees pages: leaps stop
+            upcoming = min(known) if known else None
+        return upcoming
+
+    def _release_calls(self) -> None:
+        """Program calls whose release time has come arrive here (their `arrival_s`, the
+        zero-service bound, is no later than their release, so the arrivals take them)."""
+        programs = self.table.programs
+        assert programs is not None
+        released = programs.release_due(self.now_s)
+        if released.size:
+            self.table.holder[released] = self.table.replica
+            self._next_arrival = min(self._next_arrival, int(released.min()))
 
     def _next_pending(self) -> Optional[int]:
         state, holder, me = self.table.state, self.table.holder, self.table.replica
@@ -316,6 +343,10 @@ class Scheduler(SchedulerLoop):
         # stops admitting at a request that needs pages), and nothing else frees any. They
         # recompute, as if preempted, and are logged so. Not behind a policy that never
         # preempts: it planned around them (a transfer took their reservation up front).
+        pinned = self.table.programs is not None and bool(self.table.programs.pins)
+        if pinned and self.waiting.size:
+            program_pins.release_all(self)
+            return False  # pinned pages never block the run: the policy looks again
         stalled = self.waiting[self.kv.num_held[self.waiting] > 0]
         if stalled.size and self.policy.preempts:
             self._evict(stalled)
@@ -339,6 +370,8 @@ class Scheduler(SchedulerLoop):
         self.table.finish_s[release] = self.now_s
         self.unreleased = _frozen(self.unreleased[~np.isin(self.unreleased, release)])
         self._num_done += int(release.size)
+        if self.table.programs is not None:  # the client has the answer: the program goes on
+            self.table.programs.done(release, self.now_s)
 
     def _apply_preemption(self, victims: NDArray[np.int64]) -> float:
         """Preempts `victims`; returns the seconds their KV's moves between tiers take (a
@@ -375,6 +408,8 @@ class Scheduler(SchedulerLoop):
             table.reject_reason[request] = f"policy {self.policy.name}: {reason}"
         self.waiting = _frozen(self.waiting[table.state[self.waiting] == _WAITING])
         self._num_done += int(reject.size)
+        if table.programs is not None:
+            table.programs.done(reject, self.now_s)
 
     def _admit(self, ids: NDArray[np.int64]) -> tuple[int, float]:
         """Admits the waiting ones of `ids`. Returns (tokens they took from the prefix cache,
@@ -391,4 +426,7 @@ class Scheduler(SchedulerLoop):
         table.first_scheduled_s[admitted[is_first]] = self.now_s
         self.running = _frozen(np.concatenate([self.running, admitted]))
         self.waiting = _frozen(self.waiting[table.state[self.waiting] == _WAITING])
-        return self.kv_memory.admit(admitted, is_first)
+        admission = self.kv_memory.admit(admitted, is_first)
+        if table.programs is not None and table.programs.pins:  # they shared their hits
+            program_pins.unpin_admitted_parents(self, admitted)
+        return admission

@@ -27,6 +27,7 @@ from numpy.typing import NDArray
 
 from orca_jax.core.api.policy import Policy
 from orca_jax.core.kv import KVMemory, KVPool
+from orca_jax.core.loop import program_pins
 from orca_jax.core.loop.config import LoopFeatures
 from orca_jax.core.loop.executor import Executor
 from orca_jax.core.loop.scheduled_step import IdleStep, ScheduledStep, StepResult
@@ -295,6 +296,12 @@ class SchedulerLoop:
                                f"{self.record.num_preemptions} preemptions so far"))
 
     def _admit_arrivals(self) -> None:
+        programs = self.table.programs
+        if programs is not None:
+            if programs.pins:
+                program_pins.expire(self)
+            if programs.self_release:
+                self._release_calls()
         first = self._next_pending()
         if first is None:
             return
@@ -352,6 +359,9 @@ class SchedulerLoop:
         table.state[finished] = _FINISHED
         if self.features.kv_handoff:  # its pages go on to a decode replica (cluster.handoff)
             self.in_transfer = frozen(np.concatenate([self.in_transfer, finished]))
+        elif table.programs is not None:  # a program's call may keep its KV for the next
+            kept = program_pins.pin_finished(self, finished, end_s)
+            self.kv.free(finished if kept is None else finished[~kept])
         else:
             self.kv.free(finished)
         hits = self.kv_memory.hits
@@ -364,3 +374,5 @@ class SchedulerLoop:
         else:
             table.finish_s[finished] = end_s
             self._num_done += int(finished.size)
+            if table.programs is not None:  # their children's tool pauses start
+                table.programs.done(finished, end_s)

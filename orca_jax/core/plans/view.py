@@ -21,6 +21,7 @@ from numpy.typing import NDArray
 
 from orca_jax.core.kv.capacity import KVBudget
 from orca_jax.core.kv.preemption import PreemptionCosts
+from orca_jax.core.plans.program_view import ProgramsView
 from orca_jax.core.plans.scheduler_state import SchedulerState
 from orca_jax.core.requests.request_table import RequestTableView
 
@@ -78,6 +79,10 @@ class SchedulerView:
         may (reject a request with `StepPlan(reject=...)`).
       seed: the run's seed (`--seed`): seed a policy's own randomness with it, so
         that sweeping seeds varies it and a rerun repeats it.
+      programs: the agent programs of the workload (`ProgramsView`: each request's
+        program, its attained service, calls done, a sibling running; each program's
+        tool pause), None for a workload without programs (docs/programs.md).
+      kv_pin_s: the run's `--kv_pin_s` (`Policy.kv_pin_s`'s default).
     """
 
     def __init__(self, scheduler: SchedulerState) -> None:
@@ -95,6 +100,9 @@ class SchedulerView:
         self.ttft_slo_s: Optional[float] = config.slo.ttft_slo_s
         self.tpot_slo_s: Optional[float] = config.slo.tpot_slo_s
         self.seed: int = config.sampling.seed
+        self.kv_pin_s: float = config.kv.kv_pin_s
+        book = scheduler.table.programs
+        self.programs: Optional[ProgramsView] = None if book is None else ProgramsView(book)
 
     token_budget = _renamed("token_budget")
     max_batch_size = _renamed("max_batch_size")

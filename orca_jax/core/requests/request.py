@@ -65,6 +65,17 @@ class Request:
         holds these planned ids, not the sampled ones.
       conversation_id: the conversation this request is a turn of, or None.
       turn: its 0-based turn in that conversation (set with `conversation_id`).
+      program_id: the agent program (session) this request is a call of, or None
+        (docs/programs.md).
+      call_index: its index among its program's calls (set with `program_id`),
+        unique in the program.
+      parents: the call indices of the program's calls it waits for (empty: it
+        starts the program, or a thread of it, at `arrival_s`).
+      tool_s: seconds of tool time (or user time) after its last parent finishes
+        before it is released. A call with parents is released at
+        max(parents' finish) + tool_s by the run, never before `arrival_s`, which
+        its source sets to the zero-service bound (the time it would arrive if
+        every call before it took no time).
     """
 
     id: int
@@ -78,6 +89,10 @@ class Request:
     planned_output_tokens: Optional[NDArray[np.int32]] = None  # [output_len]
     conversation_id: Optional[int] = None
     turn: Optional[int] = None
+    program_id: Optional[int] = None
+    call_index: Optional[int] = None
+    parents: tuple[int, ...] = ()
+    tool_s: float = 0.0
 
     def __post_init__(self) -> None:
         if not (isinstance(self.arrival_s, (int, float)) and math.isfinite(self.arrival_s)
@@ -101,6 +116,30 @@ class Request:
         if self.turn is not None and (int(self.turn) != self.turn or self.turn < 0):
             raise ValueError(f"request {self.id}: turn must be an integer >= 0, "
                              f"got {self.turn!r}")
+        self._check_program()
+
+    def _check_program(self) -> None:
+        """The program fields go together: a call has a program, an index, its parents
+        (other calls of its program) and a tool time >= 0."""
+        if (self.program_id is None) != (self.call_index is None):
+            raise ValueError(f"request {self.id}: program_id and call_index go together, got "
+                             f"program_id={self.program_id!r}, call_index={self.call_index!r}")
+        parents = tuple(int(p) for p in self.parents)
+        object.__setattr__(self, "parents", parents)
+        if not (isinstance(self.tool_s, (int, float)) and math.isfinite(self.tool_s)
+                and self.tool_s >= 0):
+            raise ValueError(f"request {self.id}: tool_s must be a finite number >= 0, "
+                             f"got {self.tool_s!r}")
+        if self.program_id is None:
+            if parents or self.tool_s:
+                raise ValueError(f"request {self.id}: parents and tool_s need a program_id")
+            return
+        if self.call_index < 0 or int(self.call_index) != self.call_index:
+            raise ValueError(f"request {self.id}: call_index must be an integer >= 0, "
+                             f"got {self.call_index!r}")
+        if len(set(parents)) != len(parents) or self.call_index in parents:
+            raise ValueError(f"request {self.id}: parents {list(parents)} must be distinct "
+                             f"calls other than itself (call {self.call_index})")
 
     def _freeze_tokens(self, field: str, length: int) -> None:
         """Stores the field's ids as a read-only `[length]` int32 array (None stays None)."""
@@ -120,7 +159,7 @@ class Request:
         answer = None if planned is None else planned.tobytes()
         return (self.id, self.arrival_s, self.prompt_len, self.output_len, tokens,
                 self.priority, self.tenant, self.deadline_s, answer, self.conversation_id,
-                self.turn)
+                self.turn, self.program_id, self.call_index, self.parents, self.tool_s)
 
     def __eq__(self, other: object) -> bool:
         # The generated __eq__ would compare the token arrays elementwise and fail.

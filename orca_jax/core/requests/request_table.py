@@ -17,11 +17,12 @@ replica, and moving it between replicas (`Scheduler.export_request`,
 from __future__ import annotations
 
 import copy
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 from numpy.typing import NDArray
 
+from orca_jax.core.requests.programs import ProgramBook, has_programs
 from orca_jax.core.requests.request import Request, RequestState
 
 _FIELDS = (
@@ -76,6 +77,10 @@ class RequestTable:
         self.reject_reason: dict[int, str] = {}
         self.replica = 0  # the replica this table object is the view of (`for_replica`)
         self.shared = False  # whether other replicas share the rows (`for_replica`)
+        # The calls of agent programs and their releases (docs/programs.md); None without
+        # programs, so that a run without them does no work for them.
+        self.programs: Optional[ProgramBook] = (ProgramBook(self) if has_programs(requests)
+                                                else None)
 
     def for_replica(self, replica: int) -> RequestTable:
         """The same rows (the same arrays, not copies) as replica `replica` of a pool sees

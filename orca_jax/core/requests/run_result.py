@@ -19,6 +19,7 @@ from typing import Any, Mapping, Optional, Sequence, TypeVar
 import numpy as np
 from numpy.typing import NDArray
 
+from orca_jax.core.requests.programs import ProgramRecord
 from orca_jax.core.requests.request import RequestState
 from orca_jax.core.requests.request_table import RequestTable
 from orca_jax.core.requests.run_record import RunRecord, StepLogs, TransferLog
@@ -124,6 +125,9 @@ class RunResult:
     # index -> seconds it waited for KV moves between tiers (steps that waited only).
     kv_tiers: Optional[Mapping[str, Mapping[str, Any]]] = None
     kv_stall_s: Mapping[int, float] = dataclasses.field(default_factory=dict)
+    # A workload of agent programs: each call's program and release (`arrival_s` holds a
+    # call's release, when the run let it arrive; docs/programs.md). None otherwise.
+    programs: Optional[ProgramRecord] = None
 
     @property
     def num_requests(self) -> int:
@@ -165,11 +169,16 @@ class RunResult:
         if table.shared:  # a replica's own result: another replica's requests are away
             state = np.where((table.holder == table.replica) | (table.holder < 0), state,
                              np.int8(RequestState.ROUTED_AWAY))
+        arrival_s, programs = table.arrival_s, None
+        if table.programs is not None:  # a call arrived when the run released it
+            programs = ProgramRecord.of(table.programs)
+            released = table.programs.has_parents & ~np.isnan(programs.release_s)
+            arrival_s = np.where(released, programs.release_s, arrival_s)
         return cls(
-            policy=policy, engine=engine,
+            policy=policy, engine=engine, programs=programs,
             request_ids=tuple(spec.id for spec in table.specs), tenant=_frozen(table.tenant),
             tenant_names=table.tenant_names, priority=_frozen(table.priority),
-            arrival_s=_frozen(table.arrival_s), prompt_len=_frozen(table.prompt_len),
+            arrival_s=_frozen(arrival_s), prompt_len=_frozen(table.prompt_len),
             output_len=_frozen(table.output_len), state=_frozen(state),
             first_scheduled_s=_frozen(table.first_scheduled_s),
             first_token_s=_frozen(table.first_token_s), last_token_s=_frozen(table.last_token_s),
