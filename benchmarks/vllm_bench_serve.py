@@ -111,11 +111,14 @@ def count_problems(result: dict, planned: Sequence[bench_serve.Planned], server:
     """Where vLLM's counts, the server's and the plan disagree (empty: they agree).
 
     Every request asks for its whole output with `ignore_eos`, so each one answered has
-    exactly its `output_len` tokens.
+    exactly its `output_len` tokens; vLLM takes each prompt's length from the usage the
+    server reports, so its input tokens are the server's count of the ids it was sent.
     """
     n, tokens = len(planned), sum(p.output_len for p in planned)
     checks = [("vLLM completed", result.get("completed"), n),
               ("vLLM failed", result.get("failed"), 0),
+              ("vLLM input tokens", result.get("total_input_tokens"),
+               sum(p.prompt_len for p in planned)),
               ("vLLM output tokens", result.get("total_output_tokens"), tokens),
               ("server finished", server.get("num_finished"), n),
               ("server rows", server_rows, n)]
@@ -238,7 +241,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                               "print(m.version('vllm'))"], capture_output=True, text=True,
                              timeout=60).stdout.strip()
     print(f"vllm_bench_serve: vLLM {version} bench serve (--backend openai, timed_trace) "
-          f"against experiments.serve --model=tiny {' '.join(args.server_args)}; trace "
+          f"against experiments.serve {' '.join(['--model=tiny', *args.server_args])}; trace "
           f"{args.trace}, first {args.num_requests} requests, arrivals x"
           f"{args.trace_time_scale}; load average {os.getloadavg()[0]:.2f}; folders in "
           f"{work}", flush=True)
@@ -264,6 +267,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 "output_tok_s")},
             "sent": {"requests": len(r["planned"]),
                      "prompts_cut": sum(p.cut for p in r["planned"]),
+                     "input_tokens": sum(p.prompt_len for p in r["planned"]),
                      "output_tokens": sum(p.output_len for p in r["planned"])}}))
         print(bench_serve.table(vllm_percentiles(res), r["server"], client_side="vLLM client"))
         problems = count_problems(res, r["planned"], r["server_summary"], r["server_rows"])

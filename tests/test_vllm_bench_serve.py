@@ -60,6 +60,9 @@ def test_counts_agree_only_when_vllm_the_server_and_the_plan_all_do():
     failed_one = dict(VLLM_RESULT, completed=2, failed=1, total_output_tokens=8)
     assert vbs.count_problems(failed_one, planned, server, server_rows=3) == [
         "vLLM completed 2 != 3", "vLLM failed 1 != 0", "vLLM output tokens 8 != 12"]
+    # The server counted one prompt token fewer than were sent.
+    assert vbs.count_problems(dict(VLLM_RESULT, total_input_tokens=29), planned, server,
+                              server_rows=3) == ["vLLM input tokens 29 != 30"]
     assert vbs.count_problems(VLLM_RESULT, planned, {"num_finished": 2}, server_rows=4) == [
         "server finished 2 != 3", "server rows 4 != 3"]
 
