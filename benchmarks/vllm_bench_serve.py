@@ -259,9 +259,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             continue
         print(result_block(r["log"]))
         res = r["result"]
-        print(json.dumps({"vllm": {k: res.get(k) for k in (
+        # vLLM's client takes a gap per chunk with a choice: tokens - 1 per request, plus
+        # one for a last chunk that carries only the finish reason.
+        gaps = sum(len(g) for g in res.get("itls") or ())
+        print(json.dumps({"vllm": {**{k: res.get(k) for k in (
             "completed", "failed", "total_input_tokens", "total_output_tokens", "duration",
-            "output_throughput")},
+            "output_throughput")}, "itl_gaps": gaps,
+            "output_tokens_minus_requests": (res.get("total_output_tokens") or 0)
+            - (res.get("completed") or 0)},
             "server": {k: r["server_summary"].get(k) for k in (
                 "num_requests", "num_finished", "num_rejected", "duration_s",
                 "output_tok_s")},
