@@ -211,24 +211,31 @@ def write(out_dir: str, outcomes: Sequence[Outcome], summary: dict) -> None:
         json.dump(summary, f, indent=1)
 
 
+# The server summary's name for each of `METRICS`: its E2E is `latency` (arrival at the
+# engine thread to the last token).
+SERVER_KEYS = {"ttft_s": "ttft", "tpot_s": "tpot", "itl_s": "itl", "e2e_s": "latency"}
+
+
 def server_percentiles(server_dir: str) -> dict:
     """The server summary's percentiles of `METRICS` (None where it has none: the
-    server's summary keeps only the p99 of ITL, and no E2E), in seconds."""
+    server's summary keeps only the p99 of ITL), in seconds."""
     with open(os.path.join(server_dir, "summary.json")) as f:
         s = json.load(f)
-    return {m: {f"p{q}": s.get(f"{m[:-2]}_p{q}_s") for q in PERCENTILES}
+    return {m: {f"p{q}": s.get(f"{SERVER_KEYS[m]}_p{q}_s") for q in PERCENTILES}
             for m in METRICS}
 
 
-def table(client: dict, server: Optional[dict]) -> str:
-    """Client percentiles (ms) beside the server's, one line per metric."""
-    lines = [f"{'metric':8} {'side':7} " + " ".join(f"{'p' + str(q):>9}" for q in PERCENTILES)]
+def table(client: dict, server: Optional[dict], client_side: str = "client") -> str:
+    """Client percentiles (ms) beside the server's, one line per metric; the client's
+    lines are labelled `client_side`."""
+    w = max(7, len(client_side))
+    lines = [f"{'metric':8} {'side':{w}} " + " ".join(f"{'p' + str(q):>9}" for q in PERCENTILES)]
     for metric in METRICS:
-        for side, d in (("client", client), ("server", server)):
+        for side, d in ((client_side, client), ("server", server)):
             if d is None:
                 continue
             vals = [d[metric].get(f"p{q}") for q in PERCENTILES]
-            lines.append(f"{metric[:-2]:8} {side:7} " + " ".join(
+            lines.append(f"{metric[:-2]:8} {side:{w}} " + " ".join(
                 f"{v * 1e3:9.1f}" if isinstance(v, (int, float)) else f"{'-':>9}"
                 for v in vals))
     return "\n".join(lines) + "\n(ms)"

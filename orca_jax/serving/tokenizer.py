@@ -12,6 +12,10 @@
 
 Decoding is incremental (`Detokenizer`): text is handed out only once its bytes
 make whole characters.
+
+`write_byte_tokenizer` writes the byte tokenizer as a Hugging Face tokenizer folder
+(tokenizer.json, tokenizer_config.json), for clients that count or make tokens
+themselves (vLLM's `bench serve`): it encodes and decodes as `ByteTokenizer`.
 """
 
 from __future__ import annotations
@@ -105,6 +109,50 @@ def _token_text(value: object) -> Optional[str]:
     if isinstance(value, dict):
         value = value.get("content")
     return value if isinstance(value, str) else None
+
+
+def _byte_chars() -> dict[int, str]:
+    """GPT-2's printable stand-in character for each byte (the ByteLevel pre-tokenizer's)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("\u00a1"), ord("\u00ac") + 1),
+                 *range(ord("\u00ae"), ord("\u00ff") + 1)]
+    chars = {b: chr(b) for b in printable}
+    for b in range(256):
+        if b not in chars:
+            chars[b] = chr(256 + len(chars) - len(printable))
+    return chars
+
+
+def byte_tokenizer_files() -> dict[str, dict]:
+    """`ByteTokenizer` as a Hugging Face tokenizer folder's files (name -> JSON).
+
+    A byte-level BPE with no merges: the vocabulary is the 256 bytes, id = byte value;
+    its decoder replaces invalid UTF-8 as `bytes.decode(errors="replace")` does and
+    drops ids it does not know (256 and up), as `ByteTokenizer.decode`. No special tokens.
+    """
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False,
+                  "use_regex": False}
+    vocab = {char: byte for byte, char in _byte_chars().items()}
+    tokenizer = {
+        "version": "1.0", "truncation": None, "padding": None, "added_tokens": [],
+        "normalizer": None, "pre_tokenizer": byte_level, "post_processor": None,
+        "decoder": byte_level,
+        "model": {"type": "BPE", "dropout": None, "unk_token": None,
+                  "continuing_subword_prefix": None, "end_of_word_suffix": None,
+                  "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
+                  "vocab": vocab, "merges": []}}
+    # transformers loads the folder as a fast tokenizer with no model config beside it.
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "add_bos_token": False,
+              "clean_up_tokenization_spaces": False, "model_max_length": 1 << 30}
+    return {"tokenizer.json": tokenizer, "tokenizer_config.json": config}
+
+
+def write_byte_tokenizer(folder: str) -> str:
+    """Writes `byte_tokenizer_files()` into `folder` (made if missing); returns it."""
+    os.makedirs(folder, exist_ok=True)
+    for name, content in byte_tokenizer_files().items():
+        with open(os.path.join(folder, name), "w") as f:
+            json.dump(content, f, ensure_ascii=False)
+    return folder
 
 
 def load_tokenizer(folder: Optional[str], vocab_size: int) -> Tokenizer:
