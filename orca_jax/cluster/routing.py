@@ -47,6 +47,12 @@ class ClusterState(Protocol):
     def outstanding_ids(self, replica: int) -> NDArray[np.int64]:  # [n]
         """Request indices routed to `replica` and not yet done."""
 
+    def migrating_ids(self) -> NDArray[np.int64]:  # [m]
+        """Requests whose migration between replicas is under way."""
+
+    def pages_to_receive(self, request: int, replica: int) -> int:
+        """KV pages `replica` would reserve to receive `request` as it is now."""
+
 
 class ClusterView:
     """What `Router.route` sees: every replica's live view, at the request's arrival.
@@ -87,6 +93,18 @@ class ClusterView:
         """Request indices routed to `replica` and not yet done: not yet admitted,
         waiting, running, or finished but unreleased."""
         return self._cluster.outstanding_ids(replica)
+
+    def migrating(self) -> NDArray[np.int64]:  # [m]
+        """Requests whose migration between replicas is under way, sorted (a rebalancer's
+        `orca_jax.cluster.migration`; empty without one)."""
+        return self._cluster.migrating_ids()
+
+    def pages_to_receive(self, request: int, replica: int) -> int:
+        """KV pages `replica` would reserve to receive `request` (a migration of its
+        computed tokens) now: those tokens' pages, or its admission's reservation if
+        larger. A migration starts only if they fit beside the watermark
+        (`view.replicas[replica].kv_room()`)."""
+        return self._cluster.pages_to_receive(request, replica)
 
 
 class Router(abc.ABC):
