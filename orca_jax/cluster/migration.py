@@ -141,6 +141,8 @@ class Migrator:
         if len(pool.replicas) < 2:
             raise ValueError(f"rebalancer {rebalancer.name!r}: migration needs 2 or more "
                              f"replicas, got {len(pool.replicas)}")
+        if not rebalancer.name:  # an instance of an unregistered class: name it by its class
+            rebalancer.name = type(rebalancer).__name__.lower()
         first = pool.replicas[0]
         if first.hits is not None:
             raise ValueError(f"rebalancer {rebalancer.name!r}: prefix caching is active "
