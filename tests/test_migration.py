@@ -1,6 +1,7 @@
 """Live migration between a cluster's replicas: priced downtime, page accounting, refusals."""
 
 import dataclasses
+import json
 import math
 
 import numpy as np
@@ -247,3 +248,40 @@ def test_a_target_without_room_is_refused():
                        "has no room for request 0's 7 KV pages"):
         cluster.run()
     assert not cluster.replicas[1].in_transfer.size
+
+
+def test_the_command_line_logs_each_migration_and_counts_them(tmp_path):
+    from cli_runner import run_module
+
+    out = tmp_path / "run"
+    run_module("experiments.run", "--engine=sim", "--model=llama3-8b", "--hardware=a100",
+               "--num_requests=120", "--rate=20", "--num_replicas=3", "--policy=vllm",
+               "--rebalancer=load_balance", "--rebalancer_opts=gap=0.1",
+               "--rebalance_interval_s=0.25", "--migration=stop_and_copy",
+               "--num_kv_pages=800", f"--out_dir={out}")
+    rows = [json.loads(line) for line in (out / "migrations.jsonl").read_text().splitlines()]
+    summary = json.loads((out / "summary.json").read_text())
+    assert rows and summary["num_migrations"] == len(rows)
+    assert summary["rebalancer"] == "load_balance" and summary["migration"] == "stop_and_copy"
+    assert summary["migration_pages_total"] == sum(r["num_pages"] for r in rows)
+    assert all(r["num_rounds"] == 1 and r["start_s"] == r["stop_s"] for r in rows)
+    assert summary["num_finished"] == 120
+
+
+@pytest.mark.parametrize("flags, message", [
+    (("--num_replicas=1", "--rebalancer=load_balance"),
+     "error: cluster: rebalancer 'load_balance': migration needs num_replicas >= 2 "
+     "(colocated), got num_replicas=1"),
+    (("--num_replicas=2", "--rebalancer=nope"), "error: unknown rebalancer 'nope'"),
+    (("--num_replicas=2", "--rebalancer=load_balance", "--rebalance_interval_s=0"),
+     "error: cluster: rebalance_interval_s must be > 0 seconds, got 0.0"),
+])
+def test_bad_migration_flags_are_one_line_and_nothing_runs(tmp_path, flags, message):
+    from cli_runner import run_module
+
+    out = tmp_path / "run"
+    result = run_module("experiments.run", "--engine=sim", "--num_requests=5", *flags,
+                        f"--out_dir={out}", check=False)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1].startswith(message)
+    assert not out.exists()
