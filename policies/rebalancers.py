@@ -10,6 +10,12 @@
   least loaded one, if nothing waits there (a received request holding pages
   behind a queue could hold what its head needs); at most `max_migrations` a
   call, each between its own pair.
+* `priority_isolation`: Llumnix's priority isolation. A replica holding an
+  urgent request (priority value at most `high_priority`) with less than
+  `headroom` of its pool free sends its least urgent running request (the
+  fewest computed tokens among those) to the replica with the most free pages
+  that holds no urgent request, so the urgent one keeps room to grow and the
+  batch it runs in stays small.
 
 docs/clusters.md ("Migration") describes the mechanism.
 """
@@ -84,4 +90,61 @@ class LoadBalance(Rebalancer):
             candidates = running[fits]
             pick = candidates[np.lexsort((candidates, computed[fits]))[0]]
             moves.append(Migration(int(pick), source, target))
+        return moves
+
+
+@register_rebalancer("priority_isolation")
+@dataclasses.dataclass
+class PriorityIsolation(Rebalancer):
+    """Moves normal requests away from replicas whose urgent requests lack headroom.
+
+    Attributes:
+      high_priority: requests with a priority value at most this are urgent (smaller is
+        more urgent, as `Request.priority`).
+      headroom: the fraction of a pool kept free on a replica holding an urgent request.
+      max_migrations: migrations started per call at most.
+    """
+
+    high_priority: int = 0
+    headroom: float = 0.2
+    max_migrations: int = 1
+
+    def __post_init__(self) -> None:
+        if not (0 <= self.headroom <= 1) or self.max_migrations < 1:
+            raise ValueError(f"priority_isolation: headroom in [0, 1] and max_migrations >= 1, "
+                             f"got {self.headroom}, {self.max_migrations}")
+
+    def rebalance(self, view: ClusterView) -> list[Migration]:
+        table = view.requests
+        moving = set(view.migrating().tolist())
+        held = [np.concatenate([r.waiting, r.running]) for r in view.replicas]
+        urgent = np.array([bool((table.priority[ids] <= self.high_priority).any())
+                           for ids in held])  # [R]
+        free = np.array([r.num_free_pages / r.num_kv_pages for r in view.replicas])  # [R]
+        moves: list[Migration] = []
+        taken = np.zeros(view.num_replicas, dtype=np.int64)  # [R] pages promised this call
+        # The most crowded urgent replicas first; each sends one normal request away.
+        for source in np.argsort(free, kind="stable").tolist():
+            if len(moves) >= self.max_migrations:
+                break
+            if not urgent[source] or free[source] >= self.headroom:
+                continue
+            running = np.array([i for i in view.replicas[source].running.tolist()
+                                if i not in moving and table.priority[i] > self.high_priority],
+                               dtype=np.int64)
+            if not running.size:
+                continue
+            # The least urgent first, then the fewest computed tokens (the least to copy).
+            victim = int(running[np.lexsort((running, table.num_computed[running],
+                                             -table.priority[running]))[0]])
+            # Targets: replicas with no urgent request, the most free pages first.
+            for target in np.argsort(-free, kind="stable").tolist():
+                if target == source or urgent[target]:
+                    continue
+                room = view.replicas[target].kv_room() - taken[target]
+                need = view.pages_to_receive(victim, target)
+                if need <= room:
+                    moves.append(Migration(victim, source, target))
+                    taken[target] += need
+                    break
         return moves

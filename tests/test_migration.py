@@ -285,3 +285,38 @@ def test_bad_migration_flags_are_one_line_and_nothing_runs(tmp_path, flags, mess
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1].startswith(message)
     assert not out.exists()
+
+
+def test_priority_isolation_moves_normal_requests_away_from_an_urgent_one():
+    # Round robin: even requests (one urgent, the others normal and long) fill replica 0;
+    # odd ones are one token long, so replica 1 empties.
+    requests = [Request(id=i, arrival_s=0.001 * i, prompt_len=100,
+                        output_len=(150 if i % 2 == 0 else 1), priority=(0 if i == 0 else 1))
+                for i in range(16)]
+    cluster = _cluster(requests, "priority_isolation", policy="vllm",
+                       config=CONFIG.with_knobs(num_kv_pages=80))
+    cluster.migrator.rebalancer.headroom = 0.5
+    result = cluster.run()
+    log = cluster.migrator.log
+    assert log and all(m.request != 0 for m in log)
+    assert log[0].from_replica == 0 and log[0].to_replica == 1
+    assert (result.state == RequestState.FINISHED).all()
+
+
+@pytest.mark.parametrize("rebalancer, seed", [("load_balance", 0), ("load_balance", 1),
+                                              ("priority_isolation", 2)])
+def test_the_built_in_rebalancers_lose_nothing(rebalancer, seed):
+    rng = np.random.default_rng(seed)
+    requests = synthetic_workload(num_requests=80, arrival="poisson", rate=300.0,
+                                  prompt_len="uniform:8:120", output_len="uniform:1:200",
+                                  seed=seed)
+    requests = [dataclasses.replace(r, priority=int(rng.integers(0, 3))) for r in requests]
+    cluster = _cluster(requests, rebalancer, num_replicas=3, interval_s=0.02,
+                       config=CONFIG.with_knobs(num_kv_pages=60))
+    result = cluster.run()
+    assert cluster.migrator.log
+    assert (result.state == RequestState.FINISHED).all()
+    np.testing.assert_array_equal(np.bincount(result.token_req, minlength=len(requests)),
+                                  [r.output_len for r in requests])
+    for replica in cluster.replicas:
+        assert replica.kv.num_free == replica.kv.num_kv_pages
