@@ -320,3 +320,14 @@ def test_the_built_in_rebalancers_lose_nothing(rebalancer, seed):
                                   [r.output_len for r in requests])
     for replica in cluster.replicas:
         assert replica.kv.num_free == replica.kv.num_kv_pages
+
+
+def test_the_llumnix_reproduction_runs_every_setup_on_the_same_requests():
+    from experiments.reproduce import llumnix
+
+    setup = llumnix.LlumnixSetup(num_requests=40, rates=(20.0,))
+    rows = llumnix.run(setup)
+    assert [r["setup"] for r in rows] == [label for label, _, _ in llumnix.SETUPS]
+    finished = {r["finished"] for r in rows}
+    assert len(finished) == 1  # the same requests: each setup finishes the same ones
+    assert rows[0]["migrations"] == rows[1]["migrations"] == 0
