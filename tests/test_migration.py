@@ -331,3 +331,11 @@ def test_the_llumnix_reproduction_runs_every_setup_on_the_same_requests():
     finished = {r["finished"] for r in rows}
     assert len(finished) == 1  # the same requests: each setup finishes the same ones
     assert rows[0]["migrations"] == rows[1]["migrations"] == 0
+
+
+def test_describe_policy_names_a_rebalancers_knobs():
+    from experiments.run import describe
+
+    text = describe("priority_isolation")
+    assert text.startswith("rebalancer 'priority_isolation'")
+    assert "--rebalancer_opts" in text and "headroom: float = 0.2" in text
