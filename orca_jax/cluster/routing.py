@@ -39,7 +39,7 @@ class ClusterState(Protocol):
 
     @property
     def now_s(self) -> float:
-        """The arrival time of the request being routed."""
+        """The arrival time of the request being routed (a rebalancer's: when it is asked)."""
 
     def outstanding(self) -> NDArray[np.int64]:  # [R]
         """Requests routed to each replica and not yet done there."""
@@ -82,7 +82,7 @@ class ClusterView:
 
     @property
     def now_s(self) -> float:
-        """The arrival time of the request being routed."""
+        """The arrival time of the request being routed (a rebalancer's: when it is asked)."""
         return self._cluster.now_s
 
     def outstanding(self) -> NDArray[np.int64]:  # [R]
