@@ -27,6 +27,7 @@ from absl import app, flags
 import policies  # noqa: F401  (registers the built-in routers that --router's help names)
 from experiments import list_flags
 from experiments.cli_errors import clean_errors, parse_flags, run_command  # noqa: F401 (entry points' API)
+from orca_jax.cluster.rebalancing import registered_rebalancers
 from orca_jax.cluster.routing import registered_routers
 from orca_jax.core.step.bucket_fit import capped_fit_ladder, parse_fit_ladder
 from orca_jax.core.step.packing import ladder_token_sizes
@@ -110,7 +111,8 @@ LOWER_BOUNDS: dict[str, float] = {
     "seed": 0, "trace_block_size": 1, "program_fanout": 1,
     "kv_pin_s": 0.0}
 # Where a field's `registry` names its values.
-REGISTRIES = {"router": lambda: sorted(registered_routers())}
+REGISTRIES = {"router": lambda: sorted(registered_routers()),
+              "rebalancer": lambda: sorted(registered_rebalancers())}
 
 
 def field_flags() -> dict[str, tuple[tuple[type, str], ...]]:

@@ -16,6 +16,7 @@ from experiments import flags as run_flags
 from experiments.list_flags import registered_names
 from experiments.process_exit import without_final_collection
 from experiments.terminal_table import fit_table
+from orca_jax.cluster.rebalancing import resolve_rebalancer_class
 from orca_jax.cluster.routing import resolve_route_stage_class, resolve_router_class
 from orca_jax.core.api import plugins
 from orca_jax.core.api.policy import PolicyLoadError, prefix_caching_line, resolve_policy_class
@@ -36,8 +37,8 @@ flags.DEFINE_string("describe_policy", None, "Print the knobs (types, defaults, 
 
 def describe(spec: str) -> str:
     """The knobs of the policy `spec` and what it does with prefix caching, or the knobs of
-    the router `spec` (or of a `chain` router's filter, scorer or picker) if no policy is
-    called so.
+    the router `spec` (or of a `chain` router's filter, scorer or picker, or of a
+    rebalancer) if no policy is called so.
 
     Raises:
       PolicyLoadError: `spec` is neither (the policy's message).
@@ -58,6 +59,10 @@ def describe(spec: str) -> str:
             return plugins.describe(cls, kind).replace(
                 f"knobs (--{kind}_opts=key=value,...):",
                 f"knobs (the chain router's --router_opts=stage_opts={cls.name}.key=value;...):")
+        try:
+            return plugins.describe(resolve_rebalancer_class(spec), "rebalancer")
+        except PolicyLoadError:
+            pass
         try:
             return plugins.describe(plugins.resolve_cache_policy_class(spec), "cache policy",
                                     flag="kv_cache_policy_opts")

@@ -22,6 +22,7 @@ from policies import (  # noqa: F401
                       mlfq,
                       orca,
                       priority,
+                      rebalancers,
                       router_chain,
                       routers,
                       sarathi,

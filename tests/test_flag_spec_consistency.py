@@ -57,7 +57,9 @@ def test_choice_flags_list_their_registries_and_the_clock_says_what_it_is():
     assert "h200" in flags["hardware"].help and "pcie5" in flags["kv_link"].help
     assert flags["clock"].help.startswith("<profiled|wall>: jax: ")
     assert "median" not in flags["clock"].help
-    assert flags["kv_link"].help.startswith("Disaggregated: the KV link preset.")
+    assert flags["kv_link"].help.startswith("Disaggregated, and migrations: the KV link preset.")
+    assert "load_balance" in flags["rebalancer"].help
+    assert flags["migration"].help.startswith("<live|stop_and_copy>: ")
 
 
 def test_engine_dependent_defaults_come_from_the_one_table():

@@ -120,6 +120,7 @@ class ReplicaPool:
         self._sent: list[list[int]] = [[] for _ in self.replicas]
         # [R] requests routed to each replica that it does not hold yet (a transfer's).
         self._incoming = np.zeros(len(self.replicas), dtype=np.int64)
+        self.migrating: set[int] = set()  # requests moving between replicas (migration)
         self.view = ClusterView(self)
 
     @property
@@ -139,6 +140,22 @@ class ReplicaPool:
     def received(self, replica: int) -> None:
         """An incoming request was imported by `replica`."""
         self._incoming[replica] -= 1
+
+    def send(self, request: int, replica: int) -> None:
+        """`request` (a migration's) will be imported by `replica`: outstanding there."""
+        self._sent[replica].append(request)
+        self._incoming[replica] += 1
+
+    def migrating_ids(self) -> NDArray[np.int64]:  # [m]
+        """Requests whose migration is under way, sorted."""
+        return np.array(sorted(self.migrating), dtype=np.int64)
+
+    def pages_to_receive(self, request: int, replica: int) -> int:
+        """KV pages `replica` would reserve to receive `request` now (`reserve_pages`)."""
+        scheduler = self.replicas[replica]
+        ids = np.array([request], dtype=np.int64)
+        tokens = scheduler.capacity.reserved_tokens(ids, scheduler.table.num_computed[ids])
+        return int(scheduler.kv.pages_for_tokens(tokens)[0])
 
     def outstanding(self) -> NDArray[np.int64]:  # [R]
         """Requests routed to each replica and not done there (incoming ones too)."""
@@ -220,6 +237,10 @@ class EventLoop(abc.ABC):
         heapq.heappush(self._events,
                        (when, event.priority, event.tiebreak(), next(self._order), event))
 
+    def has_events(self) -> bool:
+        """Whether any event is still to fire."""
+        return bool(self._events)
+
     # --------------------------------------------------------- topologies
     @abc.abstractmethod
     def route_arrival(self, request: int, when: float) -> None:
@@ -228,6 +249,9 @@ class EventLoop(abc.ABC):
 
     def stepped(self, pool: int, index: int) -> None:
         """Called after a replica's iteration that changed something."""
+
+    def migrated(self, request: int, target: int) -> None:
+        """Called when a migration's target (of pool 0) imported `request`."""
 
     # ------------------------------------------------------------ arrivals
     def arrive(self, position: int, when: float) -> None:

@@ -21,6 +21,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from orca_jax.cluster.event_loop import EventLoop, ReplicaPool, route_checked, share_table
+from orca_jax.cluster.migration import MigrationSpec, Migrator
+from orca_jax.cluster.rebalancing import Rebalancer, make_rebalancer
 from orca_jax.cluster.routing import ClusterView, Router, make_router
 from orca_jax.core.api.policy import Policy
 from orca_jax.core.loop.scheduler import SchedulerConfig
@@ -44,14 +46,29 @@ class Cluster(EventLoop):
       make_engine: a fresh engine per replica.
       config: every replica's limits.
       router_options: the router's knobs as text, when `router` is a spec.
+      rebalancer: None (requests stay where they are routed), or a `Rebalancer` or its
+        spec, asked every `migration.interval_s` which requests to migrate.
+      rebalancer_options: the rebalancer's knobs as text, when it is a spec.
+      migration: how migrations are priced (needed with a rebalancer).
     """
 
     def __init__(self, requests: Sequence[Request], *, num_replicas: int,
                  router: Union[Router, str], make_policy: Callable[[], Policy],
                  make_engine: Callable[[], Engine], config: SchedulerConfig,
-                 router_options: Optional[Mapping[str, str]] = None) -> None:
+                 router_options: Optional[Mapping[str, str]] = None,
+                 rebalancer: Union[Rebalancer, str, None] = None,
+                 rebalancer_options: Optional[Mapping[str, str]] = None,
+                 migration: Optional[MigrationSpec] = None) -> None:
         if num_replicas < 1:
             raise ValueError(f"num_replicas must be >= 1, got {num_replicas}")
+        if isinstance(rebalancer, str):
+            rebalancer = make_rebalancer(rebalancer, rebalancer_options)
+        if rebalancer is not None and num_replicas < 2:
+            raise ValueError(f"rebalancer {rebalancer.name!r}: migration needs 2 or more "
+                             f"replicas, got num_replicas={num_replicas}")
+        if rebalancer is not None and migration is None:
+            raise ValueError(f"rebalancer {rebalancer.name!r}: give the migration's price "
+                             "(MigrationSpec)")
         self.router = router if isinstance(router, Router) else make_router(router,
                                                                              router_options)
         self.replicas = share_table(requests, num_replicas, make_policy, make_engine,
@@ -69,6 +86,8 @@ class Cluster(EventLoop):
         later = (table.programs.has_parents if table.programs is not None
                  else np.zeros(len(table), dtype=bool))
         super().__init__([self._pool], np.flatnonzero(~rejected & ~later), table.arrival_s)
+        self.migrator = (None if rebalancer is None
+                         else Migrator(self, self._pool, rebalancer, migration))
 
     @property
     def num_replicas(self) -> int:
@@ -108,8 +127,13 @@ class Cluster(EventLoop):
         Args:
           progress: called with `num_done` after each event (an arrival, a step).
         """
+        if self.migrator is not None:
+            self.migrator.start()
         self.run_events(None if progress is None else lambda: progress(self.num_done))
         return RunResult.concat([r.result() for r in self.replicas], router=self.router.name)
+
+    def migrated(self, request: int, target: int) -> None:
+        self.replica[request] = target
 
     def route_arrival(self, request: int, when: float) -> None:
         target = self._pool.route(request, when)

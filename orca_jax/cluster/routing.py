@@ -39,13 +39,19 @@ class ClusterState(Protocol):
 
     @property
     def now_s(self) -> float:
-        """The arrival time of the request being routed."""
+        """The arrival time of the request being routed (a rebalancer's: when it is asked)."""
 
     def outstanding(self) -> NDArray[np.int64]:  # [R]
         """Requests routed to each replica and not yet done there."""
 
     def outstanding_ids(self, replica: int) -> NDArray[np.int64]:  # [n]
         """Request indices routed to `replica` and not yet done."""
+
+    def migrating_ids(self) -> NDArray[np.int64]:  # [m]
+        """Requests whose migration between replicas is under way."""
+
+    def pages_to_receive(self, request: int, replica: int) -> int:
+        """KV pages `replica` would reserve to receive `request` as it is now."""
 
 
 class ClusterView:
@@ -76,7 +82,7 @@ class ClusterView:
 
     @property
     def now_s(self) -> float:
-        """The arrival time of the request being routed."""
+        """The arrival time of the request being routed (a rebalancer's: when it is asked)."""
         return self._cluster.now_s
 
     def outstanding(self) -> NDArray[np.int64]:  # [R]
@@ -87,6 +93,18 @@ class ClusterView:
         """Request indices routed to `replica` and not yet done: not yet admitted,
         waiting, running, or finished but unreleased."""
         return self._cluster.outstanding_ids(replica)
+
+    def migrating(self) -> NDArray[np.int64]:  # [m]
+        """Requests whose migration between replicas is under way, sorted (a rebalancer's
+        `orca_jax.cluster.migration`; empty without one)."""
+        return self._cluster.migrating_ids()
+
+    def pages_to_receive(self, request: int, replica: int) -> int:
+        """KV pages `replica` would reserve to receive `request` (a migration of its
+        computed tokens) now: those tokens' pages, or its admission's reservation if
+        larger. A migration starts only if they fit beside the watermark
+        (`view.replicas[replica].kv_room()`)."""
+        return self._cluster.pages_to_receive(request, replica)
 
 
 class Router(abc.ABC):

@@ -17,8 +17,10 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import numpy as np
 from numpy.typing import NDArray
 
+from orca_jax.cluster.migration import MigrationSpec
 from orca_jax.cluster.replicas import Cluster
 from orca_jax.cluster.routing import Router, make_router, resolve_router_class
+from orca_jax.cluster.transfers import KVTransferCost, kv_transfer_cost
 from orca_jax.core.api.plugins import PolicyLoadError, parse_options, resolve_cache_policy
 from orca_jax.core.api.policy import Policy, make_policy, prefix_caching_active
 from orca_jax.core.kv import KVConfig
@@ -34,7 +36,7 @@ from orca_jax.runner.spec import JaxEngineSpec, RunSpec, SimEngineSpec, sampling
 from orca_jax.sim import cost_model
 from orca_jax.sim.engine import SimEngine
 from orca_jax.sim.profiled_clock import ProfiledClock, table_digest
-from orca_jax.specs.hardware import get_hardware
+from orca_jax.specs.hardware import get_hardware, get_kv_link
 from orca_jax.specs.memory import num_kv_pages_for_memory
 from orca_jax.specs.model_config import ModelConfig, get_model_config
 from orca_jax.workloads.prefix_workloads import conversation_workload, shared_prefix_workload
@@ -263,15 +265,33 @@ def _jax_engine(spec: RunSpec, engine: JaxEngineSpec, config: SchedulerConfig) -
                          table_file=engine.profile_table, identity=identity)
 
 
+def transfer_cost(spec: RunSpec) -> KVTransferCost:
+    """The price of moving a request's KV: the model's KV on one TP shard, over the link
+    (a disaggregated run's handoffs, a colocated run's migrations)."""
+    engine = spec.engine
+    dtype_bytes = 4 if isinstance(engine, JaxEngineSpec) and engine.dtype == "float32" else 2
+    return kv_transfer_cost(model_config(spec),
+                            get_kv_link(spec.cluster.kv_link, spec.cluster.kv_link_max_concurrent),
+                            tp=engine.tp, dtype_bytes=dtype_bytes)
+
+
 def build_cluster(spec: RunSpec, policy_spec: str, policy_options: Optional[Mapping[str, str]],
                   config: SchedulerConfig, workload: list[Request]) -> Cluster:
     """`spec.cluster.num_replicas` simulated replicas of `policy_spec` behind
     `spec.cluster.router`, each with its own engine of the spec."""
-    return Cluster(workload, num_replicas=spec.cluster.num_replicas,
-                   router=spec.cluster.router,
-                   router_options=parse_options(spec.cluster.router_opts),
+    cluster = spec.cluster
+    migration = None
+    if cluster.rebalancer is not None:
+        migration = MigrationSpec(cost=transfer_cost(spec), mode=cluster.migration,
+                                  interval_s=cluster.rebalance_interval_s)
+    return Cluster(workload, num_replicas=cluster.num_replicas,
+                   router=cluster.router,
+                   router_options=parse_options(cluster.router_opts),
                    make_policy=lambda: make_policy(policy_spec, policy_options),
-                   make_engine=lambda: build_engine(spec, config), config=config)
+                   make_engine=lambda: build_engine(spec, config), config=config,
+                   rebalancer=cluster.rebalancer,
+                   rebalancer_options=parse_options(cluster.rebalancer_opts),
+                   migration=migration)
 
 
 PROFILE_TABLE_FILE = "profile.json"  # beside the results, unless --profile_table names one

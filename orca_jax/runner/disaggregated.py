@@ -12,7 +12,6 @@ from __future__ import annotations
 from typing import Any, Mapping, Optional
 
 from orca_jax.cluster.disaggregated import DisaggregatedCluster, PoolSpec
-from orca_jax.cluster.transfers import KVTransferCost, kv_transfer_cost
 from orca_jax.core.api.plugins import parse_options
 from orca_jax.core.api.policy import make_policy
 from orca_jax.core.loop.scheduler import SchedulerConfig
@@ -20,9 +19,8 @@ from orca_jax.core.requests.request import Request, RequestState
 from orca_jax.core.requests.run_result import RunResult
 from orca_jax.results.qoe import QoETargets, TokenTimes
 from orca_jax.results.summary import summarize_run
-from orca_jax.runner.build import build_engine, model_config
-from orca_jax.runner.spec import JaxEngineSpec, RunSpec
-from orca_jax.specs.hardware import get_kv_link
+from orca_jax.runner.build import build_engine, transfer_cost  # noqa: F401  (its home was here)
+from orca_jax.runner.spec import RunSpec
 
 
 def num_gpus(spec: RunSpec) -> int:
@@ -48,15 +46,6 @@ def token_times(spec: RunSpec, result: RunResult) -> Optional[TokenTimes]:
     return TokenTimes.from_log(result.token_req, result.token_time_s, result.arrival_s,
                                result.state == RequestState.FINISHED,
                                QoETargets(spec.qoe_ttft_s, spec.qoe_tokens_per_s))
-
-
-def transfer_cost(spec: RunSpec) -> KVTransferCost:
-    """The price of moving a request's KV: the model's KV on one TP shard, over the link."""
-    engine = spec.engine
-    dtype_bytes = 4 if isinstance(engine, JaxEngineSpec) and engine.dtype == "float32" else 2
-    return kv_transfer_cost(model_config(spec),
-                            get_kv_link(spec.cluster.kv_link, spec.cluster.kv_link_max_concurrent),
-                            tp=engine.tp, dtype_bytes=dtype_bytes)
 
 
 def _pool_policy(policy_spec: str, policy_options: Optional[Mapping[str, str]],

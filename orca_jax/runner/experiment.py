@@ -15,6 +15,7 @@ from typing import Any, Callable, Mapping, Optional
 
 from absl import logging
 
+from orca_jax.cluster.migration import migration_figures
 from orca_jax.cluster.replicas import Cluster
 from orca_jax.cluster.routing import Router
 from orca_jax.core.api.policy import Policy, PolicyLoadError, make_policy
@@ -251,6 +252,9 @@ def _run_cluster(spec: RunSpec, policy_spec: str, config: SchedulerConfig, clust
                                         num_gpus=num_gpus(spec), token_times=times,
                                         program_slo_s=spec.program_slo_s)
         summary["policy"] = label
+        if cluster.migrator is not None:  # a rebalancer's run: its migrations too
+            summary.update(migration_figures(cluster.migrator))
+            tables = {**tables, "migrations": [m.row() for m in cluster.migrator.log]}
         if folder is not None:
             _finish(folder, result, summary, tables, write_steps=True, token_times=times)
     except BaseException as error:

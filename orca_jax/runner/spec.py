@@ -17,6 +17,7 @@ import os
 from typing import Any, Optional, Union
 
 from orca_jax import _legacy
+from orca_jax.cluster.migration import MIGRATION_MODES
 from orca_jax.core.api.plugins import parse_options
 from orca_jax.core.kv import KV_LAYOUTS
 from orca_jax.core.kv.config import PREFIX_CACHING_MODES
@@ -460,7 +461,18 @@ class ClusterSpec:
                                      "key=value,...")
     decode_router_opts: str = _knob("", "Disaggregated: the decode router's knobs: "
                                     "key=value,...")
-    kv_link: str = _knob("ib200", "Disaggregated: the KV link preset.", presets=KV_LINK_NAMES)
+    rebalancer: Optional[str] = _knob(None, "Live migration (num_replicas > 1, sim): the "
+                                      "rebalancer asked every rebalance_interval_s which "
+                                      "requests to move (a registered rebalancer, or a plugin "
+                                      "as router; None: requests stay where routed).",
+                                      registry="rebalancer")
+    rebalancer_opts: str = _knob("", "Rebalancer knobs: key=value,... (with rebalancer).")
+    rebalance_interval_s: float = _knob(0.5, "Virtual seconds between the rebalancer's calls.")
+    migration: str = _knob("live", "How a migration moves KV over kv_link: live (copy while the "
+                           "source decodes, then stop for the last pages) or stop_and_copy.",
+                           choices=MIGRATION_MODES)
+    kv_link: str = _knob("ib200", "Disaggregated, and migrations: the KV link preset.",
+                         presets=KV_LINK_NAMES)
     kv_link_max_concurrent: int = _knob(1, "Disaggregated: KV transfers in flight on one "
                                         "(prefill, decode) link at once; the rest queue.")
 
@@ -479,6 +491,17 @@ class ClusterSpec:
                              f"prefill/decode pools ({self.num_prefill_replicas}+"
                              f"{self.num_decode_replicas}) both set; choose one")
         get_kv_link(self.kv_link)  # fails early, naming the presets
+        parse_options(self.rebalancer_opts)
+        _check_choice("cluster", "migration", self.migration, MIGRATION_MODES)
+        if self.rebalancer is not None:
+            if self.disaggregated or self.num_replicas < 2:
+                raise ValueError(f"cluster: rebalancer {self.rebalancer!r}: migration needs "
+                                 "num_replicas >= 2 (colocated), got "
+                                 + ("prefill/decode pools" if self.disaggregated
+                                    else f"num_replicas={self.num_replicas}"))
+            if not (math.isfinite(self.rebalance_interval_s) and self.rebalance_interval_s > 0):
+                raise ValueError(f"cluster: rebalance_interval_s must be > 0 seconds, got "
+                                 f"{self.rebalance_interval_s!r}")
         for field in ("prefill_policy_opts", "decode_policy_opts", "prefill_router_opts",
                       "decode_router_opts"):
             if getattr(self, field) is not None:

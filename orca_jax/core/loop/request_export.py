@@ -152,6 +152,41 @@ def reserve_pages(scheduler: Scheduler, request: int, num_tokens: int) -> bool:
     return True
 
 
+def grow_reserved_pages(scheduler: Scheduler, request: int, num_tokens: int) -> bool:
+    """Grows the pages reserved for `request` (by `reserve_pages`) to hold `num_tokens`
+    tokens, if the pool has them beside its watermark; False leaves everything unchanged
+    (a live migration's request grew on its sender while its pages were copied).
+
+    Raises:
+      ValueError: no pages are reserved here for the request.
+    """
+    ids = np.array([request], dtype=np.int64)
+    if not np.isin(ids, scheduler.in_transfer)[0]:
+        raise ValueError(f"grow_reserved_pages: request {request} has no pages reserved here")
+    need = _pages_for(scheduler, num_tokens) - int(scheduler.kv.num_held[request])
+    if need <= 0:
+        return True
+    if need > scheduler.capacity.room():
+        return False
+    scheduler.kv.allocate(ids, np.array([num_tokens], dtype=np.int64))
+    return True
+
+
+def cancel_reservation(scheduler: Scheduler, request: int) -> None:
+    """Gives back the pages reserved for `request`, which will not be imported (an
+    aborted migration).
+
+    Raises:
+      ValueError: no pages are reserved here for the request.
+    """
+    ids = np.array([request], dtype=np.int64)
+    if not np.isin(ids, scheduler.in_transfer)[0] or scheduler.table.holder[request] == (
+            scheduler.table.replica):
+        raise ValueError(f"cancel_reservation: request {request} has no pages reserved here")
+    scheduler.kv.free(ids)
+    scheduler.in_transfer = frozen(scheduler.in_transfer[scheduler.in_transfer != request])
+
+
 def import_request(scheduler: Scheduler, export: RequestExport, at_s: float) -> None:
     """`scheduler` holds `export`'s request from `at_s` on: waiting, its computed tokens'
     KV in its pages (reserved by `reserve_pages`, or taken now), its counters, times and

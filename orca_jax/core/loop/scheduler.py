@@ -306,6 +306,14 @@ class Scheduler(SchedulerLoop):
         """Pages for a request about to be imported (`request_export.reserve_pages`)."""
         return request_export.reserve_pages(self, request, num_tokens)
 
+    def grow_reserved_pages(self, request: int, num_tokens: int) -> bool:
+        """More reserved pages for an incoming request (`request_export.grow_reserved_pages`)."""
+        return request_export.grow_reserved_pages(self, request, num_tokens)
+
+    def cancel_reservation(self, request: int) -> None:
+        """Its reserved pages back (`request_export.cancel_reservation`)."""
+        request_export.cancel_reservation(self, request)
+
     def import_request(self, export: RequestExport, at_s: float) -> None:
         """Holds `export`'s request from `at_s` on, waiting (`request_export.import_request`).
 

@@ -156,8 +156,11 @@ class PlanError(ValueError):
         A router's: `replica_out_of_range`; `bucket_replicas` (`length_buckets`' groups
         do not fit the pool); the `chain` router's `filter_shape`, `score_shape`,
         `score_not_finite` (a scorer gave NaN or inf), `pick_not_candidate`.
+        A rebalancer's (`orca_jax.cluster.migration`): `not_migrations`,
+        `replica_out_of_range`, `unknown_request`, `already_migrating`, `not_on_source`,
+        `no_room`.
       detail: what exactly was wrong, with the numbers.
-      kind: what broke the rule: `policy` or `router`.
+      kind: what broke the rule: `policy`, `router` or `rebalancer`.
     """
 
     def __init__(self, policy: str, rule: str, detail: str, *, kind: str = "policy") -> None:
