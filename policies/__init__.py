@@ -22,6 +22,7 @@ from policies import (  # noqa: F401
                       mlfq,
                       orca,
                       priority,
+                      program_routers,
                       router_chain,
                       routers,
                       sarathi,
