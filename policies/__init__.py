@@ -15,6 +15,7 @@ from orca_jax import (
 )
 from policies import (  # noqa: F401
                       autellix,
+                      continuum,
                       edf,
                       gateway_routers,
                       lpm,

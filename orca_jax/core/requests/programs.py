@@ -156,6 +156,10 @@ class ProgramBook:
         self._routing: dict[int, float] = {}  # row -> release time: popped, not fired yet
         self.self_release = True
 
+    def children(self, row: int) -> list[int]:
+        """The calls that wait on `row` (its children), in row order."""
+        return list(self._children[row])
+
     @property
     def num_programs(self) -> int:
         return int(self.program_ids.size)
