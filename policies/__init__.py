@@ -15,6 +15,7 @@ from orca_jax import (
 )
 from policies import (  # noqa: F401
                       autellix,
+                      continuum,
                       edf,
                       gateway_routers,
                       lpm,
@@ -22,6 +23,7 @@ from policies import (  # noqa: F401
                       mlfq,
                       orca,
                       priority,
+                      program_routers,
                       rebalancers,
                       router_chain,
                       routers,

@@ -15,6 +15,10 @@ from pathlib import Path
 DERIVED_SUMMARY_FIELDS = ("output_tok_s", "total_tok_s", "engine_busy_fraction",
                           "preemptions_per_finished", "recomputed_tokens",
                           "recomputed_token_fraction")
+# Request columns added after the digests were taken: a program call's `program_id` and
+# `call_index` (issue 28) are the workload's facts about the row's request (its `id` names
+# it), not decisions; left out so the programs setting's digests stay as taken.
+WORKLOAD_REQUEST_FIELDS = ("program_id", "call_index")
 
 
 def results_digest(out: Path) -> str:
@@ -22,7 +26,8 @@ def results_digest(out: Path) -> str:
     `host_s`, and summary.json but its host-time fields (and `DERIVED_SUMMARY_FIELDS`)."""
     h = hashlib.sha256()
     for line in (out / "requests.jsonl").read_text().splitlines():
-        h.update(json.dumps(json.loads(line), sort_keys=True).encode())
+        row = {k: v for k, v in json.loads(line).items() if k not in WORKLOAD_REQUEST_FIELDS}
+        h.update(json.dumps(row, sort_keys=True).encode())
     for line in (out / "steps.jsonl").read_text().splitlines():
         row = {k: v for k, v in json.loads(line).items() if k != "host_s"}
         h.update(json.dumps(row, sort_keys=True).encode())

@@ -192,7 +192,7 @@ def test_cluster_rejects_bad_settings():
     with pytest.raises(PolicyLoadError, match="unknown router 'random'; registered routers: "
                                               "cache_aware, chain, kv_aware, least_outstanding, "
                                               "least_work, length_buckets, power_of_two, "
-                                              "prefix_hash, round_robin"):
+                                              "prefix_hash, program_affinity, round_robin"):
         Cluster(_workload(n=2), num_replicas=2, router="random", make_policy=lambda: None,
                 make_engine=_engine, config=CONFIG)
     with pytest.raises(PolicyLoadError, match="router 'round_robin' has no option 'x'"):

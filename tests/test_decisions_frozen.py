@@ -17,7 +17,7 @@ decode pool reserves orca's and static's whole reservation (disaggregated/orca a
 /static, issue 25); the simulator prices a step's padded tokens (every case, issue 26);
 the per-op roofline prices GEMMs in waves of tiles and rope's idle lanes, with refitted
 presets (every case, issue 26's cost-model fixes). Added since, moving none of the
-others: plas and atlas (issue 28), and the programs setting (issue 28).
+others: plas and atlas (issue 28), the programs setting (issue 28), and continuum (issue 28).
 
 `ltr` is left out: its ranking comes from a ranker trained with jax, whose
 floats follow the CPU's BLAS kernels, so its digest would differ between
@@ -65,6 +65,7 @@ SETTINGS = {
 # Taken before issue 24's changes with `python tests/test_decisions_frozen.py`.
 DIGESTS: dict[str, str] = {
     "disaggregated/atlas": "5abc4cced64c1e99",
+    "disaggregated/continuum": "4034216d53c0f05c",
     "disaggregated/edf": "59fe438a0d75b29d",
     "disaggregated/lpm": "d5a6560802c2b84b",
     "disaggregated/mlfq": "2ff90311e319af59",
@@ -79,6 +80,7 @@ DIGESTS: dict[str, str] = {
     "disaggregated/vllm-priority": "d78d75ebd62eb9af",
     "disaggregated/vtc": "b5f313d3e14517a0",
     "kv_tight/atlas": "a0e5dce46db093fb",
+    "kv_tight/continuum": "8366509ac8671333",
     "kv_tight/edf": "d5add7fd5682c571",
     "kv_tight/lpm": "f4fbc4bd0fd7f56b",
     "kv_tight/mlfq": "18c13fdf7955be64",
@@ -93,6 +95,7 @@ DIGESTS: dict[str, str] = {
     "kv_tight/vllm-priority": "74f6c2cb051dba53",
     "kv_tight/vtc": "d06a3469bfd12067",
     "plain/atlas": "091c40373a89714a",
+    "plain/continuum": "6d32cec593071cd4",
     "plain/edf": "b7f9a7f350df51c2",
     "plain/lpm": "1c67c3e22ab9f3db",
     "plain/mlfq": "1b1ea45ec58b4be9",
@@ -107,6 +110,7 @@ DIGESTS: dict[str, str] = {
     "plain/vllm-priority": "d02a0393b53727db",
     "plain/vtc": "3592ca2d35727aef",
     "programs/atlas": "eac1ae79c8130db6",
+    "programs/continuum": "0bc4b914fb34b5ab",
     "programs/edf": "e3e74f48de68661b",
     "programs/lpm": "e6d96a330fa9d756",
     "programs/mlfq": "fbe7d5ec29bd4378",
@@ -121,6 +125,7 @@ DIGESTS: dict[str, str] = {
     "programs/vllm-priority": "a85d7913ab541892",
     "programs/vtc": "d7de42dac32b8574",
     "replicas2/atlas": "dc6447e3a53ee868",
+    "replicas2/continuum": "c90c672d6d18763c",
     "replicas2/edf": "93b2eaa53c06d195",
     "replicas2/lpm": "4a9ca6ecb14d663b",
     "replicas2/mlfq": "c37750a2c8cedd4f",
@@ -135,6 +140,7 @@ DIGESTS: dict[str, str] = {
     "replicas2/vllm-priority": "d5d1bd6494c06e42",
     "replicas2/vtc": "5a8d466f5ad6c552",
     "shared_prefix/atlas": "6264de836724c409",
+    "shared_prefix/continuum": "09f336e4482d331a",
     "shared_prefix/edf": "ac09541072009c04",
     "shared_prefix/lpm": "473035976f1b2f53",
     "shared_prefix/mlfq": "c8f40fade58564f8",

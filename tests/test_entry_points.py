@@ -30,7 +30,8 @@ def test_the_commands_are_found():
             "experiments.calibrate", "experiments.train_ranker",
             "experiments.reproduce.distserve",
             "experiments.reproduce.seed_examples",
-            "experiments.reproduce.cached_attention"} <= set(ENTRY_POINTS)
+            "experiments.reproduce.cached_attention",
+            "experiments.reproduce.autellix"} <= set(ENTRY_POINTS)
 
 
 REPRODUCTIONS = [m for m in ENTRY_POINTS if m.startswith("experiments.reproduce.")]

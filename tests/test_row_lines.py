@@ -95,13 +95,14 @@ def request_columns(draw):
        tenant=st.text(max_size=8), reason=st.one_of(st.none(), st.text(max_size=8)),
        output_tokens=st.one_of(st.none(), st.lists(st.integers(0, 2**31), max_size=4)),
        prefix_caching=st.booleans(), replica=st.one_of(st.none(), st.integers(-1, 7)),
-       prefill_replica=st.one_of(st.none(), st.integers(-1, 7)))
+       prefill_replica=st.one_of(st.none(), st.integers(-1, 7)),
+       program=st.one_of(st.none(), st.just((None, None)), st.tuples(INTS, INTS)))
 def test_a_request_line_is_the_json_of_its_row(columns, request_id, tenant, reason,
                                                output_tokens, prefix_caching, replica,
-                                               prefill_replica):
+                                               prefill_replica, program):
     args = dict(request_id=request_id, tenant=tenant, reason=reason,
                 output_tokens=output_tokens, prefix_caching=prefix_caching, replica=replica,
-                prefill_replica=prefill_replica)
+                prefill_replica=prefill_replica, program=program)
     assert request_line(columns, 0, **args) == json.dumps(request_row(columns, 0, **args))
 
 
@@ -123,12 +124,18 @@ def test_plain_request_lines_are_the_json_of_their_rows(requests, data, prefix_c
     ids = [data.draw(st.one_of(INTS, st.text(max_size=5))) for _ in rows]
     tenants = [data.draw(st.text(max_size=8)) for _ in rows]
     reasons = [data.draw(st.one_of(st.none(), st.text(max_size=8))) for _ in rows]
+    programs = data.draw(st.one_of(st.none(), st.lists(
+        st.one_of(st.just((None, None)), st.tuples(INTS, INTS)), min_size=len(rows),
+        max_size=len(rows))))
     lines = plain_request_lines(columns, rows, request_ids=ids, tenants=tenants,
-                                reasons=reasons, prefix_caching=prefix_caching)
+                                reasons=reasons, prefix_caching=prefix_caching,
+                                programs=programs)
     assert lines == [json.dumps(request_row(columns, i, request_id=request_id, tenant=tenant,
                                             reason=reason, output_tokens=None,
-                                            prefix_caching=prefix_caching))
-                     for i, request_id, tenant, reason in zip(rows, ids, tenants, reasons)]
+                                            prefix_caching=prefix_caching,
+                                            program=programs[k] if programs else None))
+                     for k, (i, request_id, tenant, reason)
+                     in enumerate(zip(rows, ids, tenants, reasons))]
 
 
 def _run(log_step_requests: bool = False) -> RunResult:
@@ -149,3 +156,25 @@ def test_a_finished_run_s_lines_are_the_json_of_its_rows():
         assert list(iter_step_lines(result)) == [json.dumps(row) for row in iter_step_rows(result)]
     finish = [json.loads(line)["finish_s"] for line in iter_request_lines(_run())]
     assert all(isinstance(value, float) and math.isfinite(value) for value in finish)
+
+
+def test_program_runs_name_each_call_s_program_and_index_and_other_runs_do_not(tmp_path):
+    from test_programs import small_programs
+
+    from orca_jax.runner.experiment import run_policy
+    from orca_jax.runner.spec import RunSpec, WorkloadSpec
+    requests = small_programs("parallel", 30)
+    _, result = run_policy(RunSpec(workload=WorkloadSpec(arrival="programs")), "vllm",
+                           requests=requests, out_dir=str(tmp_path), progress=False)
+    by_id = {r.id: r for r in requests}
+    written = [json.loads(line) for line in (tmp_path / "requests.jsonl").read_text().splitlines()]
+    for rows in (written, list(iter_request_rows(result))):
+        assert len(rows) == len(requests)
+        for row in rows:
+            request = by_id[row["id"]]
+            assert (row["program_id"], row["call_index"]) == (request.program_id,
+                                                              request.call_index)
+    assert list(iter_request_lines(result)) == [json.dumps(row) for row in written]
+    assert len({row["program_id"] for row in written}) > 1
+    assert all("program_id" not in row and "call_index" not in row
+               for row in iter_request_rows(_run()))

@@ -26,7 +26,14 @@ from orca_jax.core.requests.request import RequestState
 from orca_jax.core.requests.run_record import StepLog
 from orca_jax.core.requests.run_result import RunResult
 from orca_jax.results.qoe import TokenTimes, row_fields
-from orca_jax.results.summary import iter_step_rows, request_row, request_row_args, step_row
+from orca_jax.results.summary import (
+    ProgramFields,
+    iter_step_rows,
+    program_fields,
+    request_row,
+    request_row_args,
+    step_row,
+)
 
 _FINISHED, _REJECTED = int(RequestState.FINISHED), int(RequestState.REJECTED)
 _STATUS = {_FINISHED: '"finished"', _REJECTED: '"rejected"'}  # else "unfinished"
@@ -79,14 +86,15 @@ def request_line(columns: Any, i: int, *, request_id: Any, tenant: str, reason: 
                  output_tokens: Optional[Sequence[int]], prefix_caching: bool,
                  replica: Optional[int] = None, prefill_replica: Optional[int] = None,
                  token_times: Optional[Sequence[float]] = None,
-                 qoe: Optional[float] = None) -> str:
+                 qoe: Optional[float] = None, program: Optional[ProgramFields] = None) -> str:
     """`json.dumps(request_row(columns, i, ...))` (the same arguments): a requests.jsonl
     line, no newline."""
     if type(request_id) is not int or type(tenant) is not str:  # a trace's own id, say
         return json.dumps(request_row(
             columns, i, request_id=request_id, tenant=tenant, reason=reason,
             output_tokens=output_tokens, prefix_caching=prefix_caching, replica=replica,
-            prefill_replica=prefill_replica, token_times=token_times, qoe=qoe))
+            prefill_replica=prefill_replica, token_times=token_times, qoe=qoe,
+            program=program))
     state = int(columns.state[i])
     line = _REQUEST_FORMAT % (
         int.__repr__(request_id), _time_text(columns.arrival_s[i]),
@@ -97,6 +105,8 @@ def request_line(columns: Any, i: int, *, request_id: Any, tenant: str, reason: 
         _STATUS.get(state, '"unfinished"'))
     if state == _REJECTED:
         line += f', "reason": {json.dumps(to_json_value(reason))}'
+    if program is not None:
+        line += _program_text(program)
     if prefix_caching:
         line += f', "num_cached_tokens": {int(columns.num_cached_tokens[i])}'
     if output_tokens is not None:
@@ -111,17 +121,26 @@ def request_line(columns: Any, i: int, *, request_id: Any, tenant: str, reason: 
     return line + "}"
 
 
+def _program_text(program: ProgramFields) -> str:
+    """A row's `program_id` and `call_index` columns (null: not a call of a program)."""
+    program_id, call_index = program
+    return (f', "program_id": {"null" if program_id is None else int(program_id)}, '
+            f'"call_index": {"null" if call_index is None else int(call_index)}')
+
+
 # Rows made at a time by `plain_request_lines`: its columns' lists are this long at most.
 _LINES_AT_ONCE = 4096
 
 
 def plain_request_lines(columns: Any, rows: Sequence[int], *, request_ids: Sequence[Any],
                         tenants: Sequence[str], reasons: Sequence[Optional[str]],
-                        prefix_caching: bool) -> list[str]:
+                        prefix_caching: bool,
+                        programs: Optional[Sequence[ProgramFields]] = None) -> list[str]:
     """`request_line(columns, i, request_id=..., tenant=..., reason=..., output_tokens=None,
-    prefix_caching=...)` of each `i` of `rows` (`request_ids`, `tenants`, `reasons`: each
-    row's, in the same order): the same lines, with each column read once for all rows (a
-    list of Python values) instead of one numpy scalar a field a row."""
+    prefix_caching=..., program=...)` of each `i` of `rows` (`request_ids`, `tenants`,
+    `reasons`, `programs` (None: a run without programs): each row's, in the same
+    order): the same lines, with each column read once for all rows (a list of Python
+    values) instead of one numpy scalar a field a row."""
     index = np.asarray(rows, dtype=np.int64)  # [r]
     times = [columns.arrival_s[index].tolist(), columns.first_scheduled_s[index].tolist(),
              columns.first_token_s[index].tolist(), columns.last_token_s[index].tolist(),
@@ -138,7 +157,8 @@ def plain_request_lines(columns: Any, rows: Sequence[int], *, request_ids: Seque
         if type(request_id) is not int or type(tenant) is not str:
             lines.append(request_line(columns, i, request_id=request_id, tenant=tenant,
                                       reason=reasons[k], output_tokens=None,
-                                      prefix_caching=prefix_caching))
+                                      prefix_caching=prefix_caching,
+                                      program=programs[k] if programs is not None else None))
             continue
         line = _REQUEST_FORMAT % (
             int.__repr__(request_id), texts[0][k], texts[1][k], texts[2][k], texts[3][k],
@@ -146,6 +166,8 @@ def plain_request_lines(columns: Any, rows: Sequence[int], *, request_ids: Seque
             encode_basestring_ascii(tenant), _STATUS.get(state, '"unfinished"'))
         if state == _REJECTED:
             line += f', "reason": {json.dumps(to_json_value(reasons[k]))}'
+        if programs is not None:
+            line += _program_text(programs[k])
         if cached is not None:
             line += f', "num_cached_tokens": {cached[k]}'
         lines.append(line + "}")
@@ -164,7 +186,9 @@ def iter_request_lines(result: RunResult,
                 result, range(start, stop), request_ids=result.request_ids[start:stop],
                 tenants=[names[t] for t in result.tenant[start:stop].tolist()],
                 reasons=result.reject_reason[start:stop],
-                prefix_caching=result.prefix_caching)
+                prefix_caching=result.prefix_caching,
+                programs=(None if result.programs is None else
+                          [program_fields(result.programs, i) for i in range(start, stop)]))
         return
     for i in range(result.num_requests):
         yield request_line(result, i, **request_row_args(result, i),

@@ -18,6 +18,7 @@ from typing import Any, Iterator, Mapping, Optional, Sequence
 import numpy as np
 
 from orca_jax.core.json_files import to_json_value
+from orca_jax.core.requests.programs import ProgramRecord
 from orca_jax.core.requests.request import RequestState
 from orca_jax.core.requests.run_record import StepLog
 from orca_jax.core.requests.run_result import RunResult
@@ -235,7 +236,8 @@ def request_row(columns: Any, i: int, *, request_id: int, tenant: str, reason: O
                 replica: Optional[int] = None,
                 prefill_replica: Optional[int] = None,
                 token_times: Optional[Sequence[float]] = None,
-                qoe: Optional[float] = None) -> dict[str, Any]:
+                qoe: Optional[float] = None,
+                program: Optional[ProgramFields] = None) -> dict[str, Any]:
     """Request `i`'s requests.jsonl row.
 
     Args:
@@ -251,6 +253,8 @@ def request_row(columns: Any, i: int, *, request_id: int, tenant: str, reason: O
       prefill_replica: the replica that ran its prompt, in a disaggregated run.
       token_times: its output tokens' times (run clock, in order), with
         `--log_token_times`; then `qoe` is its QoE (None unless it finished).
+      program: in a run of agent programs, its `program_id` and `call_index` (both None:
+        not a call of a program); None in any other run (the row has no such columns).
     """
     state = RequestState(columns.state[i])
     row = {
@@ -269,6 +273,8 @@ def request_row(columns: Any, i: int, *, request_id: int, tenant: str, reason: O
     }
     if state == RequestState.REJECTED:
         row["reason"] = reason
+    if program is not None:
+        row["program_id"], row["call_index"] = program
     if prefix_caching:
         row["num_cached_tokens"] = int(columns.num_cached_tokens[i])
     if output_tokens is not None:
@@ -305,7 +311,24 @@ def request_row_args(result: RunResult, i: int) -> dict[str, Any]:
                 prefix_caching=result.prefix_caching,
                 replica=int(result.replica[i]) if result.num_replicas > 1 else None,
                 prefill_replica=(int(result.prefill_replica[i])
-                                 if result.prefill_replica is not None else None))
+                                 if result.prefill_replica is not None else None),
+                program=program_fields(result.programs, i))
+
+
+# A requests.jsonl row's program columns: (program_id, call_index), both None for a
+# request of no program in a run of programs.
+ProgramFields = tuple[Optional[int], Optional[int]]
+
+
+def program_fields(programs: Optional[ProgramRecord], i: int) -> Optional[ProgramFields]:
+    """Request `i`'s program columns in a run of programs (`request_row`'s `program`);
+    None in a run without programs."""
+    if programs is None:
+        return None
+    p = int(programs.program[i])
+    if p < 0:
+        return None, None
+    return int(programs.program_ids[p]), int(programs.call_index[i])
 
 
 def request_rows(result: RunResult) -> list[dict[str, Any]]:

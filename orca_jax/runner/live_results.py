@@ -128,7 +128,9 @@ class StreamResults:
             table, rows, request_ids=[specs[i].id for i in rows],
             tenants=[names[t] for t in table.tenant[done].tolist()],
             reasons=[None] * len(rows),  # a streamed row names no reason (its final row does)
-            prefix_caching=scheduler.prefix_caching))
+            prefix_caching=scheduler.prefix_caching,
+            programs=(None if table.programs is None else
+                      [(specs[i].program_id, specs[i].call_index) for i in rows])))
 
 
 def _with_stall(row: dict, stalls: Optional[dict], step: int) -> dict:

@@ -109,6 +109,15 @@ class ProgramsView:
         ids = np.asarray(ids, dtype=np.int64)
         return self._of_requests(self._book.calls_done, ids, np.zeros(ids.size, np.int64))
 
+    def next_pause_s(self, ids: NDArray[np.int64]) -> NDArray[np.float64]:  # [n] -> [n]
+        """The tool pause that follows each call: the shortest `tool_s` of the calls that
+        wait on it (inf: none does, or not a call of a program). The workload's planned
+        pause, as `tool_s` and `pause_ends_s` are (a serving system would predict it)."""
+        ids = np.asarray(ids, dtype=np.int64)
+        book = self._book
+        return np.array([min((book.tool_s[c] for c in book.children(row)), default=np.inf)
+                         for row in ids.tolist()], dtype=np.float64)
+
     def sibling_running(self, ids: NDArray[np.int64]) -> NDArray[np.bool_]:  # [n] -> [n]
         """Whether another call of each request's program is running (on any replica)."""
         ids = np.asarray(ids, dtype=np.int64)

@@ -123,6 +123,8 @@ class ProgramBook:
         self.program = np.array([-1 if r.program_id is None else programs[int(r.program_id)]
                                  for r in specs], dtype=np.int64)  # [N]
         self.tool_s = np.array([r.tool_s for r in specs], dtype=np.float64)  # [N]
+        self.call_index = np.array([-1 if r.call_index is None else r.call_index
+                                    for r in specs], dtype=np.int64)  # [N]
         counts = [len(ps) for ps in parent_rows]
         self._parents_left = np.array(counts, dtype=np.int64)  # [N]
         self.has_parents = self._parents_left > 0  # [N]
@@ -155,6 +157,10 @@ class ProgramBook:
         self._heap: list[tuple[float, int]] = []  # (release time, row) of known releases
         self._routing: dict[int, float] = {}  # row -> release time: popped, not fired yet
         self.self_release = True
+
+    def children(self, row: int) -> list[int]:
+        """The calls that wait on `row` (its children), in row order."""
+        return list(self._children[row])
 
     @property
     def num_programs(self) -> int:
@@ -296,12 +302,14 @@ class ProgramRecord:
       program_ids: `[P]` each program's `Request.program_id`.
       release_s: `[N]` when each call was released (NaN: never).
       tool_s: `[N]` the pause before each call.
+      call_index: `[N]` each call's index in its program (-1: not a call of a program).
     """
 
     program: NDArray[np.int64]
     program_ids: NDArray[np.int64]
     release_s: NDArray[np.float64]
     tool_s: NDArray[np.float64]
+    call_index: NDArray[np.int64]
     # KV pinned across tool pauses: pins made, pins a child was admitted over, page-seconds
     # pinned (ended pins), and the most pages pinned at once.
     num_pins: int = 0
@@ -313,7 +321,7 @@ class ProgramRecord:
     def of(cls, book: ProgramBook) -> ProgramRecord:
         """A copy of the book's figures now (read-only)."""
         arrays = [book.program.copy(), book.program_ids.copy(), book.release_s.copy(),
-                  book.tool_s.copy()]
+                  book.tool_s.copy(), book.call_index.copy()]
         for array in arrays:
             array.setflags(write=False)
         return cls(*arrays, num_pins=book.num_pins, num_pin_hits=book.num_pin_hits,
