@@ -120,8 +120,17 @@ class SchedulerView:
 
     @property
     def running(self) -> NDArray[np.int64]:
-        """`[r]` admitted requests holding KV, in admission order."""
-        return self._scheduler.running
+        """`[r]` admitted requests holding KV that a step may take now, in admission order:
+        those `busy` in a step in flight are left out (only through pipeline stages, where
+        a request in a micro-batch in flight waits for it to leave the last stage), so a
+        policy plans the runnable ones only and is unchanged by pipelining."""
+        running = self._scheduler.running
+        busy = self._scheduler.busy
+        if busy.size == 0:  # every step but a pipeline's: the queue as it is
+            return running
+        runnable = running[~np.isin(running, busy)]
+        runnable.setflags(write=False)
+        return runnable
 
     @property
     def unreleased(self) -> NDArray[np.int64]:

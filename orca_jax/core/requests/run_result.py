@@ -124,6 +124,10 @@ class RunResult:
     # index -> seconds it waited for KV moves between tiers (steps that waited only).
     kv_tiers: Optional[Mapping[str, Mapping[str, Any]]] = None
     kv_stall_s: Mapping[int, float] = dataclasses.field(default_factory=dict)
+    # Pipeline stages (`orca_jax.core.loop.pipeline.PipelineExecutor.stats`): stages,
+    # micro-batches, time with one in flight, each stage's busy and bubble seconds. None
+    # without a pipeline.
+    pipeline: Optional[Mapping[str, Any]] = None
 
     @property
     def num_requests(self) -> int:
@@ -143,7 +147,8 @@ class RunResult:
                  output_tokens: Optional[Sequence[Sequence[int]]],
                  prefix_caching: bool = False, num_evictions: int = 0,
                  kv_tiers: Optional[Mapping[str, Mapping[str, Any]]] = None,
-                 kv_stall_s: Optional[Mapping[int, float]] = None) -> RunResult:
+                 kv_stall_s: Optional[Mapping[int, float]] = None,
+                 pipeline: Optional[Mapping[str, Any]] = None) -> RunResult:
         """One scheduler's run, copied from its request table and log.
 
         Args:
@@ -195,7 +200,8 @@ class RunResult:
             virtual_end_s=float(virtual_end_s),
             replica=_zeros(n),
             num_replicas=1, router=None, prefix_caching=prefix_caching,
-            num_evictions=num_evictions, kv_tiers=kv_tiers, kv_stall_s=dict(kv_stall_s or {}))
+            num_evictions=num_evictions, kv_tiers=kv_tiers, kv_stall_s=dict(kv_stall_s or {}),
+            pipeline=pipeline)
 
     @classmethod
     def concat(cls, results: Sequence[RunResult], *, router: str,
