@@ -154,7 +154,9 @@ def scheduler_config(spec: RunSpec) -> SchedulerConfig:
         features=LoopFeatures(count_host_time=limits.count_host_time,
                               overlap=isinstance(engine, JaxEngineSpec) and engine.overlap,
                               log_step_requests=limits.log_step_requests,
-                              leap=isinstance(engine, SimEngineSpec) and engine.leap))
+                              leap=isinstance(engine, SimEngineSpec) and engine.leap,
+                              balance_micro_batches=(isinstance(engine, SimEngineSpec)
+                                                     and engine.pp_balance)))
 
 
 def _tier_settings(spec: RunSpec) -> dict[str, object]:

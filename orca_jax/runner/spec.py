@@ -267,6 +267,10 @@ class SimEngineSpec:
                     "runs in one at a time. docs/pipeline.md.")
     pp_layers: Optional[str] = _knob(None, "Layers of each pipeline stage, e.g. 20,12 "
                                      "(summing to the model's layers; None: an even split).")
+    pp_balance: bool = _knob(False, "Pipeline stages: each micro-batch takes at most "
+                             "ceil(R / pp) of the R running requests (the rest wait for the "
+                             "next one), so the micro-batches in flight, and the stage times, "
+                             "stay even.")
     step_time_ms: Optional[float] = _knob(None, "A fixed step time in ms (instead of the "
                                           "roofline cost model).")
     cost_fit: Optional[str] = _knob(None, "Step times from a cost fit JSON written by "

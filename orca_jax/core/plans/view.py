@@ -153,7 +153,11 @@ class SchedulerView:
         the next step is planned while the last one runs, and a request in the last one
         may be scheduled again, its decode reading the token on the device). Only a
         deeper queue of steps in flight (`orca_jax.core.loop.executor`) makes requests busy:
-        a request that sampled in an older step in flight and not in the last one.
+        a request that sampled in an older step in flight and not in the last one. Through
+        pipeline stages (`orca_jax.core.loop.pipeline`) every request of a micro-batch in
+        flight is busy until it leaves the last stage, and, with micro-batch balancing, the
+        runnable requests beyond an even share wait for the next micro-batch. `running`
+        leaves them all out.
         """
         return self._scheduler.busy
 
