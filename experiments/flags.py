@@ -105,6 +105,7 @@ FLAG_OF_FIELD = {"arrival": "workload", "num_prefill_replicas": "prefill_replica
 # absl's bounds on a flag's value (the spec checks its own the same or tighter).
 LOWER_BOUNDS: dict[str, float] = {
     "num_requests": 1, "rate": 0.0, "cv": 0.0, "num_prefixes": 1, "prefix_zipf": 0.0, "tp": 1,
+    "pp": 1,
     "step_time_ms": 0.0, "max_num_seqs": 1, "max_num_tokens": 1, "num_kv_pages": 1,
     "page_size": 1, "max_model_len": 2, "no_progress_steps": 1, "num_replicas": 1,
     "num_prefill_replicas": 0, "num_decode_replicas": 0, "kv_link_max_concurrent": 1,

@@ -62,6 +62,8 @@ class Static(Policy):
         if self._batch.size == 0:
             self._batch = self._form_batch(view)
         members = self._batch[view.requests.state[self._batch] != RequestState.FINISHED]
+        if view.busy.size:  # through pipeline stages: the members not in a micro-batch in flight
+            members = members[~np.isin(members, view.busy)]
         # Prefills that do not fit the step's budget together wait for the next step
         # (a prompt longer than the whole budget is chunked).
         left = view.requests.num_uncomputed(members)

@@ -67,6 +67,7 @@ def test_config_run_section_is_the_spec_grouped_in_its_parts(tmp_path):
                         "tpot_slo_s", "log_token_times", "qoe_ttft_s", "qoe_tokens_per_s"}
     assert run["workload"]["arrival"] == "gamma" and run["workload"]["cv"] == 2.0
     assert run["engine"] == {"kind": "sim", "model": "llama3-8b", "hardware": "a100", "tp": 1,
+                             "pp": 1, "pp_layers": None, "pp_balance": False,
                              "step_time_ms": 5.0, "cost_fit": None,
                              "step_padding": "bucket", "leap": True}  # no jax-only settings
     assert run["limits"]["max_num_seqs"] == 8 and run["limits"]["max_num_tokens"] == 2048

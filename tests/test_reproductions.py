@@ -72,6 +72,25 @@ def test_orca_command_writes_figure_and_tables_and_resumes(tmp_path, capsys):
     assert (tmp_path / "out" / "points.jsonl").read_text().splitlines() == points
 
 
+def test_orca_layouts_run_side_by_side_and_a_bad_layout_is_one_line(tmp_path, capsys):
+    args = [f"--out_dir={tmp_path / 'out'}", "--num_requests=8", "--rates=2",
+            "--layouts=tp16,tp8pp2"]
+    orca.main(args)
+    printed = capsys.readouterr().out
+    assert "== layout tp8pp2: tp 8 x pp 2 (balanced micro-batches)" in printed
+    rows = json.loads((tmp_path / "out" / "layouts.json").read_text())["rows"]
+    assert [row["latency_bound_s"] for row in rows] == list(orca.OrcaSetup().latency_bounds_s)
+    assert {"tp16", "tp8pp2", "paper_ratio"} <= set(rows[0])
+    # The pipeline layout runs its four curves, each point through two stages.
+    points = [json.loads(line) for line in
+              (tmp_path / "out" / "tp8pp2" / "points.jsonl").read_text().splitlines()]
+    assert sorted(p["policy"] for p in points) == ["orca bs=32", "static bs=16",
+                                                   "static bs=32", "static bs=8"]
+    assert all(p["summary"]["pipeline.stages"] == 2 for p in points)
+    with pytest.raises(app.UsageError, match=r"^--layouts: tp4; choose from tp16, tp8pp2"):
+        orca.main([f"--out_dir={tmp_path / 'bad'}", "--layouts=tp4"])
+
+
 def test_vllm_batches_more_than_orca_max(tmp_path):
     # 80 ShareGPT-like requests in 8 s: every policy's batch is as large as its KV allows.
     setup = vllm_memory.VLLMSetup(num_requests=80, rates=(10.0,), batch_rate=10.0)

@@ -63,6 +63,11 @@ def summarize_run(result: RunResult, *, ttft_slo_s: Optional[float] = None,
     for KV moves between tiers) and, per tier, `kv_tiers.TIER.hit_tokens`, `read_bytes`,
     `write_bytes`, `stall_s`, `evictions` and swapped pages (steps.jsonl then says each
     step's `kv_stall_s`).
+    A run through pipeline stages (`--pp`) also gets `pipeline.stages`,
+    `pipeline.micro_batches`, `pipeline.in_flight_mean`, `pipeline.busy_s` (time with a
+    micro-batch in flight), `pipeline.bubble_fraction` (idle stage time over it, all
+    stages), and per stage `pipeline.stageS.busy_s`, `bubble_s` and `bubble_fraction`
+    (`orca_jax.core.loop.pipeline`).
     With the run's `token_times` (`--log_token_times`), Andes's QoE over the finished
     requests: `qoe_mean`, `qoe_p10`, `qoe_p50`, `qoe_attainment` and the targets
     (`TokenTimes.summary`, `orca_jax.results.qoe`).
@@ -124,6 +129,8 @@ def summarize_run(result: RunResult, *, ttft_slo_s: Optional[float] = None,
         summary.update(_prefix_caching(result))
     if result.kv_tiers is not None:
         summary.update(_kv_tiers(result))
+    if result.pipeline is not None:
+        summary.update(flatten({"pipeline": dict(result.pipeline)}))
     if clustered:
         summary["load_imbalance"] = _load_imbalance(result)
         tables["replicas"] = replica_rows(result)

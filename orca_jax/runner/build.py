@@ -35,6 +35,7 @@ from orca_jax.runner.kv_tiers import engine_kv_shape, tier_configs
 from orca_jax.runner.spec import JaxEngineSpec, RunSpec, SimEngineSpec, sampling_params
 from orca_jax.sim import cost_model
 from orca_jax.sim.engine import SimEngine
+from orca_jax.sim.pipeline_stages import stage_layers
 from orca_jax.sim.profiled_clock import ProfiledClock, table_digest
 from orca_jax.specs.hardware import get_hardware, get_kv_link
 from orca_jax.specs.memory import num_kv_pages_for_memory
@@ -159,7 +160,8 @@ def scheduler_config(spec: RunSpec) -> SchedulerConfig:
     else:
         pages = num_kv_pages_for_memory(
             get_model_config(engine.model), get_hardware(engine.hardware), engine.tp,
-            limits.page_size, kv_memory_gb=limits.kv_memory_gb)
+            limits.page_size, kv_memory_gb=limits.kv_memory_gb,
+            stage_layers=sim_stage_layers(engine))
     return SchedulerConfig(
         limits=StepLimits(max_num_seqs=limits.max_num_seqs, max_num_tokens=limits.max_num_tokens,
                           max_model_len=context, token_buckets=limits.token_buckets,
@@ -173,7 +175,9 @@ def scheduler_config(spec: RunSpec) -> SchedulerConfig:
         features=LoopFeatures(count_host_time=limits.count_host_time,
                               overlap=isinstance(engine, JaxEngineSpec) and engine.overlap,
                               log_step_requests=limits.log_step_requests,
-                              leap=isinstance(engine, SimEngineSpec) and engine.leap))
+                              leap=isinstance(engine, SimEngineSpec) and engine.leap,
+                              balance_micro_batches=(isinstance(engine, SimEngineSpec)
+                                                     and engine.pp_balance)))
 
 
 def _tier_settings(spec: RunSpec) -> dict[str, object]:
@@ -224,9 +228,19 @@ def _cost_config(engine: SimEngineSpec) -> cost_model.CostModelConfig:
     if engine.step_time_ms is not None:
         return cost_model.CostModelConfig(mode="fixed", model=engine.model,
                                           hardware=engine.hardware, tp=engine.tp,
-                                          step_time_s=engine.step_time_ms / 1e3)
+                                          step_time_s=engine.step_time_ms / 1e3,
+                                          pp_layers=sim_stage_layers(engine))
     return cost_model.CostModelConfig(model=engine.model, hardware=engine.hardware,
-                                      tp=engine.tp, step_padding=engine.step_padding)
+                                      tp=engine.tp, step_padding=engine.step_padding,
+                                      pp_layers=sim_stage_layers(engine))
+
+
+def sim_stage_layers(engine: SimEngineSpec) -> Optional[tuple[int, ...]]:
+    """The layers of each pipeline stage of a simulated engine (None: one stage)."""
+    if engine.pp == 1:
+        return None
+    return stage_layers(get_model_config(engine.model).num_layers, engine.pp, engine.pp_layers,
+                        where="engine.pp")
 
 
 def _jax_engine(spec: RunSpec, engine: JaxEngineSpec, config: SchedulerConfig) -> Engine:

@@ -24,11 +24,11 @@ from orca_jax.runner.spec import RunSpec
 
 
 def num_gpus(spec: RunSpec) -> int:
-    """GPUs the run occupies: every replica's TP degree, summed."""
+    """GPUs the run occupies: every replica's TP degree times its pipeline stages, summed."""
     cluster = spec.cluster
     replicas = (cluster.num_prefill_replicas + cluster.num_decode_replicas
                 if cluster.disaggregated else cluster.num_replicas)
-    return replicas * spec.engine.tp
+    return replicas * spec.engine.tp * spec.engine.pp
 
 
 def token_times(spec: RunSpec, result: RunResult) -> Optional[TokenTimes]:

@@ -25,6 +25,7 @@ from orca_jax.core.step.bucket_fit import max_fitted_sizes, parse_fit_ladder
 from orca_jax.runner.kv_tiers import engine_kv_shape, tier_configs
 from orca_jax.runner.spec_caps import check_caps
 from orca_jax.sim.cost_model import STEP_PADDINGS
+from orca_jax.sim.pipeline_stages import check_gpus, stage_layers
 from orca_jax.specs.hardware import (
     HARDWARE_ALIASES,
     HARDWARE_PRESETS,
@@ -255,6 +256,8 @@ class JaxEngineSpec:
                        "step's measured wall time.", choices=CLOCKS)
     tp: int = _knob(1, "Tensor parallelism: the local devices the engine splits weights, KV "
                     "cache and attention over.")
+    pp: int = _knob(1, "Pipeline parallelism: stages of the model's layers. The jax engine "
+                    "runs one stage (pp 1) for now; --engine=sim models stages.")
     profile_table: Optional[str] = _knob(
         None, "clock profiled: the per-bucket table of the profiled clock. If the file exists "
         "it is read (it must be of the same model, buckets, dtype, attention and page "
@@ -272,6 +275,9 @@ class JaxEngineSpec:
         _check_choice("engine", "clock", self.clock, CLOCKS)
         sampling_params(self.sampling)  # fails early, naming the value
         _check_at_least("engine", "tp", self.tp, 1)
+        if self.pp != 1:
+            raise ValueError(f"engine.pp {self.pp}: the jax engine runs one pipeline stage for "
+                             "now; pipeline stages are simulated (--engine=sim)")
         if self.profile_table is not None and self.clock != "profiled":
             raise ValueError(f"engine.profile_table ({self.profile_table!r}) is the profiled "
                              f"clock's table; engine.clock is {self.clock!r}")
@@ -288,6 +294,16 @@ class SimEngineSpec:
     hardware: str = _knob("a100", "Hardware preset of the simulated replica.",
                           presets=HARDWARE_NAMES)
     tp: int = _knob(1, "Tensor parallelism: the simulated replica's degree.")
+    pp: int = _knob(1, "Pipeline parallelism: the model's layers split into this many stages, "
+                    "each on its own tp GPUs (pp x tp GPUs in all, at most those the hardware "
+                    "preset describes), with up to pp micro-batches in flight; a request "
+                    "runs in one at a time. docs/pipeline.md.")
+    pp_layers: Optional[str] = _knob(None, "Layers of each pipeline stage, e.g. 20,12 "
+                                     "(summing to the model's layers; None: an even split).")
+    pp_balance: bool = _knob(False, "Pipeline stages: each micro-batch takes at most "
+                             "ceil(R / pp) of the R running requests (the rest wait for the "
+                             "next one), so the micro-batches in flight, and the stage times, "
+                             "stay even.")
     step_time_ms: Optional[float] = _knob(None, "A fixed step time in ms (instead of the "
                                           "roofline cost model).")
     cost_fit: Optional[str] = _knob(None, "Step times from a cost fit JSON written by "
@@ -304,9 +320,16 @@ class SimEngineSpec:
                        "for clusters or with count_host_time.")
 
     def __post_init__(self) -> None:
-        get_model_config(self.model)  # fails early, naming the presets
-        get_hardware(self.hardware)
+        model = get_model_config(self.model)  # fails early, naming the presets
+        hardware = get_hardware(self.hardware)
         _check_at_least("engine", "tp", self.tp, 1)
+        stage_layers(model.num_layers, self.pp, self.pp_layers, where="engine.pp")
+        if self.pp > 1:
+            check_gpus(hardware, self.tp, self.pp, where="engine.pp")
+            if self.cost_fit is not None:
+                raise ValueError(f"engine.pp {self.pp}: a cost fit ({self.cost_fit}) prices "
+                                 "whole steps, not pipeline stages; use the roofline or "
+                                 "step_time_ms")
         _check_positive("engine", "step_time_ms", self.step_time_ms)
         _check_choice("engine", "step_padding", self.step_padding, STEP_PADDINGS)
         if self.cost_fit is not None and self.step_time_ms is not None:
@@ -584,6 +607,13 @@ class RunSpec(metaclass=_TakesFlatKeywords):
             raise ValueError(f"num_replicas={self.cluster.num_replicas} needs engine 'sim' (the "
                              f"real engine runs one replica per process), got "
                              f"{self.engine.kind!r}")
+        pp = getattr(self.engine, "pp", 1)
+        if pp > 1 and (self.cluster.num_replicas > 1 or self.cluster.disaggregated):
+            raise ValueError(f"engine.pp {pp}: pipeline stages serve one replica for now; give "
+                             "--num_replicas=1 without prefill/decode pools")
+        if pp > 1 and self.limits.count_host_time:
+            raise ValueError(f"engine.pp {pp}: count_host_time puts measured host time on the "
+                             "clock, which the pipeline's schedule does not take")
         check_caps(self)  # counts this machine cannot hold: refused before anything allocates
         tiered = any(getattr(self.limits, field) is not None for field in (
             "kv_host_gb", "kv_host_pages", "kv_disk_gb", "kv_disk_pages"))

@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 from typing import Any, Optional
 
+from orca_jax.sim.pipeline_stages import stage_layers
 from orca_jax.specs.hardware import get_hardware
 from orca_jax.specs.memory import num_kv_pages_for_memory
 from orca_jax.specs.model_config import get_model_config
@@ -134,13 +135,16 @@ def _kv_pages(spec: RunSpecLike) -> tuple[Optional[int], str, str]:
     if engine.kind != "sim":
         return None, "", ""
     model, hardware = get_model_config(engine.model), get_hardware(engine.hardware)
+    stages = (stage_layers(model.num_layers, engine.pp, engine.pp_layers, where="engine.pp")
+              if engine.pp > 1 else None)
     try:
-        num_kv_pages_for_memory(model, hardware, engine.tp, 1, kv_memory_gb=limits.kv_memory_gb)
+        num_kv_pages_for_memory(model, hardware, engine.tp, 1, kv_memory_gb=limits.kv_memory_gb,
+                                stage_layers=stages)
     except ValueError as e:  # not even a page of one token: the weights fill the GPU
         raise ValueError(f"engine.model={engine.model}: {e}") from None
     try:
         pages = num_kv_pages_for_memory(model, hardware, engine.tp, limits.page_size,
-                                        kv_memory_gb=limits.kv_memory_gb)
+                                        kv_memory_gb=limits.kv_memory_gb, stage_layers=stages)
     except ValueError as e:
         raise ValueError(f"limits.page_size={limits.page_size}: {e}") from None
     if limits.kv_memory_gb is None:

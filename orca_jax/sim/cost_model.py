@@ -132,6 +132,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from orca_jax.core.step.engine_api import Bucket, StepInputs
+from orca_jax.sim.pipeline_stages import STAGE_MODES, StagePricer, check_gpus, stage_layers
 from orca_jax.sim.roofline import PerOpRoofline
 from orca_jax.specs.hardware import HardwareSpec, get_hardware
 from orca_jax.specs.memory import DTYPE_BYTES, kv_bytes_per_token
@@ -232,6 +233,10 @@ class CostModelConfig:
         LM head on its `S` sequence rows, padding included; `ragged`: an ideal
         ragged engine that computes the real tokens only. Attention reads the
         real lengths either way.
+      pp_layers: (`per_op` and `fixed` only) the layers of each pipeline stage, in
+        order, summing to the model's (`pipeline_stages.stage_layers` makes an even
+        split); each stage runs on its own `tp` GPUs and is priced by
+        `pipeline_stages.StagePricer`. None: one stage, the whole model.
     """
 
     mode: str = "per_op"
@@ -246,6 +251,7 @@ class CostModelConfig:
     step_time_s: Optional[float] = None
     fitted_step_s: Optional[Mapping[int, Union[float, LinearStepTime]]] = None
     step_padding: str = "bucket"
+    pp_layers: Optional[tuple[int, ...]] = None
 
     def __post_init__(self) -> None:
         if self.mode not in COST_MODES:
@@ -284,6 +290,28 @@ class CostModelConfig:
             object.__setattr__(self, "fitted_step_s", _checked_table(self.fitted_step_s))
         if self.mode == "per_op" and self.tp > 1:
             self.hardware_spec.kernels.allreduce_cost(self.tp)  # names a GPU count it lacks
+        if self.pp_layers is not None:
+            self._check_stages(self.pp_layers)
+
+    def _check_stages(self, layers: tuple[int, ...]) -> None:
+        """`pp_layers` is a split of the model's layers onto GPUs the hardware has."""
+        num_stages = len(layers)
+        if self.mode not in STAGE_MODES:
+            raise ValueError(f"CostModelConfig.pp_layers: mode {self.mode!r} prices whole "
+                             f"steps; pipeline stages take one of {STAGE_MODES}")
+        stage_layers(self.model_config.num_layers, num_stages,
+                     ",".join(str(n) for n in layers), where="CostModelConfig.pp")
+        check_gpus(self.hardware_spec, self.tp, num_stages, where="CostModelConfig.pp")
+
+    @property
+    def num_stages(self) -> int:
+        """Pipeline stages (1: no pipeline)."""
+        return 1 if self.pp_layers is None else len(self.pp_layers)
+
+    @functools.cached_property
+    def stage_pricer(self) -> StagePricer:
+        """Prices a step on each pipeline stage (needs `pp_layers`)."""
+        return StagePricer(self)
 
     @property
     def model_config(self) -> ModelConfig:

@@ -9,6 +9,7 @@ can predict, as in JetStream's mock engine), and the step's seconds come from
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import numpy as np
@@ -91,6 +92,8 @@ class SimEngine(Engine):
         Raises:
           ValueError: its bucket was not warmed up.
         """
+        if self.config.pp_layers is not None:  # through every stage: their seconds added
+            return self.step_stages(packed)[0]
         bucket = packed.bucket
         if self._warm_buckets is not None:
             self._check_warm(bucket, self._warm_buckets)
@@ -100,6 +103,29 @@ class SimEngine(Engine):
         return StepOutput(sampled_tokens=sampled, step_s=bucket_step_seconds(
             self.config, bucket, lambda: (packed.q_lens, kv_lens)))
 
+
+    @property
+    def num_stages(self) -> int:
+        """Pipeline stages of the simulated replica (`CostModelConfig.pp_layers`)."""
+        return self.config.num_stages
+
+    def step_stages(self, packed: PackedStep) -> tuple[StepOutput, list[float]]:
+        """`step_packed` through each pipeline stage: the output and each stage's seconds
+        (`pipeline_stages.StagePricer`; one stage: the step's).
+
+        Raises:
+          ValueError: its bucket was not warmed up.
+        """
+        if self.config.pp_layers is None:
+            return super().step_stages(packed)
+        bucket = packed.bucket
+        if self._warm_buckets is not None:
+            self._check_warm(bucket, self._warm_buckets)
+        kv_lens = packed.kv_lens
+        sampled = np.zeros(bucket.num_seqs, dtype=np.int32)  # [S] padding samples 0 % vocab
+        sampled[:kv_lens.size] = kv_lens % self.vocab_size
+        stages = self.config.stage_pricer.seconds(bucket, lambda: (packed.q_lens, kv_lens))
+        return StepOutput(sampled_tokens=sampled, step_s=math.fsum(stages)), stages
 
     def decode_span(self, bucket: Bucket, kv_lens: NDArray[np.int64],  # [n]
                     num_steps: int) -> tuple[NDArray[np.float64], NDArray[np.int32]]:

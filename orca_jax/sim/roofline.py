@@ -51,6 +51,17 @@ ROPE_IDLE_LANE_WEIGHT = 0.5
 
 
 @dataclasses.dataclass(frozen=True)
+class Stage:
+    """The part of the model one pipeline stage holds: `num_layers` consecutive layers,
+    with the input embedding on the first stage and the final norm and the LM head on
+    the last (one stage holding the whole model is both)."""
+
+    num_layers: int
+    first: bool = True
+    last: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
 class OpShape:
     """One kind of kernel's work on one GPU, for `units` of what it works on.
 
@@ -66,8 +77,10 @@ class OpShape:
     out_features: float = 0.0  # a GEMM's output columns (its tile grid's other side)
 
 
-def op_shapes(model: ModelConfig, tp: int, dtype_bytes: int) -> dict[str, OpShape]:
-    """Every kind of kernel's per-GPU shape for `model` split over `tp` GPUs.
+def op_shapes(model: ModelConfig, tp: int, dtype_bytes: int,
+              stage: Optional[Stage] = None) -> dict[str, OpShape]:
+    """Every kind of kernel's per-GPU shape for `model` split over `tp` GPUs (and, given a
+    pipeline `stage`, of that stage's layers alone: a kernel it does not run has 0 launches).
 
     Tensor parallelism splits query heads, the MLP width and the vocabulary
     evenly, and keeps `ceil(kv_heads / tp)` KV heads per GPU (replicated when
@@ -75,7 +88,9 @@ def op_shapes(model: ModelConfig, tp: int, dtype_bytes: int) -> dict[str, OpShap
     GPU. Elementwise kernels count no FLOPs: a few per byte, far below every
     GPU's ridge point.
     """
-    b, d_model, head_dim, layers = dtype_bytes, model.d_model, model.head_dim, model.num_layers
+    b, d_model, head_dim = dtype_bytes, model.d_model, model.head_dim
+    stage = stage if stage is not None else Stage(model.num_layers)
+    layers = stage.num_layers
     q_heads = model.num_q_heads / tp
     kv_heads = math.ceil(model.num_kv_heads / tp)
     ffn = model.ffn_dim / tp
@@ -93,9 +108,10 @@ def op_shapes(model: ModelConfig, tp: int, dtype_bytes: int) -> dict[str, OpShap
     # dim on QK^T and 2 on PV for every query-key pair of every query head.
     attention = OpShape(0.0, 2 * kv_heads * head_dim * b, 4.0 * q_heads * head_dim, layers)
     return {
-        "embedding": OpShape(0.0, 2 * d_model * b, 0.0, 1),  # gather a row, write it
+        # Gather a row, write it.
+        "embedding": OpShape(0.0, 2 * d_model * b, 0.0, int(stage.first)),
         # Two per layer and the final one; each reads and writes the residual stream.
-        "norm": OpShape(d_model * b, 2 * d_model * b, 0.0, 2 * layers + 1),
+        "norm": OpShape(d_model * b, 2 * d_model * b, 0.0, 2 * layers + int(stage.last)),
         "qkv_proj": gemm(d_model, (q_heads + 2 * kv_heads) * head_dim, layers),
         # Queries and keys, read and written (4 b bytes a rotated pair), counted over
         # the lane slots the kernel holds (`_rope_lane_slots`). Models with learned
@@ -109,7 +125,7 @@ def op_shapes(model: ModelConfig, tp: int, dtype_bytes: int) -> dict[str, OpShap
         "mlp_act": OpShape(0.0, (up + ffn) * b, 0.0, layers),  # read up (and gate), write ffn
         "mlp_down_proj": gemm(ffn, d_model, layers),
         "residual_add": OpShape(0.0, 3 * d_model * b, 0.0, 2 * layers),  # two reads, one write
-        "lm_head": gemm(d_model, model.vocab_size / tp, 1),
+        "lm_head": gemm(d_model, model.vocab_size / tp, int(stage.last)),
     }
 
 
@@ -134,14 +150,15 @@ class PerOpRoofline:
       hardware: one GPU of the replica (its `kernels` hold the efficiencies).
       tp: GPUs per replica (> 1 needs an all-reduce cost for that many GPUs).
       dtype_bytes: bytes of one weight, activation and KV element.
+      stage: the pipeline stage priced (None: the whole model, one stage).
 
     Raises:
       ValueError: the hardware has no all-reduce cost for `tp` GPUs.
     """
 
     def __init__(self, model: ModelConfig, hardware: HardwareSpec, tp: int,
-                 dtype_bytes: int) -> None:
-        shapes = [op_shapes(model, tp, dtype_bytes)[name] for name in OPERATIONS]
+                 dtype_bytes: int, stage: Optional[Stage] = None) -> None:
+        shapes = [op_shapes(model, tp, dtype_bytes, stage)[name] for name in OPERATIONS]
         efficiencies = [getattr(hardware.kernels, name) for name in OPERATIONS]
         self._latency_s = np.array([e.latency_s for e in efficiencies])  # [ops]
         self._fixed_bytes = np.array([s.fixed_bytes for s in shapes])  # [ops]
@@ -173,8 +190,9 @@ class PerOpRoofline:
         self._l2_bytes = float(hardware.l2_bytes)
         # Megatron-style tensor parallelism all-reduces the [N, d_model] activations
         # after attention and after the MLP of every layer, and once after the
-        # vocabulary-parallel embedding.
-        self._num_allreduces = 2 * model.num_layers + 1 if tp > 1 else 0
+        # vocabulary-parallel embedding (on the first stage).
+        stage = stage if stage is not None else Stage(model.num_layers)
+        self._num_allreduces = 2 * stage.num_layers + int(stage.first) if tp > 1 else 0
         self._allreduce = hardware.kernels.allreduce_cost(tp) if tp > 1 else None
         self._message_bytes_per_token = float(model.d_model * dtype_bytes)
         # Python-float copies for `_attention_seconds`, and the kept times of

@@ -177,6 +177,18 @@ class HardwareSpec:
     l2_bytes: int  # L2 cache: an elementwise kernel whose bytes fit reads what was just written
     num_sms: int  # streaming multiprocessors: a GEMM's tiles run in waves of this many
     kernels: KernelCosts
+    # Where the GPUs sit: `gpus_per_node` to a node (a DGX), joined inside it by the
+    # `nvlink` preset and across nodes by `node_link` (`KV_LINK_PRESETS`): what a
+    # pipeline stage's activations cross to the next stage (`orca_jax.sim.cost_model`).
+    gpus_per_node: int = 8
+    nvlink: str = "nvlink3"
+    node_link: str = "ib200"
+
+    @property
+    def max_gpus(self) -> int:
+        """The most GPUs a replica of this preset may span: the largest group its
+        all-reduce costs describe (two 8-GPU nodes for the measured presets)."""
+        return max([self.gpus_per_node, *(cost.num_gpus for cost in self.kernels.allreduce)])
 
 
 def _gemm(latency_us: float, hbm: float, flops: float,
@@ -263,10 +275,12 @@ HARDWARE_PRESETS: dict[str, HardwareSpec] = {
                               num_sms=108, kernels=A100_KERNELS),
     "h100-sxm": HardwareSpec(name="h100-sxm", hbm_bytes=80 * GIB, hbm_bytes_per_s=3.35e12,
                              peak_flops=989e12, link_bytes_per_s=450e9,  # NVLink4 900 GB/s bidir
-                             l2_bytes=50 * MIB, num_sms=132, kernels=H100_KERNELS),
+                             l2_bytes=50 * MIB, num_sms=132, kernels=H100_KERNELS,
+                             nvlink="nvlink4", node_link="ib400"),
     "h200": HardwareSpec(name="h200", hbm_bytes=141 * 10**9, hbm_bytes_per_s=4.8e12,
                          peak_flops=989e12, link_bytes_per_s=450e9, l2_bytes=50 * MIB,
-                         num_sms=132, kernels=H100_KERNELS),
+                         num_sms=132, kernels=H100_KERNELS, nvlink="nvlink4",
+                         node_link="ib400"),
 }
 HARDWARE_ALIASES: dict[str, str] = {"a100": "a100-80gb", "h100": "h100-sxm"}
 

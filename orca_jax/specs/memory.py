@@ -30,7 +30,8 @@ def kv_bytes_per_token(model: ModelConfig, dtype_bytes: int = DTYPE_BYTES) -> in
 def num_kv_pages_for_memory(model: ModelConfig, hardware: HardwareSpec, tp: int, page_size: int,
                             kv_memory_gb: Optional[float] = None,
                             gpu_memory_utilization: float = 0.9,
-                            dtype_bytes: int = DTYPE_BYTES) -> int:
+                            dtype_bytes: int = DTYPE_BYTES,
+                            stage_layers: Optional[tuple[int, ...]] = None) -> int:
     """Number of KV pages the pool of a `tp`-GPU replica holds.
 
     Each GPU keeps `ceil(kv_heads / tp)` KV heads (heads are replicated when
@@ -46,10 +47,27 @@ def num_kv_pages_for_memory(model: ModelConfig, hardware: HardwareSpec, tp: int,
       kv_memory_gb: the pool's size over the replica, or None to fill the GPUs.
       gpu_memory_utilization: the fraction of HBM weights and KV may take.
       dtype_bytes: bytes of one weight and one KV element.
+      stage_layers: the layers of each pipeline stage (None: one stage). A stage's GPUs
+        hold its layers' share of the weights (`weight_bytes * layers_s / L`) and of each
+        page; a page spans every stage, so the pool is the least any stage holds
+        (`kv_memory_gb` splits over all `tp * stages` GPUs by layers).
 
     Raises:
       ValueError: bad arguments, the weights do not fit, or not even one page fits.
     """
+    if stage_layers is not None and len(stage_layers) > 1:
+        total = sum(stage_layers)
+        return min(_stage_pages(model, hardware, tp, page_size, kv_memory_gb,
+                                gpu_memory_utilization, dtype_bytes, layers / total)
+                   for layers in stage_layers)
+    return _stage_pages(model, hardware, tp, page_size, kv_memory_gb, gpu_memory_utilization,
+                        dtype_bytes, 1.0)
+
+
+def _stage_pages(model: ModelConfig, hardware: HardwareSpec, tp: int, page_size: int,
+                 kv_memory_gb: Optional[float], gpu_memory_utilization: float,
+                 dtype_bytes: int, share: float) -> int:
+    """`num_kv_pages_for_memory` of the `share` of the layers one stage holds (1.0: all)."""
     if tp < 1 or page_size < 1:
         raise ValueError(f"tp and page_size must be >= 1, got tp={tp}, page_size={page_size}")
     if not 0.0 < gpu_memory_utilization <= 1.0:
@@ -58,14 +76,16 @@ def num_kv_pages_for_memory(model: ModelConfig, hardware: HardwareSpec, tp: int,
     heads_per_gpu = -(-model.num_kv_heads // tp)
     page_bytes_per_gpu = (page_size * 2 * model.num_layers * heads_per_gpu * model.head_dim
                           * dtype_bytes)
+    if share != 1.0:
+        page_bytes_per_gpu = page_bytes_per_gpu * share
     if kv_memory_gb is not None:
         if not kv_memory_gb > 0:
             raise ValueError(f"kv_memory_gb must be > 0, got {kv_memory_gb}")
-        kv_bytes_per_gpu = kv_memory_gb * 1e9 / tp
+        kv_bytes_per_gpu = kv_memory_gb * 1e9 / tp * share
     else:
         usable = gpu_memory_utilization * hardware.hbm_bytes
         weight_bytes = model.weight_bytes(dtype_bytes)
-        weights_per_gpu = weight_bytes / tp
+        weights_per_gpu = weight_bytes / tp if share == 1.0 else weight_bytes * share / tp
         if weights_per_gpu >= usable:
             raise ValueError(
                 f"model {model.name} ({weight_bytes / 1e9:.1f} GB of weights) does not fit "

@@ -82,6 +82,11 @@ class KVCapacity:
         self._reserves = reservation != "none"
         self._reserve_tokens = reserve_tokens  # [N]
         self.watermark_pages = watermark_pages
+        # Pages requests in a step in flight need for their next token, which an admission
+        # must leave too: set by a pipeline's executor (`orca_jax.core.loop.pipeline`), so
+        # micro-batches admitted beside them cannot take the pages they come back for.
+        # 0 otherwise.
+        self.held_back_pages = 0
         # Whether `pages_needed` counts exactly what the step's allocation takes (no page
         # reserved at admission, no hit shared): the plan check's count is then reused.
         self.needed_is_allocation = not self._reserves
@@ -129,8 +134,9 @@ class KVCapacity:
             admitting = bool((self._table.state[ids] == _WAITING).any())
         # The total is not always enough: a buddy pool needs a free block per admission.
         blocks_fit = not total_needed or self._pool.blocks_fit(ids, needed, preempt)
-        return pool_rule_broken(total_needed, available, self.watermark_pages,
-                                admitting=admitting, blocks_fit=blocks_fit, freed=freed,
+        return pool_rule_broken(total_needed, available,
+                                self.watermark_pages + self.held_back_pages, admitting=admitting,
+                                blocks_fit=blocks_fit, freed=freed,
                                 block_sizes=None if blocks_fit else needed[needed > 0].tolist())
 
     def kv_fits(self, ids: NDArray[np.int64],  # [n]
@@ -145,7 +151,7 @@ class KVCapacity:
         """Pages a plan may take from `free_pages` free pages (default: the pool's free
         pages now), elementwise: less the watermark when the plan admits a request."""
         free = self._pool.num_free if free_pages is None else free_pages
-        return free - self.watermark_pages if admitting else free
+        return free - (self.watermark_pages + self.held_back_pages) if admitting else free
 
     def refusals(self, total_tokens: NDArray[np.int64]  # [N]
                  ) -> tuple[NDArray[np.int64], dict[int, str]]:

@@ -44,6 +44,10 @@ class LoopFeatures:
         plan repeats (`Policy.stable_steps`) and the engine prices spans (the simulator):
         the same results bit for bit, fewer host operations (`orca_jax.core.loop.leap`).
         Only at depth 1, without `count_host_time`, and not for a replica of a cluster.
+      balance_micro_batches: through pipeline stages (`orca_jax.core.loop.pipeline`),
+        let each micro-batch take at most `ceil(R / P)` of the `R` running requests (the
+        rest wait for the next injection: `SchedulerView.busy`), so the `P` micro-batches
+        in flight hold even shares and the stage times stay even. No effect on one stage.
     """
 
     count_host_time: bool = False
@@ -51,6 +55,7 @@ class LoopFeatures:
     log_step_requests: bool = False
     kv_handoff: bool = False
     leap: bool = False
+    balance_micro_batches: bool = False
 
 
 # Part name -> its class, in SchedulerConfig's field order.

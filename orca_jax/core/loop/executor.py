@@ -46,6 +46,9 @@ class HostClockFeatures(Protocol):
     @property
     def leap(self) -> bool: ...
 
+    @property
+    def balance_micro_batches(self) -> bool: ...
+
 
 class TwoPhaseScheduler(SchedulerState, Protocol):
     """What an executor drives (`Scheduler` is one): the state its view and plan checks

@@ -38,6 +38,7 @@ from orca_jax.core.loop import program_pins, request_export
 from orca_jax.core.loop.admission import reject_impossible
 from orca_jax.core.loop.config import SchedulerConfig
 from orca_jax.core.loop.executor import Executor
+from orca_jax.core.loop.pipeline import PipelineExecutor
 from orca_jax.core.loop.request_export import RequestExport
 from orca_jax.core.loop.scheduler_loop import NO_REQUESTS, SchedulerLoop
 from orca_jax.core.loop.scheduler_loop import frozen as _frozen
@@ -173,6 +174,12 @@ class Scheduler(SchedulerLoop):
         # A cluster's replica never leaps: its event loop interleaves the replicas' steps.
         # Nor does a run with slower KV tiers: their links move pages (prefetches,
         # write-throughs) on steps a leap would not see one by one.
+        if getattr(engine, "num_stages", 1) > 1:  # micro-batches through pipeline stages
+            if submitted_only or table is not None:
+                raise ValueError(f"engine {engine.name!r} has {engine.num_stages} pipeline "
+                                 "stages; a replica of a cluster runs one stage for now")
+            self.executor = PipelineExecutor(self)  # type: ignore[assignment]
+            return
         self.executor = Executor(self, depth=2 if overlaps else 1,
                                  leap=(config.features.leap and not submitted_only
                                        and table is None and self.kv_memory.linked is None))
@@ -375,7 +382,9 @@ class Scheduler(SchedulerLoop):
     def _apply_release(self, release: NDArray[np.int64]) -> None:
         if release.size == 0:
             return
-        self.table.finish_s[release] = self.now_s
+        # Never before its last token: through pipeline stages a token is stamped when its
+        # micro-batch leaves the last stage, after the clock of the next plan (one stage: now).
+        self.table.finish_s[release] = np.maximum(self.now_s, self.table.last_token_s[release])
         self.unreleased = _frozen(self.unreleased[~np.isin(self.unreleased, release)])
         self._num_done += int(release.size)
         if self.table.programs is not None:  # the client has the answer: the program goes on

@@ -134,13 +134,15 @@ class SchedulerLoop:
         """The run so far, as a value (a copy: stepping on does not change it)."""
         self.executor.drain()
         self.record.flush_removed()
+        stats = getattr(self.executor, "stats", None)
         return RunResult.from_log(
             self.table, self.record, policy=self.policy.name, engine=self.engine.name,
             virtual_end_s=self.now_s,
             output_tokens=self._generated,
             prefix_caching=self.prefix_caching,
             num_evictions=self.kv.cache.num_evictions if self.kv.cache is not None else 0,
-            kv_tiers=self.kv_memory.tier_summary(), kv_stall_s=self.record.kv_stall_s)
+            kv_tiers=self.kv_memory.tier_summary(), kv_stall_s=self.record.kv_stall_s,
+            pipeline=stats() if stats is not None else None)
 
     def step(self) -> bool:
         """Runs one iteration through the executor (`Executor.step`, bound to the instance

@@ -150,9 +150,10 @@ def check_plan(scheduler: SchedulerState, plan: StepPlan) -> NDArray[np.int64]:
         again = np.isin(ids, busy)
         if again.any():
             raise PlanError(name, "busy_request",
-                            f"request {_first(ids, again)} is busy: its newest token is "
-                            "still on the device in a step in flight the next step cannot "
-                            "read it from (SchedulerView.busy)")
+                            f"request {_first(ids, again)} is busy: it is in a step in "
+                            "flight the next step cannot follow (its newest token on the "
+                            "device, or a micro-batch still in the pipeline's stages), or "
+                            "waits for the next micro-batch (SchedulerView.busy)")
     if tokens.min() < 1:
         bad = tokens < 1
         raise PlanError(name, "nonpositive_tokens",

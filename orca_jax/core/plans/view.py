@@ -128,8 +128,17 @@ class SchedulerView:
 
     @property
     def running(self) -> NDArray[np.int64]:
-        """`[r]` admitted requests holding KV, in admission order."""
-        return self._scheduler.running
+        """`[r]` admitted requests holding KV that a step may take now, in admission order:
+        those `busy` in a step in flight are left out (only through pipeline stages, where
+        a request in a micro-batch in flight waits for it to leave the last stage), so a
+        policy plans the runnable ones only and is unchanged by pipelining."""
+        running = self._scheduler.running
+        busy = self._scheduler.busy
+        if busy.size == 0:  # every step but a pipeline's: the queue as it is
+            return running
+        runnable = running[~np.isin(running, busy)]
+        runnable.setflags(write=False)
+        return runnable
 
     @property
     def unreleased(self) -> NDArray[np.int64]:
@@ -152,7 +161,11 @@ class SchedulerView:
         the next step is planned while the last one runs, and a request in the last one
         may be scheduled again, its decode reading the token on the device). Only a
         deeper queue of steps in flight (`orca_jax.core.loop.executor`) makes requests busy:
-        a request that sampled in an older step in flight and not in the last one.
+        a request that sampled in an older step in flight and not in the last one. Through
+        pipeline stages (`orca_jax.core.loop.pipeline`) every request of a micro-batch in
+        flight is busy until it leaves the last stage, and, with micro-batch balancing, the
+        runnable requests beyond an even share wait for the next micro-batch. `running`
+        leaves them all out.
         """
         return self._scheduler.busy
 

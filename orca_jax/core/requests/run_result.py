@@ -128,6 +128,10 @@ class RunResult:
     # A workload of agent programs: each call's program and release (`arrival_s` holds a
     # call's release, when the run let it arrive; docs/programs.md). None otherwise.
     programs: Optional[ProgramRecord] = None
+    # Pipeline stages (`orca_jax.core.loop.pipeline.PipelineExecutor.stats`): stages,
+    # micro-batches, time with one in flight, each stage's busy and bubble seconds. None
+    # without a pipeline.
+    pipeline: Optional[Mapping[str, Any]] = None
 
     @property
     def num_requests(self) -> int:
@@ -147,7 +151,8 @@ class RunResult:
                  output_tokens: Optional[Sequence[Sequence[int]]],
                  prefix_caching: bool = False, num_evictions: int = 0,
                  kv_tiers: Optional[Mapping[str, Mapping[str, Any]]] = None,
-                 kv_stall_s: Optional[Mapping[int, float]] = None) -> RunResult:
+                 kv_stall_s: Optional[Mapping[int, float]] = None,
+                 pipeline: Optional[Mapping[str, Any]] = None) -> RunResult:
         """One scheduler's run, copied from its request table and log.
 
         Args:
@@ -204,7 +209,8 @@ class RunResult:
             virtual_end_s=float(virtual_end_s),
             replica=_zeros(n),
             num_replicas=1, router=None, prefix_caching=prefix_caching,
-            num_evictions=num_evictions, kv_tiers=kv_tiers, kv_stall_s=dict(kv_stall_s or {}))
+            num_evictions=num_evictions, kv_tiers=kv_tiers, kv_stall_s=dict(kv_stall_s or {}),
+            pipeline=pipeline)
 
     @classmethod
     def concat(cls, results: Sequence[RunResult], *, router: str,

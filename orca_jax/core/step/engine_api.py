@@ -233,6 +233,23 @@ class Engine(abc.ABC):
         return None
 
     @property
+    def num_stages(self) -> int:
+        """Pipeline stages a step passes through, one after another (1: none). An engine
+        of more prices each (`step_stages`) and runs under a pipeline executor
+        (`orca_jax.core.loop.pipeline`)."""
+        return 1
+
+    def step_stages(self, packed: PackedStep) -> tuple[StepOutput, list[float]]:
+        """Runs one packed step through every pipeline stage.
+
+        Returns:
+          Its output (`step_s`: the stages' seconds added, the step's latency through an
+          empty pipeline) and each stage's seconds, in stage order (`num_stages` of them).
+        """
+        output = self.step_packed(packed)
+        return output, [output.step_s]
+
+    @property
     def feeds_tokens(self) -> bool:
         """Whether `step_async` takes a `token_source` (the device keeps the last step's
         sampled tokens and feeds them to the next step's decodes)."""
