@@ -64,7 +64,8 @@ def test_config_run_section_is_the_spec_grouped_in_its_parts(tmp_path):
          f"--out_dir={out}")
     run = json.loads((out / "config.json").read_text())["run"]
     assert set(run) == {"workload", "engine", "limits", "cluster", "seed", "ttft_slo_s",
-                        "tpot_slo_s", "log_token_times", "qoe_ttft_s", "qoe_tokens_per_s"}
+                        "tpot_slo_s", "log_token_times", "qoe_ttft_s", "qoe_tokens_per_s",
+                        "program_slo_s"}
     assert run["workload"]["arrival"] == "gamma" and run["workload"]["cv"] == 2.0
     assert run["engine"] == {"kind": "sim", "model": "llama3-8b", "hardware": "a100", "tp": 1,
                              "pp": 1, "pp_layers": None, "pp_balance": False,
@@ -80,7 +81,10 @@ def test_config_run_section_is_the_spec_grouped_in_its_parts(tmp_path):
                               "decode_router": "least_outstanding",
                               "prefill_router_opts": "", "decode_router_opts": "",
                               "kv_link": "ib200",
-                              "kv_link_max_concurrent": 1}
+                              "kv_link_max_concurrent": 1,
+                              # no live migration unless a rebalancer is named
+                              "rebalancer": None, "rebalancer_opts": "",
+                              "rebalance_interval_s": 0.5, "migration": "live"}
 
 
 def test_step_requests_log_accounts_for_every_token_computed(tmp_path):

@@ -8,6 +8,8 @@ good plans afterwards, finish the run exactly as a run without the bad plan.
 
 import dataclasses
 import math
+import re
+from pathlib import Path
 from typing import Any, Callable, Optional
 
 import numpy as np
@@ -232,8 +234,18 @@ def test_every_documented_rule_has_a_case():
     documented = PlanError.__doc__.split("A policy's:")[1].split("A router's:")[0]
     rules = {word for word in documented.split("`")[1::2]}
     assert rules == {rule_of(case) for case in CASES} | set(TESTED_ELSEWHERE)
-    router_rules = PlanError.__doc__.split("A router's:")[1].split("\n")[0]
-    assert router_rules.split("`")[1::2] == ["replica_out_of_range"]
+    # A router's and a rebalancer's rules: each one documented is raised by its code, and
+    # each one raised is documented (the names between backquotes that are not rules are
+    # the routers' own names).
+    others = PlanError.__doc__.split("A router's:")[1].split("detail:")[0]
+    named = set(others.split("`")[1::2]) - {"length_buckets", "chain",
+                                              "orca_jax.cluster.migration"}
+    sources = [Path(__file__).parents[1] / path for path in (
+        "orca_jax/cluster/event_loop.py", "orca_jax/cluster/migration.py",
+        "policies/gateway_routers.py", "policies/router_chain.py")]
+    code = "".join(source.read_text() for source in sources)
+    raised = set(re.findall(r'(?:_broke|PlanError)\([^,]*?,?\s*"([a-z_]+)"', code))
+    assert named == raised
 
 
 def test_plan_error_fields_and_message():
