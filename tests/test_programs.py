@@ -403,6 +403,8 @@ def test_program_count_sets_the_spec_s_workload_and_refuses_a_bad_count():
     from orca_jax.runner.build import build_workload
     spec = RunSpec(workload=WorkloadSpec(arrival="programs", program_count=5, num_requests=1))
     assert len({r.program_id for r in build_workload(spec)}) == 5  # num_requests not read
+    from orca_jax.runner.figure_caption import figure_caption
+    assert "programs (5 programs," in figure_caption(spec)  # not "1 requests"
     with pytest.raises(ValueError, match=r"^workload.program_count must be >= 1, got 0$"):
         WorkloadSpec(arrival="programs", program_count=0)
     with pytest.raises(ValueError, match=r"^program_count must be an integer >= 1, got 2.5$"):
