@@ -4,6 +4,9 @@ order, no earlier than its parents' finish plus its tool pause, under every buil
 policy, on one replica and on two."""
 
 import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -361,3 +364,61 @@ def test_a_rate_sweep_rescales_program_starts_not_tool_pauses():
         parents = [calls[(after.program_id, p)].arrival_s for p in after.parents]
         assert after.arrival_s == pytest.approx(max(parents) + before.tool_s)
         assert after.tool_s == before.tool_s
+
+
+def _by_call(requests: list[Request]) -> dict[tuple, Request]:
+    return {(r.program_id, r.call_index): r for r in requests}
+
+
+@pytest.mark.parametrize("shape", ["copilot", "parallel"])
+def test_program_count_runs_the_same_whole_programs_at_every_rate(shape):
+    def at(rate, **count):
+        return program_workload(rate=rate, seed=3, vocab_size=500, context=1024,
+                                shape=ProgramShape(shape=shape, fanout=3, **SMALL),
+                                **({"num_requests": 40} | count))
+
+    slow, fast = at(1.0, program_count=12), at(8.0, program_count=12)
+    assert sorted({r.program_id for r in slow}) == list(range(12))
+    for program in range(12):  # whole programs: every call, a parallel one ends in its join
+        calls = sorted(r.call_index for r in slow if r.program_id == program)
+        assert calls == list(range(len(calls)))
+        last = _by_call(slow)[(program, calls[-1])]
+        assert (len(last.parents) > 1) == (shape == "parallel")
+    slow_calls, fast_calls = _by_call(slow), _by_call(fast)
+    assert slow_calls.keys() == fast_calls.keys()
+    for key, a in slow_calls.items():
+        b = fast_calls[key]
+        assert (a.prompt_len, a.output_len, a.parents, a.tool_s) == (
+            b.prompt_len, b.output_len, b.parents, b.tool_s)
+        assert (a.prompt_tokens == b.prompt_tokens).all()
+        if not a.parents:  # only the starts move: 8 times closer
+            assert b.arrival_s == pytest.approx(a.arrival_s / 8)
+    # Without the knob the first 40 calls are other programs at another rate (the bug).
+    cut_slow, cut_fast = at(1.0), at(8.0)
+    assert len(cut_slow) == len(cut_fast) == 40
+    assert _by_call(cut_slow).keys() != _by_call(cut_fast).keys()
+
+
+def test_program_count_sets_the_spec_s_workload_and_refuses_a_bad_count():
+    from orca_jax.runner.build import build_workload
+    spec = RunSpec(workload=WorkloadSpec(arrival="programs", program_count=5, num_requests=1))
+    assert len({r.program_id for r in build_workload(spec)}) == 5  # num_requests not read
+    from orca_jax.runner.figure_caption import figure_caption
+    assert "programs (5 programs," in figure_caption(spec)  # not "1 requests"
+    with pytest.raises(ValueError, match=r"^workload.program_count must be >= 1, got 0$"):
+        WorkloadSpec(arrival="programs", program_count=0)
+    with pytest.raises(ValueError, match=r"^program_count must be an integer >= 1, got 2.5$"):
+        program_workload(num_requests=None, program_count=2.5, rate=1.0, seed=0,
+                         vocab_size=500, shape=ProgramShape(**SMALL))
+
+
+def test_a_bad_program_count_flag_is_one_line_and_exit_2(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "experiments.run", "--engine=sim", "--workload=programs",
+         "--program_count=0", f"--out_dir={tmp_path / 'out'}"],
+        capture_output=True, text=True, check=False, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode == 2, result.stderr
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert "--program_count" in lines[0] and "0" in lines[0], lines[0]
+    assert not (tmp_path / "out").exists()

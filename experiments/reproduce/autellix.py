@@ -66,7 +66,7 @@ from orca_jax.runner.spec import ClusterSpec, LimitsSpec, RunSpec, SimEngineSpec
 from orca_jax.runner.sweep import SweepExecutor
 
 FIGURE = "autellix_program_time.png"  # under --out_dir (docs/figures/ has the documented one)
-RATE = "offered_rate_req_s"  # the sweep's rate: programs per second
+RATE = "offered_rate_programs_s"  # the sweep's rate: programs per second
 MEAN = "program_completion_mean_s"
 P50 = "program_completion_p50_s"
 P99 = "program_completion_p99_s"
@@ -83,9 +83,9 @@ SHAPES = {
 DIFFERS = ("What differs: LLaMA-3 8B on a simulated A100 roofline, not their testbed; "
            "synthetic programs of the paper's two shapes (heavy-tailed call counts, our "
            "lengths and tool times), not ShareGPT/BFCL/LATS traces; a queue made by a cap of "
-           "running calls rather than by a saturated real engine; 400 calls per point (the "
-           "first 400 in planned order, so which programs complete differs between rates), "
-           "where the paper serves thousands of programs; and no "
+           "running calls rather than by a saturated real engine; 60 programs per point (the "
+           "same 60 at every rate, only started faster), where the paper serves thousands "
+           "of programs; and no "
            "preemption of long programs' running calls for new ones (ours never preempts "
            "for an admission).")
 
@@ -94,7 +94,10 @@ DIFFERS = ("What differs: LLaMA-3 8B on a simulated A100 roofline, not their tes
 class AutellixSetup:
     """The experiment (defaults: the documented tables; a few minutes on 2 cores)."""
 
-    num_requests: int = 400  # calls per point
+    # Programs per point, every call of each (`--program_count`): the same programs at
+    # every rate, only their starts scaled, so the curves compare like with like.
+    programs: int = 60
+    num_requests: int = 400  # the cluster's calls: twice this (one rate, the first calls)
     rates: tuple[float, ...] = (1.0, 2.0, 4.0, 8.0)  # programs per second
     seeds: tuple[int, ...] = (0,)
     model: str = "llama3-8b"
@@ -117,6 +120,7 @@ class AutellixSetup:
         """A shape's workload and engine (rate and seed are set per point)."""
         return RunSpec(
             workload=WorkloadSpec(arrival="programs", num_requests=self.num_requests,
+                                  program_count=self.programs,
                                   rate=self.rates[0], program_first_prompt=self.first_prompt,
                                   program_prompt_growth=self.prompt_growth,
                                   program_completion_len=self.completion_len, **SHAPES[shape]),
@@ -182,7 +186,8 @@ def cluster_rows(setup: AutellixSetup) -> list[dict[str, Any]]:
     for router in ROUTERS:
         spec = setup.spec("sequential", setup.num_replicas, router)
         spec = dataclasses.replace(spec, workload=dataclasses.replace(
-            spec.workload, rate=rate, num_requests=setup.num_requests * 2))
+            spec.workload, rate=rate, num_requests=setup.num_requests * 2,
+            program_count=None))
         for policy in ("vllm", "plas"):
             summary, _ = run_policy(spec, policy, {}, progress=False)
             rows.append(_row({"router": router, "policy": policy, "rate": rate},
@@ -217,6 +222,9 @@ def pin_rows(setup: AutellixSetup) -> list[dict[str, Any]]:
 
 
 FLAGS = reproduction_flags("autellix", FIGURE, AutellixSetup)
+flags.DEFINE_integer("programs", AutellixSetup.programs, "programs per point (every call "
+                     "of each; the same programs at every rate)", lower_bound=1,
+                     flag_values=FLAGS)
 flags.DEFINE_boolean("cluster", True, "also run four replicas behind each router",
                      flag_values=FLAGS)
 flags.DEFINE_boolean("pins", True, "also run the Copilot-statistics generator with and "
@@ -235,7 +243,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     """
     args = parse_flags(FLAGS, argv)
     executor = executor_from_flags(args)
-    setup = AutellixSetup(num_requests=args.num_requests, rates=args.rates)
+    setup = AutellixSetup(programs=args.programs, num_requests=args.num_requests,
+                          rates=args.rates)
     os.makedirs(args.out_dir, exist_ok=True)
     start = time.perf_counter()
     rows: list[dict[str, Any]] = []
@@ -247,8 +256,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         curves += shape_curves
         gains += [row for factor in setup.bound_factors
                   for row in gain_rows(setup, shape, shape_curves, factor)]
-    print(f"{setup.model} on one {setup.hardware} (simulated), {setup.num_requests} calls "
-          f"per point, at most {setup.max_num_seqs} running; rate: programs/s; prompt "
+    print(f"{setup.model} on one {setup.hardware} (simulated), {setup.programs} programs "
+          f"per point (the same at every rate), at most {setup.max_num_seqs} running; "
+          f"rate: programs/s; prompt "
           f"{setup.first_prompt} then +{setup.prompt_growth} per call, answers "
           f"{setup.completion_len}; shapes {SHAPES}:")
     tables = ["programs", "paper"]
@@ -278,8 +288,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     write_figure_and_report(curves, args, figure_name=FIGURE, max_y=float("inf"),
                             x_field=RATE, y_field=MEAN,
                             title=f"{setup.model}, 1 x {setup.hardware} (simulated): mean "
-                                  "program completion time (x: programs/s)",
-                            tables=tables, start=start)
+                                  "program completion time",
+                            tables=tables, start=start,
+                            per_point=f"{setup.programs} programs per point (the same at "
+                                      "every rate); rates {rates} programs/s")
 
 
 if __name__ == "__main__":

@@ -159,15 +159,19 @@ def figure_path(figure: Optional[str], out_dir: str, file_name: str) -> str:
 
 def write_figure_and_report(curves: Sequence[Curve], args: flags.FlagValues, *,
                             figure_name: str, max_y: float, x_field: str, y_field: str,
-                            title: str, tables: Sequence[str], start: float) -> None:
+                            title: str, tables: Sequence[str], start: float,
+                            per_point: Optional[str] = None) -> None:
     """Draws the curves (clipped at `max_y`) to `--figure` (default: `figure_name` under
     `--out_dir`), then says where the figure and the `tables` went and how long the
-    reproduction took since `start`."""
+    reproduction took since `start`. `per_point`: what one point runs and its rate's unit
+    (default: `--num_requests` requests, req/s)."""
     path = figure_path(args.figure, args.out_dir, figure_name)
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     # The title names model and hardware; the caption what each point is.
-    caption = (f"engine sim; {args.num_requests} requests per point; rates "
-               f"{', '.join(f'{r:g}' for r in args.rates)} req/s; one seed")
+    rates = ', '.join(f'{r:g}' for r in args.rates)
+    caption = (f"engine sim; {args.num_requests} requests per point; rates {rates} req/s; "
+               "one seed" if per_point is None else
+               f"engine sim; {per_point.format(rates=rates)}; one seed")
     if plot_sweep(clipped(curves, max_y), path, x_field=x_field, y_field=y_field,
                   title=title, caption=caption):
         print(f"figure: {path}")

@@ -38,6 +38,8 @@ METRIC_LABELS = {
     "normalized_latency_p50_s": "median normalized latency (s/token)",
     "itl_p99_s": "p99 time between tokens (s)",
     "offered_rate_req_s": "offered load (requests/s)",
+    "offered_rate_programs_s": "offered load (programs/s)",
+    "program_completion_mean_s": "mean program completion time (s)",
     "goodput_req_s": "goodput (requests/s within SLO)",
     "slo_attainment": "SLO attainment (share of requests)",
 }

@@ -89,7 +89,8 @@ def build_workload(spec: RunSpec) -> list[Request]:
                 completion_len=workload.program_completion_len,
                 tool_ms=workload.program_tool_ms, turn_gap_ms=workload.program_turn_gap_ms,
                 fanout=workload.program_fanout),
-            vocab_size=vocab, context=max_model_len(spec))
+            vocab_size=vocab, context=max_model_len(spec),
+            program_count=workload.program_count)
     if workload.arrival == "program_trace":
         return load_program_trace(workload.trace, max_requests=workload.num_requests,
                                   vocab_size=vocab, seed=spec.seed,

@@ -18,6 +18,8 @@ def _workload(spec: RunSpec) -> str:
     workload = spec.workload
     count = ("all requests" if workload.num_requests is None
              else f"{workload.num_requests} requests")
+    if workload.arrival == "programs" and workload.program_count is not None:
+        count = f"{workload.program_count} programs"  # num_requests is not read
     if workload.arrival == "trace":
         scale = ("" if workload.trace_time_scale == 1.0
                  else f", times x{workload.trace_time_scale:g}")

@@ -203,6 +203,12 @@ class WorkloadSpec:
                                      "pause in milliseconds before a turn's first call (as "
                                      "prompt_len).")
     program_fanout: int = _knob(4, "programs, parallel: thread calls per stage.")
+    program_count: Optional[int] = _knob(None, "programs: generate exactly this many whole "
+                                         "programs, all their calls (--num_requests is then "
+                                         "not read), so each rate of a sweep runs the same "
+                                         "programs, only started faster; None: the first "
+                                         "--num_requests calls in planned order, which "
+                                         "programs those are varying with the rate.")
 
     def __post_init__(self) -> None:
         _check_choice("workload", "arrival", self.arrival, WORKLOADS)
@@ -219,6 +225,7 @@ class WorkloadSpec:
             raise ValueError(f"workload.arrival {self.arrival!r} needs a trace file "
                              "(workload.trace, --trace)")
         _check_at_least("workload", "program_fanout", self.program_fanout, 1)
+        _check_at_least("workload", "program_count", self.program_count, 1)
         if self.output_len is None and self.arrival != "trace":
             raise ValueError(f"workload.output_len: None is only for a trace (which then "
                              f"gives its own output lengths); workload {self.arrival!r} needs "

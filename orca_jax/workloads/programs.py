@@ -230,8 +230,9 @@ def _program(index: int, start_s: float, seed: int, shape: ProgramShape, vocab_s
     return calls
 
 
-def program_workload(*, num_requests: int, rate: float, shape: ProgramShape, seed: int,
-                     vocab_size: int, context: Optional[int] = None) -> list[Request]:
+def program_workload(*, num_requests: Optional[int], rate: float, shape: ProgramShape,
+                     seed: int, vocab_size: int, context: Optional[int] = None,
+                     program_count: Optional[int] = None) -> list[Request]:
     """Agent programs starting as a Poisson process at `rate` programs per second.
 
     Copilot programs are sequential sessions: `turns` turns of `calls_per_turn` calls,
@@ -242,26 +243,40 @@ def program_workload(*, num_requests: int, rate: float, shape: ProgramShape, see
 
     The workload is the first `num_requests` calls in planned arrival order (programs
     are drawn until that many start before the next program does), so a larger
-    `num_requests` extends it; a program cut off keeps its earlier calls.
+    `num_requests` extends it; a program cut off keeps its earlier calls. Which programs
+    those are depends on the rate (more overlap: more programs start before the N-th
+    call), so a rate sweep that must run the same programs at every rate gives
+    `program_count` instead: programs 0..count-1, every call of each, whatever the rate
+    (only their starts scale with 1 / rate).
 
     Args:
-      num_requests: calls in the workload (>= 1).
+      num_requests: calls in the workload (>= 1); not read with `program_count`.
       rate: programs per second (> 0).
       shape: the distributions (`ProgramShape`).
       seed: the same seed gives the same workload bit for bit.
       vocab_size: ids are drawn from [1, vocab_size).
       context: the run's context limit: a program's context compacts before passing it.
+      program_count: whole programs in the workload (>= 1), all their calls; None: the
+        first `num_requests` calls.
 
     Returns:
       The calls as requests (`program_requests`).
     """
     check_seed(seed)
     check_vocab_size(vocab_size)
-    if isinstance(num_requests, bool) or int(num_requests) != num_requests or num_requests < 1:
-        raise ValueError(f"num_requests must be an integer >= 1, got {num_requests!r}")
+    if program_count is not None:
+        _check_count("program_count", program_count)
+    else:
+        _check_count("num_requests", num_requests)
     if not (isinstance(rate, (int, float)) and np.isfinite(rate) and rate > 0):
         raise ValueError(f"rate must be a finite number > 0 (programs per second), got {rate!r}")
     arrival_rng = np.random.default_rng(np.random.SeedSequence(int(seed), spawn_key=(0,)))
+    if program_count is not None:  # whole programs: the same ones at every rate
+        calls, start_s = [], 0.0
+        for index in range(int(program_count)):
+            calls.extend(_program(index, start_s, seed, shape, vocab_size, context))
+            start_s += float(arrival_rng.standard_exponential()) / rate
+        return program_requests(calls)
     calls: list[ProgramCall] = []
     pending: list[float] = []  # planned arrivals not yet known to be among the first N
     settled, index, start_s = 0, 0, 0.0
@@ -276,6 +291,12 @@ def program_workload(*, num_requests: int, rate: float, shape: ProgramShape, see
             heapq.heappop(pending)
             settled += 1
     return program_requests(calls, num_requests)
+
+
+def _check_count(name: str, value: object) -> None:
+    if (value is None or isinstance(value, bool) or int(value) != value  # type: ignore[call-overload]
+            or value < 1):  # type: ignore[operator]
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
 
 
 def rescale_starts(requests: Sequence[Request], scale: float) -> list[Request]:
