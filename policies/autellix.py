@@ -32,6 +32,7 @@ and plas 293 with it: benchmarks/results/programs_first_look.txt).
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import math
 from typing import ClassVar
@@ -77,9 +78,9 @@ class ProgramLevels(Policy):
             raise ValueError(f"policy {self.name}: num_levels must be >= 1, got "
                              f"{self.num_levels}")
 
+    @abc.abstractmethod
     def service(self, view: SchedulerView, ids: NDArray[np.int64]) -> NDArray[np.float64]:
         """`[n]` the service each request is ranked by."""
-        raise NotImplementedError
 
     def levels(self, view: SchedulerView, ids: NDArray[np.int64]) -> NDArray[np.int64]:
         """`[n]` each request's level (0 first) from its `service`."""

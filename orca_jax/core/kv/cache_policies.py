@@ -28,6 +28,7 @@ registers with `@register_cache_policy("name")` or is loaded by path
 
 from __future__ import annotations
 
+import abc
 import collections
 import dataclasses
 import heapq
@@ -38,7 +39,7 @@ C = TypeVar("C", bound=type)
 
 
 @dataclasses.dataclass(kw_only=True)
-class CachePolicy:
+class CachePolicy(abc.ABC):
     """Which cached page a tier evicts; where evicted pages go; what to prefetch.
 
     Attributes:
@@ -59,17 +60,17 @@ class CachePolicy:
         """The tier's size, before the first page (a policy that needs it keeps it)."""
         del capacity_pages
 
+    @abc.abstractmethod
     def inserted(self, key: Hashable) -> None:
         """A page `key` joined the tier."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def hit(self, key: Hashable) -> None:
         """Page `key`, in the tier, was found by a lookup that used it."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def victim(self) -> Hashable:
         """Chooses a page to evict and forgets it (the tier holds at least one)."""
-        raise NotImplementedError
 
 
 _REGISTRY: dict[str, type] = {}
