@@ -126,6 +126,17 @@ def test_a_sweep_figure_has_a_band_and_its_legend_only_over_several_seeds(tmp_pa
     assert (tmp_path / "two.png").read_bytes()[:8] == PNG_MAGIC
 
 
+def test_a_sweep_over_another_unit_labels_its_x_axis_so(tmp_path):
+    pytest.importorskip("matplotlib")
+    usual = plot_sweep(_curves([0]), str(tmp_path / "a.png"), x_field="offered_rate_req_s",
+                       y_field="ttft_p99_s")
+    assert usual.axes[0].get_xlabel() == "offered load (requests/s)"
+    # cached_attention sweeps conversations/s, each of several turns
+    turns = plot_sweep(_curves([0]), str(tmp_path / "b.png"), x_field="offered_rate_req_s",
+                       y_field="ttft_p99_s", x_label="offered load (conversations/s)")
+    assert turns.axes[0].get_xlabel() == "offered load (conversations/s)"
+
+
 def test_the_caption_says_workload_engine_model_hardware_rate_and_runs():
     from orca_jax.runner.figure_caption import figure_caption
     from orca_jax.runner.spec import ClusterSpec, RunSpec, SimEngineSpec, WorkloadSpec

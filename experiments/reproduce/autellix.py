@@ -80,14 +80,15 @@ SHAPES = {
     "parallel": dict(program_shape="parallel", program_turns="lognormal:2:0.8",
                      program_fanout=4, program_tool_ms="lognormal:500:1"),
 }
-DIFFERS = ("What differs: LLaMA-3 8B on a simulated A100 roofline, not their testbed; "
-           "synthetic programs of the paper's two shapes (heavy-tailed call counts, our "
-           "lengths and tool times), not ShareGPT/BFCL/LATS traces; a queue made by a cap of "
-           "running calls rather than by a saturated real engine; 60 programs per point (the "
-           "same 60 at every rate, only started faster), where the paper serves thousands "
-           "of programs; and no "
-           "preemption of long programs' running calls for new ones (ours never preempts "
-           "for an admission).")
+def differs(programs: int) -> str:
+    """The sentence on what differs from the paper, for a run of `programs` programs a point."""
+    return ("What differs: LLaMA-3 8B on a simulated A100 roofline, not their testbed; "
+            "synthetic programs of the paper's two shapes (heavy-tailed call counts, our "
+            "lengths and tool times), not ShareGPT/BFCL/LATS traces; a queue made by a cap of "
+            f"running calls rather than by a saturated real engine; {programs} programs per "
+            f"point (the same {programs} at every rate, only started faster), where the paper "
+            "serves thousands of programs; and no preemption of long programs' running calls "
+            "for new ones (ours never preempts for an admission).")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -268,7 +269,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
           f"under the bound; paper: plas/atlas {PAPER_GAIN[0]:g}-{PAPER_GAIN[1]:g}x vllm):")
     print(write_table(gains, ["shape", "policy", "bound_s", "rate_at_bound", "vs_vllm"],
                       args.out_dir, "paper"))
-    print(DIFFERS)
+    print(differs(setup.programs))
     if args.cluster:
         print(f"\nsequential programs on {setup.num_replicas} replicas, "
               f"{setup.num_requests * 2} calls:")

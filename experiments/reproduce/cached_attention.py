@@ -289,7 +289,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                             x_field=RATE, y_field=TTFT_MEAN,
                             title=f"{setup.model}, {setup.tp} x {setup.hardware} (simulated): "
                                   "multi-turn TTFT by KV tier (x: conversations/s)",
-                            tables=["setups", "paper"], start=start)
+                            tables=["setups", "paper"], start=start,
+                            per_point=f"{args.num_requests} turns per point; rates "
+                                      "{rates} conversations/s",
+                            x_label="offered load (conversations/s)")
 
 
 if __name__ == "__main__":

@@ -160,11 +160,13 @@ def figure_path(figure: Optional[str], out_dir: str, file_name: str) -> str:
 def write_figure_and_report(curves: Sequence[Curve], args: flags.FlagValues, *,
                             figure_name: str, max_y: float, x_field: str, y_field: str,
                             title: str, tables: Sequence[str], start: float,
-                            per_point: Optional[str] = None) -> None:
+                            per_point: Optional[str] = None,
+                            x_label: Optional[str] = None) -> None:
     """Draws the curves (clipped at `max_y`) to `--figure` (default: `figure_name` under
     `--out_dir`), then says where the figure and the `tables` went and how long the
     reproduction took since `start`. `per_point`: what one point runs and its rate's unit
-    (default: `--num_requests` requests, req/s)."""
+    (default: `--num_requests` requests, req/s); `x_label`: the x axis's, where the swept
+    rate is not requests/s."""
     path = figure_path(args.figure, args.out_dir, figure_name)
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     # The title names model and hardware; the caption what each point is.
@@ -173,7 +175,7 @@ def write_figure_and_report(curves: Sequence[Curve], args: flags.FlagValues, *,
                "one seed" if per_point is None else
                f"engine sim; {per_point.format(rates=rates)}; one seed")
     if plot_sweep(clipped(curves, max_y), path, x_field=x_field, y_field=y_field,
-                  title=title, caption=caption):
+                  title=title, caption=caption, x_label=x_label):
         print(f"figure: {path}")
     print(f"tables: {', '.join(f'{args.out_dir}/{name}.txt' for name in tables)} "
           f"({time.perf_counter() - start:.0f} s)")

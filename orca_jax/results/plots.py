@@ -71,7 +71,7 @@ def add_caption(fig: Any, caption: Optional[str]) -> None:
 
 def plot_sweep(curves: Sequence[Curve], path: str, *, x_field: str, y_field: str,
                title: Optional[str] = None, band_label: str = "min–max over seeds",
-               caption: Optional[str] = None) -> Any:
+               caption: Optional[str] = None, x_label: Optional[str] = None) -> Any:
     """Draws latency against throughput: one line per policy (per `POLICY@VARIANT` under
     variants), a band over seeds.
 
@@ -85,6 +85,8 @@ def plot_sweep(curves: Sequence[Curve], path: str, *, x_field: str, y_field: str
       title: the figure's title.
       band_label: what the shaded band is, for the legend's note.
       caption: a line under the axes saying what was run (`runner.figure_caption`).
+      x_label: the x axis's label where `x_field`'s usual one would mislead (a sweep
+        over conversations/s, not requests/s); None: `x_field`'s.
 
     Returns:
       None when matplotlib is not installed (nothing written), else the (closed)
@@ -104,7 +106,7 @@ def plot_sweep(curves: Sequence[Curve], path: str, *, x_field: str, y_field: str
             ax.fill_between(curve.x_mean, curve.y_low, curve.y_high, color=color, alpha=0.2,
                             linewidth=0)
             banded = True
-    ax.set_xlabel(METRIC_LABELS.get(x_field, x_field))
+    ax.set_xlabel(x_label or METRIC_LABELS.get(x_field, x_field))
     ax.set_ylabel(METRIC_LABELS.get(y_field, y_field))
     ax.set_title(title or f"{METRIC_LABELS.get(y_field, y_field)} against load", fontsize=10)
     ax.grid(True, alpha=0.3)
