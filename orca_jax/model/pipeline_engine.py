@@ -261,7 +261,7 @@ class PipelinedJaxEngine(Engine):
             "compile_cache_hit": self.num_compiles > 0
             and self._num_cache_hits == self.num_compiles,
             "executables_loaded": 0, "compile_cache_dir": compile_cache.current_dir() or "none",
-            "stages": {f"stage{stage.index}": {
+            "pp_stages": {f"stage{stage.index}": {
                 "layers": stage.layers[1] - stage.layers[0], "num_compiles": stage.num_compiles,
                 "devices": [d.id for d in stage.mesh.devices.flat],
                 "kv_cache_bytes_per_device": self._stage_kv_bytes(stage)}

@@ -43,6 +43,7 @@ from orca_jax.core.step.engine_api import (
     Engine,
     EngineConfigError,
     EngineWrapper,
+    PackedStep,
     PendingStep,
     StepInputs,
     StepOutput,
@@ -164,6 +165,26 @@ class ProfiledClock(EngineWrapper):
         the scheduler plans the next step without waiting for this one."""
         self._check_warm(inputs.bucket, self._warm)
         return _PricedStep(self.engine.step_async(inputs, token_source), self._price(inputs))
+
+    @property
+    def num_stages(self) -> int:
+        return self.engine.num_stages
+
+    def step_stages(self, packed: PackedStep) -> tuple[StepOutput, list[float]]:
+        pending, stages = self.dispatch_stages(packed)
+        return pending.output(), stages
+
+    def dispatch_stages(self, packed: PackedStep) -> tuple[PendingStep, list[float]]:
+        """Dispatches the step through the wrapped engine's stages; the step's price is
+        split over them by their layers (`stage_layers`: the grid timed whole steps, so
+        each stage's share of the embedding, LM head and transfers is not its own)."""
+        inputs = packed.inputs
+        self._check_warm(inputs.bucket, self._warm)
+        price = self._price(inputs)
+        pending = _PricedStep(self.engine.step_async(inputs), price)
+        layers = getattr(self.engine, "stage_layers", (1,))
+        total = sum(layers)
+        return pending, [price * count / total for count in layers]
 
     def _price(self, inputs: StepInputs) -> float:
         q_lens, kv_lens = real_lengths(inputs)
