@@ -27,7 +27,6 @@ from orca_jax.sim.cost_model import LinearStepTime
 from orca_jax.sim.profiled_clock import ProfiledClock
 from orca_jax.specs.model_config import get_model_config
 
-pytestmark = pytest.mark.slow  # whole runs of the real engine, compiled
 CONFIG = get_model_config("tiny")  # 2 layers: one per stage
 PAGE_SIZE, MAX_LEN, BUCKET = 8, 64, 32
 GEOMETRY = dict(num_cache_pages=48 + 1, page_size=PAGE_SIZE, pages_per_seq=MAX_LEN // PAGE_SIZE,
@@ -54,6 +53,7 @@ def _run(engine):
     return tokens, result
 
 
+@pytest.mark.slow  # whole runs of the real engine, compiled
 def test_two_stages_give_one_stage_s_tokens_with_micro_batches_in_flight():
     params = init_params(CONFIG, seed=5)
     one, one_run = _run(JaxEngine(CONFIG, params, **GEOMETRY))
@@ -110,6 +110,7 @@ def _cli(out_dir, *flags, devices=4):
         cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.slow
 def test_tp2_by_pp2_on_four_devices_gives_one_device_s_tokens(tmp_path):
     runs = {}
     for name, flags in {"one": [], "tp2pp2": ["--tp=2", "--pp=2"]}.items():
