@@ -13,7 +13,9 @@ buckets with short contexts. `ProfiledClock` prices a step by what it holds:
    `base_s + per_seq_s * S + per_tile_s * tiles` per bucket (`fit_linear`).
 2. Each step then runs on the wrapped engine (its tokens are the real ones),
    and its `step_s` is the fit's price of the step's real query and KV
-   lengths.
+   lengths. Through pipeline stages (a wrapped engine of `num_stages` > 1 and
+   `stage_layers`) the price is split over the stages by their layers, known at
+   dispatch (`dispatch_stages`), so micro-batches stay in flight.
 
 The same step always costs the same within a run. Across processes the table
 is what repeats a run: `table_file` names a file (the `calibration.save_fit`
