@@ -295,7 +295,10 @@ def _pipelined_jax_engine(engine: JaxEngineSpec, model: ModelConfig, params: Any
     if distributed.is_multiprocess():
         raise EngineConfigError(f"engine.pp {engine.pp}: pipeline stages run on one "
                                 "process's devices; drop --num_processes")
-    layers = stage_layers(model.num_layers, engine.pp, engine.pp_layers, where="engine.pp")
+    try:  # a checkpoint folder's layers are known only now (a preset's: at the spec)
+        layers = stage_layers(model.num_layers, engine.pp, engine.pp_layers, where="engine.pp")
+    except ValueError as e:
+        raise EngineConfigError(str(e)) from None
     kv = config.kv
     return PipelinedJaxEngine(
         model, params, stage_layers=layers, num_cache_pages=kv.num_kv_pages + 1,
