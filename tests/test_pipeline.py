@@ -18,7 +18,7 @@ from orca_jax import KVConfig, Request, Scheduler, SchedulerConfig, StepLimits
 from orca_jax.core.api.policy import make_policy
 from orca_jax.core.loop.config import LoopFeatures
 from orca_jax.core.step.engine_api import Bucket, PackedStep
-from orca_jax.runner.spec import JaxEngineSpec, SimEngineSpec
+from orca_jax.runner.spec import SimEngineSpec
 from orca_jax.sim.cost_model import CostModelConfig
 from orca_jax.sim.engine import SimEngine
 from orca_jax.sim.pipeline_stages import stage_layers, stage_link
@@ -165,11 +165,6 @@ def test_bad_pipeline_settings_are_one_line_each(fields, message):
     with pytest.raises(ValueError) as raised:
         SimEngineSpec(**fields)
     assert str(raised.value).startswith(message) and "\n" not in str(raised.value)
-
-
-def test_the_jax_engine_refuses_stages():
-    with pytest.raises(ValueError, match=r"^engine.pp 2: the jax engine runs one pipeline"):
-        JaxEngineSpec(model="tiny", pp=2)
 
 
 def test_the_command_documents_pp_and_refuses_bad_values_in_one_line(tmp_path):

@@ -1,8 +1,9 @@
 """The real model and the jitted engine: the only part of `orca_jax` that imports jax.
 
 Owns the Flax LLaMA-style decoder and its paged step (`llama`), sampling,
-weights (random, orbax, LLaMA safetensors), tensor-parallel sharding, and
-`JaxEngine`, which compiles one step per bucket. Importing it registers
+weights (random, orbax, LLaMA safetensors), tensor-parallel sharding,
+`JaxEngine`, which compiles one step per bucket, and `PipelinedJaxEngine`, its
+layers in pipeline stages on separate devices. Importing it registers
 `orca_jax.core.step.engine_api.StepInputs` as a jax pytree, so the step descriptor
 goes to the device as it is.
 

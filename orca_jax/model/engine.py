@@ -461,15 +461,19 @@ class JaxEngine(Engine):
             a.shape, self._inputs_sharding, lambda index: a[index]), inputs)
 
     def _dummy_inputs(self, bucket: Bucket) -> StepInputs:
-        """A full bucket: up to S sequences sharing T tokens, each at the end of a
-        `warmup_kv_len`-token context, all reading and writing the null page."""
-        t, s = bucket.num_tokens, bucket.num_seqs
-        q_lens = np.minimum(t // s + (np.arange(s) < t % s), self.warmup_kv_len)  # [S]
-        q_lens = q_lens[q_lens > 0]  # fewer tokens than sequences: the rest are padding
-        return build_step_inputs(
-            bucket, num_tokens=q_lens, num_computed=self.warmup_kv_len - q_lens,
-            page_rows=np.full((q_lens.size, self.pages_per_seq), NULL_PAGE, np.int32),
-            page_size=self.page_size)
+        return dummy_inputs(bucket, self.warmup_kv_len, self.pages_per_seq, self.page_size)
+
+
+def dummy_inputs(bucket: Bucket, kv_len: int, pages_per_seq: int, page_size: int) -> StepInputs:
+    """A full bucket for a warm-up: up to S sequences sharing T tokens, each at the end of
+    a `kv_len`-token context, all reading and writing the null page."""
+    t, s = bucket.num_tokens, bucket.num_seqs
+    q_lens = np.minimum(t // s + (np.arange(s) < t % s), kv_len)  # [S]
+    q_lens = q_lens[q_lens > 0]  # fewer tokens than sequences: the rest are padding
+    return build_step_inputs(
+        bucket, num_tokens=q_lens, num_computed=kv_len - q_lens,
+        page_rows=np.full((q_lens.size, pages_per_seq), NULL_PAGE, np.int32),
+        page_size=page_size)
 
 
 def _plain_step(graphdef: nnx.GraphDef, attend: Any, params: nnx.State,

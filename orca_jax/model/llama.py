@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Callable, NamedTuple, Union
+from typing import Callable, NamedTuple, Optional, Sequence, Union
 
 import jax
 import jax.numpy as jnp
@@ -133,9 +133,18 @@ class Llama(nnx.Module):
 
     def logits(self, x: jax.Array) -> jax.Array:  # [N, d_model] -> [N, vocab] fp32
         """Final norm and LM head."""
-        h = self.norm(x)
-        out = self.embed_tokens.attend(h) if self.lm_head is None else self.lm_head(h)
-        return out.astype(jnp.float32)
+        return lm_logits(self.norm, self.embed_tokens, self.lm_head, x)
+
+
+def lm_logits(norm: RMSNorm, embed: Optional[nnx.Embed], lm_head: Optional[nnx.Linear],
+              x: jax.Array,  # [N, d_model]
+              ) -> jax.Array:  # [N, vocab] fp32
+    """Final norm and LM head (the embedding's transpose when `lm_head` is None: tied)."""
+    h = norm(x)
+    if lm_head is not None:
+        return lm_head(h).astype(jnp.float32)
+    assert embed is not None, "lm_logits: a tied head reads the embedding"
+    return embed.attend(h).astype(jnp.float32)
 
 
 def init_model(config: ModelConfig, *, seed: int = 0, dtype: jnp.dtype = jnp.float32) -> Llama:
@@ -224,10 +233,20 @@ def step(graphdef: nnx.GraphDef, params: nnx.State, kv_cache: KVCache, inputs: S
     model: Llama = nnx.merge(graphdef, params)
     config = model.config
     attend = attention_op(attention)
-    inv_freq = rope_inv_freq(config)
     x = model.embed_tokens(inputs.token_ids)  # [T, d_model]
+    x, kv_cache = decoder_layers(model.layers, kv_cache, x, inputs, attend, config)
+    return kv_cache, sample_rows(model.logits, x, inputs)
+
+
+def decoder_layers(layers: Sequence[DecoderLayer], kv_cache: KVCache,
+                   x: jax.Array,  # [T, d_model] the residual stream entering layers[0]
+                   inputs: StepInputs, attend: AttentionFn, config: ModelConfig,
+                   ) -> tuple[jax.Array, KVCache]:  # [T, d_model], the cache updated
+    """Runs `layers` (a run of consecutive blocks: all of them, or a pipeline stage's)
+    over the stack; `kv_cache` holds those layers' pages only, in the same order."""
+    inv_freq = rope_inv_freq(config)
     new_k, new_v = [], []
-    for layer, k_pages, v_pages in zip(model.layers, kv_cache.k, kv_cache.v):
+    for layer, k_pages, v_pages in zip(layers, kv_cache.k, kv_cache.v):
         q, k, v = layer.qkv(x, inputs.positions, inv_freq)
         k_pages = write_kv(k_pages, k, inputs.slot_mapping)
         v_pages = write_kv(v_pages, v, inputs.slot_mapping)
@@ -236,12 +255,20 @@ def step(graphdef: nnx.GraphDef, params: nnx.State, kv_cache: KVCache, inputs: S
         x = layer.finish(x, out.astype(x.dtype))
         new_k.append(k_pages)
         new_v.append(v_pages)
-    logits = model.logits(x[inputs.sample_indices])  # [S, vocab]
+    return x, KVCache(tuple(new_k), tuple(new_v))
+
+
+def sample_rows(logits_of: Callable[[jax.Array], jax.Array],
+                x: jax.Array,  # [T, d_model] the last layer's output
+                inputs: StepInputs) -> StepResult:
+    """The logits at `sample_indices` (`logits_of`: final norm and LM head) and one
+    token sampled from each."""
+    logits = logits_of(x[inputs.sample_indices])  # [S, vocab]
     # The sampled token sits one past the last computed token.
     next_positions = inputs.positions[inputs.sample_indices] + 1
     tokens = sampling.sample_tokens(logits, next_positions, inputs.temperature, inputs.top_k,
                                     inputs.top_p, inputs.rng_seeds)
-    return KVCache(tuple(new_k), tuple(new_v)), StepResult(tokens, logits)
+    return StepResult(tokens, logits)
 
 
 def dense_forward(model: Llama, tokens: jax.Array  # [L] int32, one sequence

@@ -68,6 +68,25 @@ def make_mesh(tp: int, config: ModelConfig,
     return Mesh(np.asarray(devices[:tp]), (TP_AXIS,))
 
 
+def stage_meshes(pp: int, tp: int, config: ModelConfig,
+                 devices: Optional[Sequence[jax.Device]] = None) -> list[Mesh]:
+    """`pp` pipeline stages' `tp` meshes: stage `s` on devices `[s tp, (s + 1) tp)`.
+
+    Raises:
+      EngineConfigError: `pp x tp` devices are more than JAX sees (one line, with the
+        flag that forces more CPU devices), or `tp` does not divide the model (as
+        `make_mesh`).
+    """
+    devices = list(jax.devices() if devices is None else devices)
+    if pp * tp > len(devices):
+        platform = devices[0].platform if devices else "none"
+        hint = (f"; on a CPU, start with XLA_FLAGS=--xla_force_host_platform_device_count="
+                f"{pp * tp}" if platform == "cpu" else "")
+        raise EngineConfigError(f"pp {pp} x tp {tp} = {pp * tp} devices, JAX sees "
+                                f"{len(devices)} ({platform}){hint}")
+    return [make_mesh(tp, config, devices[s * tp:(s + 1) * tp]) for s in range(pp)]
+
+
 def _spec_for(path: tuple[Any, ...], leaf: Any, tp: int) -> P:
     names = [str(getattr(key, "key", getattr(key, "name", key))) for key in path]
     module = names[-3] if len(names) >= 3 else ""  # [..., module, 'kernel', 'value']

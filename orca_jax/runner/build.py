@@ -177,8 +177,7 @@ def scheduler_config(spec: RunSpec) -> SchedulerConfig:
                               overlap=isinstance(engine, JaxEngineSpec) and engine.overlap,
                               log_step_requests=limits.log_step_requests,
                               leap=isinstance(engine, SimEngineSpec) and engine.leap,
-                              balance_micro_batches=(isinstance(engine, SimEngineSpec)
-                                                     and engine.pp_balance)))
+                              balance_micro_batches=engine.pp_balance))
 
 
 def _tier_settings(spec: RunSpec) -> dict[str, object]:
@@ -263,21 +262,49 @@ def _jax_engine(spec: RunSpec, engine: JaxEngineSpec, config: SchedulerConfig) -
         attention = "pallas" if on_gpu else "bucketed"  # bucketed: the vectorized CPU op
     elif attention == "pallas" and not on_gpu:
         attention = "pallas_interpret"  # the same kernel, run by the Pallas interpreter
-    mesh = sharding.make_mesh(engine.tp, model) if engine.tp > 1 else None
     limits, kv = config.limits, config.kv
     pages_per_seq = pages_per_seq_for(limits.max_model_len, kv.page_size)
-    real = JaxEngine(model, params, num_cache_pages=kv.num_kv_pages + 1,  # + the null page
-                     page_size=kv.page_size, pages_per_seq=pages_per_seq, dtype=dtype,
-                     attention=attention, mesh=mesh, feed_tokens=engine.overlap)
+    real: Engine
+    if engine.pp > 1:
+        real = _pipelined_jax_engine(engine, model, params, config, attention=attention,
+                                     dtype=dtype)
+    else:
+        mesh = sharding.make_mesh(engine.tp, model) if engine.tp > 1 else None
+        real = JaxEngine(model, params, num_cache_pages=kv.num_kv_pages + 1,  # + the null page
+                         page_size=kv.page_size, pages_per_seq=pages_per_seq, dtype=dtype,
+                         attention=attention, mesh=mesh, feed_tokens=engine.overlap)
     if engine.clock == "wall":
         return real
     # The profiled clock prices each step by a fit of what it holds, measured at warm-up or
     # read from --profile_table (then a run in another process prices every step alike).
     identity = {"model": model.name, "model_sha256": _model_digest(model),
                 "dtype": engine.dtype, "attention": attention, "tp": engine.tp}
+    if engine.pp > 1:  # a pipeline's steps are timed through its stages
+        identity["pp_layers"] = ",".join(map(str, getattr(real, "stage_layers")))
     return ProfiledClock(real, max_model_len=limits.max_model_len, page_size=kv.page_size,
                          pages_per_seq=pages_per_seq, num_pages=kv.num_kv_pages + 1,
                          table_file=engine.profile_table, identity=identity)
+
+
+def _pipelined_jax_engine(engine: JaxEngineSpec, model: ModelConfig, params: Any,
+                          config: SchedulerConfig, *, attention: str, dtype: Any) -> Engine:
+    """The real engine in `engine.pp` stages of `engine.tp` local devices each."""
+    from orca_jax.model import distributed
+    from orca_jax.model.pipeline_engine import PipelinedJaxEngine
+
+    if distributed.is_multiprocess():
+        raise EngineConfigError(f"engine.pp {engine.pp}: pipeline stages run on one "
+                                "process's devices; drop --num_processes")
+    try:  # a checkpoint folder's layers are known only now (a preset's: at the spec)
+        layers = stage_layers(model.num_layers, engine.pp, engine.pp_layers, where="engine.pp")
+    except ValueError as e:
+        raise EngineConfigError(str(e)) from None
+    kv = config.kv
+    return PipelinedJaxEngine(
+        model, params, stage_layers=layers, num_cache_pages=kv.num_kv_pages + 1,
+        page_size=kv.page_size,
+        pages_per_seq=pages_per_seq_for(config.limits.max_model_len, kv.page_size),
+        dtype=dtype, attention=attention, tp=engine.tp)
 
 
 def transfer_cost(spec: RunSpec) -> KVTransferCost:

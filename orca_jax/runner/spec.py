@@ -263,8 +263,19 @@ class JaxEngineSpec:
                        "step's measured wall time.", choices=CLOCKS)
     tp: int = _knob(1, "Tensor parallelism: the local devices the engine splits weights, KV "
                     "cache and attention over.")
-    pp: int = _knob(1, "Pipeline parallelism: stages of the model's layers. The jax engine "
-                    "runs one stage (pp 1) for now; --engine=sim models stages.")
+    pp: int = _knob(1, "Pipeline parallelism: the model's layers split into this many stages, "
+                    "each on its own tp local devices (pp x tp in all; on a CPU force them with "
+                    "XLA_FLAGS=--xla_force_host_platform_device_count=N), activations copied "
+                    "between them, up to pp micro-batches in flight through JAX's asynchronous "
+                    "dispatch; a request runs in one at a time. Stage seconds: the profiled "
+                    "clock's step price split by layers, or (clock wall) each stage timed "
+                    "alone. docs/pipeline.md.")
+    pp_layers: Optional[str] = _knob(None, "Layers of each pipeline stage, e.g. 20,12 "
+                                     "(summing to the model's layers; None: an even split).")
+    pp_balance: bool = _knob(False, "Pipeline stages: each micro-batch takes at most "
+                             "ceil(R / pp) of the R running requests (the rest wait for the "
+                             "next one), so the micro-batches in flight, and the stage times, "
+                             "stay even.")
     profile_table: Optional[str] = _knob(
         None, "clock profiled: the per-bucket table of the profiled clock. If the file exists "
         "it is read (it must be of the same model, buckets, dtype, attention and page "
@@ -282,14 +293,14 @@ class JaxEngineSpec:
         _check_choice("engine", "clock", self.clock, CLOCKS)
         sampling_params(self.sampling)  # fails early, naming the value
         _check_at_least("engine", "tp", self.tp, 1)
-        if self.pp != 1:
-            raise ValueError(f"engine.pp {self.pp}: the jax engine runs one pipeline stage for "
-                             "now; pipeline stages are simulated (--engine=sim)")
+        _check_at_least("engine", "pp", self.pp, 1)
         if self.profile_table is not None and self.clock != "profiled":
             raise ValueError(f"engine.profile_table ({self.profile_table!r}) is the profiled "
                              f"clock's table; engine.clock is {self.clock!r}")
         if not (self.checkpoint and os.path.isfile(os.path.join(self.checkpoint, "config.json"))):
-            get_model_config(self.model)  # a preset gives the shapes: fails early, naming them
+            # A preset gives the shapes: fails early, naming them (a folder's: at build).
+            model = get_model_config(self.model)
+            stage_layers(model.num_layers, self.pp, self.pp_layers, where="engine.pp")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -630,6 +641,9 @@ class RunSpec(metaclass=_TakesFlatKeywords):
             raise ValueError("--kv_disk_gb/--kv_disk_pages: the jax engine holds a host KV tier "
                              "only (the disk tier is simulated only for now); drop the disk "
                              "tier or use --engine=sim")
+        if tiered and pp > 1 and not isinstance(self.engine, SimEngineSpec):
+            raise ValueError(f"engine.pp {pp}: a host KV tier (--kv_host_*) is not built for "
+                             "the jax engine's pipeline stages; run one stage or --engine=sim")
         if tiered and (self.cluster.num_replicas > 1 or self.cluster.disaggregated):
             raise ValueError("KV tiers (--kv_host_*, --kv_disk_*) serve one replica for now: "
                              "give --num_replicas=1 without prefill/decode pools")

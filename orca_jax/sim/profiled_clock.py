@@ -13,7 +13,9 @@ buckets with short contexts. `ProfiledClock` prices a step by what it holds:
    `base_s + per_seq_s * S + per_tile_s * tiles` per bucket (`fit_linear`).
 2. Each step then runs on the wrapped engine (its tokens are the real ones),
    and its `step_s` is the fit's price of the step's real query and KV
-   lengths.
+   lengths. Through pipeline stages (a wrapped engine of `num_stages` > 1 and
+   `stage_layers`) the price is split over the stages by their layers, known at
+   dispatch (`dispatch_stages`), so micro-batches stay in flight.
 
 The same step always costs the same within a run. Across processes the table
 is what repeats a run: `table_file` names a file (the `calibration.save_fit`
@@ -43,6 +45,7 @@ from orca_jax.core.step.engine_api import (
     Engine,
     EngineConfigError,
     EngineWrapper,
+    PackedStep,
     PendingStep,
     StepInputs,
     StepOutput,
@@ -164,6 +167,26 @@ class ProfiledClock(EngineWrapper):
         the scheduler plans the next step without waiting for this one."""
         self._check_warm(inputs.bucket, self._warm)
         return _PricedStep(self.engine.step_async(inputs, token_source), self._price(inputs))
+
+    @property
+    def num_stages(self) -> int:
+        return self.engine.num_stages
+
+    def step_stages(self, packed: PackedStep) -> tuple[StepOutput, list[float]]:
+        pending, stages = self.dispatch_stages(packed)
+        return pending.output(), stages
+
+    def dispatch_stages(self, packed: PackedStep) -> tuple[PendingStep, list[float]]:
+        """Dispatches the step through the wrapped engine's stages; the step's price is
+        split over them by their layers (`stage_layers`: the grid timed whole steps, so
+        each stage's share of the embedding, LM head and transfers is not its own)."""
+        inputs = packed.inputs
+        self._check_warm(inputs.bucket, self._warm)
+        price = self._price(inputs)
+        pending = _PricedStep(self.engine.step_async(inputs), price)
+        layers = getattr(self.engine, "stage_layers", (1,))
+        total = sum(layers)
+        return pending, [price * count / total for count in layers]
 
     def _price(self, inputs: StepInputs) -> float:
         q_lens, kv_lens = real_lengths(inputs)

@@ -1,7 +1,7 @@
 """The pipeline executor: micro-batches in flight through an engine's P stages (Orca's PP).
 
-An engine of `P > 1` stages (`Engine.num_stages`: the simulator with `--pp`) prices
-each step on every stage (`Engine.step_stages`). A step is a micro-batch: it enters
+An engine of `P > 1` stages (`Engine.num_stages`: the simulator or the real engine with
+`--pp`) prices each step on every stage (`Engine.step_stages`). A step is a micro-batch: it enters
 stage 0 when stage 0 is free, and stage `s` of micro-batch `m` starts when stage `s`
 is free and stage `s - 1` of `m` has finished:
 
@@ -24,6 +24,15 @@ finished request frees at its update may be taken by a later micro-batch at once
 the later one reaches each stage only after the earlier one has left it, and each
 stage holds its own layers' KV, so no page is read after another micro-batch wrote it.
 
+A real engine (`Engine.needs_token_ids`) leaves a micro-batch's tokens on the device:
+`Engine.dispatch_stages` returns it pending, with its stage seconds priced at once (the
+profiled clock), and the executor injects the next one without waiting, so JAX runs
+several micro-batches on the stages' devices at once. The update counts the tokens at
+injection as the simulator's does; their values are read back (`record_tokens`) when the
+micro-batch lands, before its requests are free again, so the next step of each takes its
+input token from the host. A run that needs token values at once (prefix caching: see
+`late_tokens_conflict`) waits for each step at injection instead.
+
 Bubbles: a stage idles while the pipeline holds a micro-batch (`busy_s`: time with
 at least one in flight) for `bubble_s[s] = busy_s - stage_busy_s[s]`: waiting for the
 stage before it, for the pipeline to fill (its first micro-batch) and to drain (the
@@ -45,8 +54,9 @@ from typing import Any, Optional
 import numpy as np
 
 from orca_jax.core.loop.executor import TwoPhaseScheduler
-from orca_jax.core.loop.scheduled_step import IdleStep, StepResult
+from orca_jax.core.loop.scheduled_step import IdleStep, ScheduledStep, StepResult
 from orca_jax.core.requests.request import RequestState
+from orca_jax.core.step.engine_api import Engine, PendingStep
 
 _RUNNING = int(RequestState.RUNNING)
 _NONE = np.zeros(0, dtype=np.int64)
@@ -59,6 +69,8 @@ class _MicroBatch:
 
     request_ids: np.ndarray  # [n] its requests: busy until it leaves the last stage
     end_s: list[float]  # [P] when it leaves each stage
+    # A real engine's step whose tokens are still on the device: read back when it lands.
+    pending: Optional[tuple[PendingStep, ScheduledStep]] = None
 
 
 class PipelineExecutor:
@@ -93,6 +105,10 @@ class PipelineExecutor:
         self.num_stages = num_stages
         self.depth = num_stages  # micro-batches in flight at most
         self._balance = scheduler.features.balance_micro_batches
+        # An engine of real tokens leaves them on the device until the micro-batch lands
+        # (its requests are busy until then), unless the run needs them at once.
+        self._late_tokens = (isinstance(engine, Engine) and engine.needs_token_ids
+                             and scheduler.late_tokens_conflict() is None)
         self._released = False  # an idle plan with requests held back: hold none next time
         self._queue: collections.deque[_MicroBatch] = collections.deque()
         self._stage_free = [0.0] * num_stages  # when each stage is free next
@@ -133,7 +149,14 @@ class PipelineExecutor:
             self._idle(step)
             return True
         self._released = False
-        output, stages = self.engine.step_stages(step.packed)
+        pending = None
+        if self._late_tokens:
+            pending, stages = self.engine.dispatch_stages(step.packed)
+            step_s, tokens = pending.step_s, None
+        else:
+            output, stages = self.engine.step_stages(step.packed)
+            step_s = output.step_s
+            tokens = output.sampled_tokens[:step.request_ids.size][step.samples]
         inject_s = scheduler.now_s + step.kv_move_s
         if not self._queue:  # the pipeline fills again: idleness counts from here
             self._busy_since = inject_s
@@ -150,15 +173,14 @@ class PipelineExecutor:
             self.stage_busy_s[s] += stage_s
             self._stage_free[s] = self._idle_from[s] = ready
             ends.append(ready)
-        self._queue.append(_MicroBatch(step.request_ids, ends))
+        self._queue.append(_MicroBatch(step.request_ids, ends,
+                                       None if pending is None else (pending, step)))
         self.num_micro_batches += 1
         # Counted now, stamped when it leaves the last stage; the clock then goes back to
         # the next injection: when stage 0 is free.
         scheduler.now_s = ready
-        scheduler.update(step, StepResult(inject_s, ready, output.step_s,
-                                          step.host_s + step.packed.build_s,
-                                          output.sampled_tokens[:step.request_ids.size]
-                                          [step.samples]))
+        scheduler.update(step, StepResult(inject_s, ready, step_s,
+                                          step.host_s + step.packed.build_s, tokens))
         scheduler.now_s = ends[0]
         return True
 
@@ -195,6 +217,10 @@ class PipelineExecutor:
             return
         while queue and queue[0].end_s[-1] <= now_s:
             landed = queue.popleft()
+            if landed.pending is not None:  # its tokens: the host's now (waits for them)
+                pending, step = landed.pending
+                self.scheduler.record_tokens(step.sampled, pending.output().sampled_tokens
+                                             [:step.request_ids.size][step.samples])
         if not queue:  # empty: each stage idled from its last end until this one's
             end = landed.end_s[-1]
             for s in range(self.num_stages):

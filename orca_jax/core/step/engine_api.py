@@ -249,6 +249,14 @@ class Engine(abc.ABC):
         output = self.step_packed(packed)
         return output, [output.step_s]
 
+    def dispatch_stages(self, packed: PackedStep) -> tuple[PendingStep, list[float]]:
+        """`step_stages` without waiting for the step's tokens where the engine can: its
+        stage seconds are known at dispatch (a clock that prices the descriptor), and
+        the tokens come with the pending step's `output()`. By default the step runs
+        before this returns (`step_stages`)."""
+        output, stages = self.step_stages(packed)
+        return FinishedStep(output), stages
+
     @property
     def feeds_tokens(self) -> bool:
         """Whether `step_async` takes a `token_source` (the device keeps the last step's
