@@ -28,7 +28,7 @@ import abc
 import dataclasses
 import heapq
 import itertools
-from typing import Callable, ClassVar, Optional, Sequence
+from typing import Callable, ClassVar, Optional, Protocol, Sequence
 
 import numpy as np
 from numpy.typing import NDArray
@@ -105,6 +105,13 @@ class ReplicaStep(Event):
             loop.step_replica(self.pool, self.index)
 
 
+class Routable(Protocol):
+    """The replicas of a pool that take requests now, as a router sees them."""
+
+    view: ClusterView
+    index: NDArray[np.int64]  # [k] the pool's replica behind each of the view's
+
+
 class ReplicaPool:
     """One role's replicas behind its router, as the router's `ClusterView` reads them.
 
@@ -122,6 +129,9 @@ class ReplicaPool:
         self._incoming = np.zeros(len(self.replicas), dtype=np.int64)
         self.migrating: set[int] = set()  # requests moving between replicas (migration)
         self.view = ClusterView(self)
+        # What the router sees when not every replica takes requests (an elastic cluster's
+        # ready ones, `elastic.ActiveReplicas`: `.view`, and `.index` of its replicas).
+        self.routable: Optional[Routable] = None
 
     @property
     def replica_views(self) -> tuple[SchedulerView, ...]:
@@ -131,7 +141,11 @@ class ReplicaPool:
         """The replica the router picks for `request` at `when` (`incoming`: it will be
         imported later, and counts as outstanding there until then)."""
         self.now_s = when
-        target = route_checked(self.router, self.view, request)
+        if self.routable is None:
+            target = route_checked(self.router, self.view, request)
+        else:
+            target = int(self.routable.index[route_checked(self.router, self.routable.view,
+                                                           request)])
         self._sent[target].append(request)
         if incoming:
             self._incoming[target] += 1
