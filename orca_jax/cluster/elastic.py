@@ -379,7 +379,9 @@ def planner_figures(elastic: Elastic, end_s: float, num_slo_met: Optional[int]
     goodput per replica-second (with an SLO)."""
     timeline = elastic.timeline()
     seconds = replica_seconds(timeline, end_s)
-    counts = [row["replicas"] for row in timeline]
+    # The count at each instant once its changes are made (not midway through them).
+    counts = [row["replicas"] for row, after in zip(timeline, timeline[1:] + [None])
+              if after is None or after["time_s"] != row["time_s"]]
     return {"planner": elastic.planner.name, "replica_seconds": seconds,
             "replica_hours": seconds / 3600.0,
             "replicas_mean": seconds / end_s if end_s > 0 else None,
