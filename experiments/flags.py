@@ -111,7 +111,8 @@ LOWER_BOUNDS: dict[str, float] = {
     "page_size": 1, "max_model_len": 2, "no_progress_steps": 1, "num_replicas": 1,
     "num_prefill_replicas": 0, "num_decode_replicas": 0, "kv_link_max_concurrent": 1,
     "seed": 0, "trace_block_size": 1, "program_fanout": 1, "program_count": 1,
-    "kv_pin_s": 0.0, "min_replicas": 1, "max_replicas": 1, "replica_startup_s": 0.0}
+    "kv_pin_s": 0.0, "min_replicas": 1, "trace_repeat": 1, "max_replicas": 1,
+    "replica_startup_s": 0.0}
 # Where a field's `registry` names its values.
 REGISTRIES = {"router": lambda: sorted(registered_routers()),
               "rebalancer": lambda: sorted(registered_rebalancers()),

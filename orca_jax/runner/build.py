@@ -50,7 +50,7 @@ from orca_jax.workloads.synthetic import (
     synthetic_workload,
     with_prompt_tokens,
 )
-from orca_jax.workloads.traces import load_trace
+from orca_jax.workloads.traces import load_trace, repeat_trace
 
 
 def model_config(spec: RunSpec) -> ModelConfig:
@@ -78,6 +78,7 @@ def build_workload(spec: RunSpec) -> list[Request]:
                               max_requests=workload.num_requests, vocab_size=vocab,
                               block_size=workload.trace_block_size,
                               output_lens=_trace_output_lens(spec))
+        requests = repeat_trace(requests, workload.trace_repeat)
         return (with_prompt_tokens(requests, vocab, spec.seed, context=max_model_len(spec))
                 if real else requests)
     if workload.arrival == "programs":

@@ -152,6 +152,10 @@ class WorkloadSpec:
                                             "pages of the run's page_size (docs/traces.md).")
     trace_time_scale: float = _knob(1.0, "Multiplies the trace's arrival times (and "
                                     "deadlines): 0.5 replays it at twice its request rate.")
+    trace_repeat: int = _knob(1, "Plays the trace (its first num_requests) this many times "
+                              "back to back, each copy one period later (its last arrival "
+                              "plus the mean gap), after trace_time_scale: a long run from a "
+                              "short trace (ids 0..N*trace_repeat-1).")
     num_requests: Optional[int] = _knob(200, "Requests in the workload (the first N of a "
                                         "trace, None: the whole trace; of conversation: "
                                         "turns).")
@@ -234,6 +238,10 @@ class WorkloadSpec:
         _check_at_least("workload", "num_requests", self.num_requests, 1)
         _check_positive("workload", "rate", self.rate, " (requests per second)")
         _check_positive("workload", "cv", self.cv)
+        _check_at_least("workload", "trace_repeat", self.trace_repeat, 1)
+        if self.trace_repeat > 1 and self.arrival != "trace":
+            raise ValueError(f"workload.trace_repeat={self.trace_repeat} repeats a trace; "
+                             f"arrival is {self.arrival!r}, not 'trace'")
         if not (math.isfinite(self.trace_time_scale) and self.trace_time_scale > 0):
             raise ValueError(f"workload.trace_time_scale must be a finite number > 0, got "
                              f"{self.trace_time_scale}")
