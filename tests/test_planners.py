@@ -137,7 +137,7 @@ def test_random_planners_keep_every_invariant(seed):
             # A drained replica is off only once its requests are done.
             assert off is None or table.finish_s[i] <= off + 1e-12
     # Replica-seconds: the timeline's integral equals each replica's held spans summed.
-    held = sum((end_s if off is None else min(off, end_s)) - start
+    held = sum(max(0.0, (end_s if off is None else min(off, end_s)) - min(start, end_s))
                for windows in spans.values() for start, _, _, off in windows)
     assert cluster.elastic.replica_seconds(end_s) == pytest.approx(held)
 

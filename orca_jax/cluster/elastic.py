@@ -179,6 +179,7 @@ class Elastic:
         self.state = np.full(len(pool.replicas), OFF, dtype=np.int8)  # [M]
         self.state[:initial] = READY
         self._generation = [0] * len(pool.replicas)  # a cancelled start's event goes stale
+        self._num_ready_events = 0  # ReplicaReady events pushed and not fired
         self.events: list[ReplicaEvent] = [ReplicaEvent(0.0, r, "ready", initial)
                                            for r in range(initial)]
         self._arrival_times = np.sort(loop.arrival_s[loop.arrivals])  # [A]
@@ -204,6 +205,7 @@ class Elastic:
 
     def ready(self, replica: int, generation: int, when: float) -> None:
         """A started replica finished loading: the router sees it from now."""
+        self._num_ready_events -= 1
         if generation != self._generation[replica] or self.state[replica] != STARTING:
             return  # cancelled meanwhile
         self.state[replica] = READY
@@ -300,6 +302,7 @@ class Elastic:
             self.events.append(ReplicaEvent(when, int(replica), "start", target))
             self.loop.push(ReplicaReady(int(replica), self._generation[replica]),
                            when + self.spec.startup_s)
+            self._num_ready_events += 1
             change -= 1
         for replica in np.flatnonzero(self.state == STARTING)[::-1][:max(-change, 0)]:
             self._off(int(replica), when, "cancel")

@@ -255,6 +255,10 @@ class EventLoop(abc.ABC):
         """Whether any event is still to fire."""
         return bool(self._events)
 
+    def num_events(self) -> int:
+        """Events still to fire (stale step events too)."""
+        return len(self._events)
+
     # --------------------------------------------------------- topologies
     @abc.abstractmethod
     def route_arrival(self, request: int, when: float) -> None:
