@@ -209,6 +209,7 @@ class EventLoop(abc.ABC):
         self.arrivals = arrivals
         self.arrival_s = arrival_s
         self._events: list[tuple[float, int, tuple[int, ...], int, Event]] = []
+        self._others: list[float] = []  # [e] times of the events that are not steps (a heap)
         self._order = itertools.count()
         self._versions = [[0] * len(p.replicas) for p in self.pools]
         self._scheduled: list[list[Optional[float]]] = [[None] * len(p.replicas)
@@ -242,6 +243,8 @@ class EventLoop(abc.ABC):
         events = self._events
         while events:
             when, _, _, _, event = heapq.heappop(events)
+            if type(event) is not ReplicaStep:
+                heapq.heappop(self._others)  # fired in time order: the earliest is this one
             event.fire(self, when)
             if progress is not None:
                 progress()
@@ -250,10 +253,26 @@ class EventLoop(abc.ABC):
         """Schedules `event` at `when`."""
         heapq.heappush(self._events,
                        (when, event.priority, event.tiebreak(), next(self._order), event))
+        if type(event) is not ReplicaStep:
+            heapq.heappush(self._others, when)
 
     def has_events(self) -> bool:
         """Whether any event is still to fire."""
         return bool(self._events)
+
+    def next_other_event_s(self) -> Optional[float]:
+        """When the next event that is not a replica's step fires (None: none is left): a
+        replica whose steps act on no other replica may leap up to it
+        (`Scheduler.leap_horizon`)."""
+        return self._others[0] if self._others else None
+
+    def leap_between_events(self) -> None:
+        """Lets every replica leap over steady steps up to the next event of another kind
+        (for a topology whose replicas do not act on each other's steps: each replica's
+        steps then run alike whether the loop interleaves them one by one or not)."""
+        for pool in self.pools:
+            for scheduler in pool.replicas:
+                scheduler.leap_horizon = self.next_other_event_s
 
     def num_events(self) -> int:
         """Events still to fire (stale step events too)."""

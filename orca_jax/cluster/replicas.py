@@ -107,6 +107,8 @@ class Cluster(EventLoop):
                          else Migrator(self, self._pool, rebalancer, migration))
         self.elastic = (None if planner is None or scaling is None
                         else Elastic(self, self._pool, planner, scaling, num_replicas))
+        if self.programs is None:  # a program call's release would act across replicas
+            self.leap_between_events()
 
     @property
     def num_replicas(self) -> int:
