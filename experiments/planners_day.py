@@ -148,13 +148,16 @@ flags.DEFINE_integer("repeat", DaySetup.repeat, "copies of the trace, back to ba
                      lower_bound=1, flag_values=FLAGS)
 flags.DEFINE_float("time_scale", DaySetup.time_scale, "each copy's time stretch",
                    lower_bound=0.0, flag_values=FLAGS)
+flags.DEFINE_float("interval_s", DaySetup.interval_s, "seconds between the planners' calls",
+                   lower_bound=0.0, flag_values=FLAGS)
 flags.DEFINE_list("setups", list(SETUPS), "the setups to run", flag_values=FLAGS)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
     """The command: every setup, the table, the figure and the time it took."""
     args = parse_flags(FLAGS, argv)
-    setup = DaySetup(trace=args.trace, repeat=args.repeat, time_scale=args.time_scale)
+    setup = DaySetup(trace=args.trace, repeat=args.repeat, time_scale=args.time_scale,
+                     interval_s=args.interval_s)
     os.makedirs(args.out_dir, exist_ok=True)
     start = time.perf_counter()
     rows, timelines = [], {}

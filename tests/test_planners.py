@@ -303,3 +303,26 @@ def test_bad_planner_flags_are_one_line_and_nothing_runs(tmp_path, flags, messag
     assert result.returncode == 2, result.stderr
     assert result.stderr.strip().splitlines()[-1].startswith(message)
     assert not out.exists()
+
+
+def test_the_day_experiment_runs_every_setup_on_the_same_requests(tmp_path, capsys):
+    from experiments import planners_day
+
+    trace = tmp_path / "trace.csv"
+    rng = np.random.default_rng(0)
+    times = np.sort(rng.uniform(0, 120, 60))
+    trace.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n" + "".join(
+        f"{t:.3f},{int(rng.integers(50, 400))},{int(rng.integers(1, 60))}\n" for t in times))
+    out = tmp_path / "day"
+    planners_day.main([f"--trace={trace}", "--repeat=2", "--time_scale=1", "--interval_s=20",
+                       f"--out_dir={out}"])
+    rows = json.loads((out / "planners_day.json").read_text())["rows"]
+    assert [r["setup"] for r in rows] == ["static", "threshold", "sla"]
+    assert {r["requests"] for r in rows} == {120} and {r["finished"] for r in rows} == {120}
+    static = rows[0]
+    assert static["replica_hours"] == pytest.approx(8 * static["day_h"])
+    for row in rows[1:]:  # from 8 replicas, planners only shed load this light
+        assert row["replica_hours"] < static["replica_hours"]
+        assert row["planner_calls"] >= 1
+    printed = capsys.readouterr().out
+    assert "x the static cluster's replica-hours" in printed
