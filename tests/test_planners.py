@@ -290,6 +290,9 @@ def test_run_cli_writes_the_replica_timeline(tmp_path):
     (("--planner=nope", "--max_replicas=2"), "error: unknown planner 'nope'"),
     (("--planner=sla", "--max_replicas=2", "--planner_opts=window=0"),
      "error: planner 'sla': window must be >= 1, got 0"),
+    (("--trace_repeat=2",),
+     "error: --trace_repeat: workload.trace_repeat=2 repeats a trace; arrival is 'poisson', "
+     "not 'trace'"),
     (("--planner=sla", "--max_replicas=2", "--prefill_replicas=1", "--decode_replicas=1"),
      "error: cluster: planner 'sla' scales colocated replicas without a rebalancer; got "
      "prefill/decode pools"),
