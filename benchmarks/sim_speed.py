@@ -32,6 +32,12 @@ as a share of the whole process. cProfile adds a fixed cost to every Python call
 the shares of call-heavy phases are inflated; compare the phases of one profile, or
 two profiles, never a profile with a process time.
 
+With `--planner NAME`, every cluster case (replicas > 1) runs under that planner, from
+all its replicas (`--max_replicas` the case's), asked every second of virtual time with
+5 s start-ups and SLOs for its metrics (`PLANNER_FLAGS`): what planning adds to a run.
+
+    python -m benchmarks.sim_speed --requests 10000 --replicas 8 --planner threshold
+
 With `--old_rev REV`, every case also runs at revision REV (its files from `git archive`
 in a temporary folder): this script's own code runs the same command line with that
 tree as the working folder and alone on PYTHONPATH. The command line is the stable
@@ -62,28 +68,35 @@ from typing import Optional
 from benchmarks.old_revision import REPO, interleaved, median_ratio, revision_tree, tree_env
 
 RATE_PER_REPLICA = 30.0
+# A cluster case with --planner: from all its replicas, asked every second, 5 s start-ups.
+PLANNER_FLAGS = ["--planner_interval_s=1", "--replica_startup_s=5", "--ttft_slo_s=1",
+                 "--tpot_slo_s=0.05"]
 COLUMNS = (f"{'requests':>9} {'replicas':>8} {'steps':>8} {'process s':>10} {'wall s':>8} "
            f"{'requests/s':>11} {'steps/s':>9} {'us/step':>8}")
 
 
 def run_command(num_requests: int, num_replicas: int, bucket_ladder: str,
-                out: str) -> list[str]:
-    """The command line of one case (the stable interface both trees are measured by)."""
-    return [sys.executable, "-m", "experiments.run", "--engine=sim", "--policy=vllm",
-            "--model=llama3-8b", "--hardware=a100", f"--num_requests={num_requests}",
-            f"--rate={RATE_PER_REPLICA * num_replicas:g}", f"--num_replicas={num_replicas}",
-            f"--bucket_ladder={bucket_ladder}", f"--out_dir={out}"]
+                out: str, planner: Optional[str] = None) -> list[str]:
+    """The command line of one case (the stable interface both trees are measured by);
+    with `planner`, a cluster case runs it (`PLANNER_FLAGS`)."""
+    command = [sys.executable, "-m", "experiments.run", "--engine=sim", "--policy=vllm",
+               "--model=llama3-8b", "--hardware=a100", f"--num_requests={num_requests}",
+               f"--rate={RATE_PER_REPLICA * num_replicas:g}", f"--num_replicas={num_replicas}",
+               f"--bucket_ladder={bucket_ladder}", f"--out_dir={out}"]
+    if planner is not None and num_replicas > 1:
+        command += [f"--planner={planner}", f"--max_replicas={num_replicas}", *PLANNER_FLAGS]
+    return command
 
 
 def run_case(num_requests: int, num_replicas: int, bucket_ladder: str,
-             tree: Path = REPO) -> dict:
+             tree: Path = REPO, planner: Optional[str] = None) -> dict:
     """Runs one case in a child process on `tree`'s code; its process time, steps, wall time."""
     env = tree_env(tree, JAX_PLATFORMS="cpu")  # its first call compiles: not this run's time
     with tempfile.TemporaryDirectory() as out:
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         start = time.perf_counter()
         result = subprocess.run(
-            run_command(num_requests, num_replicas, bucket_ladder, out),
+            run_command(num_requests, num_replicas, bucket_ladder, out, planner),
             cwd=tree, env=env, capture_output=True, text=True)
         if result.returncode != 0:
             sys.exit(f"experiments.run failed in {tree}:\n{result.stderr[-2000:]}")
@@ -273,9 +286,15 @@ def main() -> None:
                         help="leap against noleap on issue 34's trace shape (see above)")
     parser.add_argument("--profile", action="store_true",
                         help="profile one run of issue 34's trace, phase by phase (see above)")
+    parser.add_argument("--planner", default=None,
+                        help="run every cluster case with this planner (PLANNER_FLAGS); not "
+                        "with --old_rev: a revision before planners has no such flags")
     parser.add_argument("--rates", type=float, nargs="+", default=[30.0, 15.0],
                         help="with --issue_trace: the arrival rates, req/s")
     args = parser.parse_args()
+    if args.planner and (args.old_rev or args.issue_trace or args.profile):
+        parser.error("--planner measures cluster cases at this tree only: drop --old_rev, "
+                     "--issue_trace and --profile")
     if args.profile:
         num_requests = args.requests[0] if args.requests != [10_000, 100_000] else 10_000
         print(f"# {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} {os.cpu_count()}-core "
@@ -302,7 +321,8 @@ def main() -> None:
     print(f"# {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} {os.cpu_count()}-core "
           f"machine, load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}, "
           f"--bucket_ladder={args.bucket_ladder}"
-          + (f", --old_rev={args.old_rev} --rounds={args.rounds}" if args.old_rev else ""))
+          + (f", --old_rev={args.old_rev} --rounds={args.rounds}" if args.old_rev else "")
+          + (f", --planner={args.planner} {' '.join(PLANNER_FLAGS)}" if args.planner else ""))
     print(COLUMNS + ("  tree" if args.old_rev else ""))
     if args.old_rev:
         with revision_tree(args.old_rev) as old_tree:
@@ -315,10 +335,11 @@ def main() -> None:
     else:
         for num_requests in args.requests:
             for num_replicas in args.replicas:
-                print(format_row(run_case(num_requests, num_replicas, args.bucket_ladder)),
-                      flush=True)
+                print(format_row(run_case(num_requests, num_replicas, args.bucket_ladder,
+                                          planner=args.planner)), flush=True)
     print(json.dumps({"rate_per_replica": RATE_PER_REPLICA, "policy": "vllm",
-                      "bucket_ladder": args.bucket_ladder, "old_rev": args.old_rev}))
+                      "bucket_ladder": args.bucket_ladder, "old_rev": args.old_rev,
+                      "planner": args.planner}))
 
 
 if __name__ == "__main__":

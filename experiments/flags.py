@@ -27,6 +27,7 @@ from absl import app, flags
 import policies  # noqa: F401  (registers the built-in routers that --router's help names)
 from experiments import list_flags
 from experiments.cli_errors import clean_errors, parse_flags, run_command  # noqa: F401 (entry points' API)
+from orca_jax.cluster.planning import registered_planners
 from orca_jax.cluster.rebalancing import registered_rebalancers
 from orca_jax.cluster.routing import registered_routers
 from orca_jax.core.step.bucket_fit import capped_fit_ladder, parse_fit_ladder
@@ -110,10 +111,12 @@ LOWER_BOUNDS: dict[str, float] = {
     "page_size": 1, "max_model_len": 2, "no_progress_steps": 1, "num_replicas": 1,
     "num_prefill_replicas": 0, "num_decode_replicas": 0, "kv_link_max_concurrent": 1,
     "seed": 0, "trace_block_size": 1, "program_fanout": 1, "program_count": 1,
-    "kv_pin_s": 0.0}
+    "kv_pin_s": 0.0, "min_replicas": 1, "trace_repeat": 1, "max_replicas": 1,
+    "replica_startup_s": 0.0}
 # Where a field's `registry` names its values.
 REGISTRIES = {"router": lambda: sorted(registered_routers()),
-              "rebalancer": lambda: sorted(registered_rebalancers())}
+              "rebalancer": lambda: sorted(registered_rebalancers()),
+              "planner": lambda: sorted(registered_planners())}
 
 
 def field_flags() -> dict[str, tuple[tuple[type, str], ...]]:

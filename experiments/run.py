@@ -16,6 +16,7 @@ from experiments import flags as run_flags
 from experiments.list_flags import registered_names
 from experiments.process_exit import without_final_collection
 from experiments.terminal_table import fit_table
+from orca_jax.cluster.planning import resolve_planner_class
 from orca_jax.cluster.rebalancing import resolve_rebalancer_class
 from orca_jax.cluster.routing import resolve_route_stage_class, resolve_router_class
 from orca_jax.core.api import plugins
@@ -30,15 +31,15 @@ flags.adopt_module_key_flags(run_flags)
 flags.DEFINE_string("policy", "orca", "Policy: a registered name, package.module:Class, or "
                     "path/to/file.py:Class. " + registered_names("policies"))
 flags.DEFINE_string("describe_policy", None, "Print the knobs (types, defaults, docs) of this "
-                    "policy, router, chain router stage (filter, scorer, picker) or KV cache "
-                    "policy (a registered name, package.module:Class or path/to/file.py:Class) "
-                    "and exit.")
+                    "policy, router, chain router stage (filter, scorer, picker), rebalancer, "
+                    "planner or KV cache policy (a registered name, package.module:Class or "
+                    "path/to/file.py:Class) and exit.")
 
 
 def describe(spec: str) -> str:
     """The knobs of the policy `spec` and what it does with prefix caching, or the knobs of
     the router `spec` (or of a `chain` router's filter, scorer or picker, or of a
-    rebalancer) if no policy is called so.
+    rebalancer, or of a planner) if no policy is called so.
 
     Raises:
       PolicyLoadError: `spec` is neither (the policy's message).
@@ -61,6 +62,10 @@ def describe(spec: str) -> str:
                 f"knobs (the chain router's --router_opts=stage_opts={cls.name}.key=value;...):")
         try:
             return plugins.describe(resolve_rebalancer_class(spec), "rebalancer")
+        except PolicyLoadError:
+            pass
+        try:
+            return plugins.describe(resolve_planner_class(spec), "planner")
         except PolicyLoadError:
             pass
         try:

@@ -22,6 +22,7 @@ from policies import (  # noqa: F401
                       ltr,
                       mlfq,
                       orca,
+                      planners,
                       priority,
                       program_routers,
                       rebalancers,

@@ -64,7 +64,8 @@ MAY_IMPORT: dict[str, tuple[str, ...]] = {
     "orca_jax.runner": _tree("orca_jax"),
     "orca_jax.serving": _tree("orca_jax"),  # beside the runner, at the top
     "policies": ("orca_jax", *_tree("orca_jax.core"), "orca_jax.learned.length_predictor",
-                 "orca_jax.cluster.routing", "orca_jax.cluster.rebalancing"),
+                 "orca_jax.cluster.routing", "orca_jax.cluster.rebalancing",
+                 "orca_jax.cluster.planning"),
     "pallas_kernels": (),
     "experiments": _tree("orca_jax", "policies", "pallas_kernels"),
 }

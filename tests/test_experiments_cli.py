@@ -84,7 +84,12 @@ def test_config_run_section_is_the_spec_grouped_in_its_parts(tmp_path):
                               "kv_link_max_concurrent": 1,
                               # no live migration unless a rebalancer is named
                               "rebalancer": None, "rebalancer_opts": "",
-                              "rebalance_interval_s": 0.5, "migration": "live"}
+                              "rebalance_interval_s": 0.5, "migration": "live",
+                              # a fixed replica count unless a planner is named
+                              "planner": None, "planner_opts": "",
+                              "planner_interval_s": None, "min_replicas": None,
+                              "max_replicas": None, "replica_startup_s": None,
+                              "replica_load_link": None}
 
 
 def test_step_requests_log_accounts_for_every_token_computed(tmp_path):

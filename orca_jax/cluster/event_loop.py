@@ -28,7 +28,7 @@ import abc
 import dataclasses
 import heapq
 import itertools
-from typing import Callable, ClassVar, Optional, Sequence
+from typing import Callable, ClassVar, Optional, Protocol, Sequence
 
 import numpy as np
 from numpy.typing import NDArray
@@ -105,6 +105,13 @@ class ReplicaStep(Event):
             loop.step_replica(self.pool, self.index)
 
 
+class Routable(Protocol):
+    """The replicas of a pool that take requests now, as a router sees them."""
+
+    view: ClusterView
+    index: NDArray[np.int64]  # [k] the pool's replica behind each of the view's
+
+
 class ReplicaPool:
     """One role's replicas behind its router, as the router's `ClusterView` reads them.
 
@@ -122,6 +129,9 @@ class ReplicaPool:
         self._incoming = np.zeros(len(self.replicas), dtype=np.int64)
         self.migrating: set[int] = set()  # requests moving between replicas (migration)
         self.view = ClusterView(self)
+        # What the router sees when not every replica takes requests (an elastic cluster's
+        # ready ones, `elastic.ActiveReplicas`: `.view`, and `.index` of its replicas).
+        self.routable: Optional[Routable] = None
 
     @property
     def replica_views(self) -> tuple[SchedulerView, ...]:
@@ -131,7 +141,11 @@ class ReplicaPool:
         """The replica the router picks for `request` at `when` (`incoming`: it will be
         imported later, and counts as outstanding there until then)."""
         self.now_s = when
-        target = route_checked(self.router, self.view, request)
+        if self.routable is None:
+            target = route_checked(self.router, self.view, request)
+        else:
+            target = int(self.routable.index[route_checked(self.router, self.routable.view,
+                                                           request)])
         self._sent[target].append(request)
         if incoming:
             self._incoming[target] += 1
@@ -195,6 +209,7 @@ class EventLoop(abc.ABC):
         self.arrivals = arrivals
         self.arrival_s = arrival_s
         self._events: list[tuple[float, int, tuple[int, ...], int, Event]] = []
+        self._others: list[float] = []  # [e] times of the events that are not steps (a heap)
         self._order = itertools.count()
         self._versions = [[0] * len(p.replicas) for p in self.pools]
         self._scheduled: list[list[Optional[float]]] = [[None] * len(p.replicas)
@@ -228,6 +243,8 @@ class EventLoop(abc.ABC):
         events = self._events
         while events:
             when, _, _, _, event = heapq.heappop(events)
+            if type(event) is not ReplicaStep:
+                heapq.heappop(self._others)  # fired in time order: the earliest is this one
             event.fire(self, when)
             if progress is not None:
                 progress()
@@ -236,10 +253,30 @@ class EventLoop(abc.ABC):
         """Schedules `event` at `when`."""
         heapq.heappush(self._events,
                        (when, event.priority, event.tiebreak(), next(self._order), event))
+        if type(event) is not ReplicaStep:
+            heapq.heappush(self._others, when)
 
     def has_events(self) -> bool:
         """Whether any event is still to fire."""
         return bool(self._events)
+
+    def next_other_event_s(self) -> Optional[float]:
+        """When the next event that is not a replica's step fires (None: none is left): a
+        replica whose steps act on no other replica may leap up to it
+        (`Scheduler.leap_horizon`)."""
+        return self._others[0] if self._others else None
+
+    def leap_between_events(self) -> None:
+        """Lets every replica leap over steady steps up to the next event of another kind
+        (for a topology whose replicas do not act on each other's steps: each replica's
+        steps then run alike whether the loop interleaves them one by one or not)."""
+        for pool in self.pools:
+            for scheduler in pool.replicas:
+                scheduler.leap_horizon = self.next_other_event_s
+
+    def num_events(self) -> int:
+        """Events still to fire (stale step events too)."""
+        return len(self._events)
 
     # --------------------------------------------------------- topologies
     @abc.abstractmethod

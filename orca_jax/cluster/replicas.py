@@ -20,8 +20,10 @@ from typing import Callable, Mapping, Optional, Sequence, Union
 import numpy as np
 from numpy.typing import NDArray
 
+from orca_jax.cluster.elastic import Elastic, ScalingSpec
 from orca_jax.cluster.event_loop import EventLoop, ReplicaPool, route_checked, share_table
 from orca_jax.cluster.migration import MigrationSpec, Migrator
+from orca_jax.cluster.planning import Planner, make_planner
 from orca_jax.cluster.rebalancing import Rebalancer, make_rebalancer
 from orca_jax.cluster.routing import ClusterView, Router, make_router
 from orca_jax.core.api.policy import Policy
@@ -50,6 +52,11 @@ class Cluster(EventLoop):
         spec, asked every `migration.interval_s` which requests to migrate.
       rebalancer_options: the rebalancer's knobs as text, when it is a spec.
       migration: how migrations are priced (needed with a rebalancer).
+      planner: None (a fixed `num_replicas`), or a `Planner` or its spec, asked every
+        `scaling.interval_s` how many replicas to run (`orca_jax.cluster.elastic`):
+        `num_replicas` are ready at the start, `scaling.max_replicas` are built.
+      planner_options: the planner's knobs as text, when it is a spec.
+      scaling: the planner's caps, interval and start-up delay (needed with a planner).
     """
 
     def __init__(self, requests: Sequence[Request], *, num_replicas: int,
@@ -58,9 +65,19 @@ class Cluster(EventLoop):
                  router_options: Optional[Mapping[str, str]] = None,
                  rebalancer: Union[Rebalancer, str, None] = None,
                  rebalancer_options: Optional[Mapping[str, str]] = None,
-                 migration: Optional[MigrationSpec] = None) -> None:
+                 migration: Optional[MigrationSpec] = None,
+                 planner: Union[Planner, str, None] = None,
+                 planner_options: Optional[Mapping[str, str]] = None,
+                 scaling: Optional[ScalingSpec] = None) -> None:
         if num_replicas < 1:
             raise ValueError(f"num_replicas must be >= 1, got {num_replicas}")
+        if isinstance(planner, str):
+            planner = make_planner(planner, planner_options)
+        if planner is not None and scaling is None:
+            raise ValueError(f"planner {planner.name!r}: give its caps (ScalingSpec)")
+        if planner is not None and rebalancer is not None:
+            raise ValueError(f"planner {planner.name!r} and rebalancer {rebalancer!r}: one "
+                             "run takes one of them for now")
         if isinstance(rebalancer, str):
             rebalancer = make_rebalancer(rebalancer, rebalancer_options)
         if rebalancer is not None and num_replicas < 2:
@@ -71,8 +88,8 @@ class Cluster(EventLoop):
                              "(MigrationSpec)")
         self.router = router if isinstance(router, Router) else make_router(router,
                                                                              router_options)
-        self.replicas = share_table(requests, num_replicas, make_policy, make_engine,
-                                    config)
+        built = num_replicas if planner is None or scaling is None else scaling.max_replicas
+        self.replicas = share_table(requests, built, make_policy, make_engine, config)
         table = self.replicas[0].table
         rejected = table.state == RequestState.REJECTED  # up front, on every replica
         self._num_rejected = int(np.count_nonzero(rejected))
@@ -88,6 +105,10 @@ class Cluster(EventLoop):
         super().__init__([self._pool], np.flatnonzero(~rejected & ~later), table.arrival_s)
         self.migrator = (None if rebalancer is None
                          else Migrator(self, self._pool, rebalancer, migration))
+        self.elastic = (None if planner is None or scaling is None
+                        else Elastic(self, self._pool, planner, scaling, num_replicas))
+        if self.programs is None:  # a program call's release would act across replicas
+            self.leap_between_events()
 
     @property
     def num_replicas(self) -> int:
@@ -129,8 +150,14 @@ class Cluster(EventLoop):
         """
         if self.migrator is not None:
             self.migrator.start()
+        if self.elastic is not None:
+            self.elastic.start()
         self.run_events(None if progress is None else lambda: progress(self.num_done))
         return RunResult.concat([r.result() for r in self.replicas], router=self.router.name)
+
+    def stepped(self, pool: int, index: int) -> None:
+        if self.elastic is not None:
+            self.elastic.stepped(index)
 
     def migrated(self, request: int, target: int) -> None:
         self.replica[request] = target

@@ -137,7 +137,7 @@ def _pilot_result(pilot: RunSpec, workload: list[Request], progress: bool) -> Ru
     if pilot.cluster.disaggregated:  # the pilot reads its steps only: no token times
         return run_disaggregated(dataclasses.replace(pilot, log_token_times=False),
                                  PILOT_POLICY, None, config, workload)[2]
-    if pilot.cluster.num_replicas > 1:
+    if pilot.cluster.colocated_cluster:
         return build_cluster(pilot, PILOT_POLICY, None, config, workload).run()
     scheduler = Scheduler(workload, make_policy(PILOT_POLICY), build_engine(pilot, config), config,
                           log_tokens=False)  # the pilot reads its steps only

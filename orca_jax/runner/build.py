@@ -17,7 +17,9 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import numpy as np
 from numpy.typing import NDArray
 
+from orca_jax.cluster.elastic import ScalingSpec
 from orca_jax.cluster.migration import MigrationSpec
+from orca_jax.cluster.planning import make_planner
 from orca_jax.cluster.replicas import Cluster
 from orca_jax.cluster.routing import Router, make_router, resolve_router_class
 from orca_jax.cluster.transfers import KVTransferCost, kv_transfer_cost
@@ -48,7 +50,7 @@ from orca_jax.workloads.synthetic import (
     synthetic_workload,
     with_prompt_tokens,
 )
-from orca_jax.workloads.traces import load_trace
+from orca_jax.workloads.traces import load_trace, repeat_trace
 
 
 def model_config(spec: RunSpec) -> ModelConfig:
@@ -76,6 +78,7 @@ def build_workload(spec: RunSpec) -> list[Request]:
                               max_requests=workload.num_requests, vocab_size=vocab,
                               block_size=workload.trace_block_size,
                               output_lens=_trace_output_lens(spec))
+        requests = repeat_trace(requests, workload.trace_repeat)
         return (with_prompt_tokens(requests, vocab, spec.seed, context=max_model_len(spec))
                 if real else requests)
     if workload.arrival == "programs":
@@ -333,7 +336,32 @@ def build_cluster(spec: RunSpec, policy_spec: str, policy_options: Optional[Mapp
                    make_engine=lambda: build_engine(spec, config), config=config,
                    rebalancer=cluster.rebalancer,
                    rebalancer_options=parse_options(cluster.rebalancer_opts),
-                   migration=migration)
+                   migration=migration, planner=cluster.planner,
+                   planner_options=parse_options(cluster.planner_opts),
+                   scaling=scaling_spec(spec))
+
+
+def replica_startup_s(spec: RunSpec) -> float:
+    """Seconds a started replica takes to be ready: `replica_startup_s`, or each GPU
+    loading its shard of the weights over `replica_load_link` (nvme by default)."""
+    cluster = spec.cluster
+    if cluster.replica_startup_s is not None:
+        return cluster.replica_startup_s
+    link = get_kv_link(cluster.replica_load_link or "nvme")
+    engine = spec.engine
+    dtype_bytes = 4 if isinstance(engine, JaxEngineSpec) and engine.dtype == "float32" else 2
+    shard = model_config(spec).weight_bytes(dtype_bytes) / (engine.tp * engine.pp)
+    return link.latency_s + shard / link.bytes_per_s
+
+
+def scaling_spec(spec: RunSpec) -> Optional[ScalingSpec]:
+    """A planner's caps, interval and start-up delay (None without a planner)."""
+    cluster = spec.cluster
+    if cluster.planner is None:
+        return None
+    low, high = cluster.replica_caps
+    return ScalingSpec(interval_s=cluster.planner_interval_s or 30.0,
+                       startup_s=replica_startup_s(spec), min_replicas=low, max_replicas=high)
 
 
 PROFILE_TABLE_FILE = "profile.json"  # beside the results, unless --profile_table names one
@@ -454,7 +482,9 @@ def check_router(spec: RunSpec) -> Optional[Router]:
                             parse_options(getattr(cluster, f"{role}_router_opts")))
             except PolicyLoadError as e:
                 raise PolicyLoadError(f"{role} pool: {e}") from None
-    if cluster.num_replicas == 1:
+    if cluster.planner is not None:
+        make_planner(cluster.planner, parse_options(cluster.planner_opts))
+    if not cluster.colocated_cluster:
         resolve_router_class(cluster.router)
         return None
     return make_router(cluster.router, parse_options(cluster.router_opts))

@@ -27,7 +27,8 @@ def num_gpus(spec: RunSpec) -> int:
     """GPUs the run occupies: every replica's TP degree times its pipeline stages, summed."""
     cluster = spec.cluster
     replicas = (cluster.num_prefill_replicas + cluster.num_decode_replicas
-                if cluster.disaggregated else cluster.num_replicas)
+                if cluster.disaggregated else cluster.replica_caps[1] if cluster.planner
+                else cluster.num_replicas)
     return replicas * spec.engine.tp * spec.engine.pp
 
 

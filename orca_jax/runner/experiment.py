@@ -15,6 +15,7 @@ from typing import Any, Callable, Mapping, Optional
 
 from absl import logging
 
+from orca_jax.cluster.elastic import planner_figures
 from orca_jax.cluster.migration import migration_figures
 from orca_jax.cluster.replicas import Cluster
 from orca_jax.cluster.routing import Router
@@ -104,7 +105,7 @@ def run_policy(spec: RunSpec, policy_spec: str, policy_options: Optional[Mapping
         config = scheduler_config(spec)
         if spec.cluster.disaggregated:
             pass  # its pools are built by `run_disaggregated`, in `_run_disaggregated`
-        elif spec.cluster.num_replicas > 1:
+        elif spec.cluster.colocated_cluster:
             cluster = build_cluster(spec, policy_spec, policy_options, config, workload)
         else:
             policy = make_policy(policy_spec, policy_options)
@@ -120,7 +121,7 @@ def run_policy(spec: RunSpec, policy_spec: str, policy_options: Optional[Mapping
     if spec.cluster.disaggregated:
         return _run_disaggregated(spec, policy_spec, policy_options, config, workload, folder,
                                   label, bucket_fit)
-    if spec.cluster.num_replicas > 1:
+    if spec.cluster.colocated_cluster:
         return _run_cluster(spec, policy_spec, config, cluster, folder, label, progress,
                             len(workload), bucket_fit)
     label = label or policy.name
@@ -255,6 +256,11 @@ def _run_cluster(spec: RunSpec, policy_spec: str, config: SchedulerConfig, clust
         if cluster.migrator is not None:  # a rebalancer's run: its migrations too
             summary.update(migration_figures(cluster.migrator))
             tables = {**tables, "migrations": [m.row() for m in cluster.migrator.log]}
+        if cluster.elastic is not None:  # a planner's run: its replicas over time too
+            attainment = summary.get("slo_attainment")
+            met = None if attainment is None else round(attainment * len(workload_of(cluster)))
+            summary.update(planner_figures(cluster.elastic, result.virtual_end_s, met))
+            tables = {**tables, "replicas": cluster.elastic.timeline()}
         if folder is not None:
             _finish(folder, result, summary, tables, write_steps=True, token_times=times)
     except BaseException as error:
@@ -264,6 +270,11 @@ def _run_cluster(spec: RunSpec, policy_spec: str, config: SchedulerConfig, clust
                   max(r.now_s for r in cluster.replicas))
         raise
     return summary, result
+
+
+def workload_of(cluster: Cluster) -> range:
+    """The cluster's requests by index."""
+    return range(len(cluster.replicas[0].table))
 
 
 def _run_disaggregated(spec: RunSpec, policy_spec: str,

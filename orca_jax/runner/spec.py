@@ -152,6 +152,10 @@ class WorkloadSpec:
                                             "pages of the run's page_size (docs/traces.md).")
     trace_time_scale: float = _knob(1.0, "Multiplies the trace's arrival times (and "
                                     "deadlines): 0.5 replays it at twice its request rate.")
+    trace_repeat: int = _knob(1, "Plays the trace (its first num_requests) this many times "
+                              "back to back, each copy one period later (its last arrival "
+                              "plus the mean gap), after trace_time_scale: a long run from a "
+                              "short trace (ids 0..N*trace_repeat-1).")
     num_requests: Optional[int] = _knob(200, "Requests in the workload (the first N of a "
                                         "trace, None: the whole trace; of conversation: "
                                         "turns).")
@@ -234,6 +238,10 @@ class WorkloadSpec:
         _check_at_least("workload", "num_requests", self.num_requests, 1)
         _check_positive("workload", "rate", self.rate, " (requests per second)")
         _check_positive("workload", "cv", self.cv)
+        _check_at_least("workload", "trace_repeat", self.trace_repeat, 1)
+        if self.trace_repeat > 1 and self.arrival != "trace":
+            raise ValueError(f"workload.trace_repeat={self.trace_repeat} repeats a trace; "
+                             f"arrival is {self.arrival!r}, not 'trace'")
         if not (math.isfinite(self.trace_time_scale) and self.trace_time_scale > 0):
             raise ValueError(f"workload.trace_time_scale must be a finite number > 0, got "
                              f"{self.trace_time_scale}")
@@ -464,6 +472,11 @@ class LimitsSpec:
                                  "(multiples of 8, and the budget)")
 
 
+# A planner's settings besides its name and knobs (set only with a planner).
+PLANNER_FIELDS = ("planner_interval_s", "min_replicas", "max_replicas", "replica_startup_s",
+                  "replica_load_link")
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ClusterSpec:
     """Replicas behind a global router (`orca_jax.cluster`); one replica by default.
@@ -516,6 +529,24 @@ class ClusterSpec:
                          presets=KV_LINK_NAMES)
     kv_link_max_concurrent: int = _knob(1, "Disaggregated: KV transfers in flight on one "
                                         "(prefill, decode) link at once; the rest queue.")
+    planner: Optional[str] = _knob(None, "Elastic replicas (colocated, sim): the planner asked "
+                                   "every planner_interval_s how many replicas to run, "
+                                   "num_replicas at the start (a registered planner, or a "
+                                   "plugin as router; None: num_replicas throughout). "
+                                   "docs/clusters.md.", registry="planner")
+    planner_opts: str = _knob("", "Planner knobs: key=value,... (with planner).")
+    planner_interval_s: Optional[float] = _knob(None, "Virtual seconds between the planner's "
+                                                "calls (None: 30).")
+    min_replicas: Optional[int] = _knob(None, "With planner: the fewest replicas it may ask "
+                                        "for (None: 1).")
+    max_replicas: Optional[int] = _knob(None, "With planner: the most replicas it may ask for "
+                                        "(None: num_replicas).")
+    replica_startup_s: Optional[float] = _knob(None, "With planner: seconds from a replica's "
+                                               "start to its first request (None: the "
+                                               "model's weights over replica_load_link).")
+    replica_load_link: Optional[str] = _knob(None, "With planner: the link a starting "
+                                             "replica loads its weights over, one GPU's shard "
+                                             "each (None: nvme).", presets=KV_LINK_NAMES)
 
     def __post_init__(self) -> None:
         _check_at_least("cluster", "num_replicas", self.num_replicas, 1)
@@ -543,6 +574,7 @@ class ClusterSpec:
             if not (math.isfinite(self.rebalance_interval_s) and self.rebalance_interval_s > 0):
                 raise ValueError(f"cluster: rebalance_interval_s must be > 0 seconds, got "
                                  f"{self.rebalance_interval_s!r}")
+        self._check_planner()
         for field in ("prefill_policy_opts", "decode_policy_opts", "prefill_router_opts",
                       "decode_router_opts"):
             if getattr(self, field) is not None:
@@ -552,6 +584,50 @@ class ClusterSpec:
     def disaggregated(self) -> bool:
         """Whether the cluster has a prefill and a decode pool."""
         return self.num_prefill_replicas > 0
+
+    @property
+    def colocated_cluster(self) -> bool:
+        """Whether the run is a colocated cluster (more than one replica, or a planner's)."""
+        return self.num_replicas > 1 or self.planner is not None
+
+    @property
+    def replica_caps(self) -> tuple[int, int]:
+        """A planner's `(min_replicas, max_replicas)`, defaults resolved."""
+        return (1 if self.min_replicas is None else self.min_replicas,
+                self.num_replicas if self.max_replicas is None else self.max_replicas)
+
+    def _check_planner(self) -> None:
+        """The planner's settings: each only with a planner, the caps around num_replicas."""
+        settings = {"planner_opts": self.planner_opts or None,
+                    **{field: getattr(self, field) for field in PLANNER_FIELDS}}
+        given = [f"{field}={value}" for field, value in settings.items() if value is not None]
+        if self.planner is None:
+            if given:
+                raise ValueError(f"cluster: {', '.join(given)} set without a planner; give "
+                                 "planner=NAME (threshold, sla, or a plugin) or drop them")
+            return
+        parse_options(self.planner_opts)
+        if self.disaggregated or self.rebalancer is not None:
+            raise ValueError(f"cluster: planner {self.planner!r} scales colocated replicas "
+                             "without a rebalancer; got "
+                             + ("prefill/decode pools" if self.disaggregated
+                                else f"rebalancer {self.rebalancer!r}"))
+        _check_positive("cluster", "planner_interval_s", self.planner_interval_s)
+        if self.replica_startup_s is not None and not (
+                math.isfinite(self.replica_startup_s) and self.replica_startup_s >= 0):
+            raise ValueError(f"cluster.replica_startup_s must be a finite number >= 0, got "
+                             f"{self.replica_startup_s}")
+        if self.replica_load_link is not None:
+            get_kv_link(self.replica_load_link)
+        low, high = self.replica_caps
+        _check_at_least("cluster", "min_replicas", low, 1)
+        if high < 2:
+            raise ValueError(f"cluster: planner {self.planner!r} has nothing to scale with "
+                             f"max_replicas={high}; give max_replicas >= 2")
+        if not low <= self.num_replicas <= high:
+            raise ValueError(f"cluster: planner {self.planner!r}: num_replicas="
+                             f"{self.num_replicas} (the replicas at the start) must lie within "
+                             f"min_replicas={low} and max_replicas={high}")
 
 
 class _TakesFlatKeywords(type):

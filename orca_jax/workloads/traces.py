@@ -40,6 +40,7 @@ error is a `TraceError` saying `file:line: field 'name': ...`.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
 import math
@@ -307,6 +308,34 @@ def load_trace(path: PathLike, *, time_scale: float = 1.0, max_requests: Optiona
                                                    size)
         requests.append(Request(id=rank if explicit_id is None else explicit_id, **kwargs))
     return requests
+
+
+def repeat_trace(requests: Sequence[Request], times: int) -> list[Request]:
+    """A trace played `times` times back to back: copy k's arrivals (and deadlines) are
+    the trace's shifted by k periods, a period being the last arrival plus the mean gap
+    between arrivals (so one copy's last request and the next's first are as far apart
+    as two requests on average). Ids become 0..N*times-1 in arrival order.
+
+    Raises:
+      ValueError: `times` < 1, or an empty trace.
+    """
+    if isinstance(times, bool) or int(times) != times or times < 1:
+        raise ValueError(f"trace_repeat must be an integer >= 1, got {times!r}")
+    if not requests:
+        raise ValueError("trace_repeat: the trace has no requests")
+    if times == 1:
+        return list(requests)
+    first, last = requests[0].arrival_s, requests[-1].arrival_s
+    gap = (last - first) / (len(requests) - 1) if len(requests) > 1 else 1.0
+    period = last + (gap if gap > 0 else 1.0)
+    out = []
+    for k in range(int(times)):
+        shift = k * period
+        for r in requests:
+            out.append(dataclasses.replace(
+                r, id=len(out), arrival_s=r.arrival_s + shift,
+                deadline_s=None if r.deadline_s is None else r.deadline_s + shift))
+    return out
 
 
 def prefix_cache_ceiling(path: PathLike, *, page_size: int, max_requests: Optional[int] = None,

@@ -26,8 +26,11 @@ in its plan's order and preempted, released and rejected nothing:
   caching a step that fills a page is the last: the cache's names change there).
 
 It never leaps with `count_host_time` (each step's measured host time moves the
-clock) or for a replica of a cluster (its event loop interleaves the replicas'
-steps; the executor is made without leaping there).
+clock). A replica of a cluster leaps only where its loop sets `leap_horizon`
+(a colocated cluster without agent programs, whose replicas do not act on each
+other's steps), and only over steps that start before the loop's next event of
+another kind (an arrival, a rebalancer's or planner's call, a migration's round):
+the events then see every replica as they would one step at a time.
 """
 
 from __future__ import annotations
@@ -115,6 +118,12 @@ class Leaper:
             return False
         now = s.now_s
         upcoming = s.next_arrival_s()
+        if s.submitted_only:  # a cluster's replica: only up to its loop's next event
+            if s.leap_horizon is None:
+                return False
+            horizon = s.leap_horizon()
+            if horizon is not None:
+                upcoming = horizon if upcoming is None else min(upcoming, horizon)
         if upcoming is not None and upcoming <= now:
             return False
         computed = table.num_computed[ids]  # [n]

@@ -24,7 +24,7 @@ stays a few microseconds per running request.
 
 from __future__ import annotations
 
-from typing import Optional, Sequence, Union
+from typing import Callable, Optional, Sequence, Union
 
 import numpy as np
 from numpy.typing import NDArray
@@ -167,13 +167,18 @@ class Scheduler(SchedulerLoop):
             if not submitted_only:  # a call with parents comes by its release, not by time
                 self.table.holder[programs.has_parents & (self.table.state == _PENDING)] = -1
             programs.start()
+        self.submitted_only = submitted_only
+        # A cluster's loop: when its next event other than a replica's step is (None:
+        # none is left); a replica leaps over no step starting at or after it.
+        self.leap_horizon: Optional[Callable[[], Optional[float]]] = None
         self.watchdog = ProgressWatchdog(n, config.limits.no_progress_steps)
         self.view = SchedulerView(self)
         overlaps = (config.features.overlap and getattr(engine, "feeds_tokens", False)
                     and self.late_tokens_conflict() is None)
-        # A cluster's replica never leaps: its event loop interleaves the replicas' steps.
-        # Nor does a run with slower KV tiers: their links move pages (prefetches,
-        # write-throughs) on steps a leap would not see one by one.
+        # A cluster's replica leaps only up to its loop's next event of another kind
+        # (`leap_horizon`, set by a loop whose replicas do not act on each other's steps;
+        # unset, it never leaps). A run with slower KV tiers never does: their links move
+        # pages (prefetches, write-throughs) on steps a leap would not see one by one.
         if getattr(engine, "num_stages", 1) > 1:  # micro-batches through pipeline stages
             if submitted_only or table is not None:
                 raise ValueError(f"engine {engine.name!r} has {engine.num_stages} pipeline "
@@ -181,8 +186,8 @@ class Scheduler(SchedulerLoop):
             self.executor = PipelineExecutor(self)  # type: ignore[assignment]
             return
         self.executor = Executor(self, depth=2 if overlaps else 1,
-                                 leap=(config.features.leap and not submitted_only
-                                       and table is None and self.kv_memory.linked is None))
+                                 leap=(config.features.leap and self.kv_memory.linked is None
+                                       and (submitted_only or table is None)))
 
     def _hold_tier_contents(self, engine: Engine) -> None:
         """An engine whose cache holds real KV keeps the host tier's pages in host memory
