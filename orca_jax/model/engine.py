@@ -388,6 +388,10 @@ class JaxEngine(Engine):
                              f"{len(pages)} pages")
         self._cache = _scatter_pages(self._cache, self._padded(pages), data)
 
+    def wait_kv(self) -> None:
+        """Blocks until the cache's pending writes (steps, `write_kv_pages`) are done."""
+        jax.block_until_ready(self._cache)
+
     def host_kv_store(self) -> host_kv.HostKVStore:
         """A host KV tier's pages in host memory (`host_kv.HostKVStore`; one per engine:
         a run's scheduler takes it, and `facts` report its copies).

@@ -292,13 +292,17 @@ def transfer_cost(spec: RunSpec) -> KVTransferCost:
 
 def build_cluster(spec: RunSpec, policy_spec: str, policy_options: Optional[Mapping[str, str]],
                   config: SchedulerConfig, workload: list[Request]) -> Cluster:
-    """`spec.cluster.num_replicas` simulated replicas of `policy_spec` behind
-    `spec.cluster.router`, each with its own engine of the spec."""
+    """`spec.cluster.num_replicas` replicas of `policy_spec` behind
+    `spec.cluster.router`, each with its own engine of the spec (a real engine: its own
+    weights and KV cache, in this process)."""
     cluster = spec.cluster
     migration = None
     if cluster.rebalancer is not None:
+        # A real engine on the wall clock: a migration's measured copy is on the clock too.
+        measure = isinstance(spec.engine, JaxEngineSpec) and spec.engine.clock == "wall"
         migration = MigrationSpec(cost=transfer_cost(spec), mode=cluster.migration,
-                                  interval_s=cluster.rebalance_interval_s)
+                                  interval_s=cluster.rebalance_interval_s,
+                                  measure_copy=measure)
     return Cluster(workload, num_replicas=cluster.num_replicas,
                    router=cluster.router,
                    router_options=parse_options(cluster.router_opts),
