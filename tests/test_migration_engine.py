@@ -54,9 +54,10 @@ def params():
     return init_params(MODEL, seed=5)
 
 
-def _engine(params):
+def _engine(params, overlap=False):
     return JaxEngine(MODEL, params, num_cache_pages=NUM_PAGES + 1, page_size=PAGE_SIZE,
-                     pages_per_seq=MAX_LEN // PAGE_SIZE, attention="reference")
+                     pages_per_seq=MAX_LEN // PAGE_SIZE, attention="reference",
+                     feed_tokens=overlap)
 
 
 def _requests():
@@ -96,12 +97,14 @@ class MoveAfter(Rebalancer):
         return moves
 
 
-def _cluster(params, rebalancer=None, mode="live", stop_pages=1):
+def _cluster(params, rebalancer=None, mode="live", stop_pages=1, overlap=False):
     migration = None if rebalancer is None else MigrationSpec(
         cost=COST, mode=mode, interval_s=1e-4, stop_pages=stop_pages, measure_copy=True)
+    # overlap: each replica plans step N+1 while step N runs (its tokens come back late).
     return Cluster(_requests(), num_replicas=2, router="round_robin",
                    make_policy=lambda: policies.make_policy("vllm"),
-                   make_engine=lambda: _engine(params), config=CONFIG,
+                   make_engine=lambda: _engine(params, overlap),
+                   config=CONFIG.with_knobs(overlap=overlap),
                    rebalancer=rebalancer, migration=migration)
 
 
@@ -118,12 +121,13 @@ def _check_pages_back(cluster):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["live", "stop_and_copy"])
+@pytest.mark.parametrize("mode, overlap", [("live", False), ("stop_and_copy", False),
+                                           ("live", True)])
 def test_requests_migrated_mid_decode_and_waiting_keep_their_greedy_tokens(
-        params, unmigrated, mode):
+        params, unmigrated, mode, overlap):
     # 0 moves after 3 tokens, 1 (on replica 1) after 2, 4 while it waits on replica 0.
     rebalancer = MoveAfter(after={0: 3, 1: 2, 4: 0})
-    cluster = _cluster(params, rebalancer, mode)
+    cluster = _cluster(params, rebalancer, mode, overlap=overlap)
     result = cluster.run()
     assert _tokens(result) == unmigrated
     assert {r: s for r, (_, s) in rebalancer.seen.items()} == {
