@@ -9,6 +9,10 @@ test sees it. Every page comes back to its pool once.
 
 import dataclasses
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -26,6 +30,7 @@ from orca_jax.model.weights import init_params
 from orca_jax.specs.hardware import KVLinkSpec
 from orca_jax.specs.model_config import get_model_config
 
+REPO = Path(__file__).resolve().parent.parent
 MODEL = get_model_config("tiny")
 PAGE_SIZE = 4
 MAX_LEN = 64
@@ -54,16 +59,16 @@ def params():
     return init_params(MODEL, seed=5)
 
 
-def _engine(params, overlap=False):
+def _engine(params, overlap=False, device=None):
     return JaxEngine(MODEL, params, num_cache_pages=NUM_PAGES + 1, page_size=PAGE_SIZE,
                      pages_per_seq=MAX_LEN // PAGE_SIZE, attention="reference",
-                     feed_tokens=overlap)
+                     feed_tokens=overlap, device=device)
 
 
 def _requests():
     # Round robin: 0, 2, 4 on replica 0 (two run, one waits), 1, 3 on replica 1.
     rng = np.random.default_rng(7)
-    lengths = [(9, 12), (17, 10), (3, 14), (25, 5), (6, 10)]
+    lengths = [(9, 12), (17, 10), (3, 30), (25, 5), (6, 10)]
     return [Request(id=i, arrival_s=0.0, prompt_len=p, output_len=o,
                     prompt_tokens=rng.integers(1, MODEL.vocab_size, p).astype(np.int32))
             for i, (p, o) in enumerate(lengths)]
@@ -97,13 +102,20 @@ class MoveAfter(Rebalancer):
         return moves
 
 
-def _cluster(params, rebalancer=None, mode="live", stop_pages=1, overlap=False):
+def _cluster(params, rebalancer=None, mode="live", stop_pages=1, overlap=False, devices=None,
+             max_rounds=8):
+    # The copy's measured wall time on the clock only for stop-and-copy (its one round
+    # cannot abort): a live copy's rounds, priced alone, stay far shorter than a step,
+    # however busy the machine, so the request never finishes while it moves.
     migration = None if rebalancer is None else MigrationSpec(
-        cost=COST, mode=mode, interval_s=1e-4, stop_pages=stop_pages, measure_copy=True)
+        cost=COST, mode=mode, interval_s=1e-4, stop_pages=stop_pages, max_rounds=max_rounds,
+        measure_copy=mode == "stop_and_copy")
     # overlap: each replica plans step N+1 while step N runs (its tokens come back late).
+    # devices: replica i's engine on devices[i] (None: both on the default device).
+    placed = iter(devices or [None, None])
     return Cluster(_requests(), num_replicas=2, router="round_robin",
                    make_policy=lambda: policies.make_policy("vllm"),
-                   make_engine=lambda: _engine(params, overlap),
+                   make_engine=lambda: _engine(params, overlap, next(placed)),
                    config=CONFIG.with_knobs(overlap=overlap),
                    rebalancer=rebalancer, migration=migration)
 
@@ -147,6 +159,8 @@ def test_requests_migrated_mid_decode_and_waiting_keep_their_greedy_tokens(
             assert moved.num_rounds == 1 and moved.start_s == moved.stop_s
             assert moved.downtime_s == pytest.approx(
                 COST.seconds(moved.num_pages * PAGE_SIZE) + moved.copy_wall_s)
+        else:  # the last round's price alone: at most the pages filled since the last round
+            assert moved.downtime_s < COST.seconds(moved.num_pages * PAGE_SIZE)
     assert log[4].num_pages == 0 and log[4].copy_wall_s == 0.0  # waiting: no KV yet
     assert result.state.tolist() == [int(RequestState.FINISHED)] * 5
     _check_pages_back(cluster)
@@ -154,13 +168,15 @@ def test_requests_migrated_mid_decode_and_waiting_keep_their_greedy_tokens(
 
 @pytest.mark.slow
 def test_a_live_copy_sends_pages_filled_while_it_ran(params, unmigrated):
-    # A long request alone on its replica: rounds go on while it decodes, then it stops.
+    # A long request: rounds go on while it decodes, then it stops.
     rebalancer = MoveAfter(after={2: 2})
-    cluster = _cluster(params, rebalancer, "live", stop_pages=0)  # rounds until max_rounds
+    cluster = _cluster(params, rebalancer, "live", stop_pages=0, max_rounds=3)  # 3, then stop
     result = cluster.run()
     assert _tokens(result) == unmigrated
     (moved,) = cluster.migrator.log
     assert moved.num_rounds >= 2 and moved.stop_s > moved.start_s
+    at_start = -(-(3 + rebalancer.seen[2][0] - 1) // PAGE_SIZE)  # pages of its computed tokens
+    assert moved.num_pages > at_start  # and those filled (or partly filled) meanwhile
     assert result.replica[2] == 1
     _check_pages_back(cluster)
 
@@ -195,3 +211,30 @@ def test_the_command_line_runs_load_balance_on_two_jax_replicas(tmp_path):
                          for m in moves)
     assert summary["migration_pages_total"] == sum(m["num_pages"] for m in moves)
     assert sorted({row["replica"] for row in rows}) == [0, 1]
+
+
+# Two CPU devices forced in a fresh process: replica 0 on device 0, replica 1 on device 1.
+SEPARATE_DEVICES = """
+import json, sys
+import jax
+sys.path.insert(0, "tests")
+import test_migration_engine as t
+cluster = t._cluster(t.init_params(t.MODEL, seed=5), t.MoveAfter(after={0: 3, 1: 2, 4: 0}),
+                     devices=jax.devices()[:2])
+result = cluster.run()
+print(json.dumps({"devices": [r.engine.device.id for r in cluster.replicas],
+                  "migrated": sorted(m.request for m in cluster.migrator.log),
+                  "tokens": t._tokens(result)}))
+"""
+
+
+@pytest.mark.slow
+def test_replicas_on_separate_devices_copy_pages_between_them(unmigrated):
+    result = subprocess.run(
+        [sys.executable, "-c", SEPARATE_DEVICES], cwd=REPO, capture_output=True, text=True,
+        env=dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO),
+                 XLA_FLAGS="--xla_force_host_platform_device_count=2"), timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    seen = json.loads(result.stdout.strip().splitlines()[-1])
+    assert seen["devices"] == [0, 1] and seen["migrated"] == [0, 1, 4]
+    assert {int(k): v for k, v in seen["tokens"].items()} == unmigrated

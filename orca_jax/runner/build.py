@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import json
 import os
 from typing import Any, Callable, Mapping, Optional, Sequence
@@ -209,11 +210,12 @@ def _option(value: str) -> object:
     return value
 
 
-def build_engine(spec: RunSpec, config: SchedulerConfig) -> Engine:
-    """The engine of the run (one per run: a real engine owns its KV cache)."""
+def build_engine(spec: RunSpec, config: SchedulerConfig, replica: int = 0) -> Engine:
+    """The engine of the run, or of a cluster's `replica` (a real engine owns its KV
+    cache: one per replica)."""
     engine = spec.engine
     if isinstance(engine, JaxEngineSpec):
-        return _jax_engine(spec, engine, config)
+        return _jax_engine(spec, engine, config, replica)
     return SimEngine(_cost_config(engine))
 
 
@@ -244,7 +246,18 @@ def sim_stage_layers(engine: SimEngineSpec) -> Optional[tuple[int, ...]]:
                         where="engine.pp")
 
 
-def _jax_engine(spec: RunSpec, engine: JaxEngineSpec, config: SchedulerConfig) -> Engine:
+def replica_devices(num_replicas: int, tp: int, replica: int,
+                    devices: Sequence[Any]) -> list[Any]:
+    """The devices of a cluster's `replica`: `tp` of its own when the machine has
+    `num_replicas * tp` of them (a forced CPU device count, or one GPU each), else the
+    first `tp`, shared by every replica (each still with its own weights and cache)."""
+    if num_replicas * tp <= len(devices):
+        return list(devices[replica * tp:(replica + 1) * tp])
+    return list(devices[:tp])
+
+
+def _jax_engine(spec: RunSpec, engine: JaxEngineSpec, config: SchedulerConfig,
+                replica: int = 0) -> Engine:
     import jax
     import jax.numpy as jnp
 
@@ -263,12 +276,17 @@ def _jax_engine(spec: RunSpec, engine: JaxEngineSpec, config: SchedulerConfig) -
         attention = "pallas" if on_gpu else "bucketed"  # bucketed: the vectorized CPU op
     elif attention == "pallas" and not on_gpu:
         attention = "pallas_interpret"  # the same kernel, run by the Pallas interpreter
-    mesh = sharding.make_mesh(engine.tp, model) if engine.tp > 1 else None
+    devices = replica_devices(spec.cluster.num_replicas, engine.tp, replica,
+                              jax.local_devices())
+    mesh = sharding.make_mesh(engine.tp, model, devices) if engine.tp > 1 else None
+    # One replica: the default device, as ever; a cluster's replica: its own, if it has one.
+    device = devices[0] if engine.tp == 1 and spec.cluster.num_replicas > 1 else None
     limits, kv = config.limits, config.kv
     pages_per_seq = pages_per_seq_for(limits.max_model_len, kv.page_size)
     real = JaxEngine(model, params, num_cache_pages=kv.num_kv_pages + 1,  # + the null page
                      page_size=kv.page_size, pages_per_seq=pages_per_seq, dtype=dtype,
-                     attention=attention, mesh=mesh, feed_tokens=engine.overlap)
+                     attention=attention, mesh=mesh, feed_tokens=engine.overlap,
+                     device=device)
     if engine.clock == "wall":
         return real
     # The profiled clock prices each step by a fit of what it holds, measured at warm-up or
@@ -303,11 +321,13 @@ def build_cluster(spec: RunSpec, policy_spec: str, policy_options: Optional[Mapp
         migration = MigrationSpec(cost=transfer_cost(spec), mode=cluster.migration,
                                   interval_s=cluster.rebalance_interval_s,
                                   measure_copy=measure)
+    replicas = itertools.count()  # each replica's engine on its own devices, if any
     return Cluster(workload, num_replicas=cluster.num_replicas,
                    router=cluster.router,
                    router_options=parse_options(cluster.router_opts),
                    make_policy=lambda: make_policy(policy_spec, policy_options),
-                   make_engine=lambda: build_engine(spec, config), config=config,
+                   make_engine=lambda: build_engine(spec, config, next(replicas)),
+                   config=config,
                    rebalancer=cluster.rebalancer,
                    rebalancer_options=parse_options(cluster.rebalancer_opts),
                    migration=migration)
