@@ -18,7 +18,7 @@ from orca_jax.core.plans.plan import PlanError
 from orca_jax.core.requests.request import RequestState
 from orca_jax.core.requests.run_result import RunResult
 from orca_jax.results.summary import replica_rows, summarize
-from orca_jax.runner.spec import ClusterSpec, JaxEngineSpec, RunSpec
+from orca_jax.runner.spec import ClusterSpec, JaxEngineSpec, RunSpec, SimEngineSpec
 from orca_jax.sim.cost_model import CostModelConfig
 from orca_jax.sim.engine import SimEngine
 from orca_jax.workloads.synthetic import synthetic_workload
@@ -198,8 +198,12 @@ def test_cluster_rejects_bad_settings():
     with pytest.raises(PolicyLoadError, match="router 'round_robin' has no option 'x'"):
         Cluster(_workload(n=2), num_replicas=2, router="round_robin", router_options={"x": "1"},
                 make_policy=lambda: None, make_engine=_engine, config=CONFIG)
-    with pytest.raises(ValueError, match="num_replicas=2 needs engine 'sim'"):
-        RunSpec(engine=JaxEngineSpec(), cluster=ClusterSpec(num_replicas=2))
+    # The real engine serves a colocated cluster too (each replica its own KV cache);
+    # pipeline stages still serve one replica.
+    assert RunSpec(engine=JaxEngineSpec(), cluster=ClusterSpec(num_replicas=2)).cluster
+    with pytest.raises(ValueError, match="engine.pp 2: pipeline stages serve one replica"):
+        RunSpec(engine=SimEngineSpec(pp=2, model="llama3-8b"),
+                cluster=ClusterSpec(num_replicas=2))
 
 
 def test_run_cli_writes_each_request_s_replica(tmp_path):

@@ -28,6 +28,15 @@ live copy is aborted (the target's reservation given back, nothing logged but
 the count) when, at a round's end, the request finished, was preempted or left
 its source, or the target has no room for the pages it grew by.
 
+On an engine with KV (the real engine) each round's pages are copied for real
+when the round starts: the source engine's pages are read (`Engine.read_kv_pages`)
+and written into the same positions of the target's reserved pages
+(`Engine.write_kv_pages`); the last, partly filled page is copied again by the
+next round, as it is priced. The copy's wall time is measured (waited for:
+`Engine.wait_kv`) and logged (`copy_wall_s`); with `measure_copy` (a real
+engine on the wall clock) it is added to the round's priced time, so the
+downtime holds it. The simulator's engine has no KV: nothing is copied or timed.
+
 What is modelled and what is not: each migration's own rounds, latency and
 bandwidth; not contention between migrations or with other traffic (each has
 the whole link), nor the source's steps slowing while it sends. A replica may
@@ -39,6 +48,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Optional, Sequence
 
 import numpy as np
@@ -72,6 +82,8 @@ class MigrationSpec:
       interval_s: virtual seconds between the rebalancer's calls (> 0).
       stop_pages: live copy stops the request once at most this many pages are left.
       max_rounds: live copy stops the request after this many rounds at most.
+      measure_copy: add each round's measured copy wall time to its priced time (a real
+        engine whose clock is measured wall time; off: the link's price alone, repeatable).
     """
 
     cost: KVTransferCost
@@ -79,6 +91,7 @@ class MigrationSpec:
     interval_s: float = 0.5
     stop_pages: int = 1
     max_rounds: int = 8
+    measure_copy: bool = False
 
     def __post_init__(self) -> None:
         if self.mode not in MIGRATION_MODES:
@@ -105,6 +118,7 @@ class MigrationLog(NamedTuple):
     num_bytes: int  # bytes one shard's link carried
     num_rounds: int  # copy rounds, the stop-and-copy included
     downtime_s: float  # end_s - stop_s: the request ran nowhere
+    copy_wall_s: float  # measured wall time of the real page copies (0: an engine without KV)
 
     def row(self) -> dict[str, Any]:
         return self._asdict()
@@ -123,6 +137,7 @@ class _Moving:
     num_pages: int = 0
     num_rounds: int = 0
     stop_s: float = math.nan
+    copy_wall_s: float = 0.0
     export: Optional[RequestExport] = None
 
 
@@ -158,8 +173,19 @@ class Migrator:
         self._moving: dict[int, _Moving] = {}
 
     def start(self) -> None:
-        """Schedules the rebalancer's first call."""
+        """Warms up the page copy and schedules the rebalancer's first call."""
+        self._warm_copies()
         self.loop.push(RebalanceTick(), self.spec.interval_s)
+
+    def _warm_copies(self) -> None:
+        """Copies no page once on every engine (a real engine compiles its page gather and
+        scatter then), so that no migration's measured copy holds a compile."""
+        none = np.zeros(0, dtype=np.int32)
+        for replica in self.pool.replicas:
+            contents = replica.engine.read_kv_pages(none)
+            if contents is not None:
+                replica.engine.write_kv_pages(none, contents)
+                replica.engine.wait_kv()
 
     # --------------------------------------------------------------- events
     def tick(self, when: float) -> None:
@@ -214,7 +240,8 @@ class Migrator:
             start_s=moving.start_s, stop_s=moving.stop_s, end_s=when,
             num_pages=moving.num_pages,
             num_bytes=cost.num_bytes(moving.num_pages * page_size),
-            num_rounds=moving.num_rounds, downtime_s=when - moving.stop_s))
+            num_rounds=moving.num_rounds, downtime_s=when - moving.stop_s,
+            copy_wall_s=moving.copy_wall_s))
         self.loop.wake(0, moving.target)
 
     # ----------------------------------------------------------------- moves
@@ -222,34 +249,54 @@ class Migrator:
         """Copies, while the source runs, the pages filled since the last round."""
         source = self.pool.replicas[moving.source]
         computed = int(source.table.num_computed[moving.request])
-        pages = self._send(moving, source, computed)
-        self.loop.push(RoundEnd(moving), when + self._seconds(source, pages))
+        seconds = self._send(moving, source, computed)
+        self.loop.push(RoundEnd(moving), when + seconds)
 
     def _stop(self, moving: _Moving, when: float) -> None:
         """The source stops the request and frees its pages; its last pages are copied."""
         source = self.pool.replicas[moving.source]
         target = self.pool.replicas[moving.target]
         computed = int(source.table.num_computed[moving.request])
-        moving.export = source.export_request(moving.request)
+        # The pages are copied here (`_send`), before the source lets them go.
+        moving.export = source.export_request(moving.request, with_kv=False)
+        assert target.kv.num_held[moving.request] >= _pages(target, computed)
+        seconds = self._send(moving, source, computed)
         source.release_request(moving.request, when)
         moving.stop_s = when
-        pages = self._send(moving, source, computed)
-        assert target.kv.num_held[moving.request] >= _pages(target, computed)
         self.pool.send(moving.request, moving.target)
         self.loop.wake(0, moving.source)
-        self.loop.push(Arrived(moving), when + self._seconds(source, pages))
+        self.loop.push(Arrived(moving), when + seconds)
 
-    def _send(self, moving: _Moving, source: "Scheduler", computed: int) -> int:
-        """Counts one round's pages: from the first not wholly copied to the last held."""
+    def _send(self, moving: _Moving, source: "Scheduler", computed: int) -> float:
+        """Sends one round's pages, from the first not wholly copied to the last held,
+        and returns the round's seconds: the link's price (plus the copy's measured wall
+        time with `measure_copy`)."""
         page_size = source.kv.page_size
-        pages = _pages(source, computed) - moving.copied_tokens // page_size
+        first = moving.copied_tokens // page_size
+        last = _pages(source, computed)
         moving.copied_tokens = computed // page_size * page_size
-        moving.num_pages += pages
+        moving.num_pages += last - first
         moving.num_rounds += 1
-        return pages
+        wall_s = self._copy_pages(moving, first, last)
+        moving.copy_wall_s += wall_s
+        price_s = self.spec.cost.seconds((last - first) * page_size)
+        return price_s + wall_s if self.spec.measure_copy else price_s
 
-    def _seconds(self, source: "Scheduler", pages: int) -> float:
-        return self.spec.cost.seconds(pages * source.kv.page_size)
+    def _copy_pages(self, moving: _Moving, first: int, last: int) -> float:
+        """Copies the request's pages `first..last-1` from the source engine's cache into
+        the same positions of the pages reserved at the target; returns the measured wall
+        seconds (0.0: nothing to copy, or an engine without KV)."""
+        if last <= first:
+            return 0.0
+        source = self.pool.replicas[moving.source]
+        target = self.pool.replicas[moving.target]
+        started = time.perf_counter()
+        contents = source.engine.read_kv_pages(source.kv.pages_of(moving.request)[first:last])
+        if contents is None:  # the simulator: no KV to move
+            return 0.0
+        target.engine.write_kv_pages(target.kv.pages_of(moving.request)[first:last], contents)
+        target.engine.wait_kv()
+        return time.perf_counter() - started
 
     def _forget(self, moving: _Moving) -> None:
         del self._moving[moving.request]

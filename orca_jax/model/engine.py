@@ -134,7 +134,7 @@ class JaxEngine(Engine):
                  attention: str = "reference",
                  warmup_kv_len: Optional[int] = None,
                  mesh: Optional[jax.sharding.Mesh] = None, feed_tokens: bool = False,
-                 host_kv_memory: str = "auto") -> None:
+                 host_kv_memory: str = "auto", device: Optional[jax.Device] = None) -> None:
         if num_cache_pages < 2 or page_size < 1 or pages_per_seq < 1:
             raise ValueError(f"JaxEngine: needs num_cache_pages >= 2 (null page + one), "
                              f"page_size >= 1, pages_per_seq >= 1; got {num_cache_pages}, "
@@ -159,6 +159,9 @@ class JaxEngine(Engine):
         self.dtype = jnp.dtype(dtype)
         self.attention = attention
         self.mesh = mesh
+        # Without a mesh: the one device of the weights and cache (a cluster's replica on
+        # a device of its own), None for the default one.
+        self.device = device if mesh is None else None
         self.warmup_kv_len = warmup_kv_len if warmup_kv_len is not None else max_len
         graphdef, abstract = model_lib.abstract_model(model_config, self.dtype)
         self._check_params(abstract, params)
@@ -167,7 +170,12 @@ class JaxEngine(Engine):
         new_cache = functools.partial(model_lib.init_kv_cache, model_config,
                                       num_pages=num_cache_pages, page_size=page_size,
                                       dtype=self.dtype)
-        if mesh is None:
+        if mesh is None and device is not None:
+            self._params = jax.device_put(params, device)
+            with jax.default_device(device):  # built there, then committed to it
+                self._cache = jax.device_put(new_cache(), device)
+            self._inputs_sharding = None
+        elif mesh is None:
             self._params = jax.device_put(params)
             self._cache = new_cache()
             self._inputs_sharding = None
@@ -327,9 +335,12 @@ class JaxEngine(Engine):
         """What the step's trace closes over besides its arguments (the cache key's part)."""
         mesh = None if self.mesh is None else (tuple(self.mesh.axis_names),
                                                [d.id for d in self.mesh.devices.flat])
-        return {"step": "feeding" if self._feed else "plain", "attention": self.attention,
-                "model": dataclasses.asdict(self.model_config), "dtype": str(self.dtype),
-                "mesh": mesh}
+        choices = {"step": "feeding" if self._feed else "plain", "attention": self.attention,
+                   "model": dataclasses.asdict(self.model_config), "dtype": str(self.dtype),
+                   "mesh": mesh}
+        if self.device is not None:  # an executable is compiled for its device
+            choices["device"] = self.device.id
+        return choices
 
     @property
     def feeds_tokens(self) -> bool:
@@ -386,7 +397,13 @@ class JaxEngine(Engine):
         if count != len(pages):
             raise ValueError(f"JaxEngine.write_kv_pages: {count} pages of KV for "
                              f"{len(pages)} pages")
+        # From an engine on other devices: onto this cache's (a no-op on the same ones).
+        data = jax.tree.map(lambda d, c: jax.device_put(d, c.sharding), data, self._cache)
         self._cache = _scatter_pages(self._cache, self._padded(pages), data)
+
+    def wait_kv(self) -> None:
+        """Blocks until the cache's pending writes (steps, `write_kv_pages`) are done."""
+        jax.block_until_ready(self._cache)
 
     def host_kv_store(self) -> host_kv.HostKVStore:
         """A host KV tier's pages in host memory (`host_kv.HostKVStore`; one per engine:
@@ -398,7 +415,8 @@ class JaxEngine(Engine):
         if self._multiprocess:
             raise EngineConfigError("JaxEngine: a host KV tier on a mesh spanning processes "
                                     "is not built; run it on one process")
-        device = self.mesh.devices.flat[0] if self.mesh is not None else jax.devices()[0]
+        device = (self.mesh.devices.flat[0] if self.mesh is not None
+                  else self.device or jax.devices()[0])
         self._host_kv = host_kv.HostKVStore(
             self, host_kv.host_memory_kind(device, self._host_kv_memory))
         return self._host_kv

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import json
 import os
 from typing import Any, Callable, Mapping, Optional, Sequence
@@ -211,11 +212,12 @@ def _option(value: str) -> object:
     return value
 
 
-def build_engine(spec: RunSpec, config: SchedulerConfig) -> Engine:
-    """The engine of the run (one per run: a real engine owns its KV cache)."""
+def build_engine(spec: RunSpec, config: SchedulerConfig, replica: int = 0) -> Engine:
+    """The engine of the run, or of a cluster's `replica` (a real engine owns its KV
+    cache: one per replica)."""
     engine = spec.engine
     if isinstance(engine, JaxEngineSpec):
-        return _jax_engine(spec, engine, config)
+        return _jax_engine(spec, engine, config, replica)
     return SimEngine(_cost_config(engine))
 
 
@@ -246,7 +248,18 @@ def sim_stage_layers(engine: SimEngineSpec) -> Optional[tuple[int, ...]]:
                         where="engine.pp")
 
 
-def _jax_engine(spec: RunSpec, engine: JaxEngineSpec, config: SchedulerConfig) -> Engine:
+def replica_devices(num_replicas: int, tp: int, replica: int,
+                    devices: Sequence[Any]) -> list[Any]:
+    """The devices of a cluster's `replica`: `tp` of its own when the machine has
+    `num_replicas * tp` of them (a forced CPU device count, or one GPU each), else the
+    first `tp`, shared by every replica (each still with its own weights and cache)."""
+    if num_replicas * tp <= len(devices):
+        return list(devices[replica * tp:(replica + 1) * tp])
+    return list(devices[:tp])
+
+
+def _jax_engine(spec: RunSpec, engine: JaxEngineSpec, config: SchedulerConfig,
+                replica: int = 0) -> Engine:
     import jax
     import jax.numpy as jnp
 
@@ -268,14 +281,20 @@ def _jax_engine(spec: RunSpec, engine: JaxEngineSpec, config: SchedulerConfig) -
     limits, kv = config.limits, config.kv
     pages_per_seq = pages_per_seq_for(limits.max_model_len, kv.page_size)
     real: Engine
-    if engine.pp > 1:
+    if engine.pp > 1:  # clusters of pipelines are refused at the spec
         real = _pipelined_jax_engine(engine, model, params, config, attention=attention,
                                      dtype=dtype)
     else:
-        mesh = sharding.make_mesh(engine.tp, model) if engine.tp > 1 else None
+        devices = replica_devices(spec.cluster.num_replicas, engine.tp, replica,
+                                  jax.local_devices())
+        mesh = sharding.make_mesh(engine.tp, model, devices) if engine.tp > 1 else None
+        # One replica: the default device, as ever; a cluster's replica: its own, if it has
+        # one.
+        device = devices[0] if engine.tp == 1 and spec.cluster.num_replicas > 1 else None
         real = JaxEngine(model, params, num_cache_pages=kv.num_kv_pages + 1,  # + the null page
                          page_size=kv.page_size, pages_per_seq=pages_per_seq, dtype=dtype,
-                         attention=attention, mesh=mesh, feed_tokens=engine.overlap)
+                         attention=attention, mesh=mesh, feed_tokens=engine.overlap,
+                         device=device)
     if engine.clock == "wall":
         return real
     # The profiled clock prices each step by a fit of what it holds, measured at warm-up or
@@ -322,18 +341,24 @@ def transfer_cost(spec: RunSpec) -> KVTransferCost:
 
 def build_cluster(spec: RunSpec, policy_spec: str, policy_options: Optional[Mapping[str, str]],
                   config: SchedulerConfig, workload: list[Request]) -> Cluster:
-    """`spec.cluster.num_replicas` simulated replicas of `policy_spec` behind
-    `spec.cluster.router`, each with its own engine of the spec."""
+    """`spec.cluster.num_replicas` replicas of `policy_spec` behind
+    `spec.cluster.router`, each with its own engine of the spec (a real engine: its own
+    weights and KV cache, in this process)."""
     cluster = spec.cluster
     migration = None
     if cluster.rebalancer is not None:
+        # A real engine on the wall clock: a migration's measured copy is on the clock too.
+        measure = isinstance(spec.engine, JaxEngineSpec) and spec.engine.clock == "wall"
         migration = MigrationSpec(cost=transfer_cost(spec), mode=cluster.migration,
-                                  interval_s=cluster.rebalance_interval_s)
+                                  interval_s=cluster.rebalance_interval_s,
+                                  measure_copy=measure)
+    replicas = itertools.count()  # each replica's engine on its own devices, if any
     return Cluster(workload, num_replicas=cluster.num_replicas,
                    router=cluster.router,
                    router_options=parse_options(cluster.router_opts),
                    make_policy=lambda: make_policy(policy_spec, policy_options),
-                   make_engine=lambda: build_engine(spec, config), config=config,
+                   make_engine=lambda: build_engine(spec, config, next(replicas)),
+                   config=config,
                    rebalancer=cluster.rebalancer,
                    rebalancer_options=parse_options(cluster.rebalancer_opts),
                    migration=migration, planner=cluster.planner,

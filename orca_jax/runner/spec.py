@@ -489,8 +489,9 @@ class ClusterSpec:
     the run's when the policy is the run's).
     """
 
-    num_replicas: int = _knob(1, "sim: replicas behind a global router, each with its own "
-                              "scheduler, KV pool and engine.")
+    num_replicas: int = _knob(1, "Replicas behind a global router, each with its own "
+                              "scheduler, KV pool and engine (jax: each its own KV cache, "
+                              "in this process).")
     router: str = _knob("round_robin", "How num_replicas > 1 replicas share the arrivals: a "
                         "registered router, or a plugin as package.module:Class or "
                         "path/to/file.py:Class.", registry="router")
@@ -515,7 +516,7 @@ class ClusterSpec:
                                      "key=value,...")
     decode_router_opts: str = _knob("", "Disaggregated: the decode router's knobs: "
                                     "key=value,...")
-    rebalancer: Optional[str] = _knob(None, "Live migration (num_replicas > 1, sim): the "
+    rebalancer: Optional[str] = _knob(None, "Live migration (num_replicas > 1): the "
                                       "rebalancer asked every rebalance_interval_s which "
                                       "requests to move (a registered rebalancer, or a plugin "
                                       "as router; None: requests stay where routed).",
@@ -697,10 +698,6 @@ class RunSpec(metaclass=_TakesFlatKeywords):
                 and self.engine.cost_fit is not None):
             raise ValueError(f"limits.bucket_ladder {self.limits.bucket_ladder!r}: a cost fit "
                              f"({self.engine.cost_fit}) prices only its own buckets; give them")
-        if self.cluster.num_replicas > 1 and self.engine.kind != "sim":
-            raise ValueError(f"num_replicas={self.cluster.num_replicas} needs engine 'sim' (the "
-                             f"real engine runs one replica per process), got "
-                             f"{self.engine.kind!r}")
         pp = getattr(self.engine, "pp", 1)
         if pp > 1 and (self.cluster.num_replicas > 1 or self.cluster.disaggregated):
             raise ValueError(f"engine.pp {pp}: pipeline stages serve one replica for now; give "

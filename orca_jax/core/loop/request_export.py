@@ -100,10 +100,11 @@ class RequestExport:
     kv_contents: object = None
 
 
-def export_request(scheduler: Scheduler, request: int,
-                   output_tokens: Optional[list[int]]) -> RequestExport:
+def export_request(scheduler: Scheduler, request: int, output_tokens: Optional[list[int]],
+                   *, with_kv: bool = True) -> RequestExport:
     """A copy of `request`'s state on `scheduler` (which changes nothing), with the
-    token ids it generated (`output_tokens`; None when the engine has none).
+    token ids it generated (`output_tokens`; None when the engine has none) and, with
+    `with_kv`, its pages' KV (a live migration copies the pages itself, round by round).
 
     Raises:
       ValueError: the request is not held here (pending, rejected or routed away).
@@ -127,7 +128,7 @@ def export_request(scheduler: Scheduler, request: int,
         last_token_s=float(table.last_token_s[request]),
         last_token=int(table.last_token[request]),
         output_tokens=None if output_tokens is None else tuple(output_tokens),
-        kv_contents=scheduler.engine.read_kv_pages(pages) if pages.size else None)
+        kv_contents=scheduler.engine.read_kv_pages(pages) if with_kv and pages.size else None)
 
 
 def reserve_pages(scheduler: Scheduler, request: int, num_tokens: int) -> bool:

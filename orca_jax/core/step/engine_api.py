@@ -301,6 +301,10 @@ class Engine(abc.ABC):
         """Writes `kv` from `read_kv_pages` into these pages, in order (None: nothing)."""
         del pages, kv
 
+    def wait_kv(self) -> None:
+        """Waits until every KV write dispatched so far is done (a migration's copy is
+        timed by it); an engine without a cache has nothing to wait for."""
+
     def host_kv_store(self) -> Optional[object]:
         """Where a run's host KV tier keeps its pages, for an engine whose cache holds
         real KV: an `orca_jax.core.kv.tier_contents.PageContents` that copies pages
@@ -345,6 +349,9 @@ class EngineWrapper(Engine):
 
     def write_kv_pages(self, pages: NDArray[np.int32], kv: object) -> None:  # [n]
         self.engine.write_kv_pages(pages, kv)
+
+    def wait_kv(self) -> None:
+        self.engine.wait_kv()
 
     def host_kv_store(self) -> Optional[object]:
         return self.engine.host_kv_store()
