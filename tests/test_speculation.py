@@ -191,3 +191,35 @@ def test_spec_k_needs_an_engine_that_speculates():
         Scheduler(requests(), VLLM(), SimEngine(), config)
     with pytest.raises(ValueError, match="spec_k must be an integer >= 0, got -1"):
         LoopFeatures(spec_k=-1)
+
+
+@pytest.mark.parametrize("args,flag,words", [
+    (["--spec_k=-1"], "--spec_k", "must be >= 0"),
+    (["--model=llama2-70b", "--draft_model=llama3-8b"], "--draft_model", "vocabulary"),
+    (["--draft_model=nosuch"], "--draft_model", "unknown model 'nosuch'"),
+    (["--spec_acceptance=1.5"], "--spec_acceptance", "in [0, 1]"),
+    (["--engine=jax", "--spec_k=2"], "--spec_k", "only with a drafter"),
+    (["--policy=smartspec"], "smartspec", "must speculate"),
+    (["--spec_k=2", "--num_replicas=2"], "speculative decoding", "one replica"),
+])
+def test_bad_speculation_input_is_one_line_exit_2(args, flag, words, tmp_path):
+    from tests.cli_runner import run_module
+    result = run_module("experiments.run", "--engine=sim", "--num_requests=4",
+                        f"--out_dir={tmp_path}", *args, check=False)
+    assert result.returncode == 2, result.stderr[-2000:]
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and flag in lines[0] and words in lines[0], lines
+
+
+def test_a_speculating_run_writes_its_figures(tmp_path):
+    import json
+
+    from tests.cli_runner import run_module
+    run_module("experiments.run", "--engine=sim", "--policy=smartspec", "--num_requests=12",
+               "--rate=4", "--model=llama2-70b", "--tp=4", "--draft_model=llama2-7b",
+               f"--out_dir={tmp_path}")
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["num_finished"] == 12
+    assert 0 < summary["speculation.accepted_tokens"] <= summary["speculation.drafted_tokens"]
+    assert summary["speculation.draft_s_total"] > 0
+    assert 0 < summary["speculation.draft_fraction"] < 1

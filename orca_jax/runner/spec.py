@@ -355,7 +355,10 @@ class SimEngineSpec:
             raise ValueError(f"engine.spec_acceptance must be in [0, 1] (a probability), got "
                              f"{self.spec_acceptance}")
         if self.draft_model is not None:
-            draft = get_model_config(self.draft_model)  # fails early, naming the presets
+            try:
+                draft = get_model_config(self.draft_model)
+            except ValueError as e:  # naming the presets, and the flag
+                raise ValueError(f"engine.draft_model: {e}") from None
             if draft.vocab_size != model.vocab_size:
                 raise ValueError(f"engine.draft_model {self.draft_model!r} has a vocabulary of "
                                  f"{draft.vocab_size} tokens, the target {self.model!r} "
@@ -651,6 +654,11 @@ class RunSpec(metaclass=_TakesFlatKeywords):
             raise ValueError(f"engine.pp {pp}: count_host_time puts measured host time on the "
                              "clock, which the pipeline's schedule does not take")
         check_caps(self)  # counts this machine cannot hold: refused before anything allocates
+        if self.limits.spec_k and isinstance(self.engine, JaxEngineSpec) and getattr(
+                self.engine, "drafter", None) in (None, "none"):
+            raise ValueError(f"limits.spec_k {self.limits.spec_k}: the jax engine speculates "
+                             "only with a drafter; give one, or --engine=sim "
+                             "(docs/speculative.md)")
         if speculates(self) and (self.cluster.num_replicas > 1 or self.cluster.disaggregated
                                  or pp > 1):
             raise ValueError("speculative decoding (--spec_k, --spec_acceptance, "
