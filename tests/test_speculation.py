@@ -223,3 +223,12 @@ def test_a_speculating_run_writes_its_figures(tmp_path):
     assert 0 < summary["speculation.accepted_tokens"] <= summary["speculation.drafted_tokens"]
     assert summary["speculation.draft_s_total"] > 0
     assert 0 < summary["speculation.draft_fraction"] < 1
+
+
+def test_a_request_of_its_own_rate_draws_at_that_rate():
+    own = SpecConfig(acceptance=0.5, per_request=np.array([np.nan, 1.0, 0.0]))
+    np.testing.assert_array_equal(own.rates(np.array([0, 1, 2])), [0.5, 1.0, 0.0])
+    accepted = own.accepted(np.array([1, 2]), np.array([10, 10]), np.array([4, 4]))
+    np.testing.assert_array_equal(accepted, [4, 0])
+    with pytest.raises(ValueError, match="in \\[0, 1\\]"):
+        SpecConfig(per_request=np.array([1.5]))
