@@ -232,3 +232,18 @@ def test_a_request_of_its_own_rate_draws_at_that_rate():
     np.testing.assert_array_equal(accepted, [4, 0])
     with pytest.raises(ValueError, match="in \\[0, 1\\]"):
         SpecConfig(per_request=np.array([1.5]))
+
+
+def test_a_fixed_k_run_is_never_leaped_and_matches_its_unleaped_twin():
+    from orca_jax.core.loop.config import LoopFeatures
+    import dataclasses
+    results = {}
+    for leap in (True, False):
+        config = dataclasses.replace(CONFIG, features=LoopFeatures(spec_k=2, leap=leap))
+        scheduler = Scheduler(requests(6), VLLM(), engine(0.6), config)
+        results[leap] = scheduler.run()
+        if leap:
+            assert scheduler.executor.leaper is not None
+            assert scheduler.executor.leaper.num_leaped_steps == 0
+    np.testing.assert_array_equal(results[True].finish_s, results[False].finish_s)
+    assert len(results[True].steps) == len(results[False].steps)
