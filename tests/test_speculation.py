@@ -235,8 +235,9 @@ def test_a_request_of_its_own_rate_draws_at_that_rate():
 
 
 def test_a_fixed_k_run_is_never_leaped_and_matches_its_unleaped_twin():
-    from orca_jax.core.loop.config import LoopFeatures
     import dataclasses
+
+    from orca_jax.core.loop.config import LoopFeatures
     results = {}
     for leap in (True, False):
         config = dataclasses.replace(CONFIG, features=LoopFeatures(spec_k=2, leap=leap))
