@@ -83,6 +83,9 @@ class Leaper:
         self._preemptions = scheduler.record.num_preemptions
         # The engine prices no spans, or the policy's promise is not about its plans.
         self._off = not promise_covers_schedule(type(scheduler.policy))
+        # A fixed --spec_k rewrites the policy's plans (drafts where output, budget and
+        # pages allow), which its promise does not cover: every step is planned.
+        self._off |= bool(getattr(scheduler.features, "spec_k", 0))
         self.num_leaped_steps = 0
         self.num_leaps = 0
 
@@ -93,6 +96,7 @@ class Leaper:
         steady = (type(step) is ScheduledStep and preemptions == self._preemptions
                   and not step.progressed and step.kv_move_s == 0.0
                   and step.num_real_tokens == step.request_ids.size
+                  and step.spec_tokens is None  # a speculative step's advance is drawn
                   and bool(step.samples.all()))
         self._preemptions = preemptions
         self._template = step if steady else None

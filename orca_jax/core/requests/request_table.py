@@ -36,6 +36,98 @@ _FIELDS = (
 _FACTS = ("arrival_s", "prompt_len", "output_len", "priority", "tenant", "deadline_s")
 
 
+class SpecCounts:
+    """Each request's speculative decoding so far (docs/speculative.md): kept only in a run
+    whose engine speculates (`RequestTable.spec`), so other runs hold no column for it.
+
+    Attributes:
+      drafted: `[N]` draft tokens verified for it so far (the plans' `spec_tokens`).
+      accepted: `[N]` of those the engine accepted.
+      draft_s: `[N]` seconds of drafting in the steps it drafted in (each such step's
+        `StepOutput.draft_s`, counted for every request drafting in it).
+      spec_steps: `[N]` steps in which it drafted at least one token.
+      rejections: `[N]` of those, the steps that rejected a draft (accepted < drafted):
+        with `accepted` the draft positions the target was seen to judge, so
+        `accepted / (accepted + rejections)` estimates the per-token acceptance
+        (the drafts after a rejection are never judged).
+    """
+
+    def __init__(self, n: int) -> None:
+        self.drafted = np.zeros(n, dtype=np.int64)  # [N]
+        self.accepted = np.zeros(n, dtype=np.int64)  # [N]
+        self.draft_s = np.zeros(n, dtype=np.float64)  # [N]
+        self.spec_steps = np.zeros(n, dtype=np.int64)  # [N]
+        self.rejections = np.zeros(n, dtype=np.int64)  # [N]
+        # Every request's accepted and judged draft positions together (running sums, so a
+        # policy reads the run's acceptance without a pass over the table).
+        self.total_accepted = 0
+        self.total_judged = 0
+
+    def count(self, ids: NDArray[np.int64],  # [n] distinct
+              drafted: NDArray[np.int64],  # [n]
+              accepted: NDArray[np.int64],  # [n]
+              draft_s: float) -> None:
+        """Adds one step's drafts of `ids` (those with drafted > 0 count a step)."""
+        self.drafted[ids] += drafted
+        self.accepted[ids] += accepted
+        drafting = ids[drafted > 0]
+        self.draft_s[drafting] += draft_s
+        self.spec_steps[drafting] += 1
+        rejected = accepted < drafted
+        self.rejections[ids[rejected]] += 1
+        self.total_accepted += int(accepted.sum())
+        self.total_judged += int(accepted.sum()) + int(rejected.sum())
+
+    def acceptance_rate(self, ids: NDArray[np.int64],  # [n]
+                        prior: float = 0.0,
+                        prior_weight: float = 0.0) -> NDArray[np.float64]:  # [n]
+        """Each request's per-token acceptance so far: accepted / (accepted + rejections),
+        the judged draft positions (`prior` where none was judged yet); with
+        `prior_weight` > 0, `prior` counts as that many judged positions more (a
+        smoothed estimate early on)."""
+        accepted = self.accepted[ids].astype(np.float64)
+        judged = accepted + self.rejections[ids]
+        if prior_weight > 0:
+            return (accepted + prior * prior_weight) / (judged + prior_weight)
+        return np.where(judged > 0, accepted / np.maximum(judged, 1), prior)
+
+    def pooled_rate(self, prior: float = 0.0, prior_weight: float = 0.0) -> float:
+        """The run's per-token acceptance so far, every request's judged drafts together
+        (`prior` counted as `prior_weight` judged positions; `prior` before any)."""
+        judged = self.total_judged + prior_weight
+        return (self.total_accepted + prior * prior_weight) / judged if judged else prior
+
+    def copy(self) -> "SpecCounts":
+        """A copy (a run's result keeps the counts as they were at its end)."""
+        other = SpecCounts(0)
+        for name in ("drafted", "accepted", "draft_s", "spec_steps", "rejections"):
+            array = getattr(self, name).copy()
+            array.setflags(write=False)
+            setattr(other, name, array)
+        other.total_accepted, other.total_judged = self.total_accepted, self.total_judged
+        return other
+
+    def summary(self) -> dict[str, float]:
+        """The run's speculation in figures (`speculation.*` in summary.json): draft
+        tokens verified and accepted, the acceptance rate, accepted tokens per
+        speculating request-step (and tokens gained per such step, one more), drafting
+        seconds in all and per request that drafted (mean, p99)."""
+        drafted, accepted = int(self.drafted.sum()), int(self.accepted.sum())
+        steps = int(self.spec_steps.sum())
+        drafting = self.draft_s[self.spec_steps > 0]
+        return {
+            "drafted_tokens": drafted, "accepted_tokens": accepted,
+            "acceptance_rate": accepted / drafted if drafted else 0.0,
+            "request_steps": steps,
+            "accepted_per_step": accepted / steps if steps else 0.0,
+            "tokens_per_step": 1.0 + accepted / steps if steps else 1.0,
+            "requests_drafting": int(drafting.size),
+            "draft_s_per_request_mean": float(drafting.mean()) if drafting.size else 0.0,
+            "draft_s_per_request_p99": (float(np.percentile(drafting, 99)) if drafting.size
+                                        else 0.0),
+        }
+
+
 class RequestTable:
     """Mutable per-request arrays, indexed by request index. Owned by the scheduler."""
 
@@ -81,6 +173,9 @@ class RequestTable:
         # programs, so that a run without them does no work for them.
         self.programs: Optional[ProgramBook] = (ProgramBook(self) if has_programs(requests)
                                                 else None)
+        # Drafted and accepted tokens per request: made by a scheduler whose engine
+        # speculates (`Engine.speculates`), None otherwise.
+        self.speculation: Optional[SpecCounts] = None
 
     def for_replica(self, replica: int) -> RequestTable:
         """The same rows (the same arrays, not copies) as replica `replica` of a pool sees
@@ -158,6 +253,8 @@ class RequestTableView:
     `holder` (the replica of the pool holding it, -1 for none: on a cluster's replica,
     rows of requests another replica holds show their progress there — plan over
     `SchedulerView.waiting` and `running`, which list only this replica's).
+    Speculative decoding's history reads through `num_drafted`, `num_accepted`,
+    `acceptance_rate` (zeros, or the prior, where the engine does not speculate).
     """
 
     def __init__(self, table: RequestTable) -> None:
@@ -190,3 +287,31 @@ class RequestTableView:
     def remaining_output(self, ids: NDArray[np.int64]) -> NDArray[np.int64]:  # [n] -> [n]
         """Output tokens each request has still to generate."""
         return self._table.output_len[ids] - self._table.num_generated[ids]
+
+    def num_drafted(self, ids: NDArray[np.int64]) -> NDArray[np.int64]:  # [n] -> [n]
+        """Draft tokens verified for each request so far (speculative decoding; 0 where
+        the engine does not speculate)."""
+        counts = self._table.speculation
+        return np.zeros(len(ids), np.int64) if counts is None else counts.drafted[ids]
+
+    def num_accepted(self, ids: NDArray[np.int64]) -> NDArray[np.int64]:  # [n] -> [n]
+        """Of those, the draft tokens the engine accepted."""
+        counts = self._table.speculation
+        return np.zeros(len(ids), np.int64) if counts is None else counts.accepted[ids]
+
+    def acceptance_rate(self, ids: NDArray[np.int64],  # [n]
+                        prior: float = 0.0,
+                        prior_weight: float = 0.0) -> NDArray[np.float64]:  # [n]
+        """Each request's per-token acceptance estimate so far
+        (`SpecCounts.acceptance_rate`: accepted over the draft positions judged); `prior`
+        where none was judged (or, with `prior_weight`, as that many judged positions)."""
+        counts = self._table.speculation
+        if counts is None:
+            return np.full(len(ids), prior, np.float64)
+        return counts.acceptance_rate(np.asarray(ids, np.int64), prior, prior_weight)
+
+    def pooled_acceptance_rate(self, prior: float = 0.0, prior_weight: float = 0.0) -> float:
+        """The run's per-token acceptance so far over every request's judged drafts
+        (`SpecCounts.pooled_rate`); `prior` where the engine does not speculate."""
+        counts = self._table.speculation
+        return prior if counts is None else counts.pooled_rate(prior, prior_weight)
