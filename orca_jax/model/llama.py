@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Callable, NamedTuple, Union
+from typing import Callable, NamedTuple, Optional, Union
 
 import jax
 import jax.numpy as jnp
@@ -175,6 +175,8 @@ jax.tree_util.register_dataclass(
 class StepResult(NamedTuple):
     tokens: jax.Array  # [S] int32 sampled token per sequence
     logits: jax.Array  # [S, vocab] float32 logits at sample_indices
+    # [T] int32 the greedy token after every row (a verification step's; None otherwise)
+    row_tokens: Optional[jax.Array] = None
 
 
 def attention_op(attention: Union[str, AttentionFn]) -> AttentionFn:
@@ -206,7 +208,8 @@ def write_kv(pages: jax.Array,  # [num_pages, page_size, num_kv_heads, head_dim]
 
 
 def step(graphdef: nnx.GraphDef, params: nnx.State, kv_cache: KVCache, inputs: StepInputs, *,
-         attention: Union[str, AttentionFn] = "reference") -> tuple[KVCache, StepResult]:
+         attention: Union[str, AttentionFn] = "reference",
+         every_row: bool = False) -> tuple[KVCache, StepResult]:
     """One engine step: writes the new tokens' K/V, attends, samples one token per sequence.
 
     Pure; jit it with `graphdef` and `attention` bound and the cache donated.
@@ -217,6 +220,8 @@ def step(graphdef: nnx.GraphDef, params: nnx.State, kv_cache: KVCache, inputs: S
       kv_cache: the paged cache; page 0 is the null page padding writes to.
       inputs: one padded step descriptor (see `orca_jax.core.step.engine_api.StepInputs`).
       attention: the ragged paged attention op (see `attention_op`).
+      every_row: also return the greedy token after every row (`row_tokens`), as a
+        speculative verification step needs: the LM head then runs on all T rows.
 
     Returns:
       The updated cache, and the sampled tokens and logits at `sample_indices`.
@@ -236,12 +241,18 @@ def step(graphdef: nnx.GraphDef, params: nnx.State, kv_cache: KVCache, inputs: S
         x = layer.finish(x, out.astype(x.dtype))
         new_k.append(k_pages)
         new_v.append(v_pages)
-    logits = model.logits(x[inputs.sample_indices])  # [S, vocab]
+    row_tokens = None
+    if every_row:
+        row_logits = model.logits(x)  # [T, vocab]
+        row_tokens = sampling.greedy_tokens(row_logits)  # [T]
+        logits = row_logits[inputs.sample_indices]  # [S, vocab] the same rows' values
+    else:
+        logits = model.logits(x[inputs.sample_indices])  # [S, vocab]
     # The sampled token sits one past the last computed token.
     next_positions = inputs.positions[inputs.sample_indices] + 1
     tokens = sampling.sample_tokens(logits, next_positions, inputs.temperature, inputs.top_k,
                                     inputs.top_p, inputs.rng_seeds)
-    return KVCache(tuple(new_k), tuple(new_v)), StepResult(tokens, logits)
+    return KVCache(tuple(new_k), tuple(new_v)), StepResult(tokens, logits, row_tokens)
 
 
 def dense_forward(model: Llama, tokens: jax.Array  # [L] int32, one sequence

@@ -128,6 +128,9 @@ class StepOutput:
 
     sampled_tokens: NDArray[np.int32]  # [S] token sampled for each sequence (padding: any)
     step_s: float  # seconds the step took (measured, profiled, or from a cost model)
+    # [T] the greedy token after every row: an engine that verifies speculative drafts
+    # returns it (`JaxEngine(verify_rows=True)`); None otherwise.
+    row_tokens: Optional[NDArray[np.int32]] = None
 
 
 class PendingStep(abc.ABC):
