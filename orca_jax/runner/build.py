@@ -174,7 +174,10 @@ def scheduler_config(spec: RunSpec) -> SchedulerConfig:
                                 seed=spec.seed),
         slo=SLOTargets(ttft_slo_s=spec.ttft_slo_s, tpot_slo_s=spec.tpot_slo_s),
         features=LoopFeatures(count_host_time=limits.count_host_time,
-                              overlap=isinstance(engine, JaxEngineSpec) and engine.overlap,
+                              # A speculative step's accepted tokens are known only once
+                              # it has run: no overlap.
+                              overlap=(isinstance(engine, JaxEngineSpec) and engine.overlap
+                                       and engine.drafter == "none"),
                               log_step_requests=limits.log_step_requests,
                               leap=isinstance(engine, SimEngineSpec) and engine.leap,
                               balance_micro_batches=(isinstance(engine, SimEngineSpec)
@@ -266,9 +269,13 @@ def _jax_engine(spec: RunSpec, engine: JaxEngineSpec, config: SchedulerConfig) -
     mesh = sharding.make_mesh(engine.tp, model) if engine.tp > 1 else None
     limits, kv = config.limits, config.kv
     pages_per_seq = pages_per_seq_for(limits.max_model_len, kv.page_size)
+    speculates = engine.drafter != "none"
     real = JaxEngine(model, params, num_cache_pages=kv.num_kv_pages + 1,  # + the null page
                      page_size=kv.page_size, pages_per_seq=pages_per_seq, dtype=dtype,
-                     attention=attention, mesh=mesh, feed_tokens=engine.overlap)
+                     attention=attention, mesh=mesh,
+                     feed_tokens=engine.overlap and not speculates, verify_rows=speculates)
+    if speculates:
+        return _speculative_engine(spec, engine, real, params)
     if engine.clock == "wall":
         return real
     # The profiled clock prices each step by a fit of what it holds, measured at warm-up or
@@ -278,6 +285,26 @@ def _jax_engine(spec: RunSpec, engine: JaxEngineSpec, config: SchedulerConfig) -
     return ProfiledClock(real, max_model_len=limits.max_model_len, page_size=kv.page_size,
                          pages_per_seq=pages_per_seq, num_pages=kv.num_kv_pages + 1,
                          table_file=engine.profile_table, identity=identity)
+
+
+def _speculative_engine(spec: RunSpec, engine: JaxEngineSpec, target: Engine,
+                        params: object) -> Engine:
+    """The target wrapped with its drafter (`--drafter`): a draft model gets its own engine
+    of the target's page geometry, and the target's first layers where its shapes allow."""
+    from orca_jax.model.engine import JaxEngine
+    from orca_jax.model.speculative import SpeculativeEngine, draft_params
+
+    assert isinstance(target, JaxEngine)
+    draft = None
+    if engine.draft_model is not None:
+        draft_config = get_model_config(engine.draft_model)
+        draft = JaxEngine(draft_config,
+                          draft_params(target.model_config, params, draft_config,
+                                       seed=spec.seed),
+                          num_cache_pages=target.num_cache_pages, page_size=target.page_size,
+                          pages_per_seq=target.pages_per_seq, dtype=target.dtype,
+                          attention=target.attention)
+    return SpeculativeEngine(target, drafter=engine.drafter, draft=draft)
 
 
 def transfer_cost(spec: RunSpec) -> KVTransferCost:
