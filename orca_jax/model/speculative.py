@@ -122,6 +122,7 @@ class SpeculativeEngine(EngineWrapper):
         self.draft = draft
         self.max_ngram = max_ngram
         self._buckets: list[Bucket] = []
+        self._seconds: dict[Bucket, tuple[float, float]] = {}  # bucket -> (target, draft) s
         self._contexts: dict[int, NDArray[np.int32]] = {}  # request -> its tokens seen
         self._lengths: dict[int, int] = {}  # request -> tokens of its context known
         self._draft_s = 0.0
@@ -158,6 +159,33 @@ class SpeculativeEngine(EngineWrapper):
         self.target.warmup(buckets)
         if self.draft is not None:  # the same step shapes: the draft runs the same descriptors
             self.draft.warmup(buckets)
+        for bucket in self._buckets:  # what `estimate_step_s` reads: compiled, no new shape
+            if bucket not in self._seconds:
+                self._seconds[bucket] = (_time_step(self.target, bucket),
+                                         _time_step(self.draft, bucket) if self.draft else 0.0)
+
+    def estimate_step_s(self, q_lens: NDArray[np.int64],  # [n]
+                        kv_lens: NDArray[np.int64],  # [n]
+                        spec_tokens: Optional[NDArray[np.int64]] = None  # [n]
+                        ) -> Optional[float]:
+        """A step's seconds from each bucket's time measured at warm-up (dummy steps of the
+        bucket's full shape): the target's step in the bucket of its tokens (draft
+        positions included in `q_lens`), the draft model's mirror of it, and its draft
+        decode steps (step j of the sequences drafting more than j tokens). The
+        prompt-lookup drafter costs no device time. None before warm-up."""
+        del kv_lens  # the measured buckets are full ones: the bucket decides the estimate
+        if not self._seconds:
+            return None
+        total = int(q_lens.sum())
+        bucket = next((b for b in self._buckets if b.num_tokens >= total), None)
+        if bucket is None:
+            return None
+        target_s, draft_s = self._seconds[bucket]
+        seconds = target_s + draft_s
+        if self.draft is not None and spec_tokens is not None and spec_tokens.any():
+            for j in range(int(spec_tokens.max())):
+                seconds += self._seconds[self._bucket_for(int((spec_tokens > j).sum()))][1]
+        return seconds
 
     def host_kv_store(self) -> Optional[object]:
         if self.draft is not None:  # pages loaded from host would miss the draft's cache
@@ -294,3 +322,9 @@ class SpeculativeEngine(EngineWrapper):
                 return bucket
         raise ValueError(f"SpeculativeEngine: no warm bucket holds {num_seqs} drafting "
                          f"sequences (buckets {self._buckets})")
+
+
+def _time_step(engine: JaxEngine, bucket: Bucket, repeats: int = 3) -> float:
+    """The median wall seconds of `repeats` dummy steps of `bucket` (already compiled)."""
+    inputs = engine._dummy_inputs(bucket)
+    return float(np.median([engine.step(inputs).step_s for _ in range(repeats)]))
