@@ -19,6 +19,7 @@ from orca_jax import KVConfig, PlanError, Request, Scheduler, SchedulerConfig, S
 from orca_jax.core.api.policy import Policy
 from orca_jax.sim.cost_model import CostModelConfig
 from orca_jax.sim.engine import SimEngine
+from orca_jax.sim.speculation import SpecConfig
 from policies.orca import Orca
 
 BadPlan = Callable[[Any], Any]  # view -> the bad plan (or a non-plan)
@@ -88,9 +89,12 @@ STEP_S = 0.01
 
 
 def make_scheduler(requests, config, **policy_args) -> Scheduler:
+    # `spec`: an engine that verifies draft tokens (acceptances drawn), for the spec_ rules.
+    speculation = SpecConfig(acceptance=0.5) if policy_args.pop("spec", False) else None
     policy = Scripted(**policy_args)
     scheduler = Scheduler(requests, policy, SimEngine(CostModelConfig(mode="fixed",
-                                                                      step_time_s=STEP_S)), config)
+                                                                      step_time_s=STEP_S),
+                                                      speculation=speculation), config)
     policy.scheduler = scheduler
     return scheduler
 
@@ -189,13 +193,33 @@ CASES: dict[str, tuple] = {
     "not_a_plan_nan_bucket": (REQUESTS, CONFIG, {}, 0,
                               lambda v: StepPlan([0], [10], min_bucket_tokens=math.nan)),
     "not_a_plan_reason_not_text": (REQUESTS, CONFIG, {}, 0, lambda v: StepPlan(reject={0: 5})),
+    "not_a_plan_spec_length": (REQUESTS, CONFIG, {"spec": True}, 1,
+                               lambda v: StepPlan([0, 1], [1, 1], spec_tokens=[1])),
+    # Speculative decoding (docs/speculative.md): draft tokens only on an engine that
+    # verifies them, only >= 0, only for a decoding request, within its context and output.
+    "spec_unsupported": (REQUESTS, CONFIG, {}, 1,
+                         lambda v: StepPlan([0, 1], [1, 1], spec_tokens=[0, 1])),
+    "spec_negative": (REQUESTS, CONFIG, {"spec": True}, 1,
+                      lambda v: StepPlan([0, 1], [1, 1], spec_tokens=[1, -1])),
+    "spec_not_decoding": (REQUESTS, CONFIG, {"spec": True}, 0,
+                          lambda v: StepPlan([0], [10], spec_tokens=[2])),
+    # Request 1 (12 + 5) has 4 output tokens left after step 1: k = 4 is one too many.
+    "spec_past_output": (REQUESTS, CONFIG, {"spec": True}, 1,
+                         lambda v: StepPlan([0, 1], [1, 1], spec_tokens=[0, 4])),
+    # (10 + 6) in a 16-token context: 10 cached + 1 + 6 drafts = 17 > 16.
+    "spec_past_context": (burst((10, 6)), CONFIG.with_knobs(max_model_len=16),
+                          {"spec": True}, 1, lambda v: StepPlan([0], [1], spec_tokens=[6])),
+    # Four decodes of k = 4 verify 4 * 5 = 20 tokens > the 16-token budget (k = 3 fits).
+    "token_budget_spec": (burst(*[(4, 12)] * 4), CONFIG.with_knobs(max_num_tokens=16),
+                          {"spec": True}, 1,
+                          lambda v: StepPlan([0, 1, 2, 3], [1] * 4, spec_tokens=[4] * 4)),
 }
 
 
 def rule_of(case: str) -> str:
-    for rule in ("kv_pages", "unknown_request", "finished_request", "duplicate_request",
-                 "nonpositive_tokens", "tokens_over_uncomputed", "release_not_finished",
-                 "not_a_plan", "reject_not_waiting"):
+    for rule in ("kv_pages", "token_budget", "unknown_request", "finished_request",
+                 "duplicate_request", "nonpositive_tokens", "tokens_over_uncomputed",
+                 "release_not_finished", "not_a_plan", "reject_not_waiting"):
         if case.startswith(rule):
             return rule
     return {"unknown_preempt": "unknown_request", "duplicate_preempt": "duplicate_request",

@@ -30,6 +30,7 @@ from orca_jax.sim.cost_model import (
     real_lengths,
     step_seconds,
 )
+from orca_jax.sim.speculation import SpecConfig, check_draft
 
 
 class SimEngine(Engine):
@@ -38,9 +39,24 @@ class SimEngine(Engine):
     Before any warm-up it prices a step in any bucket; after one, only the warm ones.
     """
 
-    def __init__(self, config: Optional[CostModelConfig] = None) -> None:
+    def __init__(self, config: Optional[CostModelConfig] = None,
+                 speculation: Optional[SpecConfig] = None) -> None:
         self.config = config if config is not None else CostModelConfig()
         self._warm_buckets: Optional[frozenset[Bucket]] = None
+        # Verifies draft tokens (docs/speculative.md) when given: acceptances drawn, the
+        # draft model priced. A pipeline of stages does not speculate (yet).
+        if speculation is not None:
+            if self.config.pp_layers is not None:
+                raise ValueError("speculative decoding (--spec_k/--draft_model/"
+                                 "--spec_acceptance) is not simulated with --pp stages yet")
+            if speculation.draft is not None:
+                check_draft(self.config, speculation.draft)
+        self.speculation = speculation
+
+    @property
+    def speculates(self) -> bool:
+        """Whether steps may verify draft tokens (a `SpecConfig` was given)."""
+        return self.speculation is not None
 
     @property
     def name(self) -> str:
@@ -98,10 +114,55 @@ class SimEngine(Engine):
         if self._warm_buckets is not None:
             self._check_warm(bucket, self._warm_buckets)
         kv_lens = packed.kv_lens
+        step_s = bucket_step_seconds(self.config, bucket, lambda: (packed.q_lens, kv_lens))
+        if packed.spec_tokens is not None:
+            return self._speculative_output(packed, step_s)
         sampled = np.zeros(bucket.num_seqs, dtype=np.int32)  # [S] padding samples 0 % vocab
         sampled[:kv_lens.size] = kv_lens % self.vocab_size
-        return StepOutput(sampled_tokens=sampled, step_s=bucket_step_seconds(
-            self.config, bucket, lambda: (packed.q_lens, kv_lens)))
+        return StepOutput(sampled_tokens=sampled, step_s=step_s)
+
+    def _speculative_output(self, packed: PackedStep, verify_s: float) -> StepOutput:
+        """A verification step's output: the drafts accepted (drawn), the token sampled
+        after them (`kv_len % vocab` of the accepted context, as any step's), and the
+        drafter's seconds on top of the verification's.
+
+        Raises:
+          ValueError: this engine does not speculate, or the step names no requests.
+        """
+        spec_config, spec = self.speculation, packed.spec_tokens
+        if spec_config is None or packed.request_ids is None or spec is None:
+            raise ValueError("SimEngine.step_packed: a speculative step needs an engine "
+                             "made with speculation= and the step's request_ids")
+        context = packed.kv_lens - spec - 1  # [n] tokens before each one's newest token
+        accepted = spec_config.accepted(packed.request_ids, context + 1, spec)
+        draft_s = spec_config.draft_seconds(context, spec)
+        n, bucket = spec.size, packed.bucket
+        sampled = np.zeros(bucket.num_seqs, dtype=np.int32)  # [S]
+        sampled[:n] = (context + 1 + accepted) % self.vocab_size
+        num_accepted = np.zeros(bucket.num_seqs, dtype=np.int32)  # [S]
+        num_accepted[:n] = accepted
+        return StepOutput(sampled_tokens=sampled, step_s=verify_s + draft_s,
+                          num_accepted=num_accepted, draft_s=draft_s)
+
+    def estimate_step_s(self, q_lens: NDArray[np.int64],  # [n]
+                        kv_lens: NDArray[np.int64],  # [n]
+                        spec_tokens: Optional[NDArray[np.int64]] = None  # [n]
+                        ) -> Optional[float]:
+        """The cost model's seconds for a step of these sequences in the smallest warm
+        bucket that holds it (its padding priced as a step's is), drafting included."""
+        q_lens = np.asarray(q_lens, np.int64)
+        kv_lens = np.asarray(kv_lens, np.int64)
+        total, n = int(q_lens.sum()), int(q_lens.size)
+        fits = [b for b in (self._warm_buckets or ())
+                if b.num_tokens >= total and b.num_seqs >= n]
+        bucket = min(fits) if fits else Bucket(max(total, 1), max(n, 1))
+        if self.config.mode == "fitted" and not fits:
+            return None
+        seconds = bucket_step_seconds(self.config, bucket, lambda: (q_lens, kv_lens))
+        if spec_tokens is not None and self.speculation is not None:
+            spec = np.asarray(spec_tokens, np.int64)
+            seconds += self.speculation.draft_seconds(kv_lens - q_lens, spec)  # before the 1st
+        return seconds
 
 
     @property

@@ -71,6 +71,9 @@ class Policy(abc.ABC):
         policy and this reason, instead of running it uncached.
       renamed_options: old knob name -> new name, for knobs renamed in a release;
         `--policy_opts` still takes the old name, with a DeprecationWarning.
+      plans_speculation: True for a policy that sets `StepPlan.spec_tokens` itself
+        (smartspec); the run's fixed `--spec_k` (`LoopFeatures.spec_k`) is added to the
+        plans of every other policy (`policy_helpers.add_drafts`).
       preempts: False for a policy that never preempts: it cannot free pages when
         an on-demand pool runs out, so it refuses `kv_reservation = "none"` at
         load time (`make_policy` raises PolicyLoadError).
@@ -84,6 +87,7 @@ class Policy(abc.ABC):
     prefix_caching_knob: ClassVar[str] = "prefix_caching"
     prefix_caching_unsupported: ClassVar[str] = ""
     preempts: ClassVar[bool] = True
+    plans_speculation: ClassVar[bool] = False
 
     def preemption_modes(self, view: SchedulerView, victims: NDArray[np.int64]
                          ) -> Union[str, Sequence[str]]:  # victims: [p]

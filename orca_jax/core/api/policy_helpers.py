@@ -178,3 +178,40 @@ def _victims_to_fit(view: SchedulerView, order: list[int], ids: list[int], count
         chosen.append(victims[len(victims) - 1 - len(chosen)])
     del victims[len(victims) - len(chosen):]
     return chosen
+
+
+def add_drafts(view: SchedulerView, plan: StepPlan, k: int) -> StepPlan:
+    """`plan` with up to `k` draft tokens on each decode it holds (speculative decoding,
+    docs/speculative.md): the run's fixed `--spec_k`, which the loop applies to the plan
+    of every policy that does not plan speculation itself (`Policy.plans_speculation`).
+
+    A decode gets fewer where its remaining output or the context allows fewer (k + 1
+    tokens at most: its decode token and k accepted drafts); the plan's first decodes
+    keep theirs where the token budget or the KV pages run short (the rest get 0), so
+    the plan still passes every check it passed. A plan that speculates already, or
+    holds no decode, comes back as it is.
+    """
+    ids, tokens = plan.request_ids, plan.num_tokens
+    if k <= 0 or plan.speculates or not ids.size:
+        return plan
+    requests = view.requests
+    decoding = ((tokens == 1) & requests.prefill_done(ids)
+                & (requests.state[ids] == RequestState.RUNNING))
+    if not decoding.any():
+        return plan
+    drafts = np.where(decoding, np.minimum(k, requests.remaining_output(ids) - 1), 0)
+    drafts = np.clip(drafts, 0, view.max_model_len - requests.num_computed[ids] - 1)
+    room = view.max_num_tokens - int(tokens.sum())  # the budget left for drafts
+    before = np.cumsum(drafts) - drafts  # [n] drafts of the decodes ahead of each
+    drafts = np.clip(room - before, 0, drafts)
+    speculating = np.flatnonzero(drafts)
+    keep = speculating.size
+    while keep and not view.kv_fits(ids, tokens + drafts, plan.preempt):
+        keep //= 2  # the first `keep` speculating decodes keep their drafts
+        drafts[speculating[keep:]] = 0
+    if not drafts.any():
+        return plan
+    return StepPlan(ids, tokens, preempt=plan.preempt, release=plan.release,
+                    min_bucket_tokens=plan.min_bucket_tokens,
+                    reject=list(zip(plan.reject_ids.tolist(), plan.reject_reasons)),
+                    spec_tokens=drafts)

@@ -116,6 +116,12 @@ class KVPool(Protocol):
         """Pages that become free if `ids` (`[n]`) let theirs go, but `kept` (`[k]`)."""
         ...
 
+    def trim(self, ids: NDArray[np.int64], num_tokens: NDArray[np.int64]) -> int:
+        """Frees each request's pages past those holding its first `num_tokens` tokens
+        (`[n]`, `[n]`): a speculative step's rejected draft positions. Returns the pages
+        freed (a layout that cannot give back part of a request's pages keeps them: 0)."""
+        ...
+
     def pages_of(self, request: int) -> NDArray[np.int32]:
         """The pages `request` holds, in order (a copy). `-> [held]`."""
         ...
@@ -190,6 +196,13 @@ class PageTable:
             self._free_rows.extend(range(old + grow - 1, old - 1, -1))
         for request in rowless.tolist():
             self.row_of[request] = self._free_rows.pop()
+
+    def trim(self, ids: NDArray[np.int64],  # [n]
+             num_tokens: NDArray[np.int64]) -> int:  # [n]
+        """Keeps every page (a layout that hands out whole blocks, as the buddy one does,
+        keeps a request's block until it is done); the paged layouts free the tail."""
+        del ids, num_tokens
+        return 0
 
     def _release_rows(self, ids: NDArray[np.int64]) -> None:  # [n]
         with_rows = ids[self.row_of[ids] >= 0]
@@ -313,6 +326,29 @@ class PagedPool(PageTable):
             self.page_table[rows] = 0
             self.num_held[held_ids] = 0
         self._release_rows(ids)
+
+    def trim(self, ids: NDArray[np.int64],  # [n] distinct
+             num_tokens: NDArray[np.int64]) -> int:  # [n]
+        """Frees each request's pages past those its first `num_tokens` tokens fill (the
+        rejected draft positions of a speculative step), onto the free stack as `free`
+        does. Returns how many pages were given back."""
+        keep = self.pages_for_tokens(num_tokens)  # [n]
+        held = self.num_held[ids]  # [n]
+        over = held > keep
+        if not over.any():
+            return 0
+        ids, keep, held = ids[over], keep[over], held[over]
+        rows = self.row_of[ids]
+        columns = np.arange(self.max_pages_per_seq)[None, :]
+        mask = (columns >= keep[:, None]) & (columns < held[:, None])  # [t, P]
+        pages = self._unhold(self.page_table[rows][mask])
+        self._free[self._num_free:self._num_free + pages.size] = pages[::-1]
+        self._num_free += pages.size
+        table_rows = self.page_table[rows]
+        table_rows[mask] = 0
+        self.page_table[rows] = table_rows
+        self.num_held[ids] = keep
+        return int(held.sum() - keep.sum())
 
     def _unhold(self, pages: NDArray[np.int32]) -> NDArray[np.int32]:  # [k] -> [u]
         """Drops the holder of each page; returns those for the free stack."""

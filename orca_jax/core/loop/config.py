@@ -48,6 +48,11 @@ class LoopFeatures:
         let each micro-batch take at most `ceil(R / P)` of the `R` running requests (the
         rest wait for the next injection: `SchedulerView.busy`), so the `P` micro-batches
         in flight hold even shares and the stage times stay even. No effect on one stage.
+      spec_k: speculative decoding at a fixed k (`--spec_k`): each decode of a plan gets
+        up to this many draft tokens to verify (`policy_helpers.add_drafts`: within its
+        output, the context, the token budget and the KV pages), for every policy that
+        does not plan speculation itself (`Policy.plans_speculation`). 0: none. Needs an
+        engine that speculates (`Engine.speculates`); docs/speculative.md.
     """
 
     count_host_time: bool = False
@@ -56,6 +61,11 @@ class LoopFeatures:
     kv_handoff: bool = False
     leap: bool = False
     balance_micro_batches: bool = False
+    spec_k: int = 0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.spec_k, bool) or not isinstance(self.spec_k, int) or self.spec_k < 0:
+            raise ValueError(f"spec_k must be an integer >= 0, got {self.spec_k!r}")
 
 
 # Part name -> its class, in SchedulerConfig's field order.

@@ -159,12 +159,15 @@ class Executor:
         if type(step) is IdleStep:
             self._idle(step)
             return True
+        result_spec: tuple = ()  # (num_accepted, accepted_tokens, draft_s) when drafting
         if self.depth == 1:
             output = self._run_packed(step.packed)
             step_s = output.step_s
             host_s = step.host_s + step.packed.build_s  # the descriptor, if the engine read it
             tokens: Optional[NDArray[np.int32]] = (
                 output.sampled_tokens[:step.request_ids.size][step.samples])
+            if step.spec_tokens is not None:
+                result_spec = _speculation(step, output)
         else:
             step_s, host_s = self._dispatch(step)
             tokens = None
@@ -173,7 +176,8 @@ class Executor:
         # With count_host_time the engine starts only once the host has planned the step.
         end_s = start_s + step_s + (host_s if self._count_host_time else 0.0)
         scheduler.now_s = end_s  # the update happens at the step's end
-        update_s = scheduler.update(step, StepResult(start_s, end_s, step_s, host_s, tokens))
+        update_s = scheduler.update(step, StepResult(start_s, end_s, step_s, host_s, tokens,
+                                                     *result_spec))
         if self._count_host_time:
             scheduler.now_s = end_s + update_s
         return True
@@ -213,3 +217,24 @@ class Executor:
         for sampled, tokens in landed:
             scheduler.record_tokens(sampled, tokens)
         scheduler.busy = self.in_flight.busy
+
+
+def _speculation(step: ScheduledStep, output: StepOutput
+                 ) -> tuple[NDArray[np.int64], Optional[NDArray[np.int32]], float]:
+    """The accepted draft counts `[n]` (and token ids `[n, K]`, if any) of a step that
+    speculated, from its engine's output.
+
+    Raises:
+      ValueError: the engine gave no counts, or one outside 0..k.
+    """
+    n = step.request_ids.size
+    if output.num_accepted is None:
+        raise ValueError("Executor: a speculative step's StepOutput has no num_accepted "
+                         "(an engine that speculates answers every step that drafts)")
+    accepted = np.asarray(output.num_accepted[:n], dtype=np.int64)
+    assert step.spec_tokens is not None
+    if accepted.min() < 0 or (accepted > step.spec_tokens).any():
+        raise ValueError(f"Executor: num_accepted {accepted.tolist()} outside 0..spec_tokens "
+                         f"{step.spec_tokens.tolist()}")
+    drafts = None if output.accepted_tokens is None else output.accepted_tokens[:n]
+    return accepted, drafts, output.draft_s

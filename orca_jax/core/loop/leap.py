@@ -90,6 +90,7 @@ class Leaper:
         steady = (type(step) is ScheduledStep and preemptions == self._preemptions
                   and not step.progressed and step.kv_move_s == 0.0
                   and step.num_real_tokens == step.request_ids.size
+                  and step.spec_tokens is None  # a speculative step's advance is drawn
                   and bool(step.samples.all()))
         self._preemptions = preemptions
         self._template = step if steady else None

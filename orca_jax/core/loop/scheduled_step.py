@@ -49,6 +49,10 @@ class ScheduledStep:
     # Seconds of KV moves between memory tiers the step waits for (a swap's victims out,
     # readmissions' KV back in; 0 with the device tier alone): the executor starts it later.
     kv_move_s: float = 0.0
+    # [n] draft tokens each request verifies after its decode token (speculative decoding,
+    # `StepPlan.spec_tokens`); None: none. Counted in `kv_lens`, `num_real_tokens` and the
+    # packed lengths: `update` keeps only the accepted ones (`StepResult.num_accepted`).
+    spec_tokens: Optional[NDArray[np.int64]] = None
 
 
 class IdleStep(NamedTuple):
@@ -77,3 +81,10 @@ class StepResult:
     # [m] the tokens of `ScheduledStep.sampled`, in order; None while they are still on
     # the device (a step in flight): they come later, by `Scheduler.record_tokens`.
     sampled_tokens: Optional[NDArray[np.int32]]
+    # [n] draft tokens each of `ScheduledStep.request_ids` had accepted (0..k), from the
+    # engine's `StepOutput.num_accepted`; None for a step that speculated none.
+    num_accepted: Optional[NDArray[np.int64]] = None
+    # [n, K] the accepted draft token ids (row i: its first num_accepted[i]); None when
+    # the engine has no token values or nothing speculated.
+    accepted_tokens: Optional[NDArray[np.int32]] = None
+    draft_s: float = 0.0  # seconds of step_s the drafter took

@@ -46,7 +46,7 @@ from orca_jax.core.loop.watchdog import ProgressWatchdog
 from orca_jax.core.plans.plan import PlanError, StepPlan
 from orca_jax.core.plans.view import SchedulerView
 from orca_jax.core.requests.request import Request, RequestState, sort_by_arrival
-from orca_jax.core.requests.request_table import RequestTable
+from orca_jax.core.requests.request_table import RequestTable, SpecCounts
 from orca_jax.core.requests.run_record import RunRecord
 from orca_jax.core.step.engine_api import Engine
 from orca_jax.core.step.packing import SamplingArrays, bucket_config_for
@@ -167,6 +167,15 @@ class Scheduler(SchedulerLoop):
             if not submitted_only:  # a call with parents comes by its release, not by time
                 self.table.holder[programs.has_parents & (self.table.state == _PENDING)] = -1
             programs.start()
+        if config.features.spec_k and not getattr(engine, "speculates", False):
+            raise ValueError(f"spec_k={config.features.spec_k}: engine {engine.name!r} does "
+                             "not speculate (give the simulator --spec_acceptance or "
+                             "--draft_model, or the real engine a drafter)")
+        if getattr(engine, "speculates", False):  # drafted and accepted tokens per request
+            if submitted_only or table is not None or getattr(engine, "num_stages", 1) > 1:
+                raise ValueError(f"engine {engine.name!r} speculates: speculative decoding "
+                                 "runs on one replica of one pipeline stage for now")
+            self.table.speculation = SpecCounts(n)
         self.watchdog = ProgressWatchdog(n, config.limits.no_progress_steps)
         self.view = SchedulerView(self)
         overlaps = (config.features.overlap and getattr(engine, "feeds_tokens", False)

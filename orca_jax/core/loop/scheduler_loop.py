@@ -26,7 +26,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from orca_jax.core.api.policy import Policy
-from orca_jax.core.kv import KVMemory, KVPool
+from orca_jax.core.api.policy_helpers import add_drafts
+from orca_jax.core.kv import KVCapacity, KVMemory, KVPool
 from orca_jax.core.loop import program_pins
 from orca_jax.core.loop.config import LoopFeatures
 from orca_jax.core.loop.executor import Executor
@@ -75,6 +76,7 @@ class SchedulerLoop:
     table: RequestTable
     kv: KVPool
     kv_memory: KVMemory
+    capacity: KVCapacity
     record: RunRecord
     watchdog: ProgressWatchdog
     view: SchedulerView
@@ -119,6 +121,9 @@ class SchedulerLoop:
             return "prefix caching names pages by token values before the next plan"
         if self.features.kv_handoff:
             return "a KV handoff carries each request's first token"
+        if self.engine.speculates:
+            return ("speculative decoding advances each request by the draft tokens its "
+                    "step accepted, known only once the step has run")
         return None
 
     def run(self, progress: Optional[Callable[["SchedulerLoop"], None]] = None) -> RunResult:
@@ -173,6 +178,8 @@ class SchedulerLoop:
         if not isinstance(plan, StepPlan):
             raise PlanError(self.policy.name, "not_a_plan",
                             f"schedule() returned {type(plan).__name__}, not a StepPlan")
+        if self.features.spec_k and not self.policy.plans_speculation:  # --spec_k
+            plan = add_drafts(self.view, plan, self.features.spec_k)
         needed = check_plan(self, plan)
         self.last_finished = NO_REQUESTS  # "finished since the previous schedule() call"
         self._apply_release(plan.release)
@@ -193,7 +200,10 @@ class SchedulerLoop:
         kv_move_s += admit_move_s
         table = self.table
         num_computed = table.num_computed[ids]  # [n] after admission (past any hit)
-        kv_lens = num_computed + tokens  # [n] each one's context after the step
+        spec = plan.spec_tokens if plan.spec_tokens.size else None  # [n] draft tokens
+        # [n] each one's context after the step: the k draft positions too, whose pages
+        # are allocated now and, past what the engine accepts, freed at `update`.
+        kv_lens = num_computed + tokens if spec is None else num_computed + tokens + spec
         if needed.any():
             # Without reservations or hits, admission took no pages: the check's count holds.
             reuse = self.kv_memory.needed_is_allocation
@@ -206,21 +216,24 @@ class SchedulerLoop:
         # or null) are never read by this step, and copying max_model_len-wide rows would
         # make the host's page-table work grow with max_model_len instead of the contexts.
         width = int(self.kv.pages_for_tokens(kv_lens.max()))
-        num_real_tokens = int(tokens.sum())
+        num_real_tokens = int(tokens.sum()) if spec is None else int((tokens + spec).sum())
         packed = pack_step(bucket_config=self.bucket_config, request_ids=ids, num_tokens=tokens,
                            num_computed=num_computed,
                            page_rows=self.kv.page_table[self.kv.row_of[ids], :width],
                            page_size=self.kv.page_size, sampling=self.sampling,
                            token_ids=(None if self._generated is None
-                                      else self._token_ids(ids, tokens, self._generated)),
+                                      else self._token_ids(ids, tokens, self._generated,
+                                                           spec)),
                            min_bucket_tokens=plan.min_bucket_tokens,
-                           num_real_tokens=num_real_tokens)
-        # A request samples a token when the step computes all it knows.
-        samples = kv_lens == table.prompt_len[ids] + table.num_generated[ids]
+                           num_real_tokens=num_real_tokens, spec_tokens=spec)
+        # A request samples a token when the step computes all it knows (a speculating
+        # decode does: its drafts are past what it knows).
+        samples = (kv_lens if spec is None else kv_lens - spec) == (
+            table.prompt_len[ids] + table.num_generated[ids])
         # Positional (the fields' order): keywords would cost a microsecond an iteration.
         return ScheduledStep(self.num_steps, ids, tokens, kv_lens, samples, ids[samples], packed,
                              num_real_tokens, num_cached_tokens, progressed,
-                             time.perf_counter() - host_start, kv_move_s)
+                             time.perf_counter() - host_start, kv_move_s, spec)
 
     def update(self, step: Union[ScheduledStep, IdleStep], result: Optional[StepResult]) -> float:
         """The second phase of an iteration: counts `step`'s tokens (their values too, when
@@ -248,21 +261,37 @@ class SchedulerLoop:
                              f"to update is {self.num_steps}, with its StepResult")
         table = self.table
         ids, kv_lens, end_s = step.request_ids, step.kv_lens, result.end_s
+        extra = None  # [n] accepted draft tokens of each request (speculative decoding)
+        if step.spec_tokens is not None:
+            extra = self._count_speculation(step, result)
+            kv_lens = kv_lens - step.spec_tokens + extra  # the rejected positions go
         # The step's tokens count from now on, stamped end_s; their values are the result's,
         # or (None) on the device until the executor reads them back (`record_tokens`).
         table.num_computed[ids] = kv_lens
+        if extra is not None:  # pages past the accepted tokens (or its reservation) go
+            self.kv.trim(ids, self.capacity.reserved_tokens(ids, kv_lens))
         hits = self.kv_memory.hits
         if hits is not None:  # name the filled pages before finished ones free theirs
             hits.commit(ids)
         sampled = step.sampled
         if sampled.size:
+            gained = None if extra is None else extra[step.samples]  # [s] accepted drafts
             generated = table.num_generated[sampled] + 1  # [s]
+            if gained is not None:
+                generated += gained
             table.num_generated[sampled] = generated
             if result.sampled_tokens is not None:
+                if gained is not None and result.accepted_tokens is not None:
+                    drafts = result.accepted_tokens[step.samples]  # [s, K]
+                    for j in range(int(gained.max())):  # the accepted drafts, in order
+                        self.record_tokens(sampled[gained > j], drafts[gained > j, j])
                 self.record_tokens(sampled, result.sampled_tokens)
             table.last_token_s[sampled] = end_s
             first = sampled[np.isnan(table.first_token_s[sampled])]
             table.first_token_s[first] = end_s
+            if gained is not None:  # each accepted draft is a token at the step's end too
+                for j in range(int(gained.max())):
+                    self.record.log_tokens(sampled[gained > j], end_s)
             self.record.log_tokens(sampled, end_s)
             finished = sampled[generated == table.output_len[sampled]]
             if finished.size:
@@ -285,6 +314,23 @@ class SchedulerLoop:
         if not gained:
             self._watch_progress(step.progressed)
         return update_s
+
+    def _count_speculation(self, step: ScheduledStep, result: StepResult
+                           ) -> NDArray[np.int64]:  # [n]
+        """A speculative step's accepted draft counts (`result.num_accepted`), counted in
+        each request's history (`RequestTable.speculation`) and the step's record."""
+        accepted = result.num_accepted
+        if accepted is None:
+            raise ValueError(f"update: step {step.index} drafted tokens but its result has no "
+                             "num_accepted")
+        spec = step.spec_tokens
+        assert spec is not None
+        counts = self.table.speculation
+        if counts is not None:
+            counts.count(step.request_ids, spec, accepted, result.draft_s)
+        self.record.log_speculation(self.num_steps, int(spec.sum()), int(accepted.sum()),
+                                    result.draft_s)
+        return accepted
 
     def _watch_progress(self, progressed: bool) -> None:
         """Counts an iteration toward the watchdog (`no_progress` once it runs out)."""
@@ -334,10 +380,17 @@ class SchedulerLoop:
 
     def _token_ids(self, ids: NDArray[np.int64],  # [n]
                    tokens: NDArray[np.int64],  # [n]
-                   generated_lists: list[list[int]]) -> NDArray[np.int32]:  # [sum tokens]
+                   generated_lists: list[list[int]],
+                   spec: Optional[NDArray[np.int64]] = None  # [n] draft tokens or None
+                   ) -> NDArray[np.int32]:  # [sum tokens (+ sum spec)]
         """The step's input token ids from the host's (`generated_lists`: each request's
         sampled ids), a placeholder where a token is still on the device (fed to the
-        engine by the executor's token source)."""
+        engine by the executor's token source), and placeholders (0) after each request's
+        tokens for its `spec` draft positions (the engine's drafter fills them)."""
+        if spec is not None:
+            known = self._token_ids(ids, tokens, generated_lists)  # [sum tokens]
+            ends = np.cumsum(tokens)  # [n] where each request's drafts go
+            return np.insert(known, np.repeat(ends, spec), 0).astype(np.int32)
         table = self.table
         computed = table.num_computed[ids]
         if int(tokens.sum()) == ids.size and bool((table.num_uncomputed(ids) == 1).all()):

@@ -96,6 +96,13 @@ class StepPlan:
         (0: the smallest that fits). Request-level batching keeps its batch's
         shape until the batch is done, finished members included, as
         FasterTransformer does; this is how such a policy pays for it.
+      spec_tokens: `[n]` draft tokens to verify after each request's one decode
+        token this step (speculative decoding, docs/speculative.md), parallel to
+        `request_ids`; empty (the default, and what a plan of all zeros becomes)
+        means none: every request computes exactly its `num_tokens`. A request
+        given k > 0 must be decoding (`num_tokens` 1, its prompt done); the step
+        computes its k + 1 positions, and it advances by the engine's accepted
+        count + 1 (`StepOutput.num_accepted`).
     """
 
     request_ids: NDArray[np.int64]  # [n]
@@ -105,12 +112,13 @@ class StepPlan:
     min_bucket_tokens: int
     reject_ids: NDArray[np.int64]  # [j]
     reject_reasons: tuple[str, ...]  # [j]
+    spec_tokens: NDArray[np.int64]  # [n] or [0] (none)
 
     def __init__(self, request_ids: Iterable[int] = (), num_tokens: Iterable[int] = (),
                  preempt: Iterable[int] = (), release: Iterable[int] = (),
                  min_bucket_tokens: int = 0,
-                 reject: Union[Mapping[int, str], Iterable[tuple[int, str]], None] = None
-                 ) -> None:
+                 reject: Union[Mapping[int, str], Iterable[tuple[int, str]], None] = None,
+                 spec_tokens: Iterable[int] = ()) -> None:
         ids = _as_index_array(request_ids, "request_ids")
         tokens = _as_index_array(num_tokens, "num_tokens")
         if ids.shape != tokens.shape:
@@ -131,6 +139,17 @@ class StepPlan:
         reject_ids, reasons = _as_rejections(reject)
         object.__setattr__(self, "reject_ids", reject_ids)
         object.__setattr__(self, "reject_reasons", reasons)
+        spec = _as_index_array(spec_tokens, "spec_tokens")
+        if spec.size and spec.shape != ids.shape:
+            raise MalformedPlan(f"StepPlan: {ids.size} request_ids but {spec.size} "
+                                "spec_tokens")
+        # All zeros is no speculation: one empty array, so the loop asks `.size` only.
+        object.__setattr__(self, "spec_tokens", spec if spec.size and spec.any() else _EMPTY)
+
+    @property
+    def speculates(self) -> bool:
+        """Whether any request verifies draft tokens this step (`spec_tokens`)."""
+        return bool(self.spec_tokens.size)
 
     def as_dict(self) -> dict[int, int]:
         """`{request index: num tokens}`, for tests and debugging."""
@@ -147,7 +166,13 @@ class PlanError(ValueError):
         `finished_request`, `duplicate_request`, `nonpositive_tokens`,
         `tokens_over_uncomputed`, `preempt_not_running`, `preempt_and_schedule`,
         `release_without_defer`, `release_not_finished`, `reject_not_waiting`,
-        `reject_and_schedule`, `busy_request` (a request in a step in flight that the
+        `reject_and_schedule`, `spec_negative` (a spec_tokens entry < 0),
+        `spec_unsupported` (draft tokens for an engine that does not speculate:
+        Engine.speculates), `spec_not_decoding` (draft tokens for a request that is
+        not decoding one token after its prompt), `spec_past_context` (its k + 1
+        positions past max_model_len), `spec_past_output` (k + 1 tokens past the
+        request's remaining output; the verified tokens, k + 1 each, count in
+        `token_budget` too), `busy_request` (a request in a step in flight that the
         next step cannot follow: SchedulerView.busy), `no_progress` (the plan runs
         nothing and nothing can change, or no request has gained a computed token or
         finished for SchedulerConfig.limits.no_progress_steps iterations), `not_a_plan`

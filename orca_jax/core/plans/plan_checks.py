@@ -179,7 +179,16 @@ def check_plan(scheduler: SchedulerState, plan: StepPlan) -> NDArray[np.int64]:
                         "view.requests.num_uncomputed(ids) - view.cached_tokens(ids) tokens "
                         "(a running decode takes 1)")
     total = int(tokens.sum())
+    spec = plan.spec_tokens
+    if spec.size:  # speculative decoding: k more verified positions each
+        _check_spec(name, scheduler, ids, tokens, spec)
+        verified = total + int(spec.sum())
+        tokens = tokens + spec  # the pages hold the k + 1 positions
     budget = scheduler.bucket_config.max_num_tokens
+    if spec.size and verified > budget:
+        raise PlanError(name, "token_budget",
+                        f"{verified} verified tokens ({total} + {verified - total} draft "
+                        f"tokens of spec_tokens) > budget {budget}")
     if total > budget:
         raise PlanError(name, "token_budget", f"{total} tokens > budget {budget}")
     if plan.min_bucket_tokens > budget:
@@ -195,6 +204,53 @@ def check_plan(scheduler: SchedulerState, plan: StepPlan) -> NDArray[np.int64]:
     if broken is not None:
         raise PlanError(name, *broken)
     return needed
+
+
+def _check_spec(name: str, scheduler: SchedulerState,
+                ids: NDArray[np.int64],  # [n]
+                tokens: NDArray[np.int64],  # [n]
+                spec: NDArray[np.int64]) -> None:  # [n]
+    """The rules of `StepPlan.spec_tokens`: k >= 0, an engine that verifies drafts, and
+    k > 0 only on a request decoding one token whose k + 1 positions fit its context and
+    its remaining output (each broken rule one `PlanError`)."""
+    if spec.min() < 0:
+        raise PlanError(name, "spec_negative",
+                        f"request {_first(ids, spec < 0)} is given "
+                        f"{int(spec[spec < 0][0])} draft tokens (spec_tokens must be >= 0)")
+    if not scheduler.engine.speculates:
+        raise PlanError(name, "spec_unsupported",
+                        f"request {_first(ids, spec > 0)} is given draft tokens, but engine "
+                        f"{scheduler.engine.name!r} does not speculate (Engine.speculates: "
+                        "run with --spec_k/--draft_model, or plan spec_tokens 0)")
+    table = scheduler.table
+    drafts = spec > 0
+    decoding = ((tokens == 1) & (table.num_generated[ids] >= 1)
+                & (table.state[ids] == _RUNNING) & (table.num_uncomputed(ids) == 1))
+    bad = drafts & ~decoding
+    if bad.any():
+        request = _first(ids, bad)
+        raise PlanError(name, "spec_not_decoding",
+                        f"request {request} is given {int(spec[bad][0])} draft tokens but is "
+                        f"not decoding (state {RequestState(table.state[request]).name}, "
+                        f"{int(table.num_generated[request])} generated, "
+                        f"{int(table.num_uncomputed(ids[bad][:1])[0])} uncomputed): only a "
+                        "running request computing its 1 decode token speculates")
+    context = table.num_computed[ids] + 1 + spec  # [n] its KV after the step
+    limit = scheduler.config.limits.max_model_len
+    over = drafts & (context > limit)
+    if over.any():
+        i = int(np.flatnonzero(over)[0])
+        raise PlanError(name, "spec_past_context",
+                        f"request {int(ids[i])} with {int(spec[i])} draft tokens would reach "
+                        f"{int(context[i])} tokens > max_model_len {limit}")
+    remaining = table.output_len[ids] - table.num_generated[ids]  # [n]
+    over = drafts & (spec + 1 > remaining)
+    if over.any():
+        i = int(np.flatnonzero(over)[0])
+        raise PlanError(name, "spec_past_output",
+                        f"request {int(ids[i])} is given {int(spec[i])} draft tokens but has "
+                        f"{int(remaining[i])} output tokens left (k + 1 <= remaining: "
+                        "view.requests.remaining_output(ids) - 1 at most)")
 
 
 def _check_arrived_and_not_done(name: str, scheduler: SchedulerState,

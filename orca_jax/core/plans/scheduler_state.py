@@ -16,6 +16,7 @@ from numpy.typing import NDArray
 from orca_jax.core.kv import KVCapacity, KVConfig, KVPool, PreemptionCosts
 from orca_jax.core.plans.limits import SLOTargets, StepLimits
 from orca_jax.core.requests.request_table import RequestTable
+from orca_jax.core.step.engine_api import Engine
 from orca_jax.core.step.packing import BucketConfig
 from orca_jax.core.step.sampling import SamplingConfig
 
@@ -66,6 +67,9 @@ class SchedulerState(Protocol):
 
     @property
     def bucket_config(self) -> BucketConfig: ...
+
+    @property
+    def engine(self) -> Engine: ...  # whether it speculates, and its step-time estimate
 
     @property
     def kv_reservation(self) -> str: ...

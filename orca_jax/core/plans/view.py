@@ -202,6 +202,25 @@ class SchedulerView:
         return self._scheduler.preemption_costs(np.asarray(ids, dtype=np.int64))
 
     @property
+    def speculates(self) -> bool:
+        """Whether this run's engine verifies draft tokens (`StepPlan.spec_tokens` > 0 is
+        allowed); each request's history reads through `requests.num_drafted`,
+        `requests.num_accepted` and `requests.acceptance_rate`."""
+        return self._scheduler.engine.speculates
+
+    def estimate_step_s(self, q_lens: NDArray[np.int64],  # [n]
+                        kv_lens: NDArray[np.int64],  # [n]
+                        spec_tokens: Optional[NDArray[np.int64]] = None  # [n]
+                        ) -> Optional[float]:
+        """The engine's estimate of a step's seconds, drafting included
+        (`Engine.estimate_step_s`): `q_lens` new tokens of each sequence (a speculating
+        decode: k + 1), `kv_lens` its context after the step, `spec_tokens` each one's k.
+        None when the engine cannot estimate (then a policy should not speculate)."""
+        return self._scheduler.engine.estimate_step_s(
+            np.asarray(q_lens, np.int64), np.asarray(kv_lens, np.int64),
+            None if spec_tokens is None else np.asarray(spec_tokens, np.int64))
+
+    @property
     def next_arrival_s(self) -> Optional[float]:
         """Arrival time of the next request still to come, or None."""
         return self._scheduler.next_arrival_s()

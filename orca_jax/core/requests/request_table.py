@@ -36,6 +36,42 @@ _FIELDS = (
 _FACTS = ("arrival_s", "prompt_len", "output_len", "priority", "tenant", "deadline_s")
 
 
+class SpecCounts:
+    """Each request's speculative decoding so far (docs/speculative.md): kept only in a run
+    whose engine speculates (`RequestTable.spec`), so other runs hold no column for it.
+
+    Attributes:
+      drafted: `[N]` draft tokens verified for it so far (the plans' `spec_tokens`).
+      accepted: `[N]` of those the engine accepted.
+      draft_s: `[N]` seconds of drafting in the steps it drafted in (each such step's
+        `StepOutput.draft_s`, counted for every request drafting in it).
+      spec_steps: `[N]` steps in which it drafted at least one token.
+    """
+
+    def __init__(self, n: int) -> None:
+        self.drafted = np.zeros(n, dtype=np.int64)  # [N]
+        self.accepted = np.zeros(n, dtype=np.int64)  # [N]
+        self.draft_s = np.zeros(n, dtype=np.float64)  # [N]
+        self.spec_steps = np.zeros(n, dtype=np.int64)  # [N]
+
+    def count(self, ids: NDArray[np.int64],  # [n] distinct
+              drafted: NDArray[np.int64],  # [n]
+              accepted: NDArray[np.int64],  # [n]
+              draft_s: float) -> None:
+        """Adds one step's drafts of `ids` (those with drafted > 0 count a step)."""
+        self.drafted[ids] += drafted
+        self.accepted[ids] += accepted
+        drafting = ids[drafted > 0]
+        self.draft_s[drafting] += draft_s
+        self.spec_steps[drafting] += 1
+
+    def acceptance_rate(self, ids: NDArray[np.int64],  # [n]
+                        prior: float = 0.0) -> NDArray[np.float64]:  # [n]
+        """Accepted / drafted of each request so far (`prior` where it drafted none)."""
+        drafted = self.drafted[ids]
+        return np.where(drafted > 0, self.accepted[ids] / np.maximum(drafted, 1), prior)
+
+
 class RequestTable:
     """Mutable per-request arrays, indexed by request index. Owned by the scheduler."""
 
@@ -81,6 +117,9 @@ class RequestTable:
         # programs, so that a run without them does no work for them.
         self.programs: Optional[ProgramBook] = (ProgramBook(self) if has_programs(requests)
                                                 else None)
+        # Drafted and accepted tokens per request: made by a scheduler whose engine
+        # speculates (`Engine.speculates`), None otherwise.
+        self.speculation: Optional[SpecCounts] = None
 
     def for_replica(self, replica: int) -> RequestTable:
         """The same rows (the same arrays, not copies) as replica `replica` of a pool sees
@@ -158,6 +197,8 @@ class RequestTableView:
     `holder` (the replica of the pool holding it, -1 for none: on a cluster's replica,
     rows of requests another replica holds show their progress there — plan over
     `SchedulerView.waiting` and `running`, which list only this replica's).
+    Speculative decoding's history reads through `num_drafted`, `num_accepted`,
+    `acceptance_rate` (zeros, or the prior, where the engine does not speculate).
     """
 
     def __init__(self, table: RequestTable) -> None:
@@ -190,3 +231,22 @@ class RequestTableView:
     def remaining_output(self, ids: NDArray[np.int64]) -> NDArray[np.int64]:  # [n] -> [n]
         """Output tokens each request has still to generate."""
         return self._table.output_len[ids] - self._table.num_generated[ids]
+
+    def num_drafted(self, ids: NDArray[np.int64]) -> NDArray[np.int64]:  # [n] -> [n]
+        """Draft tokens verified for each request so far (speculative decoding; 0 where
+        the engine does not speculate)."""
+        counts = self._table.speculation
+        return np.zeros(len(ids), np.int64) if counts is None else counts.drafted[ids]
+
+    def num_accepted(self, ids: NDArray[np.int64]) -> NDArray[np.int64]:  # [n] -> [n]
+        """Of those, the draft tokens the engine accepted."""
+        counts = self._table.speculation
+        return np.zeros(len(ids), np.int64) if counts is None else counts.accepted[ids]
+
+    def acceptance_rate(self, ids: NDArray[np.int64],  # [n]
+                        prior: float = 0.0) -> NDArray[np.float64]:  # [n]
+        """Accepted / drafted of each request so far; `prior` where it drafted none."""
+        counts = self._table.speculation
+        if counts is None:
+            return np.full(len(ids), prior, np.float64)
+        return counts.acceptance_rate(np.asarray(ids, np.int64), prior)

@@ -52,6 +52,9 @@ class RunRecord:
     # Step index -> seconds it waited for KV moves between memory tiers before it started
     # (only steps that waited: empty without slower tiers).
     kv_stall_s: dict[int, float] = dataclasses.field(default_factory=dict)
+    # Step index -> (draft tokens verified, of them accepted, drafting seconds) of each
+    # step that speculated (empty without speculative decoding).
+    spec_steps: dict[int, tuple[int, int, float]] = dataclasses.field(default_factory=dict)
     _token_req: list[NDArray[np.int64]] = dataclasses.field(default_factory=list)
     _token_time: list[float] = dataclasses.field(default_factory=list)
     _token_count: list[int] = dataclasses.field(default_factory=list)
@@ -66,6 +69,11 @@ class RunRecord:
 
     def __post_init__(self) -> None:
         self._tally = None if self.logs_tokens else TokenTally(self.num_requests)
+
+    def log_speculation(self, step: int, drafted: int, accepted: int, draft_s: float) -> None:
+        """Records that step `step` verified `drafted` draft tokens, accepted `accepted`,
+        and spent `draft_s` of its seconds drafting."""
+        self.spec_steps[step] = (drafted, accepted, draft_s)
 
     def log_step(self, entry: StepLog) -> None:
         self.steps.append(entry)

@@ -98,19 +98,33 @@ class PackedStep:
       kv_lens: `[n]` tokens each real sequence attends to (its cache after the step).
       build_s: seconds building the descriptor took (0 while unbuilt): host work,
         which the scheduler counts as such wherever an engine asked for it.
+      request_ids: `[n]` the request index of each real sequence (None: not given, a
+        warm-up or a test); an engine keys per-request randomness on it (the
+        simulator's acceptance draws).
+      spec_tokens: `[n]` draft tokens each sequence verifies (speculative decoding;
+        None: no sequence speculates). Sequence i with k = spec_tokens[i] > 0 is a
+        decode whose `q_lens[i]` = k + 1: its first query is the request's newest
+        token, the next k are draft positions whose token ids in `inputs` are
+        placeholders (0) the engine's drafter fills; `kv_lens[i]` counts all k + 1.
+        The engine answers with `StepOutput.num_accepted`.
     """
 
-    __slots__ = ("bucket", "q_lens", "kv_lens", "build_s", "_build", "_inputs")
+    __slots__ = ("bucket", "q_lens", "kv_lens", "build_s", "_build", "_inputs",
+                 "request_ids", "spec_tokens")
 
     def __init__(self, bucket: Bucket, q_lens: NDArray[np.int64],  # [n]
                  kv_lens: NDArray[np.int64],  # [n]
-                 build: Callable[[], "StepInputs"]) -> None:
+                 build: Callable[[], "StepInputs"],
+                 request_ids: Optional[NDArray[np.int64]] = None,  # [n]
+                 spec_tokens: Optional[NDArray[np.int64]] = None) -> None:  # [n]
         self.bucket = bucket
         self.q_lens = q_lens
         self.kv_lens = kv_lens
         self.build_s = 0.0
         self._build = build
         self._inputs: Optional[StepInputs] = None
+        self.request_ids = request_ids
+        self.spec_tokens = spec_tokens
 
     @property
     def inputs(self) -> "StepInputs":
@@ -124,10 +138,26 @@ class PackedStep:
 
 @dataclasses.dataclass(frozen=True)
 class StepOutput:
-    """What an engine returns for one step."""
+    """What an engine returns for one step.
+
+    With speculative decoding (`PackedStep.spec_tokens`), sequence i verified k_i draft
+    tokens: the engine accepted the first `num_accepted[i]` (0..k_i) of them, and
+    `sampled_tokens[i]` is the token the target sampled after those (the correction
+    or bonus token), so the request gains `num_accepted[i] + 1` tokens, in order
+    `accepted_tokens[i, :num_accepted[i]]` then `sampled_tokens[i]`. The scheduler
+    advances it by that many and frees the pages past its new length.
+    """
 
     sampled_tokens: NDArray[np.int32]  # [S] token sampled for each sequence (padding: any)
     step_s: float  # seconds the step took (measured, profiled, or from a cost model)
+    # [S] draft tokens accepted per sequence (0 where it drafted none); None: no
+    # sequence of the step speculated (every request gains its one sampled token).
+    num_accepted: Optional[NDArray[np.int32]] = None
+    # [S, K] the accepted draft token ids, row i valid in its first num_accepted[i]
+    # columns (K >= the step's largest k); None for an engine without token values
+    # (the simulator) or a step without speculation.
+    accepted_tokens: Optional[NDArray[np.int32]] = None
+    draft_s: float = 0.0  # seconds of step_s the drafter took (0: no drafting)
     # [T] the greedy token after every row: an engine that verifies speculative drafts
     # returns it (`JaxEngine(verify_rows=True)`); None otherwise.
     row_tokens: Optional[NDArray[np.int32]] = None
@@ -236,6 +266,24 @@ class Engine(abc.ABC):
         return None
 
     @property
+    def speculates(self) -> bool:
+        """Whether a step may verify draft tokens (`PackedStep.spec_tokens` > 0), each
+        answered with `StepOutput.num_accepted`. False (the default): a plan with
+        `spec_tokens` > 0 breaks rule `spec_unsupported`."""
+        return False
+
+    def estimate_step_s(self, q_lens: NDArray[np.int64],  # [n]
+                        kv_lens: NDArray[np.int64],  # [n]
+                        spec_tokens: Optional[NDArray[np.int64]] = None  # [n]
+                        ) -> Optional[float]:
+        """An estimate of the seconds a step of these real sequences would take, drafting
+        included (`spec_tokens`: each one's k, counted in its `q_lens` and `kv_lens`),
+        read by policies through `SchedulerView.estimate_step_s` (smartspec weighs the
+        goodput of each k with it). None (the default): this engine cannot say."""
+        del q_lens, kv_lens, spec_tokens
+        return None
+
+    @property
     def num_stages(self) -> int:
         """Pipeline stages a step passes through, one after another (1: none). An engine
         of more prices each (`step_stages`) and runs under a pipeline executor
@@ -331,6 +379,16 @@ class EngineWrapper(Engine):
 
     def facts(self) -> dict[str, object]:
         return self.engine.facts()
+
+    @property
+    def speculates(self) -> bool:
+        return self.engine.speculates
+
+    def estimate_step_s(self, q_lens: NDArray[np.int64],  # [n]
+                        kv_lens: NDArray[np.int64],  # [n]
+                        spec_tokens: Optional[NDArray[np.int64]] = None  # [n]
+                        ) -> Optional[float]:
+        return self.engine.estimate_step_s(q_lens, kv_lens, spec_tokens)
 
     def _prepare(self, buckets: list[Bucket]) -> None:
         self.engine.warmup(buckets)

@@ -253,6 +253,7 @@ def pack_step(*, bucket_config: BucketConfig,
               token_ids: Optional[NDArray[np.int32]] = None,  # [sum(num_tokens)] or None
               min_bucket_tokens: int = 0,
               num_real_tokens: Optional[int] = None,
+              spec_tokens: Optional[NDArray[np.int64]] = None,  # [n] or None
               ) -> PackedStep:
     """Packs one step's requests: the smallest fitting bucket, and the padded descriptor
     (StepInputs), built only when an engine reads it.
@@ -275,11 +276,18 @@ def pack_step(*, bucket_config: BucketConfig,
       token_ids: the flat ids of the tokens to compute, or None (zeros) for an
         engine that needs none.
       min_bucket_tokens: pad to a bucket of at least this many tokens.
-      num_real_tokens: `sum(num_tokens)` if the caller has it already.
+      num_real_tokens: the step's computed tokens (`sum(num_tokens)`, plus
+        `sum(spec_tokens)`), if the caller has it already.
+      spec_tokens: draft tokens each verifies after its `num_tokens` (speculative
+        decoding; None: none). They are computed positions like any: the descriptor
+        holds `num_tokens + spec_tokens` queries each (`token_ids` covers them, the
+        drafts as placeholders) and the pages must hold them.
 
     Returns:
       The packed step.
     """
+    if spec_tokens is not None:  # the k draft positions are verified tokens of the step
+        num_tokens = num_tokens + spec_tokens
     total = int(num_tokens.sum()) if num_real_tokens is None else num_real_tokens
     bucket = bucket_config.select(max(total, min_bucket_tokens))
 
@@ -290,7 +298,8 @@ def pack_step(*, bucket_config: BucketConfig,
                                  sampling_rows=request_ids,
                                  pages_per_seq=bucket_config.pages_per_seq)
 
-    return PackedStep(bucket, num_tokens, num_computed + num_tokens, build)
+    return PackedStep(bucket, num_tokens, num_computed + num_tokens, build, request_ids,
+                      spec_tokens)
 
 
 def bucket_config_for(*, max_num_tokens: int, max_num_seqs: int, max_model_len: int,
