@@ -186,3 +186,21 @@ def test_self_draft_shares_the_targets_first_layer(params):
     for path, leaf in jax.tree_util.tree_leaves_with_path(shared):
         assert np.array_equal(leaf, leaves[jax.tree_util.keystr(path)])
     assert len(jax.tree_util.tree_leaves(shared)) < len(leaves)
+
+
+@pytest.mark.parametrize("knobs,message", [
+    (dict(drafter="model"), "engine.drafter model needs engine.draft_model"),
+    (dict(drafter="ngram", draft_model="tiny-draft"), "is the model drafter's"),
+    (dict(model="small", drafter="model", draft_model="tiny-draft"),
+     "vocab_size 512, engine.model 'small' has 2048"),
+    (dict(drafter="ngram", sampling="temperature:0.8"), "temperature > 0 is not built"),
+    (dict(drafter="ngram", clock="profiled"), "use engine.clock wall"),
+    (dict(drafter="eagle"), "drafter"),
+])
+def test_engine_spec_refuses_bad_drafter_settings_in_one_line(knobs, message):
+    from orca_jax.runner.spec import JaxEngineSpec
+    settings = {"model": "tiny", "clock": "wall", **knobs}
+    with pytest.raises(ValueError, match=message) as error:
+        JaxEngineSpec(**settings)
+    assert "\n" not in str(error.value)
+    JaxEngineSpec(model="tiny", clock="wall", drafter="model", draft_model="tiny-draft")
