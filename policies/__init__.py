@@ -29,6 +29,7 @@ from policies import (  # noqa: F401
                       routers,
                       sarathi,
                       sjf,  # (registers the built-ins)
+                      smartspec,
                       srpt,
                       static,
                       vllm,

@@ -13,6 +13,7 @@ add to them, do not rename them.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Iterator, Mapping, Optional, Sequence
 
 import numpy as np
@@ -63,6 +64,11 @@ def summarize_run(result: RunResult, *, ttft_slo_s: Optional[float] = None,
     for KV moves between tiers) and, per tier, `kv_tiers.TIER.hit_tokens`, `read_bytes`,
     `write_bytes`, `stall_s`, `evictions` and swapped pages (steps.jsonl then says each
     step's `kv_stall_s`).
+    A run whose engine speculates (docs/speculative.md) also gets `speculation.steps`
+    (steps that verified drafts), `speculation.drafted_tokens`, `accepted_tokens`,
+    `acceptance_rate`, `accepted_per_step` (per speculating request-step),
+    `tokens_per_step`, `draft_s_total`, `draft_fraction` (of `engine_s_total`), and the
+    drafting seconds per request that drafted (`draft_s_per_request_mean`, `_p99`).
     A run through pipeline stages (`--pp`) also gets `pipeline.stages`,
     `pipeline.micro_batches`, `pipeline.in_flight_mean`, `pipeline.busy_s` (time with a
     micro-batch in flight), `pipeline.bubble_fraction` (idle stage time over it, all
@@ -131,6 +137,8 @@ def summarize_run(result: RunResult, *, ttft_slo_s: Optional[float] = None,
         summary.update(_kv_tiers(result))
     if result.pipeline is not None:
         summary.update(flatten({"pipeline": dict(result.pipeline)}))
+    if result.speculation is not None:
+        summary.update(_speculation(result))
     if clustered:
         summary["load_imbalance"] = _load_imbalance(result)
         tables["replicas"] = replica_rows(result)
@@ -395,3 +403,14 @@ def step_rows(result: RunResult) -> list[dict[str, Any]]:
     """`iter_step_rows` as a list (for a small run; files are written row by row)."""
     return list(iter_step_rows(result))
 
+
+def _speculation(result: RunResult) -> dict[str, Any]:
+    """`speculation.*`: the run's drafted and accepted tokens and drafting time."""
+    assert result.speculation is not None
+    figures: dict[str, Any] = {"steps": len(result.spec_steps)}
+    figures.update(result.speculation.summary())
+    draft_s = math.fsum(s for _, _, s in result.spec_steps.values())
+    engine_s = float(_sum_in_order(result.step_array("step_s"))) if result.num_steps else 0.0
+    figures["draft_s_total"] = draft_s
+    figures["draft_fraction"] = draft_s / engine_s if engine_s else 0.0
+    return flatten({"speculation": figures})

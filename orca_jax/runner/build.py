@@ -32,11 +32,18 @@ from orca_jax.core.step.engine_api import Engine, EngineConfigError
 from orca_jax.core.step.packing import pages_per_seq_for
 from orca_jax.core.step.sampling import SamplingConfig
 from orca_jax.runner.kv_tiers import engine_kv_shape, tier_configs
-from orca_jax.runner.spec import JaxEngineSpec, RunSpec, SimEngineSpec, sampling_params
+from orca_jax.runner.spec import (
+    JaxEngineSpec,
+    RunSpec,
+    SimEngineSpec,
+    sampling_params,
+    speculates,
+)
 from orca_jax.sim import cost_model
 from orca_jax.sim.engine import SimEngine
 from orca_jax.sim.pipeline_stages import stage_layers
 from orca_jax.sim.profiled_clock import ProfiledClock, table_digest
+from orca_jax.sim.speculation import DEFAULT_SPEC_ACCEPTANCE, SpecConfig
 from orca_jax.specs.hardware import get_hardware, get_kv_link
 from orca_jax.specs.memory import num_kv_pages_for_memory
 from orca_jax.specs.model_config import ModelConfig, get_model_config
@@ -181,7 +188,8 @@ def scheduler_config(spec: RunSpec) -> SchedulerConfig:
                               log_step_requests=limits.log_step_requests,
                               leap=isinstance(engine, SimEngineSpec) and engine.leap,
                               balance_micro_batches=(isinstance(engine, SimEngineSpec)
-                                                     and engine.pp_balance)))
+                                                     and engine.pp_balance),
+                              spec_k=limits.spec_k))
 
 
 def _tier_settings(spec: RunSpec) -> dict[str, object]:
@@ -217,7 +225,29 @@ def build_engine(spec: RunSpec, config: SchedulerConfig) -> Engine:
     engine = spec.engine
     if isinstance(engine, JaxEngineSpec):
         return _jax_engine(spec, engine, config)
-    return SimEngine(_cost_config(engine))
+    cost = _cost_config(engine)
+    return SimEngine(cost, speculation=sim_speculation(spec, cost))
+
+
+def sim_speculation(spec: RunSpec, cost: cost_model.CostModelConfig) -> Optional[SpecConfig]:
+    """The simulator's speculative decoding (`orca_jax.sim.speculation`), None when the run
+    does not speculate (`spec.speculates`): acceptance `--spec_acceptance` (0.7 unset), the
+    draft `--draft_model` priced on the target's hardware and tp, draws seeded by `--seed`.
+
+    Args:
+      per_request: `[N]` each request's own acceptance rate (NaN: none), a trace column.
+    """
+    engine = spec.engine
+    if not speculates(spec):
+        return None
+    assert isinstance(engine, SimEngineSpec)
+    draft = None
+    if engine.draft_model is not None:
+        draft = cost_model.CostModelConfig(model=engine.draft_model, hardware=cost.hardware,
+                                           tp=cost.tp, step_padding="ragged")
+    return SpecConfig(acceptance=(DEFAULT_SPEC_ACCEPTANCE if engine.spec_acceptance is None
+                                  else engine.spec_acceptance),
+                      draft=draft, seed=spec.seed)
 
 
 def _cost_config(engine: SimEngineSpec) -> cost_model.CostModelConfig:
@@ -482,6 +512,11 @@ def check_policies(spec: RunSpec, config: SchedulerConfig,
             raise PolicyLoadError(f"policy {policy.name!r}: preemption_mode=swap needs a host "
                                   "KV tier (--kv_host_gb or --kv_host_pages)")
         check_prefix_caching(policy, options, config)
+        if (policy.plans_speculation and isinstance(spec.engine, SimEngineSpec)
+                and not speculates(spec)):
+            raise PolicyLoadError(f"policy {policy.name!r} chooses draft tokens per request: "
+                                  "the simulator must speculate (give --spec_acceptance "
+                                  "and/or --draft_model)")
         built.append(policy)
     check_router(spec)
     return built

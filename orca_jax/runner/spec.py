@@ -366,6 +366,15 @@ class SimEngineSpec:
                        "promises its plan repeats (Policy.stable_steps): the same results bit "
                        "for bit, less host time. --noleap runs every step one by one. Not "
                        "for clusters or with count_host_time.")
+    spec_acceptance: Optional[float] = _knob(
+        None, "Speculative decoding: the probability that the target accepts a draft token, "
+        "i.i.d. per position and seeded by --seed. Setting it, --draft_model or --spec_k "
+        "makes the simulator speculate (None then: 0.7). docs/speculative.md.")
+    draft_model: Optional[str] = _knob(
+        None, "Speculative decoding: the draft model preset (the target's vocabulary, e.g. "
+        "llama2-7b for llama2-70b) whose decode steps, k per speculating step, are priced on "
+        "the clock on the target's hardware and tp; None: drafting costs nothing (a "
+        "model-free drafter).", presets=MODEL_PRESETS)
 
     def __post_init__(self) -> None:
         model = get_model_config(self.model)  # fails early, naming the presets
@@ -383,6 +392,19 @@ class SimEngineSpec:
         if self.cost_fit is not None and self.step_time_ms is not None:
             raise ValueError(f"engine.cost_fit ({self.cost_fit!r}) and engine.step_time_ms "
                              f"({self.step_time_ms}) both set; choose one step-time model")
+        if self.spec_acceptance is not None and not 0.0 <= self.spec_acceptance <= 1.0:
+            raise ValueError(f"engine.spec_acceptance must be in [0, 1] (a probability), got "
+                             f"{self.spec_acceptance}")
+        if self.draft_model is not None:
+            draft = get_model_config(self.draft_model)  # fails early, naming the presets
+            if draft.vocab_size != model.vocab_size:
+                raise ValueError(f"engine.draft_model {self.draft_model!r} has a vocabulary of "
+                                 f"{draft.vocab_size} tokens, the target {self.model!r} "
+                                 f"{model.vocab_size}: a draft must share the target's "
+                                 "vocabulary")
+            if self.pp > 1:
+                raise ValueError(f"engine.draft_model with engine.pp {self.pp}: speculative "
+                                 "decoding is simulated on one pipeline stage for now")
 
 
 EngineSpec = Union[JaxEngineSpec, SimEngineSpec]
@@ -427,6 +449,12 @@ class LimitsSpec:
                                   "packing, bookkeeping) to the virtual clock, as a real "
                                   "server pays it; runs are then no longer repeatable bit for "
                                   "bit.")
+    spec_k: int = _knob(0, "Speculative decoding at a fixed k: each decode of a plan gets up "
+                        "to this many draft tokens to verify (within its output, the context, "
+                        "the token budget and the KV pages), for every policy that does not "
+                        "choose them itself (smartspec does); 0: none. Needs an engine that "
+                        "speculates (sim: --spec_acceptance/--draft_model). "
+                        "docs/speculative.md.")
     no_progress_steps: int = _knob(10_000, "Fail the run after this many iterations in a row "
                                    "in which no request gains a computed token or finishes.")
     kv_host_gb: Optional[float] = _knob(None, "Host (DRAM) KV tier under the device's pool, in "
@@ -457,6 +485,7 @@ class LimitsSpec:
                       "no_progress_steps"):
             _check_at_least("limits", field, getattr(self, field), 1)
         _check_at_least("limits", "max_model_len", self.max_model_len, 2)
+        _check_at_least("limits", "spec_k", self.spec_k, 0)
         _check_choice("limits", "kv_layout", self.kv_layout, KV_LAYOUTS)
         _check_choice("limits", "prefix_caching", self.prefix_caching, PREFIX_CACHING_MODES)
         if not self.kv_pin_s >= 0:
@@ -663,6 +692,11 @@ class RunSpec(metaclass=_TakesFlatKeywords):
             raise ValueError(f"engine.pp {pp}: count_host_time puts measured host time on the "
                              "clock, which the pipeline's schedule does not take")
         check_caps(self)  # counts this machine cannot hold: refused before anything allocates
+        if speculates(self) and (self.cluster.num_replicas > 1 or self.cluster.disaggregated
+                                 or pp > 1):
+            raise ValueError("speculative decoding (--spec_k, --spec_acceptance, "
+                             "--draft_model) runs on one replica of one pipeline stage for "
+                             "now: give --num_replicas=1 without prefill/decode pools, --pp=1")
         tiered = any(getattr(self.limits, field) is not None for field in (
             "kv_host_gb", "kv_host_pages", "kv_disk_gb", "kv_disk_pages"))
         disk = any(getattr(self.limits, field) is not None
@@ -687,3 +721,11 @@ class RunSpec(metaclass=_TakesFlatKeywords):
                              "does not run agent programs yet; give --num_replicas instead "
                              "of prefill/decode pools")
 
+
+def speculates(spec: "RunSpec") -> bool:
+    """Whether the run's simulated engine verifies draft tokens: `--spec_k` > 0, or
+    `--spec_acceptance` or `--draft_model` given (the jax engine's drafters decide its own)."""
+    engine = spec.engine
+    return isinstance(engine, SimEngineSpec) and (
+        spec.limits.spec_k > 0 or engine.spec_acceptance is not None
+        or engine.draft_model is not None)

@@ -33,6 +33,7 @@ from numpy.typing import NDArray
 from orca_jax.sim.cost_model import CostModelConfig, roofline_seconds
 
 _MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
+DEFAULT_SPEC_ACCEPTANCE = 0.7  # a speculating run's per-token acceptance unless given
 
 
 def _mix(x: NDArray[np.uint64]) -> NDArray[np.uint64]:
@@ -68,7 +69,7 @@ class SpecConfig:
         where it has none (then `acceptance`); None: every request has `acceptance`.
     """
 
-    acceptance: float = 0.7
+    acceptance: float = DEFAULT_SPEC_ACCEPTANCE
     draft: Optional[CostModelConfig] = None
     seed: int = 0
     per_request: Optional[NDArray[np.float64]] = None

@@ -21,7 +21,7 @@ again is freed for nobody).
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Union
 
 import numpy as np
 from numpy.typing import NDArray
@@ -180,10 +180,12 @@ def _victims_to_fit(view: SchedulerView, order: list[int], ids: list[int], count
     return chosen
 
 
-def add_drafts(view: SchedulerView, plan: StepPlan, k: int) -> StepPlan:
+def add_drafts(view: SchedulerView, plan: StepPlan,
+               k: Union[int, NDArray[np.int64]]) -> StepPlan:  # k: one, or [n] per request
     """`plan` with up to `k` draft tokens on each decode it holds (speculative decoding,
     docs/speculative.md): the run's fixed `--spec_k`, which the loop applies to the plan
-    of every policy that does not plan speculation itself (`Policy.plans_speculation`).
+    of every policy that does not plan speculation itself (`Policy.plans_speculation`),
+    or each request's own k (`[n]`, parallel to `plan.request_ids`: smartspec's).
 
     A decode gets fewer where its remaining output or the context allows fewer (k + 1
     tokens at most: its decode token and k accepted drafts); the plan's first decodes
@@ -192,7 +194,7 @@ def add_drafts(view: SchedulerView, plan: StepPlan, k: int) -> StepPlan:
     holds no decode, comes back as it is.
     """
     ids, tokens = plan.request_ids, plan.num_tokens
-    if k <= 0 or plan.speculates or not ids.size:
+    if plan.speculates or not ids.size or not np.any(np.asarray(k) > 0):
         return plan
     requests = view.requests
     decoding = ((tokens == 1) & requests.prefill_done(ids)

@@ -46,6 +46,10 @@ class SpecCounts:
       draft_s: `[N]` seconds of drafting in the steps it drafted in (each such step's
         `StepOutput.draft_s`, counted for every request drafting in it).
       spec_steps: `[N]` steps in which it drafted at least one token.
+      rejections: `[N]` of those, the steps that rejected a draft (accepted < drafted):
+        with `accepted` the draft positions the target was seen to judge, so
+        `accepted / (accepted + rejections)` estimates the per-token acceptance
+        (the drafts after a rejection are never judged).
     """
 
     def __init__(self, n: int) -> None:
@@ -53,6 +57,7 @@ class SpecCounts:
         self.accepted = np.zeros(n, dtype=np.int64)  # [N]
         self.draft_s = np.zeros(n, dtype=np.float64)  # [N]
         self.spec_steps = np.zeros(n, dtype=np.int64)  # [N]
+        self.rejections = np.zeros(n, dtype=np.int64)  # [N]
 
     def count(self, ids: NDArray[np.int64],  # [n] distinct
               drafted: NDArray[np.int64],  # [n]
@@ -64,12 +69,49 @@ class SpecCounts:
         drafting = ids[drafted > 0]
         self.draft_s[drafting] += draft_s
         self.spec_steps[drafting] += 1
+        self.rejections[ids[accepted < drafted]] += 1
 
     def acceptance_rate(self, ids: NDArray[np.int64],  # [n]
-                        prior: float = 0.0) -> NDArray[np.float64]:  # [n]
-        """Accepted / drafted of each request so far (`prior` where it drafted none)."""
-        drafted = self.drafted[ids]
-        return np.where(drafted > 0, self.accepted[ids] / np.maximum(drafted, 1), prior)
+                        prior: float = 0.0,
+                        prior_weight: float = 0.0) -> NDArray[np.float64]:  # [n]
+        """Each request's per-token acceptance so far: accepted / (accepted + rejections),
+        the judged draft positions (`prior` where none was judged yet); with
+        `prior_weight` > 0, `prior` counts as that many judged positions more (a
+        smoothed estimate early on)."""
+        accepted = self.accepted[ids].astype(np.float64)
+        judged = accepted + self.rejections[ids]
+        if prior_weight > 0:
+            return (accepted + prior * prior_weight) / (judged + prior_weight)
+        return np.where(judged > 0, accepted / np.maximum(judged, 1), prior)
+
+    def copy(self) -> "SpecCounts":
+        """A copy (a run's result keeps the counts as they were at its end)."""
+        other = SpecCounts(0)
+        for name in ("drafted", "accepted", "draft_s", "spec_steps", "rejections"):
+            array = getattr(self, name).copy()
+            array.setflags(write=False)
+            setattr(other, name, array)
+        return other
+
+    def summary(self) -> dict[str, float]:
+        """The run's speculation in figures (`speculation.*` in summary.json): draft
+        tokens verified and accepted, the acceptance rate, accepted tokens per
+        speculating request-step (and tokens gained per such step, one more), drafting
+        seconds in all and per request that drafted (mean, p99)."""
+        drafted, accepted = int(self.drafted.sum()), int(self.accepted.sum())
+        steps = int(self.spec_steps.sum())
+        drafting = self.draft_s[self.spec_steps > 0]
+        return {
+            "drafted_tokens": drafted, "accepted_tokens": accepted,
+            "acceptance_rate": accepted / drafted if drafted else 0.0,
+            "request_steps": steps,
+            "accepted_per_step": accepted / steps if steps else 0.0,
+            "tokens_per_step": 1.0 + accepted / steps if steps else 1.0,
+            "requests_drafting": int(drafting.size),
+            "draft_s_per_request_mean": float(drafting.mean()) if drafting.size else 0.0,
+            "draft_s_per_request_p99": (float(np.percentile(drafting, 99)) if drafting.size
+                                        else 0.0),
+        }
 
 
 class RequestTable:
@@ -244,9 +286,12 @@ class RequestTableView:
         return np.zeros(len(ids), np.int64) if counts is None else counts.accepted[ids]
 
     def acceptance_rate(self, ids: NDArray[np.int64],  # [n]
-                        prior: float = 0.0) -> NDArray[np.float64]:  # [n]
-        """Accepted / drafted of each request so far; `prior` where it drafted none."""
+                        prior: float = 0.0,
+                        prior_weight: float = 0.0) -> NDArray[np.float64]:  # [n]
+        """Each request's per-token acceptance estimate so far
+        (`SpecCounts.acceptance_rate`: accepted over the draft positions judged); `prior`
+        where none was judged (or, with `prior_weight`, as that many judged positions)."""
         counts = self._table.speculation
         if counts is None:
             return np.full(len(ids), prior, np.float64)
-        return counts.acceptance_rate(np.asarray(ids, np.int64), prior)
+        return counts.acceptance_rate(np.asarray(ids, np.int64), prior, prior_weight)

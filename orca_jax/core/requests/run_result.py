@@ -21,7 +21,7 @@ from numpy.typing import NDArray
 
 from orca_jax.core.requests.programs import ProgramRecord
 from orca_jax.core.requests.request import RequestState
-from orca_jax.core.requests.request_table import RequestTable
+from orca_jax.core.requests.request_table import RequestTable, SpecCounts
 from orca_jax.core.requests.run_record import RunRecord, StepLogs, TransferLog
 from orca_jax.core.requests.token_stats import TokenStats
 
@@ -132,6 +132,11 @@ class RunResult:
     # micro-batches, time with one in flight, each stage's busy and bubble seconds. None
     # without a pipeline.
     pipeline: Optional[Mapping[str, Any]] = None
+    # Speculative decoding (docs/speculative.md): each request's drafted and accepted tokens
+    # and drafting seconds (`SpecCounts`), and each speculating step's (drafted, accepted,
+    # draft seconds) by step index; None and empty for a run whose engine does not speculate.
+    speculation: Optional[SpecCounts] = None
+    spec_steps: Mapping[int, tuple[int, int, float]] = dataclasses.field(default_factory=dict)
 
     @property
     def num_requests(self) -> int:
@@ -210,7 +215,9 @@ class RunResult:
             replica=_zeros(n),
             num_replicas=1, router=None, prefix_caching=prefix_caching,
             num_evictions=num_evictions, kv_tiers=kv_tiers, kv_stall_s=dict(kv_stall_s or {}),
-            pipeline=pipeline)
+            pipeline=pipeline,
+            speculation=None if table.speculation is None else table.speculation.copy(),
+            spec_steps=dict(record.spec_steps))
 
     @classmethod
     def concat(cls, results: Sequence[RunResult], *, router: str,
