@@ -150,8 +150,10 @@ class SpeculativeEngine(EngineWrapper):
             draft_s=round(self._draft_s, 6), drafted_tokens=self._num_drafted,
             accepted_draft_tokens=self._num_accepted)
         if self.draft is not None:
+            draft = self.draft.facts()
             facts.update(draft_model=self.draft.model_config.name,
-                         draft_num_compiles=self.draft.num_compiles)
+                         draft_num_compiles=draft["num_compiles"],
+                         draft_compile_s=draft["compile_s"])
         return facts
 
     def _prepare(self, buckets: list[Bucket]) -> None:

@@ -512,11 +512,13 @@ def check_policies(spec: RunSpec, config: SchedulerConfig,
             raise PolicyLoadError(f"policy {policy.name!r}: preemption_mode=swap needs a host "
                                   "KV tier (--kv_host_gb or --kv_host_pages)")
         check_prefix_caching(policy, options, config)
-        if (policy.plans_speculation and isinstance(spec.engine, SimEngineSpec)
-                and not speculates(spec)):
+        if policy.plans_speculation and not speculates(spec):
+            how = ("the simulator must speculate (give --spec_acceptance and/or --draft_model)"
+                   if isinstance(spec.engine, SimEngineSpec) else
+                   "the jax engine needs a drafter (--drafter=ngram, or --drafter=model with "
+                   "--draft_model)")
             raise PolicyLoadError(f"policy {policy.name!r} chooses draft tokens per request: "
-                                  "the simulator must speculate (give --spec_acceptance "
-                                  "and/or --draft_model)")
+                                  f"{how}")
         built.append(policy)
     check_router(spec)
     return built

@@ -453,7 +453,7 @@ class LimitsSpec:
                         "to this many draft tokens to verify (within its output, the context, "
                         "the token budget and the KV pages), for every policy that does not "
                         "choose them itself (smartspec does); 0: none. Needs an engine that "
-                        "speculates (sim: --spec_acceptance/--draft_model). "
+                        "speculates (sim: --spec_acceptance/--draft_model; jax: --drafter). "
                         "docs/speculative.md.")
     no_progress_steps: int = _knob(10_000, "Fail the run after this many iterations in a row "
                                    "in which no request gains a computed token or finishes.")
@@ -692,6 +692,11 @@ class RunSpec(metaclass=_TakesFlatKeywords):
             raise ValueError(f"engine.pp {pp}: count_host_time puts measured host time on the "
                              "clock, which the pipeline's schedule does not take")
         check_caps(self)  # counts this machine cannot hold: refused before anything allocates
+        if (self.limits.spec_k > 0 and isinstance(self.engine, JaxEngineSpec)
+                and self.engine.drafter == "none"):
+            raise ValueError(f"limits.spec_k {self.limits.spec_k}: the jax engine needs a "
+                             "drafter to speculate (--drafter=ngram, or --drafter=model with "
+                             "--draft_model)")
         if speculates(self) and (self.cluster.num_replicas > 1 or self.cluster.disaggregated
                                  or pp > 1):
             raise ValueError("speculative decoding (--spec_k, --spec_acceptance, "
@@ -723,9 +728,10 @@ class RunSpec(metaclass=_TakesFlatKeywords):
 
 
 def speculates(spec: "RunSpec") -> bool:
-    """Whether the run's simulated engine verifies draft tokens: `--spec_k` > 0, or
-    `--spec_acceptance` or `--draft_model` given (the jax engine's drafters decide its own)."""
+    """Whether the run's engine verifies draft tokens: the simulator's when `--spec_k` > 0,
+    or `--spec_acceptance` or `--draft_model` given; the jax engine's with a `--drafter`."""
     engine = spec.engine
-    return isinstance(engine, SimEngineSpec) and (
-        spec.limits.spec_k > 0 or engine.spec_acceptance is not None
-        or engine.draft_model is not None)
+    if isinstance(engine, JaxEngineSpec):
+        return engine.drafter != "none"
+    return spec.limits.spec_k > 0 or engine.spec_acceptance is not None or (
+        engine.draft_model is not None)
