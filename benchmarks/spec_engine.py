@@ -92,7 +92,7 @@ def main() -> None:
     print(header)
     for rate in args.rates:
         requests = synthetic_workload(num_requests=args.requests, arrival="poisson", rate=rate,
-                                      prompt_len="uniform:16:64", output_len="uniform:24:64",
+                                      prompt_len="uniform:16:48", output_len="uniform:16:32",
                                       seed=0, vocab_size=vocab, max_total_len=MAX_LEN)
         reference = None
         for drafter, policy, k in variants:
