@@ -18,8 +18,9 @@ step weighs candidate speculations of its decodes: every k from 0 to `max_k`
 for all of them, and each k for only the decodes whose acceptance is at least
 the median (low-acceptance requests stop speculating first). A decode's
 acceptance is its history so far (`view.requests.acceptance_rate`: accepted over
-the draft positions the target judged), smoothed with `prior_acceptance` as
-`prior_weight` judged positions. The step's seconds come from the engine's own
+the draft positions the target judged), shrunk toward the run's pooled acceptance
+(`pooled_acceptance_rate`, which starts at `prior_acceptance`) as `request_weight`
+judged positions. The step's seconds come from the engine's own
 estimate (`view.estimate_step_s`: the simulator's cost model of the step's bucket
 and the draft model's steps); where the engine cannot estimate, it does not
 speculate. k = 0 wins whenever no speculation beats it: no speculation that the
@@ -27,8 +28,8 @@ cost model says loses is ever chosen. The chosen k is clipped to each request's
 output, the context, the token budget and the KV pages (`add_drafts`).
 
 What differs from the paper: SmartSpec estimates acceptance with a moving
-average of recent steps and fits its step time to profiled batches; here the
-acceptance is the request's whole history (smoothed) and the time is the
+average over recent steps and fits its step time to profiled batches; here the
+acceptance is the run's and the request's whole history and the time is the
 engine's estimate. The paper's prompt-lookup and the per-request search are
 replaced by the two families of candidates above (2 max_k + 1 estimates a step).
 """
@@ -63,10 +64,12 @@ class SmartSpec(VLLM):
 
     Attributes:
       max_k: the most draft tokens a decode verifies in a step.
-      prior_acceptance: a request's per-token acceptance before any draft of it was
-        judged (and the smoothing's center).
-      prior_weight: how many judged draft positions the prior counts as (0: a
-        request's own history alone once it has one).
+      prior_acceptance: the per-token acceptance assumed before any draft was judged.
+      prior_weight: how many judged draft positions the prior counts as in the run's
+        pooled acceptance (every request's judged drafts together).
+      request_weight: how many judged positions the pooled acceptance counts as in a
+        request's own estimate (0: its own history alone once it has one; large: the
+        pooled rate for everyone, as the paper's moving average of the batch).
       min_gain: speculation must beat k = 0's goodput by this fraction (0: any gain).
     """
 
@@ -77,6 +80,7 @@ class SmartSpec(VLLM):
     max_k: int = 8
     prior_acceptance: float = 0.7
     prior_weight: float = 4.0
+    request_weight: float = 128.0
     min_gain: float = 0.0
 
     def __post_init__(self) -> None:
@@ -85,8 +89,9 @@ class SmartSpec(VLLM):
         if not 0.0 <= self.prior_acceptance <= 1.0:
             raise ValueError(f"smartspec: prior_acceptance must be in [0, 1], got "
                              f"{self.prior_acceptance}")
-        if self.prior_weight < 0 or self.min_gain < 0:
-            raise ValueError("smartspec: prior_weight and min_gain must be >= 0")
+        if min(self.prior_weight, self.request_weight, self.min_gain) < 0:
+            raise ValueError("smartspec: prior_weight, request_weight and min_gain must be "
+                             ">= 0")
 
     def schedule(self, view: SchedulerView) -> StepPlan:
         plan = super().schedule(view)
@@ -105,7 +110,10 @@ class SmartSpec(VLLM):
                     & (requests.state[ids] == RequestState.RUNNING))
         if not decoding.any():
             return None
-        acceptance = requests.acceptance_rate(ids, self.prior_acceptance, self.prior_weight)
+        # Each request's history, shrunk toward the run's pooled acceptance (itself
+        # starting at the prior): few judged drafts say little about one request.
+        pooled = requests.pooled_acceptance_rate(self.prior_acceptance, self.prior_weight)
+        acceptance = requests.acceptance_rate(ids, pooled, self.request_weight)
         # Each decode's cap: its output (k + 1 tokens at most) and the context.
         cap = np.where(decoding, np.minimum(requests.remaining_output(ids) - 1,
                                             view.max_model_len - requests.num_computed[ids] - 1),
@@ -138,10 +146,13 @@ class SmartSpec(VLLM):
                  ks: NDArray[np.int64],  # [n]
                  acceptance: NDArray[np.float64],  # [n]
                  decoding: NDArray[np.bool_]) -> Optional[float]:  # [n]
-        """Expected decode tokens of the step over its estimated seconds (None: the
-        engine cannot estimate)."""
+        """Expected decode tokens of the step over the estimated seconds of its decodes
+        (None: the engine cannot estimate). The prefill chunks beside them are left out
+        of both: their time does not depend on k, and counted in, it would make every
+        draft look cheaper than it is against the decodes' own step."""
+        tokens, context, ks = tokens[decoding], context[decoding], ks[decoding]
         seconds = view.estimate_step_s(tokens + ks, context + ks, ks if ks.any() else None)
         if seconds is None or seconds <= 0:
             return None
-        gained = expected_tokens(acceptance[decoding], ks[decoding])
+        gained = expected_tokens(acceptance[decoding], ks)
         return float(gained.sum()) / seconds

@@ -191,3 +191,60 @@ def test_spec_k_needs_an_engine_that_speculates():
         Scheduler(requests(), VLLM(), SimEngine(), config)
     with pytest.raises(ValueError, match="spec_k must be an integer >= 0, got -1"):
         LoopFeatures(spec_k=-1)
+
+
+@pytest.mark.parametrize("args,flag,words", [
+    (["--spec_k=-1"], "--spec_k", "must be >= 0"),
+    (["--model=llama2-70b", "--draft_model=llama3-8b"], "--draft_model", "vocabulary"),
+    (["--draft_model=nosuch"], "--draft_model", "unknown model 'nosuch'"),
+    (["--spec_acceptance=1.5"], "--spec_acceptance", "in [0, 1]"),
+    (["--engine=jax", "--spec_k=2"], "--spec_k", "only with a drafter"),
+    (["--policy=smartspec"], "smartspec", "must speculate"),
+    (["--spec_k=2", "--num_replicas=2"], "speculative decoding", "one replica"),
+])
+def test_bad_speculation_input_is_one_line_exit_2(args, flag, words, tmp_path):
+    from tests.cli_runner import run_module
+    result = run_module("experiments.run", "--engine=sim", "--num_requests=4",
+                        f"--out_dir={tmp_path}", *args, check=False)
+    assert result.returncode == 2, result.stderr[-2000:]
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and flag in lines[0] and words in lines[0], lines
+
+
+def test_a_speculating_run_writes_its_figures(tmp_path):
+    import json
+
+    from tests.cli_runner import run_module
+    run_module("experiments.run", "--engine=sim", "--policy=smartspec", "--num_requests=12",
+               "--rate=4", "--model=llama2-70b", "--tp=4", "--draft_model=llama2-7b",
+               f"--out_dir={tmp_path}")
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["num_finished"] == 12
+    assert 0 < summary["speculation.accepted_tokens"] <= summary["speculation.drafted_tokens"]
+    assert summary["speculation.draft_s_total"] > 0
+    assert 0 < summary["speculation.draft_fraction"] < 1
+
+
+def test_a_request_of_its_own_rate_draws_at_that_rate():
+    own = SpecConfig(acceptance=0.5, per_request=np.array([np.nan, 1.0, 0.0]))
+    np.testing.assert_array_equal(own.rates(np.array([0, 1, 2])), [0.5, 1.0, 0.0])
+    accepted = own.accepted(np.array([1, 2]), np.array([10, 10]), np.array([4, 4]))
+    np.testing.assert_array_equal(accepted, [4, 0])
+    with pytest.raises(ValueError, match="in \\[0, 1\\]"):
+        SpecConfig(per_request=np.array([1.5]))
+
+
+def test_a_fixed_k_run_is_never_leaped_and_matches_its_unleaped_twin():
+    import dataclasses
+
+    from orca_jax.core.loop.config import LoopFeatures
+    results = {}
+    for leap in (True, False):
+        config = dataclasses.replace(CONFIG, features=LoopFeatures(spec_k=2, leap=leap))
+        scheduler = Scheduler(requests(6), VLLM(), engine(0.6), config)
+        results[leap] = scheduler.run()
+        if leap:
+            assert scheduler.executor.leaper is not None
+            assert scheduler.executor.leaper.num_leaped_steps == 0
+    np.testing.assert_array_equal(results[True].finish_s, results[False].finish_s)
+    assert len(results[True].steps) == len(results[False].steps)

@@ -396,7 +396,10 @@ class SimEngineSpec:
             raise ValueError(f"engine.spec_acceptance must be in [0, 1] (a probability), got "
                              f"{self.spec_acceptance}")
         if self.draft_model is not None:
-            draft = get_model_config(self.draft_model)  # fails early, naming the presets
+            try:
+                draft = get_model_config(self.draft_model)
+            except ValueError as e:  # naming the presets, and the flag
+                raise ValueError(f"engine.draft_model: {e}") from None
             if draft.vocab_size != model.vocab_size:
                 raise ValueError(f"engine.draft_model {self.draft_model!r} has a vocabulary of "
                                  f"{draft.vocab_size} tokens, the target {self.model!r} "

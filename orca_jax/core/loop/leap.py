@@ -80,6 +80,9 @@ class Leaper:
         self._preemptions = scheduler.record.num_preemptions
         # The engine prices no spans, or the policy's promise is not about its plans.
         self._off = not promise_covers_schedule(type(scheduler.policy))
+        # A fixed --spec_k rewrites the policy's plans (drafts where output, budget and
+        # pages allow), which its promise does not cover: every step is planned.
+        self._off |= bool(getattr(scheduler.features, "spec_k", 0))
         self.num_leaped_steps = 0
         self.num_leaps = 0
 

@@ -121,7 +121,7 @@ class SchedulerLoop:
             return "prefix caching names pages by token values before the next plan"
         if self.features.kv_handoff:
             return "a KV handoff carries each request's first token"
-        if self.engine.speculates:
+        if getattr(self.engine, "speculates", False):  # a duck-typed engine: no
             return ("speculative decoding advances each request by the draft tokens its "
                     "step accepted, known only once the step has run")
         return None

@@ -58,6 +58,10 @@ class SpecCounts:
         self.draft_s = np.zeros(n, dtype=np.float64)  # [N]
         self.spec_steps = np.zeros(n, dtype=np.int64)  # [N]
         self.rejections = np.zeros(n, dtype=np.int64)  # [N]
+        # Every request's accepted and judged draft positions together (running sums, so a
+        # policy reads the run's acceptance without a pass over the table).
+        self.total_accepted = 0
+        self.total_judged = 0
 
     def count(self, ids: NDArray[np.int64],  # [n] distinct
               drafted: NDArray[np.int64],  # [n]
@@ -69,7 +73,10 @@ class SpecCounts:
         drafting = ids[drafted > 0]
         self.draft_s[drafting] += draft_s
         self.spec_steps[drafting] += 1
-        self.rejections[ids[accepted < drafted]] += 1
+        rejected = accepted < drafted
+        self.rejections[ids[rejected]] += 1
+        self.total_accepted += int(accepted.sum())
+        self.total_judged += int(accepted.sum()) + int(rejected.sum())
 
     def acceptance_rate(self, ids: NDArray[np.int64],  # [n]
                         prior: float = 0.0,
@@ -84,6 +91,12 @@ class SpecCounts:
             return (accepted + prior * prior_weight) / (judged + prior_weight)
         return np.where(judged > 0, accepted / np.maximum(judged, 1), prior)
 
+    def pooled_rate(self, prior: float = 0.0, prior_weight: float = 0.0) -> float:
+        """The run's per-token acceptance so far, every request's judged drafts together
+        (`prior` counted as `prior_weight` judged positions; `prior` before any)."""
+        judged = self.total_judged + prior_weight
+        return (self.total_accepted + prior * prior_weight) / judged if judged else prior
+
     def copy(self) -> "SpecCounts":
         """A copy (a run's result keeps the counts as they were at its end)."""
         other = SpecCounts(0)
@@ -91,6 +104,7 @@ class SpecCounts:
             array = getattr(self, name).copy()
             array.setflags(write=False)
             setattr(other, name, array)
+        other.total_accepted, other.total_judged = self.total_accepted, self.total_judged
         return other
 
     def summary(self) -> dict[str, float]:
@@ -295,3 +309,9 @@ class RequestTableView:
         if counts is None:
             return np.full(len(ids), prior, np.float64)
         return counts.acceptance_rate(np.asarray(ids, np.int64), prior, prior_weight)
+
+    def pooled_acceptance_rate(self, prior: float = 0.0, prior_weight: float = 0.0) -> float:
+        """The run's per-token acceptance so far over every request's judged drafts
+        (`SpecCounts.pooled_rate`); `prior` where the engine does not speculate."""
+        counts = self._table.speculation
+        return prior if counts is None else counts.pooled_rate(prior, prior_weight)
