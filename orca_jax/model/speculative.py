@@ -249,10 +249,21 @@ class SpeculativeEngine(EngineWrapper):
             num_accepted[i] = kept.size - 1
             accepted[i, :kept.size - 1] = kept[:-1]
             sampled[i] = kept[-1]
+            if self.drafter == "ngram" and request_ids is not None:
+                # Its context gains the drafts it keeps, after its newest token.
+                self._write(int(request_ids[i]), int(inputs.positions[cu[i]]),
+                            np.concatenate([inputs.token_ids[cu[i]:cu[i] + 1], kept[:-1]]))
         self._num_drafted += int((drafts >= 0).sum())
         self._num_accepted += int(num_accepted.sum())
         return StepOutput(sampled_tokens=sampled, step_s=step_s, num_accepted=num_accepted,
                           accepted_tokens=accepted, draft_s=draft_s)
+
+    def request_tokens(self, request: int) -> NDArray[np.int32]:  # -> [L]
+        """The tokens of request `request` this engine has seen in its steps, and the
+        drafts it kept: the prompt-lookup drafter's context (its newest token, never
+        computed, excluded). Empty for a request it never ran, or a model drafter."""
+        context = self._contexts.get(request)
+        return np.zeros(0, np.int32) if context is None else context[:self._lengths[request]]
 
     def _remember(self, inputs: StepInputs, request_ids: NDArray[np.int64],  # [n]
                   spec: Optional[NDArray[np.int64]]) -> None:  # [n]
@@ -263,19 +274,23 @@ class SpeculativeEngine(EngineWrapper):
             first, last = int(cu[i]), int(cu[i + 1])
             if spec is not None and spec[i] > 0:
                 last = first + 1
-            start, end = int(positions[first]), int(positions[last - 1]) + 1
-            context = self._contexts.get(request)
-            if context is None or context.shape[0] < end:
-                grown = np.zeros(max(end, 2 * (0 if context is None else context.shape[0])),
-                                 np.int32)
-                if context is not None:
-                    grown[:context.shape[0]] = context
-                context = grown
-            context[start:end] = tokens[first:last]
-            # Positions past `end` are stale (an earlier run of this index, or a recompute).
-            context[end:] = 0
-            self._contexts[request] = context
-            self._lengths[request] = end
+            self._write(request, int(positions[first]), tokens[first:last])
+
+    def _write(self, request: int, start: int, tokens: NDArray[np.int32]) -> None:  # [m]
+        """Writes a request's tokens from position `start` on; its context ends after them
+        (positions past are stale: an earlier run of this index, or a recompute)."""
+        end = start + tokens.shape[0]
+        context = self._contexts.get(request)
+        if context is None or context.shape[0] < end:
+            grown = np.zeros(max(end, 2 * (0 if context is None else context.shape[0])),
+                             np.int32)
+            if context is not None:
+                grown[:context.shape[0]] = context
+            context = grown
+        context[start:end] = tokens
+        context[end:] = 0
+        self._contexts[request] = context
+        self._lengths[request] = end
 
     def _ngram_drafts(self, inputs: StepInputs, request_ids: Optional[NDArray[np.int64]],
                       spec: NDArray[np.int64]) -> NDArray[np.int32]:  # [n] -> [n, K]
