@@ -136,7 +136,7 @@ def _cases(files: Path) -> list[Case]:
         Case("drafter_model_without_draft", (*JAX, "--clock=wall", "--drafter=model"), 2,
              r"--drafter: engine\.drafter model needs engine\.draft_model"),
         Case("spec_k_without_drafter", (*JAX, "--spec_k=2"), 2,
-             r"--spec_k: limits\.spec_k 2: the jax engine needs a drafter"),
+             r"--spec_k: limits\.spec_k 2: the jax engine speculates only with a drafter"),
         Case("spec_k_negative", (*SIM, "--spec_k=-1"), 2,
              r"--spec_k: limits\.spec_k must be >= 0, got -1"),
         Case("plugin_import_fails", (*SIM, f"--policy={files}/broken_plugin.py:Broken"), 2,

@@ -697,8 +697,8 @@ class RunSpec(metaclass=_TakesFlatKeywords):
         check_caps(self)  # counts this machine cannot hold: refused before anything allocates
         if (self.limits.spec_k > 0 and isinstance(self.engine, JaxEngineSpec)
                 and self.engine.drafter == "none"):
-            raise ValueError(f"limits.spec_k {self.limits.spec_k}: the jax engine needs a "
-                             "drafter to speculate (--drafter=ngram, or --drafter=model with "
+            raise ValueError(f"limits.spec_k {self.limits.spec_k}: the jax engine speculates "
+                             "only with a drafter (--drafter=ngram, or --drafter=model with "
                              "--draft_model)")
         if speculates(self) and (self.cluster.num_replicas > 1 or self.cluster.disaggregated
                                  or pp > 1):
