@@ -84,6 +84,7 @@ class SmartSpec(VLLM):
     min_gain: float = 0.0
 
     def __post_init__(self) -> None:
+        super().__post_init__()  # vLLM's knobs
         if self.max_k < 0:
             raise ValueError(f"smartspec: max_k must be >= 0, got {self.max_k}")
         if not 0.0 <= self.prior_acceptance <= 1.0:

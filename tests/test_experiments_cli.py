@@ -70,7 +70,9 @@ def test_config_run_section_is_the_spec_grouped_in_its_parts(tmp_path):
     assert run["engine"] == {"kind": "sim", "model": "llama3-8b", "hardware": "a100", "tp": 1,
                              "pp": 1, "pp_layers": None, "pp_balance": False,
                              "step_time_ms": 5.0, "cost_fit": None,
-                             "step_padding": "bucket", "leap": True}  # no jax-only settings
+                             "step_padding": "bucket", "leap": True,
+                             # speculative decoding off (docs/speculative.md)
+                             "spec_acceptance": None, "draft_model": None}  # no jax-only
     assert run["limits"]["max_num_seqs"] == 8 and run["limits"]["max_num_tokens"] == 2048
     assert run["cluster"] == {"num_replicas": 1, "router": "round_robin", "router_opts": "",
                               # colocated: the disaggregated pools' settings at their defaults

@@ -132,3 +132,11 @@ def test_smartspec_runs_to_the_end_and_speculates_less_as_the_batch_grows():
     small, _ = drafts_per_decode(2)
     large, large_total = drafts_per_decode(128)
     assert small >= 2 and large < small
+
+
+@pytest.mark.parametrize("options,words", [({"max_k": -1}, "max_k must be >= 0"),
+                                           ({"prior_acceptance": 1.5}, "prior_acceptance"),
+                                           ({"max_num_tokens": 0}, "max_num_tokens")])
+def test_bad_knobs_are_refused_naming_them(options, words):
+    with pytest.raises(ValueError, match=words):
+        SmartSpec(**options)
