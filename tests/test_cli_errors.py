@@ -129,6 +129,16 @@ def _cases(files: Path) -> list[Case]:
              r"dtype='bfloat16' \(this run: 'float32'\)"),
         Case("profile_table_wall_clock", (*JAX, "--clock=wall", "--profile_table=t.json"), 2,
              r"engine\.profile_table \('t\.json'\) is the profiled clock's table"),
+        Case("draft_other_vocabulary", (*JAX, "--model=small", "--clock=wall", "--drafter=model",
+                                        "--draft_model=tiny-draft"), 2,
+             r"--draft_model: engine\.draft_model 'tiny-draft' has vocab_size 512, "
+             r"engine\.model 'small' has 2048"),
+        Case("drafter_model_without_draft", (*JAX, "--clock=wall", "--drafter=model"), 2,
+             r"--drafter: engine\.drafter model needs engine\.draft_model"),
+        Case("spec_k_without_drafter", (*JAX, "--spec_k=2"), 2,
+             r"--spec_k: limits\.spec_k 2: the jax engine speculates only with a drafter"),
+        Case("spec_k_negative", (*SIM, "--spec_k=-1"), 2,
+             r"--spec_k: limits\.spec_k must be >= 0, got -1"),
         Case("plugin_import_fails", (*SIM, f"--policy={files}/broken_plugin.py:Broken"), 2,
              r"broken_plugin\.py:Broken': importing .*broken_plugin\.py' failed: NameError: "
              r"name 'undefined_name'"),

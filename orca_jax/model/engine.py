@@ -127,6 +127,9 @@ class JaxEngine(Engine):
       host_kv_memory: where a run's host KV tier keeps pages (`host_kv_store`):
         `auto` (pinned host memory on an accelerator that offers it, else numpy),
         `pinned_host` or `numpy`.
+      verify_rows: compile the step to also return the greedy token after every row
+        (`StepOutput.row_tokens`): a speculative run's target verifies each request's
+        draft tokens with it (`orca_jax.model.speculative`). Still one program per bucket.
     """
 
     def __init__(self, model_config: ModelConfig, params: nnx.State, *, num_cache_pages: int,
@@ -134,7 +137,8 @@ class JaxEngine(Engine):
                  attention: str = "reference",
                  warmup_kv_len: Optional[int] = None,
                  mesh: Optional[jax.sharding.Mesh] = None, feed_tokens: bool = False,
-                 host_kv_memory: str = "auto", device: Optional[jax.Device] = None) -> None:
+                 host_kv_memory: str = "auto", device: Optional[jax.Device] = None,
+                 verify_rows: bool = False) -> None:
         if num_cache_pages < 2 or page_size < 1 or pages_per_seq < 1:
             raise ValueError(f"JaxEngine: needs num_cache_pages >= 2 (null page + one), "
                              f"page_size >= 1, pages_per_seq >= 1; got {num_cache_pages}, "
@@ -146,6 +150,9 @@ class JaxEngine(Engine):
         if host_kv_memory not in host_kv.HOST_KV_MEMORIES:
             raise ValueError(f"JaxEngine: host_kv_memory={host_kv_memory!r} is not one of "
                              f"{host_kv.HOST_KV_MEMORIES}")
+        if verify_rows and feed_tokens:
+            raise EngineConfigError("JaxEngine: verify_rows (speculative decoding) with "
+                                    "feed_tokens (overlap) is not built; run one of them")
         if mesh is not None:
             if tuple(mesh.axis_names) != (sharding.TP_AXIS,):
                 raise EngineConfigError(f"JaxEngine: mesh axes {mesh.axis_names} must be "
@@ -187,7 +194,9 @@ class JaxEngine(Engine):
         self._feed = feed_tokens
         self._fed_size = 0  # rows of the device token buffer: the widest bucket's S
         self._fed: Optional[jax.Array] = None  # [fed_size] the last step's sampled tokens
-        step_fn = _step_feeding_tokens if feed_tokens else _plain_step
+        self._verify = verify_rows
+        step_fn = (_step_feeding_tokens if feed_tokens
+                   else functools.partial(_plain_step, every_row=verify_rows))
         self._jitted = jax.jit(functools.partial(step_fn, graphdef, attend), donate_argnums=1)
         self._compiled: dict[Bucket, jax.stages.Compiled] = {}
         self._fingerprints: dict[Bucket, str] = {}
@@ -335,7 +344,8 @@ class JaxEngine(Engine):
         """What the step's trace closes over besides its arguments (the cache key's part)."""
         mesh = None if self.mesh is None else (tuple(self.mesh.axis_names),
                                                [d.id for d in self.mesh.devices.flat])
-        choices = {"step": "feeding" if self._feed else "plain", "attention": self.attention,
+        step = "feeding" if self._feed else "verifying" if self._verify else "plain"
+        choices = {"step": step, "attention": self.attention,
                    "model": dataclasses.asdict(self.model_config), "dtype": str(self.dtype),
                    "mesh": mesh}
         if self.device is not None:  # an executable is compiled for its device
@@ -447,8 +457,10 @@ class JaxEngine(Engine):
         padded[:len(pages)] = pages
         return padded
 
-    def _dispatch(self, inputs: StepInputs, token_source: Optional[np.ndarray]) -> jax.Array:
-        """Calls the bucket's compiled step; returns its sampled tokens [S], on the device."""
+    def _dispatch(self, inputs: StepInputs, token_source: Optional[np.ndarray]
+                  ) -> model_lib.StepResult:
+        """Calls the bucket's compiled step; returns its result (tokens [S], and [T] row
+        tokens under `verify_rows`), on the device."""
         before = backend_compiles()
         args = (self._params, self._cache, self._to_device(inputs))
         if self._feed:
@@ -459,7 +471,7 @@ class JaxEngine(Engine):
         else:
             self._cache, result = self._compiled[inputs.bucket](*args)
         self._num_compiles += backend_compiles() - before
-        return result.tokens
+        return result
 
     def _to_device(self, inputs: Any) -> Any:
         """The descriptor on the mesh's devices (replicated), or as it is (host arrays) for
@@ -495,9 +507,10 @@ def dummy_inputs(bucket: Bucket, kv_len: int, pages_per_seq: int, page_size: int
 
 
 def _plain_step(graphdef: nnx.GraphDef, attend: Any, params: nnx.State,
-                cache: model_lib.KVCache, inputs: StepInputs
+                cache: model_lib.KVCache, inputs: StepInputs, *, every_row: bool = False
                 ) -> tuple[model_lib.KVCache, model_lib.StepResult]:
-    return model_lib.step(graphdef, params, cache, inputs, attention=attend)
+    return model_lib.step(graphdef, params, cache, inputs, attention=attend,
+                          every_row=every_row)
 
 
 def _step_feeding_tokens(graphdef: nnx.GraphDef, attend: Any, params: nnx.State,
@@ -523,11 +536,14 @@ class _DispatchedStep(PendingStep):
                  token_source: Optional[np.ndarray]) -> None:
         self._engine, self._inputs = engine, inputs
         self._start = time.perf_counter()
-        self._device_tokens = engine._dispatch(inputs, token_source)  # [S], on the device
+        result = engine._dispatch(inputs, token_source)
+        self._device_tokens = result.tokens  # [S], on the device
+        self._device_rows = result.row_tokens  # [T] under verify_rows, else None
         self.dispatched_at = time.perf_counter()  # the host is free again from here
         self.ready_at: Optional[float] = None  # the tokens were ready on the device
         self.landed_at: Optional[float] = None  # ... and copied to the host
         self._done: Optional[tuple[np.ndarray, float]] = None
+        self._rows: Optional[np.ndarray] = None  # [T] row tokens on the host
 
     def wait(self) -> tuple[np.ndarray, float]:
         """(sampled tokens [S], seconds from dispatch until they were on the host)."""
@@ -538,6 +554,8 @@ class _DispatchedStep(PendingStep):
             shard.block_until_ready()
             self.ready_at = time.perf_counter()
             tokens = np.asarray(shard)  # [S]
+            if self._device_rows is not None:  # a verification step's rows: one copy more
+                self._rows = np.asarray(self._device_rows.addressable_shards[0].data)
             self.landed_at = time.perf_counter()
             elapsed = self.landed_at - self._start
             if self._engine._multiprocess:  # one clock: process 0's; descriptors checked
@@ -562,7 +580,7 @@ class _DispatchedStep(PendingStep):
 
     def output(self) -> StepOutput:
         tokens, elapsed = self.wait()
-        return StepOutput(sampled_tokens=tokens, step_s=elapsed)
+        return StepOutput(sampled_tokens=tokens, step_s=elapsed, row_tokens=self._rows)
 
 
 @jax.jit

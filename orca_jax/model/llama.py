@@ -184,6 +184,8 @@ jax.tree_util.register_dataclass(
 class StepResult(NamedTuple):
     tokens: jax.Array  # [S] int32 sampled token per sequence
     logits: jax.Array  # [S, vocab] float32 logits at sample_indices
+    # [T] int32 the greedy token after every row (a verification step's; None otherwise)
+    row_tokens: Optional[jax.Array] = None
 
 
 def attention_op(attention: Union[str, AttentionFn]) -> AttentionFn:
@@ -215,7 +217,8 @@ def write_kv(pages: jax.Array,  # [num_pages, page_size, num_kv_heads, head_dim]
 
 
 def step(graphdef: nnx.GraphDef, params: nnx.State, kv_cache: KVCache, inputs: StepInputs, *,
-         attention: Union[str, AttentionFn] = "reference") -> tuple[KVCache, StepResult]:
+         attention: Union[str, AttentionFn] = "reference",
+         every_row: bool = False) -> tuple[KVCache, StepResult]:
     """One engine step: writes the new tokens' K/V, attends, samples one token per sequence.
 
     Pure; jit it with `graphdef` and `attention` bound and the cache donated.
@@ -226,6 +229,8 @@ def step(graphdef: nnx.GraphDef, params: nnx.State, kv_cache: KVCache, inputs: S
       kv_cache: the paged cache; page 0 is the null page padding writes to.
       inputs: one padded step descriptor (see `orca_jax.core.step.engine_api.StepInputs`).
       attention: the ragged paged attention op (see `attention_op`).
+      every_row: also return the greedy token after every row (`row_tokens`), as a
+        speculative verification step needs: the LM head then runs on all T rows.
 
     Returns:
       The updated cache, and the sampled tokens and logits at `sample_indices`.
@@ -235,7 +240,7 @@ def step(graphdef: nnx.GraphDef, params: nnx.State, kv_cache: KVCache, inputs: S
     attend = attention_op(attention)
     x = model.embed_tokens(inputs.token_ids)  # [T, d_model]
     x, kv_cache = decoder_layers(model.layers, kv_cache, x, inputs, attend, config)
-    return kv_cache, sample_rows(model.logits, x, inputs)
+    return kv_cache, sample_rows(model.logits, x, inputs, every_row=every_row)
 
 
 def decoder_layers(layers: Sequence[DecoderLayer], kv_cache: KVCache,
@@ -260,15 +265,21 @@ def decoder_layers(layers: Sequence[DecoderLayer], kv_cache: KVCache,
 
 def sample_rows(logits_of: Callable[[jax.Array], jax.Array],
                 x: jax.Array,  # [T, d_model] the last layer's output
-                inputs: StepInputs) -> StepResult:
+                inputs: StepInputs, every_row: bool = False) -> StepResult:
     """The logits at `sample_indices` (`logits_of`: final norm and LM head) and one
-    token sampled from each."""
-    logits = logits_of(x[inputs.sample_indices])  # [S, vocab]
+    token sampled from each; `every_row`: also the greedy token after every row."""
+    row_tokens = None
+    if every_row:
+        row_logits = logits_of(x)  # [T, vocab]
+        row_tokens = sampling.greedy_tokens(row_logits)  # [T]
+        logits = row_logits[inputs.sample_indices]  # [S, vocab] the same rows' values
+    else:
+        logits = logits_of(x[inputs.sample_indices])  # [S, vocab]
     # The sampled token sits one past the last computed token.
     next_positions = inputs.positions[inputs.sample_indices] + 1
     tokens = sampling.sample_tokens(logits, next_positions, inputs.temperature, inputs.top_k,
                                     inputs.top_p, inputs.rng_seeds)
-    return StepResult(tokens, logits)
+    return StepResult(tokens, logits, row_tokens)
 
 
 def dense_forward(model: Llama, tokens: jax.Array  # [L] int32, one sequence

@@ -185,7 +185,10 @@ def scheduler_config(spec: RunSpec) -> SchedulerConfig:
                                 seed=spec.seed),
         slo=SLOTargets(ttft_slo_s=spec.ttft_slo_s, tpot_slo_s=spec.tpot_slo_s),
         features=LoopFeatures(count_host_time=limits.count_host_time,
-                              overlap=isinstance(engine, JaxEngineSpec) and engine.overlap,
+                              # A speculative step's accepted tokens are known only once
+                              # it has run: no overlap.
+                              overlap=(isinstance(engine, JaxEngineSpec) and engine.overlap
+                                       and engine.drafter == "none"),
                               log_step_requests=limits.log_step_requests,
                               leap=isinstance(engine, SimEngineSpec) and engine.leap,
                               balance_micro_batches=engine.pp_balance,
@@ -308,6 +311,7 @@ def _jax_engine(spec: RunSpec, engine: JaxEngineSpec, config: SchedulerConfig,
         attention = "pallas_interpret"  # the same kernel, run by the Pallas interpreter
     limits, kv = config.limits, config.kv
     pages_per_seq = pages_per_seq_for(limits.max_model_len, kv.page_size)
+    speculates = engine.drafter != "none"  # refused with pp > 1 at the spec
     real: Engine
     if engine.pp > 1:  # clusters of pipelines are refused at the spec
         real = _pipelined_jax_engine(engine, model, params, config, attention=attention,
@@ -321,8 +325,11 @@ def _jax_engine(spec: RunSpec, engine: JaxEngineSpec, config: SchedulerConfig,
         device = devices[0] if engine.tp == 1 and spec.cluster.num_replicas > 1 else None
         real = JaxEngine(model, params, num_cache_pages=kv.num_kv_pages + 1,  # + the null page
                          page_size=kv.page_size, pages_per_seq=pages_per_seq, dtype=dtype,
-                         attention=attention, mesh=mesh, feed_tokens=engine.overlap,
-                         device=device)
+                         attention=attention, mesh=mesh,
+                         feed_tokens=engine.overlap and not speculates, device=device,
+                         verify_rows=speculates)
+        if speculates:
+            return _speculative_engine(spec, engine, real, params)
     if engine.clock == "wall":
         return real
     # The profiled clock prices each step by a fit of what it holds, measured at warm-up or
@@ -355,6 +362,26 @@ def _pipelined_jax_engine(engine: JaxEngineSpec, model: ModelConfig, params: Any
         page_size=kv.page_size,
         pages_per_seq=pages_per_seq_for(config.limits.max_model_len, kv.page_size),
         dtype=dtype, attention=attention, tp=engine.tp)
+
+
+def _speculative_engine(spec: RunSpec, engine: JaxEngineSpec, target: Engine,
+                        params: object) -> Engine:
+    """The target wrapped with its drafter (`--drafter`): a draft model gets its own engine
+    of the target's page geometry, and the target's first layers where its shapes allow."""
+    from orca_jax.model.engine import JaxEngine
+    from orca_jax.model.speculative import SpeculativeEngine, draft_params
+
+    assert isinstance(target, JaxEngine)
+    draft = None
+    if engine.draft_model is not None:
+        draft_config = get_model_config(engine.draft_model)
+        draft = JaxEngine(draft_config,
+                          draft_params(target.model_config, params, draft_config,
+                                       seed=spec.seed),
+                          num_cache_pages=target.num_cache_pages, page_size=target.page_size,
+                          pages_per_seq=target.pages_per_seq, dtype=target.dtype,
+                          attention=target.attention)
+    return SpeculativeEngine(target, drafter=engine.drafter, draft=draft)
 
 
 def transfer_cost(spec: RunSpec) -> KVTransferCost:
@@ -565,11 +592,13 @@ def check_policies(spec: RunSpec, config: SchedulerConfig,
             raise PolicyLoadError(f"policy {policy.name!r}: preemption_mode=swap needs a host "
                                   "KV tier (--kv_host_gb or --kv_host_pages)")
         check_prefix_caching(policy, options, config)
-        if (policy.plans_speculation and isinstance(spec.engine, SimEngineSpec)
-                and not speculates(spec)):
+        if policy.plans_speculation and not speculates(spec):
+            how = ("the simulator must speculate (give --spec_acceptance and/or --draft_model)"
+                   if isinstance(spec.engine, SimEngineSpec) else
+                   "the jax engine needs a drafter (--drafter=ngram, or --drafter=model with "
+                   "--draft_model)")
             raise PolicyLoadError(f"policy {policy.name!r} chooses draft tokens per request: "
-                                  "the simulator must speculate (give --spec_acceptance "
-                                  "and/or --draft_model)")
+                                  f"{how}")
         built.append(policy)
     check_router(spec)
     return built

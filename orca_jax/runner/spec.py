@@ -22,6 +22,7 @@ from orca_jax.core.api.plugins import parse_options
 from orca_jax.core.kv import KV_LAYOUTS
 from orca_jax.core.kv.config import PREFIX_CACHING_MODES
 from orca_jax.core.step.bucket_fit import max_fitted_sizes, parse_fit_ladder
+from orca_jax.core.step.verification import DRAFTERS
 from orca_jax.runner.kv_tiers import engine_kv_shape, tier_configs
 from orca_jax.runner.spec_caps import check_caps
 from orca_jax.sim.cost_model import STEP_PADDINGS
@@ -44,6 +45,7 @@ ENGINES = ("sim", "jax")
 DTYPES = ("float32", "bfloat16")
 ATTENTIONS = ("auto", "reference", "bucketed", "pallas", "pallas_interpret")
 CLOCKS = ("profiled", "wall")
+JAX_DRAFTERS = ("none", *DRAFTERS)  # the real engine's speculative drafters (none: off)
 # The prefix workloads' length specs -> the column an `empirical:PATH` spec of each reads.
 LENGTH_COLUMNS = {"prefix_len": "prompt_len", "suffix_len": "prompt_len",
                   "num_turns": "num_turns", "think_time_ms": "think_time_ms",
@@ -294,9 +296,21 @@ class JaxEngineSpec:
                           "decodes read N's sampled tokens there; N's tokens come back one "
                           "step late). Plans, steps and tokens are the same with it off; not "
                           "active with prefix caching.")
+    drafter: str = _knob("none", "Speculative decoding's drafter, for plans that give "
+                         "requests draft tokens (spec_tokens): ngram (prompt lookup over the "
+                         "request's tokens, no model) or model (--draft_model, run by the "
+                         "same engine machinery on its own KV cache); the target verifies "
+                         "every draft, so greedy outputs are unchanged. none: no "
+                         "speculation. Greedy sampling and clock wall only.",
+                         choices=JAX_DRAFTERS)
+    draft_model: Optional[str] = _knob(None, "The draft model preset, of the target's "
+                                       "vocabulary (drafter model).",
+                                       presets=MODEL_PRESETS)
 
     def __post_init__(self) -> None:
         _check_choice("engine", "dtype", self.dtype, DTYPES)
+        _check_choice("engine", "drafter", self.drafter, JAX_DRAFTERS)
+        self._check_drafter()
         _check_choice("engine", "attention", self.attention, ATTENTIONS)
         _check_choice("engine", "clock", self.clock, CLOCKS)
         sampling_params(self.sampling)  # fails early, naming the value
@@ -309,6 +323,36 @@ class JaxEngineSpec:
             # A preset gives the shapes: fails early, naming them (a folder's: at build).
             model = get_model_config(self.model)
             stage_layers(model.num_layers, self.pp, self.pp_layers, where="engine.pp")
+
+    def _check_drafter(self) -> None:
+        """The drafter's settings agree (each disagreement one line naming the knobs)."""
+        if (self.drafter == "model") != (self.draft_model is not None):
+            raise ValueError("engine.drafter model needs engine.draft_model (a preset)"
+                             if self.draft_model is None else
+                             f"engine.draft_model {self.draft_model!r} is the model drafter's; "
+                             f"engine.drafter is {self.drafter!r} (use --drafter=model)")
+        if self.drafter == "none":
+            return
+        if self.draft_model is not None:
+            draft = get_model_config(self.draft_model)  # fails early, naming the preset
+            if not self.checkpoint and draft.vocab_size != get_model_config(self.model).vocab_size:
+                raise ValueError(f"engine.draft_model {self.draft_model!r} has vocab_size "
+                                 f"{draft.vocab_size}, engine.model {self.model!r} has "
+                                 f"{get_model_config(self.model).vocab_size}: a draft model "
+                                 "needs the target's vocabulary")
+        if sampling_params(self.sampling)[0] > 0:
+            raise ValueError(f"engine.drafter {self.drafter}: speculative sampling at "
+                             f"temperature > 0 is not built on the jax engine (engine.sampling "
+                             f"{self.sampling!r}); use greedy")
+        if self.clock != "wall":
+            raise ValueError(f"engine.drafter {self.drafter}: the profiled clock prices the "
+                             "target's step alone, not the drafting; use engine.clock wall")
+        if self.tp != 1:
+            raise ValueError(f"engine.drafter {self.drafter}: speculation on a tp mesh is not "
+                             f"built (engine.tp {self.tp}); use tp 1")
+        if self.pp != 1:
+            raise ValueError(f"engine.drafter {self.drafter}: speculation through pipeline "
+                             f"stages is not built (engine.pp {self.pp}); use pp 1")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -434,7 +478,7 @@ class LimitsSpec:
                         "to this many draft tokens to verify (within its output, the context, "
                         "the token budget and the KV pages), for every policy that does not "
                         "choose them itself (smartspec does); 0: none. Needs an engine that "
-                        "speculates (sim: --spec_acceptance/--draft_model). "
+                        "speculates (sim: --spec_acceptance/--draft_model; jax: --drafter). "
                         "docs/speculative.md.")
     no_progress_steps: int = _knob(10_000, "Fail the run after this many iterations in a row "
                                    "in which no request gains a computed token or finishes.")
@@ -738,11 +782,11 @@ class RunSpec(metaclass=_TakesFlatKeywords):
             raise ValueError(f"engine.pp {pp}: count_host_time puts measured host time on the "
                              "clock, which the pipeline's schedule does not take")
         check_caps(self)  # counts this machine cannot hold: refused before anything allocates
-        if self.limits.spec_k and isinstance(self.engine, JaxEngineSpec) and getattr(
-                self.engine, "drafter", None) in (None, "none"):
+        if (self.limits.spec_k > 0 and isinstance(self.engine, JaxEngineSpec)
+                and self.engine.drafter == "none"):
             raise ValueError(f"limits.spec_k {self.limits.spec_k}: the jax engine speculates "
-                             "only with a drafter; give one, or --engine=sim "
-                             "(docs/speculative.md)")
+                             "only with a drafter (--drafter=ngram, or --drafter=model with "
+                             "--draft_model)")
         if speculates(self) and (self.cluster.num_replicas > 1 or self.cluster.disaggregated
                                  or pp > 1):
             raise ValueError("speculative decoding (--spec_k, --spec_acceptance, "
@@ -777,9 +821,10 @@ class RunSpec(metaclass=_TakesFlatKeywords):
 
 
 def speculates(spec: "RunSpec") -> bool:
-    """Whether the run's simulated engine verifies draft tokens: `--spec_k` > 0, or
-    `--spec_acceptance` or `--draft_model` given (the jax engine's drafters decide its own)."""
+    """Whether the run's engine verifies draft tokens: the simulator's when `--spec_k` > 0,
+    or `--spec_acceptance` or `--draft_model` given; the jax engine's with a `--drafter`."""
     engine = spec.engine
-    return isinstance(engine, SimEngineSpec) and (
-        spec.limits.spec_k > 0 or engine.spec_acceptance is not None
-        or engine.draft_model is not None)
+    if isinstance(engine, JaxEngineSpec):
+        return engine.drafter != "none"
+    return spec.limits.spec_k > 0 or engine.spec_acceptance is not None or (
+        engine.draft_model is not None)
