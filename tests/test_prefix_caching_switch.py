@@ -95,7 +95,7 @@ def test_off_caches_for_no_policy_and_policy_keeps_each_policy_s_own_opt_in(tmp_
     active = {name: effective_settings(make_policy(name, policy_options(name)),
                                        config)["prefix_caching"] for name in BUILTIN_POLICIES}
     assert {name for name, on in active.items() if on} == {"atlas", "continuum", "lpm", "plas",
-                                                          "vllm", "vllm-priority"}
+                                                          "smartspec", "vllm", "vllm-priority"}
     for mode, expected in (("on", True), ("off", False)):
         config = SchedulerConfig(kv=KVConfig(prefix_caching=mode))
         assert {effective_settings(make_policy(name, policy_options(name)),

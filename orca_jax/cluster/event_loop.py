@@ -263,7 +263,7 @@ class EventLoop(abc.ABC):
     def next_other_event_s(self) -> Optional[float]:
         """When the next event that is not a replica's step fires (None: none is left): a
         replica whose steps act on no other replica may leap up to it
-        (`Scheduler.leap_horizon`)."""
+        (`Scheduler.set_leap_horizon`)."""
         return self._others[0] if self._others else None
 
     def leap_between_events(self) -> None:
@@ -272,7 +272,7 @@ class EventLoop(abc.ABC):
         steps then run alike whether the loop interleaves them one by one or not)."""
         for pool in self.pools:
             for scheduler in pool.replicas:
-                scheduler.leap_horizon = self.next_other_event_s
+                scheduler.set_leap_horizon(self.next_other_event_s)
 
     def num_events(self) -> int:
         """Events still to fire (stale step events too)."""

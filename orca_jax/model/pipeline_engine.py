@@ -333,11 +333,13 @@ class PipelinedJaxEngine(Engine):
         tokens = self._run_stages(inputs, stage_s)
         return StepOutput(sampled_tokens=np.asarray(tokens), step_s=sum(stage_s)), stage_s
 
-    def _dispatch(self, inputs: StepInputs, token_source: Optional[np.ndarray]) -> jax.Array:
+    def _dispatch(self, inputs: StepInputs, token_source: Optional[np.ndarray]
+                  ) -> model_lib.StepResult:
         """Enqueues every stage's program (`_DispatchedStep` calls this); returns the
-        sampled tokens [S] on the last stage's devices."""
+        sampled tokens [S] on the last stage's devices (as a StepResult without logits)."""
         del token_source  # always None here (`step_async` checks)
-        return self._run_stages(inputs, None)
+        # The shape JaxEngine's `_dispatch` returns; only the tokens are read back.
+        return model_lib.StepResult(self._run_stages(inputs, None), None)
 
     def _run_stages(self, inputs: StepInputs, stage_s: Optional[list[float]]) -> jax.Array:
         """Runs the stages in order; with `stage_s`, waits for each and appends its time."""

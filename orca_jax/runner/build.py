@@ -317,12 +317,15 @@ def _jax_engine(spec: RunSpec, engine: JaxEngineSpec, config: SchedulerConfig,
         real = _pipelined_jax_engine(engine, model, params, config, attention=attention,
                                      dtype=dtype)
     else:
-        devices = replica_devices(spec.cluster.num_replicas, engine.tp, replica,
-                                  jax.local_devices())
+        # A cluster's replica on devices of its own, where this process has enough; one
+        # replica on jax's devices, as ever (under several processes: all processes' ones).
+        devices = (replica_devices(spec.cluster.num_replicas, engine.tp, replica,
+                                   jax.local_devices())
+                   if spec.cluster.num_replicas > 1 else None)
         mesh = sharding.make_mesh(engine.tp, model, devices) if engine.tp > 1 else None
         # One replica: the default device, as ever; a cluster's replica: its own, if it has
         # one.
-        device = devices[0] if engine.tp == 1 and spec.cluster.num_replicas > 1 else None
+        device = devices[0] if engine.tp == 1 and devices is not None else None
         real = JaxEngine(model, params, num_cache_pages=kv.num_kv_pages + 1,  # + the null page
                          page_size=kv.page_size, pages_per_seq=pages_per_seq, dtype=dtype,
                          attention=attention, mesh=mesh,

@@ -26,17 +26,17 @@ in its plan's order and preempted, released and rejected nothing:
   caching a step that fills a page is the last: the cache's names change there).
 
 It never leaps with `count_host_time` (each step's measured host time moves the
-clock). A replica of a cluster leaps only where its loop sets `leap_horizon`
-(a colocated cluster without agent programs, whose replicas do not act on each
-other's steps), and only over steps that start before the loop's next event of
-another kind (an arrival, a rebalancer's or planner's call, a migration's round):
-the events then see every replica as they would one step at a time.
+clock). A replica of a cluster leaps only where its loop sets a horizon
+(`Scheduler.set_leap_horizon`; a colocated cluster without agent programs, whose
+replicas do not act on each other's steps), and only over steps that start before
+the loop's next event of another kind (an arrival, a rebalancer's or planner's call, a
+migration's round): the events then see every replica as they would one step at a time.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 import numpy as np
 from numpy.typing import NDArray
@@ -65,6 +65,11 @@ def promise_covers_schedule(policy_type: type) -> bool:
     return owner("stable_steps") <= owner("schedule")
 
 
+def _no_other_events() -> None:
+    """A lone scheduler's horizon: no event but its own steps and arrivals."""
+    return None
+
+
 class Leaper:
     """Runs a scheduler's stretches of steady decode steps at once (see the module doc).
 
@@ -88,6 +93,10 @@ class Leaper:
         self._off |= bool(getattr(scheduler.features, "spec_k", 0))
         self.num_leaped_steps = 0
         self.num_leaps = 0
+        # When the next event other than the scheduler's own steps and arrivals is (None
+        # from it: none is left); a leap ends before it. A lone scheduler has none; a
+        # cluster's replica gets its loop's (`Scheduler.set_leap_horizon`).
+        self.horizon: Optional[Callable[[], Optional[float]]] = _no_other_events
 
     def note(self, step: Union[ScheduledStep, IdleStep]) -> None:
         """Called after each iteration run one by one: keeps `step` as the plan a leap
@@ -122,12 +131,11 @@ class Leaper:
             return False
         now = s.now_s
         upcoming = s.next_arrival_s()
-        if s.submitted_only:  # a cluster's replica: only up to its loop's next event
-            if s.leap_horizon is None:
-                return False
-            horizon = s.leap_horizon()
-            if horizon is not None:
-                upcoming = horizon if upcoming is None else min(upcoming, horizon)
+        if self.horizon is None:  # a cluster's replica whose loop set no horizon
+            return False
+        horizon = self.horizon()  # a cluster's replica: only up to its loop's next event
+        if horizon is not None:
+            upcoming = horizon if upcoming is None else min(upcoming, horizon)
         if upcoming is not None and upcoming <= now:
             return False
         computed = table.num_computed[ids]  # [n]

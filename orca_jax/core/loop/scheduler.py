@@ -167,10 +167,6 @@ class Scheduler(SchedulerLoop):
             if not submitted_only:  # a call with parents comes by its release, not by time
                 self.table.holder[programs.has_parents & (self.table.state == _PENDING)] = -1
             programs.start()
-        self.submitted_only = submitted_only
-        # A cluster's loop: when its next event other than a replica's step is (None:
-        # none is left); a replica leaps over no step starting at or after it.
-        self.leap_horizon: Optional[Callable[[], Optional[float]]] = None
         if config.features.spec_k and not getattr(engine, "speculates", False):
             raise ValueError(f"spec_k={config.features.spec_k}: engine {engine.name!r} does "
                              "not speculate (give the simulator --spec_acceptance or "
@@ -185,8 +181,8 @@ class Scheduler(SchedulerLoop):
         overlaps = (config.features.overlap and getattr(engine, "feeds_tokens", False)
                     and self.late_tokens_conflict() is None)
         # A cluster's replica leaps only up to its loop's next event of another kind
-        # (`leap_horizon`, set by a loop whose replicas do not act on each other's steps;
-        # unset, it never leaps). A run with slower KV tiers never does: their links move
+        # (`set_leap_horizon`, called by a loop whose replicas do not act on each other's
+        # steps; unset, it never leaps). A run with slower KV tiers never does: their links move
         # pages (prefetches, write-throughs) on steps a leap would not see one by one.
         if getattr(engine, "num_stages", 1) > 1:  # micro-batches through pipeline stages
             if submitted_only or table is not None:
@@ -197,6 +193,19 @@ class Scheduler(SchedulerLoop):
         self.executor = Executor(self, depth=2 if overlaps else 1,
                                  leap=(config.features.leap and self.kv_memory.linked is None
                                        and (submitted_only or table is None)))
+        if submitted_only and self.executor.leaper is not None:
+            # A cluster's replica leaps only up to its loop's next event of another kind,
+            # once the loop gives it (`set_leap_horizon`); until then, never.
+            self.executor.leaper.horizon = None
+
+    def set_leap_horizon(self, horizon: Callable[[], Optional[float]]) -> None:
+        """A cluster's loop whose replicas do not act on each other's steps: this replica
+        may leap up to `horizon()`, the loop's next event other than a replica's step
+        (None: none is left). Kept on the leaper: the scheduler's own attributes are
+        capped (`MAX_SCHEDULER_ATTRIBUTES`)."""
+        leaper = getattr(self.executor, "leaper", None)
+        if leaper is not None:
+            leaper.horizon = horizon
 
     def _hold_tier_contents(self, engine: Engine) -> None:
         """An engine whose cache holds real KV keeps the host tier's pages in host memory
