@@ -1,6 +1,9 @@
 """A run assembled from its spec: workload, engine, scheduler, policy -> results.
 
     spec         `RunSpec` and its parts (what the command-line flags resolve to)
+    engine_spec  the engine part of the spec (the jax engine's or the simulator's settings)
+    cluster_spec the cluster part of the spec (replicas, routers, pools, migration, planner)
+    spec_fields  a spec field's documentation as data, and the checks the parts share
     spec_caps    range caps on a spec's counts: what this machine's memory can hold
     build        the run's workload, scheduler limits and engine from its spec
     experiment   running one policy (or a cluster) and writing its results
