@@ -130,14 +130,6 @@ PRESETS: dict[str, ModelConfig] = {
     "small": ModelConfig(name="small", vocab_size=2048, d_model=256, num_layers=4,
                          num_q_heads=8, num_kv_heads=4, head_dim=32, ffn_dim=688,
                          max_context=2048),
-    # Draft models for speculative decoding: the same shapes and vocabulary, one layer
-    # (with random weights the real engine's draft takes the target's first layer).
-    "tiny-draft": ModelConfig(name="tiny-draft", vocab_size=512, d_model=128, num_layers=1,
-                              num_q_heads=4, num_kv_heads=2, head_dim=32, ffn_dim=256,
-                              max_context=1024),
-    "small-draft": ModelConfig(name="small-draft", vocab_size=2048, d_model=256, num_layers=1,
-                               num_q_heads=8, num_kv_heads=4, head_dim=32, ffn_dim=688,
-                               max_context=2048),
     # Meta-Llama-3-8B as published (no rope scaling, 8k context).
     "llama3-8b": ModelConfig(name="llama3-8b", vocab_size=128256, d_model=4096, num_layers=32,
                              num_q_heads=32, num_kv_heads=8, head_dim=128, ffn_dim=14336,
@@ -170,6 +162,11 @@ PRESETS: dict[str, ModelConfig] = {
                              num_q_heads=96, num_kv_heads=96, head_dim=128, ffn_dim=49152,
                              tie_embeddings=True, max_context=2048, gated_mlp=False),
 }
+# Draft models for speculative decoding: their target's shapes and vocabulary, one layer
+# (with random weights the real engine's draft takes the target's first layer).
+PRESETS.update({f"{target}-draft": dataclasses.replace(PRESETS[target], name=f"{target}-draft",
+                                                       num_layers=1)
+                for target in ("tiny", "small")})
 
 
 def get_model_config(name: str) -> ModelConfig:
