@@ -16,7 +16,10 @@ Prints, for the hardware presets' fitted efficiencies (`orca_jax/specs/hardware.
 4. GPT-3 175B on 8 A100s (tp=8) beside FasterTransformer's published end-to-end
    latencies (target: within 25%), and its batch-1 decode step beside OPT-175B's 66-95 ms
    (a comparison, no target);
-5. the audit's llama3-8b decode step (batch 256, context 2,048) and a mixed step, in
+5. the projections at one token (memory-bound): the fraction of peak HBM bandwidth
+   measured and priced, against the weight bytes (the size dependence of issue 26's
+   remaining decode-size bias);
+6. the audit's llama3-8b decode step (batch 256, context 2,048) and a mixed step, in
    both roofline modes.
 
     python benchmarks/cost_model_vs_measured.py [--profiles=DIR] [--fit]
@@ -37,7 +40,7 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy.optimize import least_squares
 
-from orca_jax.sim import cost_model, kernel_profiles
+from orca_jax.sim import cost_model, kernel_profiles, roofline
 from orca_jax.sim.kernel_profiles import AllReduceTimes, LayerProfile, OpTimes
 from orca_jax.specs.hardware import AllReduceCost, HardwareSpec, KernelEfficiency
 
@@ -307,6 +310,32 @@ def print_ridge(profiles: list[LayerProfile]) -> None:
         print(f"  {profile.name}: " + ", ".join(cells))
 
 
+def print_gemm_bandwidth(profiles: list[LayerProfile]) -> None:
+    """The projections at one token, where a GEMM only streams its weights: the fraction of
+    peak HBM bandwidth each reaches (measured bytes / time / peak) against its weight bytes,
+    beside the presets' (the size dependence one efficiency per kind cannot follow)."""
+    print("\nProjections at 1 token (memory-bound): weight MiB, then the fraction of peak HBM "
+          "bandwidth measured / the presets' (bytes / time / peak)")
+    for profile in profiles:
+        cells = []
+        for times in sorted((t for t in profile.ops if kernel_profiles.MEASURED_OPS[t.op] in GEMMS
+                             and t.num_tokens[0] == 1),
+                            key=lambda t: -_one_token_bytes(profile, t)):
+            num_bytes = _one_token_bytes(profile, times)
+            predicted = kernel_profiles.predicted_seconds(profile.model, profile.hardware,
+                                                          times.tp, times.op, times.num_tokens[:1])
+            peak = profile.hardware.hbm_bytes_per_s
+            cells.append(f"{num_bytes / 2**20:.0f} {num_bytes / times.seconds[0] / peak:.2f}/"
+                         f"{num_bytes / predicted[0] / peak:.2f}")
+        print(f"  {profile.name}: " + ", ".join(cells))
+
+
+def _one_token_bytes(profile: LayerProfile, times: OpTimes) -> float:
+    """HBM bytes of one launch of projection `times.op` at one token (weights and one row)."""
+    shape = roofline.op_shapes(profile.model, times.tp, 2)[kernel_profiles.MEASURED_OPS[times.op]]
+    return shape.fixed_bytes + shape.unit_bytes
+
+
 def print_llama_steps() -> None:
     """The audit's llama3-8b steps in both roofline modes, and the per_op parts of one."""
     config = cost_model.CostModelConfig(model="llama3-8b", hardware="a100")
@@ -344,6 +373,7 @@ def main() -> None:
         print_fit(profiles, allreduce)
     ok = print_op_errors(profiles)
     print_ridge(profiles)
+    print_gemm_bandwidth(profiles)
     ok &= print_held_out(profiles, others)
     ok &= print_allreduce_errors(allreduce, profiles[0].hardware)
     ok &= print_end_to_end()
