@@ -7,10 +7,13 @@ of 1, 3 and 5, and `smartspec` where it is registered, each with the prompt-look
 drafter (`ngram`) and the one-layer self-draft (`model`, `<target>-draft`). The clock is
 each step's measured wall time, drafting included. Per run: mean and p90 latency (arrival
 to last token), mean time per output token, steps, draft tokens accepted / drafted, the
-share of step time spent drafting, and the compiles (target + draft). Every run's greedy
-outputs must equal the no-speculation run's (checked, printed).
+share of step time spent drafting, and the compiles (target + draft). Every run's
+outputs must equal the no-speculation run's (checked, printed): greedy, or with
+`--sampling=T[:TOP_K]` sampled, where each verified row draws with the key its position
+has without speculation, so the tokens are the same seed for seed.
 
     python -m benchmarks.spec_engine [--model tiny] [--rates 10 40 160] [--requests 12]
+        [--sampling 0.8:20]
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from orca_jax.core.api.policy import make_policy
 from orca_jax.core.loop.scheduler import Scheduler, SchedulerConfig
 from orca_jax.core.step.engine_api import Engine
 from orca_jax.core.step.packing import pages_per_seq_for
+from orca_jax.core.step.sampling import SamplingConfig
 from orca_jax.model import weights
 from orca_jax.model.engine import JaxEngine
 from orca_jax.model.speculative import SpeculativeEngine, draft_params
@@ -37,8 +41,9 @@ PAGE_SIZE, MAX_LEN, MAX_SEQS = 16, 256, 8
 BUCKETS = (16, 32, 64, 128)
 
 
-def _config(spec_k: int) -> SchedulerConfig:
+def _config(spec_k: int, sampling: SamplingConfig) -> SchedulerConfig:
     return SchedulerConfig(
+        sampling=sampling,
         limits=StepLimits(max_num_seqs=MAX_SEQS, max_num_tokens=BUCKETS[-1],
                           max_model_len=MAX_LEN, token_buckets=BUCKETS),
         kv=KVConfig(num_kv_pages=MAX_SEQS * MAX_LEN // PAGE_SIZE, page_size=PAGE_SIZE),
@@ -69,11 +74,18 @@ def main() -> None:
     parser.add_argument("--rates", type=float, nargs="+", default=[10.0, 40.0, 160.0])
     parser.add_argument("--requests", type=int, default=12)
     parser.add_argument("--ks", type=int, nargs="+", default=[1, 3, 5])
+    parser.add_argument("--sampling", default="greedy",
+                        help="greedy, or T[:TOP_K]: temperature T, the TOP_K likeliest tokens")
     args = parser.parse_args()
+    sampling = SamplingConfig()
+    if args.sampling != "greedy":
+        temperature, _, top_k = args.sampling.partition(":")
+        sampling = SamplingConfig(temperature=float(temperature), top_k=int(top_k or 0))
     print(f"# {platform.node()} {jax.default_backend()} jax {jax.__version__}, "
           f"load average {os.getloadavg()[0]:.2f}; target {args.model}, draft "
           f"{args.model}-draft (self-draft: the target's first layer), page {PAGE_SIZE}, "
-          f"buckets {BUCKETS}, {args.requests} requests per rate, orca, greedy, wall clock")
+          f"buckets {BUCKETS}, {args.requests} requests per rate, orca, {args.sampling}, "
+          "wall clock")
     engines = _engines(args.model)
     vocab = get_model_config(args.model).vocab_size
     try:
@@ -98,7 +110,7 @@ def main() -> None:
         for drafter, policy, k in variants:
             engine = engines[drafter]
             facts = engine.facts()
-            result = Scheduler(requests, make_policy(policy), engine, _config(k)).run()
+            result = Scheduler(requests, make_policy(policy), engine, _config(k, sampling)).run()
             after = engine.facts()
             outputs = [tokens.tolist() for tokens in result.output_tokens]
             if reference is None:

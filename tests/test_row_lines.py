@@ -17,6 +17,7 @@ from orca_jax import (
     make_policy,
 )
 from orca_jax.core.requests.request import RequestState
+from orca_jax.core.requests.request_table import SpecCounts
 from orca_jax.core.requests.run_record import StepLog
 from orca_jax.core.requests.run_result import RunResult
 from orca_jax.results.row_lines import (
@@ -26,7 +27,13 @@ from orca_jax.results.row_lines import (
     request_line,
     step_line,
 )
-from orca_jax.results.summary import iter_request_rows, iter_step_rows, request_row, step_row
+from orca_jax.results.summary import (
+    iter_request_rows,
+    iter_step_rows,
+    request_row,
+    spec_fields,
+    step_row,
+)
 from orca_jax.sim.cost_model import CostModelConfig
 from orca_jax.sim.engine import SimEngine
 
@@ -96,13 +103,14 @@ def request_columns(draw):
        output_tokens=st.one_of(st.none(), st.lists(st.integers(0, 2**31), max_size=4)),
        prefix_caching=st.booleans(), replica=st.one_of(st.none(), st.integers(-1, 7)),
        prefill_replica=st.one_of(st.none(), st.integers(-1, 7)),
-       program=st.one_of(st.none(), st.just((None, None)), st.tuples(INTS, INTS)))
+       program=st.one_of(st.none(), st.just((None, None)), st.tuples(INTS, INTS)),
+       speculation=st.one_of(st.none(), st.tuples(INTS, INTS)))
 def test_a_request_line_is_the_json_of_its_row(columns, request_id, tenant, reason,
                                                output_tokens, prefix_caching, replica,
-                                               prefill_replica, program):
+                                               prefill_replica, program, speculation):
     args = dict(request_id=request_id, tenant=tenant, reason=reason,
                 output_tokens=output_tokens, prefix_caching=prefix_caching, replica=replica,
-                prefill_replica=prefill_replica, program=program)
+                prefill_replica=prefill_replica, program=program, speculation=speculation)
     assert request_line(columns, 0, **args) == json.dumps(request_row(columns, 0, **args))
 
 
@@ -127,13 +135,20 @@ def test_plain_request_lines_are_the_json_of_their_rows(requests, data, prefix_c
     programs = data.draw(st.one_of(st.none(), st.lists(
         st.one_of(st.just((None, None)), st.tuples(INTS, INTS)), min_size=len(rows),
         max_size=len(rows))))
+    speculation = None
+    if data.draw(st.booleans()):  # a speculating run's counts
+        speculation = SpecCounts(num_rows)
+        speculation.drafted[:] = data.draw(st.lists(INTS, min_size=num_rows,
+                                                    max_size=num_rows))
+        speculation.accepted[:] = speculation.drafted // 2
     lines = plain_request_lines(columns, rows, request_ids=ids, tenants=tenants,
                                 reasons=reasons, prefix_caching=prefix_caching,
-                                programs=programs)
+                                programs=programs, speculation=speculation)
     assert lines == [json.dumps(request_row(columns, i, request_id=request_id, tenant=tenant,
                                             reason=reason, output_tokens=None,
                                             prefix_caching=prefix_caching,
-                                            program=programs[k] if programs else None))
+                                            program=programs[k] if programs else None,
+                                            speculation=spec_fields(speculation, i)))
                      for k, (i, request_id, tenant, reason)
                      in enumerate(zip(rows, ids, tenants, reasons))]
 

@@ -196,7 +196,6 @@ def test_self_draft_shares_the_targets_first_layer(params):
     (dict(drafter="ngram", draft_model="tiny-draft"), "is the model drafter's"),
     (dict(model="small", drafter="model", draft_model="tiny-draft"),
      "vocab_size 512, engine.model 'small' has 2048"),
-    (dict(drafter="ngram", sampling="temperature:0.8"), "temperature > 0 is not built"),
     (dict(drafter="ngram", clock="profiled"), "use engine.clock wall"),
     (dict(drafter="eagle"), "drafter"),
 ])
@@ -207,3 +206,4 @@ def test_engine_spec_refuses_bad_drafter_settings_in_one_line(knobs, message):
         JaxEngineSpec(**settings)
     assert "\n" not in str(error.value)
     JaxEngineSpec(model="tiny", clock="wall", drafter="model", draft_model="tiny-draft")
+    JaxEngineSpec(model="tiny", clock="wall", drafter="ngram", sampling="temperature:0.8:40")

@@ -223,6 +223,13 @@ def test_a_speculating_run_writes_its_figures(tmp_path):
     assert 0 < summary["speculation.accepted_tokens"] <= summary["speculation.drafted_tokens"]
     assert summary["speculation.draft_s_total"] > 0
     assert 0 < summary["speculation.draft_fraction"] < 1
+    # requests.jsonl's per-request counts add up to the run's.
+    rows = [json.loads(line) for line in (tmp_path / "requests.jsonl").read_text().splitlines()]
+    assert len(rows) == 12
+    assert sum(r["drafted_tokens"] for r in rows) == summary["speculation.drafted_tokens"]
+    assert sum(r["accepted_tokens"] for r in rows) == summary["speculation.accepted_tokens"]
+    assert all(0 <= r["accepted_tokens"] <= r["drafted_tokens"] for r in rows)
+    assert any(r["accepted_tokens"] < r["drafted_tokens"] for r in rows)
 
 
 def test_a_request_of_its_own_rate_draws_at_that_rate():
@@ -248,3 +255,45 @@ def test_a_fixed_k_run_is_never_leaped_and_matches_its_unleaped_twin():
             assert scheduler.executor.leaper.num_leaped_steps == 0
     np.testing.assert_array_equal(results[True].finish_s, results[False].finish_s)
     assert len(results[True].steps) == len(results[False].steps)
+
+
+def test_a_traces_acceptance_column_sets_each_requests_rate(tmp_path):
+    """A trace's `acceptance` column feeds `SpecConfig.per_request`: a request at 1.0
+    keeps every draft, one at 0.0 none, one without the column draws at the run's rate."""
+    import json
+
+    from tests.cli_runner import run_module
+    trace = tmp_path / "trace.jsonl"
+    rates = [1.0, 0.0, None, 1.0, 0.0, None]
+    trace.write_text("".join(
+        json.dumps({"arrival_s": 0.1 * i, "prompt_len": 32, "output_len": 24,
+                    **({} if rate is None else {"acceptance": rate})}) + "\n"
+        for i, rate in enumerate(rates)))
+    out = tmp_path / "out"
+    run_module("experiments.run", "--engine=sim", "--workload=trace", f"--trace={trace}",
+               "--spec_k=3", "--spec_acceptance=0.5", f"--out_dir={out}")
+    rows = {r["id"]: r for r in map(json.loads,
+                                    (out / "requests.jsonl").read_text().splitlines())}
+    for i, rate in enumerate(rates):
+        drafted, accepted = rows[i]["drafted_tokens"], rows[i]["accepted_tokens"]
+        assert drafted > 0, i
+        if rate == 1.0:
+            assert accepted == drafted, i
+        elif rate == 0.0:
+            assert accepted == 0, i
+        else:  # the run's 0.5: some kept, some not
+            assert 0 < accepted < drafted, i
+
+
+def test_an_acceptance_outside_0_1_is_one_line_naming_file_and_line(tmp_path):
+    from tests.cli_runner import run_module
+    trace = tmp_path / "trace.csv"
+    trace.write_text("arrival_s,prompt_len,output_len,acceptance\n0,8,4,0.5\n0.1,8,4,1.5\n")
+    result = run_module("experiments.run", "--engine=sim", "--workload=trace",
+                        f"--trace={trace}", "--spec_k=2", f"--out_dir={tmp_path / 'out'}",
+                        check=False)
+    assert result.returncode == 2, result.stderr[-2000:]
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "trace.csv:3" in lines[0] and "'acceptance'" in lines[0], lines
+    assert "[0, 1]" in lines[0]
+    assert not (tmp_path / "out").exists()

@@ -127,9 +127,10 @@ class JaxEngine(Engine):
       host_kv_memory: where a run's host KV tier keeps pages (`host_kv_store`):
         `auto` (pinned host memory on an accelerator that offers it, else numpy),
         `pinned_host` or `numpy`.
-      verify_rows: compile the step to also return the greedy token after every row
-        (`StepOutput.row_tokens`): a speculative run's target verifies each request's
-        draft tokens with it (`orca_jax.model.speculative`). Still one program per bucket.
+      verify_rows: compile the step to also return the token after every row, sampled
+        as its sequence samples (`StepOutput.row_tokens`): a speculative run's target
+        verifies each request's draft tokens with it (`orca_jax.model.speculative`).
+        Still one program per bucket.
     """
 
     def __init__(self, model_config: ModelConfig, params: nnx.State, *, num_cache_pages: int,

@@ -184,7 +184,8 @@ jax.tree_util.register_dataclass(
 class StepResult(NamedTuple):
     tokens: jax.Array  # [S] int32 sampled token per sequence
     logits: jax.Array  # [S, vocab] float32 logits at sample_indices
-    # [T] int32 the greedy token after every row (a verification step's; None otherwise)
+    # [T] int32 the token after every row, sampled as its sequence samples (a
+    # verification step's; None otherwise)
     row_tokens: Optional[jax.Array] = None
 
 
@@ -229,8 +230,9 @@ def step(graphdef: nnx.GraphDef, params: nnx.State, kv_cache: KVCache, inputs: S
       kv_cache: the paged cache; page 0 is the null page padding writes to.
       inputs: one padded step descriptor (see `orca_jax.core.step.engine_api.StepInputs`).
       attention: the ragged paged attention op (see `attention_op`).
-      every_row: also return the greedy token after every row (`row_tokens`), as a
-        speculative verification step needs: the LM head then runs on all T rows.
+      every_row: also return the token after every row (`row_tokens`, sampled as its
+        sequence samples: `sample_rows`), as a speculative verification step needs: the
+        LM head then runs on all T rows.
 
     Returns:
       The updated cache, and the sampled tokens and logits at `sample_indices`.
@@ -267,19 +269,36 @@ def sample_rows(logits_of: Callable[[jax.Array], jax.Array],
                 x: jax.Array,  # [T, d_model] the last layer's output
                 inputs: StepInputs, every_row: bool = False) -> StepResult:
     """The logits at `sample_indices` (`logits_of`: final norm and LM head) and one
-    token sampled from each; `every_row`: also the greedy token after every row."""
-    row_tokens = None
+    token sampled from each; `every_row`: also the token after every row (`row_tokens`).
+
+    A row's token is sampled as its sequence's token would be at that position: with the
+    sequence's temperature, top-k and top-p, and the key of (its seed, the row's position
+    + 1), which is the key a step without speculation uses for the token there. So a
+    speculative verification (`orca_jax.core.step.verification.accept_greedy`) keeps
+    exactly the tokens sampling one at a time would have given: greedy rows take the
+    argmax, and at temperature > 0 a draft is kept while it equals the target's draw.
+    """
+    # The sampled token sits one past the last computed token.
+    next_positions = inputs.positions + 1  # [T]
     if every_row:
         row_logits = logits_of(x)  # [T, vocab]
-        row_tokens = sampling.greedy_tokens(row_logits)  # [T]
-        logits = row_logits[inputs.sample_indices]  # [S, vocab] the same rows' values
-    else:
-        logits = logits_of(x[inputs.sample_indices])  # [S, vocab]
-    # The sampled token sits one past the last computed token.
-    next_positions = inputs.positions[inputs.sample_indices] + 1
-    tokens = sampling.sample_tokens(logits, next_positions, inputs.temperature, inputs.top_k,
-                                    inputs.top_p, inputs.rng_seeds)
-    return StepResult(tokens, logits, row_tokens)
+        # Row t belongs to sequence i when cu_q_lens[i] <= t < cu_q_lens[i + 1]; padding
+        # rows past the last real sequence take the last slot (their tokens are unread).
+        num_slots = inputs.temperature.shape[0]
+        rows = jnp.arange(row_logits.shape[0], dtype=jnp.int32)
+        seq = jnp.minimum(jnp.searchsorted(inputs.cu_q_lens[1:], rows, side="right"),
+                          num_slots - 1)  # [T]
+        row_tokens = sampling.sample_tokens(
+            row_logits, next_positions, inputs.temperature[seq], inputs.top_k[seq],
+            inputs.top_p[seq], inputs.rng_seeds[seq])  # [T]
+        # Each sequence's token is its last row's: the same logits and key as below.
+        return StepResult(row_tokens[inputs.sample_indices],
+                          row_logits[inputs.sample_indices], row_tokens)
+    logits = logits_of(x[inputs.sample_indices])  # [S, vocab]
+    tokens = sampling.sample_tokens(logits, next_positions[inputs.sample_indices],
+                                    inputs.temperature, inputs.top_k, inputs.top_p,
+                                    inputs.rng_seeds)
+    return StepResult(tokens, logits)
 
 
 def dense_forward(model: Llama, tokens: jax.Array  # [L] int32, one sequence

@@ -5,7 +5,8 @@ whose `PackedStep.spec_tokens` gives sequence i k > 0 draft tokens packs k + 1 q
 for it (its newest token, then k placeholders); here the drafter fills the placeholders,
 the target runs the whole ragged step once and returns its greedy token after every row,
 and `accept_greedy` keeps the draft's longest prefix that the target agrees with plus
-the target's next token. So a greedy run's outputs are exactly those without speculation.
+the target's next token. So a greedy run's outputs are exactly those without speculation
+(and a sampled run's: below).
 
 Drafters:
   * `ngram`: prompt lookup (`verification.ngram_draft`) over the request's tokens, which
@@ -17,8 +18,18 @@ Drafters:
     sequence, on the same page rows. Its steps are compiled for the run's buckets, once,
     counted (`facts`), and their time is in the step's `step_s` (and `draft_s`).
 
-Greedy only: a step speculating on a request that samples at temperature > 0 is refused
-(`verification.rejection_sample` holds the sampled rule; the engine does not call it yet).
+Sampling at temperature > 0: the target's token at each verified row is drawn inside the
+compiled step with the key that row's position has without speculation (`llama.sample_rows`),
+and a draft is kept while it equals that draw. For prompt lookup (a deterministic draft,
+q one-hot) this is standard speculative rejection sampling exactly: the draft x is kept
+with probability p(x), and a rejection's token is a draw from p given it is not x, i.e.
+p with x removed and renormalised (`verification.rejection_sample` with one-hot rows). For
+the draft model, which samples its drafts with the same per-position keys, it is the
+Gumbel-max coupling of draft and target (drafter-invariant speculative decoding, Daliri
+et al. 2024): every kept token is the one sampling without speculation draws, so the
+output is the target's distribution exactly (indeed the same tokens, seed for seed), and
+a draft is accepted with probability at least (1 - TV) / (1 + TV), against 1 - TV for
+min(1, p/q) acceptance. Both stay in the one compiled program per bucket.
 """
 
 from __future__ import annotations
@@ -205,13 +216,9 @@ class SpeculativeEngine(EngineWrapper):
 
     def _run(self, inputs: StepInputs, request_ids: Optional[NDArray[np.int64]],  # [n]
              spec: Optional[NDArray[np.int64]]) -> StepOutput:  # [n]
-        n = inputs.num_real_seqs
         cu = inputs.cu_q_lens  # [S + 1]
         if spec is not None and not spec.any():
             spec = None
-        if spec is not None and bool((inputs.temperature[:n][spec > 0] > 0).any()):
-            raise ValueError("SpeculativeEngine: speculative sampling at temperature > 0 is "
-                             "not built on the real engine; run greedy (--sampling=greedy)")
         if self.drafter == "ngram" and request_ids is not None:
             self._remember(inputs, request_ids, spec)
         draft_s = 0.0

@@ -23,15 +23,18 @@ import numpy as np
 
 from orca_jax.core.json_files import to_json_value
 from orca_jax.core.requests.request import RequestState
+from orca_jax.core.requests.request_table import SpecCounts
 from orca_jax.core.requests.run_record import StepLog
 from orca_jax.core.requests.run_result import RunResult
 from orca_jax.results.qoe import TokenTimes, row_fields
 from orca_jax.results.summary import (
     ProgramFields,
+    SpecFields,
     iter_step_rows,
     program_fields,
     request_row,
     request_row_args,
+    spec_fields,
     step_row,
 )
 
@@ -86,7 +89,8 @@ def request_line(columns: Any, i: int, *, request_id: Any, tenant: str, reason: 
                  output_tokens: Optional[Sequence[int]], prefix_caching: bool,
                  replica: Optional[int] = None, prefill_replica: Optional[int] = None,
                  token_times: Optional[Sequence[float]] = None,
-                 qoe: Optional[float] = None, program: Optional[ProgramFields] = None) -> str:
+                 qoe: Optional[float] = None, program: Optional[ProgramFields] = None,
+                 speculation: Optional[SpecFields] = None) -> str:
     """`json.dumps(request_row(columns, i, ...))` (the same arguments): a requests.jsonl
     line, no newline."""
     if type(request_id) is not int or type(tenant) is not str:  # a trace's own id, say
@@ -94,7 +98,7 @@ def request_line(columns: Any, i: int, *, request_id: Any, tenant: str, reason: 
             columns, i, request_id=request_id, tenant=tenant, reason=reason,
             output_tokens=output_tokens, prefix_caching=prefix_caching, replica=replica,
             prefill_replica=prefill_replica, token_times=token_times, qoe=qoe,
-            program=program))
+            program=program, speculation=speculation))
     state = int(columns.state[i])
     line = _REQUEST_FORMAT % (
         int.__repr__(request_id), _time_text(columns.arrival_s[i]),
@@ -118,7 +122,15 @@ def request_line(columns: Any, i: int, *, request_id: Any, tenant: str, reason: 
     if token_times is not None:
         line += (f', "token_times": {json.dumps(to_json_value(list(token_times)))}, '
                  f'"qoe": {json.dumps(to_json_value(qoe))}')
+    if speculation is not None:
+        line += _spec_text(speculation)
     return line + "}"
+
+
+def _spec_text(speculation: SpecFields) -> str:
+    """A row's `drafted_tokens` and `accepted_tokens` columns."""
+    drafted, accepted = speculation
+    return f', "drafted_tokens": {int(drafted)}, "accepted_tokens": {int(accepted)}'
 
 
 def _program_text(program: ProgramFields) -> str:
@@ -135,12 +147,14 @@ _LINES_AT_ONCE = 4096
 def plain_request_lines(columns: Any, rows: Sequence[int], *, request_ids: Sequence[Any],
                         tenants: Sequence[str], reasons: Sequence[Optional[str]],
                         prefix_caching: bool,
-                        programs: Optional[Sequence[ProgramFields]] = None) -> list[str]:
+                        programs: Optional[Sequence[ProgramFields]] = None,
+                        speculation: Optional[SpecCounts] = None) -> list[str]:
     """`request_line(columns, i, request_id=..., tenant=..., reason=..., output_tokens=None,
-    prefix_caching=..., program=...)` of each `i` of `rows` (`request_ids`, `tenants`,
-    `reasons`, `programs` (None: a run without programs): each row's, in the same
-    order): the same lines, with each column read once for all rows (a list of Python
-    values) instead of one numpy scalar a field a row."""
+    prefix_caching=..., program=..., speculation=...)` of each `i` of `rows` (`request_ids`,
+    `tenants`, `reasons`, `programs` (None: a run without programs): each row's, in the
+    same order; `speculation`: the run's counts, None where it does not speculate): the
+    same lines, with each column read once for all rows (a list of Python values)
+    instead of one numpy scalar a field a row."""
     index = np.asarray(rows, dtype=np.int64)  # [r]
     times = [columns.arrival_s[index].tolist(), columns.first_scheduled_s[index].tolist(),
              columns.first_token_s[index].tolist(), columns.last_token_s[index].tolist(),
@@ -158,7 +172,8 @@ def plain_request_lines(columns: Any, rows: Sequence[int], *, request_ids: Seque
             lines.append(request_line(columns, i, request_id=request_id, tenant=tenant,
                                       reason=reasons[k], output_tokens=None,
                                       prefix_caching=prefix_caching,
-                                      program=programs[k] if programs is not None else None))
+                                      program=programs[k] if programs is not None else None,
+                                      speculation=spec_fields(speculation, i)))
             continue
         line = _REQUEST_FORMAT % (
             int.__repr__(request_id), texts[0][k], texts[1][k], texts[2][k], texts[3][k],
@@ -170,6 +185,8 @@ def plain_request_lines(columns: Any, rows: Sequence[int], *, request_ids: Seque
             line += _program_text(programs[k])
         if cached is not None:
             line += f', "num_cached_tokens": {cached[k]}'
+        if speculation is not None:
+            line += _spec_text(spec_fields(speculation, i))
         lines.append(line + "}")
     return lines
 
@@ -188,7 +205,8 @@ def iter_request_lines(result: RunResult,
                 reasons=result.reject_reason[start:stop],
                 prefix_caching=result.prefix_caching,
                 programs=(None if result.programs is None else
-                          [program_fields(result.programs, i) for i in range(start, stop)]))
+                          [program_fields(result.programs, i) for i in range(start, stop)]),
+                speculation=result.speculation)
         return
     for i in range(result.num_requests):
         yield request_line(result, i, **request_row_args(result, i),

@@ -21,6 +21,7 @@ import numpy as np
 from orca_jax.core.json_files import to_json_value
 from orca_jax.core.requests.programs import ProgramRecord
 from orca_jax.core.requests.request import RequestState
+from orca_jax.core.requests.request_table import SpecCounts
 from orca_jax.core.requests.run_record import StepLog
 from orca_jax.core.requests.run_result import RunResult
 from orca_jax.results import metrics
@@ -252,7 +253,8 @@ def request_row(columns: Any, i: int, *, request_id: int, tenant: str, reason: O
                 prefill_replica: Optional[int] = None,
                 token_times: Optional[Sequence[float]] = None,
                 qoe: Optional[float] = None,
-                program: Optional[ProgramFields] = None) -> dict[str, Any]:
+                program: Optional[ProgramFields] = None,
+                speculation: Optional[SpecFields] = None) -> dict[str, Any]:
     """Request `i`'s requests.jsonl row.
 
     Args:
@@ -270,6 +272,9 @@ def request_row(columns: Any, i: int, *, request_id: int, tenant: str, reason: O
         `--log_token_times`; then `qoe` is its QoE (None unless it finished).
       program: in a run of agent programs, its `program_id` and `call_index` (both None:
         not a call of a program); None in any other run (the row has no such columns).
+      speculation: in a run whose engine speculates, its `drafted_tokens` (draft tokens
+        verified for it) and `accepted_tokens` (of those, accepted); None in any other
+        run (the row has no such columns).
     """
     state = RequestState(columns.state[i])
     row = {
@@ -301,6 +306,8 @@ def request_row(columns: Any, i: int, *, request_id: int, tenant: str, reason: O
     if token_times is not None:
         row["token_times"] = list(token_times)
         row["qoe"] = qoe
+    if speculation is not None:
+        row["drafted_tokens"], row["accepted_tokens"] = speculation
     return {k: to_json_value(v) for k, v in row.items()}
 
 
@@ -327,12 +334,23 @@ def request_row_args(result: RunResult, i: int) -> dict[str, Any]:
                 replica=int(result.replica[i]) if result.num_replicas > 1 else None,
                 prefill_replica=(int(result.prefill_replica[i])
                                  if result.prefill_replica is not None else None),
-                program=program_fields(result.programs, i))
+                program=program_fields(result.programs, i),
+                speculation=spec_fields(result.speculation, i))
 
 
 # A requests.jsonl row's program columns: (program_id, call_index), both None for a
 # request of no program in a run of programs.
 ProgramFields = tuple[Optional[int], Optional[int]]
+# A requests.jsonl row's speculation columns: (drafted_tokens, accepted_tokens).
+SpecFields = tuple[int, int]
+
+
+def spec_fields(speculation: Optional[SpecCounts], i: int) -> Optional[SpecFields]:
+    """Request `i`'s speculation columns in a run whose engine speculates (`request_row`'s
+    `speculation`); None in any other run."""
+    if speculation is None:
+        return None
+    return int(speculation.drafted[i]), int(speculation.accepted[i])
 
 
 def program_fields(programs: Optional[ProgramRecord], i: int) -> Optional[ProgramFields]:

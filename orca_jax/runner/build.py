@@ -30,7 +30,7 @@ from orca_jax.core.kv import KVConfig
 from orca_jax.core.kv.cache_policies import make_cache_policy
 from orca_jax.core.loop.config import LoopFeatures, SchedulerConfig
 from orca_jax.core.plans.limits import SLOTargets, StepLimits
-from orca_jax.core.requests.request import Request
+from orca_jax.core.requests.request import Request, sort_by_arrival
 from orca_jax.core.step.engine_api import Engine, EngineConfigError
 from orca_jax.core.step.packing import pages_per_seq_for
 from orca_jax.core.step.sampling import SamplingConfig
@@ -223,21 +223,26 @@ def _option(value: str) -> object:
     return value
 
 
-def build_engine(spec: RunSpec, config: SchedulerConfig, replica: int = 0) -> Engine:
+def build_engine(spec: RunSpec, config: SchedulerConfig, replica: int = 0,
+                 workload: Optional[Sequence[Request]] = None) -> Engine:
     """The engine of the run, or of a cluster's `replica` (a real engine owns its KV
-    cache: one per replica)."""
+    cache: one per replica). `workload`: the run's requests, where the simulator reads
+    each one's own draft acceptance (`Request.spec_acceptance`)."""
     engine = spec.engine
     if isinstance(engine, JaxEngineSpec):
         return _jax_engine(spec, engine, config, replica)
     cost = _cost_config(engine)
-    return SimEngine(cost, speculation=sim_speculation(spec, cost))
+    return SimEngine(cost, speculation=sim_speculation(spec, cost, workload))
 
 
-def sim_speculation(spec: RunSpec, cost: cost_model.CostModelConfig) -> Optional[SpecConfig]:
+def sim_speculation(spec: RunSpec, cost: cost_model.CostModelConfig,
+                    workload: Optional[Sequence[Request]] = None) -> Optional[SpecConfig]:
     """The simulator's speculative decoding (`orca_jax.sim.speculation`), None when the run
     does not speculate (`spec.speculates`): acceptance `--spec_acceptance` (0.7 unset), the
     draft `--draft_model` priced on the target's hardware and tp, draws seeded by `--seed`.
-    (`SpecConfig.per_request`, each request's own rate, is not read from traces yet.)
+    A request of `workload` with its own rate (`Request.spec_acceptance`, a trace's
+    `acceptance` column) draws at it (`SpecConfig.per_request`, in the scheduler's
+    arrival order).
     """
     engine = spec.engine
     if not speculates(spec):
@@ -247,9 +252,13 @@ def sim_speculation(spec: RunSpec, cost: cost_model.CostModelConfig) -> Optional
     if engine.draft_model is not None:
         draft = cost_model.CostModelConfig(model=engine.draft_model, hardware=cost.hardware,
                                            tp=cost.tp, step_padding="ragged")
+    per_request = None
+    if workload is not None and any(r.spec_acceptance is not None for r in workload):
+        per_request = np.array([np.nan if r.spec_acceptance is None else r.spec_acceptance
+                                for r in sort_by_arrival(workload)], np.float64)  # [N]
     return SpecConfig(acceptance=(DEFAULT_SPEC_ACCEPTANCE if engine.spec_acceptance is None
                                   else engine.spec_acceptance),
-                      draft=draft, seed=spec.seed)
+                      draft=draft, seed=spec.seed, per_request=per_request)
 
 
 def _cost_config(engine: SimEngineSpec) -> cost_model.CostModelConfig:

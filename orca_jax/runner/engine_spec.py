@@ -132,10 +132,6 @@ class JaxEngineSpec:
                                  f"{draft.vocab_size}, engine.model {self.model!r} has "
                                  f"{get_model_config(self.model).vocab_size}: a draft model "
                                  "needs the target's vocabulary")
-        if sampling_params(self.sampling)[0] > 0:
-            raise ValueError(f"engine.drafter {self.drafter}: speculative sampling at "
-                             f"temperature > 0 is not built on the jax engine (engine.sampling "
-                             f"{self.sampling!r}); use greedy")
         if self.clock != "wall":
             raise ValueError(f"engine.drafter {self.drafter}: the profiled clock prices the "
                              "target's step alone, not the drafting; use engine.clock wall")

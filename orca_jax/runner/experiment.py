@@ -109,7 +109,8 @@ def run_policy(spec: RunSpec, policy_spec: str, policy_options: Optional[Mapping
             cluster = build_cluster(spec, policy_spec, policy_options, config, workload)
         else:
             policy = make_policy(policy_spec, policy_options)
-            engine = engine if engine is not None else build_engine(spec, config)
+            engine = (engine if engine is not None
+                      else build_engine(spec, config, workload=workload))
             # The results need no log of every token (16 bytes a token: 10^6 requests, 1 GB)
             # but to write each request's token times (`--log_token_times`).
             scheduler = Scheduler(workload, policy, engine, config,

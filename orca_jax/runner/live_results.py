@@ -130,7 +130,8 @@ class StreamResults:
             reasons=[None] * len(rows),  # a streamed row names no reason (its final row does)
             prefix_caching=scheduler.prefix_caching,
             programs=(None if table.programs is None else
-                      [(specs[i].program_id, specs[i].call_index) for i in rows])))
+                      [(specs[i].program_id, specs[i].call_index) for i in rows]),
+            speculation=table.speculation))
 
 
 def _with_stall(row: dict, stalls: Optional[dict], step: int) -> dict:

@@ -33,6 +33,7 @@ FIELD_ALIASES: dict[str, tuple[str, ...]] = {
     "id": ("id",),
     "conversation_id": ("conversation_id",),
     "turn": ("turn",),
+    "spec_acceptance": ("acceptance",),
 }
 
 _INT32_MAX = np.iinfo(np.int32).max
@@ -251,6 +252,13 @@ def parse_record(record: dict, where: str, block_size: Optional[int] = None
     if conversation is not None and turn is not None:
         kwargs["conversation_id"] = parse_int(where, conversation[0], conversation[1], None)
         kwargs["turn"] = parse_int(where, turn[0], turn[1], 0)
+    found = lookup("spec_acceptance")
+    if found is not None:
+        rate = _parse_float(where, found[0], found[1], 0.0)
+        if rate > 1.0:
+            raise field_error(where, found[0], "a per-token acceptance rate in [0, 1]",
+                              found[1])
+        kwargs["spec_acceptance"] = rate
     explicit_id = None
     found = lookup("id")
     if found is not None:

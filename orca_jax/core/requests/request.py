@@ -76,6 +76,9 @@ class Request:
         max(parents' finish) + tool_s by the run, never before `arrival_s`, which
         its source sets to the zero-service bound (the time it would arrive if
         every call before it took no time).
+      spec_acceptance: the per-token rate at which the simulator accepts its draft
+        tokens (a trace's `acceptance` column), in [0, 1]; None: the run's
+        (`--spec_acceptance`). Read only by a speculating simulated run.
     """
 
     id: int
@@ -93,6 +96,7 @@ class Request:
     call_index: Optional[int] = None
     parents: tuple[int, ...] = ()
     tool_s: float = 0.0
+    spec_acceptance: Optional[float] = None
 
     def __post_init__(self) -> None:
         if not (isinstance(self.arrival_s, (int, float)) and math.isfinite(self.arrival_s)
@@ -117,6 +121,11 @@ class Request:
             raise ValueError(f"request {self.id}: turn must be an integer >= 0, "
                              f"got {self.turn!r}")
         self._check_program()
+        if self.spec_acceptance is not None and not (
+                isinstance(self.spec_acceptance, (int, float))
+                and 0.0 <= self.spec_acceptance <= 1.0):
+            raise ValueError(f"request {self.id}: spec_acceptance must be in [0, 1], "
+                             f"got {self.spec_acceptance!r}")
 
     def _check_program(self) -> None:
         """The program fields go together: a call has a program, an index, its parents

@@ -158,7 +158,8 @@ class StepOutput:
     # (the simulator) or a step without speculation.
     accepted_tokens: Optional[NDArray[np.int32]] = None
     draft_s: float = 0.0  # seconds of step_s the drafter took (0: no drafting)
-    # [T] the greedy token after every row: an engine that verifies speculative drafts
+    # [T] the token after every row (greedy, or drawn with the key its position's token
+    # would have without speculation): an engine that verifies speculative drafts
     # returns it (`JaxEngine(verify_rows=True)`); None otherwise.
     row_tokens: Optional[NDArray[np.int32]] = None
 

@@ -4,9 +4,13 @@ A speculating request's verification step computes its newest token and k draft 
 after it (k + 1 query rows of one ragged step, as a prefill chunk's rows are); the
 target's token at each row says what it would have sampled there. The request keeps
 
-  * greedy (`accept_greedy`): the longest prefix of the draft equal to the target's
-    own greedy tokens, then the target's token after it, so its output is exactly the
-    one it would have had without speculation;
+  * `accept_greedy`: the longest prefix of the draft equal to the target's own tokens,
+    then the target's token after it, so its output is exactly the one it would have
+    had without speculation. The jax engine uses it at every temperature: its row
+    tokens are greedy, or drawn with the key that position's token has without
+    speculation (`orca_jax.model.llama.sample_rows`); for a deterministic draft
+    (prompt lookup) keeping x while the target's draw equals it is the rule below with
+    one-hot q, in law (x kept with probability p(x), else a draw from p given not x);
   * sampled (`rejection_sample`): standard speculative rejection sampling (Leviathan et
     al. 2023, Chen et al. 2023), whose output has the target's distribution exactly.
 
@@ -51,14 +55,14 @@ def ngram_draft(context: NDArray[np.int32],  # [L] the request's prompt and gene
 
 
 def accept_greedy(draft: NDArray[np.int32],  # [k] the drafted tokens
-                  target: NDArray[np.int32],  # [k + 1] the target's greedy token at each row
+                  target: NDArray[np.int32],  # [k + 1] the target's token at each row
                   ) -> NDArray[np.int32]:  # [n + 1] the tokens the request keeps
     """The draft's longest prefix that equals the target's greedy tokens, and the
     target's token after it: `n` accepted drafts plus one token, `1 <= n + 1 <= k + 1`.
 
     Row i of `target` is the target's token after the newest token and the first i
-    drafts, so while the drafts match, each kept token is the one greedy decoding
-    would have produced next.
+    drafts, so while the drafts match, each kept token is the one decoding one token
+    at a time would have produced next (greedy, or sampled with the same key).
     """
     k = draft.shape[0]
     mismatch = np.flatnonzero(draft != target[:k])
