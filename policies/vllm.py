@@ -280,7 +280,11 @@ class VLLM(Policy):
         # Its whole sequence's pages, less its hits and the pages it holds (one received
         # with its KV, in disaggregated decode, has them): what the core would allocate.
         full_pages = view.pages_needed(candidates, uncached)  # [c]
-        pages = view.pages_needed(candidates, np.maximum(tokens, 1))  # [c]
+        at_least_one = np.maximum(tokens, 1)  # [c]
+        # Most admissions get their whole prompt (the budget is not cut): their pages then
+        # are those of the whole prompt, so the same count is not asked again.
+        pages = (full_pages if np.count_nonzero(at_least_one != uncached) == 0
+                 else view.pages_needed(candidates, at_least_one))  # [c]
         free_before = free - (pages.cumsum() - pages)  # [c]
         fits &= full_pages <= view.kv_room(free_before)  # vLLM asks it of the whole prompt
         return fits, tokens
