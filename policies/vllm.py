@@ -135,7 +135,7 @@ class VLLM(Policy):
         want = view.requests.num_uncomputed(running)  # [r] each >= 1
         if threshold:
             want = np.minimum(want, threshold)
-        wanted = np.cumsum(want)  # [r]
+        wanted = want.cumsum()  # [r] (the method: np.cumsum adds a Python call)
         if running.size == 0 or wanted[-1] <= budget:  # most steps: every one gets its want
             ids, tokens = running, want
             num_tokens = int(wanted[-1]) if running.size else 0
@@ -254,10 +254,11 @@ class VLLM(Policy):
         while True:
             head = candidates[:size]
             fits, tokens = self._fits(view, head, budget, free, threshold)
-            if not fits.all() or head.size == candidates.size:
+            all_fit = np.count_nonzero(fits) == fits.size  # cheaper than fits.all()
+            if not all_fit or head.size == candidates.size:
                 break
             size *= 4
-        num_admitted = int(np.argmin(fits)) if not fits.all() else int(fits.size)
+        num_admitted = int(fits.size) if all_fit else int(np.argmin(fits))
         return head[:num_admitted], tokens[:num_admitted]
 
     def _fits(self, view: SchedulerView, candidates: NDArray[np.int64],  # [c]
@@ -271,7 +272,7 @@ class VLLM(Policy):
         want = uncached
         if threshold:
             want = np.minimum(want, threshold)
-        before = np.cumsum(want) - want  # [c] tokens taken by earlier admissions
+        before = want.cumsum() - want  # [c] tokens taken by earlier admissions
         fits = before < budget
         if not self.enable_chunked_prefill:  # whole prompts only (`check_limits`: they fit)
             fits &= want <= budget - before
@@ -279,8 +280,12 @@ class VLLM(Policy):
         # Its whole sequence's pages, less its hits and the pages it holds (one received
         # with its KV, in disaggregated decode, has them): what the core would allocate.
         full_pages = view.pages_needed(candidates, uncached)  # [c]
-        pages = view.pages_needed(candidates, np.maximum(tokens, 1))  # [c]
-        free_before = free - (np.cumsum(pages) - pages)  # [c]
+        at_least_one = np.maximum(tokens, 1)  # [c]
+        # Most admissions get their whole prompt (the budget is not cut): their pages then
+        # are those of the whole prompt, so the same count is not asked again.
+        pages = (full_pages if np.count_nonzero(at_least_one != uncached) == 0
+                 else view.pages_needed(candidates, at_least_one))  # [c]
+        free_before = free - (pages.cumsum() - pages)  # [c]
         fits &= full_pages <= view.kv_room(free_before)  # vLLM asks it of the whole prompt
         return fits, tokens
 

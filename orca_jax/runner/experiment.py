@@ -48,16 +48,26 @@ from orca_jax.runner.settings import effective_settings
 from orca_jax.runner.spec import RunSpec
 from orca_jax.runner.thrash_watch import ThrashWatch
 
+# `_RunProgress` moves its count every this many iterations (and at the run's end).
+UPDATE_EVERY_STEPS = 64
+
 
 class _RunProgress:
     """A scheduler's `progress` callback: requests done of the workload (`Progress`)."""
 
     def __init__(self, label: str, total: int) -> None:
         self.progress = Progress(f"run {label}", total, "requests")
+        self._num_calls = 0
 
     def __call__(self, scheduler: Scheduler) -> None:
+        # Every `UPDATE_EVERY_STEPS` iterations and at the end: a bar or a log line moves
+        # at most a few times a second, and the note costs a formatting each call.
+        self._num_calls += 1
+        done = scheduler.done
+        if self._num_calls % UPDATE_EVERY_STEPS and not done:
+            return
         self.progress.update(scheduler.num_done, f"{scheduler.num_steps} steps")
-        if scheduler.done:
+        if done:
             self.progress.close(f"{scheduler.num_steps} steps")
 
 

@@ -111,14 +111,18 @@ class StreamResults:
             candidates = np.unique(candidates[~self._written[candidates]])
             released = np.isfinite(table.finish_s[candidates])
             self._awaiting_release = candidates[~released]
-            groups = [candidates[released]]
+            done = candidates[released]
         else:  # no np.unique (a Python function): an iteration's are distinct already
-            groups = [np.sort(chunk[~self._written[chunk]]) for chunk in chunks]
-            released = [np.isfinite(table.finish_s[group]) for group in groups]
-            self._awaiting_release = np.concatenate(
-                [group[~done] for group, done in zip(groups, released)])
-            groups = [group[done] for group, done in zip(groups, released)]
-        done = np.concatenate(groups)
+            # All iterations' at once, in a few numpy calls however many iterations the
+            # flush covers: each iteration's in index order (a sort by iteration, then
+            # index), iterations in turn.
+            finished = np.concatenate(chunks)  # [f]
+            iteration = np.repeat(np.arange(len(chunks)), [chunk.size for chunk in chunks])
+            finished = finished[np.lexsort((finished, iteration))]
+            finished = finished[~self._written[finished]]
+            released = np.isfinite(table.finish_s[finished])
+            self._awaiting_release = finished[~released]
+            done = finished[released]
         if done.size == 0:
             return
         self._written[done] = True

@@ -251,16 +251,18 @@ class PagedPool(PageTable):
         """
         if need is None:
             need = self.pages_needed(ids, target_tokens)
-        growing_mask = need > 0
-        growing = ids[growing_mask]  # [g]
-        need = need[growing_mask]  # [g]
-        total = int(need.sum())
+        total = int(np.add.reduce(need))
         if total == 0:
             return
+        growing_mask = need > 0
+        if np.count_nonzero(growing_mask) < need.size:  # else every one grows: no copies
+            ids, need = ids[growing_mask], need[growing_mask]
+        growing = ids  # [g]
         if total > self.num_free:
             raise RuntimeError(f"KV pool overcommitted: {total} pages asked, {self.num_free} free")
         held = self.num_held[growing]  # [g]
-        if int((held + need).max()) > self.max_pages_per_seq:
+        grown = held + need  # [g]
+        if int(np.maximum.reduce(grown)) > self.max_pages_per_seq:
             raise RuntimeError("a request would exceed max_pages_per_seq")
         self._assign_rows(growing)
         pages = self._take(total)
@@ -271,9 +273,9 @@ class PagedPool(PageTable):
         else:
             rows = np.repeat(rows, need)
             starts = np.repeat(held, need)
-            within = np.arange(total) - np.repeat(np.cumsum(need) - need, need)
+            within = np.arange(total) - np.repeat(need.cumsum() - need, need)
             self.page_table[rows, starts + within] = pages
-        self.num_held[growing] = held + need
+        self.num_held[growing] = grown
 
     def allocate_steps(self, ids: NDArray[np.int64],  # [n] distinct, each holding a row
                        need: NDArray[np.int64]) -> None:  # [k, n]

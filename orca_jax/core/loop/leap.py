@@ -106,7 +106,7 @@ class Leaper:
                   and not step.progressed and step.kv_move_s == 0.0
                   and step.num_real_tokens == step.request_ids.size
                   and step.spec_tokens is None  # a speculative step's advance is drawn
-                  and bool(step.samples.all()))
+                  and np.count_nonzero(step.samples) == step.samples.size)  # all()
         self._preemptions = preemptions
         self._template = step if steady else None
 

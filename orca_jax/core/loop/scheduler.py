@@ -466,7 +466,15 @@ class Scheduler(SchedulerLoop):
         is_first = np.isnan(table.first_scheduled_s[admitted])  # [a] never admitted before
         table.first_scheduled_s[admitted[is_first]] = self.now_s
         self.running = _frozen(np.concatenate([self.running, admitted]))
-        self.waiting = _frozen(self.waiting[table.state[self.waiting] == _WAITING])
+        waiting = self.waiting
+        # Every queued request is waiting until a change takes it out of the queue, this
+        # one included: when the head's `a` requests are the ones admitted, the rest
+        # stays (a slice, no copy of a long queue); else keep the waiting ones.
+        if admitted.size <= waiting.size and not (
+                table.state[waiting[:admitted.size]] == _WAITING).any():
+            self.waiting = waiting[admitted.size:]  # read-only, as a slice of a frozen queue
+        else:
+            self.waiting = _frozen(waiting[table.state[waiting] == _WAITING])
         admission = self.kv_memory.admit(admitted, is_first)
         if table.programs is not None and table.programs.pins:  # they shared their hits
             program_pins.unpin_admitted_parents(self, admitted)

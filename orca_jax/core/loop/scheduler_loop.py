@@ -57,6 +57,29 @@ def frozen(array: NDArray[np.int64]) -> NDArray[np.int64]:
 NO_REQUESTS = frozen(np.zeros(0, dtype=np.int64))  # [0] an empty queue (read-only, shared)
 
 
+def appended(queue: NDArray[np.int64],  # [w] read-only
+             arrived: NDArray[np.int64],  # [k]
+             indices: NDArray[np.int64]  # [N] the table's 0..N-1 (`RequestTable.indices`)
+             ) -> NDArray[np.int64]:  # [w + k] read-only
+    """`queue` and then `arrived`, read-only. Where both are runs of consecutive request
+    indices, slices of the read-only `indices` that meet end to end (a queue that only
+    ever took arrivals and gave up its head), the answer is the slice of `indices` they
+    span: no copy, so a long queue (10^5 waiting at overload) costs nothing per arrival.
+    Any other queue (one a preemption sorted a victim into) is copied as before. The
+    values are the same either way; `indices` is never written, so no slice of it can
+    change under a policy that keeps one."""
+    if arrived.size == 0:
+        return queue
+    if arrived.base is indices and arrived.strides == (8,):
+        start = int(arrived[0])
+        if queue.size == 0:
+            return indices[start:start + arrived.size]
+        if queue.base is indices and queue.strides == (8,) and int(queue[-1]) + 1 == start:
+            begin = int(queue[0])
+            return indices[begin:start + arrived.size]
+    return frozen(np.concatenate([queue, arrived]))
+
+
 # A scheduler keeps at most this many instance attributes. CPython 3.11 stores an
 # instance's attributes in its class's shared key table of 30 keys; one attribute more and
 # the instance gets a dict of its own, and then no `self.method()` call on it is specialized
@@ -204,7 +227,7 @@ class SchedulerLoop:
         # [n] each one's context after the step: the k draft positions too, whose pages
         # are allocated now and, past what the engine accepts, freed at `update`.
         kv_lens = num_computed + tokens if spec is None else num_computed + tokens + spec
-        if needed.any():
+        if np.count_nonzero(needed):  # needed.any(), without the method's Python frame
             # Without reservations or hits, admission took no pages: the check's count holds.
             reuse = self.kv_memory.needed_is_allocation
             self.kv.allocate(ids, kv_lens, need=needed if reuse else None)
@@ -287,8 +310,9 @@ class SchedulerLoop:
                         self.record_tokens(sampled[gained > j], drafts[gained > j, j])
                 self.record_tokens(sampled, result.sampled_tokens)
             table.last_token_s[sampled] = end_s
-            first = sampled[np.isnan(table.first_token_s[sampled])]
-            table.first_token_s[first] = end_s
+            first = np.isnan(table.first_token_s[sampled])  # [s] its first token
+            if np.count_nonzero(first):  # most steps: none (only a prefill's ending has)
+                table.first_token_s[sampled[first]] = end_s
             if gained is not None:  # each accepted draft is a token at the step's end too
                 for j in range(int(gained.max())):
                     self.record.log_tokens(sampled[gained > j], end_s)
@@ -358,12 +382,13 @@ class SchedulerLoop:
         end = int(np.searchsorted(self.table.arrival_s, self.now_s, side="right"))
         if end <= first:
             return
-        arrived = np.arange(first, end)
         table = self.table
-        arrived = arrived[(table.state[arrived] == _PENDING)
-                          & (table.holder[arrived] == table.replica)]
-        self.table.state[arrived] = _WAITING
-        self.waiting = frozen(np.concatenate([self.waiting, arrived]))
+        arrived = table.indices[first:end]  # [k] a read-only slice: no copy
+        mine = (table.state[arrived] == _PENDING) & (table.holder[arrived] == table.replica)
+        if not mine.all():  # routed elsewhere, or here and gone already
+            arrived = arrived[mine]
+        table.state[arrived] = _WAITING
+        self.waiting = appended(self.waiting, arrived, table.indices)
         self._next_arrival = end
 
     def record_tokens(self, sampled: NDArray[np.int64],  # [m]

@@ -36,9 +36,13 @@ class ProgressWatchdog:
         That is progress, counted here (as `progressed`): the caller counts the iteration
         only when it returns False."""
         gained = num_computed > self._most_computed[ids]
-        if not gained.any():
+        num_gained = np.count_nonzero(gained)  # gained.any(), without its Python frame
+        if not num_gained:
             return False
-        self._most_computed[ids[gained]] = num_computed[gained]
+        if num_gained == ids.size:  # most steps: every one got further, no masks needed
+            self._most_computed[ids] = num_computed
+        else:
+            self._most_computed[ids[gained]] = num_computed[gained]
         self._stalled = 0
         return True
 

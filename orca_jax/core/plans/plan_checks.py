@@ -42,10 +42,18 @@ def _first(ids: NDArray[np.int64], mask: NDArray[np.bool_]) -> int:
     return int(ids[np.flatnonzero(mask)[0]])
 
 
+# Every check runs every iteration: `np.count_nonzero(mask)` answers `mask.any()` without
+# the Python frame numpy's `any` and `all` methods add (a third of their cost on a
+# short array), and the reductions are called as ufunc methods for the same reason.
+_any = np.count_nonzero
+_min, _max, _sum = np.minimum.reduce, np.maximum.reduce, np.add.reduce
+
+
 def _check_indices(name: str, field: str, ids: NDArray[np.int64], num_requests: int) -> None:
     if ids.size == 0:  # most steps preempt, release and reject nothing
         return
-    ordered = np.sort(ids)
+    ordered = ids.copy()
+    ordered.sort()  # in place: np.sort's wrapper costs a third more on a short array
     if ordered[0] < 0 or ordered[-1] >= num_requests:  # then name the first in plan order
         bad = (ids < 0) | (ids >= num_requests)
         raise PlanError(name, "unknown_request",
@@ -53,7 +61,7 @@ def _check_indices(name: str, field: str, ids: NDArray[np.int64], num_requests: 
                         f"{num_requests} requests")
     if ids.size > 1:
         dup = ordered[1:] == ordered[:-1]
-        if dup.any():
+        if _any(dup):
             raise PlanError(name, "duplicate_request",
                             f"{field} names request {int(ordered[1:][dup][0])} more than once")
 
@@ -142,19 +150,19 @@ def check_plan(scheduler: SchedulerState, plan: StepPlan) -> NDArray[np.int64]:
         return np.zeros(0, dtype=np.int64)
 
     states = table.state[ids]
-    lowest = states.min()
-    if lowest < _WAITING or states.max() > _RUNNING:  # one has not arrived, or is done
+    lowest = _min(states)
+    if lowest < _WAITING or _max(states) > _RUNNING:  # one has not arrived, or is done
         _check_arrived_and_not_done(name, scheduler, ids, states)
     busy = scheduler.busy
     if busy.size:  # only with more than one step in flight ahead of this one
         again = np.isin(ids, busy)
-        if again.any():
+        if _any(again):
             raise PlanError(name, "busy_request",
                             f"request {_first(ids, again)} is busy: it is in a step in "
                             "flight the next step cannot follow (its newest token on the "
                             "device, or a micro-batch still in the pipeline's stages), or "
                             "waits for the next micro-batch (SchedulerView.busy)")
-    if tokens.min() < 1:
+    if _min(tokens) < 1:
         bad = tokens < 1
         raise PlanError(name, "nonpositive_tokens",
                         f"request {_first(ids, bad)} is given {int(tokens[bad][0])} tokens")
@@ -166,7 +174,7 @@ def check_plan(scheduler: SchedulerState, plan: StepPlan) -> NDArray[np.int64]:
     cached = capacity.cached_tokens(ids)
     uncomputed = table.num_uncomputed(ids) - cached
     over = tokens > uncomputed
-    if over.any():
+    if _any(over):
         i = int(np.flatnonzero(over)[0])
         request = int(ids[i])
         raise PlanError(name, "tokens_over_uncomputed",
@@ -178,7 +186,7 @@ def check_plan(scheduler: SchedulerState, plan: StepPlan) -> NDArray[np.int64]:
                         f"cached {int(cached[i])}): give a request at most "
                         "view.requests.num_uncomputed(ids) - view.cached_tokens(ids) tokens "
                         "(a running decode takes 1)")
-    total = int(tokens.sum())
+    total = int(_sum(tokens))
     spec = plan.spec_tokens
     if spec.size:  # speculative decoding: k more verified positions each
         _check_spec(name, scheduler, ids, tokens, spec)

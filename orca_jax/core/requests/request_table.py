@@ -162,6 +162,11 @@ class RequestTable:
         # [N] the replica of the pool holding each request (its index), -1 for none:
         # not routed yet, or let go. A table of one scheduler holds every request (0).
         self.holder = np.zeros(n, dtype=np.int32)
+        # [N] 0..N-1, read-only: a scheduler's queue of consecutive arrivals is a slice of
+        # it (`orca_jax.core.loop.scheduler_loop.appended`), so that a queue of 10^5
+        # requests is neither copied when one arrives nor when its head is admitted.
+        self.indices = np.arange(n, dtype=np.int64)
+        self.indices.setflags(write=False)
         # The workload's facts never change in a run: read-only, so that a run's result
         # shares them instead of copying them (`RunResult.from_log`).
         for fact in _FACTS:

@@ -219,9 +219,9 @@ class TokenTally:
         self._num_calls = call + 1
         previous = self._last_call[requests]  # [k]
         broke = previous != call - 1  # [k] starts a run: its first token, or after a break
-        if broke.any():
+        if np.count_nonzero(broke):  # broke.any(), without the method's Python frame
             had = broke & (previous >= 0)  # [k] after a break: a run ends
-            if had.any():
+            if np.count_nonzero(had):
                 ended, ended_at = requests[had], previous[had]
                 self._closed.append((ended, self._run_start[ended], ended_at,
                                      time_s - self._times[ended_at]))
