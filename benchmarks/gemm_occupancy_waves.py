@@ -7,7 +7,8 @@ tile heights chosen by token count as cuBLAS does, with several thread blocks re
 per SM, in four ways of counting waves of `tiles` over `sms x blocks_per_sm` slots:
 
 * `whole`: `ceil(tiles / slots)` whole waves;
-* `lastshare`: whole waves, the last one at its SMs' share, `ceil(rest / sms) / blocks`;
+* `lastshare`: whole waves, the last one at its SMs' share, `ceil(rest / sms) / blocks`
+  (the blocks drop out: it is `ceil(tiles / sms)` waves of one tile per SM);
 * `sharemin`: `tiles / slots`, at least one wave;
 * `share`: `tiles / slots` (a partial wave costs its share; only the tile's row padding
   is left of the quantisation).
@@ -43,23 +44,28 @@ TPS = (1, 2, 4, 8)
 ELEMENTWISE = ("embedding", "mlp_act", "norm", "residual_add", "rope")
 PROJECTIONS = ("qkv_proj", "attn_out_proj", "mlp_up_proj", "mlp_down_proj")
 SWITCH_TOKENS = 128  # cuBLAS's 64-row tiles up to here, 128-row ones beyond
-# (label, wave counting, (rows, cols, blocks per SM) up to SWITCH_TOKENS, the same beyond);
-# None: the presets' form (whole waves of 64 x 64 tiles, one per SM).
-Form = Optional[tuple[str, tuple[int, int, int], tuple[int, int, int]]]
+Tile = tuple[int, int, int]  # (rows, cols, blocks resident per SM)
+# (wave counting, the tile up to `switch` tokens, the tile beyond, switch); None: the
+# presets' form (whole waves of 64 x 64 tiles, one per SM).
+Form = Optional[tuple[str, Tile, Tile, int]]
 FORMS: list[Form] = [None]
 for _mode in ("whole", "lastshare", "sharemin", "share"):
     for _small, _large in (((64, 64, 2), (128, 128, 1)), ((64, 64, 2), (128, 64, 1)),
                            ((32, 64, 4), (128, 128, 1)), ((64, 64, 4), (128, 128, 2)),
                            ((64, 64, 2), (128, 128, 2))):
-        FORMS.append((_mode, _small, _large))
+        FORMS.append((_mode, _small, _large, SWITCH_TOKENS))
+# Occupancy alone, on the presets' 64 x 64 tiles; and the switch to 128-row tiles later.
+FORMS += [("whole", (64, 64, 2), (64, 64, 2), SWITCH_TOKENS),
+          ("whole", (64, 64, 4), (64, 64, 4), SWITCH_TOKENS),
+          ("share", (64, 64, 2), (128, 128, 1), 256), ("whole", (64, 64, 2), (128, 128, 1), 256)]
 
 
-def _flop_units(mode: str, small: tuple[int, int, int], large: tuple[int, int, int],
+def _flop_units(mode: str, small: Tile, large: Tile, switch: int,
                 flop_units: NDArray[np.float64],  # [..., ops]
                 out_features: NDArray[np.float64],  # [ops]
                 num_sms: float) -> NDArray[np.float64]:  # [..., ops]
     """Rows' worth of FLOPs each GEMM computes, its tiles counted in waves by `mode`."""
-    def rows(tile: tuple[int, int, int]) -> NDArray[np.float64]:
+    def rows(tile: Tile) -> NDArray[np.float64]:
         tile_rows, tile_cols, blocks = tile
         tiles = np.ceil(flop_units / tile_rows) * np.ceil(out_features / tile_cols)
         slots = num_sms * blocks
@@ -73,7 +79,7 @@ def _flop_units(mode: str, small: tuple[int, int, int], large: tuple[int, int, i
         else:
             waves = tiles / slots
         return waves * slots * tile_rows * tile_cols / out_features
-    return np.where(flop_units <= SWITCH_TOKENS, rows(small), rows(large))
+    return np.where(flop_units <= switch, rows(small), rows(large))
 
 
 @contextlib.contextmanager
@@ -82,7 +88,7 @@ def patched(form: Form) -> Iterator[None]:
     if form is None:
         yield
         return
-    mode, small, large = form
+    mode, small, large, switch = form
     init, launch = PerOpRoofline.__init__, PerOpRoofline.launch_seconds
 
     def new_init(self, model, hardware, tp, dtype_bytes, stage=None):  # type: ignore[no-untyped-def]
@@ -92,7 +98,8 @@ def patched(form: Form) -> Iterator[None]:
 
     def new_launch(self, units, flop_units):  # type: ignore[no-untyped-def]
         tiled = self._tiled
-        waves = _flop_units(mode, small, large, flop_units, self._out_features, self._num_sms)
+        waves = _flop_units(mode, small, large, switch, flop_units, self._out_features,
+                            self._num_sms)
         self._tiled = np.zeros_like(tiled)  # the FLOPs come in already counted in waves
         try:
             return launch(self, units, np.where(tiled, waves, flop_units))
@@ -130,8 +137,8 @@ def _elementwise(profiles: list[LayerProfile]) -> HardwareSpec:
 def _label(form: Form) -> str:
     if form is None:
         return "presets' form: whole waves of 64x64 tiles, 1 per SM"
-    mode, small, large = form
-    return (f"{mode}: {small[0]}x{small[1]} x{small[2]} per SM to {SWITCH_TOKENS} tokens, "
+    mode, small, large, switch = form
+    return (f"{mode}: {small[0]}x{small[1]} x{small[2]} per SM to {switch} tokens, "
             f"{large[0]}x{large[1]} x{large[2]} beyond")
 
 
