@@ -17,6 +17,8 @@ from orca_jax import Scheduler
 from orca_jax.model.weights import init_params
 
 REPO = Path(__file__).resolve().parent.parent
+# Steps another real-engine module compiled are loaded (conftest.py).
+pytestmark = pytest.mark.usefixtures("session_compile_cache")
 
 
 @pytest.fixture(scope="module")
@@ -56,9 +58,6 @@ import json, sys
 import jax
 sys.path.insert(0, "tests")
 import test_migration_engine as t
-
-# Steps another real-engine module compiled are loaded (conftest.py).
-pytestmark = pytest.mark.usefixtures("session_compile_cache")
 cluster = t._cluster(t.init_params(t.MODEL, seed=5), t.MoveAfter(after={0: 3, 1: 2, 4: 0}),
                      devices=jax.devices()[:2])
 result = cluster.run()
