@@ -3,13 +3,13 @@ half-written.
 
 One table: each row is a command line (a bad flag, trace, checkpoint, plugin or plan), the
 exit status it must end with (2: bad usage; 1: a failed run) and text its one error line
-must hold. The rows run as subprocesses, two at a time (the simulator where it can; the
-jax engine only where the input is the real model's), once per module.
+must hold. The rows run as processes of their own, two at a time (the simulator where it
+can; the jax engine only where the input is the real model's), once per module, each forked
+from one process that imported the entry points' modules once (`forked_cli`).
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import json
 import os
@@ -190,15 +190,18 @@ def _run(module: str, args: tuple[str, ...], out_dir: Path) -> subprocess.Comple
 
 @pytest.fixture(scope="module")
 def outcomes(tmp_path_factory) -> dict[str, tuple[Case, Path, subprocess.CompletedProcess]]:
-    """Runs every case once, two at a time (the machine has 2 cores)."""
+    """Runs every case once, each its own process, two at a time (the machine has 2 cores),
+    forked from one that imported the entry points' modules (`forked_cli`)."""
+    from forked_cli import run_forked
+
     files = tmp_path_factory.mktemp("inputs")
     _write_inputs(files)
     cases = _cases(files)
     outs = tmp_path_factory.mktemp("outs")
-    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
-        futures = {case.name: pool.submit(_run, case.module, case.args, outs / case.name)
-                   for case in cases}
-    return {case.name: (case, outs / case.name, futures[case.name].result()) for case in cases}
+    results = run_forked([(case.module, (*case.args, f"--out_dir={outs / case.name}"))
+                          for case in cases], tmp_path_factory.mktemp("streams"), _env())
+    return {case.name: (case, outs / case.name, result)
+            for case, result in zip(cases, results)}
 
 
 def _error_lines(stderr: str) -> list[str]:

@@ -21,6 +21,9 @@ from orca_jax.model.weights import init_params
 from orca_jax.specs.hardware import get_kv_link
 from orca_jax.specs.model_config import get_model_config
 
+# Steps another real-engine module compiled are loaded (conftest.py).
+pytestmark = pytest.mark.usefixtures("session_compile_cache")
+
 MODEL = get_model_config("tiny")
 PAGE_SIZE = 4
 MAX_LEN = 64

@@ -20,8 +20,9 @@ from orca_jax.model.engine import JaxEngine
 from orca_jax.model.weights import init_params
 from orca_jax.specs.model_config import get_model_config
 
-# Whole runs of the real engine, compiled: `pytest -m "not slow"` skips the module.
-pytestmark = pytest.mark.slow
+# Whole runs of the real engine, compiled: `pytest -m "not slow"` skips the module. Steps
+# another real-engine module compiled are loaded (conftest.py).
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("session_compile_cache")]
 CONFIG = get_model_config("tiny")
 PAGE_SIZE = 4
 MAX_LEN = 64

@@ -4,15 +4,12 @@ A request migrated between two replicas in one process (each its own KV cache)
 must give the greedy tokens it gives unmigrated: the target decodes on from the
 pages copied out of the source engine's cache, round by round (live) or at once
 (stop-and-copy), with no recompute. Without the copy the tokens differ, so the
-test sees it. Every page comes back to its pool once.
+test sees it. Every page comes back to its pool once. The runs in other processes (the command line,
+replicas on two devices) are in test_migration_engine_processes.py, so the two files can
+run on two test workers at once.
 """
 
 import dataclasses
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,13 +21,14 @@ from orca_jax.cluster.rebalancing import Migration, Rebalancer
 from orca_jax.cluster.replicas import Cluster
 from orca_jax.cluster.transfers import KVTransferCost
 from orca_jax.core.requests.request import RequestState
-from orca_jax.model import compile_cache
 from orca_jax.model.engine import JaxEngine
 from orca_jax.model.weights import init_params
 from orca_jax.specs.hardware import KVLinkSpec
 from orca_jax.specs.model_config import get_model_config
 
-REPO = Path(__file__).resolve().parent.parent
+# Steps another real-engine module compiled are loaded (conftest.py).
+pytestmark = pytest.mark.usefixtures("session_compile_cache")
+
 MODEL = get_model_config("tiny")
 PAGE_SIZE = 4
 MAX_LEN = 64
@@ -42,16 +40,6 @@ CONFIG = SchedulerConfig(limits=StepLimits(max_num_seqs=2, max_num_tokens=32,
 # A slow link (1 ms + 10 us a token): a live copy takes several rounds while the source decodes.
 COST = KVTransferCost(link=KVLinkSpec(name="test", latency_s=1e-3, bytes_per_s=1e8),
                       bytes_per_token=1000)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def executables(tmp_path_factory):
-    """A compile cache for this module: each replica's engine loads the steps the first
-    one compiled instead of compiling them again."""
-    before = compile_cache.current_dir()
-    compile_cache.enable(str(tmp_path_factory.mktemp("compile_cache")))
-    yield
-    compile_cache.enable(before or compile_cache.DISABLED)
 
 
 @pytest.fixture(scope="module")
@@ -188,53 +176,3 @@ def test_without_the_page_copy_the_migrated_tokens_differ(params, unmigrated, mo
     tokens = _tokens(cluster.run())
     assert tokens[0][:3] == unmigrated[0][:3] and tokens[0] != unmigrated[0]
     assert all(tokens[i] == unmigrated[i] for i in (1, 2, 3, 4))
-
-
-@pytest.mark.slow
-def test_the_command_line_runs_load_balance_on_two_jax_replicas(tmp_path):
-    from cli_runner import run_module
-
-    out = tmp_path / "run"
-    run_module("experiments.run", "--engine=jax", "--model=tiny", "--dtype=float32",
-               "--clock=wall", "--policy=vllm", "--prefix_caching=off",
-               "--num_replicas=2", "--router=round_robin", "--rebalancer=load_balance",
-               "--rebalancer_opts=gap=0.05", "--rebalance_interval_s=0.002",
-               "--num_requests=10", "--rate=200", "--max_num_seqs=4", "--max_num_tokens=64",
-               "--num_kv_pages=96", "--max_model_len=192", f"--out_dir={out}")
-    summary = json.loads((out / "summary.json").read_text())
-    rows = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
-    moves = [json.loads(line) for line in (out / "migrations.jsonl").read_text().splitlines()]
-    assert json.loads((out / "status.json").read_text())["status"] == "finished"
-    assert summary["num_finished"] == len(rows) == 10  # none lost on the way
-    assert summary["rebalancer"] == "load_balance" and summary["num_migrations"] == len(moves)
-    assert moves and all(m["from_replica"] != m["to_replica"] and m["downtime_s"] > 0
-                         for m in moves)
-    assert summary["migration_pages_total"] == sum(m["num_pages"] for m in moves)
-    assert sorted({row["replica"] for row in rows}) == [0, 1]
-
-
-# Two CPU devices forced in a fresh process: replica 0 on device 0, replica 1 on device 1.
-SEPARATE_DEVICES = """
-import json, sys
-import jax
-sys.path.insert(0, "tests")
-import test_migration_engine as t
-cluster = t._cluster(t.init_params(t.MODEL, seed=5), t.MoveAfter(after={0: 3, 1: 2, 4: 0}),
-                     devices=jax.devices()[:2])
-result = cluster.run()
-print(json.dumps({"devices": [r.engine.device.id for r in cluster.replicas],
-                  "migrated": sorted(m.request for m in cluster.migrator.log),
-                  "tokens": t._tokens(result)}))
-"""
-
-
-@pytest.mark.slow
-def test_replicas_on_separate_devices_copy_pages_between_them(unmigrated):
-    result = subprocess.run(
-        [sys.executable, "-c", SEPARATE_DEVICES], cwd=REPO, capture_output=True, text=True,
-        env=dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO),
-                 XLA_FLAGS="--xla_force_host_platform_device_count=2"), timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    seen = json.loads(result.stdout.strip().splitlines()[-1])
-    assert seen["devices"] == [0, 1] and seen["migrated"] == [0, 1, 4]
-    assert {int(k): v for k, v in seen["tokens"].items()} == unmigrated

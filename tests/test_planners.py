@@ -9,8 +9,13 @@ import numpy as np
 import pytest
 
 import policies
-from orca_jax import KVConfig, Request, SchedulerConfig, StepLimits
-from orca_jax.cluster.elastic import ScalingSpec, replica_seconds
+from orca_jax import KVConfig, Request, Scheduler, SchedulerConfig, StepLimits
+from orca_jax.cluster.elastic import (
+    ProfileDescriptorError,
+    ScalingSpec,
+    profile_replica,
+    replica_seconds,
+)
 from orca_jax.cluster.planning import Planner, PlannerMetrics, ReplicaProfile
 from orca_jax.cluster.replicas import Cluster
 from orca_jax.core.plans.plan import PlanError
@@ -207,6 +212,27 @@ def test_the_profile_interpolates_the_batch_within_a_tpot():
     assert PROFILE.batch_within(1.0) == 4.0  # the largest profiled (and max_batch)
     tokens = 3.0 / 0.014
     assert PROFILE.requests_per_s(0.014) == pytest.approx(tokens / (100 + 500 * 1e-4 * tokens))
+
+
+class _ReadsDescriptor(SimEngine):
+    """An engine that (wrongly) reads the padded descriptor of the steps it prices."""
+
+    def step_packed(self, packed):
+        packed.inputs
+        return super().step_packed(packed)
+
+
+def test_the_profile_prices_steps_on_the_simulator_and_an_engine_reading_a_descriptor_is_a_bug():
+    requests = [Request(id=i, arrival_s=0.0, prompt_len=40, output_len=20) for i in range(4)]
+    profile = profile_replica(Scheduler(requests, policies.make_policy("vllm"), _engine(), CONFIG))
+    # fixed steps: every priced decode step takes STEP_S; the prefill its share of one
+    np.testing.assert_allclose(profile.decode_step_s, STEP_S)
+    assert profile.prompt_tokens == 40.0 and profile.output_tokens == 20.0
+    engine = _ReadsDescriptor(CostModelConfig(mode="fixed", model="tiny", step_time_s=STEP_S))
+    with pytest.raises(ProfileDescriptorError) as raised:
+        profile_replica(Scheduler(requests, policies.make_policy("vllm"), engine, CONFIG))
+    assert str(raised.value).startswith("bug: the engine asked the planner's profile for a "
+                                        "built step descriptor") and "\n" not in str(raised.value)
 
 
 def _metrics(**fields):

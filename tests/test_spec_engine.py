@@ -20,6 +20,9 @@ from orca_jax.model.speculative import SpeculativeEngine, draft_params
 from orca_jax.model.weights import init_params
 from orca_jax.specs.model_config import get_model_config
 
+# Steps another real-engine module compiled are loaded (conftest.py).
+pytestmark = pytest.mark.usefixtures("session_compile_cache")
+
 CONFIG = get_model_config("tiny")
 DRAFT = get_model_config("tiny-draft")
 PAGE_SIZE, MAX_LEN = 4, 64

@@ -146,9 +146,15 @@ def profile_replica(scheduler: Scheduler) -> ReplicaProfile:
                           output_tokens=output, max_batch=max(1, min(cap, held)))
 
 
+class ProfileDescriptorError(RuntimeError):
+    """An engine asked `profile_replica` for a built step descriptor: a bug in that engine,
+    since the profile prices steps by their lengths alone (the simulator's engine)."""
+
+
 def _no_descriptor() -> StepInputs:
-    raise NotImplementedError("the planner's profile prices steps by their lengths alone "
-                              "(the simulator's engine)")
+    raise ProfileDescriptorError("bug: the engine asked the planner's profile for a built step "
+                                 "descriptor; the profile prices steps by their lengths alone "
+                                 "(the simulator's engine)")
 
 
 class Elastic:

@@ -18,7 +18,7 @@ import hashlib
 import logging
 import re
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import jax
 import jax.numpy as jnp
@@ -284,10 +284,6 @@ class JaxEngine(Engine):
             self._host_kv.warmup()
         if not todo:
             return
-        # Compiling takes seconds per bucket: say so, or a run looks stuck before its first step.
-        _log.info("jax engine: compiling %d step buckets (%s tokens)", len(todo),
-                  ",".join(str(b.num_tokens) for b in todo))
-        start = time.perf_counter()
         if self._feed:
             widest = max(bucket.num_seqs for bucket in buckets)
             if self._fed is not None and widest > self._fed_size:
@@ -297,8 +293,8 @@ class JaxEngine(Engine):
             if self._fed is None:
                 self._fed_size = widest
                 self._fed = self._to_device(np.zeros(widest, np.int32))
-        for bucket in todo:
-            dummy = self._dummy_inputs(bucket)
+
+        def compile_bucket(bucket: Bucket, dummy: StepInputs) -> None:
             shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(
                 a.shape, a.dtype, sharding=self._inputs_sharding), dummy)
             extra = ()
@@ -311,9 +307,8 @@ class JaxEngine(Engine):
             self._compile_s += time.perf_counter() - compile_start
             self._compiled[bucket] = compiled
             self._fingerprints[bucket] = hlo_fingerprint(compiled)
-            _DispatchedStep(self, dummy, None).wait()  # the first run pays one-off allocations
-        _log.info("jax engine: %d buckets compiled in %.1f s", len(todo),
-                  time.perf_counter() - start)
+
+        warm_up_buckets(self, todo, self._dummy_inputs, compile_bucket)
 
     def _load_or_compile(self, args: tuple[Any, ...]) -> jax.stages.Compiled:
         """The step compiled for `args`' shapes: from the executable cache when it holds
@@ -330,13 +325,11 @@ class JaxEngine(Engine):
                 self._num_cache_hits += count
                 self._num_executables_loaded += 1
                 return compiled
-        before, hits_before = backend_compiles(), cache_hits()
         # What the executable cache stores must be compiled here, not loaded from JAX's.
         with compile_cache.bypassed() if key is not None else contextlib.nullcontext():
-            compiled = self._jitted.lower(*args).compile()
-        count = backend_compiles() - before
+            compiled, count, hits = compile_counted(self._jitted.lower(*args))
         self._num_compiles += count
-        self._num_cache_hits += cache_hits() - hits_before
+        self._num_cache_hits += hits
         if key is not None:
             executable_cache.store(key, compiled, count)
         return compiled
@@ -493,6 +486,34 @@ class JaxEngine(Engine):
 
     def _dummy_inputs(self, bucket: Bucket) -> StepInputs:
         return dummy_inputs(bucket, self.warmup_kv_len, self.pages_per_seq, self.page_size)
+
+
+def compile_counted(lowered: jax.stages.Lowered) -> tuple[jax.stages.Compiled, int, int]:
+    """`lowered` compiled, with the XLA compilations it took and, of those, the programs
+    loaded from the persistent compilation cache."""
+    before, hits_before = backend_compiles(), cache_hits()
+    compiled = lowered.compile()
+    return compiled, backend_compiles() - before, cache_hits() - hits_before
+
+
+def warm_up_buckets(engine: Engine, todo: list[Bucket],
+                    dummy: Callable[[Bucket], StepInputs],
+                    compile_bucket: Callable[[Bucket, StepInputs], None],
+                    where: str = "") -> None:
+    """The jax engines' warm-up: each bucket of `todo` compiled (`compile_bucket`, which
+    keeps the engine's programs and counts) and run once on its dummy inputs, the first
+    run paying one-off allocations; logged before and after (`where`: words after the
+    first line's bucket list)."""
+    # Compiling takes seconds per bucket: say so, or a run looks stuck before its first step.
+    _log.info("jax engine: compiling %d step buckets (%s tokens)%s", len(todo),
+              ",".join(str(b.num_tokens) for b in todo), where)
+    start = time.perf_counter()
+    for bucket in todo:
+        inputs = dummy(bucket)
+        compile_bucket(bucket, inputs)
+        _DispatchedStep(engine, inputs, None).wait()
+    _log.info("jax engine: %d buckets compiled in %.1f s", len(todo),
+              time.perf_counter() - start)
 
 
 def dummy_inputs(bucket: Bucket, kv_len: int, pages_per_seq: int, page_size: int) -> StepInputs:

@@ -55,9 +55,10 @@ from orca_jax.model.engine import (
     JaxEngine,
     _DispatchedStep,
     backend_compiles,
-    cache_hits,
+    compile_counted,
     dummy_inputs,
     hlo_fingerprint,
+    warm_up_buckets,
 )
 from orca_jax.specs.model_config import ModelConfig
 
@@ -272,28 +273,26 @@ class PipelinedJaxEngine(Engine):
         todo = [bucket for bucket in buckets if bucket not in self._stages[0].compiled]
         if not todo:
             return
-        _log.info("jax engine: compiling %d step buckets (%s tokens) in %d pipeline stages",
-                  len(todo), ",".join(str(b.num_tokens) for b in todo), self.num_stages)
-        start = time.perf_counter()
         d_model = self.model_config.d_model
-        for bucket in todo:
-            dummy = dummy_inputs(bucket, self.warmup_kv_len, self.pages_per_seq, self.page_size)
+
+        def compile_bucket(bucket: Bucket, dummy: StepInputs) -> None:
             for stage in self._stages:
                 spec = lambda shape, dtype: jax.ShapeDtypeStruct(  # noqa: E731
                     shape, dtype, sharding=stage.inputs_sharding)
                 shapes = jax.tree.map(lambda a: spec(a.shape, a.dtype), dummy)
                 x = None if stage.index == 0 else spec((bucket.num_tokens, d_model), self.dtype)
-                before, hits_before = backend_compiles(), cache_hits()
                 compile_start = time.perf_counter()
-                compiled = stage.jitted.lower(stage.params, stage.cache, x, shapes).compile()
+                compiled, count, hits = compile_counted(
+                    stage.jitted.lower(stage.params, stage.cache, x, shapes))
                 self._compile_s += time.perf_counter() - compile_start
-                stage.num_compiles += backend_compiles() - before
-                self._num_cache_hits += cache_hits() - hits_before
+                stage.num_compiles += count
+                self._num_cache_hits += hits
                 stage.compiled[bucket] = compiled
                 stage.fingerprints[bucket] = hlo_fingerprint(compiled)
-            _DispatchedStep(self, dummy, None).wait()  # the first run pays one-off allocations
-        _log.info("jax engine: %d buckets compiled in %.1f s", len(todo),
-                  time.perf_counter() - start)
+
+        warm_up_buckets(self, todo, lambda bucket: dummy_inputs(
+            bucket, self.warmup_kv_len, self.pages_per_seq, self.page_size), compile_bucket,
+            f" in {self.num_stages} pipeline stages")
 
     def _check(self, inputs: StepInputs) -> None:
         bucket = inputs.bucket
