@@ -32,64 +32,64 @@ class ClusterSpec:
     """
 
     num_replicas: int = knob(1, "Replicas behind a global router, each with its own "
-                              "scheduler, KV pool and engine (jax: each its own KV cache, "
-                              "in this process).")
+                             "scheduler, KV pool and engine (jax: each its own KV cache, "
+                             "in this process).")
     router: str = knob("round_robin", "How num_replicas > 1 replicas share the arrivals: a "
-                        "registered router, or a plugin as package.module:Class or "
-                        "path/to/file.py:Class.", registry="router")
+                       "registered router, or a plugin as package.module:Class or "
+                       "path/to/file.py:Class.", registry="router")
     router_opts: str = knob("", "Router knobs: key=value,... (with num_replicas > 1).")
     num_prefill_replicas: int = knob(0, "Disaggregated prefill and decode: replicas of the "
-                                      "prefill pool (with the decode pool's; 0: colocated).")
+                                     "prefill pool (with the decode pool's; 0: colocated).")
     num_decode_replicas: int = knob(0, "Disaggregated: replicas of the decode pool.")
     prefill_policy: Optional[str] = knob(None, "Disaggregated: the prefill pool's policy "
-                                          "(None: the run's).")
+                                         "(None: the run's).")
     decode_policy: Optional[str] = knob(None, "Disaggregated: the decode pool's policy (None: "
-                                         "the run's).")
+                                        "the run's).")
     prefill_policy_opts: Optional[str] = knob(None, "Disaggregated: the prefill policy's knobs "
-                                               "(None: the run's, when it is the run's "
-                                               "policy).")
+                                              "(None: the run's, when it is the run's "
+                                              "policy).")
     decode_policy_opts: Optional[str] = knob(None, "Disaggregated: the decode policy's knobs.")
     prefill_router: str = knob("least_outstanding", "Disaggregated: which prefill replica "
-                                "takes each arrival (a router, as router).", registry="router")
+                               "takes each arrival (a router, as router).", registry="router")
     decode_router: str = knob("least_outstanding", "Disaggregated: which decode replica takes "
-                               "each prefilled request (a router, as router).",
-                               registry="router")
+                              "each prefilled request (a router, as router).",
+                              registry="router")
     prefill_router_opts: str = knob("", "Disaggregated: the prefill router's knobs: "
-                                     "key=value,...")
-    decode_router_opts: str = knob("", "Disaggregated: the decode router's knobs: "
                                     "key=value,...")
+    decode_router_opts: str = knob("", "Disaggregated: the decode router's knobs: "
+                                   "key=value,...")
     rebalancer: Optional[str] = knob(None, "Live migration (num_replicas > 1): the "
-                                      "rebalancer asked every rebalance_interval_s which "
-                                      "requests to move (a registered rebalancer, or a plugin "
-                                      "as router; None: requests stay where routed).",
-                                      registry="rebalancer")
+                                     "rebalancer asked every rebalance_interval_s which "
+                                     "requests to move (a registered rebalancer, or a plugin "
+                                     "as router; None: requests stay where routed).",
+                                     registry="rebalancer")
     rebalancer_opts: str = knob("", "Rebalancer knobs: key=value,... (with rebalancer).")
     rebalance_interval_s: float = knob(0.5, "Virtual seconds between the rebalancer's calls.")
     migration: str = knob("live", "How a migration moves KV over kv_link: live (copy while the "
-                           "source decodes, then stop for the last pages) or stop_and_copy.",
-                           choices=MIGRATION_MODES)
+                          "source decodes, then stop for the last pages) or stop_and_copy.",
+                          choices=MIGRATION_MODES)
     kv_link: str = knob("ib200", "Disaggregated, and migrations: the KV link preset.",
-                         presets=KV_LINK_NAMES)
+                        presets=KV_LINK_NAMES)
     kv_link_max_concurrent: int = knob(1, "Disaggregated: KV transfers in flight on one "
-                                        "(prefill, decode) link at once; the rest queue.")
+                                       "(prefill, decode) link at once; the rest queue.")
     planner: Optional[str] = knob(None, "Elastic replicas (colocated, sim): the planner asked "
-                                   "every planner_interval_s how many replicas to run, "
-                                   "num_replicas at the start (a registered planner, or a "
-                                   "plugin as router; None: num_replicas throughout). "
-                                   "docs/clusters.md.", registry="planner")
+                                  "every planner_interval_s how many replicas to run, "
+                                  "num_replicas at the start (a registered planner, or a "
+                                  "plugin as router; None: num_replicas throughout). "
+                                  "docs/clusters.md.", registry="planner")
     planner_opts: str = knob("", "Planner knobs: key=value,... (with planner).")
     planner_interval_s: Optional[float] = knob(None, "Virtual seconds between the planner's "
-                                                "calls (None: 30).")
+                                               "calls (None: 30).")
     min_replicas: Optional[int] = knob(None, "With planner: the fewest replicas it may ask "
-                                        "for (None: 1).")
+                                       "for (None: 1).")
     max_replicas: Optional[int] = knob(None, "With planner: the most replicas it may ask for "
-                                        "(None: num_replicas).")
+                                       "(None: num_replicas).")
     replica_startup_s: Optional[float] = knob(None, "With planner: seconds from a replica's "
-                                               "start to its first request (None: the "
-                                               "model's weights over replica_load_link).")
+                                              "start to its first request (None: the "
+                                              "model's weights over replica_load_link).")
     replica_load_link: Optional[str] = knob(None, "With planner: the link a starting "
-                                             "replica loads its weights over, one GPU's shard "
-                                             "each (None: nvme).", presets=KV_LINK_NAMES)
+                                            "replica loads its weights over, one GPU's shard "
+                                            "each (None: nvme).", presets=KV_LINK_NAMES)
 
     def __post_init__(self) -> None:
         check_at_least("cluster", "num_replicas", self.num_replicas, 1)

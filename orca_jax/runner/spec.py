@@ -84,83 +84,83 @@ class WorkloadSpec:
     workload whose prompts share prefixes (`workloads.prefix_workloads`)."""
 
     arrival: str = knob("poisson", "Arrival process, a trace file, or prompts that share "
-                         "prefixes: shared_prefix (a few system prompts, Zipf popularity, and "
-                         "private suffixes) or conversation (multi-turn chats whose turns hold "
-                         "the conversation so far); programs (agent sessions of LLM calls "
-                         "with tool pauses, --program_*) or program_trace (--trace: a "
-                         "program JSONL, ours or the Copilot agent trace's; "
-                         "docs/programs.md).", choices=WORKLOADS)
+                        "prefixes: shared_prefix (a few system prompts, Zipf popularity, and "
+                        "private suffixes) or conversation (multi-turn chats whose turns hold "
+                        "the conversation so far); programs (agent sessions of LLM calls "
+                        "with tool pauses, --program_*) or program_trace (--trace: a "
+                        "program JSONL, ours or the Copilot agent trace's; "
+                        "docs/programs.md).", choices=WORKLOADS)
     trace: Optional[str] = knob(None, "Trace file (JSONL or CSV) of arrival 'trace'; its "
-                                 "columns/fields (ours, Vidur's, Mooncake's), units and what "
-                                 "may be left out: docs/traces.md. Without arrival times it is "
-                                 "an offline batch (all at time 0, in file order).")
+                                "columns/fields (ours, Vidur's, Mooncake's), units and what "
+                                "may be left out: docs/traces.md. Without arrival times it is "
+                                "an offline batch (all at time 0, in file order).")
     trace_block_size: Optional[int] = knob(None, "Tokens per block of a trace's hash_ids "
-                                            "where the file gives no block_size (None: "
-                                            "Mooncake's 512); each block maps onto whole KV "
-                                            "pages of the run's page_size (docs/traces.md).")
+                                           "where the file gives no block_size (None: "
+                                           "Mooncake's 512); each block maps onto whole KV "
+                                           "pages of the run's page_size (docs/traces.md).")
     trace_time_scale: float = knob(1.0, "Multiplies the trace's arrival times (and "
-                                    "deadlines): 0.5 replays it at twice its request rate.")
+                                   "deadlines): 0.5 replays it at twice its request rate.")
     trace_repeat: int = knob(1, "Plays the trace (its first num_requests) this many times "
-                              "back to back, each copy one period later (its last arrival "
-                              "plus the mean gap), after trace_time_scale: a long run from a "
-                              "short trace (ids 0..N*trace_repeat-1).")
+                             "back to back, each copy one period later (its last arrival "
+                             "plus the mean gap), after trace_time_scale: a long run from a "
+                             "short trace (ids 0..N*trace_repeat-1).")
     num_requests: Optional[int] = knob(200, "Requests in the workload (the first N of a "
-                                        "trace, None: the whole trace; of conversation: "
-                                        "turns).")
+                                       "trace, None: the whole trace; of conversation: "
+                                       "turns).")
     rate: float = knob(4.0, "Arrival rate in requests/s (poisson, gamma, shared_prefix; "
-                        "conversation: conversations/s; programs: programs/s).")
+                       "conversation: conversations/s; programs: programs/s).")
     cv: float = knob(1.0, "Coefficient of variation of gamma inter-arrival gaps.")
     prompt_len: str = knob("uniform:32:512", "Prompt length distribution: fixed:N, "
-                            "uniform:LO:HI, lognormal:MEAN:SIGMA, zipf:A:MAX, "
-                            "empirical:PATH[:COLUMN].")
+                           "uniform:LO:HI, lognormal:MEAN:SIGMA, zipf:A:MAX, "
+                           "empirical:PATH[:COLUMN].")
     output_len: Optional[str] = knob("uniform:1:128", "Output length distribution (as "
-                                      "prompt_len); of a trace: only for a trace without "
-                                      "output lengths (its own win), drawn per request (None: "
-                                      "such a trace is an error).")
+                                     "prompt_len); of a trace: only for a trace without "
+                                     "output lengths (its own win), drawn per request (None: "
+                                     "such a trace is an error).")
     num_prefixes: int = knob(8, "shared_prefix: the number of system prompts.")
     prefix_len: str = knob("fixed:1024", "shared_prefix: each system prompt's length (as "
-                            "prompt_len).")
-    prefix_zipf: float = knob(1.1, "shared_prefix: the popularity exponent; system prompt k "
-                               "(from 0) is picked with weight (k + 1)**-prefix_zipf (0: "
-                               "uniform).")
-    suffix_len: str = knob("uniform:16:256", "The private part of each prompt (as "
-                            "prompt_len): the suffix after the system prompt (shared_prefix), "
-                            "or each turn's new message (conversation).")
-    num_turns: str = knob("uniform:1:8", "conversation: turns per conversation (as "
                            "prompt_len).")
+    prefix_zipf: float = knob(1.1, "shared_prefix: the popularity exponent; system prompt k "
+                              "(from 0) is picked with weight (k + 1)**-prefix_zipf (0: "
+                              "uniform).")
+    suffix_len: str = knob("uniform:16:256", "The private part of each prompt (as "
+                           "prompt_len): the suffix after the system prompt (shared_prefix), "
+                           "or each turn's new message (conversation).")
+    num_turns: str = knob("uniform:1:8", "conversation: turns per conversation (as "
+                          "prompt_len).")
     think_time_ms: str = knob("lognormal:10000:1", "conversation: milliseconds from a turn's "
-                               "arrival to the next turn's (as prompt_len).")
+                              "arrival to the next turn's (as prompt_len).")
     program_shape: str = knob("copilot", "programs: copilot (sequential sessions of turns "
-                               "of calls) or parallel (a planning call fans out to "
-                               "--program_fanout threads that join).", choices=PROGRAM_SHAPES)
+                              "of calls) or parallel (a planning call fans out to "
+                              "--program_fanout threads that join).", choices=PROGRAM_SHAPES)
     program_turns: str = knob(COPILOT_DEFAULTS["turns"], "programs: turns per program "
-                               "(parallel: fan-out stages); the default's mean is the Copilot "
-                               "agent trace's 3.95 (as prompt_len).")
+                              "(parallel: fan-out stages); the default's mean is the Copilot "
+                              "agent trace's 3.95 (as prompt_len).")
     program_calls_per_turn: str = knob(COPILOT_DEFAULTS["calls_per_turn"], "programs, "
-                                        "copilot: LLM calls per turn; the default's mean is "
-                                        "the Copilot agent trace's 7.83 (as prompt_len).")
+                                       "copilot: LLM calls per turn; the default's mean is "
+                                       "the Copilot agent trace's 7.83 (as prompt_len).")
     program_first_prompt: str = knob(COPILOT_DEFAULTS["first_prompt"], "programs: the "
-                                      "first call's prompt tokens (as prompt_len).")
+                                     "first call's prompt tokens (as prompt_len).")
     program_prompt_growth: str = knob(COPILOT_DEFAULTS["prompt_growth"], "programs: tokens "
-                                       "a tool's output adds to the context before the next "
-                                       "call (as prompt_len).")
+                                      "a tool's output adds to the context before the next "
+                                      "call (as prompt_len).")
     program_completion_len: str = knob(COPILOT_DEFAULTS["completion_len"], "programs: each "
-                                        "call's answer tokens (the defaults give prompts "
-                                        "about 120 times the completions, as the Copilot "
-                                        "trace's 128; as prompt_len).")
+                                       "call's answer tokens (the defaults give prompts "
+                                       "about 120 times the completions, as the Copilot "
+                                       "trace's 128; as prompt_len).")
     program_tool_ms: str = knob(COPILOT_DEFAULTS["tool_ms"], "programs: the tool pause in "
-                                 "milliseconds before each call but a turn's first (as "
-                                 "prompt_len).")
+                                "milliseconds before each call but a turn's first (as "
+                                "prompt_len).")
     program_turn_gap_ms: str = knob(COPILOT_DEFAULTS["turn_gap_ms"], "programs: the user's "
-                                     "pause in milliseconds before a turn's first call (as "
-                                     "prompt_len).")
+                                    "pause in milliseconds before a turn's first call (as "
+                                    "prompt_len).")
     program_fanout: int = knob(4, "programs, parallel: thread calls per stage.")
     program_count: Optional[int] = knob(None, "programs: generate exactly this many whole "
-                                         "programs, all their calls (--num_requests is then "
-                                         "not read), so each rate of a sweep runs the same "
-                                         "programs, only started faster; None: the first "
-                                         "--num_requests calls in planned order, which "
-                                         "programs those are varying with the rate.")
+                                        "programs, all their calls (--num_requests is then "
+                                        "not read), so each rate of a sweep runs the same "
+                                        "programs, only started faster; None: the first "
+                                        "--num_requests calls in planned order, which "
+                                        "programs those are varying with the rate.")
 
     def __post_init__(self) -> None:
         check_choice("workload", "arrival", self.arrival, WORKLOADS)
@@ -205,67 +205,67 @@ class LimitsSpec:
     max_num_seqs: int = knob(64, "Batch cap: most sequences in one step.")
     max_num_tokens: int = knob(2048, "Most tokens in one step (the largest bucket).")
     num_kv_pages: Optional[int] = knob(None, "KV pool size in pages (None: from kv_memory_gb, "
-                                        "else what the GPU holds beside the weights; jax: a "
-                                        "full batch of full contexts).")
+                                       "else what the GPU holds beside the weights; jax: a "
+                                       "full batch of full contexts).")
     kv_memory_gb: Optional[float] = knob(None, "KV pool size in GB (decimal) over the "
-                                          "replica.")
+                                         "replica.")
     page_size: int = knob(16, "Tokens per KV page.")
     max_model_len: Optional[int] = knob(None, "Context limit (None: the model's).")
     token_buckets: Optional[tuple[int, ...]] = knob(None, "Step token sizes to pad to, "
-                                                     "ending at max_num_tokens (None: powers "
-                                                     "of two).")
+                                                    "ending at max_num_tokens (None: powers "
+                                                    "of two).")
     bucket_ladder: Optional[str] = knob(None, "fit:K: token_buckets are fitted to a simulator "
-                                         "pilot run (runner.bucket_pilot), which fills them "
-                                         "in; None: token_buckets as given.")
+                                        "pilot run (runner.bucket_pilot), which fills them "
+                                        "in; None: token_buckets as given.")
     log_step_requests: bool = knob(False, "Write each step's request ids and token counts to "
-                                    "steps.jsonl (request_ids, request_tokens).")
+                                   "steps.jsonl (request_ids, request_tokens).")
     kv_layout: str = knob("paged", "KV pages: paged, or buddy: each reservation one "
-                           "power-of-two block (the vLLM paper's Orca).", choices=KV_LAYOUTS)
+                          "power-of-two block (the vLLM paper's Orca).", choices=KV_LAYOUTS)
     prefix_caching: str = knob("policy", "Share the KV pages of common prompt prefixes "
-                                "between requests: policy (each policy's own opt-in: vllm's "
-                                "enable_prefix_caching knob, lpm; the others off), on (every "
-                                "policy), off (none). The switch wins over a policy's opt-in; "
-                                "--describe_policy says what each does with it.",
-                                choices=PREFIX_CACHING_MODES)
+                               "between requests: policy (each policy's own opt-in: vllm's "
+                               "enable_prefix_caching knob, lpm; the others off), on (every "
+                               "policy), off (none). The switch wins over a policy's opt-in; "
+                               "--describe_policy says what each does with it.",
+                               choices=PREFIX_CACHING_MODES)
     kv_pin_s: float = knob(0.0, "Agent programs: seconds a finished call's KV pages stay "
-                            "pinned on the device for its program's next call (0: freed at "
-                            "once; inf: until that call is admitted); each policy decides "
-                            "per call (Policy.kv_pin_s, whose default this is). With prefix "
-                            "caching, on one replica (docs/programs.md).")
+                           "pinned on the device for its program's next call (0: freed at "
+                           "once; inf: until that call is admitted); each policy decides "
+                           "per call (Policy.kv_pin_s, whose default this is). With prefix "
+                           "caching, on one replica (docs/programs.md).")
     count_host_time: bool = knob(False, "Add the scheduler's measured host time (planning, "
-                                  "packing, bookkeeping) to the virtual clock, as a real "
-                                  "server pays it; runs are then no longer repeatable bit for "
-                                  "bit.")
+                                 "packing, bookkeeping) to the virtual clock, as a real "
+                                 "server pays it; runs are then no longer repeatable bit for "
+                                 "bit.")
     spec_k: int = knob(0, "Speculative decoding at a fixed k: each decode of a plan gets up "
-                        "to this many draft tokens to verify (within its output, the context, "
-                        "the token budget and the KV pages), for every policy that does not "
-                        "choose them itself (smartspec does); 0: none. Needs an engine that "
-                        "speculates (sim: --spec_acceptance/--draft_model; jax: --drafter). "
-                        "docs/speculative.md.")
+                       "to this many draft tokens to verify (within its output, the context, "
+                       "the token budget and the KV pages), for every policy that does not "
+                       "choose them itself (smartspec does); 0: none. Needs an engine that "
+                       "speculates (sim: --spec_acceptance/--draft_model; jax: --drafter). "
+                       "docs/speculative.md.")
     no_progress_steps: int = knob(10_000, "Fail the run after this many iterations in a row "
-                                   "in which no request gains a computed token or finishes.")
+                                  "in which no request gains a computed token or finishes.")
     kv_host_gb: Optional[float] = knob(None, "Host (DRAM) KV tier under the device's pool, in "
-                                        "GB (decimal) over the replica: swapped-out requests "
-                                        "and prefix pages the device evicts (None: no host "
-                                        "tier). On the jax engine the pages are copied to host "
-                                        "memory (pinned where the device offers it).")
+                                       "GB (decimal) over the replica: swapped-out requests "
+                                       "and prefix pages the device evicts (None: no host "
+                                       "tier). On the jax engine the pages are copied to host "
+                                       "memory (pinned where the device offers it).")
     kv_host_pages: Optional[int] = knob(None, "Host KV tier in pages (instead of "
-                                         "kv_host_gb).")
+                                        "kv_host_gb).")
     kv_disk_gb: Optional[float] = knob(None, "Disk (or remote store) KV tier under the host "
-                                        "tier, in GB: prefix pages the host evicts (None: no "
-                                        "disk tier). Simulator only.")
+                                       "tier, in GB: prefix pages the host evicts (None: no "
+                                       "disk tier). Simulator only.")
     kv_disk_pages: Optional[int] = knob(None, "Disk KV tier in pages (instead of "
-                                         "kv_disk_gb).")
+                                        "kv_disk_gb).")
     kv_host_link: str = knob("pcie4", "The link between the device and the host KV tier.",
-                              presets=KV_LINK_NAMES)
+                             presets=KV_LINK_NAMES)
     kv_disk_link: str = knob("nvme", "The link between the host and the disk KV tier.",
-                              presets=KV_LINK_NAMES)
+                             presets=KV_LINK_NAMES)
     kv_cache_policy: str = knob("lru", "The slower KV tiers' cache policy (which page to "
-                                 "evict, write_back/write_through/drop, what to prefetch): "
-                                 "lru, lfu, arc, prefetch-on-queue, or a plugin as "
-                                 "path/to/file.py:Class.")
+                                "evict, write_back/write_through/drop, what to prefetch): "
+                                "lru, lfu, arc, prefetch-on-queue, or a plugin as "
+                                "path/to/file.py:Class.")
     kv_cache_policy_opts: str = knob("", "The cache policy's knobs: key=value,... (e.g. "
-                                      "placement=write_through).")
+                                     "placement=write_through).")
 
     def __post_init__(self) -> None:
         for field in ("max_num_seqs", "max_num_tokens", "num_kv_pages", "page_size",
@@ -341,19 +341,19 @@ class RunSpec(metaclass=_TakesFlatKeywords):
     ttft_slo_s: Optional[float] = knob(None, "TTFT SLO for goodput, seconds.")
     tpot_slo_s: Optional[float] = knob(None, "TPOT SLO for goodput, seconds.")
     program_slo_s: Optional[float] = knob(None, "Agent programs: completion-time SLO of a "
-                                           "program (first call's arrival to last call's "
-                                           "finish), seconds, for program_slo_attainment and "
-                                           "program_goodput_per_s.")
+                                          "program (first call's arrival to last call's "
+                                          "finish), seconds, for program_slo_attainment and "
+                                          "program_goodput_per_s.")
     log_token_times: bool = knob(False, "Keep every output token's time (16 bytes a token) "
-                                  "and write each request's as token_times in requests.jsonl "
-                                  "(run-clock seconds, as first_token_s), with its Andes QoE "
-                                  "(qoe; summary.json: qoe_mean, qoe_p10, qoe_p50, "
-                                  "qoe_attainment). docs/token_times_and_qoe.md.")
+                                 "and write each request's as token_times in requests.jsonl "
+                                 "(run-clock seconds, as first_token_s), with its Andes QoE "
+                                 "(qoe; summary.json: qoe_mean, qoe_p10, qoe_p50, "
+                                 "qoe_attainment). docs/token_times_and_qoe.md.")
     qoe_ttft_s: float = knob(1.0, "QoE (with log_token_times): the time to first token a "
-                              "user expects, seconds (Andes's default).")
+                             "user expects, seconds (Andes's default).")
     qoe_tokens_per_s: float = knob(4.8, "QoE (with log_token_times): the token delivery "
-                                    "speed a user expects (reading speed), tokens/s "
-                                    "(Andes's default).")
+                                   "speed a user expects (reading speed), tokens/s "
+                                   "(Andes's default).")
 
     def __post_init__(self) -> None:
         parts: dict[str, tuple[type, ...]] = {

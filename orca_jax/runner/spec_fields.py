@@ -13,7 +13,7 @@ from typing import Any, Optional
 
 
 def knob(default: object, help_text: str, *, choices: tuple[str, ...] = (),
-          presets: tuple[str, ...] = (), registry: Optional[str] = None) -> Any:
+         presets: tuple[str, ...] = (), registry: Optional[str] = None) -> Any:
     """A spec field with its documentation as data: the command-line flag of the field takes
     its default and help from here (`experiments/flags.py`, checked by
     tests/test_flag_spec_consistency.py).
