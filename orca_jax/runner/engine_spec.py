@@ -51,31 +51,31 @@ class JaxEngineSpec:
 
     kind: str = dataclasses.field(default="jax", init=False)  # names the engine in config.json
     model: str = knob("llama3-8b", "Model preset (or the name of --checkpoint's model).",
-                       presets=MODEL_PRESETS)
+                      presets=MODEL_PRESETS)
     checkpoint: Optional[str] = knob(None, "An orbax checkpoint directory or a LLaMA-format "
-                                      "folder (config.json + *.safetensors); None: seeded "
-                                      "random weights.")
+                                     "folder (config.json + *.safetensors); None: seeded "
+                                     "random weights.")
     dtype: str = knob("float32", "Parameter, activation and KV cache dtype.", choices=DTYPES)
     attention: str = knob("auto", "Attention op. auto: the Pallas kernel on a GPU, bucketed "
-                           "(all queries at once, KV chunks up to the step's longest context) "
-                           "elsewhere; reference: the ragged jnp loop, the kernel's oracle; "
-                           "pallas off a GPU runs the kernel in interpret mode.",
-                           choices=ATTENTIONS)
+                          "(all queries at once, KV chunks up to the step's longest context) "
+                          "elsewhere; reference: the ragged jnp loop, the kernel's oracle; "
+                          "pallas off a GPU runs the kernel in interpret mode.",
+                          choices=ATTENTIONS)
     sampling: str = knob("greedy", "greedy, or temperature:T[:TOP_K[:TOP_P]].")
     clock: str = knob("profiled", "What advances the virtual clock. profiled: each step is "
-                       "priced from its real query and KV lengths by its bucket's linear fit "
-                       "(base + per sequence + per KV tile) to a grid of step compositions "
-                       "timed at warm-up (or read from profile_table): repeatable; wall: each "
-                       "step's measured wall time.", choices=CLOCKS)
+                      "priced from its real query and KV lengths by its bucket's linear fit "
+                      "(base + per sequence + per KV tile) to a grid of step compositions "
+                      "timed at warm-up (or read from profile_table): repeatable; wall: each "
+                      "step's measured wall time.", choices=CLOCKS)
     tp: int = knob(1, "Tensor parallelism: the local devices the engine splits weights, KV "
-                    "cache and attention over.")
+                   "cache and attention over.")
     pp: int = knob(1, "Pipeline parallelism: the model's layers split into this many stages, "
-                    "each on its own tp local devices (pp x tp in all; on a CPU force them with "
-                    "XLA_FLAGS=--xla_force_host_platform_device_count=N), activations copied "
-                    "between them, up to pp micro-batches in flight through JAX's asynchronous "
-                    "dispatch; a request runs in one at a time. Stage seconds: the profiled "
-                    "clock's step price split by layers, or (clock wall) each stage timed "
-                    "alone. docs/pipeline.md.")
+                   "each on its own tp local devices (pp x tp in all; on a CPU force them with "
+                   "XLA_FLAGS=--xla_force_host_platform_device_count=N), activations copied "
+                   "between them, up to pp micro-batches in flight through JAX's asynchronous "
+                   "dispatch; a request runs in one at a time. Stage seconds: the profiled "
+                   "clock's step price split by layers, or (clock wall) each stage timed "
+                   "alone. docs/pipeline.md.")
     pp_layers: Optional[str] = _pp_layers_knob()
     pp_balance: bool = _pp_balance_knob()
     profile_table: Optional[str] = knob(
@@ -85,19 +85,20 @@ class JaxEngineSpec:
         "not, the table is measured and written there. None: measured, and written to "
         "profile.json beside the results. config.json names the table and its sha256.")
     overlap: bool = knob(True, "Plan and pack step N+1 while step N runs on the device (its "
-                          "decodes read N's sampled tokens there; N's tokens come back one "
-                          "step late). Plans, steps and tokens are the same with it off; not "
-                          "active with prefix caching.")
+                         "decodes read N's sampled tokens there; N's tokens come back one "
+                         "step late). Plans, steps and tokens are the same with it off; not "
+                         "active with prefix caching.")
     drafter: str = knob("none", "Speculative decoding's drafter, for plans that give "
-                         "requests draft tokens (spec_tokens): ngram (prompt lookup over the "
-                         "request's tokens, no model) or model (--draft_model, run by the "
-                         "same engine machinery on its own KV cache); the target verifies "
-                         "every draft, so greedy outputs are unchanged. none: no "
-                         "speculation. Greedy sampling and clock wall only.",
-                         choices=JAX_DRAFTERS)
+                        "requests draft tokens (spec_tokens): ngram (prompt lookup over the "
+                        "request's tokens, no model) or model (--draft_model, run by the "
+                        "same engine machinery on its own KV cache); the target verifies "
+                        "every draft, so outputs are those without speculation (greedy, "
+                        "or sampled: seed for seed). none: no speculation. Clock wall "
+                        "only.",
+                        choices=JAX_DRAFTERS)
     draft_model: Optional[str] = knob(None, "The draft model preset, of the target's "
-                                       "vocabulary (drafter model).",
-                                       presets=MODEL_PRESETS)
+                                      "vocabulary (drafter model).",
+                                      presets=MODEL_PRESETS)
 
     def __post_init__(self) -> None:
         check_choice("engine", "dtype", self.dtype, DTYPES)
@@ -150,28 +151,28 @@ class SimEngineSpec:
     kind: str = dataclasses.field(default="sim", init=False)  # names the engine in config.json
     model: str = knob("llama3-8b", "Model preset.", presets=MODEL_PRESETS)
     hardware: str = knob("a100", "Hardware preset of the simulated replica.",
-                          presets=HARDWARE_NAMES)
+                         presets=HARDWARE_NAMES)
     tp: int = knob(1, "Tensor parallelism: the simulated replica's degree.")
     pp: int = knob(1, "Pipeline parallelism: the model's layers split into this many stages, "
-                    "each on its own tp GPUs (pp x tp GPUs in all, at most those the hardware "
-                    "preset describes), with up to pp micro-batches in flight; a request "
-                    "runs in one at a time. docs/pipeline.md.")
+                   "each on its own tp GPUs (pp x tp GPUs in all, at most those the hardware "
+                   "preset describes), with up to pp micro-batches in flight; a request "
+                   "runs in one at a time. docs/pipeline.md.")
     pp_layers: Optional[str] = _pp_layers_knob()
     pp_balance: bool = _pp_balance_knob()
     step_time_ms: Optional[float] = knob(None, "A fixed step time in ms (instead of the "
-                                          "roofline cost model).")
+                                         "roofline cost model).")
     cost_fit: Optional[str] = knob(None, "Step times from a cost fit JSON written by "
-                                    "experiments.calibrate (instead of the roofline); use the "
-                                    "fitted model's model and the same buckets.")
+                                   "experiments.calibrate (instead of the roofline); use the "
+                                   "fitted model's model and the same buckets.")
     step_padding: str = knob("bucket", "How the roofline prices a step's padding: bucket "
-                              "(as compiled: token-wise layers on the bucket's padded tokens, "
-                              "attention on the real lengths, as the real engine runs it) or "
-                              "ragged (an ideal engine that computes real tokens only).",
-                              choices=STEP_PADDINGS)
+                             "(as compiled: token-wise layers on the bucket's padded tokens, "
+                             "attention on the real lengths, as the real engine runs it) or "
+                             "ragged (an ideal engine that computes real tokens only).",
+                             choices=STEP_PADDINGS)
     leap: bool = knob(True, "Run stretches of steady decode steps at once where the policy "
-                       "promises its plan repeats (Policy.stable_steps): the same results bit "
-                       "for bit, less host time. --noleap runs every step one by one. Not "
-                       "for clusters or with count_host_time.")
+                      "promises its plan repeats (Policy.stable_steps): the same results bit "
+                      "for bit, less host time. --noleap runs every step one by one. Not "
+                      "for clusters or with count_host_time.")
     spec_acceptance: Optional[float] = knob(
         None, "Speculative decoding: the probability that the target accepts a draft token, "
         "i.i.d. per position and seeded by --seed. Setting it, --draft_model or --spec_k "
