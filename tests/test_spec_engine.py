@@ -3,15 +3,13 @@ are the dense model's greedy tokens, and a greedy run's outputs are identical wi
 without speculation, for several k, batches mixing k = 0, k > 0 and prefills, with the
 prompt-lookup drafter and a draft model; the compile set stays the buckets'."""
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from speculating_policy import Speculating
 
-from orca_jax import KVConfig, Request, Scheduler, SchedulerConfig, StepLimits, StepPlan
-from orca_jax.core.api.policy import Policy
+from orca_jax import KVConfig, Request, Scheduler, SchedulerConfig, StepLimits
 from orca_jax.core.step.engine_api import Bucket, EngineConfigError
 from orca_jax.core.step.packing import build_step_inputs
 from orca_jax.model.engine import JaxEngine
@@ -32,39 +30,7 @@ NUM_PAGES = 4 * MAX_LEN // PAGE_SIZE
 PROMPTS = [[5, 9, 2, 7, 5, 9, 2, 7, 5, 9], [11, 4, 6, 2, 9, 13, 21, 30, 7, 5, 1, 17, 2],
            [3, 3, 8], [40, 2, 19, 6, 6, 1, 22, 9, 14, 2, 40, 2, 19]]
 OUTPUTS = [14, 9, 12, 10]
-
-
-@dataclasses.dataclass(kw_only=True)
-class Speculating(Policy):
-    """FCFS with prompts chunked to `chunk` tokens; each decoding request verifies
-    `ks[(request + step) % len(ks)]` draft tokens (capped by its remaining output and the
-    step's budget), so batches mix k = 0, k > 0 and prefill chunks (tests only)."""
-
-    ks: tuple[int, ...] = (0,)
-    chunk: int = 5
-    budget: int = BUCKETS[-1]
-    kv_reservation: str = "none"
-
-    def schedule(self, view):
-        ids, tokens, spec = [], [], []
-        used = 0
-        for request in view.running.tolist() + view.waiting.tolist():
-            one = np.array([request])
-            count = min(int(view.requests.num_uncomputed(one)[0]), self.chunk)
-            k = 0
-            if bool(view.requests.prefill_done(one)[0]):
-                k = self.ks[(request + view.step_index) % len(self.ks)]
-                k = max(0, min(k, int(view.requests.remaining_output(one)[0]) - 1))
-            if used + count + k > self.budget:
-                break
-            ids.append(request)
-            tokens.append(count)
-            spec.append(k)
-            used += count + k
-        return StepPlan(ids, tokens, spec_tokens=spec)
-
-
-Speculating.name = "speculating-test"
+CHUNK = 5  # prompt tokens a step gives a request: prefills span steps beside decodes
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +72,7 @@ def speculative_engines(params):
 
 @pytest.fixture(scope="module")
 def plain_outputs(params):
-    outputs, _ = _run(_engine(params), Speculating(ks=(0,)))
+    outputs, _ = _run(_engine(params), Speculating(ks=(0,), chunk=CHUNK, budget=BUCKETS[-1]))
     return outputs
 
 
@@ -141,7 +107,7 @@ def test_greedy_outputs_identical_with_and_without_speculation(speculative_engin
                                                                plain_outputs, drafter, ks):
     engine = speculative_engines[drafter]
     before = engine.facts()
-    outputs, _ = _run(engine, Speculating(ks=ks))
+    outputs, _ = _run(engine, Speculating(ks=ks, chunk=CHUNK, budget=BUCKETS[-1]))
     assert outputs == plain_outputs
     if drafter == "ngram":  # its context is every token but the last (never computed)
         for i, prompt in enumerate(PROMPTS):
@@ -168,7 +134,7 @@ def test_drafts_that_disagree_keep_the_outputs(params, plain_outputs):
                       page_size=PAGE_SIZE, pages_per_seq=MAX_LEN // PAGE_SIZE,
                       attention="reference")
     engine = SpeculativeEngine(_engine(params, verify=True), drafter="model", draft=draft)
-    outputs, _ = _run(engine, Speculating(ks=(3,)))
+    outputs, _ = _run(engine, Speculating(ks=(3,), chunk=CHUNK, budget=BUCKETS[-1]))
     assert outputs == plain_outputs
     assert engine.facts()["accepted_draft_tokens"] < engine.facts()["drafted_tokens"]
 

@@ -3,13 +3,11 @@ speculating run keeps are distributed as a run without speculation's (chi-square
 requests of one fixed context), seed for seed the same tokens, with drafts both accepted
 and rejected, for both drafters; a run repeats."""
 
-import dataclasses
-
 import numpy as np
 import pytest
+from speculating_policy import Speculating
 
-from orca_jax import KVConfig, Request, Scheduler, SchedulerConfig, StepLimits, StepPlan
-from orca_jax.core.api.policy import Policy
+from orca_jax import KVConfig, Request, Scheduler, SchedulerConfig, StepLimits
 from orca_jax.core.step.sampling import SamplingConfig
 from orca_jax.model.engine import JaxEngine
 from orca_jax.model.speculative import SpeculativeEngine, draft_params
@@ -44,34 +42,6 @@ CHI2_5DF_1E4 = 25.745
 SEED_A, SEED_B = 1, 2
 
 
-@dataclasses.dataclass(kw_only=True)
-class Speculating(Policy):
-    """FCFS, whole prompts; every decoding request verifies min(k, remaining - 1) drafts
-    (tests only)."""
-
-    k: int = 0
-    kv_reservation: str = "none"
-
-    def schedule(self, view):
-        ids, tokens, spec, used = [], [], [], 0
-        for request in view.running.tolist() + view.waiting.tolist():
-            one = np.array([request])
-            count = int(view.requests.num_uncomputed(one)[0])
-            k = 0
-            if bool(view.requests.prefill_done(one)[0]):
-                k = max(0, min(self.k, int(view.requests.remaining_output(one)[0]) - 1))
-            if used + count + k > BUCKETS[-1] or len(ids) == MAX_SEQS:
-                break
-            ids.append(request)
-            tokens.append(count)
-            spec.append(k)
-            used += count + k
-        return StepPlan(ids, tokens, spec_tokens=spec)
-
-
-Speculating.name = "speculating-sampling-test"
-
-
 def _engine(config, params, verify=False):
     return JaxEngine(config, params, num_cache_pages=NUM_PAGES + 1, page_size=PAGE_SIZE,
                      pages_per_seq=MAX_LEN // PAGE_SIZE, attention="bucketed",
@@ -88,7 +58,8 @@ def _run(engine, k, seed, num_requests=NUM_REQUESTS):
     requests = [Request(id=i, arrival_s=0.0, prompt_len=len(PROMPT), output_len=OUTPUT_LEN,
                         prompt_tokens=np.asarray(PROMPT, np.int32))
                 for i in range(num_requests)]
-    result = Scheduler(requests, Speculating(k=k), engine, config).run()
+    policy = Speculating(ks=(k,), budget=BUCKETS[-1], max_seqs=MAX_SEQS)
+    result = Scheduler(requests, policy, engine, config).run()
     return np.stack(result.output_tokens)
 
 
