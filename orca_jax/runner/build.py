@@ -332,8 +332,6 @@ def _jax_engine(spec: RunSpec, engine: JaxEngineSpec, config: SchedulerConfig,
                                    jax.local_devices())
                    if spec.cluster.num_replicas > 1 else None)
         mesh = sharding.make_mesh(engine.tp, model, devices) if engine.tp > 1 else None
-        # One replica: the default device, as ever; a cluster's replica: its own, if it has
-        # one.
         device = devices[0] if engine.tp == 1 and devices is not None else None
         real = JaxEngine(model, params, num_cache_pages=kv.num_kv_pages + 1,  # + the null page
                          page_size=kv.page_size, pages_per_seq=pages_per_seq, dtype=dtype,

@@ -180,16 +180,14 @@ class Scheduler(SchedulerLoop):
         self.view = SchedulerView(self)
         overlaps = (config.features.overlap and getattr(engine, "feeds_tokens", False)
                     and self.late_tokens_conflict() is None)
-        # A cluster's replica leaps only up to its loop's next event of another kind
-        # (`set_leap_horizon`, called by a loop whose replicas do not act on each other's
-        # steps; unset, it never leaps). A run with slower KV tiers never does: their links move
-        # pages (prefetches, write-throughs) on steps a leap would not see one by one.
         if getattr(engine, "num_stages", 1) > 1:  # micro-batches through pipeline stages
             if submitted_only or table is not None:
                 raise ValueError(f"engine {engine.name!r} has {engine.num_stages} pipeline "
                                  "stages; a replica of a cluster runs one stage for now")
             self.executor = PipelineExecutor(self)  # type: ignore[assignment]
             return
+        # A run with slower KV tiers never leaps: their links move pages (prefetches,
+        # write-throughs) on steps a leap would not see one by one.
         self.executor = Executor(self, depth=2 if overlaps else 1,
                                  leap=(config.features.leap and self.kv_memory.linked is None
                                        and (submitted_only or table is None)))
