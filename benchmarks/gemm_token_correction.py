@@ -30,8 +30,9 @@ the other, the table learned from the other alone, and the held-out one checked:
 (operation, TP) cells within 15% (median |relative error| over 1-8,192 tokens), rope at
 TP 8 (no GEMM: unchanged), and the layer's summed kernels at 1-512 tokens (signed median
 per TP, target within +-3%, and the worst point). The H100 has one model, none to hold
-out. Besides the presets' analytic form, the table is tried on two of
-`gemm_occupancy_waves.py`'s forms that follow cuBLAS's phase, and jointly (the
+out. Besides the presets' analytic form (every variant), the table is tried on two of
+`gemm_occupancy_waves.py`'s forms that follow cuBLAS's phase (medians, for all projections
+and per kind), and jointly (the
 projections refitted with the table applied, the table relearned; two rounds). The
 prices are patched for the run only; nothing here changes the presets.
 
