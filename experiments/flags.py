@@ -16,6 +16,7 @@ that no longer says what its field does.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 import sys
 import typing
@@ -170,6 +171,14 @@ def flag_help(fields: tuple[tuple[type, str], ...]) -> str:
     return text
 
 
+@functools.lru_cache(maxsize=None)
+def _type_hints(part: type) -> dict[str, Any]:
+    """`part`'s evaluated field types, once per part: `typing.get_type_hints` evaluates
+    every annotation of the part each call, and defining the flags asks once per field
+    (a fifth of the import of this module was that)."""
+    return typing.get_type_hints(part)
+
+
 def _field(part: type, name: str) -> dataclasses.Field:
     return next(f for f in dataclasses.fields(part) if f.name == name)
 
@@ -178,7 +187,7 @@ def define_field_flag(flag: str, fields: tuple[tuple[type, str], ...]) -> None:
     """Defines `--flag` on absl's flags: its kind from the field's type (an enum where the
     field lists its choices), its default and help from the fields."""
     part, name = fields[0]
-    kind = typing.get_type_hints(part)[name]
+    kind = _type_hints(part)[name]
     kind = next((arg for arg in typing.get_args(kind) if arg is not type(None)), kind)
     default, text = flag_default(fields), flag_help(fields)
     bound = {"lower_bound": LOWER_BOUNDS[name]} if name in LOWER_BOUNDS else {}
