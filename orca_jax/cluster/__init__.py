@@ -14,7 +14,6 @@ requests between colocated replicas that a rebalancer plugin asks for
 May import: numpy, `orca_jax.core`, `orca_jax.specs` (model shapes and KV links).
 """
 
-
 import importlib
 
 # The old `orca_jax.cluster` module's names (`replicas.__all__`, which says the same:
