@@ -16,6 +16,7 @@ that no longer says what its field does.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 import sys
 import typing
@@ -45,6 +46,7 @@ from orca_jax.runner.spec import (
     field_doc,
 )
 from orca_jax.runner.spec_caps import check_step_tokens
+from orca_jax.runner.spec_fields import spec_field
 from orca_jax.workloads.synthetic import parse_length_spec
 
 flags.adopt_module_key_flags(list_flags)  # --list_policies, ... on every command of the run flags
@@ -137,11 +139,11 @@ def flag_default(fields: tuple[tuple[type, str], ...]) -> Any:
     name = fields[0][1]
     if any(name in column for column in COMMAND_DEFAULTS.values()):
         return None
-    defaults = {repr(_field(part, field).default) for part, field in fields}
+    defaults = {repr(spec_field(part, field).default) for part, field in fields}
     if len(defaults) != 1:
         raise ValueError(f"fields {[f'{p.__name__}.{f}' for p, f in fields]} disagree on their "
                          f"default ({sorted(defaults)}); one flag cannot have both")
-    return _field(*fields[0]).default
+    return spec_field(*fields[0]).default
 
 
 def flag_help(fields: tuple[tuple[type, str], ...]) -> str:
@@ -170,15 +172,19 @@ def flag_help(fields: tuple[tuple[type, str], ...]) -> str:
     return text
 
 
-def _field(part: type, name: str) -> dataclasses.Field:
-    return next(f for f in dataclasses.fields(part) if f.name == name)
+@functools.lru_cache(maxsize=None)
+def _type_hints(part: type) -> dict[str, Any]:
+    """`part`'s evaluated field types, once per part: `typing.get_type_hints` evaluates
+    every annotation of the part each call, and defining the flags asks once per field
+    (a fifth of the import of this module was that)."""
+    return typing.get_type_hints(part)
 
 
 def define_field_flag(flag: str, fields: tuple[tuple[type, str], ...]) -> None:
     """Defines `--flag` on absl's flags: its kind from the field's type (an enum where the
     field lists its choices), its default and help from the fields."""
     part, name = fields[0]
-    kind = typing.get_type_hints(part)[name]
+    kind = _type_hints(part)[name]
     kind = next((arg for arg in typing.get_args(kind) if arg is not type(None)), kind)
     default, text = flag_default(fields), flag_help(fields)
     bound = {"lower_bound": LOWER_BOUNDS[name]} if name in LOWER_BOUNDS else {}

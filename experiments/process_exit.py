@@ -4,6 +4,10 @@ When the interpreter exits it runs a last cyclic garbage collection over every
 object the process still holds; after a jax run that is the model, its KV cache,
 the compiled steps and JAX's and Flax's own objects: about 0.5 s of a 7 s
 README main job on a 2-core CPU, spent freeing memory the OS takes back at once.
+Likewise every collection during the run (the automatic ones of the oldest
+generation, and `run_policy`'s after the scheduler is freed) would walk all the
+objects the imports made, which live as long as the process: they are frozen
+before `main` starts.
 """
 
 from __future__ import annotations
@@ -15,18 +19,24 @@ from typing import Any, Callable, Sequence
 
 def without_final_collection(main: Callable[[Sequence[str]], Any]
                              ) -> Callable[[Sequence[str]], Any]:
-    """`main`, then `gc.freeze()` once it has returned: the exit's collection then skips
-    everything `main` left behind.
+    """`main`, with what the process holds when it starts (the imports, the flags)
+    frozen out of its collections, then `gc.freeze()` once it has returned: the exit's
+    collection then skips everything `main` left behind.
 
     Only for a command's `__main__` (`app.run(without_final_collection(main), ...)`):
     in a process that goes on (a test calling `main`), frozen cycles would never be
-    freed. A `main` that raises is left as it is, so an error path loses nothing.
+    freed. A `main` that raises leaves nothing frozen, so an error path loses nothing.
     Every results file is closed by then (the run folders close their streams), so
     nothing waits on a finalizer.
     """
     @functools.wraps(main)
     def run(argv: Sequence[str]) -> Any:
-        result = main(argv)
+        gc.freeze()  # the modules and what they made: never garbage in this process
+        try:
+            result = main(argv)
+        except BaseException:
+            gc.unfreeze()  # as before it started: the error path frees what it can
+            raise
         gc.freeze()
         return result
     return run

@@ -422,3 +422,25 @@ def test_a_bad_program_count_flag_is_one_line_and_exit_2(tmp_path):
     assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
     assert "--program_count" in lines[0] and "0" in lines[0], lines[0]
     assert not (tmp_path / "out").exists()
+
+
+def test_a_request_s_program_fields_are_checked_whether_or_not_it_is_a_call():
+    """`Request` skips the program checks of a plain request (no program, no parents, no
+    tool time): any other value still gets them, and parents become a tuple of ints."""
+    plain = Request(id=0, arrival_s=0.0, prompt_len=4, output_len=2, parents=[])
+    assert plain.parents == () and type(plain.parents) is tuple
+    call = Request(id=1, arrival_s=0.0, prompt_len=4, output_len=2, program_id=3,
+                   call_index=2, parents=[np.int64(0), 1], tool_s=0.5)
+    assert call.parents == (0, 1) and all(type(p) is int for p in call.parents)
+    refused = [
+        (dict(parents=(1,)), "parents and tool_s need a program_id"),
+        (dict(tool_s=0.5), "parents and tool_s need a program_id"),
+        (dict(call_index=0), "program_id and call_index go together"),
+        (dict(tool_s=float("nan")), "tool_s must be a finite number >= 0"),
+        (dict(tool_s=np.int64(0)), "tool_s must be a finite number >= 0"),
+        (dict(tool_s=-0.5, program_id=1, call_index=0), "tool_s must be a finite number"),
+        (dict(program_id=1, call_index=0, parents=(0,)), "must be distinct calls"),
+    ]
+    for fields, message in refused:
+        with pytest.raises(ValueError, match=message):
+            Request(id=7, arrival_s=0.0, prompt_len=4, output_len=2, **fields)

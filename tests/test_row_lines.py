@@ -153,6 +153,26 @@ def test_plain_request_lines_are_the_json_of_their_rows(requests, data, prefix_c
                      in enumerate(zip(rows, ids, tenants, reasons))]
 
 
+@settings(max_examples=200, deadline=None)
+@given(requests=several_requests(), data=st.data(), prefix_caching=st.booleans())
+def test_plain_request_lines_of_the_common_rows_are_the_json_of_their_rows(requests, data,
+                                                                           prefix_caching):
+    """The rows a run without programs or speculation writes (int ids, text tenants: one
+    format call each), rejected ones and unset or infinite times among them."""
+    columns, num_rows = requests
+    rows = data.draw(st.lists(st.integers(0, num_rows - 1), min_size=1, max_size=8))
+    ids = data.draw(st.lists(INTS, min_size=len(rows), max_size=len(rows)))
+    tenants = data.draw(st.lists(st.text(max_size=8), min_size=len(rows), max_size=len(rows)))
+    reasons = data.draw(st.lists(st.one_of(st.none(), st.text(max_size=8)), min_size=len(rows),
+                                 max_size=len(rows)))
+    lines = plain_request_lines(columns, rows, request_ids=ids, tenants=tenants,
+                                reasons=reasons, prefix_caching=prefix_caching)
+    assert lines == [json.dumps(request_row(columns, i, request_id=request_id, tenant=tenant,
+                                            reason=reason, output_tokens=None,
+                                            prefix_caching=prefix_caching))
+                     for i, request_id, tenant, reason in zip(rows, ids, tenants, reasons)]
+
+
 def _run(log_step_requests: bool = False) -> RunResult:
     requests = [Request(id=i, arrival_s=0.05 * i, prompt_len=30 + 11 * i, output_len=4 + i,
                         tenant=f"t{i % 2}") for i in range(6)]

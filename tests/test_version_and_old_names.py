@@ -38,6 +38,21 @@ def test_the_router_api_is_at_the_package_face():
     assert {"Router", "ClusterView", "register_router"} <= set(orca_jax.__all__)
 
 
+def test_the_old_cluster_module_s_names_are_the_cluster_package_s():
+    """`orca_jax.cluster` loads `replicas` when one of its names is first asked for: the
+    package's list of them is the module's, and each is the module's object."""
+    import orca_jax.cluster
+    from orca_jax.cluster import replicas
+    assert orca_jax.cluster.__all__ == replicas.__all__
+    for name in replicas.__all__:
+        assert getattr(orca_jax.cluster, name) is getattr(replicas, name)
+    namespace: dict = {}
+    exec("from orca_jax.cluster import *", namespace)
+    assert set(replicas.__all__) <= set(namespace)
+    with pytest.raises(AttributeError, match="no attribute 'Clustr'"):
+        orca_jax.cluster.Clustr
+
+
 def test_a_flat_0_1_run_spec_warns_and_builds_the_nested_spec():
     with pytest.warns(DeprecationWarning, match=r"0\.1's flat keywords are deprecated.*"
                       r"workload=WorkloadSpec\(arrival=\.\.\., rate=\.\.\."):

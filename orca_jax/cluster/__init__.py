@@ -14,4 +14,17 @@ requests between colocated replicas that a rebalancer plugin asks for
 May import: numpy, `orca_jax.core`, `orca_jax.specs` (model shapes and KV links).
 """
 
-from orca_jax.cluster.replicas import *  # noqa: F401,F403  (the old `orca_jax.cluster` module's names)
+import importlib
+
+# The old `orca_jax.cluster` module's names (`replicas.__all__`, which says the same:
+# tests/test_version_and_old_names.py). They are loaded when first asked for, not when the
+# package is: `import orca_jax` reaches this package for `routing`'s plugin API, and a
+# run of one replica needs none of the cluster's loop, topologies or migrations.
+__all__ = ["Cluster", "ClusterView", "Router", "make_router", "route_checked"]
+
+
+def __getattr__(name: str) -> object:
+    """One of `__all__`, from `replicas` (imported on the first such question)."""
+    if name in __all__:
+        return getattr(importlib.import_module("orca_jax.cluster.replicas"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

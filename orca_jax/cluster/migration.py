@@ -54,7 +54,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Optional, Sequence
 import numpy as np
 
 from orca_jax.cluster.event_loop import Event, EventLoop, ReplicaPool
-from orca_jax.cluster.rebalancing import Migration, Rebalancer
+from orca_jax.cluster.rebalancing import MIGRATION_MODES, Migration, Rebalancer
 from orca_jax.cluster.transfers import KVTransferCost
 from orca_jax.core.loop.request_export import RequestExport
 from orca_jax.core.plans.plan import PlanError
@@ -64,7 +64,6 @@ if TYPE_CHECKING:
     from orca_jax.core.loop.scheduler import Scheduler
 
 _WAITING, _RUNNING = int(RequestState.WAITING), int(RequestState.RUNNING)
-MIGRATION_MODES = ("live", "stop_and_copy")
 
 # At one instant: after arrivals and transfers, rounds' ends, then the rebalancer, then steps.
 STAGE_PRIORITY = 5

@@ -26,6 +26,9 @@ from orca_jax.cluster.routing import ClusterView
 from orca_jax.core.api import plugins
 
 _REBALANCERS: dict[str, type["Rebalancer"]] = {}
+# How a migration moves a request (`migration.MigrationSpec.mode`): here, beside the API,
+# so that a spec can name them without importing the cluster's loop.
+MIGRATION_MODES = ("live", "stop_and_copy")
 
 
 class Migration(NamedTuple):

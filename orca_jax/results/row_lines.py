@@ -142,6 +142,22 @@ def _program_text(program: ProgramFields) -> str:
 
 # Rows made at a time by `plain_request_lines`: its columns' lists are this long at most.
 _LINES_AT_ONCE = 4096
+# `plain_request_lines`' whole line of a row without programs or speculation (by whether
+# it has the prefix cache's column; a rejected row's reason goes in before that column).
+_PLAIN_FORMAT = {False: _REQUEST_FORMAT + "}",
+                 True: _REQUEST_FORMAT + ', "num_cached_tokens": %d}'}
+
+
+def _time_texts(column: list[float]) -> list[str]:
+    """`_time_text` of each value of `column`: the list's own repr is each float's
+    `float.__repr__` (json.dumps' text), made in C, split at its separators (no float's
+    text has a comma); the values that are not finite say null instead."""
+    if not column:
+        return []
+    texts = repr(column)[1:-1].split(", ")
+    if not math.isfinite(sum(column)):  # NaN (unset) or inf somewhere (or an overflow)
+        return [text if value - value == 0.0 else "null" for value, text in zip(column, texts)]
+    return texts
 
 
 def plain_request_lines(columns: Any, rows: Sequence[int], *, request_ids: Sequence[Any],
@@ -164,7 +180,20 @@ def plain_request_lines(columns: Any, rows: Sequence[int], *, request_ids: Seque
             columns.priority[index].tolist()]
     states = columns.state[index].tolist()
     cached = columns.num_cached_tokens[index].tolist() if prefix_caching else None
-    texts = [[_float_repr(v) if v - v == 0.0 else "null" for v in column] for column in times]
+    texts = [_time_texts(column) for column in times]
+    if programs is None and speculation is None and set(map(type, request_ids)) <= {int} \
+            and set(map(type, tenants)) <= {str}:  # the common rows: one format call each
+        columns_of_rows = [map(int.__repr__, request_ids), *texts, *ints,
+                           map(encode_basestring_ascii, tenants),
+                           [_STATUS.get(state, '"unfinished"') for state in states]]
+        if cached is not None:
+            columns_of_rows.append(cached)
+        lines = list(map(_PLAIN_FORMAT[cached is not None].__mod__, zip(*columns_of_rows)))
+        for k in [k for k, state in enumerate(states) if state == _REJECTED]:  # + its reason
+            cut = lines[k].rindex(', "num_cached_tokens"') if cached is not None else -1
+            lines[k] = (f'{lines[k][:cut]}, "reason": {json.dumps(to_json_value(reasons[k]))}'
+                        f"{lines[k][cut:]}")
+        return lines
     lines = []
     for k, (request_id, tenant, state) in enumerate(zip(request_ids, tenants, states)):
         i = int(index[k])

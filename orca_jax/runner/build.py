@@ -13,15 +13,12 @@ import hashlib
 import itertools
 import json
 import os
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 from numpy.typing import NDArray
 
-from orca_jax.cluster.elastic import ScalingSpec
-from orca_jax.cluster.migration import MigrationSpec
 from orca_jax.cluster.planning import make_planner
-from orca_jax.cluster.replicas import Cluster
 from orca_jax.cluster.routing import Router, make_router, resolve_router_class
 from orca_jax.cluster.transfers import KVTransferCost, kv_transfer_cost
 from orca_jax.core.api.plugins import PolicyLoadError, parse_options, resolve_cache_policy
@@ -59,6 +56,10 @@ from orca_jax.workloads.synthetic import (
     with_prompt_tokens,
 )
 from orca_jax.workloads.traces import load_trace, repeat_trace
+
+if TYPE_CHECKING:  # the cluster's loop is imported by the runs that build a cluster only
+    from orca_jax.cluster.elastic import ScalingSpec
+    from orca_jax.cluster.replicas import Cluster
 
 
 def model_config(spec: RunSpec) -> ModelConfig:
@@ -409,6 +410,9 @@ def build_cluster(spec: RunSpec, policy_spec: str, policy_options: Optional[Mapp
     """`spec.cluster.num_replicas` replicas of `policy_spec` behind
     `spec.cluster.router`, each with its own engine of the spec (a real engine: its own
     weights and KV cache, in this process)."""
+    from orca_jax.cluster.migration import MigrationSpec
+    from orca_jax.cluster.replicas import Cluster
+
     cluster = spec.cluster
     migration = None
     if cluster.rebalancer is not None:
@@ -446,6 +450,8 @@ def replica_startup_s(spec: RunSpec) -> float:
 
 def scaling_spec(spec: RunSpec) -> Optional[ScalingSpec]:
     """A planner's caps, interval and start-up delay (None without a planner)."""
+    from orca_jax.cluster.elastic import ScalingSpec
+
     cluster = spec.cluster
     if cluster.planner is None:
         return None

@@ -7,7 +7,7 @@ import dataclasses
 import math
 from typing import Optional
 
-from orca_jax.cluster.migration import MIGRATION_MODES
+from orca_jax.cluster.rebalancing import MIGRATION_MODES
 from orca_jax.core.api.plugins import parse_options
 from orca_jax.runner.spec_fields import check_at_least, check_choice, check_positive, knob
 from orca_jax.specs.hardware import KV_LINK_ALIASES, KV_LINK_PRESETS, get_kv_link

@@ -9,9 +9,8 @@ degree, and the `kv_link` preset. Its results add `transfers.jsonl`.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Mapping, Optional
 
-from orca_jax.cluster.disaggregated import DisaggregatedCluster, PoolSpec
 from orca_jax.core.api.plugins import parse_options
 from orca_jax.core.api.policy import make_policy
 from orca_jax.core.loop.scheduler import SchedulerConfig
@@ -21,6 +20,9 @@ from orca_jax.results.qoe import QoETargets, TokenTimes
 from orca_jax.results.summary import summarize_run
 from orca_jax.runner.build import build_engine, transfer_cost  # noqa: F401  (its home was here)
 from orca_jax.runner.spec import RunSpec
+
+if TYPE_CHECKING:  # imported by a disaggregated run only (`run_disaggregated`)
+    from orca_jax.cluster.disaggregated import DisaggregatedCluster
 
 
 def num_gpus(spec: RunSpec) -> int:
@@ -72,6 +74,8 @@ def run_disaggregated(spec: RunSpec, policy_spec: str,
       config.json), config.json's `pools` section, and the token times by request
       (`token_times`: None unless `spec.log_token_times`).
     """
+    from orca_jax.cluster.disaggregated import DisaggregatedCluster, PoolSpec
+
     cluster_spec = spec.cluster
     pools = {}
     for role, count, policy, options, router, router_opts in (

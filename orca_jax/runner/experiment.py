@@ -11,13 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-from typing import Any, Callable, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional
 
 from absl import logging
 
-from orca_jax.cluster.elastic import planner_figures
-from orca_jax.cluster.migration import migration_figures
-from orca_jax.cluster.replicas import Cluster
 from orca_jax.cluster.routing import Router
 from orca_jax.core.api.policy import Policy, PolicyLoadError, make_policy
 from orca_jax.core.json_files import to_json_value
@@ -47,6 +44,9 @@ from orca_jax.runner.progress import Progress
 from orca_jax.runner.settings import effective_settings
 from orca_jax.runner.spec import RunSpec
 from orca_jax.runner.thrash_watch import ThrashWatch
+
+if TYPE_CHECKING:  # the cluster's loop is imported by the runs that build a cluster only
+    from orca_jax.cluster.replicas import Cluster
 
 # `_RunProgress` moves its count every this many iterations (and at the run's end).
 UPDATE_EVERY_STEPS = 64
@@ -265,9 +265,13 @@ def _run_cluster(spec: RunSpec, policy_spec: str, config: SchedulerConfig, clust
                                         program_slo_s=spec.program_slo_s)
         summary["policy"] = label
         if cluster.migrator is not None:  # a rebalancer's run: its migrations too
+            from orca_jax.cluster.migration import migration_figures
+
             summary.update(migration_figures(cluster.migrator))
             tables = {**tables, "migrations": [m.row() for m in cluster.migrator.log]}
         if cluster.elastic is not None:  # a planner's run: its replicas over time too
+            from orca_jax.cluster.elastic import planner_figures
+
             attainment = summary.get("slo_attainment")
             met = None if attainment is None else round(attainment * len(workload_of(cluster)))
             summary.update(planner_figures(cluster.elastic, result.virtual_end_s, met))

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from absl import logging
-from tqdm import tqdm
+
+if TYPE_CHECKING:
+    from tqdm import tqdm
 
 
 class Progress:
@@ -37,6 +39,8 @@ class Progress:
         self._last_logged: Optional[float] = None
         self._bar: Optional[tqdm] = None
         if sys.stderr.isatty():
+            from tqdm import tqdm  # here: a bar needs a terminal, and tqdm costs ~50 ms to import
+
             self._bar = tqdm(total=total, initial=initial, desc=desc, unit=f" {unit}",
                              file=sys.stderr, delay=delay_s, mininterval=0.5, leave=True,
                              dynamic_ncols=True)

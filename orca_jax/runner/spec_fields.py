@@ -8,6 +8,7 @@ take (`experiments/flags.py`, checked by tests/test_flag_spec_consistency.py); t
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any, Optional
 
@@ -33,7 +34,19 @@ def knob(default: object, help_text: str, *, choices: tuple[str, ...] = (),
 def field_doc(part: type, name: str) -> dict[str, Any]:
     """A spec field's documentation (`knob`'s metadata: help, choices, presets, registry);
     empty for a field without one."""
-    return dict(next(f for f in dataclasses.fields(part) if f.name == name).metadata)
+    return dict(spec_field(part, name).metadata)
+
+
+def spec_field(part: type, name: str) -> dataclasses.Field:
+    """The field `name` of the dataclass `part`."""
+    return _fields_by_name(part)[name]
+
+
+@functools.lru_cache(maxsize=None)
+def _fields_by_name(part: type) -> dict[str, dataclasses.Field]:
+    # Once per part: the run flags ask for each field's doc several times as they are
+    # defined, and `dataclasses.fields` builds the whole tuple each time.
+    return {field.name: field for field in dataclasses.fields(part)}
 
 
 def sampling_params(text: str) -> tuple[float, int, float]:

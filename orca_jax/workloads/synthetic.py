@@ -371,15 +371,18 @@ def synthetic_workload(*, num_requests: int, arrival: str, rate: Optional[float]
         output_lens = np.minimum(output_lens, max_total_len - prompt_lens)
     token_rng = np.random.default_rng(token_seq)
     requests = []
+    # Python numbers, not a numpy scalar a field a request (the same values).
+    arrival_list, prompt_list = arrivals.tolist(), prompt_lens.tolist()
+    output_list = output_lens.tolist()
     for i in range(num_requests):
         tokens = None
         if vocab_size is not None:
-            fits = context is None or prompt_lens[i] + output_lens[i] <= context
-            tokens = (random_tokens(token_rng, int(prompt_lens[i]), int(vocab_size)) if fits
-                      else placeholder_tokens(int(prompt_lens[i])))
-        requests.append(Request(id=i, arrival_s=float(arrivals[i]),
-                                prompt_len=int(prompt_lens[i]),
-                                output_len=int(output_lens[i]), prompt_tokens=tokens))
+            fits = context is None or prompt_list[i] + output_list[i] <= context
+            tokens = (random_tokens(token_rng, int(prompt_list[i]), int(vocab_size)) if fits
+                      else placeholder_tokens(int(prompt_list[i])))
+        requests.append(Request(id=i, arrival_s=float(arrival_list[i]),
+                                prompt_len=int(prompt_list[i]),
+                                output_len=int(output_list[i]), prompt_tokens=tokens))
     return requests
 
 

@@ -130,6 +130,10 @@ class Request:
     def _check_program(self) -> None:
         """The program fields go together: a call has a program, an index, its parents
         (other calls of its program) and a tool time >= 0."""
+        if (self.program_id is None and self.call_index is None and type(self.parents) is tuple
+                and not self.parents and type(self.tool_s) in (float, int)
+                and self.tool_s == 0):  # not a call (most requests): nothing to check or fix
+            return
         if (self.program_id is None) != (self.call_index is None):
             raise ValueError(f"request {self.id}: program_id and call_index go together, got "
                              f"program_id={self.program_id!r}, call_index={self.call_index!r}")
