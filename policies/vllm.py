@@ -146,7 +146,7 @@ class VLLM(Policy):
             ids, tokens = running[:num_scheduled], tokens[:num_scheduled]
             num_tokens = int(tokens.sum())
         needed = view.pages_needed(ids, tokens)  # [s]
-        num_needed = int(needed.sum())
+        num_needed = int(np.add.reduce(needed))  # the ufunc: `sum` adds a Python frame
         free = view.num_free_pages
         if num_needed > free:
             return self._schedule_with_preemption(view, budget, want, threshold)
