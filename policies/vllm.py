@@ -146,7 +146,7 @@ class VLLM(Policy):
             ids, tokens = running[:num_scheduled], tokens[:num_scheduled]
             num_tokens = int(tokens.sum())
         needed = view.pages_needed(ids, tokens)  # [s]
-        num_needed = int(needed.sum())
+        num_needed = int(np.add.reduce(needed))  # the ufunc: `sum` adds a Python frame
         free = view.num_free_pages
         if num_needed > free:
             return self._schedule_with_preemption(view, budget, want, threshold)
@@ -269,25 +269,37 @@ class VLLM(Policy):
         requests = view.requests
         # An admission starts past its cached pages: only the rest is left to compute.
         uncached = requests.num_uncomputed(candidates) - view.cached_tokens(candidates)  # [c]
-        want = uncached
-        if threshold:
-            want = np.minimum(want, threshold)
-        before = want.cumsum() - want  # [c] tokens taken by earlier admissions
-        fits = before < budget
-        if not self.enable_chunked_prefill:  # whole prompts only (`check_limits`: they fit)
-            fits &= want <= budget - before
-        tokens = np.minimum(want, budget - before)  # [c]
         # Its whole sequence's pages, less its hits and the pages it holds (one received
         # with its KV, in disaggregated decode, has them): what the core would allocate.
         full_pages = view.pages_needed(candidates, uncached)  # [c]
-        at_least_one = np.maximum(tokens, 1)  # [c]
+        # The running totals over the candidates in Python ints (exact, as int64 sums are):
+        # `_admit` looks at a short head first, and each numpy call on a few elements,
+        # with a Python int on one side, costs more than the whole loop.
+        chunked = self.enable_chunked_prefill
+        wants = uncached.tolist()
+        fits, tokens = [], []
+        before = 0  # tokens taken by earlier admissions
+        for want in wants:
+            if threshold:
+                want = min(want, threshold)
+            left = budget - before
+            # Whole prompts only without chunking (`check_limits`: they fit an empty step).
+            fits.append(before < budget and (chunked or want <= left))
+            tokens.append(min(want, left))
+            before += want
+        at_least_one = [max(count, 1) for count in tokens]
         # Most admissions get their whole prompt (the budget is not cut): their pages then
         # are those of the whole prompt, so the same count is not asked again.
-        pages = (full_pages if np.count_nonzero(at_least_one != uncached) == 0
-                 else view.pages_needed(candidates, at_least_one))  # [c]
-        free_before = free - (pages.cumsum() - pages)  # [c]
-        fits &= full_pages <= view.kv_room(free_before)  # vLLM asks it of the whole prompt
-        return fits, tokens
+        pages = (full_pages if at_least_one == wants
+                 else view.pages_needed(candidates, np.array(at_least_one, dtype=np.int64)))
+        free_before, taken = [], 0  # [c] free pages left by earlier admissions
+        for count in pages.tolist():
+            free_before.append(free - taken)
+            taken += count
+        # vLLM asks the room of the whole prompt.
+        room = view.kv_room(np.array(free_before, dtype=np.int64))  # [c]
+        return (np.array(fits, dtype=bool) & (full_pages <= room),
+                np.array(tokens, dtype=np.int64))
 
 
 @register("vllm-priority")

@@ -62,6 +62,34 @@ def test_allocate_grow_and_free():
     kv.check_consistency()
 
 
+def test_a_batch_free_and_a_mixed_allocation_keep_the_page_order():
+    # Several requests of different widths freed at once (one holding nothing): their pages
+    # go back in request order, so the next grant takes them in that order; rows and the
+    # page table are cleared. Then one allocation mixing a request growing one page, a new
+    # one (no row yet) taking two and one taking none hands out the pages that allocating
+    # them one at a time, in request order, would.
+    pools = [manager(num_pages=12, page_size=2, max_pages_per_seq=6, num_requests=6)
+             for _ in range(2)]
+    for kv in pools:
+        kv.allocate(ids(0, 1, 2), ids(2, 9, 5))  # 1, 5 and 3 pages
+        held0, held1 = kv.pages_of(0), kv.pages_of(1)
+        rows = kv.row_of[[0, 1]].copy()
+        kv.free(ids(0, 4, 1))  # request 4 holds nothing
+        assert kv.num_free == 9 and (kv.row_of[[0, 1, 4]] == -1).all()
+        assert not kv.page_table[rows].any()
+        kv.allocate(ids(3), ids(12))  # 6 pages: the freed ones first, in request order
+        np.testing.assert_array_equal(kv.pages_of(3), np.concatenate([held0, held1]))
+    batched, one_by_one = pools
+    batched.allocate(ids(2, 5, 3), ids(8, 3, 12))  # 2 grows 1 page, 5 takes 2, 3 none
+    one_by_one.allocate(ids(2), ids(8))
+    one_by_one.allocate(ids(5), ids(3))
+    for request in (2, 3, 5):
+        np.testing.assert_array_equal(batched.pages_of(request), one_by_one.pages_of(request))
+    assert batched.pages_of(2).size == 4 and batched.pages_of(5).size == 2
+    assert batched.row_of[5] >= 0 and batched.num_free == 0
+    batched.check_consistency()
+
+
 def test_page_zero_is_never_handed_out():
     kv = manager(num_pages=6, page_size=2, max_pages_per_seq=6, num_requests=3)
     kv.allocate(ids(0, 1, 2), ids(4, 4, 4))

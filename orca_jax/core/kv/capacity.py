@@ -93,6 +93,9 @@ class KVCapacity:
         # Whether summing each request's `pages_needed` against `room` answers `kv_fits`
         # (no blocks to place, no free hit page counted once for several admissions).
         self.totals_decide = pool.totals_decide
+        # Whether `cached_tokens` can be other than 0 (prefix caching): the plan check
+        # skips asking it, and subtracting its zeros, on every step otherwise.
+        self.counts_hits = False
 
     def pages_needed(self, ids: NDArray[np.int64],  # [n]
                      tokens: NDArray[np.int64]) -> NDArray[np.int64]:  # [n]
@@ -119,7 +122,8 @@ class KVCapacity:
                     needed: NDArray[np.int64],  # [n] from pages_needed
                     preempt: NDArray[np.int64]) -> tuple[int, int]:  # [p]
         """(pages the plan takes from the free pool, pages its preemptions free)."""
-        return int(needed.sum()), int(self._pool.num_held[preempt].sum()) if preempt.size else 0
+        return (int(np.add.reduce(needed)),  # the ufunc: `sum` adds a Python frame
+                int(self._pool.num_held[preempt].sum()) if preempt.size else 0)
 
     def rule_broken(self, ids: NDArray[np.int64],  # [n]
                     needed: NDArray[np.int64],  # [n] from pages_needed
@@ -235,6 +239,7 @@ class CachedCapacity(KVCapacity):
         self._page_size = pool.page_size
         self.needed_is_allocation = False
         self.totals_decide = False  # a free page several admissions hit is taken once
+        self.counts_hits = True
 
     def pages_needed(self, ids: NDArray[np.int64],  # [n]
                      tokens: NDArray[np.int64]) -> NDArray[np.int64]:  # [n]

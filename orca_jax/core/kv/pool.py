@@ -251,31 +251,34 @@ class PagedPool(PageTable):
         """
         if need is None:
             need = self.pages_needed(ids, target_tokens)
-        total = int(np.add.reduce(need))
-        if total == 0:
+        # One pass for who grows: most steps, a few of a whole batch (decodes entering a
+        # page, admissions), so their positions are taken once and everything after is [g].
+        growing_at = need.nonzero()[0]  # [g] (the method: np.flatnonzero adds two calls)
+        if growing_at.size == 0:
             return
-        growing_mask = need > 0
-        if np.count_nonzero(growing_mask) < need.size:  # else every one grows: no copies
-            ids, need = ids[growing_mask], need[growing_mask]
-        growing = ids  # [g]
+        if growing_at.size < need.size:  # else every one grows: no copies
+            ids, need = ids[growing_at], need[growing_at]
+        total = int(np.add.reduce(need))
         if total > self.num_free:
             raise RuntimeError(f"KV pool overcommitted: {total} pages asked, {self.num_free} free")
-        held = self.num_held[growing]  # [g]
+        held = self.num_held[ids]  # [g]
         grown = held + need  # [g]
         if int(np.maximum.reduce(grown)) > self.max_pages_per_seq:
             raise RuntimeError("a request would exceed max_pages_per_seq")
-        self._assign_rows(growing)
+        rows = self.row_of[ids]  # [g]
+        if int(np.minimum.reduce(rows)) < 0:  # an admission's first pages: it gets a row
+            self._assign_rows(ids)
+            rows = self.row_of[ids]
         pages = self._take(total)
         self.ref_count[pages] = 1
-        rows = self.row_of[growing]
-        if total == growing.size:  # one page each: most steps (decodes entering a page)
+        if total == ids.size:  # one page each: most steps (decodes entering a page)
             self.page_table[rows, held] = pages
         else:
-            rows = np.repeat(rows, need)
-            starts = np.repeat(held, need)
-            within = np.arange(total) - np.repeat(need.cumsum() - need, need)
-            self.page_table[rows, starts + within] = pages
-        self.num_held[growing] = grown
+            # The column of each of `pages`: its request's first new column (`held`), moved
+            # back by the pages handed to the requests before it, plus its place in `pages`.
+            first = held - (need.cumsum() - need)  # [g]
+            self.page_table[rows.repeat(need), first.repeat(need) + np.arange(total)] = pages
+        self.num_held[ids] = grown
 
     def allocate_steps(self, ids: NDArray[np.int64],  # [n] distinct, each holding a row
                        need: NDArray[np.int64]) -> None:  # [k, n]
@@ -313,20 +316,32 @@ class PagedPool(PageTable):
 
     def free(self, ids: NDArray[np.int64]) -> None:  # [n]
         """Returns every page of these requests to the pool and releases their rows."""
-        held_ids = ids[self.num_held[ids] > 0]
+        held = self.num_held[ids]  # [n]
+        if int(np.minimum.reduce(held, initial=1)) < 1:  # some hold nothing (rejected, say)
+            holding = held > 0
+            held_ids, held = ids[holding], held[holding]
+        else:  # most frees: requests finishing, each holding pages (and so a row)
+            held_ids = ids
         if held_ids.size:
             rows = self.row_of[held_ids]
-            held = self.num_held[held_ids]
             if held_ids.size == 1:  # most frees: one request finishing
-                pages = self.page_table[rows[0], :held[0]].copy()
+                row, width = int(rows[0]), int(held[0])
+                pages = self.page_table[row, :width].copy()
+                self.page_table[row, :width] = 0
             else:
-                mask = np.arange(self.max_pages_per_seq)[None, :] < held[:, None]
-                pages = self.page_table[rows][mask]
+                # Only the columns up to the widest holding: a row is 0 past its pages, and
+                # a max_pages_per_seq-wide copy would cost more than the pages it holds.
+                width = int(np.maximum.reduce(held))
+                pages = self.page_table[rows, :width][np.arange(width) < held[:, None]]
+                self.page_table[rows, :width] = 0
             pages = self._unhold(pages)
             self._free[self._num_free:self._num_free + pages.size] = pages[::-1]
             self._num_free += pages.size
-            self.page_table[rows] = 0
             self.num_held[held_ids] = 0
+            if held_ids is ids:  # each held pages, so each has a row: release them in order
+                self._free_rows.extend(rows.tolist())
+                self.row_of[ids] = -1
+                return
         self._release_rows(ids)
 
     def trim(self, ids: NDArray[np.int64],  # [n] distinct

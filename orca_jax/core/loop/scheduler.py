@@ -468,8 +468,8 @@ class Scheduler(SchedulerLoop):
         # Every queued request is waiting until a change takes it out of the queue, this
         # one included: when the head's `a` requests are the ones admitted, the rest
         # stays (a slice, no copy of a long queue); else keep the waiting ones.
-        if admitted.size <= waiting.size and not (
-                table.state[waiting[:admitted.size]] == _WAITING).any():
+        if admitted.size <= waiting.size and not np.count_nonzero(
+                table.state[waiting[:admitted.size]] == _WAITING):
             self.waiting = waiting[admitted.size:]  # read-only, as a slice of a frozen queue
         else:
             self.waiting = _frozen(waiting[table.state[waiting] == _WAITING])

@@ -238,8 +238,9 @@ class SchedulerLoop:
         # Only the pages of the step's widest context: a row's later pages (reserved ahead,
         # or null) are never read by this step, and copying max_model_len-wide rows would
         # make the host's page-table work grow with max_model_len instead of the contexts.
-        width = int(self.kv.pages_for_tokens(kv_lens.max()))
-        num_real_tokens = int(tokens.sum()) if spec is None else int((tokens + spec).sum())
+        # (Reductions as ufunc methods: the arrays' `max` and `sum` add a Python frame each.)
+        width = int(self.kv.pages_for_tokens(int(np.maximum.reduce(kv_lens))))
+        num_real_tokens = int(np.add.reduce(tokens if spec is None else tokens + spec))
         packed = pack_step(bucket_config=self.bucket_config, request_ids=ids, num_tokens=tokens,
                            num_computed=num_computed,
                            page_rows=self.kv.page_table[self.kv.row_of[ids], :width],
@@ -379,13 +380,13 @@ class SchedulerLoop:
             return
         if self.table.arrival_s[first] > self.now_s:  # most steps: nobody new yet
             return
-        end = int(np.searchsorted(self.table.arrival_s, self.now_s, side="right"))
+        end = int(self.table.arrival_s.searchsorted(self.now_s, "right"))  # no wrapper frame
         if end <= first:
             return
         table = self.table
         arrived = table.indices[first:end]  # [k] a read-only slice: no copy
         mine = (table.state[arrived] == _PENDING) & (table.holder[arrived] == table.replica)
-        if not mine.all():  # routed elsewhere, or here and gone already
+        if np.count_nonzero(mine) < mine.size:  # routed elsewhere, or here and gone already
             arrived = arrived[mine]
         table.state[arrived] = _WAITING
         self.waiting = appended(self.waiting, arrived, table.indices)

@@ -171,12 +171,14 @@ def check_plan(scheduler: SchedulerState, plan: StepPlan) -> NDArray[np.int64]:
     capacity = scheduler.capacity
     # A preempted-and-waiting request recomputes from 0 (its counters were reset), or from
     # past its prefix-cache hit: an admission starts there.
-    cached = capacity.cached_tokens(ids)
-    uncomputed = table.num_uncomputed(ids) - cached
+    uncomputed = table.num_uncomputed(ids)
+    if capacity.counts_hits:  # else every request's hit is 0: nothing to ask or subtract
+        uncomputed = uncomputed - capacity.cached_tokens(ids)
     over = tokens > uncomputed
     if _any(over):
         i = int(np.flatnonzero(over)[0])
         request = int(ids[i])
+        cached = capacity.cached_tokens(ids)
         raise PlanError(name, "tokens_over_uncomputed",
                         f"request {request} is given {int(tokens[i])} tokens but has "
                         f"{int(uncomputed[i])} uncomputed "
