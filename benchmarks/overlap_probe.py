@@ -244,9 +244,11 @@ def main(argv: Optional[list[str]] = None) -> int:
                         help="tiny only, 8 sequences, few steps (any backend, seconds)")
     args = parser.parse_args(argv)
     if args.dry_run:
+        # B's one bucket (8 tokens, 8 sequences: prompts chunked) is A's decode bucket, so
+        # each engine compiles one step program, not two (compiling is the dry run's time).
         args.models, args.seqs, args.context, args.steps = ["tiny"], 8, 64, 6
         args.host_ms, args.num_requests, args.max_num_seqs = [0.0, 1.0], 8, 8
-        args.max_num_tokens, args.prompt_len, args.output_len = 16, "uniform:4:8", "uniform:4:12"
+        args.max_num_tokens, args.prompt_len, args.output_len = 8, "uniform:4:8", "uniform:4:12"
 
     def log(line: str = "") -> None:
         print(line, flush=True)

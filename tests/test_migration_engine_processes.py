@@ -72,7 +72,8 @@ def test_replicas_on_separate_devices_copy_pages_between_them(unmigrated):
     result = subprocess.run(
         [sys.executable, "-c", SEPARATE_DEVICES], cwd=REPO, capture_output=True, text=True,
         env=dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO),
-                 XLA_FLAGS="--xla_force_host_platform_device_count=2"), timeout=600)
+                 XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} "
+                           "--xla_force_host_platform_device_count=2"), timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     seen = json.loads(result.stdout.strip().splitlines()[-1])
     assert seen["devices"] == [0, 1] and seen["migrated"] == [0, 1, 4]

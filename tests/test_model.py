@@ -186,9 +186,14 @@ def test_configs_validate_and_round_trip_hf():
         RopeScaling(factor=0.5, low_freq_factor=1, high_freq_factor=4, original_max_position=8)
 
 
+# Jitted, as the engine's step calls it: called eagerly, its `lax.cond` over a fresh
+# closure compiled again on every call (4-5 s each); jitted, once per shape.
+_SAMPLE_TOKENS = jax.jit(sampling.sample_tokens)
+
+
 def _step_sample(logits, temperature=0.0, top_k=0, top_p=1.0, seeds=None, positions=None):
     s = logits.shape[0]
-    return np.asarray(sampling.sample_tokens(
+    return np.asarray(_SAMPLE_TOKENS(
         jnp.asarray(logits, jnp.float32),
         jnp.asarray(positions if positions is not None else np.zeros(s), jnp.int32),
         jnp.full(s, temperature, jnp.float32), jnp.full(s, top_k, jnp.int32),

@@ -40,7 +40,9 @@ def _outputs(out_dir):
 @pytest.mark.slow
 def test_two_processes_with_tp2_give_the_one_process_tokens(tmp_path):
     env = dict(os.environ, JAX_PLATFORMS="cpu")
-    env.pop("XLA_FLAGS", None)  # one CPU device per process: the mesh must span both
+    # One CPU device per process (the mesh must span both); the session's other flags kept.
+    env["XLA_FLAGS"] = " ".join(flag for flag in env.get("XLA_FLAGS", "").split()
+                                if "host_platform_device_count" not in flag)
     single = subprocess.run(_command(tmp_path / "tp1", "--tp=1"), cwd=REPO, env=env,
                             capture_output=True, text=True, timeout=300)
     assert single.returncode == 0, single.stderr[-3000:]

@@ -15,7 +15,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 def _cli(out_dir, *flags, devices=4):
     env = dict(os.environ, JAX_PLATFORMS="cpu",
-               XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+               XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} "
+               f"--xla_force_host_platform_device_count={devices}")
     return subprocess.run(
         [sys.executable, "-m", "experiments.run", "--engine=jax", "--model=tiny",
          "--policy=orca", "--num_requests=8", "--rate=50", "--prompt_len=uniform:4:30",

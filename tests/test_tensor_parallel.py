@@ -73,7 +73,8 @@ def test_engine_rejects_a_mesh_without_the_tp_axis():
 
 def _run(out_dir, *flags, devices=2):
     env = dict(os.environ, JAX_PLATFORMS="cpu",
-               XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+               XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} "
+               f"--xla_force_host_platform_device_count={devices}")
     result = subprocess.run(
         [sys.executable, "-m", "experiments.run", "--engine=jax", "--model=tiny",
          "--policy=orca", "--num_requests=12", "--rate=50", "--prompt_len=uniform:4:40",
