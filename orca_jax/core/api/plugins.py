@@ -85,12 +85,18 @@ def _import_from_file(path: str, spec: str, kind: str) -> types.ModuleType:
         raise PolicyLoadError(f"{kind} {spec!r}: cannot import {path!r} as a Python module")
     module = importlib.util.module_from_spec(module_spec)
     sys.modules[module_name] = module
+    # A researcher's file, in any folder (shared, read-only, a run's own): loaded without
+    # leaving a __pycache__ folder beside it.
+    kept = sys.dont_write_bytecode
+    sys.dont_write_bytecode = True
     try:
         module_spec.loader.exec_module(module)
     except Exception as e:
         del sys.modules[module_name]
         raise PolicyLoadError(f"{kind} {spec!r}: importing {path!r} failed: "
                               f"{type(e).__name__}: {e}") from e
+    finally:
+        sys.dont_write_bytecode = kept
     return module
 
 
