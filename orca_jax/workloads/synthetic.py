@@ -371,7 +371,7 @@ def synthetic_workload(*, num_requests: int, arrival: str, rate: Optional[float]
         output_lens = np.minimum(output_lens, max_total_len - prompt_lens)
     token_rng = np.random.default_rng(token_seq)
     requests = []
-    # Python numbers, not a numpy scalar a field a request (the same values).
+    # Python numbers, not a numpy scalar per field and request (the same values).
     arrival_list, prompt_list = arrivals.tolist(), prompt_lens.tolist()
     output_list = output_lens.tolist()
     for i in range(num_requests):
