@@ -204,11 +204,16 @@ class PageTable:
         del ids, num_tokens
         return 0
 
-    def _release_rows(self, ids: NDArray[np.int64]) -> None:  # [n]
-        with_rows = ids[self.row_of[ids] >= 0]
-        if with_rows.size:
-            self._free_rows.extend(self.row_of[with_rows].tolist())
-            self.row_of[with_rows] = -1
+    def _release_rows(self, ids: NDArray[np.int64],  # [n]
+                      rows: Optional[NDArray[np.int64]] = None) -> None:  # [n]
+        """Releases the rows of those of `ids` that hold one (`rows`: their rows, read by
+        the caller, when every one does)."""
+        if rows is None:
+            ids = ids[self.row_of[ids] >= 0]
+            rows = self.row_of[ids]
+        if ids.size:
+            self._free_rows.extend(rows.tolist())
+            self.row_of[ids] = -1
 
 
 class PagedPool(PageTable):
@@ -322,6 +327,7 @@ class PagedPool(PageTable):
             held_ids, held = ids[holding], held[holding]
         else:  # most frees: requests finishing, each holding pages (and so a row)
             held_ids = ids
+        rows = None
         if held_ids.size:
             rows = self.row_of[held_ids]
             if held_ids.size == 1:  # most frees: one request finishing
@@ -338,11 +344,8 @@ class PagedPool(PageTable):
             self._free[self._num_free:self._num_free + pages.size] = pages[::-1]
             self._num_free += pages.size
             self.num_held[held_ids] = 0
-            if held_ids is ids:  # each held pages, so each has a row: release them in order
-                self._free_rows.extend(rows.tolist())
-                self.row_of[ids] = -1
-                return
-        self._release_rows(ids)
+        # Where each held pages, each has a row, already read: released without a filter.
+        self._release_rows(ids, rows if held_ids is ids else None)
 
     def trim(self, ids: NDArray[np.int64],  # [n] distinct
              num_tokens: NDArray[np.int64]) -> int:  # [n]
