@@ -33,6 +33,9 @@ _DECODE = OPERATIONS.index("attention_decode")
 _LM_HEAD = OPERATIONS.index("lm_head")
 # The ufuncs' reductions called directly: `ndarray.sum` and `.max` add a Python layer.
 _sum, _max = np.add.reduce, np.maximum.reduce
+# `_step_work` adds the prefills of a step in Python ints up to this many (a numpy call on
+# a few elements costs more than a short loop), in whole-array sums beyond.
+_FEW_PREFILLS = 16
 # The rotary kernel measured (vLLM's `rotary_embedding_kernel`, what Vidur profiled)
 # runs one thread block per token of min(query pairs, 512) threads, each thread
 # rotating one (x, y) pair of a head per iteration: first the queries', then the
@@ -383,11 +386,24 @@ def _step_work(q_lens: NDArray[np.int64], kv_lens: NDArray[np.int64]
     num_tokens = int(_sum(q))
     if num_tokens == num_seqs and (num_seqs == 0 or int(_max(q)) == 1):  # decode only
         return num_tokens, num_seqs, float(_sum(k)), 0.0, 0.0
-    prefill = q > 1
-    q_prefill, k_prefill = q[prefill], k[prefill]
-    kv_prefill = float(_sum(k_prefill))
-    kv_decode = float(_sum(k[q == 1]))
     # A chunk of q tokens on k - q cached ones: query j sees k - q + j + 1 keys, q(2k-q+1)/2
-    # in all, an integer: summed in int64, exactly, on any CPU (np.dot would call BLAS).
-    pairs = float(int(_sum(q_prefill * (2 * k_prefill - q_prefill + 1))) // 2)
-    return num_tokens, num_seqs, kv_decode, kv_prefill, pairs
+    # in all, an integer: summed in integers, exactly, on any CPU (np.dot would call BLAS).
+    # The decode KV is the whole KV less that of the other sequences (integers: exact).
+    others = (q != 1).nonzero()[0]  # [o] prefills (and any q < 1, in neither sum)
+    if others.size > _FEW_PREFILLS:  # a batch of prompts: whole-array sums
+        q_other, k_other = q[others], k[others]
+        prefill = q_other > 1
+        q_prefill, k_prefill = q_other[prefill], k_other[prefill]
+        kv_prefill = int(_sum(k_prefill))
+        pairs = int(_sum(q_prefill * (2 * k_prefill - q_prefill + 1))) // 2
+        kv_other = int(_sum(k_other))
+    else:  # most mixed steps: a few prefills beside the decodes, in Python ints
+        kv_prefill = pairs = kv_other = 0
+        for chunk, kv in zip(q[others].tolist(), k[others].tolist()):
+            kv_other += kv
+            if chunk > 1:
+                kv_prefill += kv
+                pairs += chunk * (2 * kv - chunk + 1)
+        pairs //= 2
+    kv_decode = int(_sum(k)) - kv_other
+    return num_tokens, num_seqs, float(kv_decode), float(kv_prefill), float(pairs)

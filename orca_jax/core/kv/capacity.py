@@ -100,7 +100,13 @@ class KVCapacity:
     def pages_needed(self, ids: NDArray[np.int64],  # [n]
                      tokens: NDArray[np.int64]) -> NDArray[np.int64]:  # [n]
         """New pages to run `tokens` of each request now (admissions reserve first)."""
-        target = self._table.num_computed[ids] + tokens
+        return self.pages_for_context(ids, self._table.num_computed[ids] + tokens)
+
+    def pages_for_context(self, ids: NDArray[np.int64],  # [n]
+                          target: NDArray[np.int64]) -> NDArray[np.int64]:  # [n]
+        """`pages_needed` given each request's context after the step (`target`: its
+        `num_computed` plus the tokens), for a caller that has read `num_computed`
+        already (the plan check: it reads it for the uncomputed counts too)."""
         if self._reserves:
             admitting = self._table.state[ids] == _WAITING
             target = np.where(admitting, np.maximum(target, self._reserve_tokens[ids]), target)
@@ -241,12 +247,11 @@ class CachedCapacity(KVCapacity):
         self.totals_decide = False  # a free page several admissions hit is taken once
         self.counts_hits = True
 
-    def pages_needed(self, ids: NDArray[np.int64],  # [n]
-                     tokens: NDArray[np.int64]) -> NDArray[np.int64]:  # [n]
+    def pages_for_context(self, ids: NDArray[np.int64],  # [n]
+                          target: NDArray[np.int64]) -> NDArray[np.int64]:  # [n]
         """An admission needs the pages past its hit, plus each hit page that is free
         now (sharing takes it out of the free pool)."""
         table = self._table
-        target = table.num_computed[ids] + tokens
         admitting = table.state[ids] == _WAITING
         hit_pages = free_hits = None
         if admitting.any():

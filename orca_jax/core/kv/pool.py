@@ -240,7 +240,13 @@ class PagedPool(PageTable):
 
     def pages_needed(self, ids: NDArray[np.int64],  # [n]
                      target_tokens: NDArray[np.int64]) -> NDArray[np.int64]:  # [n]
-        return np.maximum(self.pages_for_tokens(target_tokens) - self.num_held[ids], 0)
+        # `pages_for_tokens(target_tokens) - num_held[ids]`, at least 0: asked several times
+        # a step, so written out, on one new array.
+        page_size = self.page_size
+        need = target_tokens + (page_size - 1)
+        need //= page_size
+        need -= self.num_held[ids]
+        return np.maximum(need, 0, out=need)
 
     def blocks_fit(self, ids: NDArray[np.int64],  # [n]
                    pages: NDArray[np.int64],  # [n]

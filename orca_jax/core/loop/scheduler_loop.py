@@ -203,7 +203,7 @@ class SchedulerLoop:
                             f"schedule() returned {type(plan).__name__}, not a StepPlan")
         if self.features.spec_k and not self.policy.plans_speculation:  # --spec_k
             plan = add_drafts(self.view, plan, self.features.spec_k)
-        needed = check_plan(self, plan)
+        needed, computed, context, uncomputed = check_plan(self, plan)
         self.last_finished = NO_REQUESTS  # "finished since the previous schedule() call"
         self._apply_release(plan.release)
         kv_move_s = self._apply_preemption(plan.preempt)  # the executor counts the moves
@@ -222,11 +222,19 @@ class SchedulerLoop:
         num_cached_tokens, admit_move_s = self._admit(ids)
         kv_move_s += admit_move_s
         table = self.table
-        num_computed = table.num_computed[ids]  # [n] after admission (past any hit)
         spec = plan.spec_tokens if plan.spec_tokens.size else None  # [n] draft tokens
-        # [n] each one's context after the step: the k draft positions too, whose pages
-        # are allocated now and, past what the engine accepts, freed at `update`.
-        kv_lens = num_computed + tokens if spec is None else num_computed + tokens + spec
+        if self.capacity.counts_hits:  # an admission starts past its prefix hit: read again
+            num_computed = table.num_computed[ids]  # [n] after admission (past any hit)
+            # [n] each one's context after the step: the k draft positions too, whose pages
+            # are allocated now and, past what the engine accepts, freed at `update`.
+            kv_lens = num_computed + tokens if spec is None else num_computed + tokens + spec
+            # A request samples a token when the step computes all it knows (a speculating
+            # decode does: its drafts are past what it knows).
+            samples = (kv_lens if spec is None else kv_lens - spec) == (
+                table.prompt_len[ids] + table.num_generated[ids])
+        else:  # admission moved no one: the check's counts are the step's
+            num_computed, kv_lens = computed, context
+            samples = tokens == uncomputed  # kv_lens - spec == prompt_len + num_generated
         if np.count_nonzero(needed):  # needed.any(), without the method's Python frame
             # Without reservations or hits, admission took no pages: the check's count holds.
             reuse = self.kv_memory.needed_is_allocation
@@ -249,11 +257,8 @@ class SchedulerLoop:
                                       else self._token_ids(ids, tokens, self._generated,
                                                            spec)),
                            min_bucket_tokens=plan.min_bucket_tokens,
-                           num_real_tokens=num_real_tokens, spec_tokens=spec)
-        # A request samples a token when the step computes all it knows (a speculating
-        # decode does: its drafts are past what it knows).
-        samples = (kv_lens if spec is None else kv_lens - spec) == (
-            table.prompt_len[ids] + table.num_generated[ids])
+                           num_real_tokens=num_real_tokens, spec_tokens=spec,
+                           kv_lens=kv_lens)
         # Positional (the fields' order): keywords would cost a microsecond an iteration.
         return ScheduledStep(self.num_steps, ids, tokens, kv_lens, samples, ids[samples], packed,
                              num_real_tokens, num_cached_tokens, progressed,

@@ -28,6 +28,17 @@ _FINISHED = int(RequestState.FINISHED)
 
 _PLAN_FILE = os.path.realpath(plan_module.__file__)
 
+# What `check_plan` counted of a plan's requests, each `[n]` in plan order, so that the
+# step is not counted again after it: `needed` (new KV pages, what the allocation takes
+# where `KVCapacity.needed_is_allocation`), `computed` (`num_computed` before the step),
+# `context` (`computed` + tokens + draft positions: the step's KV lengths) and
+# `uncomputed` (`num_uncomputed`, less the prefix hits where `counts_hits`). `computed`
+# and `context` are before admission: an admission onto a prefix hit starts past it.
+PlanCounts = tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]
+_NONE = np.zeros(0, dtype=np.int64)
+_NONE.setflags(write=False)
+NO_COUNTS: PlanCounts = (_NONE, _NONE, _NONE, _NONE)  # a plan that runs nothing
+
 
 def not_a_plan(name: str, error: MalformedPlan) -> PlanError:
     """Rule `not_a_plan` of policy `name`, for a StepPlan it could not build: the
@@ -99,15 +110,16 @@ def _check_held(name: str, table: RequestTable, plan: StepPlan) -> None:
                             "and view.running")
 
 
-def check_plan(scheduler: SchedulerState, plan: StepPlan) -> NDArray[np.int64]:
-    """Raises PlanError if `plan` breaks a rule; returns the new pages each request needs.
+def check_plan(scheduler: SchedulerState, plan: StepPlan) -> PlanCounts:
+    """Raises PlanError if `plan` breaks a rule; returns what it counted on the way.
 
     Args:
       scheduler: the scheduler's state (read only here).
       plan: the policy's plan for this iteration.
 
     Returns:
-      `[n]` pages to allocate to each of `plan.request_ids` (0 for most decodes).
+      `(needed, computed, context, uncomputed)`, each `[n]` over `plan.request_ids`
+      (`PlanCounts`; `NO_COUNTS` for a plan that runs nothing).
     """
     name = scheduler.policy.name
     table = scheduler.table
@@ -147,7 +159,7 @@ def check_plan(scheduler: SchedulerState, plan: StepPlan) -> NDArray[np.int64]:
                                 f"request {_first(ids, both)} is both preempted and scheduled")
 
     if ids.size == 0:
-        return np.zeros(0, dtype=np.int64)
+        return NO_COUNTS
 
     states = table.state[ids]
     lowest = _min(states)
@@ -171,7 +183,9 @@ def check_plan(scheduler: SchedulerState, plan: StepPlan) -> NDArray[np.int64]:
     capacity = scheduler.capacity
     # A preempted-and-waiting request recomputes from 0 (its counters were reset), or from
     # past its prefix-cache hit: an admission starts there.
-    uncomputed = table.num_uncomputed(ids)
+    # `table.num_uncomputed(ids)`, its `num_computed` read once: the pages count from it.
+    computed = table.num_computed[ids]
+    uncomputed = table.prompt_len[ids] + table.num_generated[ids] - computed
     if capacity.counts_hits:  # else every request's hit is 0: nothing to ask or subtract
         uncomputed = uncomputed - capacity.cached_tokens(ids)
     over = tokens > uncomputed
@@ -208,12 +222,13 @@ def check_plan(scheduler: SchedulerState, plan: StepPlan) -> NDArray[np.int64]:
     if ids.size > cap:
         raise PlanError(name, "batch_cap", f"{ids.size} sequences > batch cap {cap}")
 
-    needed = capacity.pages_needed(ids, tokens)
+    context = computed + tokens  # [n] (`tokens` with the drafts' positions, if any)
+    needed = capacity.pages_for_context(ids, context)  # `capacity.pages_needed(ids, tokens)`
     # `kv_pages` or `kv_watermark`, if the KV does not fit; states are 1 or 2 here.
     broken = capacity.rule_broken(ids, needed, plan.preempt, bool(lowest == _WAITING))
     if broken is not None:
         raise PlanError(name, *broken)
-    return needed
+    return needed, computed, context, uncomputed
 
 
 def _check_spec(name: str, scheduler: SchedulerState,

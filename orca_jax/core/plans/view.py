@@ -235,8 +235,9 @@ class SchedulerView:
         plus each hit page that is free now (sharing takes it out of the free pool).
         Returns `[n]`.
         """
-        ids = np.asarray(ids, dtype=np.int64)
-        return self._scheduler.pages_needed(ids, np.asarray(num_tokens, dtype=np.int64))
+        # The capacity question itself (`Scheduler.pages_needed` asks it): a call less.
+        return self._scheduler.capacity.pages_needed(np.asarray(ids, dtype=np.int64),
+                                                     np.asarray(num_tokens, dtype=np.int64))
 
     def pages_held(self, ids: NDArray[np.int64]) -> NDArray[np.int64]:  # [n] -> [n]
         """KV pages each request holds (freed if it is preempted, but for shared pages:

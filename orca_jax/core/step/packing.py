@@ -254,6 +254,7 @@ def pack_step(*, bucket_config: BucketConfig,
               min_bucket_tokens: int = 0,
               num_real_tokens: Optional[int] = None,
               spec_tokens: Optional[NDArray[np.int64]] = None,  # [n] or None
+              kv_lens: Optional[NDArray[np.int64]] = None,  # [n] or None
               ) -> PackedStep:
     """Packs one step's requests: the smallest fitting bucket, and the padded descriptor
     (StepInputs), built only when an engine reads it.
@@ -282,6 +283,8 @@ def pack_step(*, bucket_config: BucketConfig,
         decoding; None: none). They are computed positions like any: the descriptor
         holds `num_tokens + spec_tokens` queries each (`token_ids` covers them, the
         drafts as placeholders) and the pages must hold them.
+      kv_lens: `num_computed + num_tokens (+ spec_tokens)`, if the caller has it
+        already (kept as it is: a copy, as the other arrays).
 
     Returns:
       The packed step.
@@ -298,8 +301,9 @@ def pack_step(*, bucket_config: BucketConfig,
                                  sampling_rows=request_ids,
                                  pages_per_seq=bucket_config.pages_per_seq)
 
-    return PackedStep(bucket, num_tokens, num_computed + num_tokens, build, request_ids,
-                      spec_tokens)
+    return PackedStep(bucket, num_tokens,
+                      num_computed + num_tokens if kv_lens is None else kv_lens, build,
+                      request_ids, spec_tokens)
 
 
 def bucket_config_for(*, max_num_tokens: int, max_num_seqs: int, max_model_len: int,
