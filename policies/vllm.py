@@ -254,27 +254,27 @@ class VLLM(Policy):
         while True:
             head = candidates[:size]
             fits, tokens = self._fits(view, head, budget, free, threshold)
-            all_fit = np.count_nonzero(fits) == fits.size  # cheaper than fits.all()
-            if not all_fit or head.size == candidates.size:
+            if not all(fits) or head.size == candidates.size:
                 break
             size *= 4
-        num_admitted = int(fits.size) if all_fit else int(np.argmin(fits))
-        return head[:num_admitted], tokens[:num_admitted]
+        num_admitted = fits.index(False) if False in fits else len(fits)
+        return head[:num_admitted], np.array(tokens[:num_admitted], dtype=np.int64)
 
     def _fits(self, view: SchedulerView, candidates: NDArray[np.int64],  # [c]
-              budget: int, free: int, threshold: int
-              ) -> tuple[NDArray[np.bool_], NDArray[np.int64]]:
+              budget: int, free: int, threshold: int) -> tuple[list[bool], list[int]]:
         """Whether each candidate fits after those before it are admitted (`[c]`), and the
         tokens it would get (`[c]`)."""
-        requests = view.requests
-        # An admission starts past its cached pages: only the rest is left to compute.
-        uncached = requests.num_uncomputed(candidates) - view.cached_tokens(candidates)  # [c]
+        # An admission starts past its cached pages: only the rest is left to compute
+        # (`cached_tokens` is 0 for every request where prefix caching is not active).
+        uncached = view.requests.num_uncomputed(candidates)  # [c]
+        if view.prefix_caching:
+            uncached = uncached - view.cached_tokens(candidates)
         # Its whole sequence's pages, less its hits and the pages it holds (one received
         # with its KV, in disaggregated decode, has them): what the core would allocate.
-        full_pages = view.pages_needed(candidates, uncached)  # [c]
-        # The running totals over the candidates in Python ints (exact, as int64 sums are):
-        # `_admit` looks at a short head first, and each numpy call on a few elements,
-        # with a Python int on one side, costs more than the whole loop.
+        full_pages = view.pages_needed(candidates, uncached).tolist()  # [c]
+        # The rest over the candidates in Python ints (exact, as int64 sums are): `_admit`
+        # looks at a short head first, and each numpy call on a few elements, with a
+        # Python int on one side, costs more than the whole loop.
         chunked = self.enable_chunked_prefill
         wants = uncached.tolist()
         fits, tokens = [], []
@@ -291,15 +291,16 @@ class VLLM(Policy):
         # Most admissions get their whole prompt (the budget is not cut): their pages then
         # are those of the whole prompt, so the same count is not asked again.
         pages = (full_pages if at_least_one == wants
-                 else view.pages_needed(candidates, np.array(at_least_one, dtype=np.int64)))
-        free_before, taken = [], 0  # [c] free pages left by earlier admissions
-        for count in pages.tolist():
-            free_before.append(free - taken)
-            taken += count
-        # vLLM asks the room of the whole prompt.
-        room = view.kv_room(np.array(free_before, dtype=np.int64))  # [c]
-        return (np.array(fits, dtype=bool) & (full_pages <= room),
-                np.array(tokens, dtype=np.int64))
+                 else view.pages_needed(candidates,
+                                        np.array(at_least_one, dtype=np.int64)).tolist())
+        # vLLM asks the room of the whole prompt, with the free pages earlier admissions
+        # left: the room is the free pages less what an admission must leave
+        # (`kv_room`), so each candidate's is the room now less the pages taken before it.
+        room = int(view.kv_room(free))
+        for i, count in enumerate(pages):
+            fits[i] = fits[i] and full_pages[i] <= room
+            room -= count
+        return fits, tokens
 
 
 @register("vllm-priority")

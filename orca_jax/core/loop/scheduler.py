@@ -450,12 +450,17 @@ class Scheduler(SchedulerLoop):
         if table.programs is not None:
             table.programs.done(reject, self.now_s)
 
-    def _admit(self, ids: NDArray[np.int64]) -> tuple[int, float]:
-        """Admits the waiting ones of `ids`. Returns (tokens they took from the prefix cache,
-        seconds of KV brought back from a slower tier: it holds the step back)."""
+    def _admit(self, ids: NDArray[np.int64],  # [n]
+               states: NDArray[np.int8]) -> tuple[int, float]:  # [n]
+        """Admits the waiting ones of `ids` (`states`: theirs, as the plan check read them).
+        Returns (tokens they took from the prefix cache, seconds of KV brought back from a
+        slower tier: it holds the step back)."""
+        linked = self.kv_memory.linked
+        if linked is None and int(np.minimum.reduce(states)) != _WAITING:  # none waits
+            return 0, 0.0
         table = self.table
-        admitted = ids[table.state[ids] == _WAITING]
-        if self.kv_memory.linked is not None:  # slower tiers: the queue's head prefetches
+        admitted = ids[states == _WAITING]
+        if linked is not None:  # slower tiers: the queue's head prefetches
             self.kv_memory.prefetch(self.waiting[~np.isin(self.waiting, admitted)])
         if admitted.size == 0:
             return 0, 0.0

@@ -203,7 +203,7 @@ class SchedulerLoop:
                             f"schedule() returned {type(plan).__name__}, not a StepPlan")
         if self.features.spec_k and not self.policy.plans_speculation:  # --spec_k
             plan = add_drafts(self.view, plan, self.features.spec_k)
-        needed, computed, context, uncomputed = check_plan(self, plan)
+        needed, computed, context, uncomputed, states = check_plan(self, plan)
         self.last_finished = NO_REQUESTS  # "finished since the previous schedule() call"
         self._apply_release(plan.release)
         kv_move_s = self._apply_preemption(plan.preempt)  # the executor counts the moves
@@ -219,7 +219,7 @@ class SchedulerLoop:
             return IdleStep(resume_s=self.next_arrival_s() if jumps else None, waits=waits,
                             progressed=progressed, kv_move_s=kv_move_s)
         ids, tokens = plan.request_ids, plan.num_tokens
-        num_cached_tokens, admit_move_s = self._admit(ids)
+        num_cached_tokens, admit_move_s = self._admit(ids, states)
         kv_move_s += admit_move_s
         table = self.table
         spec = plan.spec_tokens if plan.spec_tokens.size else None  # [n] draft tokens

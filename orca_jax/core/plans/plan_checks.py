@@ -34,10 +34,12 @@ _PLAN_FILE = os.path.realpath(plan_module.__file__)
 # `context` (`computed` + tokens + draft positions: the step's KV lengths) and
 # `uncomputed` (`num_uncomputed`, less the prefix hits where `counts_hits`). `computed`
 # and `context` are before admission: an admission onto a prefix hit starts past it.
-PlanCounts = tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]
+# `states` (`RequestState` before admission: WAITING ones are admitted) too.
+PlanCounts = tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64], NDArray[np.int64],
+                   NDArray[np.int8]]
 _NONE = np.zeros(0, dtype=np.int64)
 _NONE.setflags(write=False)
-NO_COUNTS: PlanCounts = (_NONE, _NONE, _NONE, _NONE)  # a plan that runs nothing
+NO_COUNTS: PlanCounts = (_NONE, _NONE, _NONE, _NONE, _NONE.astype(np.int8))  # runs nothing
 
 
 def not_a_plan(name: str, error: MalformedPlan) -> PlanError:
@@ -62,6 +64,13 @@ _min, _max, _sum = np.minimum.reduce, np.maximum.reduce, np.add.reduce
 
 def _check_indices(name: str, field: str, ids: NDArray[np.int64], num_requests: int) -> None:
     if ids.size == 0:  # most steps preempt, release and reject nothing
+        return
+    if ids.size > 1 and _any(ids[1:] <= ids[:-1]) == 0:  # increasing: distinct, no sort
+        if ids[0] < 0 or ids[-1] >= num_requests:
+            bad = (ids < 0) | (ids >= num_requests)
+            raise PlanError(name, "unknown_request",
+                            f"{field} names request index {_first(ids, bad)}, but there are "
+                            f"{num_requests} requests")
         return
     ordered = ids.copy()
     ordered.sort()  # in place: np.sort's wrapper costs a third more on a short array
@@ -118,7 +127,7 @@ def check_plan(scheduler: SchedulerState, plan: StepPlan) -> PlanCounts:
       plan: the policy's plan for this iteration.
 
     Returns:
-      `(needed, computed, context, uncomputed)`, each `[n]` over `plan.request_ids`
+      `(needed, computed, context, uncomputed, states)`, each `[n]` over `plan.request_ids`
       (`PlanCounts`; `NO_COUNTS` for a plan that runs nothing).
     """
     name = scheduler.policy.name
@@ -228,7 +237,7 @@ def check_plan(scheduler: SchedulerState, plan: StepPlan) -> PlanCounts:
     broken = capacity.rule_broken(ids, needed, plan.preempt, bool(lowest == _WAITING))
     if broken is not None:
         raise PlanError(name, *broken)
-    return needed, computed, context, uncomputed
+    return needed, computed, context, uncomputed, states
 
 
 def _check_spec(name: str, scheduler: SchedulerState,
