@@ -135,6 +135,19 @@ class PackedStep:
             self.build_s = time.perf_counter() - start
         return self._inputs
 
+    def close(self) -> None:
+        """Its descriptor can no longer be built: the state it reads at its first read (the
+        page table's rows, which `pack_step` takes then rather than copying every step)
+        is about to change. The scheduler closes each step at its update; an engine reads
+        the descriptor within the step, before that."""
+        if self._inputs is None:
+            self._build = _closed
+
+
+def _closed() -> "StepInputs":
+    raise RuntimeError("PackedStep.inputs: the step was updated before its descriptor was "
+                       "read (an engine reads it within the step, before update)")
+
 
 @dataclasses.dataclass(frozen=True)
 class StepOutput:

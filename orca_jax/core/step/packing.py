@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-from typing import Optional, Sequence, Union
+from typing import Callable, Optional, Sequence, Union
 
 import numpy as np
 from numpy.typing import NDArray
@@ -247,7 +247,8 @@ def pack_step(*, bucket_config: BucketConfig,
               request_ids: NDArray[np.int64],  # [n] in pack order
               num_tokens: NDArray[np.int64],  # [n] tokens to compute for each
               num_computed: NDArray[np.int64],  # [n] tokens already in each one's KV cache
-              page_rows: NDArray[np.int32],  # [n, W] each request's pages, W <= P
+              page_rows: Union[NDArray[np.int32],  # [n, W] each request's pages, W <= P
+                               Callable[[], NDArray[np.int32]]],
               page_size: int,
               sampling: SamplingArrays,
               token_ids: Optional[NDArray[np.int32]] = None,  # [sum(num_tokens)] or None
@@ -271,7 +272,9 @@ def pack_step(*, bucket_config: BucketConfig,
       num_computed: tokens each has in its KV cache before the step.
       page_rows: each request's pages (the core allocated enough for this step), at
         least its context after the step; the descriptor is padded to the configured
-        width with the null page.
+        width with the null page. Or a function that reads them, called at the first
+        read of the descriptor (the scheduler's: an engine that prices lengths never
+        has the rows copied; `PackedStep.close` ends the time it may be called).
       page_size: tokens per KV page.
       sampling: per-request sampling parameters (indexed by request index).
       token_ids: the flat ids of the tokens to compute, or None (zeros) for an
@@ -296,7 +299,8 @@ def pack_step(*, bucket_config: BucketConfig,
 
     def build() -> StepInputs:
         return build_step_inputs(bucket, num_tokens=num_tokens, num_computed=num_computed,
-                                 page_rows=page_rows, page_size=page_size,
+                                 page_rows=page_rows() if callable(page_rows) else page_rows,
+                                 page_size=page_size,
                                  token_ids=token_ids, sampling=sampling,
                                  sampling_rows=request_ids,
                                  pages_per_seq=bucket_config.pages_per_seq)
