@@ -209,8 +209,9 @@ class RunFolder:
 
     def _append_lines(self, name: str, lines: Iterable[str]) -> None:
         stream = self._streams[name]
-        for line in lines:
-            stream.write(line + "\n")
+        text = "\n".join(lines)  # one write of the flush's lines, not one a line
+        if text:
+            stream.write(text + "\n")
         now = time.monotonic()
         if now - self._last_flush >= FLUSH_EVERY_S:
             self._last_flush = now

@@ -96,10 +96,16 @@ class KVCapacity:
         # Whether `cached_tokens` can be other than 0 (prefix caching): the plan check
         # skips asking it, and subtracting its zeros, on every step otherwise.
         self.counts_hits = False
+        # Whether `pages_for_context` is the pool's `pages_needed` as it is (no
+        # reservation, no hits): `pages_needed`, asked several times a step, asks the
+        # pool directly.
+        self._plain = not self._reserves
 
     def pages_needed(self, ids: NDArray[np.int64],  # [n]
                      tokens: NDArray[np.int64]) -> NDArray[np.int64]:  # [n]
         """New pages to run `tokens` of each request now (admissions reserve first)."""
+        if self._plain:  # the pool's count of the context, without a call between
+            return self._pool.pages_needed(ids, self._table.num_computed[ids] + tokens)
         return self.pages_for_context(ids, self._table.num_computed[ids] + tokens)
 
     def pages_for_context(self, ids: NDArray[np.int64],  # [n]
@@ -246,6 +252,7 @@ class CachedCapacity(KVCapacity):
         self.needed_is_allocation = False
         self.totals_decide = False  # a free page several admissions hit is taken once
         self.counts_hits = True
+        self._plain = False
 
     def pages_for_context(self, ids: NDArray[np.int64],  # [n]
                           target: NDArray[np.int64]) -> NDArray[np.int64]:  # [n]
