@@ -138,6 +138,21 @@ def test_ranked_policies_leap_exactly_with_priorities_and_deadlines(case, settin
     assert scheduler.executor.leaper.num_leaps_after_finishes > 0
 
 
+# Agent programs (docs/programs.md): a finish releases the program's next call after a
+# tool pause and, under continuum, pins the call's pages; both are events a leap that
+# goes on after the finish must see as `schedule()` would.
+PROGRAMS = RunSpec(workload=WorkloadSpec(arrival="programs", num_requests=80, rate=2),
+                   limits=LimitsSpec(num_kv_pages=400, max_model_len=4096))
+
+
+@pytest.mark.parametrize("policy", ["continuum", "vllm"])
+def test_agent_programs_leap_through_finishes_exactly(policy):
+    leaped, scheduler = run(PROGRAMS, policy, leap=True, seed=1)
+    stepped, _ = run(PROGRAMS, policy, leap=False, seed=1)
+    assert_same_run(leaped, stepped)
+    assert scheduler.executor.leaper.num_leaps_after_finishes > 0
+
+
 # static pads every step of a batch to its shape (`min_bucket_tokens`), or not; fine
 # buckets make the smaller batch after a finish pick a smaller one.
 BUCKETS = {"shape_held": ({}, None), "shape_free": ({"hold_batch_shape": "false"}, None),
