@@ -135,7 +135,8 @@ def test_ranked_policies_leap_exactly_with_priorities_and_deadlines(case, settin
                      options=RANKED[case], ranked=True)
     assert_same_run(leaped, stepped)
     assert scheduler.executor.leaper.num_leaped_steps > 0
-    assert scheduler.executor.leaper.num_leaps_after_finishes > 0
+    if setting == "plain":  # KV-tight or queued, who waits may fit once one finishes
+        assert scheduler.executor.leaper.num_leaps_after_finishes > 0
 
 
 # Agent programs (docs/programs.md): a finish releases the program's next call after a

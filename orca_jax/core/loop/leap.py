@@ -157,6 +157,19 @@ class Leaper:
             return False
         host_start = time.perf_counter()
         s = self.scheduler
+        if s.busy.size or s.in_transfer.size:
+            return False
+        # An arrival (or another event) due now: the next step is planned. Asked first: a
+        # leap that ended at an arrival is followed by this call every time.
+        now = s.now_s
+        upcoming = s.next_arrival_s()
+        if self.horizon is None:  # a cluster's replica whose loop set no horizon
+            return False
+        horizon = self.horizon()  # a cluster's replica: only up to its loop's next event
+        if horizon is not None:
+            upcoming = horizon if upcoming is None else min(upcoming, horizon)
+        if upcoming is not None and upcoming <= now:
+            return False
         ids, bucket, min_bucket, prefills = template
         table = s.table
         after = 0  # 1: the template lost requests that finished; 2: it held prefills
@@ -171,17 +184,6 @@ class Leaper:
             ids, after = s.running, 2
         if after:
             bucket = s.bucket_config.select(max(int(ids.size), min_bucket))
-        if s.busy.size or s.in_transfer.size:
-            return False
-        now = s.now_s
-        upcoming = s.next_arrival_s()
-        if self.horizon is None:  # a cluster's replica whose loop set no horizon
-            return False
-        horizon = self.horizon()  # a cluster's replica: only up to its loop's next event
-        if horizon is not None:
-            upcoming = horizon if upcoming is None else min(upcoming, horizon)
-        if upcoming is not None and upcoming <= now:
-            return False
         computed = table.num_computed[ids]  # [n]
         if not s.watchdog.would_gain(ids, computed + 1):
             return False
@@ -275,6 +277,9 @@ class Leaper:
             chunk *= 2
         if done == 0:
             return None
+        if len(parts) == 1:  # most leaps: one span priced
+            step_s, tokens, clocks = parts[0]
+            return step_s, tokens, clocks[:-1], clocks[1:]
         step_s = np.concatenate([p[0] for p in parts])
         tokens = np.concatenate([p[1] for p in parts])
         starts = np.concatenate([p[2][:-1] for p in parts])
