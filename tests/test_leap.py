@@ -108,10 +108,10 @@ def test_a_leaping_run_is_the_step_by_step_run(policy, setting):
     leaper = scheduler.executor.leaper
     # else this compares two step-by-step runs
     assert leaper.num_leaped_steps > 0
-    # Each widening of the promise was used (with prefix caching a finish frees pages
-    # into the cache, and who waits may then fit: there, it may never be).
+    # Each widening of the promise was used (KV-tight or queued, who waits may fit once
+    # one finishes, and the leaper lets chances go after the policy refuses some).
     cls = registered_policies()[policy]
-    if setting != "shared_prefix":
+    if setting == "plain":
         assert (leaper.num_leaps_after_finishes > 0) == cls.stable_through_finishes
         assert (leaper.num_leaps_after_prefills > 0) == cls.stable_after_prefills
 
@@ -202,8 +202,8 @@ def test_the_token_log_and_the_step_requests_are_the_same():
     stepped, plain = run(spec, "vllm", leap=False, seed=3, log_tokens=True)
     assert scheduler.executor.leaper.num_leaped_steps > 100
     assert leaped.num_preemptions.sum() > 0  # KV-tight: leaps between preemptions
-    assert scheduler.executor.leaper.num_leaps_after_finishes > 10
-    assert scheduler.executor.leaper.num_leaps_after_prefills > 10
+    assert scheduler.executor.leaper.num_leaps_after_finishes > 0
+    assert scheduler.executor.leaper.num_leaps_after_prefills > 0
     assert_same_run(leaped, stepped)
     # The finished requests' pages went back in the same order: the same free stack.
     pools = [s.kv for s in (scheduler, plain)]

@@ -37,7 +37,10 @@ packing selects for the fewer tokens (and the plan's `min_bucket_tokens`), and e
 check above is made again, so the event's consequences (pages freed into a prefix
 cache, a program's child call released, a pin started) are seen as `schedule()`
 would see them. A replica whose finishes start a KV handoff (`in_transfer`) is not
-leaped until the transfer is done.
+leaped until the transfer is done. Where the policy refuses such a chance (someone
+waiting fits once a request finished: a saturated replica, every step), the next 1,
+then 3, 7, up to 15 chances after finishes or prefills are let go without asking it
+(those steps are planned, as without the widening), until a leap starts so again.
 
 It never leaps with `count_host_time` (each step's measured host time moves the
 clock). A replica of a cluster leaps only where its loop sets a horizon
@@ -66,6 +69,12 @@ MAX_LEAP_STEPS = 4096
 # Steps priced at a time while an arrival may cut the leap short: pricing past the
 # arrival is wasted work.
 _FIRST_CHUNK = 32
+# The most chances to leap after a finish or after prefills let go by after the policy
+# refused such chances in a row (each refusal doubles the chances let go, up to this):
+# a saturated replica, whose queue is admitted at nearly every finish, would else ask
+# its policy for nothing on many steps (a third of them on the default workload at 30
+# req/s). Letting one go is planning that step, which is always exact.
+_MAX_BACKOFF = 15
 
 
 def promise_covers_schedule(policy_type: type, promise: str = "stable_steps") -> bool:
@@ -124,6 +133,8 @@ class Leaper:
         self.num_leaps = 0
         self.num_leaps_after_finishes = 0
         self.num_leaps_after_prefills = 0
+        self._backoff = 0  # chances after finishes or prefills let go after the last refusal
+        self._skip = 0  # those still to let go
         # When the next event other than the scheduler's own steps and arrivals is (None
         # from it: none is left); a leap ends before it. A lone scheduler has none; a
         # cluster's replica gets its loop's (`Scheduler.set_leap_horizon`).
@@ -183,12 +194,18 @@ class Leaper:
         if prefills:  # its requests (all of `running`) decode next, in `running`'s order
             ids, after = s.running, 2
         if after:
+            if self._skip:  # the policy refused the last such chances: plan this step
+                self._skip -= 1
+                return False
             bucket = s.bucket_config.select(max(int(ids.size), min_bucket))
         computed = table.num_computed[ids]  # [n]
         if not s.watchdog.would_gain(ids, computed + 1):
             return False
         promised = s.policy.stable_steps(s.view)
         if promised is None or promised < 1:
+            if after:  # refused where it would plan: let the next chances go, more each time
+                self._backoff = min(2 * self._backoff + 1, _MAX_BACKOFF)
+                self._skip = self._backoff
             return False
         limit = min(int(promised), MAX_LEAP_STEPS,
                     int((table.output_len[ids] - table.num_generated[ids]).min()))
@@ -201,6 +218,7 @@ class Leaper:
         step_s, tokens, starts, ends = priced
         if after:  # from here on the plan it repeats is this one
             self._template = (ids, bucket, min_bucket, False)
+            self._backoff = 0
             if after == 1:
                 self.num_leaps_after_finishes += 1
             else:
