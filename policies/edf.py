@@ -20,7 +20,7 @@ deadline order among them; `infeasible="ignore"` is plain EDF.
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal, Optional
+from typing import ClassVar, Literal, Optional
 
 import numpy as np
 from numpy.typing import NDArray
@@ -83,6 +83,8 @@ class EDF(Policy):
     def schedule(self, view: SchedulerView) -> StepPlan:
         return plan_in_order(view, self.order(view)[0])
 
+    stable_through_finishes: ClassVar[bool] = True  # see stable_steps
+
     def stable_steps(self, view: SchedulerView) -> Optional[int]:
         """Steady while every running request ranks above every waiting one, nobody
         waiting could be admitted (`admits_nobody`), and no running request's rank can
@@ -91,7 +93,10 @@ class EDF(Policy):
         cannot move for a running request with no deadline or nothing due by it (a
         decoding request's first token is out), so every running one must be such;
         a waiting request can only turn late as the clock moves, which ranks it lower
-        still. No bookkeeping: any number of steps."""
+        still. No bookkeeping: any number of steps. Through finishes
+        (`stable_through_finishes`): the rest keep their ranks and so their order, and
+        the question is asked again of the state after them. Not after prefills
+        (`stable_after_prefills`): its plan runs in rank order, not `view.running`'s."""
         order, tokens_left, deadline = self.order(view)
         num_running = view.running.size
         if not (view.requests.state[order[:num_running]] == RequestState.RUNNING).all():

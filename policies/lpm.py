@@ -44,7 +44,7 @@ a request out of FCFS order.
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal, Optional, get_args
+from typing import ClassVar, Literal, Optional, get_args
 
 import numpy as np
 from numpy.typing import NDArray
@@ -74,6 +74,8 @@ class LPM(Policy):
     """
 
     prefix_caching = True
+    stable_through_finishes: ClassVar[bool] = True  # see stable_steps
+    stable_after_prefills: ClassVar[bool] = True
 
     in_batch: InBatch = "deprioritize"
     in_batch_check_tokens: int = 32
@@ -100,7 +102,11 @@ class LPM(Policy):
         pass takes the running in admission order, one token each, and preempts only
         when pages run out (a leap takes only pages the pool has); the queue's ranking
         (prefix hits) does not matter when nobody gets in, and the free pages only fall,
-        which admits fewer. Its per-request key cache is a cache: no bookkeeping."""
+        which admits fewer. Its per-request key cache is a cache: no bookkeeping.
+        Through finishes and after prefills that ended (`stable_through_finishes`,
+        `stable_after_prefills`) the same question is asked of the state `schedule()`
+        would see (the finished ones' pages freed into the cache); the running pass is
+        then every running request in admission order, one token each."""
         return STEADY if admits_nobody(view) else None
 
     def schedule(self, view: SchedulerView) -> StepPlan:

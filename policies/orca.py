@@ -51,12 +51,17 @@ class Orca(Policy):
     max_num_seqs: Optional[int] = None
     kv_reservation: str = "max"
     preempts: ClassVar[bool] = False  # so it refuses kv_reservation=none (Policy.preempts)
+    stable_through_finishes: ClassVar[bool] = True  # see stable_steps
+    stable_after_prefills: ClassVar[bool] = True
 
     def stable_steps(self, view: SchedulerView) -> Optional[int]:
         """Steady while its plan now admits nobody: every running request holds its whole
         reservation (no page is taken), so while only decodes happen the queue, the
         budget, the seats and the KV its admissions may take all stay, and so does the
-        plan. It keeps no bookkeeping and reads no clock: asking is planning once."""
+        plan. It keeps no bookkeeping and reads no clock: asking is planning once.
+        Through finishes and after prefills that ended (`stable_through_finishes`,
+        `stable_after_prefills`) asking is planning the step `schedule()` would plan:
+        each running request's rest is one token, in `view.running`'s order."""
         return STEADY if self.schedule(view).request_ids.size == view.running.size else None
 
     def schedule(self, view: SchedulerView) -> StepPlan:

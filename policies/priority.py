@@ -14,7 +14,7 @@ request that only misses this step's token budget is paused, not preempted.
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import ClassVar, Optional
 
 import numpy as np
 from numpy.typing import NDArray
@@ -37,12 +37,18 @@ class Priority(Policy):
     def schedule(self, view: SchedulerView) -> StepPlan:
         return plan_in_order(view, self.order(view), preempt_over_cap=True)
 
+    stable_through_finishes: ClassVar[bool] = True  # see stable_steps
+
     def stable_steps(self, view: SchedulerView) -> Optional[int]:
         """Steady while every running request ranks above every waiting one and nobody
         waiting could be admitted (`admits_nobody`). The ranking is the requests' own
         (priority, arrival), which no step moves, so the running keep their order and
         no waiting request rises above one (none preempts, none takes a seat over the
-        cap); the free pages only fall, which admits fewer. No bookkeeping, no clock."""
+        cap); the free pages only fall, which admits fewer. No bookkeeping, no clock.
+        Through finishes (`stable_through_finishes`): the rest keep their ranks and so
+        their order, and the question is asked again of the state after them. Not
+        after prefills (`stable_after_prefills`): its plan runs in rank order, not
+        `view.running`'s."""
         order = self.order(view)
         num_running = view.running.size
         if not (view.requests.state[order[:num_running]] == RequestState.RUNNING).all():

@@ -29,7 +29,7 @@ the tokens and the rest wait a step, since a step can never exceed the budget.
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import ClassVar, Optional
 
 import numpy as np
 from numpy.typing import NDArray
@@ -50,6 +50,8 @@ class Sarathi(Policy):
     """
 
     renamed_options = {"token_budget": "max_num_tokens"}
+    stable_through_finishes: ClassVar[bool] = True  # see stable_steps
+    stable_after_prefills: ClassVar[bool] = True
 
     max_num_tokens: int = 512
     max_num_seqs: Optional[int] = None
@@ -84,7 +86,10 @@ class Sarathi(Policy):
         """Steady while every running request decodes within the budget and `_admit`
         admits nobody: the plan is then the decodes in admission order, and while only
         decodes happen the queue, budget and seats stay and the free pages only fall
-        (which admits fewer). No bookkeeping, no clock."""
+        (which admits fewer). No bookkeeping, no clock. Through finishes and after
+        prefills that ended (`stable_through_finishes`, `stable_after_prefills`) the
+        same question is asked of the state `schedule()` would see, and the decodes
+        are then every running request in admission order (`view.running`'s)."""
         running = view.running
         budget = min(self.max_num_tokens, view.max_num_tokens)
         if running.size > budget:

@@ -14,7 +14,7 @@ promoted ahead of the shortest ones (oldest first), so long jobs cannot starve.
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import ClassVar, Optional
 
 import numpy as np
 
@@ -36,11 +36,17 @@ class SJF(LengthRanked):
         the front of the queue (inf: never).
     """
 
+    stable_through_finishes: ClassVar[bool] = True  # see stable_steps
+    stable_after_prefills: ClassVar[bool] = True
+
     def stable_steps(self, view: SchedulerView) -> Optional[int]:
         """Steady while nobody waiting could be admitted (`admits_nobody`): running
         requests always come first, in admission order, so the plan is all of them,
         one token each. The starvation clock only reorders the queue, and the
-        predictions are cached once per request: no bookkeeping a skipped call misses."""
+        predictions are cached once per request: no bookkeeping a skipped call misses.
+        Through finishes and after prefills that ended (`stable_through_finishes`,
+        `stable_after_prefills`) the same question is asked of the state `schedule()`
+        would see; the running then decode in `view.running`'s order."""
         return STEADY if admits_nobody(view) else None
 
     def schedule(self, view: SchedulerView) -> StepPlan:

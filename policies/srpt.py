@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Optional
+from typing import ClassVar, Optional
 
 import numpy as np
 from numpy.typing import NDArray
@@ -49,13 +49,20 @@ class SRPT(LengthRanked):
                                  - requests.num_generated[ids], 1)
         return self.prompt_token_weight * prefill_left + output_left
 
+    stable_through_finishes: ClassVar[bool] = True  # see stable_steps
+
     def stable_steps(self, view: SchedulerView) -> Optional[int]:
         """Steady, without a starvation clock (`starvation_s` inf), while every running
         request ranks above every waiting one and nobody waiting could be admitted
         (`admits_nobody`). Each decode lowers every running request's remaining work by
         one and leaves the queue's, so the running keep their order and their lead, as
         long as no prediction is overrun (the remaining output is clamped at 1 there,
-        where ties could reorder them): the bound is the fewest predicted tokens left."""
+        where ties could reorder them): the bound is the fewest predicted tokens left.
+        Through finishes (`stable_through_finishes`): the rest keep their order (each
+        one's work fell alike), the question is asked again of the state after them,
+        and the starvation clock a skipped `schedule()` does not mark is read only
+        with a finite `starvation_s`, which promises nothing. Not after prefills
+        (`stable_after_prefills`): its plan runs in rank order, not `view.running`'s."""
         if math.isfinite(self.starvation_s) or self._promoted_s is None:
             return None
         running = view.running

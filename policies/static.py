@@ -42,6 +42,7 @@ class Static(Policy):
     hold_batch_shape: bool = True
     kv_reservation: str = "max"
     preempts: ClassVar[bool] = False  # so it refuses kv_reservation=none (Policy.preempts)
+    stable_through_finishes: ClassVar[bool] = True  # see stable_steps
     defer_release: bool = dataclasses.field(default=True, init=False)
     _batch: np.ndarray = dataclasses.field(  # request indices of the current batch
         default_factory=lambda: np.zeros(0, np.int64), init=False, repr=False)
@@ -49,8 +50,11 @@ class Static(Policy):
     def stable_steps(self, view: SchedulerView) -> Optional[int]:
         """Steady while its batch runs: nobody joins mid-batch, and the plan is the
         members not finished (one token each, the batch's shape held) until the last
-        finishes; a member's finish ends a leap, and the release waits for the next
-        plan."""
+        finishes; the release waits for the plan after the last. Through a member's
+        finish (`stable_through_finishes`) the plan is the rest in the batch's order,
+        its `min_bucket_tokens` (the shape) the same; `schedule()` notes nothing of a
+        finish but the last's. Not after prefills (`stable_after_prefills`), kept
+        simple: a batch's prefill steps are few beside its decodes."""
         states = view.requests.state[self._batch]
         return STEADY if (states != RequestState.FINISHED).any() else None
 

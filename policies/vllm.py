@@ -90,6 +90,8 @@ class VLLM(Policy):
     enable_prefix_caching: bool = True
     preemption_mode: str = "recompute"
     prefix_caching_knob: ClassVar[str] = "enable_prefix_caching"
+    stable_through_finishes: ClassVar[bool] = True  # see stable_steps
+    stable_after_prefills: ClassVar[bool] = True
 
     @property
     def prefix_caching(self) -> bool:  # the core reads this (see `Policy.prefix_caching`)
@@ -167,6 +169,16 @@ class VLLM(Policy):
         only decodes happen the queue, the budget left, the seats and the prefix
         cache do not change, and the free pages only fall, which admits fewer. No
         bookkeeping, no clock: any number of steps.
+
+        Through finishes (`stable_through_finishes`): asked again once they left, this
+        is the same question of the state `schedule()` would see (their freed pages, a
+        prefix cache that now holds them), and the running pass is then the rest in
+        admission order; `schedule()` counts nothing about a finish. After prefills
+        (`stable_after_prefills`): once every planned request computed all it knew,
+        the running pass gives each running request one token, in admission order
+        (`view.running`'s), the same question deciding the admissions. `continuum`
+        (vLLM's plans, its pins) inherits both: a pin is made by the core at the
+        finish, as one by one, and its end is an event that stops a leap.
         """
         running = view.running
         budget = min(self.max_num_tokens, view.max_num_tokens)

@@ -1,5 +1,6 @@
 """A colocated cluster's replicas leap over steady decode steps up to the loop's next
-event of another kind: the same results, bit for bit, as one step at a time."""
+event of another kind (through their own finishes and after their prefills too): the
+same results, bit for bit, as one step at a time."""
 
 import numpy as np
 import pytest
@@ -54,6 +55,9 @@ def test_leaping_replicas_give_the_results_of_single_steps(setup, seed):
     np.testing.assert_array_equal(other.replica, one.replica)
     assert leaped.num_steps == single.num_steps  # every step recorded, leaped or not
     assert sum(r.executor.leaper.num_leaps for r in other.replicas) > 0  # it did leap
+    # and went on through finishes and after prefills where one by one it would plan
+    assert sum(r.executor.leaper.num_leaps_after_finishes for r in other.replicas) > 0
+    assert sum(r.executor.leaper.num_leaps_after_prefills for r in other.replicas) > 0
     if setup == "rebalancer":
         assert other.migrator.log == one.migrator.log and one.migrator.log
     if setup == "planner":

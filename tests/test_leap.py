@@ -3,14 +3,16 @@
 Every built-in policy that promises a steady plan (`Policy.stable_steps`) runs each
 workload twice, leaping and step by step, and every request's timestamps, token
 counts and preemptions, every step's row (but its measured host time), the token log
-and the summary must be the same bit for bit; the leaps must have happened. The
+and the summary must be the same bit for bit; the leaps must have happened, through
+finishes and after prefills too where the policy widens its promise
+(`Policy.stable_through_finishes`, `stable_after_prefills`). The
 pieces a leap stands on (pricing k steps at once, counting k steps' tokens, taking k
 steps' pages) are checked against their one-step versions.
 """
 
 import dataclasses
 import math
-from typing import Optional
+from typing import ClassVar, Optional
 
 import numpy as np
 import pytest
@@ -18,6 +20,7 @@ import pytest
 import policies  # noqa: F401  (registers the built-in policies)
 from orca_jax.core.api.policy import Policy, make_policy, registered_policies
 from orca_jax.core.kv.pool import PagedPool
+from orca_jax.core.loop.leap import promise_covers_schedule
 from orca_jax.core.loop.scheduler import Scheduler
 from orca_jax.core.requests.request import Request
 from orca_jax.core.requests.token_stats import TokenTally
@@ -102,8 +105,15 @@ def test_a_leaping_run_is_the_step_by_step_run(policy, setting):
     stepped, plain = run(SETTINGS[setting], policy, leap=False, seed=seed)
     assert plain.executor.leaper is None
     assert_same_run(leaped, stepped)
+    leaper = scheduler.executor.leaper
     # else this compares two step-by-step runs
-    assert scheduler.executor.leaper.num_leaped_steps > 0
+    assert leaper.num_leaped_steps > 0
+    # Each widening of the promise was used (KV-tight or queued, who waits may fit once
+    # one finishes, and the leaper lets chances go after the policy refuses some).
+    cls = registered_policies()[policy]
+    if setting == "plain":
+        assert (leaper.num_leaps_after_finishes > 0) == cls.stable_through_finishes
+        assert (leaper.num_leaps_after_prefills > 0) == cls.stable_after_prefills
 
 
 # edf_fast: a token costs less than a step, so a running request turns late as it runs.
@@ -125,6 +135,47 @@ def test_ranked_policies_leap_exactly_with_priorities_and_deadlines(case, settin
                      options=RANKED[case], ranked=True)
     assert_same_run(leaped, stepped)
     assert scheduler.executor.leaper.num_leaped_steps > 0
+    if setting == "plain":  # KV-tight or queued, who waits may fit once one finishes
+        assert scheduler.executor.leaper.num_leaps_after_finishes > 0
+
+
+# Agent programs (docs/programs.md): a finish releases the program's next call after a
+# tool pause and, under continuum, pins the call's pages; both are events a leap that
+# goes on after the finish must see as `schedule()` would.
+PROGRAMS = RunSpec(workload=WorkloadSpec(arrival="programs", num_requests=80, rate=2),
+                   limits=LimitsSpec(num_kv_pages=400, max_model_len=4096))
+
+
+@pytest.mark.parametrize("policy", ["continuum", "vllm"])
+def test_agent_programs_leap_through_finishes_exactly(policy):
+    leaped, scheduler = run(PROGRAMS, policy, leap=True, seed=1)
+    stepped, _ = run(PROGRAMS, policy, leap=False, seed=1)
+    assert_same_run(leaped, stepped)
+    assert scheduler.executor.leaper.num_leaps_after_finishes > 0
+
+
+# static pads every step of a batch to its shape (`min_bucket_tokens`), or not; fine
+# buckets make the smaller batch after a finish pick a smaller one.
+BUCKETS = {"shape_held": ({}, None), "shape_free": ({"hold_batch_shape": "false"}, None),
+           "fine_buckets": ({"hold_batch_shape": "false"}, (1, 2, 3, 5, 8, 13, 2048)),
+           "fine_buckets_held": ({}, (1, 2, 3, 5, 8, 13, 2048))}
+
+
+@pytest.mark.parametrize("case", sorted(BUCKETS))
+def test_a_leap_after_a_finish_pads_to_the_bucket_packing_would_pick(case):
+    options, buckets = BUCKETS[case]
+    spec = SETTINGS["plain"]
+    spec = dataclasses.replace(spec, limits=dataclasses.replace(spec.limits,
+                                                                 token_buckets=buckets))
+    for policy in ("static", "vllm"):
+        leaped, scheduler = run(spec, policy, leap=True, seed=4,
+                                options=options if policy == "static" else None)
+        stepped, _ = run(spec, policy, leap=False, seed=4,
+                         options=options if policy == "static" else None)
+        assert_same_run(leaped, stepped)  # "bucket" and "num_padded_tokens" of every step
+        assert scheduler.executor.leaper.num_leaps_after_finishes > 0
+    if buckets is not None:  # the buckets in use did change with the batch
+        assert np.unique(leaped.step_array("bucket")).size > 3
 
 
 def test_edf_promises_nothing_while_a_running_request_may_turn_late():
@@ -148,10 +199,15 @@ def test_the_token_log_and_the_step_requests_are_the_same():
                                limits=dataclasses.replace(SETTINGS["kv_tight"].limits,
                                                           log_step_requests=True))
     leaped, scheduler = run(spec, "vllm", leap=True, seed=3, log_tokens=True)
-    stepped, _ = run(spec, "vllm", leap=False, seed=3, log_tokens=True)
+    stepped, plain = run(spec, "vllm", leap=False, seed=3, log_tokens=True)
     assert scheduler.executor.leaper.num_leaped_steps > 100
     assert leaped.num_preemptions.sum() > 0  # KV-tight: leaps between preemptions
+    assert scheduler.executor.leaper.num_leaps_after_finishes > 0
+    assert scheduler.executor.leaper.num_leaps_after_prefills > 0
     assert_same_run(leaped, stepped)
+    # The finished requests' pages went back in the same order: the same free stack.
+    pools = [s.kv for s in (scheduler, plain)]
+    np.testing.assert_array_equal(pools[0]._free, pools[1]._free)
     np.testing.assert_array_equal(leaped.token_req, stepped.token_req)
     np.testing.assert_array_equal(leaped.token_time_s, stepped.token_time_s)
     for a, b in zip(leaped.step_requests, stepped.step_requests):
@@ -183,6 +239,36 @@ def test_a_policy_that_promises_nothing_is_never_leaped_over():
     assert_same_run(silent, stepped)
 
 
+class PromiseOnly(Policy):
+    """A plugin written from scratch that promises a steady plan (vLLM's) and declares
+    nothing more: it leaps between events as before, never through one."""
+
+    name = "vllm"  # the summary names the policy: the same as vLLM's run
+    prefix_caching = True  # as vLLM's default
+
+    def __init__(self) -> None:
+        self._vllm = VLLM()
+
+    def schedule(self, view):
+        return self._vllm.schedule(view)
+
+    def stable_steps(self, view):
+        return self._vllm.stable_steps(view)
+
+
+def test_a_promise_without_widenings_stops_at_every_finish_and_prefill():
+    spec = dataclasses.replace(SETTINGS["kv_tight"], engine=SimEngineSpec(leap=True))
+    config = scheduler_config(spec)
+    policy = PromiseOnly()
+    scheduler = Scheduler(build_workload(spec), policy, build_engine(spec, config), config)
+    result = scheduler.run()
+    stepped, _ = run(SETTINGS["kv_tight"], "vllm", leap=False, seed=spec.seed)
+    leaper = scheduler.executor.leaper
+    assert leaper.num_leaped_steps > 0
+    assert leaper.num_leaps_after_finishes == leaper.num_leaps_after_prefills == 0
+    assert_same_run(result, stepped)
+
+
 @dataclasses.dataclass(kw_only=True)
 class CountingVLLM(VLLM):
     """Overrides vLLM's `schedule` only (as a plugin that changes a built-in's plans
@@ -203,7 +289,30 @@ class CountingPromisingVLLM(CountingVLLM):
         return super().stable_steps(view)
 
 
-@pytest.mark.parametrize("cls, leaps", [(CountingVLLM, False), (CountingPromisingVLLM, True)])
+@dataclasses.dataclass(kw_only=True)
+class CountingWideningVLLM(CountingPromisingVLLM):
+    """The same, widening its promise again as vLLM does: it leaps through finishes."""
+
+    stable_through_finishes: ClassVar[bool] = True
+    stable_after_prefills: ClassVar[bool] = True
+
+
+def test_which_class_a_promise_covers():
+    assert promise_covers_schedule(VLLM, "stable_through_finishes")
+    assert promise_covers_schedule(VLLM, "stable_after_prefills")
+    # Overriding `schedule`, or `stable_steps` with a promise of its own, drops the
+    # widenings set above it; setting them again restores them.
+    for cls in (CountingVLLM, CountingPromisingVLLM, SilentVLLM):
+        assert not promise_covers_schedule(cls, "stable_through_finishes")
+    assert promise_covers_schedule(CountingWideningVLLM, "stable_through_finishes")
+    assert not promise_covers_schedule(CountingVLLM)
+    assert promise_covers_schedule(CountingPromisingVLLM)
+    assert not promise_covers_schedule(registered_policies()["priority"],
+                                       "stable_after_prefills")  # not set: False
+
+
+@pytest.mark.parametrize("cls, leaps", [(CountingVLLM, False), (CountingPromisingVLLM, True),
+                                        (CountingWideningVLLM, True)])
 def test_a_subclass_that_overrides_schedule_does_not_inherit_the_promise(cls, leaps):
     spec = dataclasses.replace(SETTINGS["plain"], engine=SimEngineSpec(leap=True))
     config = scheduler_config(spec)
@@ -216,6 +325,13 @@ def test_a_subclass_that_overrides_schedule_does_not_inherit_the_promise(cls, le
     assert policy.num_calls <= result.num_steps - leaped
     if not leaps:
         assert policy.num_calls > 0.9 * result.num_steps
+    # vLLM's widenings of its promise hold only where set again with `schedule`.
+    leaper = scheduler.executor.leaper
+    widens = cls is CountingWideningVLLM
+    assert (leaper.num_leaps_after_finishes > 0) == widens
+    assert (leaper.num_leaps_after_prefills > 0) == widens
+    stepped, _ = run(SETTINGS["plain"], "vllm", leap=False, seed=spec.seed)
+    assert_same_run(result, stepped)
 
 
 def test_srpt_with_a_starvation_clock_is_asked_every_step():

@@ -77,6 +77,12 @@ class Policy(abc.ABC):
       preempts: False for a policy that never preempts: it cannot free pages when
         an on-demand pool runs out, so it refuses `kv_reservation = "none"` at
         load time (`make_policy` raises PolicyLoadError).
+      stable_through_finishes: True widens what `stable_steps` answers for to the step
+        after one in which running requests finished (see there); False (the
+        default) asks `schedule()` then.
+      stable_after_prefills: True widens it to the step after one in which every
+        planned request computed all it knew, prefills ending their prompts among
+        them (see `stable_steps`); False (the default) asks `schedule()` then.
     """
 
     name: ClassVar[str] = ""
@@ -88,6 +94,8 @@ class Policy(abc.ABC):
     prefix_caching_unsupported: ClassVar[str] = ""
     preempts: ClassVar[bool] = True
     plans_speculation: ClassVar[bool] = False
+    stable_through_finishes: ClassVar[bool] = False
+    stable_after_prefills: ClassVar[bool] = False
 
     def preemption_modes(self, view: SchedulerView, victims: NDArray[np.int64]
                          ) -> Union[str, Sequence[str]]:  # victims: [p]
@@ -131,9 +139,28 @@ class Policy(abc.ABC):
         in), its reading of the clock and of its bookkeeping. Fewer steps is always
         a safe answer.
 
+        Two class attributes widen when it is asked, and so what its answer promises
+        (both False by default: the step after such a step is planned by `schedule()`):
+
+        - `stable_through_finishes`: it is asked too right after such a step in which
+          some running requests finished (or were stopped: `FINISHED`), with the view
+          as the next `schedule()` would see it (they have left `view.running`, their
+          pages are freed, and `view.last_finished` holds them). A k then promises
+          the plan of the step just run minus the finished ones: the rest in the same
+          order, one token each, with the same `min_bucket_tokens`, nothing released
+          — and that the finishes themselves change none of its later decisions
+          while `schedule()` is not called (a policy that counts them in `schedule()`,
+          reading `view.last_finished`, must not set it).
+        - `stable_after_prefills`: it is asked too right after a step in which every
+          planned request computed all it knew (prefills that ended their prompts,
+          decodes) and that preempted, released and rejected nothing; a k then
+          promises each request of `view.running` one token, in `view.running`'s
+          order (admission order), with the same `min_bucket_tokens`, nothing else.
+
         A promise holds for the `schedule` of the class that makes it (or of a class
         above it): a subclass that overrides `schedule` and not this is asked every
-        step, whatever its parent promised.
+        step, whatever its parent promised; either attribute holds only where it is
+        set by the class that defines `schedule` and `stable_steps` or below it.
         """
         del view
         return None

@@ -11,7 +11,11 @@ taken, the finishes of the last step, one steps.jsonl row per step — so that a
 run leaps or not with the same results bit for bit (`tests/test_leap.py`).
 
 When it may leap, after a step that computed one token of every running request
-in its plan's order and preempted, released and rejected nothing:
+in its plan's order and preempted, released and rejected nothing — or, where the
+policy widens its promise (`Policy.stable_through_finishes`), such a step in which
+some of them finished (the leap repeats the plan without them), or (`Policy.
+stable_after_prefills`) a step in which every planned request computed all it knew,
+prefills ending their prompts among them (the leap decodes `running`, in its order):
 
 - the policy promises that its plan repeats (`Policy.stable_steps`; a policy
   that promises nothing, the default, is never leaped over, and neither is one
@@ -24,6 +28,19 @@ in its plan's order and preempted, released and rejected nothing:
 - the pages the steps take fit the free pool (a paged pool; with prefix
   caching active, or another layout, no step may take a page, and with prefix
   caching a step that fills a page is the last: the cache's names change there).
+
+A leap still ends with the step in which requests finish (their pages are freed as
+`update()` frees them, by `Scheduler._finish`). Under `stable_through_finishes` the
+next iteration starts a leap again from the plan without them, asking `stable_steps`
+anew, where one by one it would have planned that step: the step's bucket is the one
+packing selects for the fewer tokens (and the plan's `min_bucket_tokens`), and every
+check above is made again, so the event's consequences (pages freed into a prefix
+cache, a program's child call released, a pin started) are seen as `schedule()`
+would see them. A replica whose finishes start a KV handoff (`in_transfer`) is not
+leaped until the transfer is done. Where the policy refuses such a chance (someone
+waiting fits once a request finished: a saturated replica, every step), the next 1,
+then 3, 7, up to 15 chances after finishes or prefills are let go without asking it
+(those steps are planned, as without the widening), until a leap starts so again.
 
 It never leaps with `count_host_time` (each step's measured host time moves the
 clock). A replica of a cluster leaps only where its loop sets a horizon
@@ -46,23 +63,35 @@ from orca_jax.core.requests.request import RequestState
 from orca_jax.core.requests.step_logs import STEP_DTYPE
 from orca_jax.core.step.engine_api import Bucket
 
-_RUNNING = int(RequestState.RUNNING)
+_RUNNING, _FINISHED = int(RequestState.RUNNING), int(RequestState.FINISHED)
 # The most steps one leap runs: its arrays hold steps x batch entries.
 MAX_LEAP_STEPS = 4096
 # Steps priced at a time while an arrival may cut the leap short: pricing past the
 # arrival is wasted work.
 _FIRST_CHUNK = 32
+# The most chances to leap after a finish or after prefills let go by after the policy
+# refused such chances in a row (each refusal doubles the chances let go, up to this):
+# a saturated replica, whose queue is admitted at nearly every finish, would else ask
+# its policy for nothing on many steps (a third of them on the default workload at 30
+# req/s). Letting one go is planning that step, which is always exact.
+_MAX_BACKOFF = 15
 
 
-def promise_covers_schedule(policy_type: type) -> bool:
-    """Whether the `stable_steps` of `policy_type` was written with its `schedule`:
-    defined by the class that defines `schedule`, or by a subclass of it. A subclass
+def promise_covers_schedule(policy_type: type, promise: str = "stable_steps") -> bool:
+    """Whether the `promise` of `policy_type` (`stable_steps`, or an attribute widening
+    it: `stable_through_finishes`, `stable_after_prefills`) was written with its
+    `schedule`: defined by the class that defines `schedule`, or by a subclass of it
+    (and a widening, by the class that defines `stable_steps` or below it). A subclass
     that overrides `schedule` alone (a plugin that changes a built-in's plans) would
     otherwise be skipped on the strength of its parent's promise."""
     mro = policy_type.__mro__
     def owner(name: str) -> int:
         return next(i for i, cls in enumerate(mro) if name in vars(cls))
-    return owner("stable_steps") <= owner("schedule")
+    covers = owner(promise) <= owner("schedule")
+    if promise != "stable_steps":
+        covers = covers and owner(promise) <= owner("stable_steps") and bool(
+            getattr(policy_type, promise))
+    return covers
 
 
 def _no_other_events() -> None:
@@ -79,20 +108,33 @@ class Leaper:
     Attributes:
       num_leaped_steps: steps run inside leaps so far.
       num_leaps: leaps so far.
+      num_leaps_after_finishes: leaps that began right after a step in which requests
+        finished (`Policy.stable_through_finishes`): each a step not planned.
+      num_leaps_after_prefills: leaps that began right after a step with prefills
+        (`Policy.stable_after_prefills`): each a step not planned.
     """
 
     # A `Scheduler`, typed loosely: it imports this module through its executor.
     def __init__(self, scheduler: Any) -> None:
         self.scheduler = scheduler
-        self._template: Optional[ScheduledStep] = None  # the steady step a leap repeats
+        # The steady step a leap repeats: (its requests [n] in its order, its bucket, the
+        # plan's min_bucket_tokens, whether it held prefills: `running` decodes next).
+        self._template: Optional[tuple[NDArray[np.int64], Bucket, int, bool]] = None
         self._preemptions = scheduler.record.num_preemptions
         # The engine prices no spans, or the policy's promise is not about its plans.
-        self._off = not promise_covers_schedule(type(scheduler.policy))
+        policy_type = type(scheduler.policy)
+        self._off = not promise_covers_schedule(policy_type)
+        self._through_finishes = promise_covers_schedule(policy_type, "stable_through_finishes")
+        self._after_prefills = promise_covers_schedule(policy_type, "stable_after_prefills")
         # A fixed --spec_k rewrites the policy's plans (drafts where output, budget and
         # pages allow), which its promise does not cover: every step is planned.
         self._off |= bool(getattr(scheduler.features, "spec_k", 0))
         self.num_leaped_steps = 0
         self.num_leaps = 0
+        self.num_leaps_after_finishes = 0
+        self.num_leaps_after_prefills = 0
+        self._backoff = 0  # chances after finishes or prefills let go after the last refusal
+        self._skip = 0  # those still to let go
         # When the next event other than the scheduler's own steps and arrivals is (None
         # from it: none is left); a leap ends before it. A lone scheduler has none; a
         # cluster's replica gets its loop's (`Scheduler.set_leap_horizon`).
@@ -100,15 +142,20 @@ class Leaper:
 
     def note(self, step: Union[ScheduledStep, IdleStep]) -> None:
         """Called after each iteration run one by one: keeps `step` as the plan a leap
-        may repeat if it decoded every request in it and changed nothing else."""
+        may repeat if it decoded every request in it and changed nothing else (or,
+        under `stable_after_prefills`, if every request in it computed all it knew)."""
         preemptions = self.scheduler.record.num_preemptions
-        steady = (type(step) is ScheduledStep and preemptions == self._preemptions
-                  and not step.progressed and step.kv_move_s == 0.0
-                  and step.num_real_tokens == step.request_ids.size
-                  and step.spec_tokens is None  # a speculative step's advance is drawn
-                  and np.count_nonzero(step.samples) == step.samples.size)  # all()
+        clean = (type(step) is ScheduledStep and preemptions == self._preemptions
+                 and not step.progressed and step.kv_move_s == 0.0
+                 and step.spec_tokens is None  # a speculative step's advance is drawn
+                 and np.count_nonzero(step.samples) == step.samples.size)  # all()
         self._preemptions = preemptions
-        self._template = step if steady else None
+        if not clean:
+            self._template = None
+        else:  # decodes: its plan repeats; prefills ended: `running` decodes next
+            decodes = step.num_real_tokens == step.request_ids.size
+            self._template = ((step.request_ids, step.packed.bucket, step.min_bucket_tokens,
+                               not decodes) if decodes or self._after_prefills else None)
 
     def leap(self) -> bool:
         """Runs the steady steps that may run at once now. Returns False (nothing done)
@@ -121,14 +168,10 @@ class Leaper:
             return False
         host_start = time.perf_counter()
         s = self.scheduler
-        ids = template.request_ids
-        table = s.table
-        # The plan held every running request (in its own order): ids are distinct.
-        if s.running.size != ids.size or not (table.state[ids] == _RUNNING).all():
-            self._template = None  # a finish changed the batch: the next step is planned
-            return False
         if s.busy.size or s.in_transfer.size:
             return False
+        # An arrival (or another event) due now: the next step is planned. Asked first: a
+        # leap that ended at an arrival is followed by this call every time.
         now = s.now_s
         upcoming = s.next_arrival_s()
         if self.horizon is None:  # a cluster's replica whose loop set no horizon
@@ -138,24 +181,65 @@ class Leaper:
             upcoming = horizon if upcoming is None else min(upcoming, horizon)
         if upcoming is not None and upcoming <= now:
             return False
+        ids, bucket, min_bucket, prefills = template
+        table = s.table
+        after = 0  # 1: the template lost requests that finished; 2: it held prefills
+        # The plan held every running request (in its own order): ids are distinct.
+        if s.running.size != ids.size or not (table.state[ids] == _RUNNING).all():
+            resumed = self._without_finished(ids)
+            if resumed is None:
+                self._template = None  # the batch changed: the next step is planned
+                return False
+            ids, after = resumed, 1
+        if prefills:  # its requests (all of `running`) decode next, in `running`'s order
+            ids, after = s.running, 2
+        if after:
+            if self._skip:  # the policy refused the last such chances: plan this step
+                self._skip -= 1
+                return False
+            bucket = s.bucket_config.select(max(int(ids.size), min_bucket))
         computed = table.num_computed[ids]  # [n]
         if not s.watchdog.would_gain(ids, computed + 1):
             return False
         promised = s.policy.stable_steps(s.view)
         if promised is None or promised < 1:
+            if after:  # refused where it would plan: let the next chances go, more each time
+                self._backoff = min(2 * self._backoff + 1, _MAX_BACKOFF)
+                self._skip = self._backoff
             return False
         limit = min(int(promised), MAX_LEAP_STEPS,
                     int((table.output_len[ids] - table.num_generated[ids]).min()))
         limit, taken = self._page_limit(ids, computed, limit)
         if limit < 1:
             return False
-        priced = self._price(template, computed + 1, limit, now, upcoming)
+        priced = self._price(bucket, computed + 1, limit, now, upcoming)
         if priced is None:
             return False
         step_s, tokens, starts, ends = priced
-        self._apply(template.packed.bucket, ids, computed, taken, step_s, tokens, starts, ends,
-                    host_start)
+        if after:  # from here on the plan it repeats is this one
+            self._template = (ids, bucket, min_bucket, False)
+            self._backoff = 0
+            if after == 1:
+                self.num_leaps_after_finishes += 1
+            else:
+                self.num_leaps_after_prefills += 1
+        self._apply(bucket, ids, computed, taken, step_s, tokens, starts, ends, host_start)
         return True
+
+    def _without_finished(self, ids: NDArray[np.int64]) -> Optional[NDArray[np.int64]]:
+        """`[m]` the requests of `ids` still running, in their order, when the others all
+        finished since and the policy's promise covers the plan without them
+        (`stable_through_finishes`) and they are all of `running`; else None."""
+        if not self._through_finishes:
+            return None
+        s = self.scheduler
+        state = s.table.state[ids]  # [n]
+        running = state == _RUNNING
+        kept = ids[running]
+        if (kept.size != s.running.size or kept.size == 0
+                or np.count_nonzero(state == _FINISHED) != ids.size - kept.size):
+            return None
+        return kept
 
     def _page_limit(self, ids: NDArray[np.int64], computed: NDArray[np.int64], limit: int
                     ) -> tuple[int, Optional[NDArray[np.int64]]]:
@@ -181,13 +265,12 @@ class Leaper:
         fits = int(np.searchsorted(taken, s.kv.num_free, side="right")) - 1
         return fits, (taken[:fits + 1] if taken[fits] else None)
 
-    def _price(self, template: ScheduledStep, kv_lens: NDArray[np.int64], limit: int,
+    def _price(self, bucket: Bucket, kv_lens: NDArray[np.int64], limit: int,
                now: float, upcoming: Optional[float]
                ) -> Optional[tuple[NDArray, NDArray, NDArray, NDArray]]:
         """`(step seconds [k], tokens [k, n], starts [k], ends [k])` of the steps that run
         before the next arrival (each starts before it), at most `limit`; None if none."""
         engine = self.scheduler.engine
-        bucket = template.packed.bucket
         parts: list[tuple[NDArray, NDArray, NDArray]] = []
         clock, done, chunk = now, 0, _FIRST_CHUNK
         if upcoming is not None:  # about the steps before the arrival, at the last step's pace
@@ -212,6 +295,9 @@ class Leaper:
             chunk *= 2
         if done == 0:
             return None
+        if len(parts) == 1:  # most leaps: one span priced
+            step_s, tokens, clocks = parts[0]
+            return step_s, tokens, clocks[:-1], clocks[1:]
         step_s = np.concatenate([p[0] for p in parts])
         tokens = np.concatenate([p[1] for p in parts])
         starts = np.concatenate([p[2][:-1] for p in parts])

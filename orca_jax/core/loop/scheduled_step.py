@@ -53,6 +53,9 @@ class ScheduledStep:
     # `StepPlan.spec_tokens`); None: none. Counted in `kv_lens`, `num_real_tokens` and the
     # packed lengths: `update` keeps only the accepted ones (`StepResult.num_accepted`).
     spec_tokens: Optional[NDArray[np.int64]] = None
+    # The plan's `min_bucket_tokens` (its bucket is the smallest holding this many tokens
+    # or its own): a leap that repeats the plan with fewer requests selects its bucket so.
+    min_bucket_tokens: int = 0
 
 
 class IdleStep(NamedTuple):

@@ -272,7 +272,8 @@ class SchedulerLoop:
         # Positional (the fields' order): keywords would cost a microsecond an iteration.
         return ScheduledStep(self.num_steps, ids, tokens, kv_lens, samples, ids[samples], packed,
                              num_real_tokens, num_cached_tokens, progressed,
-                             time.perf_counter() - host_start, kv_move_s, spec)
+                             time.perf_counter() - host_start, kv_move_s, spec,
+                             plan.min_bucket_tokens)
 
     def update(self, step: Union[ScheduledStep, IdleStep], result: Optional[StepResult]) -> float:
         """The second phase of an iteration: counts `step`'s tokens (their values too, when
