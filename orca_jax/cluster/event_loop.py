@@ -339,10 +339,13 @@ class EventLoop(abc.ABC):
     def arrive(self, position: int, when: float) -> None:
         """Fires the `position`-th arrival at `when`: idle replicas of pool 0 move to it,
         the topology routes it, and the next arrival is scheduled."""
-        for index, scheduler in enumerate(self.pools[0].replicas):
-            if (0, index) in self._blocked and not scheduler.in_transfer.size:
-                scheduler.now_s = max(scheduler.now_s, when)  # waited idle for this moment
-                self.wake(0, index)
+        if self._blocked:  # the blocked replicas of pool 0, by index (most are busy)
+            replicas = self.pools[0].replicas
+            for index in sorted(index for pool, index in self._blocked if pool == 0):
+                scheduler = replicas[index]
+                if not scheduler.in_transfer.size:
+                    scheduler.now_s = max(scheduler.now_s, when)  # waited idle for this moment
+                    self.wake(0, index)
         if self._ahead is not None:  # that replica's next arrival is the one after this
             self._own_next[int(self._ahead[position])] += 1
         self.route_arrival(int(self.arrivals[position]), when)
