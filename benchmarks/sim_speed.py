@@ -104,8 +104,10 @@ def run_case(num_requests: int, num_replicas: int, bucket_ladder: str,
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         num_steps = sum(1 for _ in open(os.path.join(out, "steps.jsonl")))
     cpu_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    found = LEAP_LINE.search(result.stderr)  # a tree that logs its leaps (a cluster's: later)
     return {"requests": num_requests, "replicas": num_replicas, "steps": num_steps,
-            "cpu_s": cpu_s, "wall_s": wall_s}
+            "cpu_s": cpu_s, "wall_s": wall_s,
+            "leaped": int(found.group(1)) if found else None}
 
 
 def format_row(row: dict, label: str = "") -> str:
@@ -113,7 +115,9 @@ def format_row(row: dict, label: str = "") -> str:
     return (f"{row['requests']:>9} {row['replicas']:>8} {row['steps']:>8} "
             f"{row['cpu_s']:>10.2f} {row['wall_s']:>8.2f} "
             f"{row['requests'] / row['cpu_s']:>11.0f} {row['steps'] / row['cpu_s']:>9.0f} "
-            f"{row['cpu_s'] / row['steps'] * 1e6:>8.1f}" + (f"  {label}" if label else ""))
+            f"{row['cpu_s'] / row['steps'] * 1e6:>8.1f}" + (f"  {label}" if label else "")
+            + (f"  leaped {row['leaped'] / row['steps']:.3f} of the steps"
+               if row.get("leaped") is not None else ""))
 
 
 def median_row(rows: list[dict]) -> dict:

@@ -58,6 +58,8 @@ from orca_jax.core.requests.request import RequestState
 class RoundRobin(Router):
     """Deals requests to replicas in turn."""
 
+    # Its choice is its count of earlier choices: a cluster routes ahead (`state_blind`).
+    state_blind = True
     _count: int = dataclasses.field(default=0, init=False, repr=False)
 
     def route(self, view: ClusterView, request: int) -> int:

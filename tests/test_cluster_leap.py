@@ -2,6 +2,8 @@
 event of another kind (through their own finishes and after their prefills too): the
 same results, bit for bit, as one step at a time."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -10,11 +12,14 @@ from orca_jax import KVConfig, SchedulerConfig, StepLimits
 from orca_jax.cluster.elastic import ScalingSpec
 from orca_jax.cluster.migration import MigrationSpec
 from orca_jax.cluster.replicas import Cluster
+from orca_jax.cluster.routing import ClusterView, Router, make_router, routes_blind
 from orca_jax.cluster.transfers import KVTransferCost
+from orca_jax.core.loop.leap import Leaper
 from orca_jax.sim.cost_model import CostModelConfig
 from orca_jax.sim.engine import SimEngine
 from orca_jax.specs.hardware import KVLinkSpec
 from orca_jax.workloads.synthetic import synthetic_workload
+from policies.routers import RoundRobin
 
 CONFIG = SchedulerConfig(limits=StepLimits(max_num_seqs=16, max_num_tokens=256,
                                            max_model_len=1024),
@@ -28,8 +33,8 @@ def _engine():
     return SimEngine(CostModelConfig(model="llama3-8b", hardware="a100"))
 
 
-def _run(requests, leap, **extra):
-    cluster = Cluster(requests, num_replicas=3, router="least_outstanding",
+def _run(requests, leap, router="least_outstanding", **extra):
+    cluster = Cluster(requests, num_replicas=3, router=router,
                       make_policy=lambda: policies.make_policy("vllm"), make_engine=_engine,
                       config=CONFIG.with_knobs(leap=leap), **extra)
     return cluster, cluster.run()
@@ -63,3 +68,103 @@ def test_leaping_replicas_give_the_results_of_single_steps(setup, seed):
     if setup == "planner":
         assert other.elastic.timeline() == one.elastic.timeline()
         assert any(row["event"] == "start" for row in one.elastic.timeline())
+
+
+@dataclasses.dataclass
+class SeededHash(Router):
+    """A plugin router that reads nothing of the run: a request's replica is a hash of its
+    index and the run's seed, and it says so."""
+
+    state_blind = True
+
+    def route(self, view: ClusterView, request: int) -> int:
+        return (request * 2654435761 + view.seed) % 7919 % view.num_replicas
+
+
+@dataclasses.dataclass
+class Quiet(RoundRobin):
+    """Round robin's choices from a plugin that overrides `route` and declares nothing:
+    its parent's promise does not cover it."""
+
+    def route(self, view: ClusterView, request: int) -> int:
+        return super().route(view, request)
+
+
+def test_a_router_promises_blindness_only_for_its_own_route():
+    assert routes_blind(RoundRobin()) and routes_blind(SeededHash())
+    assert not routes_blind(Quiet())  # inherits the flag, overrides route
+    assert not routes_blind(make_router("least_outstanding"))
+
+
+def _leaps_crossing_others(cluster, result):
+    """Leaps (replica, first step, last step) recorded by `_record_leaps`, those whose
+    steps started on both sides of an arrival routed to another replica."""
+    arrival_s = np.asarray(result.arrival_s)
+    crossing = []
+    for index, first, last in cluster.leaps:
+        rows = np.flatnonzero(np.asarray(result.step_replica) == index)
+        starts = result.steps.column("start_s")[rows[first:last + 1]]
+        others = arrival_s[(np.asarray(result.replica) != index)
+                           & (np.asarray(result.replica) >= 0)]
+        if ((others > starts[0]) & (others <= starts[-1])).any():
+            crossing.append((index, first, last))
+    return crossing
+
+
+def _record_leaps(monkeypatch):
+    """Notes each leap's replica and step range on `Cluster.leaps`."""
+    leaps = []
+    original = Leaper.leap
+
+    def leap(self):
+        before = self.scheduler.num_steps
+        leaped = original(self)
+        if leaped:
+            leaps.append((self.scheduler.table.replica, before, self.scheduler.num_steps - 1))
+        return leaped
+    monkeypatch.setattr(Leaper, "leap", leap)
+    return leaps
+
+
+@pytest.mark.parametrize("router", ["round_robin", "seeded_hash", "quiet"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_replicas_behind_a_blind_router_leap_over_other_replicas_arrivals(
+        router, seed, monkeypatch):
+    requests = synthetic_workload(num_requests=150, arrival="poisson", rate=15.0,
+                                  prompt_len="uniform:16:300", output_len="uniform:1:300",
+                                  seed=seed)
+    make = {"round_robin": RoundRobin, "seeded_hash": SeededHash, "quiet": Quiet}[router]
+    one, single = _run(requests, False, router=make())
+    leaps = _record_leaps(monkeypatch)
+    other, leaped = _run(requests, True, router=make())
+    other.leaps = leaps
+    np.testing.assert_array_equal(leaped.finish_s, single.finish_s)
+    np.testing.assert_array_equal(leaped.first_token_s, single.first_token_s)
+    np.testing.assert_array_equal(leaped.steps.column("start_s"), single.steps.column("start_s"))
+    np.testing.assert_array_equal(other.replica, one.replica)
+    assert leaped.num_steps == single.num_steps
+    assert leaps  # it did leap
+    crossing = _leaps_crossing_others(other, leaped)
+    if router == "quiet":  # asked at each arrival: every arrival cuts every leap
+        assert not crossing
+    else:
+        assert crossing  # a leap ran past an arrival routed elsewhere
+
+
+def test_a_blind_router_leaps_in_fewer_leaps_with_the_same_results_as_one_that_is_not():
+    requests = synthetic_workload(num_requests=150, arrival="poisson", rate=15.0,
+                                  prompt_len="uniform:16:300", output_len="uniform:1:300",
+                                  seed=2)
+    blind, blind_result = _run(requests, True, router=RoundRobin())
+    asked, asked_result = _run(requests, True, router=Quiet())
+    np.testing.assert_array_equal(blind.replica, asked.replica)
+    np.testing.assert_array_equal(blind_result.finish_s, asked_result.finish_s)
+    np.testing.assert_array_equal(blind_result.steps.column("step_s"),
+                                  asked_result.steps.column("step_s"))
+
+    def leaped(cluster):  # (steps run inside leaps, leaps)
+        return (sum(r.executor.leaper.num_leaped_steps for r in cluster.replicas),
+                sum(r.executor.leaper.num_leaps for r in cluster.replicas))
+    # A leap cut by an arrival goes on as the next leap: the same steps, in fewer leaps.
+    assert leaped(blind)[0] == leaped(asked)[0]
+    assert leaped(blind)[1] < leaped(asked)[1]

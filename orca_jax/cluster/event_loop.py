@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import functools
 import heapq
 import itertools
 from typing import Callable, ClassVar, Optional, Protocol, Sequence
@@ -140,16 +141,24 @@ class ReplicaPool:
     def route(self, request: int, when: float, *, incoming: bool = False) -> int:
         """The replica the router picks for `request` at `when` (`incoming`: it will be
         imported later, and counts as outstanding there until then)."""
+        target = self.choose(request, when)
+        self.take(request, target, when, incoming=incoming)
+        return target
+
+    def choose(self, request: int, when: float) -> int:
+        """The replica the router picks for `request` at `when`, not sent there yet."""
         self.now_s = when
         if self.routable is None:
-            target = route_checked(self.router, self.view, request)
-        else:
-            target = int(self.routable.index[route_checked(self.router, self.routable.view,
-                                                           request)])
+            return route_checked(self.router, self.view, request)
+        return int(self.routable.index[route_checked(self.router, self.routable.view,
+                                                     request)])
+
+    def take(self, request: int, target: int, when: float, *, incoming: bool = False) -> None:
+        """Sends `request` to the replica `target` at `when` (picked by `choose`)."""
+        self.now_s = when
         self._sent[target].append(request)
         if incoming:
             self._incoming[target] += 1
-        return target
 
     def received(self, replica: int) -> None:
         """An incoming request was imported by `replica`."""
@@ -221,6 +230,14 @@ class EventLoop(abc.ABC):
         if self.programs is not None:
             self.programs.self_release = False
         self._arrivals_left = bool(arrivals.size)  # an Arrival event is still to fire
+        # The kinds of events a replica's leap need not stop at: its own steps, and the
+        # arrivals too once each replica leaps up to its own (`leap_to_own_arrivals`).
+        self._apart: tuple[type, ...] = (ReplicaStep,)
+        # [A] each arrival's replica of pool 0 when routed ahead (None: routed on arrival);
+        # each replica's arrival times, in order, and the position of its next one.
+        self._ahead: Optional[NDArray[np.int64]] = None
+        self._own_arrival_s: list[NDArray[np.float64]] = []
+        self._own_next: list[int] = []
 
     # -------------------------------------------------------------- running
     def run_events(self, progress: Optional[Callable[[], None]] = None) -> None:
@@ -240,10 +257,10 @@ class EventLoop(abc.ABC):
             for scheduler in self.pools[0].replicas:
                 scheduler.awaits_submissions = self._awaits()
             self._push_releases()  # those after calls rejected up front
-        events = self._events
+        events, apart = self._events, self._apart
         while events:
             when, _, _, _, event = heapq.heappop(events)
-            if type(event) is not ReplicaStep:
+            if type(event) not in apart:
                 heapq.heappop(self._others)  # fired in time order: the earliest is this one
             event.fire(self, when)
             if progress is not None:
@@ -253,7 +270,7 @@ class EventLoop(abc.ABC):
         """Schedules `event` at `when`."""
         heapq.heappush(self._events,
                        (when, event.priority, event.tiebreak(), next(self._order), event))
-        if type(event) is not ReplicaStep:
+        if type(event) not in self._apart:
             heapq.heappush(self._others, when)
 
     def has_events(self) -> bool:
@@ -273,6 +290,34 @@ class EventLoop(abc.ABC):
         for pool in self.pools:
             for scheduler in pool.replicas:
                 scheduler.set_leap_horizon(self.next_other_event_s)
+
+    def leap_to_own_arrivals(self, targets: NDArray[np.int64]) -> None:  # [A]
+        """Lets each replica of pool 0 leap up to the next arrival routed to it, and to the
+        loop's next event of another kind: for a topology whose replicas do not act on
+        each other's steps and whose arrivals were routed ahead (`targets`, the replica
+        of each of the loop's arrivals, in order; `Router.state_blind`). An arrival
+        routed elsewhere reads and changes nothing of this replica (not its clock: a
+        replica that leaps is busy, not blocked), so its steps run alike either way.
+        Call before the run starts, with nothing else pushed yet."""
+        pool = self.pools[0]
+        assert not self._events and targets.shape == self.arrivals.shape
+        self._apart = (ReplicaStep, Arrival)  # arrivals no longer cut every replica's leap
+        self._ahead = targets
+        times = self.arrival_s[self.arrivals]  # [A] non-decreasing: arrival order
+        self._own_arrival_s = [times[targets == index] for index in range(len(pool.replicas))]
+        self._own_next = [0] * len(pool.replicas)
+        for index, scheduler in enumerate(pool.replicas):
+            scheduler.set_leap_horizon(functools.partial(self._own_horizon, index))
+
+    def _own_horizon(self, index: int) -> Optional[float]:
+        """Replica `index` of pool 0 may leap up to this: its next arrival, or the loop's
+        next event of another kind (None: neither is left)."""
+        own, position = self._own_arrival_s[index], self._own_next[index]
+        upcoming = float(own[position]) if position < own.size else None
+        if self._others:
+            other = self._others[0]
+            upcoming = other if upcoming is None else min(upcoming, other)
+        return upcoming
 
     def num_events(self) -> int:
         """Events still to fire (stale step events too)."""
@@ -294,10 +339,15 @@ class EventLoop(abc.ABC):
     def arrive(self, position: int, when: float) -> None:
         """Fires the `position`-th arrival at `when`: idle replicas of pool 0 move to it,
         the topology routes it, and the next arrival is scheduled."""
-        for index, scheduler in enumerate(self.pools[0].replicas):
-            if (0, index) in self._blocked and not scheduler.in_transfer.size:
-                scheduler.now_s = max(scheduler.now_s, when)  # waited idle for this moment
-                self.wake(0, index)
+        if self._blocked:  # the blocked replicas of pool 0, by index (most are busy)
+            replicas = self.pools[0].replicas
+            for index in sorted(index for pool, index in self._blocked if pool == 0):
+                scheduler = replicas[index]
+                if not scheduler.in_transfer.size:
+                    scheduler.now_s = max(scheduler.now_s, when)  # waited idle for this moment
+                    self.wake(0, index)
+        if self._ahead is not None:  # that replica's next arrival is the one after this
+            self._own_next[int(self._ahead[position])] += 1
         self.route_arrival(int(self.arrivals[position]), when)
         if position + 1 < self.arrivals.size:
             self.push(Arrival(position + 1), float(self.arrival_s[self.arrivals[position + 1]]))

@@ -15,6 +15,7 @@ The router is a plugin (`orca_jax.cluster.routing.Router`; built-ins `round_robi
 
 from __future__ import annotations
 
+import operator
 from typing import Callable, Mapping, Optional, Sequence, Union
 
 import numpy as np
@@ -25,13 +26,15 @@ from orca_jax.cluster.event_loop import EventLoop, ReplicaPool, route_checked, s
 from orca_jax.cluster.migration import MigrationSpec, Migrator
 from orca_jax.cluster.planning import Planner, make_planner
 from orca_jax.cluster.rebalancing import Rebalancer, make_rebalancer
-from orca_jax.cluster.routing import ClusterView, Router, make_router
+from orca_jax.cluster.routing import ClusterView, Router, make_router, routes_blind
 from orca_jax.core.api.policy import Policy
 from orca_jax.core.loop.scheduler import SchedulerConfig
 from orca_jax.core.plans.view import SchedulerView
 from orca_jax.core.requests.request import Request, RequestState
 from orca_jax.core.requests.run_result import RunResult
 from orca_jax.core.step.engine_api import Engine
+
+_NUM_DONE = operator.attrgetter("num_done")  # a replica's requests done
 
 # What `from orca_jax.cluster import *` gave when the cluster was one module.
 __all__ = ["Cluster", "ClusterView", "Router", "make_router", "route_checked"]
@@ -107,8 +110,13 @@ class Cluster(EventLoop):
                          else Migrator(self, self._pool, rebalancer, migration))
         self.elastic = (None if planner is None or scaling is None
                         else Elastic(self, self._pool, planner, scaling, num_replicas))
-        if self.programs is None:  # a program call's release would act across replicas
-            self.leap_between_events()
+        # A router that reads no state routes every arrival when the run starts, and each
+        # replica leaps up to its own next arrival (nothing else acts on the replicas).
+        self._routed_ahead: Optional[NDArray[np.int64]] = None  # [N] (`_route_ahead`)
+        self._routes_ahead = (self.programs is None and self.migrator is None
+                              and self.elastic is None and routes_blind(self.router))
+        if self.programs is None and not self._routes_ahead:
+            self.leap_between_events()  # a program call's release would act across replicas
 
     @property
     def num_replicas(self) -> int:
@@ -138,7 +146,8 @@ class Cluster(EventLoop):
         # Every replica counts the requests rejected up front and those it does not hold
         # (all arrivals but the ones routed to it) as done: count each request once.
         counted_by_all = self.num_replicas * (self._num_rejected + self._num_routable)
-        return (sum(r.num_done for r in self.replicas) - counted_by_all
+        # map, not a generator: it is asked after every event of a run with progress.
+        return (sum(map(_NUM_DONE, self.replicas)) - counted_by_all
                 + self._num_rejected + self._num_routed)
 
     def run(self, progress: Optional[Callable[[int], None]] = None) -> RunResult:
@@ -148,6 +157,8 @@ class Cluster(EventLoop):
         Args:
           progress: called with `num_done` after each event (an arrival, a step).
         """
+        if self._routes_ahead:
+            self._route_ahead()
         if self.migrator is not None:
             self.migrator.start()
         if self.elastic is not None:
@@ -162,8 +173,24 @@ class Cluster(EventLoop):
     def migrated(self, request: int, target: int) -> None:
         self.replica[request] = target
 
+    def _route_ahead(self) -> None:
+        """Asks the router (`Router.state_blind`) for the replica of every arrival, in
+        arrival order, each at its arrival time, and lets each replica leap up to its own
+        next arrival (`EventLoop.leap_to_own_arrivals`)."""
+        arrival_s = self.arrival_s.tolist()
+        targets = np.array([self._pool.choose(request, arrival_s[request])
+                            for request in self.arrivals.tolist()], dtype=np.int64)  # [A]
+        self._pool.now_s = 0.0  # the moment being routed: none yet
+        self._routed_ahead = np.full(len(self.replica), -1, dtype=np.int64)  # [N] by request
+        self._routed_ahead[self.arrivals] = targets
+        self.leap_to_own_arrivals(targets)
+
     def route_arrival(self, request: int, when: float) -> None:
-        target = self._pool.route(request, when)
+        if self._routed_ahead is None:
+            target = self._pool.route(request, when)
+        else:
+            target = int(self._routed_ahead[request])
+            self._pool.take(request, target, when)
         self.replica[request] = target
         self._num_routed += 1
         self.replicas[target].submit([request])

@@ -108,9 +108,25 @@ class ClusterView:
 
 
 class Router(abc.ABC):
-    """Base class of every router (see the module docstring)."""
+    """Base class of every router (see the module docstring).
+
+    Attributes:
+      state_blind: the router's promise that `route` reads nothing that the run changes:
+        its choice depends only on the request's workload facts (`view.requests.spec`,
+        its arrival, lengths, tenant, priority), the view's fixed fields (`num_replicas`,
+        `seed`, the SLOs) and the router's own record of its earlier choices, never on
+        the replicas' state, `outstanding`, `now_s` or a request's progress. A colocated
+        cluster with nothing else acting on its replicas (no rebalancer, planner or agent
+        programs) then routes every arrival before the run starts, and each replica leaps
+        up to the next arrival routed to it instead of the next arrival of the whole
+        cluster (`replicas.Cluster`; the results are the same). False by default: a
+        router that declares nothing is asked at each arrival. A promise covers the
+        `route` of the class that makes it: a subclass that overrides `route` and not
+        `state_blind` promises nothing (`routes_blind`).
+    """
 
     name: ClassVar[str] = ""
+    state_blind: ClassVar[bool] = False
 
     @abc.abstractmethod
     def route(self, view: ClusterView, request: int) -> int:
@@ -119,6 +135,18 @@ class Router(abc.ABC):
         Returns:
           A replica index in `[0, view.num_replicas)`.
         """
+
+
+def routes_blind(router: Router) -> bool:
+    """Whether `router` promised to route without reading the run's state
+    (`Router.state_blind`), in the class that defines its `route` or a subclass of it."""
+    if not router.state_blind:
+        return False
+    mro = type(router).__mro__
+
+    def owner(name: str) -> int:
+        return next(i for i, cls in enumerate(mro) if name in vars(cls))
+    return owner("state_blind") <= owner("route")
 
 
 register_router = plugins.registrar(_ROUTERS, Router, kind="router",

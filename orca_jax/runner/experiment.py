@@ -258,6 +258,13 @@ def _run_cluster(spec: RunSpec, policy_spec: str, config: SchedulerConfig, clust
         result = cluster.run(progress=bar.update if bar else None)
         if bar:
             bar.close()
+        leapers = [r.executor.leaper for r in cluster.replicas
+                   if getattr(r.executor, "leaper", None) is not None]
+        if leapers:  # how much the host skipped, all replicas together (the same results)
+            logging.info("run %s: leaped over %d of %d steps in %d leaps", label,
+                         sum(leaper.num_leaped_steps for leaper in leapers),
+                         sum(r.num_steps for r in cluster.replicas),
+                         sum(leaper.num_leaps for leaper in leapers))
         times = token_times(spec, result)
         summary, tables = summarize_run(result, ttft_slo_s=spec.ttft_slo_s,
                                         tpot_slo_s=spec.tpot_slo_s,

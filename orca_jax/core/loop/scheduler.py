@@ -292,6 +292,15 @@ class Scheduler(SchedulerLoop):
           ValueError: a request is held here, done here, or rejected up front; nothing
             changes.
         """
+        table = self.table
+        if len(ids) == 1 and table.state[ids[0]] == _AWAY:  # a cluster's arrival: no arrays
+            request = int(ids[0])
+            table.state[request] = _PENDING
+            table.holder[request] = table.replica
+            self._num_done -= 1
+            self._next_arrival = min(self._next_arrival, request)
+            self._arrival_horizon = max(self._arrival_horizon, request + 1)
+            return
         ids = np.asarray(ids, dtype=np.int64)
         states = self.table.state[ids]
         if (states != _AWAY).any():
