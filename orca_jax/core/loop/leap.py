@@ -48,6 +48,9 @@ clock). A replica of a cluster leaps only where its loop sets a horizon
 replicas do not act on each other's steps), and only over steps that start before
 the loop's next event of another kind (an arrival, a rebalancer's or planner's call, a
 migration's round): the events then see every replica as they would one step at a time.
+Behind a router that reads no replica state (`Router.state_blind`), whose arrivals the
+loop routes ahead, an arrival routed elsewhere does not cut a replica's leap: its
+horizon is its own next arrival (`EventLoop.leap_to_own_arrivals`).
 """
 
 from __future__ import annotations

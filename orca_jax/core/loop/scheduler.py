@@ -199,7 +199,8 @@ class Scheduler(SchedulerLoop):
     def set_leap_horizon(self, horizon: Callable[[], Optional[float]]) -> None:
         """A cluster's loop whose replicas do not act on each other's steps: this replica
         may leap up to `horizon()`, the loop's next event other than a replica's step
-        (None: none is left). Kept on the leaper: the scheduler's own attributes are
+        (behind a state-blind router, its own next arrival or the loop's next event of
+        another kind; None: none is left). Kept on the leaper: the scheduler's own attributes are
         capped (`MAX_SCHEDULER_ATTRIBUTES`)."""
         leaper = getattr(self.executor, "leaper", None)
         if leaper is not None:
