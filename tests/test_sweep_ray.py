@@ -2,6 +2,7 @@
 raises is stored failed with its error, on either executor, and the sweep goes on."""
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -26,6 +27,28 @@ RAY = ["--executor=ray", "--ray_num_cpus=2"]
 VARIES = ("session", "finished_at", "wall_s")
 
 
+@pytest.fixture(scope="module")
+def ray_session():
+    """One local Ray of 2 CPUs for the module's in-process sweeps: a sweep that finds Ray
+    running uses it and leaves it running (`run_rows_on_ray`), so they share its start-up
+    (most of such a sweep's time) instead of starting and stopping one each. Starting and
+    stopping it inside a sweep is the command-line tests' part (each runs its own)."""
+    import ray
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("RAY_AUTH_MODE", "disabled")
+        with pytest.MonkeyPatch.context() as at_repo:
+            # The driver's folder at start-up is on the workers' import path: the
+            # reproduction's metrics are imported from the repository there.
+            at_repo.chdir(REPO)
+            ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING",
+                     log_to_driver=False)
+        try:
+            yield
+        finally:
+            ray.shutdown()
+
+
 def _sweep(out_dir: Path, *extra: str, exit_after: int = 0) -> subprocess.CompletedProcess:
     return run_sweep(out_dir, *ARGS, *extra, exit_after=exit_after,
                      env={"RAY_AUTH_MODE": "disabled"})
@@ -44,12 +67,20 @@ def _store(out_dir: Path) -> dict[tuple, dict]:
     return points
 
 
-def test_a_ray_sweep_killed_and_resumed_stores_what_a_serial_sweep_stores(tmp_path):
-    serial = _sweep(tmp_path / "serial")
+@pytest.fixture(scope="module")
+def serial_sweep(tmp_path_factory) -> Path:
+    """The folder of one serial command-line sweep of ARGS, for the tests that read it (the
+    rerun test copies it before sweeping into it again)."""
+    out = tmp_path_factory.mktemp("serial") / "sweep"
+    serial = _sweep(out)
     assert serial.returncode == 1, serial.stderr  # boom's points failed; the rest ran
     assert "4 of 12 points failed (first: boom rate=2 seed=0: RuntimeError: planted failure " \
            "at step 3)" in serial.stderr
+    return out
 
+
+def test_a_ray_sweep_killed_and_resumed_stores_what_a_serial_sweep_stores(tmp_path,
+                                                                          serial_sweep):
     killed = _sweep(tmp_path / "ray", *RAY, exit_after=5)
     assert killed.returncode == 3, killed.stderr
     stored = _store(tmp_path / "ray")
@@ -59,7 +90,7 @@ def test_a_ray_sweep_killed_and_resumed_stores_what_a_serial_sweep_stores(tmp_pa
     num_finished = sum("error" not in p for p in stored.values())
     assert f"{num_finished} resumed" in resumed.stderr  # failed points run again
 
-    expected = _store(tmp_path / "serial")
+    expected = _store(serial_sweep)
     assert len(expected) == 12
     failed = {key for key, p in expected.items() if "error" in p}
     assert failed == {("boom", r, s) for r in (2.0, 8.0) for s in (0, 1)}
@@ -68,34 +99,36 @@ def test_a_ray_sweep_killed_and_resumed_stores_what_a_serial_sweep_stores(tmp_pa
     assert _store(tmp_path / "ray") == expected
 
 
-def test_a_rerun_runs_only_the_failed_points_again_and_their_new_lines_stand(tmp_path):
+def test_a_rerun_runs_only_the_failed_points_again_and_their_new_lines_stand(tmp_path,
+                                                                           serial_sweep):
     out = tmp_path / "sweep"
-    args = ("--rates=2", "--seeds=0,1")
-    assert _sweep(out, *args).returncode == 1
+    shutil.copytree(serial_sweep, out)  # the serial sweep's 12 points, boom's 4 failed
     first = (out / "points.jsonl").read_text().splitlines()
-    assert len(first) == 6
-    again = _sweep(out, *args)
+    assert len(first) == 12
+    again = _sweep(out)
     assert again.returncode == 1, again.stderr
-    assert "4 resumed" in again.stderr  # the finished points count as done, the failed not
+    assert "8 resumed" in again.stderr  # the finished points count as done, the failed not
     lines = (out / "points.jsonl").read_text().splitlines()
-    assert lines[:6] == first
-    rerun = [json.loads(line) for line in lines[6:]]
-    assert sorted((p["policy"], p["seed"]) for p in rerun) == [("boom", 0), ("boom", 1)]
+    assert lines[:12] == first
+    rerun = [json.loads(line) for line in lines[12:]]
+    assert sorted((p["policy"], p["rate"], p["seed"]) for p in rerun) == [
+        ("boom", r, s) for r in (2.0, 8.0) for s in (0, 1)]
     store = SweepStore(out, json.loads((out / "sweep.json").read_text())["run"],
                        json.loads((out / "sweep.json").read_text())["policies"])
     loaded = store.load()
-    assert len(loaded) == 6  # one point per key: the rerun's line stands for the failed one
+    assert len(loaded) == 12  # one point per key: the rerun's line stands for the failed one
     sessions = {p["session"] for p in loaded if p["policy"] == "boom"}
     assert sessions == {rerun[0]["session"]}
-    assert store.finished_keys() == {PointKey(p, 2.0, s) for p in ("static", "orca")
-                                     for s in (0, 1)}
+    assert store.finished_keys() == {PointKey(p, r, s) for p in ("static", "orca")
+                                     for r in (2.0, 8.0) for s in (0, 1)}
 
 
 def _saturated_past_4(rate: float, summary) -> bool:
     return rate >= 4.0
 
 
-def test_on_ray_a_policy_s_rates_still_stop_after_its_first_saturated_row(tmp_path):
+def test_on_ray_a_policy_s_rates_still_stop_after_its_first_saturated_row(tmp_path,
+                                                                          ray_session):
     spec = RunSpec(workload=WorkloadSpec(num_requests=8, prompt_len="uniform:8:64",
                                          output_len="uniform:1:16"),
                    engine=SimEngineSpec(model="tiny", step_time_ms=5.0),
@@ -123,7 +156,8 @@ def test_without_ray_installed_the_ray_executor_says_how_to_get_it(tmp_path, mon
 
 
 def test_a_reproduction_on_ray_stores_and_tabulates_what_a_serial_one_does(tmp_path,
-                                                                           monkeypatch):
+                                                                           monkeypatch,
+                                                                           ray_session):
     from experiments.reproduce import orca
     from orca_jax.runner import ray_sweep
 
@@ -158,7 +192,8 @@ def test_a_reproduction_on_ray_stores_and_tabulates_what_a_serial_one_does(tmp_p
                 == json.loads((tmp_path / "serial" / table).read_text())), table
 
 
-def test_a_fitted_ladder_is_fitted_once_per_rate_and_seed_in_the_driver(tmp_path, monkeypatch):
+def test_a_fitted_ladder_is_fitted_once_per_rate_and_seed_in_the_driver(tmp_path, monkeypatch,
+                                                                         ray_session):
     # Two policies share each (rate, seed)'s fit: the driver fits 2 ladders for 4 points,
     # and every point stores the fit a serial sweep stores.
     from orca_jax.runner import sweep_point

@@ -1,4 +1,5 @@
-"""Tensor parallelism: the Megatron layout, its errors, and tp=2 runs on two forced CPU devices.
+"""Tensor parallelism: the Megatron layout, its errors, and tp=2 runs on two forced CPU
+devices and over two processes (jax.distributed, gloo on the CPU), each against one tp=1 run.
 
 The test process has one CPU device (JAX is started by then), so runs over two
 devices go through the command line in a subprocess started with
@@ -7,6 +8,7 @@ devices go through the command line in a subprocess started with
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -71,17 +73,21 @@ def test_engine_rejects_a_mesh_without_the_tp_axis():
         JaxEngine(TINY, params, num_cache_pages=8, page_size=16, pages_per_seq=2, mesh=mesh)
 
 
+RUN_FLAGS = ["--engine=jax", "--model=tiny", "--policy=orca", "--num_requests=12", "--rate=50",
+             "--prompt_len=uniform:4:40", "--output_len=uniform:1:24", "--max_num_seqs=4",
+             "--max_num_tokens=64", "--buckets=16,64"]
+
+
+def _command(out_dir, *flags):
+    return [sys.executable, "-m", "experiments.run", *RUN_FLAGS, f"--out_dir={out_dir}", *flags]
+
+
 def _run(out_dir, *flags, devices=2):
     env = dict(os.environ, JAX_PLATFORMS="cpu",
                XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} "
                f"--xla_force_host_platform_device_count={devices}")
-    result = subprocess.run(
-        [sys.executable, "-m", "experiments.run", "--engine=jax", "--model=tiny",
-         "--policy=orca", "--num_requests=12", "--rate=50", "--prompt_len=uniform:4:40",
-         "--output_len=uniform:1:24", "--max_num_seqs=4", "--max_num_tokens=64",
-         "--buckets=16,64", f"--out_dir={out_dir}", *flags],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    return result
+    return subprocess.run(_command(out_dir, *flags), cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=300)
 
 
 def _outputs(out_dir):
@@ -90,11 +96,23 @@ def _outputs(out_dir):
     return {row["id"]: row["output_tokens"] for row in rows}, summary
 
 
+@pytest.fixture(scope="module")
+def tp1_run(tmp_path_factory):
+    """The one-device run (`--tp=1`) both kinds of split run are checked against: its
+    tokens and summary. One command-line run for the module's tests, which only read it."""
+    out_dir = tmp_path_factory.mktemp("tp1")
+    result = _run(out_dir, "--tp=1")
+    assert result.returncode == 0, result.stderr[-3000:]
+    tokens, summary = _outputs(out_dir)
+    assert sum(map(len, tokens.values())) > 100
+    assert summary["tp"] == 1
+    return tokens, summary
+
+
 @pytest.mark.slow
-def test_tp2_generates_the_same_tokens_with_half_the_cache_per_device(tmp_path):
-    runs = {}
-    for name, flags in {"tp1": ["--tp=1"], "tp2": ["--tp=2"],
-                        "tp2_pallas": ["--tp=2", "--attention=pallas"]}.items():
+def test_tp2_generates_the_same_tokens_with_half_the_cache_per_device(tmp_path, tp1_run):
+    runs = {"tp1": tp1_run}
+    for name, flags in {"tp2": ["--tp=2"], "tp2_pallas": ["--tp=2", "--attention=pallas"]}.items():
         result = _run(tmp_path / name, *flags)
         assert result.returncode == 0, result.stderr[-3000:]
         runs[name] = _outputs(tmp_path / name)
@@ -106,12 +124,53 @@ def test_tp2_generates_the_same_tokens_with_half_the_cache_per_device(tmp_path):
         assert split["tp"] == 2
         assert split["kv_cache_bytes_per_device"] * 2 == summary["kv_cache_bytes_per_device"]
         assert split["num_compiles"] == 2  # the two buckets, none after warm-up
-    assert summary["tp"] == 1
     # A split step is a different program from the one-device step.
     fingerprints = {name: {k: v for k, v in run[1].items()
                            if k.startswith("compiled_fingerprints.")} for name, run in runs.items()}
     assert fingerprints["tp1"] and fingerprints["tp2"].keys() == fingerprints["tp1"].keys()
     assert fingerprints["tp2"] != fingerprints["tp1"]
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("localhost", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_processes_with_tp2_give_the_one_process_tokens(tmp_path, tp1_run):
+    """The jax engine over two processes (jax.distributed, gloo on the CPU) with the tp
+    mesh spanning them, against the same run in one process without tensor parallelism."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    # One CPU device per process (the mesh must span both); the session's other flags kept.
+    env["XLA_FLAGS"] = " ".join(flag for flag in env.get("XLA_FLAGS", "").split()
+                                if "host_platform_device_count" not in flag)
+    group = ["--tp=2", "--num_processes=2", f"--coordinator=localhost:{_free_port()}"]
+    procs = [subprocess.Popen(_command(tmp_path / "tp2", *group, f"--process_id={rank}"),
+                              cwd=REPO, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for rank in (1, 0)]
+    try:
+        results = [proc.communicate(timeout=300) for proc in procs]
+    finally:
+        for proc in procs:
+            proc.kill()
+    for proc, (_, stderr) in zip(procs, results):
+        assert proc.returncode == 0, stderr[-3000:]
+
+    tokens, summary = tp1_run
+    split_tokens, split = _outputs(tmp_path / "tp2")
+    assert split_tokens == tokens  # greedy, fp32: the split run computes the same tokens
+    follower_tokens, follower = _outputs(tmp_path / "tp2.process1")  # process 1's own record
+    assert follower_tokens == tokens
+    assert split["tp"] == 2 and summary["tp"] == 1
+    assert split["kv_cache_bytes_per_device"] * 2 == summary["kv_cache_bytes_per_device"]
+    # Exactly the two buckets, on every process: nothing compiled per step or per transfer.
+    assert split["num_compiles"] == follower["num_compiles"] == 2
+    assert sorted(k for k in split if k.startswith("compiled_fingerprints.")) == [
+        "compiled_fingerprints.16", "compiled_fingerprints.64"]
+    # One virtual clock (process 0's step times): the followers' timings are the leader's.
+    assert split["num_steps"] == follower["num_steps"]
+    assert split["ttft_p99_s"] == follower["ttft_p99_s"]
 
 
 @pytest.mark.slow

@@ -191,13 +191,17 @@ def attention_tiles(q_lens: NDArray[np.int64], kv_lens: NDArray[np.int64], *, q_
       q_tile: query rows per tile.
       kv_tile: KV tokens per tile.
     """
-    total = 0
-    for q, k in zip(np.asarray(q_lens, np.int64).tolist(), np.asarray(kv_lens, np.int64).tolist()):
-        if q <= 0:
-            continue
-        ends = np.minimum(k, k - q + q_tile * np.arange(1, -(-q // q_tile) + 1))  # last key + 1
-        total += int(np.sum(-(-ends // kv_tile)))
-    return total
+    q_lens = np.asarray(q_lens, np.int64)
+    kv_lens = np.asarray(kv_lens, np.int64)
+    # One row per query tile of every sequence (none for a sequence with no new token), in
+    # integers: the same count a loop over the sequences makes, without a numpy call each.
+    num_tiles = np.where(q_lens > 0, -(-q_lens // q_tile), 0)  # [num_seqs]
+    tile_kv = np.repeat(kv_lens, num_tiles)  # [num_tiles]
+    tile_start = np.repeat(kv_lens - q_lens, num_tiles)  # [num_tiles] keys before the queries
+    first = np.repeat(np.cumsum(num_tiles) - num_tiles, num_tiles)  # [num_tiles]
+    tile_index = np.arange(1, len(tile_kv) + 1) - first  # [num_tiles] 1-based per sequence
+    ends = np.minimum(tile_kv, tile_start + q_tile * tile_index)  # last key + 1
+    return int(np.sum(-(-ends // kv_tile)))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
