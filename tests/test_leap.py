@@ -388,17 +388,19 @@ def test_a_tally_of_a_span_is_the_tally_of_its_steps():
         np.testing.assert_array_equal(getattr(a, field), getattr(b, field))
 
 
-def test_pages_of_a_span_are_the_pages_of_its_steps():
+@pytest.mark.parametrize("num_steps", [12, 4])  # several grants a request; one at most
+def test_pages_of_a_span_are_the_pages_of_its_steps(num_steps):
     pools = [PagedPool(num_kv_pages=64, page_size=4, max_pages_per_seq=16, num_requests=5)
              for _ in range(2)]
     ids = np.array([3, 0, 4])
     computed = np.array([4, 7, 1])
     for pool in pools:
         pool.allocate(ids, computed)
-    steps = np.arange(13)[:, None]
-    need = np.diff(pools[0].pages_needed(ids, computed + steps), axis=0)  # [12, 3]
+    steps = np.arange(num_steps + 1)[:, None]
+    need = np.diff(pools[0].pages_needed(ids, computed + steps), axis=0)  # [k, 3]
+    assert (need.sum(axis=0).max() > 1) == (num_steps > 4)  # each path is taken
     pools[0].allocate_steps(ids, need)
-    for j in range(1, 13):
+    for j in range(1, num_steps + 1):
         pools[1].allocate(ids, computed + j)
     np.testing.assert_array_equal(pools[0].page_table, pools[1].page_table)
     np.testing.assert_array_equal(pools[0].num_held, pools[1].num_held)

@@ -301,26 +301,32 @@ class PagedPool(PageTable):
         new pages for request `ids[i]`, off the free stack in the very order `k` calls
         would take them (step by step, each step in `ids` order), so the page table ends
         as theirs does (a leap over steady decodes: `orca_jax.core.loop.leap`)."""
-        step, pos = np.nonzero(need)  # [g] row-major: by step, then in ids order
-        counts = need[step, pos]  # [g]
-        total = int(counts.sum())
+        grants = need.sum(axis=0)  # [n] pages each request takes over the k steps
+        total = int(grants.sum())
         if total == 0:
             return
         if total > self.num_free:
             raise RuntimeError(f"KV pool overcommitted: {total} pages asked, {self.num_free} free")
         held = self.num_held[ids]  # [n]
-        grown = held + need.sum(axis=0)  # [n]
+        grown = held + grants  # [n]
         if int(grown.max()) > self.max_pages_per_seq:
             raise RuntimeError("a request would exceed max_pages_per_seq")
         rows = self.row_of[ids]  # [n]
-        if (rows[need.any(axis=0)] < 0).any():
+        if (rows[grants > 0] < 0).any():
             raise RuntimeError("allocate_steps: a growing request holds no page-table row")
+        step, pos = np.nonzero(need)  # [g] row-major: by step, then in ids order
         pages = self._take(total)
         self.ref_count[pages] = 1
-        earlier = np.cumsum(need, axis=0)[step, pos] - counts  # [g] its pages of earlier steps
-        first = np.repeat(held[pos] + earlier, counts)  # [total] its column of each grant
-        within = np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts)
-        self.page_table[np.repeat(rows[pos], counts), first + within] = pages
+        if int(grants.max()) == 1:
+            # A short leap's decodes: each request takes at most one page, at its next
+            # column (one grant of one page each, so no earlier grant moves it).
+            self.page_table[rows[pos], held[pos]] = pages
+        else:
+            counts = need[step, pos]  # [g]
+            earlier = np.cumsum(need, axis=0)[step, pos] - counts  # [g] its earlier pages
+            first = np.repeat(held[pos] + earlier, counts)  # [total] its column of each grant
+            within = np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts)
+            self.page_table[np.repeat(rows[pos], counts), first + within] = pages
         self.num_held[ids] = grown
 
     def _take(self, count: int) -> NDArray[np.int64]:
