@@ -237,9 +237,14 @@ class RequestTable:
         """Tokens each request knows: its prompt and what it generated so far."""
         return self.prompt_len[ids] + self.num_generated[ids]
 
-    def num_uncomputed(self, ids: NDArray[np.int64]) -> NDArray[np.int64]:  # [n] -> [n]
-        """Tokens each request could compute now (1 for a decode)."""
-        return self.prompt_len[ids] + self.num_generated[ids] - self.num_computed[ids]
+    def num_uncomputed(self, ids: NDArray[np.int64],  # [n] -> [n]
+                       computed: Optional[NDArray[np.int64]] = None  # [n] or None
+                       ) -> NDArray[np.int64]:
+        """Tokens each request could compute now (1 for a decode); `computed`: their
+        `num_computed`, where the caller has read it already."""
+        if computed is None:
+            computed = self.num_computed[ids]
+        return self.prompt_len[ids] + self.num_generated[ids] - computed
 
     def snapshot(self) -> dict[str, NDArray]:
         """Copies of every array (tests compare these before and after a rejected plan)."""
