@@ -140,13 +140,7 @@ class Router(abc.ABC):
 def routes_blind(router: Router) -> bool:
     """Whether `router` promised to route without reading the run's state
     (`Router.state_blind`), in the class that defines its `route` or a subclass of it."""
-    if not router.state_blind:
-        return False
-    mro = type(router).__mro__
-
-    def owner(name: str) -> int:
-        return next(i for i, cls in enumerate(mro) if name in vars(cls))
-    return owner("state_blind") <= owner("route")
+    return router.state_blind and plugins.declared_with(type(router), "state_blind", "route")
 
 
 register_router = plugins.registrar(_ROUTERS, Router, kind="router",

@@ -32,6 +32,18 @@ class PolicyLoadError(ValueError):
     """A policy or router spec or option could not be resolved; the message names it."""
 
 
+def declared_with(plugin_type: type, attribute: str, method: str) -> bool:
+    """Whether `plugin_type`'s `attribute` (a promise about `method`: a policy's
+    `stable_steps` about its `schedule`, a router's `state_blind` about its `route`) is
+    defined by the class that defines `method`, or by a subclass of it. A plugin that
+    overrides a built-in's `method` alone must not inherit the promise its parent made."""
+    mro = plugin_type.__mro__
+
+    def owner(name: str) -> int:
+        return next(i for i, cls in enumerate(mro) if name in vars(cls))
+    return owner(attribute) <= owner(method)
+
+
 def registrar(registry: MutableMapping[str, type], base: type, *, kind: str,
               decorator: str) -> Callable[[str], Callable[[C], C]]:
     """The `@decorator(name)` class decorator that registers a `base` subclass in `registry`.

@@ -61,6 +61,7 @@ from typing import Any, Callable, Optional, Union
 import numpy as np
 from numpy.typing import NDArray
 
+from orca_jax.core.api.plugins import declared_with
 from orca_jax.core.loop.scheduled_step import IdleStep, ScheduledStep
 from orca_jax.core.requests.request import RequestState
 from orca_jax.core.requests.step_logs import STEP_DTYPE
@@ -87,12 +88,9 @@ def promise_covers_schedule(policy_type: type, promise: str = "stable_steps") ->
     (and a widening, by the class that defines `stable_steps` or below it). A subclass
     that overrides `schedule` alone (a plugin that changes a built-in's plans) would
     otherwise be skipped on the strength of its parent's promise."""
-    mro = policy_type.__mro__
-    def owner(name: str) -> int:
-        return next(i for i, cls in enumerate(mro) if name in vars(cls))
-    covers = owner(promise) <= owner("schedule")
+    covers = declared_with(policy_type, promise, "schedule")
     if promise != "stable_steps":
-        covers = covers and owner(promise) <= owner("stable_steps") and bool(
+        covers = covers and declared_with(policy_type, promise, "stable_steps") and bool(
             getattr(policy_type, promise))
     return covers
 
