@@ -186,7 +186,7 @@ PHASES = (
     ("schedule() in all", 2, (("orca_jax/core/loop/scheduler_loop.py", "schedule"),)),
     ("arrivals join", 3, (("orca_jax/core/loop/scheduler_loop.py", "_admit_arrivals"),)),
     ("policy plan (Policy.schedule)", 3, (("policies/", "schedule"),)),
-    ("plan checks", 3, (("orca_jax/core/plans/plan_checks.py", "check_plan"),)),
+    ("plan checks", 3, (("orca_jax/core/plans/plan_checks.py", "checked_counts"),)),
     ("admission", 3, (("orca_jax/core/loop/scheduler.py", "_admit"),)),
     ("KV allocation", 3, (("orca_jax/core/kv/pool.py", "allocate"),)),
     ("packing", 3, (("orca_jax/core/step/packing.py", "pack_step"),)),

@@ -26,6 +26,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 KV_LAYOUTS = ("paged", "buddy")
+_ZERO = np.zeros((), dtype=np.int64)  # 0 as a 0-d array (see `PageTable.__init__`)
 
 
 class KVPool(Protocol):
@@ -159,6 +160,11 @@ class PageTable:
         self.row_of = np.full(num_requests, -1, dtype=np.int64)  # [N] page-table row, -1 none
         self.page_table = np.zeros((0, max_pages_per_seq), dtype=np.int32)  # [rows, P]
         self._free_rows: list[int] = []
+        # The page size and its round-up as 0-d arrays: numpy converts a Python int operand
+        # anew on every call (0.7 us a step's array op), and pages are counted several
+        # times a step. The same int64 values either way.
+        self._page_size_0d = np.array(page_size, dtype=np.int64)
+        self._round_up_0d = np.array(page_size - 1, dtype=np.int64)
 
     @property
     def num_used(self) -> int:
@@ -246,11 +252,10 @@ class PagedPool(PageTable):
                      target_tokens: NDArray[np.int64]) -> NDArray[np.int64]:  # [n]
         # `pages_for_tokens(target_tokens) - num_held[ids]`, at least 0: asked several times
         # a step, so written out, on one new array.
-        page_size = self.page_size
-        need = target_tokens + (page_size - 1)
-        need //= page_size
+        need = target_tokens + self._round_up_0d
+        need //= self._page_size_0d
         need -= self.num_held[ids]
-        return np.maximum(need, 0, out=need)
+        return np.maximum(need, _ZERO, out=need)
 
     def blocks_fit(self, ids: NDArray[np.int64],  # [n]
                    pages: NDArray[np.int64],  # [n]

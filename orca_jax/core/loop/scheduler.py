@@ -46,7 +46,7 @@ from orca_jax.core.loop.watchdog import ProgressWatchdog
 from orca_jax.core.plans.plan import PlanError, StepPlan
 from orca_jax.core.plans.view import SchedulerView
 from orca_jax.core.requests.request import Request, RequestState, sort_by_arrival
-from orca_jax.core.requests.request_table import RequestTable, SpecCounts
+from orca_jax.core.requests.request_table import RequestTable, SpecCounts, count_nonzero
 from orca_jax.core.requests.run_record import RunRecord
 from orca_jax.core.step.engine_api import Engine
 from orca_jax.core.step.packing import SamplingArrays, bucket_config_for
@@ -461,12 +461,14 @@ class Scheduler(SchedulerLoop):
             table.programs.done(reject, self.now_s)
 
     def _admit(self, ids: NDArray[np.int64],  # [n]
-               states: NDArray[np.int8]) -> tuple[int, float]:  # [n]
-        """Admits the waiting ones of `ids` (`states`: theirs, as the plan check read them).
-        Returns (tokens they took from the prefix cache, seconds of KV brought back from a
-        slower tier: it holds the step back)."""
+               states: NDArray[np.int8],  # [n]
+               admitting: bool = True) -> tuple[int, float]:
+        """Admits the waiting ones of `ids` (`states`: theirs, as the plan check read them;
+        `admitting`: whether one waits, as it found). Returns (tokens they took from the
+        prefix cache, seconds of KV brought back from a slower tier: it holds the step
+        back)."""
         linked = self.kv_memory.linked
-        if linked is None and int(np.minimum.reduce(states)) != _WAITING:  # none waits
+        if linked is None and not admitting:  # none waits
             return 0, 0.0
         table = self.table
         admitted = ids[states == _WAITING]
@@ -483,7 +485,7 @@ class Scheduler(SchedulerLoop):
         # Every queued request is waiting until a change takes it out of the queue, this
         # one included: when the head's `a` requests are the ones admitted, the rest
         # stays (a slice, no copy of a long queue); else keep the waiting ones.
-        if admitted.size <= waiting.size and not np.count_nonzero(
+        if admitted.size <= waiting.size and not count_nonzero(
                 table.state[waiting[:admitted.size]] == _WAITING):
             self.waiting = waiting[admitted.size:]  # read-only, as a slice of a frozen queue
         else:

@@ -34,10 +34,10 @@ from orca_jax.core.loop.executor import Executor
 from orca_jax.core.loop.scheduled_step import IdleStep, ScheduledStep, StepResult
 from orca_jax.core.loop.watchdog import ProgressWatchdog
 from orca_jax.core.plans.plan import MalformedPlan, PlanError, StepPlan
-from orca_jax.core.plans.plan_checks import check_plan, not_a_plan
+from orca_jax.core.plans.plan_checks import checked_counts, not_a_plan
 from orca_jax.core.plans.view import SchedulerView
 from orca_jax.core.requests.request import RequestState
-from orca_jax.core.requests.request_table import RequestTable
+from orca_jax.core.requests.request_table import RequestTable, count_nonzero
 from orca_jax.core.requests.run_record import RunRecord, StepLog
 from orca_jax.core.requests.run_result import RunResult
 from orca_jax.core.step.engine_api import Engine
@@ -216,7 +216,8 @@ class SchedulerLoop:
                             f"schedule() returned {type(plan).__name__}, not a StepPlan")
         if self.features.spec_k and not self.policy.plans_speculation:  # --spec_k
             plan = add_drafts(self.view, plan, self.features.spec_k)
-        needed, computed, context, uncomputed, states = check_plan(self, plan)
+        needed, computed, context, uncomputed, states, admitting, num_real_tokens = (
+            checked_counts(self, plan))
         self.last_finished = NO_REQUESTS  # "finished since the previous schedule() call"
         self._apply_release(plan.release)
         kv_move_s = self._apply_preemption(plan.preempt)  # the executor counts the moves
@@ -232,7 +233,7 @@ class SchedulerLoop:
             return IdleStep(resume_s=self.next_arrival_s() if jumps else None, waits=waits,
                             progressed=progressed, kv_move_s=kv_move_s)
         ids, tokens = plan.request_ids, plan.num_tokens
-        num_cached_tokens, admit_move_s = self._admit(ids, states)
+        num_cached_tokens, admit_move_s = self._admit(ids, states, admitting)
         kv_move_s += admit_move_s
         table = self.table
         spec = plan.spec_tokens if plan.spec_tokens.size else None  # [n] draft tokens
@@ -248,7 +249,7 @@ class SchedulerLoop:
         else:  # admission moved no one: the check's counts are the step's
             num_computed, kv_lens = computed, context
             samples = tokens == uncomputed  # kv_lens - spec == prompt_len + num_generated
-        if np.count_nonzero(needed):  # needed.any(), without the method's Python frame
+        if count_nonzero(needed):  # needed.any(), without the method's Python frame
             # Without reservations or hits, admission took no pages: the check's count holds.
             reuse = self.kv_memory.needed_is_allocation
             self.kv.allocate(ids, kv_lens, need=needed if reuse else None)
@@ -256,8 +257,6 @@ class SchedulerLoop:
                 kv_move_s += self.kv_memory.take_stall()  # its evictions' write-backs
         if self.kv_memory.linked is not None:  # host-tier hits into the pages just allocated
             self.kv_memory.land_loads()
-        # (Reductions as ufunc methods: the arrays' `max` and `sum` add a Python frame each.)
-        num_real_tokens = int(np.add.reduce(tokens if spec is None else tokens + spec))
         kv = self.kv
         packed = pack_step(bucket_config=self.bucket_config, request_ids=ids, num_tokens=tokens,
                            num_computed=num_computed,
@@ -329,7 +328,7 @@ class SchedulerLoop:
                 self.record_tokens(sampled, result.sampled_tokens)
             table.last_token_s[sampled] = end_s
             first = np.isnan(table.first_token_s[sampled])  # [s] its first token
-            if np.count_nonzero(first):  # most steps: none (only a prefill's ending has)
+            if count_nonzero(first):  # most steps: none (only a prefill's ending has)
                 table.first_token_s[sampled[first]] = end_s
             if gained is not None:  # each accepted draft is a token at the step's end too
                 for j in range(int(gained.max())):
@@ -402,10 +401,13 @@ class SchedulerLoop:
             return
         table = self.table
         arrived = table.indices[first:end]  # [k] a read-only slice: no copy
-        mine = (table.state[arrived] == _PENDING) & (table.holder[arrived] == table.replica)
-        if np.count_nonzero(mine) < mine.size:  # routed elsewhere, or here and gone already
-            arrived = arrived[mine]
-        table.state[arrived] = _WAITING
+        if end - first == 1:  # most arrivals, one at a time: `first` is pending here
+            table.state[first] = _WAITING
+        else:
+            mine = (table.state[arrived] == _PENDING) & (table.holder[arrived] == table.replica)
+            if count_nonzero(mine) < mine.size:  # routed elsewhere, or here and gone already
+                arrived = arrived[mine]
+            table.state[arrived] = _WAITING
         self.waiting = appended(self.waiting, arrived, table.indices)
         self._next_arrival = end
 

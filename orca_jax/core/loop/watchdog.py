@@ -15,6 +15,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from orca_jax.core.plans.plan import PlanError
+from orca_jax.core.requests.request_table import count_nonzero
 
 
 class ProgressWatchdog:
@@ -36,7 +37,7 @@ class ProgressWatchdog:
         That is progress, counted here (as `progressed`): the caller counts the iteration
         only when it returns False."""
         gained = num_computed > self._most_computed[ids]
-        num_gained = np.count_nonzero(gained)  # gained.any(), without its Python frame
+        num_gained = count_nonzero(gained)  # gained.any(), without its Python frame
         if not num_gained:
             return False
         if num_gained == ids.size:  # most steps: every one got further, no masks needed

@@ -18,7 +18,7 @@ from orca_jax.core.plans import plan as plan_module
 from orca_jax.core.plans.plan import MalformedPlan, PlanError, StepPlan
 from orca_jax.core.plans.scheduler_state import SchedulerState
 from orca_jax.core.requests.request import RequestState
-from orca_jax.core.requests.request_table import RequestTable
+from orca_jax.core.requests.request_table import RequestTable, count_nonzero
 
 # Plain ints: IntEnum attribute lookups cost a microsecond each on the hot path.
 _PENDING, _WAITING, _RUNNING = int(RequestState.PENDING), int(RequestState.WAITING), int(
@@ -37,9 +37,14 @@ _PLAN_FILE = os.path.realpath(plan_module.__file__)
 # `states` (`RequestState` before admission: WAITING ones are admitted) too.
 PlanCounts = tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64], NDArray[np.int64],
                    NDArray[np.int8]]
+# `PlanCounts`, then two ints the step is made of too (`checked_counts`): `admitting`
+# (whether one of the requests is waiting: 1 or 0) and `total` (the tokens the step
+# computes, draft positions included: `context - computed` summed).
+StepCounts = tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64], NDArray[np.int64],
+                   NDArray[np.int8], int, int]
 _NONE = np.zeros(0, dtype=np.int64)
 _NONE.setflags(write=False)
-NO_COUNTS: PlanCounts = (_NONE, _NONE, _NONE, _NONE, _NONE.astype(np.int8))  # runs nothing
+NO_COUNTS: StepCounts = (_NONE, _NONE, _NONE, _NONE, _NONE.astype(np.int8), 0, 0)  # runs nothing
 
 
 def not_a_plan(name: str, error: MalformedPlan) -> PlanError:
@@ -55,10 +60,10 @@ def _first(ids: NDArray[np.int64], mask: NDArray[np.bool_]) -> int:
     return int(ids[np.flatnonzero(mask)[0]])
 
 
-# Every check runs every iteration: `np.count_nonzero(mask)` answers `mask.any()` without
+# Every check runs every iteration: `count_nonzero(mask)` answers `mask.any()` without
 # the Python frame numpy's `any` and `all` methods add (a third of their cost on a
 # short array), and the reductions are called as ufunc methods for the same reason.
-_any = np.count_nonzero
+_any = count_nonzero
 _min, _max, _sum = np.minimum.reduce, np.maximum.reduce, np.add.reduce
 
 
@@ -125,7 +130,17 @@ def check_plan(scheduler: SchedulerState, plan: StepPlan) -> PlanCounts:
 
     Returns:
       `(needed, computed, context, uncomputed, states)`, each `[n]` over `plan.request_ids`
-      (`PlanCounts`; `NO_COUNTS` for a plan that runs nothing).
+      (`PlanCounts`; empty for a plan that runs nothing).
+    """
+    return checked_counts(scheduler, plan)[:5]
+
+
+def checked_counts(scheduler: SchedulerState, plan: StepPlan) -> StepCounts:
+    """`check_plan`, and with its counts `admitting` and `total` (`StepCounts`), which the
+    step would otherwise count again: the scheduler's step asks this.
+
+    Raises:
+      PlanError: `plan` breaks a rule (nothing has changed).
     """
     name = scheduler.policy.name
     table = scheduler.table
@@ -230,10 +245,12 @@ def check_plan(scheduler: SchedulerState, plan: StepPlan) -> PlanCounts:
     context = computed + tokens  # [n] (`tokens` with the drafts' positions, if any)
     needed = capacity.pages_for_context(ids, context)  # `capacity.pages_needed(ids, tokens)`
     # `kv_pages` or `kv_watermark`, if the KV does not fit; states are 1 or 2 here.
-    broken = capacity.rule_broken(ids, needed, plan.preempt, bool(lowest == _WAITING))
+    admitting = lowest == _WAITING
+    broken = capacity.rule_broken(ids, needed, plan.preempt, bool(admitting))
     if broken is not None:
         raise PlanError(name, *broken)
-    return needed, computed, context, uncomputed, states
+    return (needed, computed, context, uncomputed, states, int(admitting),
+            verified if spec.size else total)
 
 
 def _check_spec(name: str, scheduler: SchedulerState,

@@ -1,6 +1,6 @@
 """SchedulerState: what the view and the plan checks read of a running scheduler.
 
-`Scheduler` builds a `SchedulerView` and calls `check_plan`; both read its live
+`Scheduler` builds a `SchedulerView` and calls `check_plan` (`checked_counts`); both read its live
 state. They depend on this narrow protocol instead of on `Scheduler` itself,
 so the imports point one way (scheduler -> view, plan_checks -> this module)
 and a test can hand either of them a small fake. Every member is read only.

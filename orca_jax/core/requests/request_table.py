@@ -25,6 +25,12 @@ from numpy.typing import NDArray
 from orca_jax.core.requests.programs import ProgramBook, has_programs
 from orca_jax.core.requests.request import Request, RequestState
 
+try:  # numpy's C function itself: `np.count_nonzero`'s Python wrapper, which only calls
+    # it (no axis), costs three times as much on a step's short mask (0.65 of 0.9 us).
+    from numpy._core.multiarray import count_nonzero
+except ImportError:  # a numpy that keeps it elsewhere: the wrapper, same answers
+    count_nonzero = np.count_nonzero
+
 _FIELDS = (
     "arrival_s", "prompt_len", "output_len", "priority", "tenant", "deadline_s", "state",
     "num_computed", "num_generated", "num_preemptions", "first_scheduled_s",

@@ -24,6 +24,8 @@ from typing import Iterator
 import numpy as np
 from numpy.typing import NDArray
 
+from orca_jax.core.requests.request_table import count_nonzero
+
 # Tokens handled at once by the chunked gap computations of a whole log: sorting a log
 # of millions of tokens whole would take several copies of it.
 CHUNK_TOKENS = 1 << 16
@@ -219,9 +221,9 @@ class TokenTally:
         self._num_calls = call + 1
         previous = self._last_call[requests]  # [k]
         broke = previous != call - 1  # [k] starts a run: its first token, or after a break
-        if np.count_nonzero(broke):  # broke.any(), without the method's Python frame
+        if count_nonzero(broke):  # broke.any(), without the method's Python frame
             had = broke & (previous >= 0)  # [k] after a break: a run ends
-            if np.count_nonzero(had):
+            if count_nonzero(had):
                 ended, ended_at = requests[had], previous[had]
                 self._closed.append((ended, self._run_start[ended], ended_at,
                                      time_s - self._times[ended_at]))
