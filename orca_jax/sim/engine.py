@@ -86,6 +86,9 @@ class SimEngine(Engine):
                 raise ValueError(f"SimEngine.warmup: bucket num_tokens={bucket.num_tokens} has no "
                                  f"fitted step time; fitted buckets: {sorted(table)}")
         self._warm_buckets = frozenset(buckets)
+        # The vocabulary as a 0-d array, for the steps' samples: read through two
+        # properties and converted from a Python int on every step otherwise.
+        self._vocab_0d = np.array(self.vocab_size, dtype=np.int64)
 
     def step(self, inputs: StepInputs) -> StepOutput:
         """Prices one step and samples `kv_lens[i] % vocab_size` for every sequence i.
@@ -111,14 +114,16 @@ class SimEngine(Engine):
         if self.config.pp_layers is not None:  # through every stage: their seconds added
             return self.step_stages(packed)[0]
         bucket = packed.bucket
-        if self._warm_buckets is not None:
-            self._check_warm(bucket, self._warm_buckets)
+        warm = self._warm_buckets
+        if warm is not None:
+            self._check_warm(bucket, warm)
         kv_lens = packed.kv_lens
         step_s = bucket_step_seconds(self.config, bucket, lambda: (packed.q_lens, kv_lens))
         if packed.spec_tokens is not None:
             return self._speculative_output(packed, step_s)
         sampled = np.zeros(bucket.num_seqs, dtype=np.int32)  # [S] padding samples 0 % vocab
-        sampled[:kv_lens.size] = kv_lens % self.vocab_size
+        sampled[:kv_lens.size] = kv_lens % (self._vocab_0d if warm is not None
+                                            else self.vocab_size)
         return StepOutput(sampled_tokens=sampled, step_s=step_s)
 
     def _speculative_output(self, packed: PackedStep, verify_s: float) -> StepOutput:

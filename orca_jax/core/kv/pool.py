@@ -189,10 +189,16 @@ class PageTable:
             return np.zeros(0, dtype=np.int32)
         return self.page_table[row, :self.num_held[request]].copy()
 
-    def _assign_rows(self, ids: NDArray[np.int64]) -> None:  # [n]
-        rowless = ids[self.row_of[ids] < 0]
+    def _assign_rows(self, ids: NDArray[np.int64],  # [n]
+                     rows: Optional[NDArray[np.int64]] = None  # [n] their rows, if read
+                     ) -> NDArray[np.int64]:  # [n]
+        """Gives a page-table row to each of `ids` that has none; returns their rows."""
+        if rows is None:
+            rows = self.row_of[ids]
+        rowless_at = rows < 0  # [n]
+        rowless = ids[rowless_at]
         if rowless.size == 0:
-            return
+            return rows
         shortfall = rowless.size - len(self._free_rows)
         if shortfall > 0:
             old = self.page_table.shape[0]
@@ -200,8 +206,12 @@ class PageTable:
             self.page_table = np.concatenate(
                 [self.page_table, np.zeros((grow, self.max_pages_per_seq), np.int32)])
             self._free_rows.extend(range(old + grow - 1, old - 1, -1))
-        for request in rowless.tolist():
-            self.row_of[request] = self._free_rows.pop()
+        pop = self._free_rows.pop
+        given = [pop() for _ in range(rowless.size)]  # in `ids` order, as one by one
+        self.row_of[rowless] = given
+        rows = rows.copy()
+        rows[rowless_at] = given
+        return rows
 
     def trim(self, ids: NDArray[np.int64],  # [n]
              num_tokens: NDArray[np.int64]) -> int:  # [n]
@@ -287,8 +297,7 @@ class PagedPool(PageTable):
             raise RuntimeError("a request would exceed max_pages_per_seq")
         rows = self.row_of[ids]  # [g]
         if int(np.minimum.reduce(rows)) < 0:  # an admission's first pages: it gets a row
-            self._assign_rows(ids)
-            rows = self.row_of[ids]
+            rows = self._assign_rows(ids, rows)
         pages = self._take(total)
         self.ref_count[pages] = 1
         if total == ids.size:  # one page each: most steps (decodes entering a page)

@@ -124,27 +124,35 @@ class StepPlan:
         if ids.shape != tokens.shape:
             raise MalformedPlan(f"StepPlan: {ids.size} request_ids but {tokens.size} "
                                 "num_tokens")
-        object.__setattr__(self, "request_ids", ids)
-        object.__setattr__(self, "num_tokens", tokens)
-        object.__setattr__(self, "preempt", _as_index_array(preempt, "preempt"))
-        object.__setattr__(self, "release", _as_index_array(release, "release"))
-        try:  # an integer, not a float that int() would cut (nor NaN)
-            min_bucket = operator.index(min_bucket_tokens)
-        except TypeError:
-            min_bucket = -1
-        if min_bucket < 0:
-            raise MalformedPlan(f"StepPlan.min_bucket_tokens must be an integer >= 0, got "
-                                f"{min_bucket_tokens!r}")
-        object.__setattr__(self, "min_bucket_tokens", min_bucket)
-        reject_ids, reasons = _as_rejections(reject)
-        object.__setattr__(self, "reject_ids", reject_ids)
-        object.__setattr__(self, "reject_reasons", reasons)
-        spec = _as_index_array(spec_tokens, "spec_tokens")
+        # The defaults (most plans: nothing to preempt, release, reject or draft) without
+        # a call each; a plan is made every step.
+        preempt = (_EMPTY if preempt.__class__ is tuple and not preempt
+                   else _as_index_array(preempt, "preempt"))
+        release = (_EMPTY if release.__class__ is tuple and not release
+                   else _as_index_array(release, "release"))
+        if min_bucket_tokens.__class__ is int and min_bucket_tokens >= 0:
+            min_bucket = min_bucket_tokens
+        else:
+            try:  # an integer, not a float that int() would cut (nor NaN)
+                min_bucket = operator.index(min_bucket_tokens)
+            except TypeError:
+                min_bucket = -1
+            if min_bucket < 0:
+                raise MalformedPlan(f"StepPlan.min_bucket_tokens must be an integer >= 0, "
+                                    f"got {min_bucket_tokens!r}")
+        reject_ids, reasons = (_EMPTY, ()) if reject is None else _as_rejections(reject)
+        spec = (_EMPTY if spec_tokens.__class__ is tuple and not spec_tokens
+                else _as_index_array(spec_tokens, "spec_tokens"))
         if spec.size and spec.shape != ids.shape:
             raise MalformedPlan(f"StepPlan: {ids.size} request_ids but {spec.size} "
                                 "spec_tokens")
-        # All zeros is no speculation: one empty array, so the loop asks `.size` only.
-        object.__setattr__(self, "spec_tokens", spec if spec.size and spec.any() else _EMPTY)
+        # Frozen: the fields go into the instance's dict at once (one call, not one
+        # `object.__setattr__` each). All zeros is no speculation: one empty array, so the
+        # loop asks `.size` only.
+        self.__dict__.update(
+            request_ids=ids, num_tokens=tokens, preempt=preempt, release=release,
+            min_bucket_tokens=min_bucket, reject_ids=reject_ids, reject_reasons=reasons,
+            spec_tokens=spec if spec.size and spec.any() else _EMPTY)
 
     @property
     def speculates(self) -> bool:

@@ -235,9 +235,13 @@ class SchedulerView:
         plus each hit page that is free now (sharing takes it out of the free pool).
         Returns `[n]`.
         """
-        # The capacity question itself (`Scheduler.pages_needed` asks it): a call less.
-        return self._scheduler.capacity.pages_needed(np.asarray(ids, dtype=np.int64),
-                                                     np.asarray(num_tokens, dtype=np.int64))
+        # The capacity question itself (`Scheduler.pages_needed` asks it): a call less, and
+        # none to convert what a policy passes most (the view's own int64 arrays).
+        if ids.__class__ is not np.ndarray or ids.dtype != np.int64:
+            ids = np.asarray(ids, dtype=np.int64)
+        if num_tokens.__class__ is not np.ndarray or num_tokens.dtype != np.int64:
+            num_tokens = np.asarray(num_tokens, dtype=np.int64)
+        return self._scheduler.capacity.pages_needed(ids, num_tokens)
 
     def pages_held(self, ids: NDArray[np.int64]) -> NDArray[np.int64]:  # [n] -> [n]
         """KV pages each request holds (freed if it is preempted, but for shared pages:
