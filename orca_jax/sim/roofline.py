@@ -33,6 +33,7 @@ _DECODE = OPERATIONS.index("attention_decode")
 _LM_HEAD = OPERATIONS.index("lm_head")
 # The ufuncs' reductions called directly: `ndarray.sum` and `.max` add a Python layer.
 _sum, _max = np.add.reduce, np.maximum.reduce
+_ONE = np.array(1, dtype=np.int64)  # a 0-d operand: numpy converts a Python int each call
 # `_step_work` adds the prefills of a step in Python ints up to this many (a numpy call on
 # a few elements costs more than a short loop), in whole-array sums beyond.
 _FEW_PREFILLS = 16
@@ -389,7 +390,7 @@ def _step_work(q_lens: NDArray[np.int64], kv_lens: NDArray[np.int64]
     # A chunk of q tokens on k - q cached ones: query j sees k - q + j + 1 keys, q(2k-q+1)/2
     # in all, an integer: summed in integers, exactly, on any CPU (np.dot would call BLAS).
     # The decode KV is the whole KV less that of the other sequences (integers: exact).
-    others = (q != 1).nonzero()[0]  # [o] prefills (and any q < 1, in neither sum)
+    others = (q != _ONE).nonzero()[0]  # [o] prefills (and any q < 1, in neither sum)
     if others.size > _FEW_PREFILLS:  # a batch of prompts: whole-array sums
         q_other, k_other = q[others], k[others]
         prefill = q_other > 1

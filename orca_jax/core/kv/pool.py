@@ -26,7 +26,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 KV_LAYOUTS = ("paged", "buddy")
-_ZERO = np.zeros((), dtype=np.int64)  # 0 as a 0-d array (see `PageTable.__init__`)
+# 0, 1 and -1 as 0-d arrays, for whole-array writes and bounds (see `PageTable.__init__`).
+_ZERO, _ONE, _NO_ROW = (np.array(value, dtype=np.int64) for value in (0, 1, -1))
 
 
 class KVPool(Protocol):
@@ -229,7 +230,7 @@ class PageTable:
             rows = self.row_of[ids]
         if ids.size:
             self._free_rows.extend(rows.tolist())
-            self.row_of[ids] = -1
+            self.row_of[ids] = _NO_ROW
 
 
 class PagedPool(PageTable):
@@ -299,7 +300,7 @@ class PagedPool(PageTable):
         if int(np.minimum.reduce(rows)) < 0:  # an admission's first pages: it gets a row
             rows = self._assign_rows(ids, rows)
         pages = self._take(total)
-        self.ref_count[pages] = 1
+        self.ref_count[pages] = _ONE
         if total == ids.size:  # one page each: most steps (decodes entering a page)
             self.page_table[rows, held] = pages
         else:
@@ -378,7 +379,7 @@ class PagedPool(PageTable):
             pages = self._unhold(pages)
             self._free[self._num_free:self._num_free + pages.size] = pages[::-1]
             self._num_free += pages.size
-            self.num_held[held_ids] = 0
+            self.num_held[held_ids] = _ZERO
         # Where each held pages, each has a row, already read: released without a filter.
         self._release_rows(ids, rows if held_ids is ids else None)
 
@@ -407,7 +408,7 @@ class PagedPool(PageTable):
 
     def _unhold(self, pages: NDArray[np.int32]) -> NDArray[np.int32]:  # [k] -> [u]
         """Drops the holder of each page; returns those for the free stack."""
-        self.ref_count[pages] = 0
+        self.ref_count[pages] = _ZERO
         return pages
 
     def num_freed_by(self, ids: NDArray[np.int64],  # [n] distinct

@@ -40,7 +40,7 @@ from orca_jax.core.loop.config import SchedulerConfig
 from orca_jax.core.loop.executor import Executor
 from orca_jax.core.loop.pipeline import PipelineExecutor
 from orca_jax.core.loop.request_export import RequestExport
-from orca_jax.core.loop.scheduler_loop import NO_REQUESTS, SchedulerLoop
+from orca_jax.core.loop.scheduler_loop import NO_REQUESTS, RUNNING_0D, WAITING_0D, SchedulerLoop
 from orca_jax.core.loop.scheduler_loop import frozen as _frozen
 from orca_jax.core.loop.watchdog import ProgressWatchdog
 from orca_jax.core.plans.plan import PlanError, StepPlan
@@ -471,12 +471,12 @@ class Scheduler(SchedulerLoop):
         if linked is None and not admitting:  # none waits
             return 0, 0.0
         table = self.table
-        admitted = ids[states == _WAITING]
+        admitted = ids[states == WAITING_0D]
         if linked is not None:  # slower tiers: the queue's head prefetches
             self.kv_memory.prefetch(self.waiting[~np.isin(self.waiting, admitted)])
         if admitted.size == 0:
             return 0, 0.0
-        table.state[admitted] = _RUNNING
+        table.state[admitted] = RUNNING_0D
         table.admitted_s[admitted] = self.now_s
         is_first = np.isnan(table.first_scheduled_s[admitted])  # [a] never admitted before
         table.first_scheduled_s[admitted[is_first]] = self.now_s
@@ -486,10 +486,10 @@ class Scheduler(SchedulerLoop):
         # one included: when the head's `a` requests are the ones admitted, the rest
         # stays (a slice, no copy of a long queue); else keep the waiting ones.
         if admitted.size <= waiting.size and not count_nonzero(
-                table.state[waiting[:admitted.size]] == _WAITING):
+                table.state[waiting[:admitted.size]] == WAITING_0D):
             self.waiting = waiting[admitted.size:]  # read-only, as a slice of a frozen queue
         else:
-            self.waiting = _frozen(waiting[table.state[waiting] == _WAITING])
+            self.waiting = _frozen(waiting[table.state[waiting] == WAITING_0D])
         admission = self.kv_memory.admit(admitted, is_first)
         if table.programs is not None and table.programs.pins:  # they shared their hits
             program_pins.unpin_admitted_parents(self, admitted)
