@@ -289,15 +289,17 @@ class PagedPool(PageTable):
             return
         if growing_at.size < need.size:  # else every one grows: no copies
             ids, need = ids[growing_at], need[growing_at]
-        total = int(np.add.reduce(need))
+        # The [g] arrays' sum and bounds in Python ints (exact, as int64 reductions are): a
+        # ufunc reduction's fixed cost (2 us) is several times a short list's.
+        total = sum(need.tolist())
         if total > self.num_free:
             raise RuntimeError(f"KV pool overcommitted: {total} pages asked, {self.num_free} free")
         held = self.num_held[ids]  # [g]
         grown = held + need  # [g]
-        if int(np.maximum.reduce(grown)) > self.max_pages_per_seq:
+        if max(grown.tolist()) > self.max_pages_per_seq:
             raise RuntimeError("a request would exceed max_pages_per_seq")
         rows = self.row_of[ids]  # [g]
-        if int(np.minimum.reduce(rows)) < 0:  # an admission's first pages: it gets a row
+        if min(rows.tolist()) < 0:  # an admission's first pages: it gets a row
             rows = self._assign_rows(ids, rows)
         pages = self._take(total)
         self.ref_count[pages] = _ONE
@@ -353,7 +355,8 @@ class PagedPool(PageTable):
     def free(self, ids: NDArray[np.int64]) -> None:  # [n]
         """Returns every page of these requests to the pool and releases their rows."""
         held = self.num_held[ids]  # [n]
-        lowest = int(np.minimum.reduce(held)) if held.size else 1
+        held_list = held.tolist()  # a few finishing: Python's min and max cost less than numpy's
+        lowest = min(held_list) if held_list else 1
         if lowest < 1:  # some hold nothing (rejected, say)
             holding = held > 0
             held_ids, held = ids[holding], held[holding]
@@ -370,7 +373,7 @@ class PagedPool(PageTable):
             else:
                 # Only the columns up to the widest holding: a row is 0 past its pages, and
                 # a max_pages_per_seq-wide copy would cost more than the pages it holds.
-                width = int(np.maximum.reduce(held))
+                width = max(held_list) if held_ids is ids else int(np.maximum.reduce(held))
                 block = self.page_table[rows, :width].astype(np.int64)  # [h, width]
                 # Row by row, each row's first `held` (all of them where all hold as many).
                 pages = (block.ravel() if lowest == width

@@ -147,9 +147,12 @@ def checked_counts(scheduler: SchedulerState, plan: StepPlan) -> StepCounts:
     n_requests = len(table)
     ids, tokens = plan.request_ids, plan.num_tokens
     _check_indices(name, "request_ids", ids, n_requests)
-    _check_indices(name, "preempt", plan.preempt, n_requests)
-    _check_indices(name, "release", plan.release, n_requests)
-    _check_indices(name, "reject", plan.reject_ids, n_requests)
+    if plan.preempt.size:  # most steps preempt, release and reject nothing: no call
+        _check_indices(name, "preempt", plan.preempt, n_requests)
+    if plan.release.size:
+        _check_indices(name, "release", plan.release, n_requests)
+    if plan.reject_ids.size:
+        _check_indices(name, "reject", plan.reject_ids, n_requests)
     if table.shared:  # a cluster's replica: other replicas' rows are in its table too
         _check_held(name, table, plan)
     if plan.reject_ids.size:
