@@ -137,11 +137,13 @@ class VLLM(Policy):
         want = view.requests.num_uncomputed(running)  # [r] each >= 1
         if threshold:
             want = np.minimum(want, threshold)
-        wanted = want.cumsum()  # [r] (the method: np.cumsum adds a Python call)
-        if running.size == 0 or wanted[-1] <= budget:  # most steps: every one gets its want
+        # The ufunc: `sum` adds a Python frame (and the running sums only where the budget
+        # runs out).
+        num_tokens = int(np.add.reduce(want))
+        if num_tokens <= budget:  # most steps: every one gets its want
             ids, tokens = running, want
-            num_tokens = int(wanted[-1]) if running.size else 0
         else:
+            wanted = want.cumsum()  # [r] (the method: np.cumsum adds a Python call)
             # min(want, budget left) in order; the budget runs out on a prefix of running.
             tokens = np.minimum(np.maximum(budget - (wanted - want), 0), want)  # [r]
             num_scheduled = int(np.count_nonzero(tokens))
