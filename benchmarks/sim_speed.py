@@ -22,6 +22,7 @@ and the fraction of them run inside leaps (the run's log line), then the medians
 
     python -m benchmarks.sim_speed --issue_trace --rounds 3 > benchmarks/results/sim_speed_leap.txt
     python -m benchmarks.sim_speed --issue_trace --old_rev 21242e9 --rounds 3   # and before leaping
+    python -m benchmarks.sim_speed --issue_trace --old_rev 1f4a4bd --old_noleap  # both --noleap
 
 With `--profile`, it runs one case of the issue's trace (the first of `--rates`) under
 cProfile in a child process and prints where its time goes, phase by phase (`PHASES`:
@@ -245,15 +246,18 @@ def profile_case(num_requests: int, rate: float, bucket_ladder: str) -> None:
 
 
 def issue_trace(num_requests: int, rates: list[float], rounds: int, bucket_ladder: str,
-                old_tree: Optional[Path] = None) -> None:
+                old_tree: Optional[Path] = None, old_noleap: bool = False) -> None:
     """Leap against no leap on the issue's trace shape, `rounds` interleaved runs each
-    (and revision `old_tree`'s run, where given: the modes' order turns each round)."""
+    (and revision `old_tree`'s run, where given, and with `old_noleap` its `--noleap`
+    run too, a revision that has the flag: the modes' order turns each round)."""
     print(f"{'rate':>5} {'mode':>7} {'steps':>7} {'leaped':>7} {'leaps':>6} {'process s':>10} "
           f"{'ms/request':>11}")
     modes: list[tuple[str, Optional[bool], Path]] = [("leap", True, REPO),
                                                       ("noleap", False, REPO)]
     if old_tree is not None:
         modes.append(("old", None, old_tree))
+        if old_noleap:  # the per-step path alone, both trees
+            modes.append(("oldnl", False, old_tree))
     for rate in rates:
         runs: dict[str, list[dict]] = {label: [] for label, _, _ in modes}
         for round_index in range(rounds):
@@ -272,6 +276,8 @@ def issue_trace(num_requests: int, rates: list[float], rounds: int, bucket_ladde
               f"{medians['noleap']:.3f}, noleap/leap {medians['noleap'] / medians['leap']:.2f}x"
               + (f", old {medians['old']:.3f}, old/leap {medians['old'] / medians['leap']:.2f}x"
                  if "old" in medians else "")
+              + (f", old noleap {medians['oldnl']:.3f}, old noleap/noleap "
+                 f"{medians['oldnl'] / medians['noleap']:.2f}x" if "oldnl" in medians else "")
               + f"; leaped fraction of steps {fraction:.3f}; steps "
               f"{'identical' if same_steps else 'DIFFER'}", flush=True)
 
@@ -295,6 +301,9 @@ def main() -> None:
                         "with --old_rev: a revision before planners has no such flags")
     parser.add_argument("--rates", type=float, nargs="+", default=[30.0, 15.0],
                         help="with --issue_trace: the arrival rates, req/s")
+    parser.add_argument("--old_noleap", action="store_true",
+                        help="with --issue_trace and --old_rev: the old tree's --noleap run "
+                        "too (a revision that has the flag): the per-step path in both")
     args = parser.parse_args()
     if args.planner and (args.old_rev or args.issue_trace or args.profile):
         parser.error("--planner measures cluster cases at this tree only: drop --old_rev, "
@@ -315,10 +324,12 @@ def main() -> None:
               f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}; issue 34's trace: "
               f"{num_requests} requests, {' '.join(ISSUE_TRACE)}, "
               f"--bucket_ladder={args.bucket_ladder}, --rounds={args.rounds}"
-              + (f", --old_rev={args.old_rev}" if args.old_rev else ""))
+              + (f", --old_rev={args.old_rev}" if args.old_rev else "")
+              + (", --old_noleap" if args.old_noleap else ""))
         if args.old_rev:
             with revision_tree(args.old_rev) as old_tree:
-                issue_trace(num_requests, args.rates, args.rounds, args.bucket_ladder, old_tree)
+                issue_trace(num_requests, args.rates, args.rounds, args.bucket_ladder, old_tree,
+                            args.old_noleap)
         else:
             issue_trace(num_requests, args.rates, args.rounds, args.bucket_ladder)
         return
