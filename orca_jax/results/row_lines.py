@@ -12,14 +12,17 @@ and `json.dumps`, so a line is always the row's JSON.
 
 from __future__ import annotations
 
+import collections
+import itertools
 import json
 import math
 import operator
 import typing
 from json.encoder import encode_basestring_ascii  # json.dumps' own string encoder
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Iterable, Iterator, Optional, Sequence
 
 import numpy as np
+from numpy.typing import NDArray
 
 from orca_jax.core.json_files import to_json_value
 from orca_jax.core.requests.request import RequestState
@@ -240,6 +243,94 @@ def iter_request_lines(result: RunResult,
     for i in range(result.num_requests):
         yield request_line(result, i, **request_row_args(result, i),
                            **row_fields(token_times, i))
+
+
+# A row's streamed line is taken only within this many lines of where its arrival order
+# puts it (`request_lines_from_streamed`): the lines held at once stay ~2x this many
+# (~15 MB), however late a request finished; one further out is formatted again.
+_STREAMED_REACH = 16384
+
+
+def reusable_streamed_rows(result: RunResult, line_of: NDArray[np.int64],
+                           token_times: Optional[TokenTimes] = None
+                           ) -> Optional[NDArray[np.bool_]]:
+    """`[N]` which of `result`'s rows have their final requests.jsonl line (that of
+    `iter_request_lines(result, token_times)`) in the streamed file already: every
+    finished request streamed (`line_of[i]`: its line there, -1: not streamed, as
+    `orca_jax.runner.live_results` keeps it), whose streamed line (`plain_request_lines`
+    of the live table, no reason) is its final one. None where no row's is: a row that
+    ends with more fields (output tokens, token times, a replica), or a run of programs
+    (a call's final arrival is its release).
+
+    Args:
+      result: the finished run.
+      line_of: `[N]` each request's line in the streamed requests.jsonl, -1 if not there.
+      token_times: what the final rows add, if anything.
+    """
+    if (token_times is not None or result.output_tokens is not None or result.num_replicas != 1
+            or result.prefill_replica is not None or result.programs is not None):
+        return None
+    # A rejected row streams no reason; an unfinished one did not stream.
+    return (line_of >= 0) & (np.asarray(result.state) == _FINISHED)  # [N]
+
+
+def request_lines_from_streamed(result: RunResult, streamed: Iterable[str],
+                                line_of: NDArray[np.int64],
+                                reusable: NDArray[np.bool_]) -> Iterator[str]:
+    """`iter_request_lines(result)` (the plain rows), taking each `reusable` row's line
+    from the `streamed` lines (the streamed requests.jsonl's, in file order, no newline;
+    row `i`'s is line `line_of[i]`) instead of formatting it again; the others, and a row
+    that finished far out of its arrival order, are formatted.
+
+    The streamed lines are read once, in order, and each is held only until its row's
+    turn: at most ~2 x `_STREAMED_REACH` lines at once.
+
+    Args:
+      result: the finished run.
+      streamed: the streamed requests.jsonl's lines.
+      line_of: `[N]` each request's line in `streamed`, -1 if not there.
+      reusable: `[N]` the rows whose streamed line is their final one
+        (`reusable_streamed_rows`).
+    """
+    n = result.num_requests
+    in_file = line_of >= 0  # [N]
+    rank = np.cumsum(in_file) - in_file  # [N] streamed rows before it, in arrival order
+    take = reusable & (np.abs(line_of - rank) <= _STREAMED_REACH)  # [N]
+    lines = iter(streamed)
+    window: list[str] = []  # streamed lines [base, base + len(window))
+    base = 0
+    names = result.tenant_names
+    for start in range(0, n, _LINES_AT_ONCE):
+        stop = min(start + _LINES_AT_ONCE, n)
+        taken = take[start:stop]  # [r]
+        need = line_of[start:stop][taken] - base  # [t] in the window
+        if need.size:
+            missing = int(need.max()) + 1 - len(window)
+            if missing > 0:
+                window.extend(itertools.islice(lines, missing))
+                if int(need.max()) >= len(window):
+                    raise ValueError("the streamed requests.jsonl is shorter than its rows")
+        if taken.all():
+            chunk = [window[k] for k in need.tolist()]
+        else:
+            rows = np.flatnonzero(~taken) + start  # [r - t]
+            fresh = plain_request_lines(
+                result, rows, request_ids=[result.request_ids[i] for i in rows.tolist()],
+                tenants=[names[t] for t in result.tenant[rows].tolist()],
+                reasons=[result.reject_reason[i] for i in rows.tolist()],
+                prefix_caching=result.prefix_caching, speculation=result.speculation)
+            merged = np.empty(stop - start, dtype=object)  # [r]
+            merged[taken] = [window[k] for k in need.tolist()]
+            merged[~taken] = fresh
+            chunk = merged.tolist()
+        yield from chunk
+        if stop < n:  # the rows to come take lines from rank[stop] - reach on
+            drop = int(rank[stop]) - _STREAMED_REACH - base
+            if drop > len(window):  # not read yet, and no row to come takes them
+                collections.deque(itertools.islice(lines, drop - len(window)), maxlen=0)
+            if drop > 0:
+                del window[:drop]
+                base += drop
 
 
 def iter_step_lines(result: RunResult) -> Iterator[str]:

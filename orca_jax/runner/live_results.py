@@ -43,6 +43,9 @@ class StreamResults:
         self.scheduler = scheduler
         self.num_steps_written = 0
         self._written = np.zeros(len(scheduler.table), dtype=bool)  # [N] request rows out
+        # [N] each request's line in the streamed requests.jsonl (from 0), -1 if not there.
+        self.request_line_of = np.full(len(scheduler.table), -1, dtype=np.int64)
+        self.num_request_lines = 0
         # Finished but not yet released (a policy that defers release): their row waits
         # for the finish time the release gives them.
         self._awaiting_release = np.zeros(0, dtype=np.int64)
@@ -126,6 +129,9 @@ class StreamResults:
         if done.size == 0:
             return
         self._written[done] = True
+        self.request_line_of[done] = np.arange(self.num_request_lines,
+                                               self.num_request_lines + done.size)
+        self.num_request_lines += done.size
         specs, names = table.specs, table.tenant_names
         rows = done.tolist()
         self.folder.append_lines("requests.jsonl", plain_request_lines(
