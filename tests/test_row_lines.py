@@ -26,6 +26,7 @@ from orca_jax.results.row_lines import (
     plain_request_lines,
     request_line,
     step_line,
+    step_lines,
 )
 from orca_jax.results.summary import (
     iter_request_rows,
@@ -65,6 +66,21 @@ def step_logs(draw):
 def test_a_step_line_is_the_json_of_its_row(step, prefix_caching, replica):
     row = step_row(step, prefix_caching=prefix_caching, replica=replica)
     assert step_line(step, prefix_caching=prefix_caching, replica=replica) == json.dumps(row)
+
+
+@settings(max_examples=200, deadline=None)
+@given(steps=st.lists(step_logs(), max_size=6), plain=st.booleans(),
+       prefix_caching=st.booleans())
+def test_step_lines_are_each_step_s_line(steps, plain, prefix_caching):
+    """Many steps at once: of plain values (one format a step; a NaN or inf among them,
+    or a sum that overflows, sends all the slow way) or numpy values among them."""
+    if plain:  # as a run logs them: Python ints and floats
+        steps = [StepLog(*[kind(value) if math.isfinite(value) or kind is float else 0
+                           for value, kind in zip(step, (int, float, *[int] * 4, float,
+                                                         float, *[int] * 4))])
+                 for step in steps]
+    assert step_lines(steps, prefix_caching=prefix_caching) == [
+        json.dumps(step_row(step, prefix_caching=prefix_caching)) for step in steps]
 
 
 def test_a_step_line_of_plain_values_keeps_every_digit():

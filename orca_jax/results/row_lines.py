@@ -76,6 +76,21 @@ def step_line(step: StepLog, *, prefix_caching: bool, replica: Optional[int] = N
     return f'{{"replica": {int(replica)}, {line[1:]}'
 
 
+def step_lines(steps: Sequence[StepLog], *, prefix_caching: bool) -> list[str]:
+    """`step_line(step, prefix_caching=...)` of each of `steps`: with every field of
+    every step of its kind and every float finite (checked a column at a time), one
+    `%` format a step."""
+    if not steps:
+        return []
+    fields = list(zip(*steps))  # [field][step]
+    if all(set(map(type, column)) == {kind} for column, kind in zip(fields, _STEP_KINDS)) \
+            and math.isfinite(sum(map(sum, _FLOAT_FIELDS(fields)))):
+        if prefix_caching:
+            return list(map(_STEP_FORMAT[True].__mod__, steps))
+        return list(map(_STEP_FORMAT[False].__mod__, zip(*_UNCACHED_FIELDS(fields))))
+    return [step_line(step, prefix_caching=prefix_caching) for step in steps]
+
+
 def _time_text(value: Any) -> str:
     """A time column's JSON: the float, or null where it is not finite (unset: NaN)."""
     number = float(value)
@@ -145,22 +160,46 @@ def _program_text(program: ProgramFields) -> str:
 
 # Rows made at a time by `plain_request_lines`: its columns' lists are this long at most.
 _LINES_AT_ONCE = 4096
-# `plain_request_lines`' whole line of a row without programs or speculation (by whether
-# it has the prefix cache's column; a rejected row's reason goes in before that column).
-_PLAIN_FORMAT = {False: _REQUEST_FORMAT + "}",
-                 True: _REQUEST_FORMAT + ', "num_cached_tokens": %d}'}
+_TIME_FIELDS = ("arrival_s", "first_scheduled_s", "first_token_s", "last_token_s", "finish_s")
+_INT_FIELDS = ("prompt_len", "output_len", "num_generated", "num_preemptions", "priority")
+# Each state's `"status"` text (a rejected row's reason follows it).
+_STATUS_TEXTS = tuple(_STATUS.get(state, '"unfinished"') for state in range(len(RequestState)))
+_plain_formats: dict[tuple, str] = {}  # `_plain_format`'s, by its arguments
 
 
-def _time_texts(column: list[float]) -> list[str]:
-    """`_time_text` of each value of `column`: the list's own repr is each float's
-    `float.__repr__` (json.dumps' text), made in C, split at its separators (no float's
-    text has a comma); the values that are not finite say null instead."""
-    if not column:
-        return []
-    texts = repr(column)[1:-1].split(", ")
-    if not math.isfinite(sum(column)):  # NaN (unset) or inf somewhere (or an overflow)
-        return [text if value - value == 0.0 else "null" for value, text in zip(column, texts)]
-    return texts
+def _plain_format(program: bool, cached: bool, spec: bool) -> str:
+    """`plain_request_lines`' format of a whole line: `_REQUEST_FORMAT`, the id as `%d`,
+    and the optional columns, in `request_line`'s order, after the status (which
+    carries a rejected row's reason)."""
+    key = (program, cached, spec)
+    if key not in _plain_formats:
+        _plain_formats[key] = (_REQUEST_FORMAT.replace("%s", "%d", 1)
+                               + ("%s" if program else "")
+                               + (', "num_cached_tokens": %d' if cached else "")
+                               + (', "drafted_tokens": %d, "accepted_tokens": %d' if spec
+                                  else "") + "}")
+    return _plain_formats[key]
+
+
+def _time_texts(columns: Any, index: NDArray[np.int64]) -> list[list[str]]:
+    """`_time_text` of each time column of the rows `index`, a list per column.
+
+    A float's text is the costliest part of a line: rows share times (a request's
+    last token is its finish; requests admitted, or finished, in one step share its
+    time), so each distinct value is written once, all at once (the list's own repr is
+    each float's `float.__repr__`, json.dumps' text, made in C; split at its separators,
+    as no float's text has a comma). Values are told apart by their bits: -0.0 is not 0.0.
+    """
+    block = np.stack([np.asarray(getattr(columns, name)[index], dtype=np.float64)
+                      for name in _TIME_FIELDS])  # [5, r]
+    bits, inverse = np.unique(block.view(np.int64).ravel(), return_inverse=True)  # [u], [5r]
+    values = bits.view(np.float64)  # [u]
+    texts = repr(values.tolist())[1:-1].split(", ")
+    for k in np.flatnonzero(~np.isfinite(values)).tolist():  # NaN (unset) or inf: null
+        texts[k] = "null"
+    flat = list(map(texts.__getitem__, inverse.ravel().tolist()))
+    r = block.shape[1]
+    return [flat[k * r:(k + 1) * r] for k in range(len(_TIME_FIELDS))]
 
 
 def plain_request_lines(columns: Any, rows: Sequence[int], *, request_ids: Sequence[Any],
@@ -172,55 +211,51 @@ def plain_request_lines(columns: Any, rows: Sequence[int], *, request_ids: Seque
     prefix_caching=..., program=..., speculation=...)` of each `i` of `rows` (`request_ids`,
     `tenants`, `reasons`, `programs` (None: a run without programs): each row's, in the
     same order; `speculation`: the run's counts, None where it does not speculate): the
-    same lines, with each column read once for all rows (a list of Python values)
-    instead of one numpy scalar a field a row."""
+    same lines, with each column read once for all rows (a list of Python values) and
+    one `%` format a line (`_plain_format`), each distinct time's text made once."""
+    if not (set(map(type, request_ids)) <= {int} and set(map(type, tenants)) <= {str}):
+        # A trace's own ids, say: those rows the slow way, the others as below.
+        odd = [k for k, (request_id, tenant) in enumerate(zip(request_ids, tenants))
+               if type(request_id) is not int or type(tenant) is not str]
+        lines: list[Optional[str]] = [None] * len(rows)
+        for k in odd:
+            i = int(rows[k])
+            lines[k] = request_line(columns, i, request_id=request_ids[k], tenant=tenants[k],
+                                    reason=reasons[k], output_tokens=None,
+                                    prefix_caching=prefix_caching,
+                                    program=programs[k] if programs is not None else None,
+                                    speculation=spec_fields(speculation, i))
+        plain = sorted(set(range(len(rows))) - set(odd))
+        pick = operator.itemgetter(*plain) if len(plain) > 1 else (
+            lambda values: tuple(values[k] for k in plain))
+        for k, line in zip(plain, plain_request_lines(
+                columns, list(pick(rows)), request_ids=list(pick(request_ids)),
+                tenants=list(pick(tenants)), reasons=list(pick(reasons)),
+                prefix_caching=prefix_caching,
+                programs=None if programs is None else list(pick(programs)),
+                speculation=speculation)):
+            lines[k] = line
+        return lines  # type: ignore[return-value]
+    if not len(rows):
+        return []
     index = np.asarray(rows, dtype=np.int64)  # [r]
-    times = [columns.arrival_s[index].tolist(), columns.first_scheduled_s[index].tolist(),
-             columns.first_token_s[index].tolist(), columns.last_token_s[index].tolist(),
-             columns.finish_s[index].tolist()]
-    ints = [columns.prompt_len[index].tolist(), columns.output_len[index].tolist(),
-            columns.num_generated[index].tolist(), columns.num_preemptions[index].tolist(),
-            columns.priority[index].tolist()]
     states = columns.state[index].tolist()
-    cached = columns.num_cached_tokens[index].tolist() if prefix_caching else None
-    texts = [_time_texts(column) for column in times]
-    if programs is None and speculation is None and set(map(type, request_ids)) <= {int} \
-            and set(map(type, tenants)) <= {str}:  # the common rows: one format call each
-        columns_of_rows = [map(int.__repr__, request_ids), *texts, *ints,
-                           map(encode_basestring_ascii, tenants),
-                           [_STATUS.get(state, '"unfinished"') for state in states]]
-        if cached is not None:
-            columns_of_rows.append(cached)
-        lines = list(map(_PLAIN_FORMAT[cached is not None].__mod__, zip(*columns_of_rows)))
-        for k in [k for k, state in enumerate(states) if state == _REJECTED]:  # + its reason
-            cut = lines[k].rindex(', "num_cached_tokens"') if cached is not None else -1
-            lines[k] = (f'{lines[k][:cut]}, "reason": {json.dumps(to_json_value(reasons[k]))}'
-                        f"{lines[k][cut:]}")
-        return lines
-    lines = []
-    for k, (request_id, tenant, state) in enumerate(zip(request_ids, tenants, states)):
-        i = int(index[k])
-        if type(request_id) is not int or type(tenant) is not str:
-            lines.append(request_line(columns, i, request_id=request_id, tenant=tenant,
-                                      reason=reasons[k], output_tokens=None,
-                                      prefix_caching=prefix_caching,
-                                      program=programs[k] if programs is not None else None,
-                                      speculation=spec_fields(speculation, i)))
-            continue
-        line = _REQUEST_FORMAT % (
-            int.__repr__(request_id), texts[0][k], texts[1][k], texts[2][k], texts[3][k],
-            texts[4][k], ints[0][k], ints[1][k], ints[2][k], ints[3][k], ints[4][k],
-            encode_basestring_ascii(tenant), _STATUS.get(state, '"unfinished"'))
-        if state == _REJECTED:
-            line += f', "reason": {json.dumps(to_json_value(reasons[k]))}'
-        if programs is not None:
-            line += _program_text(programs[k])
-        if cached is not None:
-            line += f', "num_cached_tokens": {cached[k]}'
-        if speculation is not None:
-            line += _spec_text(spec_fields(speculation, i))
-        lines.append(line + "}")
-    return lines
+    status = list(map(_STATUS_TEXTS.__getitem__, states))
+    if _REJECTED in states:  # + its reason
+        for k in [k for k, state in enumerate(states) if state == _REJECTED]:
+            status[k] += f', "reason": {json.dumps(to_json_value(reasons[k]))}'
+    columns_of_rows = [request_ids, *_time_texts(columns, index),
+                       *[getattr(columns, name)[index].tolist() for name in _INT_FIELDS],
+                       map(encode_basestring_ascii, tenants), status]
+    if programs is not None:
+        columns_of_rows.append(map(_program_text, programs))
+    if prefix_caching:
+        columns_of_rows.append(columns.num_cached_tokens[index].tolist())
+    if speculation is not None:
+        columns_of_rows += [speculation.drafted[index].tolist(),
+                            speculation.accepted[index].tolist()]
+    line_format = _plain_format(programs is not None, prefix_caching, speculation is not None)
+    return list(map(line_format.__mod__, zip(*columns_of_rows)))
 
 
 def iter_request_lines(result: RunResult,
@@ -338,7 +373,11 @@ def iter_step_lines(result: RunResult) -> Iterator[str]:
     if result.step_requests is not None or result.step_preempted is not None:
         yield from (json.dumps(row) for row in iter_step_rows(result))
         return
-    several = result.num_replicas > 1
-    for s, step in enumerate(result.steps):
-        yield step_line(step, prefix_caching=result.prefix_caching,
-                        replica=int(result.step_replica[s]) if several else None)
+    if result.num_replicas > 1:
+        for s, step in enumerate(result.steps):
+            yield step_line(step, prefix_caching=result.prefix_caching,
+                            replica=int(result.step_replica[s]))
+        return
+    for start in range(0, len(result.steps), _LINES_AT_ONCE):
+        yield from step_lines(result.steps[start:start + _LINES_AT_ONCE],
+                              prefix_caching=result.prefix_caching)

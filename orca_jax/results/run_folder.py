@@ -204,6 +204,11 @@ class RunFolder:
         `name` (requests.jsonl or steps.jsonl)."""
         self._guard(self._append_lines, name, lines)
 
+    def flush_due(self) -> bool:
+        """Whether `FLUSH_EVERY_S` has passed since the streams last reached the file (the
+        next append sends them)."""
+        return time.monotonic() - self._last_flush >= FLUSH_EVERY_S
+
     def _append(self, name: str, rows: Iterable[Mapping[str, Any]]) -> None:
         self._append_lines(name, (json.dumps(row) for row in rows))
 
