@@ -76,19 +76,26 @@ def step_line(step: StepLog, *, prefix_caching: bool, replica: Optional[int] = N
     return f'{{"replica": {int(replica)}, {line[1:]}'
 
 
-def step_lines(steps: Sequence[StepLog], *, prefix_caching: bool) -> list[str]:
-    """`step_line(step, prefix_caching=...)` of each of `steps`: with every field of
-    every step of its kind and every float finite (checked a column at a time), one
-    `%` format a step."""
+def step_lines(steps: Sequence[StepLog], *, prefix_caching: bool,
+               replicas: Optional[Sequence[int]] = None) -> list[str]:
+    """`step_line(step, prefix_caching=..., replica=...)` of each of `steps` (`replicas`:
+    each step's, None: a run of one replica): with every field of every step of its kind
+    and every float finite (checked a column at a time), one `%` format a step."""
     if not steps:
         return []
     fields = list(zip(*steps))  # [field][step]
     if all(set(map(type, column)) == {kind} for column, kind in zip(fields, _STEP_KINDS)) \
             and math.isfinite(sum(map(sum, _FLOAT_FIELDS(fields)))):
-        if prefix_caching:
-            return list(map(_STEP_FORMAT[True].__mod__, steps))
-        return list(map(_STEP_FORMAT[False].__mod__, zip(*_UNCACHED_FIELDS(fields))))
-    return [step_line(step, prefix_caching=prefix_caching) for step in steps]
+        line_format = _STEP_FORMAT[prefix_caching]
+        columns = fields if prefix_caching else list(_UNCACHED_FIELDS(fields))
+        if replicas is None:
+            return list(map(line_format.__mod__, zip(*columns) if not prefix_caching
+                            else steps))
+        return list(map(('{"replica": %d, ' + line_format[1:]).__mod__,
+                        zip(map(int, replicas), *columns)))
+    return [step_line(step, prefix_caching=prefix_caching,
+                      replica=None if replicas is None else replicas[k])
+            for k, step in enumerate(steps)]
 
 
 def _time_text(value: Any) -> str:
@@ -167,15 +174,18 @@ _STATUS_TEXTS = tuple(_STATUS.get(state, '"unfinished"') for state in range(len(
 _plain_formats: dict[tuple, str] = {}  # `_plain_format`'s, by its arguments
 
 
-def _plain_format(program: bool, cached: bool, spec: bool) -> str:
+def _plain_format(program: bool, cached: bool, replica: bool, prefill_replica: bool,
+                  spec: bool) -> str:
     """`plain_request_lines`' format of a whole line: `_REQUEST_FORMAT`, the id as `%d`,
     and the optional columns, in `request_line`'s order, after the status (which
     carries a rejected row's reason)."""
-    key = (program, cached, spec)
+    key = (program, cached, replica, prefill_replica, spec)
     if key not in _plain_formats:
         _plain_formats[key] = (_REQUEST_FORMAT.replace("%s", "%d", 1)
                                + ("%s" if program else "")
                                + (', "num_cached_tokens": %d' if cached else "")
+                               + (', "replica": %d' if replica else "")
+                               + (', "prefill_replica": %d' if prefill_replica else "")
                                + (', "drafted_tokens": %d, "accepted_tokens": %d' if spec
                                   else "") + "}")
     return _plain_formats[key]
@@ -206,11 +216,15 @@ def plain_request_lines(columns: Any, rows: Sequence[int], *, request_ids: Seque
                         tenants: Sequence[str], reasons: Sequence[Optional[str]],
                         prefix_caching: bool,
                         programs: Optional[Sequence[ProgramFields]] = None,
-                        speculation: Optional[SpecCounts] = None) -> list[str]:
+                        speculation: Optional[SpecCounts] = None,
+                        replicas: Optional[Sequence[int]] = None,
+                        prefill_replicas: Optional[Sequence[int]] = None) -> list[str]:
     """`request_line(columns, i, request_id=..., tenant=..., reason=..., output_tokens=None,
-    prefix_caching=..., program=..., speculation=...)` of each `i` of `rows` (`request_ids`,
-    `tenants`, `reasons`, `programs` (None: a run without programs): each row's, in the
-    same order; `speculation`: the run's counts, None where it does not speculate): the
+    prefix_caching=..., program=..., speculation=..., replica=..., prefill_replica=...)` of
+    each `i` of `rows` (`request_ids`, `tenants`, `reasons`, `programs` (None: a run
+    without programs), `replicas` and `prefill_replicas` (None: a run without the column):
+    each row's, in the same order; `speculation`: the run's counts, None where it does
+    not speculate): the
     same lines, with each column read once for all rows (a list of Python values) and
     one `%` format a line (`_plain_format`), each distinct time's text made once."""
     if not (set(map(type, request_ids)) <= {int} and set(map(type, tenants)) <= {str}):
@@ -224,7 +238,10 @@ def plain_request_lines(columns: Any, rows: Sequence[int], *, request_ids: Seque
                                     reason=reasons[k], output_tokens=None,
                                     prefix_caching=prefix_caching,
                                     program=programs[k] if programs is not None else None,
-                                    speculation=spec_fields(speculation, i))
+                                    speculation=spec_fields(speculation, i),
+                                    replica=replicas[k] if replicas is not None else None,
+                                    prefill_replica=(prefill_replicas[k] if prefill_replicas
+                                                     is not None else None))
         plain = sorted(set(range(len(rows))) - set(odd))
         pick = operator.itemgetter(*plain) if len(plain) > 1 else (
             lambda values: tuple(values[k] for k in plain))
@@ -233,7 +250,10 @@ def plain_request_lines(columns: Any, rows: Sequence[int], *, request_ids: Seque
                 tenants=list(pick(tenants)), reasons=list(pick(reasons)),
                 prefix_caching=prefix_caching,
                 programs=None if programs is None else list(pick(programs)),
-                speculation=speculation)):
+                speculation=speculation,
+                replicas=None if replicas is None else list(pick(replicas)),
+                prefill_replicas=(None if prefill_replicas is None
+                                  else list(pick(prefill_replicas))))):
             lines[k] = line
         return lines  # type: ignore[return-value]
     if not len(rows):
@@ -251,19 +271,23 @@ def plain_request_lines(columns: Any, rows: Sequence[int], *, request_ids: Seque
         columns_of_rows.append(map(_program_text, programs))
     if prefix_caching:
         columns_of_rows.append(columns.num_cached_tokens[index].tolist())
+    for column in (replicas, prefill_replicas):
+        if column is not None:
+            columns_of_rows.append(map(int, column))
     if speculation is not None:
         columns_of_rows += [speculation.drafted[index].tolist(),
                             speculation.accepted[index].tolist()]
-    line_format = _plain_format(programs is not None, prefix_caching, speculation is not None)
+    line_format = _plain_format(programs is not None, prefix_caching, replicas is not None,
+                                prefill_replicas is not None, speculation is not None)
     return list(map(line_format.__mod__, zip(*columns_of_rows)))
 
 
 def iter_request_lines(result: RunResult,
                        token_times: Optional[TokenTimes] = None) -> Iterator[str]:
     """`json.dumps` of each of `iter_request_rows(result, token_times)`, one at a time."""
-    if (token_times is None and result.output_tokens is None and result.num_replicas == 1
-            and result.prefill_replica is None):  # the plain rows: many at a time
+    if token_times is None and result.output_tokens is None:  # the plain rows: many at once
         names = result.tenant_names
+        several = result.num_replicas > 1
         for start in range(0, result.num_requests, _LINES_AT_ONCE):
             stop = min(start + _LINES_AT_ONCE, result.num_requests)
             yield from plain_request_lines(
@@ -273,7 +297,10 @@ def iter_request_lines(result: RunResult,
                 prefix_caching=result.prefix_caching,
                 programs=(None if result.programs is None else
                           [program_fields(result.programs, i) for i in range(start, stop)]),
-                speculation=result.speculation)
+                speculation=result.speculation,
+                replicas=result.replica[start:stop].tolist() if several else None,
+                prefill_replicas=(None if result.prefill_replica is None
+                                  else result.prefill_replica[start:stop].tolist()))
         return
     for i in range(result.num_requests):
         yield request_line(result, i, **request_row_args(result, i),
@@ -373,11 +400,9 @@ def iter_step_lines(result: RunResult) -> Iterator[str]:
     if result.step_requests is not None or result.step_preempted is not None:
         yield from (json.dumps(row) for row in iter_step_rows(result))
         return
-    if result.num_replicas > 1:
-        for s, step in enumerate(result.steps):
-            yield step_line(step, prefix_caching=result.prefix_caching,
-                            replica=int(result.step_replica[s]))
-        return
+    several = result.num_replicas > 1
     for start in range(0, len(result.steps), _LINES_AT_ONCE):
-        yield from step_lines(result.steps[start:start + _LINES_AT_ONCE],
-                              prefix_caching=result.prefix_caching)
+        stop = start + _LINES_AT_ONCE
+        yield from step_lines(result.steps[start:stop], prefix_caching=result.prefix_caching,
+                              replicas=result.step_replica[start:stop].tolist() if several
+                              else None)
