@@ -1,12 +1,12 @@
 """Streams a live run's logs into its `RunFolder`, step by step.
 
 `StreamResults` is a per-step observer (`Scheduler.run(progress=...)` calls it
-after every iteration): every `STREAM_EVERY_STEPS` iterations, once
-`STREAM_BATCH` steps or finished requests wait or the folder's streams are due to
-reach the file (`RunFolder.flush_due`, every `FLUSH_EVERY_S`), it appends the
-steps the scheduler logged since to steps.jsonl, and the requests that finished
-since then to requests.jsonl, in the order they finished; `flush()` (the run's
-end, a failure) appends the rest. A run killed outright so loses what it logged
+after every iteration): every `STREAM_EVERY_STEPS` iterations it appends the
+steps the scheduler logged since to steps.jsonl and, once `STREAM_BATCH` finished
+requests wait or the folder's streams are due to reach the file
+(`RunFolder.flush_due`, every `FLUSH_EVERY_S`), the requests that finished since
+then to requests.jsonl, in the order they finished; `flush()` (the run's end, a
+failure) appends the rest. A run killed outright so loses what it logged
 in the last `FLUSH_EVERY_S` or so, as when each batch was written at once. Its
 rows are the rows of the finished run's files (`orca_jax.results.summary.step_row`,
 `request_row`, encoded by `orca_jax.results.row_lines`), but for `output_tokens`,
@@ -32,10 +32,10 @@ from orca_jax.results.summary import step_row
 # Whether rows go out is looked at every this many iterations (and at the run's end): a
 # write per iteration cost more than its rows.
 STREAM_EVERY_STEPS = 32
-# Rows go out once this many steps or requests wait (or the file is due, every
-# `FLUSH_EVERY_S`): a request line's time texts are made once per distinct time of the
-# batch (`row_lines.plain_request_lines`), and a batch of ~25 rows cost ~2x a row what
-# one of ~1,000 does.
+# Request rows go out once this many wait (or the file is due, every `FLUSH_EVERY_S`):
+# a request line's time texts are made once per distinct time of the batch
+# (`row_lines.plain_request_lines`), and a batch of ~25 rows cost ~2x a row what one of
+# ~1,000 does.
 STREAM_BATCH = 1024
 
 
@@ -69,10 +69,13 @@ class StreamResults:
             self._finished.append(finished)
             self._num_finished += finished.size
         self._num_calls += 1
-        if self._num_calls % STREAM_EVERY_STEPS == 0 and (
-                self._num_finished >= STREAM_BATCH or self.folder.flush_due()
-                or len(self.scheduler.record.steps) - self.num_steps_written >= STREAM_BATCH):
-            self.flush()
+        if self._num_calls % STREAM_EVERY_STEPS == 0:
+            # The requests first: a due file's first append sends both files.
+            if self._num_finished >= STREAM_BATCH or self.folder.flush_due():
+                self.stream_requests()
+            # The steps every time: read while the log holds them as tuples (it packs
+            # every `PACK_STEPS`, and a packed step is read back one at a time).
+            self.stream_steps()
 
     def flush(self) -> None:
         """Appends every step logged and every request finished (and released) since the
