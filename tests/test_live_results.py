@@ -42,11 +42,16 @@ def _streamed_run(tmp_path, policy: str):
 
 
 @pytest.mark.parametrize("policy", ["vllm", "static"])  # static defers release
-def test_streamed_rows_are_the_run_s_rows_in_finish_order(tmp_path, policy):
+@pytest.mark.parametrize("batch", [1, 1024])  # a write each STREAM_EVERY_STEPS, or at the end
+def test_streamed_rows_are_the_run_s_rows_in_finish_order(tmp_path, monkeypatch, policy,
+                                                          batch):
+    monkeypatch.setattr(live_results, "STREAM_BATCH", batch)
     result, steps, finished, calls = _streamed_run(tmp_path, policy)
     assert result.num_steps > 3 * live_results.STREAM_EVERY_STEPS
     # Batched: about one write of each file per STREAM_EVERY_STEPS iterations, not one a step.
     assert calls.count("steps.jsonl") <= result.num_steps // live_results.STREAM_EVERY_STEPS + 1
+    if batch == 1:
+        assert calls.count("requests.jsonl") > 3
     assert steps == list(iter_step_lines(result))
     final = {row["id"]: row for row in iter_request_rows(result)}
     assert sorted(row["id"] for row in finished) == sorted(final)  # each once
@@ -55,3 +60,18 @@ def test_streamed_rows_are_the_run_s_rows_in_finish_order(tmp_path, policy):
     keys = [(row["finish_s"], row["id"]) for row in finished]
     assert keys == sorted(keys)
     assert np.unique([row["finish_s"] for row in finished]).size > 1
+
+
+def test_request_rows_wait_for_a_batch_or_for_the_file_to_be_due(tmp_path, monkeypatch):
+    """Below `STREAM_BATCH` request rows none is written until the folder's streams are
+    due to reach the file (`FLUSH_EVERY_S`), so a killed run loses no more than before;
+    the steps go out every `STREAM_EVERY_STEPS` iterations all the same."""
+    due = []
+    monkeypatch.setattr(RunFolder, "flush_due", lambda self: bool(due))
+    result, _, finished, calls = _streamed_run(tmp_path, "vllm")
+    assert calls.count("requests.jsonl") == 1  # the end's flush only
+    assert calls.count("steps.jsonl") == result.num_steps // live_results.STREAM_EVERY_STEPS + 1
+    due.append(True)
+    result, _, finished, calls = _streamed_run(tmp_path, "vllm")
+    assert calls.count("requests.jsonl") > 3
+    assert calls.index("requests.jsonl") < calls.index("steps.jsonl")  # first: sent at once

@@ -26,6 +26,7 @@ from orca_jax.results.row_lines import (
     plain_request_lines,
     request_line,
     step_line,
+    step_lines,
 )
 from orca_jax.results.summary import (
     iter_request_rows,
@@ -65,6 +66,25 @@ def step_logs(draw):
 def test_a_step_line_is_the_json_of_its_row(step, prefix_caching, replica):
     row = step_row(step, prefix_caching=prefix_caching, replica=replica)
     assert step_line(step, prefix_caching=prefix_caching, replica=replica) == json.dumps(row)
+
+
+@settings(max_examples=200, deadline=None)
+@given(steps=st.lists(step_logs(), max_size=6), plain=st.booleans(),
+       prefix_caching=st.booleans(), several=st.booleans(), data=st.data())
+def test_step_lines_are_each_step_s_line(steps, plain, prefix_caching, several, data):
+    """Many steps at once: of plain values (one format a step; a NaN or inf among them,
+    or a sum that overflows, sends all the slow way) or numpy values among them."""
+    if plain:  # as a run logs them: Python ints and floats
+        steps = [StepLog(*[kind(value) if math.isfinite(value) or kind is float else 0
+                           for value, kind in zip(step, (int, float, *[int] * 4, float,
+                                                         float, *[int] * 4))])
+                 for step in steps]
+    replicas = (data.draw(st.lists(st.integers(0, 7), min_size=len(steps),
+                                   max_size=len(steps))) if several else None)
+    assert step_lines(steps, prefix_caching=prefix_caching, replicas=replicas) == [
+        json.dumps(step_row(step, prefix_caching=prefix_caching,
+                            replica=replicas[k] if several else None))
+        for k, step in enumerate(steps)]
 
 
 def test_a_step_line_of_plain_values_keeps_every_digit():
@@ -141,14 +161,20 @@ def test_plain_request_lines_are_the_json_of_their_rows(requests, data, prefix_c
         speculation.drafted[:] = data.draw(st.lists(INTS, min_size=num_rows,
                                                     max_size=num_rows))
         speculation.accepted[:] = speculation.drafted // 2
+    replicas, prefill_replicas = [data.draw(st.one_of(st.none(), st.lists(
+        st.integers(-1, 7), min_size=len(rows), max_size=len(rows)))) for _ in range(2)]
     lines = plain_request_lines(columns, rows, request_ids=ids, tenants=tenants,
                                 reasons=reasons, prefix_caching=prefix_caching,
-                                programs=programs, speculation=speculation)
+                                programs=programs, speculation=speculation,
+                                replicas=replicas, prefill_replicas=prefill_replicas)
     assert lines == [json.dumps(request_row(columns, i, request_id=request_id, tenant=tenant,
                                             reason=reason, output_tokens=None,
                                             prefix_caching=prefix_caching,
                                             program=programs[k] if programs else None,
-                                            speculation=spec_fields(speculation, i)))
+                                            speculation=spec_fields(speculation, i),
+                                            replica=replicas[k] if replicas else None,
+                                            prefill_replica=(prefill_replicas[k]
+                                                             if prefill_replicas else None)))
                      for k, (i, request_id, tenant, reason)
                      in enumerate(zip(rows, ids, tenants, reasons))]
 

@@ -21,6 +21,7 @@ from experiments import flags as run_flags
 from orca_jax.results import run_folder
 from orca_jax.results.run_folder import OutDirError, ResultsWriteError, read_status
 from orca_jax.results.summary import request_rows, step_rows
+from orca_jax.runner import live_results
 from orca_jax.runner.build import build_workload
 from orca_jax.runner.experiment import run_policy
 from orca_jax.runner.spec import (
@@ -176,6 +177,7 @@ def test_disk_full_while_streaming_stops_the_run_with_one_line(orca_run, tmp_pat
         real(self, name, lines)
 
     monkeypatch.setattr(run_folder.RunFolder, "_append_lines", fills_the_disk)
+    monkeypatch.setattr(live_results, "STREAM_BATCH", 1)  # rows out as they come: mid-run
     before = {p.name: p.read_bytes() for p in orca_run.iterdir()}
     with pytest.raises(ResultsWriteError, match="disk full"):
         run_policy(SPEC, "vllm", out_dir=str(orca_run), progress=False)

@@ -37,7 +37,7 @@ import time
 import traceback
 import uuid
 from pathlib import Path
-from typing import IO, Any, Callable, Iterable, Mapping, Optional, Union
+from typing import IO, Any, Callable, Iterable, Iterator, Mapping, Optional, Union
 
 from orca_jax.core.json_files import (
     to_json_value,
@@ -204,6 +204,11 @@ class RunFolder:
         `name` (requests.jsonl or steps.jsonl)."""
         self._guard(self._append_lines, name, lines)
 
+    def flush_due(self) -> bool:
+        """Whether `FLUSH_EVERY_S` has passed since the streams last reached the file (the
+        next append sends them)."""
+        return time.monotonic() - self._last_flush >= FLUSH_EVERY_S
+
     def _append(self, name: str, rows: Iterable[Mapping[str, Any]]) -> None:
         self._append_lines(name, (json.dumps(row) for row in rows))
 
@@ -239,6 +244,18 @@ class RunFolder:
                 stream.close()
             write()
         self._guard(replace)
+
+    def rewrite_streamed(self, name: str,
+                         lines_of: Callable[[Iterator[str]], Iterable[str]]) -> None:
+        """Writes the streamed `name` whole again from its own lines: `lines_of` gets the
+        streamed lines (no newline, in file order) and gives the final file's (encoded
+        rows, no newline). The streamed file stays whole until the new one replaces it."""
+        def rewrite() -> None:
+            self._streams.pop(name).close()
+            path = self.staging / name
+            with open(path) as streamed:
+                write_lines_atomic(path, lines_of(line[:-1] for line in streamed))
+        self._guard(rewrite)
 
     def keep_streamed(self, name: str) -> None:
         """Keeps the streamed `name` as the final file (it already holds every row)."""

@@ -2,13 +2,17 @@
 
 `StreamResults` is a per-step observer (`Scheduler.run(progress=...)` calls it
 after every iteration): every `STREAM_EVERY_STEPS` iterations it appends the
-steps the scheduler logged since to steps.jsonl, and the requests that finished
-since then to requests.jsonl, in the order they finished; `flush()` (the run's
-end, a failure) appends the rest. Its rows are the rows of the finished run's
-files (`orca_jax.results.summary.step_row`, `request_row`, encoded by
-`orca_jax.results.row_lines`), but for `output_tokens`, which a request's
-streamed row leaves out (the live scheduler keeps them to itself); the finished
-run's requests.jsonl, rewritten in arrival order at the end, has them.
+steps the scheduler logged since to steps.jsonl and, once `STREAM_BATCH` finished
+requests wait or the folder's streams are due to reach the file
+(`RunFolder.flush_due`, every `FLUSH_EVERY_S`), the requests that finished since
+then to requests.jsonl, in the order they finished; `flush()` (the run's end, a
+failure) appends the rest. A run killed outright so loses what it logged
+in the last `FLUSH_EVERY_S` or so, as when each batch was written at once. Its
+rows are the rows of the finished run's files (`orca_jax.results.summary.step_row`,
+`request_row`, encoded by `orca_jax.results.row_lines`), but for `output_tokens`,
+which a request's streamed row leaves out (the live scheduler keeps them to
+itself); the finished run's requests.jsonl, rewritten in arrival order at the end,
+has them.
 
 Only this runner layer reads a live scheduler; `orca_jax.results` reads values.
 """
@@ -21,13 +25,18 @@ import numpy as np
 from numpy.typing import NDArray
 
 from orca_jax.core.loop.scheduler import Scheduler
-from orca_jax.results.row_lines import plain_request_lines, step_line
+from orca_jax.results.row_lines import plain_request_lines, step_lines
 from orca_jax.results.run_folder import RunFolder
 from orca_jax.results.summary import step_row
 
-# Rows go out every this many iterations (and at the run's end): a write per iteration
-# cost more than its rows. The file still reaches the disk every `FLUSH_EVERY_S`.
+# Whether rows go out is looked at every this many iterations (and at the run's end): a
+# write per iteration cost more than its rows.
 STREAM_EVERY_STEPS = 32
+# Request rows go out once this many wait (or the file is due, every `FLUSH_EVERY_S`):
+# a request line's time texts are made once per distinct time of the batch
+# (`row_lines.plain_request_lines`), and a batch of ~25 rows cost ~2x a row what one of
+# ~1,000 does.
+STREAM_BATCH = 1024
 
 
 class StreamResults:
@@ -43,10 +52,14 @@ class StreamResults:
         self.scheduler = scheduler
         self.num_steps_written = 0
         self._written = np.zeros(len(scheduler.table), dtype=bool)  # [N] request rows out
+        # [N] each request's line in the streamed requests.jsonl (from 0), -1 if not there.
+        self.request_line_of = np.full(len(scheduler.table), -1, dtype=np.int64)
+        self.num_request_lines = 0
         # Finished but not yet released (a policy that defers release): their row waits
         # for the finish time the release gives them.
         self._awaiting_release = np.zeros(0, dtype=np.int64)
         self._finished: list[NDArray[np.int64]] = []  # each iteration's since the last flush
+        self._num_finished = 0  # in `_finished`
         self._num_calls = 0
 
     def __call__(self, scheduler: Scheduler) -> None:
@@ -54,9 +67,15 @@ class StreamResults:
         finished = self.scheduler.last_finished  # finished in this iteration only: keep
         if finished.size:
             self._finished.append(finished)
+            self._num_finished += finished.size
         self._num_calls += 1
         if self._num_calls % STREAM_EVERY_STEPS == 0:
-            self.flush()
+            # The requests first: a due file's first append sends both files.
+            if self._num_finished >= STREAM_BATCH or self.folder.flush_due():
+                self.stream_requests()
+            # The steps every time: read while the log holds them as tuples (it packs
+            # every `PACK_STEPS`, and a packed step is read back one at a time).
+            self.stream_steps()
 
     def flush(self) -> None:
         """Appends every step logged and every request finished (and released) since the
@@ -78,7 +97,7 @@ class StreamResults:
         # With slower KV tiers each row says the seconds its step waited for their moves.
         stalls = record.kv_stall_s if self.scheduler.kv_memory.linked is not None else None
         if logged is None:  # the common case, one line a step: made from a format
-            lines = (step_line(step, prefix_caching=prefix_caching) for step in new)
+            lines = step_lines(new, prefix_caching=prefix_caching)
             if stalls is not None:
                 lines = (f'{line[:-1]}, "kv_stall_s": {float(stalls.get(first + k, 0.0))!r}}}'
                          for k, line in enumerate(lines))
@@ -99,33 +118,30 @@ class StreamResults:
         self.num_steps_written += len(new)
 
     def stream_requests(self) -> None:
-        """Appends the requests finished (and released) since the last call: each
-        iteration's in index order, iterations in turn."""
+        """Appends the requests finished (and released) since the last call, in the order
+        they finished: by finish time, then index."""
         scheduler = self.scheduler
         table = scheduler.table
-        chunks, self._finished = self._finished, []
+        chunks, self._finished, self._num_finished = self._finished, [], 0
         if not chunks and self._awaiting_release.size == 0:
             return  # most steps finish nothing
-        if self._awaiting_release.size:  # released ones join, in index order
-            candidates = np.concatenate([self._awaiting_release, *chunks])
-            candidates = np.unique(candidates[~self._written[candidates]])
-            released = np.isfinite(table.finish_s[candidates])
-            self._awaiting_release = candidates[~released]
-            done = candidates[released]
-        else:  # no np.unique (a Python function): an iteration's are distinct already
-            # All iterations' at once, in a few numpy calls however many iterations the
-            # flush covers: each iteration's in index order (a sort by iteration, then
-            # index), iterations in turn.
-            finished = np.concatenate(chunks)  # [f]
-            iteration = np.repeat(np.arange(len(chunks)), [chunk.size for chunk in chunks])
-            finished = finished[np.lexsort((finished, iteration))]
-            finished = finished[~self._written[finished]]
-            released = np.isfinite(table.finish_s[finished])
-            self._awaiting_release = finished[~released]
-            done = finished[released]
+        candidates = np.concatenate([self._awaiting_release, *chunks])  # [c]
+        if self._awaiting_release.size:  # one may be among the new ones too
+            candidates = np.unique(candidates)
+        candidates = candidates[~self._written[candidates]]
+        released = np.isfinite(table.finish_s[candidates])
+        self._awaiting_release = candidates[~released]
+        done = candidates[released]
+        # In the order they finished, however many iterations the batch covers (a policy
+        # that defers release: the order it released them in): by the finish time, then
+        # by index; a few numpy calls.
+        done = done[np.lexsort((done, table.finish_s[done]))]
         if done.size == 0:
             return
         self._written[done] = True
+        self.request_line_of[done] = np.arange(self.num_request_lines,
+                                               self.num_request_lines + done.size)
+        self.num_request_lines += done.size
         specs, names = table.specs, table.tenant_names
         rows = done.tolist()
         self.folder.append_lines("requests.jsonl", plain_request_lines(
