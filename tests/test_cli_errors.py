@@ -135,6 +135,10 @@ def _cases(files: Path) -> list[Case]:
              r"engine\.model 'small' has 2048"),
         Case("drafter_model_without_draft", (*JAX, "--clock=wall", "--drafter=model"), 2,
              r"--drafter: engine\.drafter model needs engine\.draft_model"),
+        # Checked where the engine is built: this process has one CPU device.
+        Case("tp_beyond_the_devices", (*JAX, "--tp=2"), 2,
+             r"tp=2 needs 2 devices, JAX sees 1 \(cpu\); on a CPU, start with "
+             r"XLA_FLAGS=--xla_force_host_platform_device_count=2"),
         Case("spec_k_without_drafter", (*JAX, "--spec_k=2"), 2,
              r"--spec_k: limits\.spec_k 2: the jax engine speculates only with a drafter"),
         Case("spec_k_negative", (*SIM, "--spec_k=-1"), 2,

@@ -96,6 +96,7 @@ def test_a_cluster_refuses_pins_in_one_line():
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("session_compile_cache")  # the second engine loads the first's steps
 def test_pinning_changes_no_greedy_token_on_the_tiny_engine():
     from orca_jax.model.engine import JaxEngine
     from orca_jax.model.weights import init_params

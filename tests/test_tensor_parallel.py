@@ -54,6 +54,7 @@ def test_lm_head_splits_its_vocabulary_only_when_it_divides():
 
 
 def test_make_mesh_names_what_is_missing():
+    # The command line's one-line error for it (exit 2): test_cli_errors' tp_beyond_the_devices.
     with pytest.raises(ValueError, match="tp=4 needs 4 devices, JAX sees 1 .*"
                                          "xla_force_host_platform_device_count=4"):
         sharding.make_mesh(4, TINY)
@@ -82,10 +83,10 @@ def _command(out_dir, *flags):
     return [sys.executable, "-m", "experiments.run", *RUN_FLAGS, f"--out_dir={out_dir}", *flags]
 
 
-def _run(out_dir, *flags, devices=2):
+def _run(out_dir, *flags):
     env = dict(os.environ, JAX_PLATFORMS="cpu",
                XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} "
-               f"--xla_force_host_platform_device_count={devices}")
+               "--xla_force_host_platform_device_count=2")
     return subprocess.run(_command(out_dir, *flags), cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=300)
 
@@ -109,21 +110,29 @@ def tp1_run(tmp_path_factory):
     return tokens, summary
 
 
+# The split Pallas run compiles its one 64-token bucket only: most of its time is
+# compiling the interpret-mode kernel, once per bucket, and each step of either bucket
+# runs the same decode and prefill passes (the kernel's tilings are
+# test_ragged_paged_attention's); greedy tokens do not depend on the bucket a step ran in.
+SPLIT_RUNS = {"tp2": (["--tp=2"], 2),
+              "tp2_pallas": (["--tp=2", "--attention=pallas", "--buckets=64"], 1)}
+
+
 @pytest.mark.slow
 def test_tp2_generates_the_same_tokens_with_half_the_cache_per_device(tmp_path, tp1_run):
     runs = {"tp1": tp1_run}
-    for name, flags in {"tp2": ["--tp=2"], "tp2_pallas": ["--tp=2", "--attention=pallas"]}.items():
+    for name, (flags, _) in SPLIT_RUNS.items():
         result = _run(tmp_path / name, *flags)
         assert result.returncode == 0, result.stderr[-3000:]
         runs[name] = _outputs(tmp_path / name)
     tokens, summary = runs["tp1"]
     assert sum(map(len, tokens.values())) > 100
-    for name in ("tp2", "tp2_pallas"):
+    for name, (_, num_buckets) in SPLIT_RUNS.items():
         split_tokens, split = runs[name]
         assert split_tokens == tokens, name  # greedy, fp32: identical tokens
         assert split["tp"] == 2
         assert split["kv_cache_bytes_per_device"] * 2 == summary["kv_cache_bytes_per_device"]
-        assert split["num_compiles"] == 2  # the two buckets, none after warm-up
+        assert split["num_compiles"] == num_buckets  # its buckets, none after warm-up
     # A split step is a different program from the one-device step.
     fingerprints = {name: {k: v for k, v in run[1].items()
                            if k.startswith("compiled_fingerprints.")} for name, run in runs.items()}
@@ -171,14 +180,6 @@ def test_two_processes_with_tp2_give_the_one_process_tokens(tmp_path, tp1_run):
     # One virtual clock (process 0's step times): the followers' timings are the leader's.
     assert split["num_steps"] == follower["num_steps"]
     assert split["ttft_p99_s"] == follower["ttft_p99_s"]
-
-
-@pytest.mark.slow
-def test_tp_beyond_the_devices_is_a_clean_error(tmp_path):
-    result = _run(tmp_path / "run", "--tp=2", devices=1)
-    assert result.returncode != 0
-    assert "tp=2 needs 2 devices, JAX sees 1" in result.stderr
-    assert "Traceback" not in result.stderr
 
 
 def test_split_pallas_attention_lowers_for_cuda_with_each_device_s_heads():
