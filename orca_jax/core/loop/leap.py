@@ -167,7 +167,7 @@ class Leaper:
         clean = (type(step) is ScheduledStep and preemptions == self._preemptions
                  and not step.progressed and step.kv_move_s == 0.0
                  and step.spec_tokens is None  # a speculative step's advance is drawn
-                 and np.count_nonzero(step.samples) == step.samples.size)  # all()
+                 and step.sampled.size == step.request_ids.size)  # all samples: no call
         self._preemptions = preemptions
         if not clean:
             self._template = None
@@ -201,12 +201,17 @@ class Leaper:
         if upcoming is not None and upcoming <= now:
             return False
         ids, bucket, min_bucket, prefills = template
+        if prefills and self._skip:  # a chance after prefills, to let go: nothing to read
+            self._skip -= 1
+            self.num_let_go += 1
+            return False
         table = s.table
         after = 0  # 1: the template lost requests that finished; 2: it held prefills
         # The plan held every running request (in its own order): ids are distinct.
         state = table.state[ids]  # [n]
-        if s.running.size != ids.size or np.count_nonzero(state == _RUNNING) != ids.size:
-            resumed = self._without_finished(ids, state)
+        running = state == _RUNNING  # [n]
+        if s.running.size != ids.size or np.count_nonzero(running) != ids.size:
+            resumed = self._without_finished(ids, state, running)
             if resumed is None:
                 self._template = None  # the batch changed: the next step is planned
                 return False
@@ -254,7 +259,8 @@ class Leaper:
         return True
 
     def _without_finished(self, ids: NDArray[np.int64],  # [n]
-                          state: NDArray[np.int8]  # [n] their states
+                          state: NDArray[np.int8],  # [n] their states
+                          running: NDArray[np.bool_]  # [n] state == RUNNING
                           ) -> Optional[NDArray[np.int64]]:
         """`[m]` the requests of `ids` still running, in their order, when the others all
         finished since and the policy's promise covers the plan without them
@@ -262,7 +268,6 @@ class Leaper:
         if not self._through_finishes:
             return None
         s = self.scheduler
-        running = state == _RUNNING
         kept = ids[running]
         if (kept.size != s.running.size or kept.size == 0
                 or np.count_nonzero(state == _FINISHED) != ids.size - kept.size):
