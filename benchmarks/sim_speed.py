@@ -18,7 +18,9 @@ trace shape instead: 10,000 Poisson requests at each of `--rates` (30 and 15 req
 prompts of 300 tokens, outputs of 100, `--policy=vllm` with a batch cap of 256 and a
 4,096-token budget, each rate run with `--leap` and `--noleap` (alternating which goes
 first from round to round), and prints each run's process time per request, its steps
-and the fraction of them run inside leaps (the run's log line), then the medians:
+and the fraction of them run inside leaps, with the leaps that began after finishes and
+after prefills and the chances the policy refused or the back-off let go (the run's log
+line, `leap.leap_counts`; a revision before them logs the leaps alone), then the medians:
 
     python -m benchmarks.sim_speed --issue_trace --rounds 3 > benchmarks/results/sim_speed_leap.txt
     python -m benchmarks.sim_speed --issue_trace --old_rev 21242e9 --rounds 3   # and before leaping
@@ -148,6 +150,10 @@ ISSUE_TRACE = ["--engine=sim", "--policy=vllm", "--model=llama3-8b", "--hardware
                "--prompt_len=fixed:300", "--output_len=fixed:100", "--max_num_seqs=256",
                "--max_num_tokens=4096", "--policy_opts=max_num_tokens=4096"]
 LEAP_LINE = re.compile(r"leaped over (\d+) of (\d+) steps in (\d+) leaps")
+# The rest of the line where a tree logs it (`leap.leap_counts`): the widenings' leaps and
+# the chances refused or let go.
+LEAP_COUNTS = re.compile(r"\((\d+) after finishes, (\d+) after prefills; chances refused "
+                         r"(\d+), let go (\d+)\)")
 
 
 def run_trace_case(num_requests: int, rate: float, leap: Optional[bool], bucket_ladder: str,
@@ -169,10 +175,12 @@ def run_trace_case(num_requests: int, rate: float, leap: Optional[bool], bucket_
         num_steps = sum(1 for _ in open(os.path.join(out, "run", "steps.jsonl")))
     found = LEAP_LINE.search(result.stderr)
     leaped = int(found.group(1)) if found else 0
+    counts = LEAP_COUNTS.search(result.stderr)
     cpu_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     return {"rate": rate, "leap": leap, "steps": num_steps, "leaped": leaped,
             "leaps": int(found.group(3)) if found else 0, "cpu_s": cpu_s,
-            "ms_per_request": cpu_s / num_requests * 1e3}
+            "ms_per_request": cpu_s / num_requests * 1e3,
+            "counts": tuple(int(c) for c in counts.groups()) if counts else None}
 
 
 # (label, depth, functions as (path ending, function name)): the phases of a profile;
@@ -251,7 +259,7 @@ def issue_trace(num_requests: int, rates: list[float], rounds: int, bucket_ladde
     (and revision `old_tree`'s run, where given, and with `old_noleap` its `--noleap`
     run too, a revision that has the flag: the modes' order turns each round)."""
     print(f"{'rate':>5} {'mode':>7} {'steps':>7} {'leaped':>7} {'leaps':>6} {'process s':>10} "
-          f"{'ms/request':>11}")
+          f"{'ms/request':>11}  {'after finishes/prefills, chances refused/let go':>11}")
     modes: list[tuple[str, Optional[bool], Path]] = [("leap", True, REPO),
                                                       ("noleap", False, REPO)]
     if old_tree is not None:
@@ -265,9 +273,11 @@ def issue_trace(num_requests: int, rates: list[float], rounds: int, bucket_ladde
             for label, leap, tree in (turned if round_index % 2 == 0 else turned[::-1]):
                 row = run_trace_case(num_requests, rate, leap, bucket_ladder, tree)
                 runs[label].append(row)
+                counts = ("" if row["counts"] is None or not row["leaps"] else
+                          "  {}/{}, {}/{}".format(*row["counts"]))
                 print(f"{rate:>5g} {label:>7} {row['steps']:>7} "
                       f"{row['leaped']:>7} {row['leaps']:>6} {row['cpu_s']:>10.2f} "
-                      f"{row['ms_per_request']:>11.3f}", flush=True)
+                      f"{row['ms_per_request']:>11.3f}{counts}", flush=True)
         medians = {label: statistics.median(r["ms_per_request"] for r in rows)
                    for label, rows in runs.items()}
         fraction = statistics.median(r["leaped"] / r["steps"] for r in runs["leap"])

@@ -17,6 +17,7 @@ from orca_jax.core.api.policy import PolicyLoadError
 from orca_jax.core.plans.plan import PlanError
 from orca_jax.core.requests.request import RequestState
 from orca_jax.core.requests.run_result import RunResult
+from orca_jax.core.requests.token_stats import TokenStats
 from orca_jax.results.summary import replica_rows, summarize
 from orca_jax.runner.spec import ClusterSpec, JaxEngineSpec, RunSpec, SimEngineSpec
 from orca_jax.sim.cost_model import CostModelConfig
@@ -155,6 +156,33 @@ def test_concat_needs_every_request_routed_to_one_replica():
         RunResult.concat(fresh, router="round_robin")
     with pytest.raises(ValueError, match="result 1 is of another workload"):
         RunResult.concat([fresh[0], _alone(requests[:2])], router="round_robin")
+
+
+def test_concat_merges_the_token_logs_as_a_stable_sort_and_joins_their_stats():
+    # Every request at once and fixed 10 ms steps: the replicas' steps end at the same
+    # instants, so tokens of different replicas tie, and the merge keeps replica order.
+    requests = [dataclasses.replace(q, arrival_s=0.0) for q in _workload(n=80)]
+    cluster = Cluster(requests, num_replicas=3, router="round_robin",
+                      make_policy=lambda: policies.make_policy("vllm"), make_engine=_engine,
+                      config=CONFIG)
+    joined = cluster.run()
+    parts = [replica.result() for replica in cluster.replicas]
+    req = np.concatenate([part.token_req for part in parts])
+    times = np.concatenate([part.token_time_s for part in parts])
+    order = np.argsort(times, kind="stable")
+    np.testing.assert_array_equal(joined.token_req, req[order])
+    np.testing.assert_array_equal(joined.token_time_s, times[order])
+    shared = np.intersect1d(parts[0].token_time_s, parts[1].token_time_s)
+    assert shared.size > 10  # ties across replicas to order
+    # Each request's tokens on one replica: the replicas' stats joined, as the merged
+    # log's own pass gives them.
+    merged = TokenStats.from_log(joined.token_req, joined.token_time_s,
+                                 np.isfinite(joined.finish_s))
+    for field in dataclasses.fields(TokenStats):
+        got, want = getattr(joined.token_stats, field.name), getattr(merged, field.name)
+        np.testing.assert_array_equal(got, want, err_msg=field.name)
+        assert got.dtype == want.dtype
+    assert merged.gap_counts.sum() > 1000
 
 
 def test_submit_gives_a_replica_only_its_requests_and_refuses_one_it_holds():

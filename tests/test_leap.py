@@ -20,7 +20,7 @@ import pytest
 import policies  # noqa: F401  (registers the built-in policies)
 from orca_jax.core.api.policy import Policy, make_policy, registered_policies
 from orca_jax.core.kv.pool import PagedPool
-from orca_jax.core.loop.leap import promise_covers_schedule
+from orca_jax.core.loop.leap import leap_counts, promise_covers_schedule
 from orca_jax.core.loop.scheduler import Scheduler
 from orca_jax.core.requests.request import Request
 from orca_jax.core.requests.token_stats import TokenTally
@@ -406,3 +406,41 @@ def test_pages_of_a_span_are_the_pages_of_its_steps(num_steps):
     np.testing.assert_array_equal(pools[0].num_held, pools[1].num_held)
     assert pools[0].num_free == pools[1].num_free
     assert math.isclose(pools[0].num_free, 64 - int(pools[0].num_held.sum()))
+
+
+@dataclasses.dataclass(kw_only=True)
+class AnswerCountingVLLM(VLLM):
+    """vLLM, counting its `stable_steps` answers (widening its promise again, as vLLM)."""
+
+    stable_through_finishes: ClassVar[bool] = True
+    stable_after_prefills: ClassVar[bool] = True
+    num_asked: int = 0
+    num_refused: int = 0
+
+    def stable_steps(self, view):
+        answer = super().stable_steps(view)
+        self.num_asked += 1
+        self.num_refused += answer is None
+        return answer
+
+
+def test_the_leaper_counts_the_chances_refused_and_let_go():
+    # Queued behind the batch cap: after a finish someone waiting fits, so vLLM refuses
+    # such chances and the back-off lets the next ones go without asking.
+    spec = dataclasses.replace(SETTINGS["queued"], engine=SimEngineSpec(leap=True))
+    config = scheduler_config(spec)
+    policy = AnswerCountingVLLM()
+    scheduler = Scheduler(build_workload(spec), policy, build_engine(spec, config), config)
+    result = scheduler.run()
+    stepped, _ = run(SETTINGS["queued"], "vllm", leap=False, seed=spec.seed)
+    assert_same_run(result, stepped)
+    leaper = scheduler.executor.leaper
+    assert leaper.num_refusals == policy.num_refused > 0
+    assert leaper.num_let_go > 0
+    # Each leap was promised once (a promise the pool or the next arrival cut to no
+    # step starts none).
+    assert 0 < leaper.num_leaps <= policy.num_asked - policy.num_refused
+    line = leap_counts([leaper], scheduler.num_steps)
+    assert line.startswith(f"leaped over {leaper.num_leaped_steps} of {scheduler.num_steps} "
+                           f"steps in {leaper.num_leaps} leaps")
+    assert line.endswith(f"chances refused {policy.num_refused}, let go {leaper.num_let_go})")

@@ -233,8 +233,9 @@ class EventLoop(abc.ABC):
         # The kinds of events a replica's leap need not stop at: its own steps, and the
         # arrivals too once each replica leaps up to its own (`leap_to_own_arrivals`).
         self._apart: tuple[type, ...] = (ReplicaStep,)
-        # [A] each arrival's replica of pool 0 when routed ahead (None: routed on arrival);
-        # each replica's arrival times, in order, and the position of its next one.
+        # [N] each request's replica of pool 0 when its arrival was routed ahead (-1: not
+        # an arrival; None: routed on arrival); each replica's arrival times, in order,
+        # and the position of its next one.
         self._ahead: Optional[NDArray[np.int64]] = None
         self._own_arrival_s: list[NDArray[np.float64]] = []
         self._own_next: list[int] = []
@@ -302,12 +303,20 @@ class EventLoop(abc.ABC):
         pool = self.pools[0]
         assert not self._events and targets.shape == self.arrivals.shape
         self._apart = (ReplicaStep, Arrival)  # arrivals no longer cut every replica's leap
-        self._ahead = targets
+        self._ahead = np.full(self.arrival_s.shape, -1, dtype=np.int64)
+        self._ahead[self.arrivals] = targets
         times = self.arrival_s[self.arrivals]  # [A] non-decreasing: arrival order
         self._own_arrival_s = [times[targets == index] for index in range(len(pool.replicas))]
         self._own_next = [0] * len(pool.replicas)
         for index, scheduler in enumerate(pool.replicas):
             scheduler.set_leap_horizon(functools.partial(self._own_horizon, index))
+
+    def routed_ahead(self, request: int) -> Optional[int]:
+        """The replica of pool 0 that `request`'s arrival was routed to ahead
+        (`leap_to_own_arrivals`), or None: it is routed when it arrives."""
+        if self._ahead is None or self._ahead[request] < 0:
+            return None
+        return int(self._ahead[request])
 
     def _own_horizon(self, index: int) -> Optional[float]:
         """Replica `index` of pool 0 may leap up to this: its next arrival, or the loop's
@@ -346,9 +355,10 @@ class EventLoop(abc.ABC):
                 if not scheduler.in_transfer.size:
                     scheduler.now_s = max(scheduler.now_s, when)  # waited idle for this moment
                     self.wake(0, index)
+        request = int(self.arrivals[position])
         if self._ahead is not None:  # that replica's next arrival is the one after this
-            self._own_next[int(self._ahead[position])] += 1
-        self.route_arrival(int(self.arrivals[position]), when)
+            self._own_next[int(self._ahead[request])] += 1
+        self.route_arrival(request, when)
         if position + 1 < self.arrivals.size:
             self.push(Arrival(position + 1), float(self.arrival_s[self.arrivals[position + 1]]))
             return

@@ -112,7 +112,6 @@ class Cluster(EventLoop):
                         else Elastic(self, self._pool, planner, scaling, num_replicas))
         # A router that reads no state routes every arrival when the run starts, and each
         # replica leaps up to its own next arrival (nothing else acts on the replicas).
-        self._routed_ahead: Optional[NDArray[np.int64]] = None  # [N] (`_route_ahead`)
         self._routes_ahead = (self.programs is None and self.migrator is None
                               and self.elastic is None and routes_blind(self.router))
         if self.programs is None and not self._routes_ahead:
@@ -186,15 +185,13 @@ class Cluster(EventLoop):
         targets = np.array([self._pool.choose(request, arrival_s[request])
                             for request in self.arrivals.tolist()], dtype=np.int64)  # [A]
         self._pool.now_s = 0.0  # the moment being routed: none yet
-        self._routed_ahead = np.full(len(self.replica), -1, dtype=np.int64)  # [N] by request
-        self._routed_ahead[self.arrivals] = targets
         self.leap_to_own_arrivals(targets)
 
     def route_arrival(self, request: int, when: float) -> None:
-        if self._routed_ahead is None:
+        target = self.routed_ahead(request)
+        if target is None:
             target = self._pool.route(request, when)
         else:
-            target = int(self._routed_ahead[request])
             self._pool.take(request, target, when)
         self.replica[request] = target
         self._num_routed += 1

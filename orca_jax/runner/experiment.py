@@ -20,6 +20,7 @@ from numpy.typing import NDArray
 from orca_jax.cluster.routing import Router
 from orca_jax.core.api.policy import Policy, PolicyLoadError, make_policy
 from orca_jax.core.json_files import to_json_value
+from orca_jax.core.loop.leap import leap_counts
 from orca_jax.core.loop.scheduler import Scheduler, SchedulerConfig
 from orca_jax.core.requests.request import Request
 from orca_jax.core.requests.run_result import RunResult
@@ -156,8 +157,7 @@ def run_policy(spec: RunSpec, policy_spec: str, policy_options: Optional[Mapping
             stream.flush()  # the steps and requests since its last flush
         leaper = scheduler.executor.leaper
         if leaper is not None:  # how much the host skipped (the results are the same)
-            logging.info("run %s: leaped over %d of %d steps in %d leaps", label,
-                         leaper.num_leaped_steps, scheduler.num_steps, leaper.num_leaps)
+            logging.info("run %s: %s", label, leap_counts([leaper], scheduler.num_steps))
     except BaseException as error:
         if folder is not None and not isinstance(error, ResultsWriteError):
             _fail(folder, error, stream, scheduler.result, scheduler.num_steps,
@@ -285,10 +285,8 @@ def _run_cluster(spec: RunSpec, policy_spec: str, config: SchedulerConfig, clust
         leapers = [r.executor.leaper for r in cluster.replicas
                    if getattr(r.executor, "leaper", None) is not None]
         if leapers:  # how much the host skipped, all replicas together (the same results)
-            logging.info("run %s: leaped over %d of %d steps in %d leaps", label,
-                         sum(leaper.num_leaped_steps for leaper in leapers),
-                         sum(r.num_steps for r in cluster.replicas),
-                         sum(leaper.num_leaps for leaper in leapers))
+            logging.info("run %s: %s", label, leap_counts(
+                leapers, sum(r.num_steps for r in cluster.replicas)))
         times = token_times(spec, result)
         summary, tables = summarize_run(result, ttft_slo_s=spec.ttft_slo_s,
                                         tpot_slo_s=spec.tpot_slo_s,

@@ -56,7 +56,7 @@ horizon is its own next arrival (`EventLoop.leap_to_own_arrivals`).
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
 import numpy as np
 from numpy.typing import NDArray
@@ -64,7 +64,7 @@ from numpy.typing import NDArray
 from orca_jax.core.api.plugins import declared_with
 from orca_jax.core.loop.scheduled_step import IdleStep, ScheduledStep
 from orca_jax.core.requests.request import RequestState
-from orca_jax.core.requests.step_logs import STEP_DTYPE
+from orca_jax.core.requests.step_logs import StepLog
 from orca_jax.core.step.engine_api import Bucket
 
 _RUNNING, _FINISHED = int(RequestState.RUNNING), int(RequestState.FINISHED)
@@ -95,6 +95,19 @@ def promise_covers_schedule(policy_type: type, promise: str = "stable_steps") ->
     return covers
 
 
+def leap_counts(leapers: Sequence[Leaper], num_steps: int) -> str:
+    """A run's leaps as its log line says them, its replicas' `leapers` summed over
+    `num_steps` steps: the steps leaped and the leaps, those that began after finishes
+    and after prefills (the widenings), and the chances the policy refused or the
+    back-off let go (`benchmarks/sim_speed.py` reads the line)."""
+    def total(name: str) -> int:
+        return sum(getattr(leaper, name) for leaper in leapers)
+    return (f"leaped over {total('num_leaped_steps')} of {num_steps} steps in "
+            f"{total('num_leaps')} leaps ({total('num_leaps_after_finishes')} after finishes, "
+            f"{total('num_leaps_after_prefills')} after prefills; chances refused "
+            f"{total('num_refusals')}, let go {total('num_let_go')})")
+
+
 def _no_other_events() -> None:
     """A lone scheduler's horizon: no event but its own steps and arrivals."""
     return None
@@ -113,6 +126,9 @@ class Leaper:
         finished (`Policy.stable_through_finishes`): each a step not planned.
       num_leaps_after_prefills: leaps that began right after a step with prefills
         (`Policy.stable_after_prefills`): each a step not planned.
+      num_refusals: chances the policy refused (`stable_steps` asked, answer None or < 1).
+      num_let_go: chances after finishes or prefills let go without asking it (the
+        back-off after refusals).
     """
 
     # A `Scheduler`, typed loosely: it imports this module through its executor.
@@ -134,6 +150,8 @@ class Leaper:
         self.num_leaps = 0
         self.num_leaps_after_finishes = 0
         self.num_leaps_after_prefills = 0
+        self.num_refusals = 0  # chances the policy refused (`stable_steps` None or < 1)
+        self.num_let_go = 0  # chances after finishes or prefills let go without asking
         self._backoff = 0  # chances after finishes or prefills let go after the last refusal
         self._skip = 0  # those still to let go
         # When the next event other than the scheduler's own steps and arrivals is (None
@@ -149,7 +167,7 @@ class Leaper:
         clean = (type(step) is ScheduledStep and preemptions == self._preemptions
                  and not step.progressed and step.kv_move_s == 0.0
                  and step.spec_tokens is None  # a speculative step's advance is drawn
-                 and np.count_nonzero(step.samples) == step.samples.size)  # all()
+                 and step.sampled.size == step.request_ids.size)  # all samples: no call
         self._preemptions = preemptions
         if not clean:
             self._template = None
@@ -183,11 +201,17 @@ class Leaper:
         if upcoming is not None and upcoming <= now:
             return False
         ids, bucket, min_bucket, prefills = template
+        if prefills and self._skip:  # a chance after prefills, to let go: nothing to read
+            self._skip -= 1
+            self.num_let_go += 1
+            return False
         table = s.table
         after = 0  # 1: the template lost requests that finished; 2: it held prefills
         # The plan held every running request (in its own order): ids are distinct.
-        if s.running.size != ids.size or not (table.state[ids] == _RUNNING).all():
-            resumed = self._without_finished(ids)
+        state = table.state[ids]  # [n]
+        running = state == _RUNNING  # [n]
+        if s.running.size != ids.size or np.count_nonzero(running) != ids.size:
+            resumed = self._without_finished(ids, state, running)
             if resumed is None:
                 self._template = None  # the batch changed: the next step is planned
                 return False
@@ -197,6 +221,7 @@ class Leaper:
         if after:
             if self._skip:  # the policy refused the last such chances: plan this step
                 self._skip -= 1
+                self.num_let_go += 1
                 return False
             bucket = s.bucket_config.select(max(int(ids.size), min_bucket))
         computed = table.num_computed[ids]  # [n]
@@ -204,19 +229,24 @@ class Leaper:
             return False
         promised = s.policy.stable_steps(s.view)
         if promised is None or promised < 1:
+            self.num_refusals += 1
             if after:  # refused where it would plan: let the next chances go, more each time
                 self._backoff = min(2 * self._backoff + 1, _MAX_BACKOFF)
                 self._skip = self._backoff
             return False
-        limit = min(int(promised), MAX_LEAP_STEPS,
-                    int((table.output_len[ids] - table.num_generated[ids]).min()))
-        limit, taken = self._page_limit(ids, computed, limit)
-        if limit < 1:
-            return False
+        left = table.output_len[ids] - table.num_generated[ids]  # [n] tokens still to sample
+        limit = min(int(promised), MAX_LEAP_STEPS, int(left.min()))
+        # Priced first: the steps before the next arrival are a few where the finishes
+        # allow a hundred, and the pages are counted over those alone.
         priced = self._price(bucket, computed + 1, limit, now, upcoming)
         if priced is None:
             return False
         step_s, tokens, starts, ends = priced
+        runs, pages = self._page_limit(ids, computed, int(step_s.size))
+        if runs < 1:
+            return False
+        if runs < step_s.size:
+            step_s, tokens, starts, ends = step_s[:runs], tokens[:runs], starts[:runs], ends[:runs]
         if after:  # from here on the plan it repeats is this one
             self._template = (ids, bucket, min_bucket, False)
             self._backoff = 0
@@ -224,18 +254,20 @@ class Leaper:
                 self.num_leaps_after_finishes += 1
             else:
                 self.num_leaps_after_prefills += 1
-        self._apply(bucket, ids, computed, taken, step_s, tokens, starts, ends, host_start)
+        self._apply(bucket, ids, computed, left, pages, step_s, tokens, starts, ends,
+                    host_start)
         return True
 
-    def _without_finished(self, ids: NDArray[np.int64]) -> Optional[NDArray[np.int64]]:
+    def _without_finished(self, ids: NDArray[np.int64],  # [n]
+                          state: NDArray[np.int8],  # [n] their states
+                          running: NDArray[np.bool_]  # [n] state == RUNNING
+                          ) -> Optional[NDArray[np.int64]]:
         """`[m]` the requests of `ids` still running, in their order, when the others all
         finished since and the policy's promise covers the plan without them
         (`stable_through_finishes`) and they are all of `running`; else None."""
         if not self._through_finishes:
             return None
         s = self.scheduler
-        state = s.table.state[ids]  # [n]
-        running = state == _RUNNING
         kept = ids[running]
         if (kept.size != s.running.size or kept.size == 0
                 or np.count_nonzero(state == _FINISHED) != ids.size - kept.size):
@@ -243,28 +275,32 @@ class Leaper:
         return kept
 
     def _page_limit(self, ids: NDArray[np.int64], computed: NDArray[np.int64], limit: int
-                    ) -> tuple[int, Optional[NDArray[np.int64]]]:
-        """`(steps the pool lets the leap run, [steps + 1] pages the first j steps take
-        in all, or None when they take none)`."""
+                    ) -> tuple[int, Optional[tuple[NDArray[np.int64], NDArray[np.int64]]]]:
+        """`(steps of the first `limit` the pool lets the leap run, ([steps + 1, n] new pages
+        each request holds after the first j steps, [steps + 1] their sum: the pages the
+        first j steps take), or None when they take none)`."""
         s = self.scheduler
-        capacity = s.capacity
-        if not s.kv.totals_decide:  # blocks to place (buddy): no page taken inside a leap
-            needs = capacity.pages_needed(ids, np.full(ids.size, limit)).any()
+        pool = s.kv
+        if not pool.totals_decide:  # blocks to place (buddy): no page taken inside a leap
+            needs = s.capacity.pages_needed(ids, np.full(ids.size, limit)).any()
             return (0 if needs else limit), None
         steps = np.arange(limit + 1, dtype=np.int64)  # [k + 1]
-        taken = capacity.pages_needed(ids, np.broadcast_to(steps[:, None], (limit + 1, ids.size))
-                                      ).sum(axis=1)  # [k + 1] pages the first j steps take
+        # A running request's pages are the pool's count of its context (no reservation,
+        # no hit: `KVCapacity.pages_needed` of a running request), one matrix for the
+        # limit here and the allocation in `_apply`.
+        held_for = pool.pages_needed(ids, computed[None, :] + steps[:, None])  # [k + 1, n]
+        taken = held_for.sum(axis=1)  # [k + 1] pages the first j steps take
         if s.kv_memory.hits is not None:
             # Names change when a page fills, and the pool may evict cached pages when one
             # is taken: a leap takes none, and ends at the first step that fills one.
             fits = int(np.searchsorted(taken, 0, side="right")) - 1  # taken is non-decreasing
-            fills = (computed[None, :] + steps[1:, None]) % s.kv.page_size == 0  # [k, n]
+            fills = (computed[None, :] + steps[1:, None]) % pool.page_size == 0  # [k, n]
             first_fill = np.flatnonzero(fills.any(axis=1))
             if first_fill.size:
                 fits = min(fits, int(first_fill[0]) + 1)
             return fits, None
-        fits = int(np.searchsorted(taken, s.kv.num_free, side="right")) - 1
-        return fits, (taken[:fits + 1] if taken[fits] else None)
+        fits = int(np.searchsorted(taken, pool.num_free, side="right")) - 1
+        return fits, ((held_for[:fits + 1], taken[:fits + 1]) if taken[fits] else None)
 
     def _price(self, bucket: Bucket, kv_lens: NDArray[np.int64], limit: int,
                now: float, upcoming: Optional[float]
@@ -306,24 +342,25 @@ class Leaper:
         return step_s, tokens, starts, ends
 
     def _apply(self, bucket: Bucket, ids: NDArray[np.int64], computed: NDArray[np.int64],
-               taken: Optional[NDArray[np.int64]], step_s: NDArray[np.float64],
+               left: NDArray[np.int64],
+               pages: Optional[tuple[NDArray[np.int64], NDArray[np.int64]]],
+               step_s: NDArray[np.float64],
                tokens: NDArray[np.int32], starts: NDArray[np.float64],
                ends: NDArray[np.float64], host_start: float) -> None:
-        """What `schedule()` and `update()` of each of the `k` steps would have done."""
+        """What `schedule()` and `update()` of each of the `k` steps would have done
+        (`left`: `[n]` the tokens each request had still to sample)."""
         s = self.scheduler
         table, record = s.table, s.record
         k, n = int(step_s.size), int(ids.size)
         s.last_finished = s.last_finished[:0]  # "finished since the previous schedule()"
-        free_before = s.kv.num_free
-        if taken is not None:
-            taken = taken[:k + 1]
+        free_before = int(s.kv.num_free)
+        taken = None
+        if pages is not None:
+            held_for, taken = pages  # [k + 1, n], [k + 1] (`_page_limit`)
             # [k, n] pages each step takes: the pages to run j + 1 tokens less those to run j.
-            steps = np.arange(k + 1, dtype=np.int64)[:, None]
-            held_for = s.kv.pages_needed(ids, computed[None, :] + steps)  # [k + 1, n]
             s.kv.allocate_steps(ids, np.diff(held_for, axis=0))
         table.num_computed[ids] = computed + k
-        generated = table.num_generated[ids] + k  # [n]
-        table.num_generated[ids] = generated
+        table.num_generated[ids] += k  # ids are distinct
         table.last_token[ids] = tokens[-1]
         hits = s.kv_memory.hits
         if hits is not None:
@@ -335,23 +372,18 @@ class Leaper:
         record.log_token_span(ids, ends)
         held_before = (np.concatenate([s.running, s.unreleased])
                        if s.features.log_step_requests else None)
-        finished = ids[generated == table.output_len[ids]]
+        finished = ids[left == k]
         if finished.size:
             s._finish(finished, float(ends[-1]))
         s.watchdog.computed(ids, computed + k)
-        rows = np.zeros(k, STEP_DTYPE)
-        rows["step"] = np.arange(s.num_steps, s.num_steps + k)
-        rows["start_s"] = starts
-        rows["num_seqs"] = n
-        rows["num_tokens"] = n
-        rows["num_padded_tokens"] = bucket.num_tokens
-        rows["bucket"] = bucket.num_tokens
-        rows["step_s"] = step_s
-        rows["num_running"] = n
-        rows["num_running"][-1] = s.running.size
-        rows["num_waiting"] = s.waiting.size
-        rows["num_free_pages"] = free_before - (taken[1:] if taken is not None else 0)
-        rows["num_free_pages"][-1] = s.kv.num_free
+        # Each step's row, of Python numbers as `update()` makes them (a leap's few steps:
+        # cheaper than a structured array's field writes and its `tolist`).
+        free_pages = ([free_before] * k if taken is None
+                      else (free_before - taken[1:]).tolist())
+        free_pages[-1] = int(s.kv.num_free)
+        num_running = [n] * k
+        num_running[-1] = int(s.running.size)
+        first_step, num_waiting, padded = s.num_steps, int(s.waiting.size), bucket.num_tokens
         if held_before is not None:
             held_after = np.concatenate([s.running, s.unreleased])
             ones = np.ones(n, np.int64)
@@ -361,5 +393,8 @@ class Leaper:
         s.now_s = float(ends[-1])
         self.num_leaped_steps += k
         self.num_leaps += 1
-        rows["host_s"] = (time.perf_counter() - host_start) / k  # the leap's, shared out
-        record.steps.extend_rows(rows)
+        host_s = (time.perf_counter() - host_start) / k  # the leap's, shared out
+        record.steps.extend([
+            StepLog(first_step + j, start, n, n, padded, padded, host_s, seconds,
+                    num_running[j], num_waiting, free_pages[j])
+            for j, (start, seconds) in enumerate(zip(starts.tolist(), step_s.tolist()))])

@@ -268,18 +268,21 @@ class RunResult:
                              f"{np.flatnonzero(kept[:, i]).tolist()}; each request must be "
                              "routed to one (run the cluster to the end)")
         serving = np.where(rejected | missing, 0, np.argmax(kept, axis=0))  # [N]
-        rows = np.arange(len(first.request_ids))
+        # [N] each other replica's rows: one [N] copy a field, not an [R, N] stack of them.
+        others = [(index, serving == index) for index in range(1, len(results))]
 
         def served(field: str) -> NDArray:  # [N]
-            return _frozen(np.stack([getattr(r, field) for r in results])[serving, rows])
+            joined = np.array(getattr(first, field))
+            for index, rows in others:
+                joined[rows] = getattr(results[index], field)[rows]
+            _own(joined)
+            return joined
 
-        token_req = np.concatenate([r.token_req for r in results])
-        token_time = np.concatenate([r.token_time_s for r in results])
-        order = np.argsort(token_time, kind="stable")
-        token_req, token_time = token_req[order], token_time[order]
+        token_req, token_time = _merged_token_logs(results)
         _own(token_req, token_time)
         logged = all(r.step_requests is not None for r in results)
         finish_s = served("finish_s")
+        finished = np.isfinite(finish_s)  # [N]
         return dataclasses.replace(
             first,
             state=served("state"), first_scheduled_s=served("first_scheduled_s"),
@@ -291,7 +294,8 @@ class RunResult:
             output_tokens=(None if first.output_tokens is None else
                            tuple(results[r].output_tokens[i] for i, r in enumerate(serving))),
             token_req=_frozen(token_req), token_time_s=_frozen(token_time),
-            token_stats=TokenStats.from_log(token_req, token_time, np.isfinite(finish_s)),
+            token_stats=(_joined_token_stats(results, finished)
+                         or TokenStats.from_log(token_req, token_time, finished)),
             steps=StepLogs.concat([r.steps for r in results]),
             step_replica=_frozen(np.repeat(np.arange(len(results)),
                                            [r.num_steps for r in results])),
@@ -310,3 +314,52 @@ class RunResult:
             num_replicas=len(results),
             router=router, prefix_caching=any(r.prefix_caching for r in results),
             num_evictions=sum(r.num_evictions for r in results))
+
+
+def _merged_token_logs(results: Sequence[RunResult]
+                       ) -> tuple[NDArray[np.int64], NDArray[np.float64]]:  # [K], [K]
+    """The replicas' token logs merged in time order, ties in replica order: what a stable
+    sort of the logs one after another gives, bit for bit, made step by step (a step's
+    tokens share its time), each token placed once, without the sort over every token
+    nor a copy of the logs joined."""
+    logs = [(r.token_req, r.token_time_s) for r in results]
+    # Each log's runs of one time (a step's tokens): where each starts, and its time.
+    starts = []
+    for _, times in logs:
+        changes = np.flatnonzero(times[1:] != times[:-1]) + 1  # [u - 1]
+        starts.append(np.concatenate([np.zeros(min(times.size, 1), np.int64), changes]))
+    run_times = np.concatenate([times[first] for (_, times), first in zip(logs, starts)])
+    lengths = np.concatenate([np.diff(first, append=times.size)
+                              for (_, times), first in zip(logs, starts)])  # [U]
+    order = np.argsort(run_times, kind="stable")  # [U] ties: replica order, then log order
+    placed = np.empty_like(lengths)  # [U] where each run starts in the merged log
+    placed[order] = np.cumsum(lengths[order]) - lengths[order]
+    total = int(lengths.sum())
+    token_req = np.empty(total, np.result_type(*(req for req, _ in logs)))
+    token_time = np.empty(total, np.result_type(*(times for _, times in logs)))
+    done = 0
+    for (req, times), first in zip(logs, starts):
+        runs = slice(done, done + first.size)
+        # [K_r] each token's place: its run's place, plus its own place in its run.
+        where = np.repeat(placed[runs] - first, lengths[runs]) + np.arange(times.size)
+        token_req[where] = req
+        token_time[where] = times
+        done += first.size
+    return token_req, token_time
+
+
+def _joined_token_stats(results: Sequence[RunResult],
+                        finished: NDArray[np.bool_]) -> Optional[TokenStats]:  # [N]
+    """The joined log's `TokenStats` from the replicas' own, where every request's tokens
+    are on one replica and each replica counted the gaps of the requests `finished`
+    counts (so each request's gaps are those of its replica's log); else None (a
+    migrated or disaggregated request's tokens span replicas: the joined log is read)."""
+    holders = np.zeros(finished.shape, np.int64)  # [N] replicas holding tokens of each
+    for result in results:
+        has = result.token_stats.num_tokens > 0  # [N]
+        if not np.array_equal(np.isfinite(result.finish_s)[has], finished[has]):
+            return None
+        holders += has
+    if (holders > 1).any():
+        return None
+    return TokenStats.joined([result.token_stats for result in results])

@@ -99,13 +99,13 @@ class StepLogs(Sequence[StepLog]):
         if len(self._tail) >= PACK_STEPS:
             self._pack()
 
-    def extend_rows(self, rows: NDArray) -> None:  # [k] of STEP_DTYPE
-        """Adds the next `k` steps, given as rows (a leap's steps: no tuple per step)."""
+    def extend(self, steps: list[StepLog]) -> None:
+        """Adds the next steps (a leap's), one after the other."""
         if self._frozen:
-            raise ValueError("StepLogs.extend_rows: these steps are a finished run's")
-        # As tuples in the tail, packed with the steps around them: a leap of a few steps
-        # made into a chunk of its own would leave the log in thousands of tiny chunks.
-        self._tail.extend(map(StepLog._make, rows.tolist()))
+            raise ValueError("StepLogs.extend: these steps are a finished run's")
+        # In the tail, packed with the steps around them: a leap of a few steps made into
+        # a chunk of its own would leave the log in thousands of tiny chunks.
+        self._tail.extend(steps)
         if len(self._tail) >= PACK_STEPS:
             self._pack()
 

@@ -19,7 +19,7 @@ agree bit for bit.
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import numpy as np
 from numpy.typing import NDArray
@@ -164,6 +164,22 @@ class TokenStats:
         return cls(num_tokens=np.bincount(req, minlength=n).astype(np.int64),
                    last_token_s=last_token, max_gap_s=max_gap, gap_values=gap_values,
                    gap_counts=gap_counts)
+
+    @classmethod
+    def joined(cls, parts: Sequence[TokenStats]) -> TokenStats:
+        """The stats of logs whose requests are apart (each request's tokens all in one
+        part's log), as `from_log` gives them of the logs merged, bit for bit: the gaps of
+        a request are those of its own part. Each part's `[N]` covers every request."""
+        values, counts = _merge_counts(np.concatenate([p.gap_values for p in parts]),
+                                       np.concatenate([p.gap_counts for p in parts]))
+        num_tokens = parts[0].num_tokens.astype(np.int64)  # [N] copies, one part at a time
+        last_token, max_gap = parts[0].last_token_s.copy(), parts[0].max_gap_s.copy()
+        for part in parts[1:]:
+            num_tokens += part.num_tokens
+            np.maximum(last_token, part.last_token_s, out=last_token)
+            np.maximum(max_gap, part.max_gap_s, out=max_gap)
+        return cls(num_tokens=num_tokens, last_token_s=last_token, max_gap_s=max_gap,
+                   gap_values=values, gap_counts=counts)
 
     def gap_percentile(self, p: float) -> float:
         """The `p`th percentile of the counted gaps, as `np.percentile` (linear) gives it
