@@ -23,6 +23,7 @@ from orca_jax.core.kv.pool import PagedPool
 from orca_jax.core.loop.leap import leap_counts, promise_covers_schedule
 from orca_jax.core.loop.scheduler import Scheduler
 from orca_jax.core.requests.request import Request
+from orca_jax.core.requests.run_result import RunResult
 from orca_jax.core.requests.token_stats import TokenTally
 from orca_jax.core.step.engine_api import Bucket
 from orca_jax.results.summary import summarize_run
@@ -229,14 +230,22 @@ class SilentVLLM(VLLM):
         return Policy.stable_steps(self, view)
 
 
-def test_a_policy_that_promises_nothing_is_never_leaped_over():
-    spec = dataclasses.replace(SETTINGS["plain"], engine=SimEngineSpec(leap=True))
+def run_leaping_beside_vllm(setting: str, policy: Policy) -> tuple[Scheduler, RunResult]:
+    """`policy` run with leaping on `SETTINGS[setting]`, checked against vLLM's run step by
+    step (every policy here plans as vLLM does); its scheduler (for the leaper's counts)
+    and result."""
+    spec = dataclasses.replace(SETTINGS[setting], engine=SimEngineSpec(leap=True))
     config = scheduler_config(spec)
-    scheduler = Scheduler(build_workload(spec), SilentVLLM(), build_engine(spec, config), config)
-    silent = scheduler.run()
-    stepped, _ = run(SETTINGS["plain"], "vllm", leap=False, seed=spec.seed)
+    scheduler = Scheduler(build_workload(spec), policy, build_engine(spec, config), config)
+    result = scheduler.run()
+    stepped, _ = run(SETTINGS[setting], "vllm", leap=False, seed=spec.seed)
+    assert_same_run(result, stepped)
+    return scheduler, result
+
+
+def test_a_policy_that_promises_nothing_is_never_leaped_over():
+    scheduler, _ = run_leaping_beside_vllm("plain", SilentVLLM())
     assert scheduler.executor.leaper.num_leaped_steps == 0
-    assert_same_run(silent, stepped)
 
 
 class PromiseOnly(Policy):
@@ -257,16 +266,10 @@ class PromiseOnly(Policy):
 
 
 def test_a_promise_without_widenings_stops_at_every_finish_and_prefill():
-    spec = dataclasses.replace(SETTINGS["kv_tight"], engine=SimEngineSpec(leap=True))
-    config = scheduler_config(spec)
-    policy = PromiseOnly()
-    scheduler = Scheduler(build_workload(spec), policy, build_engine(spec, config), config)
-    result = scheduler.run()
-    stepped, _ = run(SETTINGS["kv_tight"], "vllm", leap=False, seed=spec.seed)
+    scheduler, _ = run_leaping_beside_vllm("kv_tight", PromiseOnly())
     leaper = scheduler.executor.leaper
     assert leaper.num_leaped_steps > 0
     assert leaper.num_leaps_after_finishes == leaper.num_leaps_after_prefills == 0
-    assert_same_run(result, stepped)
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -314,11 +317,8 @@ def test_which_class_a_promise_covers():
 @pytest.mark.parametrize("cls, leaps", [(CountingVLLM, False), (CountingPromisingVLLM, True),
                                         (CountingWideningVLLM, True)])
 def test_a_subclass_that_overrides_schedule_does_not_inherit_the_promise(cls, leaps):
-    spec = dataclasses.replace(SETTINGS["plain"], engine=SimEngineSpec(leap=True))
-    config = scheduler_config(spec)
     policy = cls()
-    scheduler = Scheduler(build_workload(spec), policy, build_engine(spec, config), config)
-    result = scheduler.run()
+    scheduler, result = run_leaping_beside_vllm("plain", policy)
     leaped = scheduler.executor.leaper.num_leaped_steps
     assert (leaped > 0) == leaps
     # Every step not leaped over asked the policy (the idle ones ask nothing).
@@ -330,8 +330,6 @@ def test_a_subclass_that_overrides_schedule_does_not_inherit_the_promise(cls, le
     widens = cls is CountingWideningVLLM
     assert (leaper.num_leaps_after_finishes > 0) == widens
     assert (leaper.num_leaps_after_prefills > 0) == widens
-    stepped, _ = run(SETTINGS["plain"], "vllm", leap=False, seed=spec.seed)
-    assert_same_run(result, stepped)
 
 
 def test_srpt_with_a_starvation_clock_is_asked_every_step():
@@ -427,13 +425,8 @@ class AnswerCountingVLLM(VLLM):
 def test_the_leaper_counts_the_chances_refused_and_let_go():
     # Queued behind the batch cap: after a finish someone waiting fits, so vLLM refuses
     # such chances and the back-off lets the next ones go without asking.
-    spec = dataclasses.replace(SETTINGS["queued"], engine=SimEngineSpec(leap=True))
-    config = scheduler_config(spec)
     policy = AnswerCountingVLLM()
-    scheduler = Scheduler(build_workload(spec), policy, build_engine(spec, config), config)
-    result = scheduler.run()
-    stepped, _ = run(SETTINGS["queued"], "vllm", leap=False, seed=spec.seed)
-    assert_same_run(result, stepped)
+    scheduler, _ = run_leaping_beside_vllm("queued", policy)
     leaper = scheduler.executor.leaper
     assert leaper.num_refusals == policy.num_refused > 0
     assert leaper.num_let_go > 0
