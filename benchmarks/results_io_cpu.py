@@ -6,7 +6,7 @@
 Runs `experiments.run` in this process with the given flags, with timers
 (`time.process_time`) around the results code of whichever tree is on the path:
 the live run's streaming (`StreamResults.__call__` and `flush`), the finished
-run's files (`experiment._finish`) and its summary (`experiment.summarize_run`),
+run's files (`experiment.finish_run_folder`) and its summary (`experiment.summarize_run`),
 and prints one line on stderr: the run's process time, theirs together, and each.
 Run it from an old revision's tree and from this one, in turns, to compare the two
 on one machine (benchmarks/results/results_io_cpu_vs_1f4a4bd.txt); the simulation's
@@ -48,7 +48,9 @@ def _timed(owner: Any, name: str, key: str) -> None:
 def main() -> None:
     _timed(live_results.StreamResults, "__call__", "stream")
     _timed(live_results.StreamResults, "flush", "stream")
-    _timed(experiment, "_finish", "finish")
+    # Trees before the rename (1f4a4bd's included) call it `_finish`.
+    _timed(experiment, "finish_run_folder" if hasattr(experiment, "finish_run_folder")
+           else "_finish", "finish")
     _timed(experiment, "summarize_run", "summary")
     sys.argv = ["run", *sys.argv[1:]]
     start = time.process_time()

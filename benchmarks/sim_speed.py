@@ -206,7 +206,7 @@ PHASES = (
     ("step log", 3, (("orca_jax/core/requests/run_record.py", "log_step"),)),
     ("streamed logs", 2, (("orca_jax/runner/live_results.py", "__call__"),)),
     ("summary", 1, (("orca_jax/results/summary.py", "summarize_run"),)),
-    ("finished run's files", 1, (("orca_jax/runner/experiment.py", "_finish"),)),
+    ("finished run's files", 1, (("orca_jax/runner/experiment.py", "finish_run_folder"),)),
 )
 
 

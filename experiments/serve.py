@@ -35,7 +35,7 @@ from orca_jax.runner.build import (
     model_config,
     scheduler_config,
 )
-from orca_jax.runner.experiment import _finish, _resolved_config  # the folder, as run's
+from orca_jax.runner.experiment import finish_run_folder, resolved_config  # as run writes them
 from orca_jax.runner.spec import RunSpec
 
 flags.adopt_module_key_flags(run_flags)
@@ -106,7 +106,7 @@ def main(argv: list[str]) -> None:
                        max_outstanding=config.limits.max_num_seqs + FLAGS.max_queued,
                        metrics=metrics)
         folder = RunFolder(out_dir, label=policy.name)
-        folder.begin(_resolved_config(spec, FLAGS.policy, policy, config, engine, policy.name),
+        folder.begin(resolved_config(spec, FLAGS.policy, policy, config, engine, policy.name),
                      stream=False)
         print(f"serve: compiling the engine's steps ({spec.engine.model})", flush=True)
         live.start()
@@ -119,7 +119,7 @@ def main(argv: list[str]) -> None:
                                             tpot_slo_s=spec.tpot_slo_s)
             summary.update(flatten(engine.facts()))
             summary["policy"] = policy.name
-            _finish(folder, result, summary, tables, write_steps=True)
+            finish_run_folder(folder, result, summary, tables, write_steps=True)
             print(f"serve: {result.num_requests} requests; results in {out_dir}", flush=True)
 
         name = FLAGS.served_model_name or spec.engine.model

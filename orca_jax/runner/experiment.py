@@ -146,7 +146,7 @@ def run_policy(spec: RunSpec, policy_spec: str, policy_options: Optional[Mapping
     label = label or policy.name
     bar = _RunProgress(label, len(workload)) if progress else None
     stream = None
-    resolved = _resolved_config(spec, policy_spec, policy, config, engine, label,
+    resolved = resolved_config(spec, policy_spec, policy, config, engine, label,
                                 bucket_fit=bucket_fit)
     if folder is not None:
         folder.begin(resolved)
@@ -191,7 +191,7 @@ def run_policy(spec: RunSpec, policy_spec: str, policy_options: Optional[Mapping
                                          write_dir=str(folder.staging))
             if table is not None:
                 folder.write_json("config.json", {**resolved, "profile_table": table})
-            _finish(folder, result, summary, tables, write_steps=rewrite_steps,
+            finish_run_folder(folder, result, summary, tables, write_steps=rewrite_steps,
                     token_times=times, streamed_line_of=line_of)
     except BaseException as error:
         if folder is not None and not isinstance(error, ResultsWriteError):
@@ -213,7 +213,7 @@ def _observers(*observers: Optional[Callable[[Scheduler], None]]
     return each_step
 
 
-def _finish(folder: RunFolder, result: RunResult, summary: Mapping[str, Any],
+def finish_run_folder(folder: RunFolder, result: RunResult, summary: Mapping[str, Any],
             tables: Mapping[str, Any], *, write_steps: bool = False,
             token_times: Optional[TokenTimes] = None,
             streamed_line_of: Optional[NDArray[np.int64]] = None) -> None:
@@ -274,7 +274,7 @@ def _run_cluster(spec: RunSpec, policy_spec: str, config: SchedulerConfig, clust
     first = cluster.replicas[0]
     label = label or first.policy.name
     if folder is not None:
-        folder.begin(_resolved_config(spec, policy_spec, first.policy, config, first.engine,
+        folder.begin(resolved_config(spec, policy_spec, first.policy, config, first.engine,
                                       label, cluster.router, bucket_fit), stream=False)
     bar = (Progress(f"run {label} on {spec.cluster.num_replicas} replicas", num_requests,
                     "requests") if progress else None)
@@ -306,7 +306,7 @@ def _run_cluster(spec: RunSpec, policy_spec: str, config: SchedulerConfig, clust
             summary.update(planner_figures(cluster.elastic, result.virtual_end_s, met))
             tables = {**tables, "replicas": cluster.elastic.timeline()}
         if folder is not None:
-            _finish(folder, result, summary, tables, write_steps=True, token_times=times)
+            finish_run_folder(folder, result, summary, tables, write_steps=True, token_times=times)
     except BaseException as error:
         if folder is not None and not isinstance(error, ResultsWriteError):
             _fail(folder, error, None, cluster.replicas[0].result,
@@ -347,14 +347,14 @@ def _run_disaggregated(spec: RunSpec, policy_spec: str,
     label = label or decode.policy.name
     summary["policy"] = label
     if folder is not None:
-        folder.begin({**_resolved_config(spec, policy_spec, decode.policy, config,
+        folder.begin({**resolved_config(spec, policy_spec, decode.policy, config,
                                          decode.engine, label, bucket_fit=bucket_fit),
                       "pools": pools}, stream=False)
-        _finish(folder, result, summary, tables, write_steps=True, token_times=times)
+        finish_run_folder(folder, result, summary, tables, write_steps=True, token_times=times)
     return summary, result
 
 
-def _resolved_config(spec: RunSpec, policy_spec: str, policy: Policy, config: SchedulerConfig,
+def resolved_config(spec: RunSpec, policy_spec: str, policy: Policy, config: SchedulerConfig,
                      engine: Engine, label: str, router: Optional[Router] = None,
                      bucket_fit: Optional[BucketFit] = None) -> dict[str, Any]:
     """config.json: the run, the policy's (and a cluster's router's) knobs, the
