@@ -294,27 +294,30 @@ class Scheduler(SchedulerLoop):
             changes.
         """
         table = self.table
-        if len(ids) == 1 and table.state[ids[0]] == _AWAY:  # a cluster's arrival: no arrays
-            request = int(ids[0])
-            table.state[request] = _PENDING
-            table.holder[request] = table.replica
-            self._num_done -= 1
-            self._next_arrival = min(self._next_arrival, request)
-            self._arrival_horizon = max(self._arrival_horizon, request + 1)
-            return
-        ids = np.asarray(ids, dtype=np.int64)
-        states = self.table.state[ids]
-        if (states != _AWAY).any():
-            first = int(np.argmax(states != _AWAY))
-            raise ValueError(f"submit: request {int(ids[first])} is "
-                             f"{RequestState(states[first]).name} here; only a request this "
-                             "scheduler does not hold can be submitted")
-        self.table.state[ids] = _PENDING
-        self.table.holder[ids] = self.table.replica
-        self._num_done -= int(ids.size)
-        if ids.size:
-            self._next_arrival = min(self._next_arrival, int(ids.min()))
-            self._arrival_horizon = max(self._arrival_horizon, int(ids.max()) + 1)
+        if len(ids) == 1:  # a cluster's arrival: Python ints, no arrays
+            where = first = last = int(ids[0])
+            if table.state[first] != _AWAY:
+                self._refuse_submit(first)
+            count = 1
+        else:
+            where = np.asarray(ids, dtype=np.int64)
+            away = table.state[where] == _AWAY  # [n]
+            if not away.all():
+                self._refuse_submit(int(where[np.argmin(away)]))
+            if not where.size:
+                return
+            first, last, count = int(where.min()), int(where.max()), int(where.size)
+        table.state[where] = _PENDING
+        table.holder[where] = table.replica
+        self._num_done -= count
+        self._next_arrival = min(self._next_arrival, first)
+        self._arrival_horizon = max(self._arrival_horizon, last + 1)
+
+    def _refuse_submit(self, request: int) -> None:
+        """`submit`'s error for a request it may not take (held or done here)."""
+        raise ValueError(f"submit: request {request} is "
+                         f"{RequestState(self.table.state[request]).name} here; only a "
+                         "request this scheduler does not hold can be submitted")
 
     # ------------------------------------------------ requests ended from outside (cancel)
     def cancel(self, ids: Sequence[int], reason: str) -> int:
