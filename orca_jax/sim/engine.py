@@ -43,6 +43,9 @@ class SimEngine(Engine):
                  speculation: Optional[SpecConfig] = None) -> None:
         self.config = config if config is not None else CostModelConfig()
         self._warm_buckets: Optional[frozenset[Bucket]] = None
+        # The vocabulary as a 0-d array, for the steps' samples: read through two
+        # properties and converted from a Python int on every step otherwise.
+        self._vocab_0d = np.array(self.vocab_size, dtype=np.int64)
         # Verifies draft tokens (docs/speculative.md) when given: acceptances drawn, the
         # draft model priced. A pipeline of stages does not speculate (yet).
         if speculation is not None:
@@ -86,9 +89,6 @@ class SimEngine(Engine):
                 raise ValueError(f"SimEngine.warmup: bucket num_tokens={bucket.num_tokens} has no "
                                  f"fitted step time; fitted buckets: {sorted(table)}")
         self._warm_buckets = frozenset(buckets)
-        # The vocabulary as a 0-d array, for the steps' samples: read through two
-        # properties and converted from a Python int on every step otherwise.
-        self._vocab_0d = np.array(self.vocab_size, dtype=np.int64)
 
     def step(self, inputs: StepInputs) -> StepOutput:
         """Prices one step and samples `kv_lens[i] % vocab_size` for every sequence i.
@@ -122,8 +122,7 @@ class SimEngine(Engine):
         if packed.spec_tokens is not None:
             return self._speculative_output(packed, step_s)
         sampled = np.zeros(bucket.num_seqs, dtype=np.int32)  # [S] padding samples 0 % vocab
-        sampled[:kv_lens.size] = kv_lens % (self._vocab_0d if warm is not None
-                                            else self.vocab_size)
+        sampled[:kv_lens.size] = kv_lens % self._vocab_0d
         return StepOutput(sampled_tokens=sampled, step_s=step_s)
 
     def _speculative_output(self, packed: PackedStep, verify_s: float) -> StepOutput:
