@@ -147,7 +147,7 @@ def run_policy(spec: RunSpec, policy_spec: str, policy_options: Optional[Mapping
     bar = _RunProgress(label, len(workload)) if progress else None
     stream = None
     resolved = resolved_config(spec, policy_spec, policy, config, engine, label,
-                                bucket_fit=bucket_fit)
+                               bucket_fit=bucket_fit)
     if folder is not None:
         folder.begin(resolved)
         stream = StreamResults(folder, scheduler)
@@ -192,7 +192,7 @@ def run_policy(spec: RunSpec, policy_spec: str, policy_options: Optional[Mapping
             if table is not None:
                 folder.write_json("config.json", {**resolved, "profile_table": table})
             finish_run_folder(folder, result, summary, tables, write_steps=rewrite_steps,
-                    token_times=times, streamed_line_of=line_of)
+                              token_times=times, streamed_line_of=line_of)
     except BaseException as error:
         if folder is not None and not isinstance(error, ResultsWriteError):
             _fail(folder, error, None, lambda: result, result.num_steps, result.virtual_end_s)
@@ -214,9 +214,9 @@ def _observers(*observers: Optional[Callable[[Scheduler], None]]
 
 
 def finish_run_folder(folder: RunFolder, result: RunResult, summary: Mapping[str, Any],
-            tables: Mapping[str, Any], *, write_steps: bool = False,
-            token_times: Optional[TokenTimes] = None,
-            streamed_line_of: Optional[NDArray[np.int64]] = None) -> None:
+                      tables: Mapping[str, Any], *, write_steps: bool = False,
+                      token_times: Optional[TokenTimes] = None,
+                      streamed_line_of: Optional[NDArray[np.int64]] = None) -> None:
     """Writes the finished run's files into its folder and moves it into place (each
     request's row with its `token_times` and `qoe` when given).
 
@@ -275,7 +275,7 @@ def _run_cluster(spec: RunSpec, policy_spec: str, config: SchedulerConfig, clust
     label = label or first.policy.name
     if folder is not None:
         folder.begin(resolved_config(spec, policy_spec, first.policy, config, first.engine,
-                                      label, cluster.router, bucket_fit), stream=False)
+                                     label, cluster.router, bucket_fit), stream=False)
     bar = (Progress(f"run {label} on {spec.cluster.num_replicas} replicas", num_requests,
                     "requests") if progress else None)
     try:
@@ -348,15 +348,15 @@ def _run_disaggregated(spec: RunSpec, policy_spec: str,
     summary["policy"] = label
     if folder is not None:
         folder.begin({**resolved_config(spec, policy_spec, decode.policy, config,
-                                         decode.engine, label, bucket_fit=bucket_fit),
+                                        decode.engine, label, bucket_fit=bucket_fit),
                       "pools": pools}, stream=False)
         finish_run_folder(folder, result, summary, tables, write_steps=True, token_times=times)
     return summary, result
 
 
 def resolved_config(spec: RunSpec, policy_spec: str, policy: Policy, config: SchedulerConfig,
-                     engine: Engine, label: str, router: Optional[Router] = None,
-                     bucket_fit: Optional[BucketFit] = None) -> dict[str, Any]:
+                    engine: Engine, label: str, router: Optional[Router] = None,
+                    bucket_fit: Optional[BucketFit] = None) -> dict[str, Any]:
     """config.json: the run, the policy's (and a cluster's router's) knobs, the
     scheduler's limits, the policy's effective settings (`runner.settings`), the
     engine, and how a `fit:K` ladder was fitted."""
