@@ -8,8 +8,11 @@
   replicas differ by more than `gap`, the most loaded one's running request
   with the fewest computed tokens (the least to copy) that fits moves to the
   least loaded one, if nothing waits there (a received request holding pages
-  behind a queue could hold what its head needs); at most `max_migrations` a
-  call, each between its own pair.
+  behind a queue could hold what its head needs) and the move does not turn the
+  pair around (after it the target's virtual usage is at most the source's: else
+  the next call would move a request straight back, and on a small pool the same
+  request went back and forth at every call); at most `max_migrations` a call,
+  each between its own pair.
 * `priority_isolation`: Llumnix's priority isolation. A replica holding an
   urgent request (priority value at most `high_priority`) with less than
   `headroom` of its pool free sends its least urgent running request (the
@@ -82,9 +85,14 @@ class LoadBalance(Rebalancer):
             if not running.size:
                 continue
             computed = table.num_computed[running]
-            room = view.replicas[target].kv_room()
+            to, origin = view.replicas[target], view.replicas[source]
             need = np.array([view.pages_to_receive(int(i), target) for i in running])
-            fits = need <= room
+            # Each candidate's usage after the move: the source less the pages its leaving
+            # frees (a page it shares stays), the target plus the pages it receives.
+            freed = np.array([origin.pages_freed(np.array([i])) for i in running.tolist()])
+            source_after = usage[source] - freed / origin.num_kv_pages
+            target_after = usage[target] + need / to.num_kv_pages
+            fits = (need <= to.kv_room()) & (target_after <= source_after)
             if not fits.any():
                 continue
             candidates = running[fits]

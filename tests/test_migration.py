@@ -208,6 +208,18 @@ def test_load_balance_moves_from_the_most_to_the_least_loaded():
     assert (result.state == RequestState.FINISHED).all()
 
 
+def test_load_balance_never_turns_a_pair_around():
+    # A lone request on replica 0 holds up to 15 of 40 pages: usage over the gap (0.2)
+    # against an idle replica 1, but moving it would only swap the two, and the next call
+    # would move it back (it went back and forth at every call, 0.05 s apart).
+    cluster = _cluster(_one_long_request(), "load_balance",
+                       config=CONFIG.with_knobs(num_kv_pages=40))
+    result = cluster.run()
+    assert _pages(240) / 40 > 0.2  # the gap is crossed: only the turn-around rule holds it
+    assert cluster.migrator.log == []
+    assert (result.state == RequestState.FINISHED).all()
+
+
 def test_migration_needs_two_replicas():
     with pytest.raises(ValueError, match="migration needs 2 or more replicas"):
         _cluster(_one_long_request(), "load_balance", num_replicas=1)
