@@ -30,8 +30,9 @@ class ProgramAffinity(Router):
     A replica is *over the bound* when its outstanding requests exceed the least
     loaded replica's by more than `max_excess`. A call of a program whose previous
     call went to a replica not over the bound goes there; otherwise (the
-    program's first call, a request of no program, or a replica over the bound)
-    it goes to the least loaded replica (ties to the lowest index), and the
+    program's first call, a request of no program, a replica over the bound, or
+    one that takes no requests now: a planner stopped or is draining it) it goes
+    to the least loaded replica (ties to the lowest index), and the
     program's later calls follow it there.
 
     Attributes:
@@ -41,6 +42,7 @@ class ProgramAffinity(Router):
     """
 
     max_excess: int = 8
+    # each program's replica id (`ClusterView.replica_ids`), that of its latest call
     _home: dict[int, int] = dataclasses.field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -54,10 +56,13 @@ class ProgramAffinity(Router):
     def route(self, view: ClusterView, request: int) -> int:
         load = view.outstanding()  # [R]
         program = view.requests.spec(request).program_id
-        home = self._home.get(int(program)) if program is not None else None
-        if home is not None and home < load.size and not self.over_bound(load)[home]:
+        # A home is kept by replica id: under a planner a position may name another
+        # replica once one starts or stops (`ClusterView.replica_ids`).
+        home_id = self._home.get(int(program)) if program is not None else None
+        home = None if home_id is None else view.position_of(home_id)
+        if home is not None and not self.over_bound(load)[home]:
             return home
         choice = int(np.argmin(load))
         if program is not None:
-            self._home[int(program)] = choice
+            self._home[int(program)] = view.replica_ids[choice]
         return choice

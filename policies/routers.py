@@ -44,7 +44,7 @@ import abc
 import dataclasses
 import hashlib
 import math
-from typing import Optional
+from typing import Optional, Sequence, Union
 
 import numpy as np
 from numpy.typing import NDArray
@@ -177,26 +177,30 @@ class HashRing:
 
     A key belongs to the first point at or after its hash, clockwise. Adding a
     replica moves to it only the keys whose next point is now one of its own,
-    about `1 / (R + 1)` of them; the others keep their replica.
+    about `1 / (R + 1)` of them; the others keep their replica. A replica's points
+    are named by its id, so removing one moves only its own keys.
 
     Args:
-      num_replicas: replicas on the ring (>= 1).
+      replicas: the replicas' ids (`ClusterView.replica_ids`), or a count R for the
+        ids `0..R-1` (>= 1 replica).
       num_virtual_nodes: points per replica (>= 1); more points spread keys more evenly.
     """
 
-    def __init__(self, num_replicas: int, num_virtual_nodes: int) -> None:
-        if num_replicas < 1 or num_virtual_nodes < 1:
+    def __init__(self, replicas: Union[int, Sequence[int]], num_virtual_nodes: int) -> None:
+        ids = tuple(range(replicas)) if isinstance(replicas, int) else tuple(replicas)
+        if len(ids) < 1 or num_virtual_nodes < 1:
             raise ValueError(f"a hash ring needs >= 1 replica and >= 1 virtual node, got "
-                             f"{num_replicas} and {num_virtual_nodes}")
-        self.num_replicas = num_replicas
+                             f"{len(ids)} and {num_virtual_nodes}")
+        self.replica_ids = ids
+        self.num_replicas = len(ids)
         points = [(_hash64(f"replica-{r}-node-{v}".encode()), r)
-                  for r in range(num_replicas) for v in range(num_virtual_nodes)]
+                  for r in ids for v in range(num_virtual_nodes)]
         points.sort()
         self._points = np.array([p for p, _ in points], dtype=np.uint64)  # [P]
         self._owners = np.array([r for _, r in points], dtype=np.int64)  # [P]
 
     def replicas_from(self, key: bytes) -> NDArray[np.int64]:  # [R]
-        """Every replica once, in the order met walking clockwise from `key`'s hash."""
+        """Every replica's id once, in the order met walking clockwise from `key`'s hash."""
         start = int(np.searchsorted(self._points, np.uint64(_hash64(key))))
         owners = np.roll(self._owners, -start)  # [P] clockwise from the key
         _, first = np.unique(owners, return_index=True)
@@ -229,6 +233,9 @@ class PrefixHash(Router):
     epsilon: float = 0.25
     num_virtual_nodes: int = 160
     _ring: Optional[HashRing] = dataclasses.field(default=None, init=False, repr=False)
+    # [max id + 1] each ring replica's position in the view the ring was built for
+    _positions: NDArray[np.int64] = dataclasses.field(
+        default_factory=lambda: np.zeros(0, dtype=np.int64), init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.prefix_tokens is not None and self.prefix_tokens < 1:
@@ -247,10 +254,14 @@ class PrefixHash(Router):
         tokens = view.requests.spec(request).prompt_tokens
         if tokens is None or tokens.size == 0:
             return _least_loaded(load)
-        if self._ring is None or self._ring.num_replicas != view.num_replicas:
-            self._ring = HashRing(view.num_replicas, self.num_virtual_nodes)
+        # The ring's points are named by replica ids: under a planner the view's positions
+        # are renumbered as replicas start and stop, and the ids keep each key's replica.
+        if self._ring is None or self._ring.replica_ids != view.replica_ids:
+            self._ring = HashRing(view.replica_ids, self.num_virtual_nodes)
+            self._positions = np.empty(max(view.replica_ids) + 1, dtype=np.int64)
+            self._positions[list(view.replica_ids)] = np.arange(view.num_replicas)
         size = self.prefix_tokens or view.replicas[0].page_size
         key = np.asarray(tokens[:size], dtype=np.int64).tobytes()
-        order = self._ring.replicas_from(key)  # [R]
+        order = self._positions[self._ring.replicas_from(key)]  # [R] positions, clockwise
         under = load[order] < self.capacity(load)  # [R]
         return int(order[int(np.argmax(under))])

@@ -6,7 +6,8 @@ The cluster holds `max_replicas` schedulers from the start; each is in one state
 * starting: started by the planner at `t`, it is ready at `t + startup_s` (the
   weights' load; a `ReplicaReady` event). It holds a GPU, takes no request.
 * ready: the router sees it (the router's `ClusterView` holds the ready replicas
-  only, renumbered `0..k-1` in index order).
+  only, renumbered `0..k-1` in index order; `ClusterView.replica_ids` names each
+  by its pool index, which a router that remembers replicas keeps).
 * draining: removed by the planner: the router no longer sees it and it runs its
   requests to the end; with none left it is off (at its own clock then).
 
@@ -103,6 +104,10 @@ class ActiveReplicas:
     @property
     def replica_views(self) -> tuple[SchedulerView, ...]:
         return tuple(self.pool.replicas[i].view for i in self.index)
+
+    @property
+    def replica_ids(self) -> list[int]:
+        return self.index.tolist()
 
     @property
     def now_s(self) -> float:

@@ -138,6 +138,10 @@ class ReplicaPool:
     def replica_views(self) -> tuple[SchedulerView, ...]:
         return tuple(r.view for r in self.replicas)
 
+    @property
+    def replica_ids(self) -> range:
+        return range(len(self.replicas))
+
     def route(self, request: int, when: float, *, incoming: bool = False) -> int:
         """The replica the router picks for `request` at `when` (`incoming`: it will be
         imported later, and counts as outstanding there until then)."""

@@ -131,6 +131,11 @@ class Cluster(EventLoop):
         """Each replica's live `SchedulerView`."""
         return self._pool.replica_views
 
+    @property
+    def replica_ids(self) -> range:
+        """Each replica's index: all of them take requests (see `ClusterView.replica_ids`)."""
+        return self._pool.replica_ids
+
     def outstanding(self) -> NDArray[np.int64]:  # [R]
         """Requests routed to each replica and not yet done there."""
         return self._pool.outstanding()

@@ -38,6 +38,10 @@ class ClusterState(Protocol):
         """Each replica's live view."""
 
     @property
+    def replica_ids(self) -> Sequence[int]:
+        """Each view's replica, named by its index in the cluster's pool."""
+
+    @property
     def now_s(self) -> float:
         """The arrival time of the request being routed (a rebalancer's: when it is asked)."""
 
@@ -59,7 +63,14 @@ class ClusterView:
 
     Attributes:
       replicas: each replica's `SchedulerView` (its queues, KV pool and limits,
-        and its own progress on every request it was sent).
+        and its own progress on every request it was sent). A router answers with a
+        position in this tuple.
+      replica_ids: `[R]` each position's replica, named by its index in the cluster's
+        pool: `0..R-1` while every replica takes requests; under a planner, the ready
+        replicas only, renumbered `0..k-1` by position, so a position may name another
+        replica after a replica starts or stops, while its id stays. A router that
+        remembers replicas across calls (a program's home, a hash ring's owners) keeps
+        ids and finds their positions with `position_of`.
       requests: the pool's shared request table (a `RequestTableView`): the
         workload's facts (arrival, prompt and output length, priority, tenant) by
         request index, and each request's progress on the replica holding it
@@ -71,6 +82,7 @@ class ClusterView:
     def __init__(self, cluster: ClusterState) -> None:
         self._cluster = cluster
         self.replicas: tuple[SchedulerView, ...] = tuple(cluster.replica_views)
+        self.replica_ids: tuple[int, ...] = tuple(int(i) for i in cluster.replica_ids)
         self.requests = self.replicas[0].requests
         self.seed: int = self.replicas[0].seed
         self.ttft_slo_s: Optional[float] = self.replicas[0].ttft_slo_s
@@ -84,6 +96,14 @@ class ClusterView:
     def now_s(self) -> float:
         """The arrival time of the request being routed (a rebalancer's: when it is asked)."""
         return self._cluster.now_s
+
+    def position_of(self, replica_id: int) -> Optional[int]:
+        """The position in `replicas` of the replica named `replica_id` (`replica_ids`),
+        or None where it takes no requests now (stopped, starting or draining)."""
+        try:
+            return self.replica_ids.index(replica_id)
+        except ValueError:
+            return None
 
     def outstanding(self) -> NDArray[np.int64]:  # [R]
         """Requests routed to each replica and not yet done there."""
