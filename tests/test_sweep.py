@@ -12,7 +12,7 @@ from cli_runner import run_sweep
 from orca_jax.results.sweep_store import PointKey, SweepConfigError, SweepStore, aggregate, grid
 from orca_jax.runner import sweep
 from orca_jax.runner.build import build_workload
-from orca_jax.runner.spec import LimitsSpec, RunSpec, SimEngineSpec, WorkloadSpec
+from orca_jax.runner.spec import ClusterSpec, LimitsSpec, RunSpec, SimEngineSpec, WorkloadSpec
 
 # 2 policies x 2 rates x 2 seeds = 8 points of 12 requests at a fixed 5 ms step.
 ARGS = ["--engine=sim", "--policies=static,orca", "--rates=2,8", "--seeds=0,1", "--num_requests=12",
@@ -199,3 +199,18 @@ def test_a_conversation_sweep_builds_each_rate_keeping_its_think_times(tmp_path)
         np.testing.assert_allclose(arrivals, sorted(r.arrival_s for r in built))
         gaps = {round(b - a, 9) for a in arrivals for b in arrivals}
         assert 2.0 in gaps, (rate, arrivals)  # some conversation's next turn, 2 s on
+
+
+def test_a_cluster_point_builds_no_engine_beside_its_replicas(tmp_path, monkeypatch):
+    built = []
+    real = sweep.build_engine
+    monkeypatch.setattr(sweep, "build_engine", lambda *a, **k: built.append(1) or real(*a, **k))
+    base = RunSpec(workload=WorkloadSpec(num_requests=12, prompt_len="uniform:8:64",
+                                         output_len="uniform:1:24"),
+                   engine=SimEngineSpec(model="tiny", step_time_ms=5.0))
+    runs = [sweep.PolicyRun("vllm", "vllm")]
+    cluster = dataclasses.replace(base, cluster=ClusterSpec(num_replicas=2))
+    store, _ = sweep.run_sweep(cluster, runs, [4.0], [0], str(tmp_path / "cluster"))
+    assert built == [] and store.load()[0]["summary"]["num_finished"] == 12
+    sweep.run_sweep(base, runs, [4.0], [0], str(tmp_path / "one"))
+    assert built == [1]  # one replica: the seed's engine, built by the sweep

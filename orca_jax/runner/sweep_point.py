@@ -211,7 +211,8 @@ def run_point(key: PointKey, spec: RunSpec, run: PolicyRun,
       spec: the point's spec (`point_spec`).
       run: the policy.
       requests: builds (or hands over) the point's workload.
-      engine: builds (or hands over) the engine of the point's seed.
+      engine: builds (or hands over) the engine of the point's seed; not called for a
+        cluster, whose replicas build their own.
       run_dir: the point's run folder, or None.
       extra_metrics: more summary fields from the finished run.
       bucket_fit: how the spec's `fit:K` sizes were fitted, if the caller fitted them (a
@@ -220,9 +221,11 @@ def run_point(key: PointKey, spec: RunSpec, run: PolicyRun,
     """
     del key  # named for the caller's logs; the spec already holds rate and seed
     start = time.perf_counter()
+    cluster = spec.cluster.disaggregated or spec.cluster.colocated_cluster
     try:
         summary, result = run_policy(spec, run.spec, dict(run.options), out_dir=run_dir,
-                                     requests=requests(), engine=engine(), progress=False,
+                                     requests=requests(), engine=None if cluster else engine(),
+                                     progress=False,
                                      label=curve_label(run.label, run.variant),
                                      bucket_fit=bucket_fit)
         if extra_metrics:
