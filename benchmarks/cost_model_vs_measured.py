@@ -68,7 +68,7 @@ FASTER_TRANSFORMER = ((1, 128, 8, 489.0), (1, 512, 32, 1720.0), (16, 512, 32, 37
 OPT_175B_DECODE_MS = (66.0, 95.0)  # metaseq, one token at batch 1 on 8 A100s
 
 
-def _groups(profiles: list[LayerProfile], kind: str) -> list[tuple[LayerProfile, OpTimes]]:
+def kind_groups(profiles: list[LayerProfile], kind: str) -> list[tuple[LayerProfile, OpTimes]]:
     """Every (file, op-at-tp) whose operation is the roofline's `kind`, up to MAX_TOKENS."""
     groups = []
     for profile in profiles:
@@ -80,7 +80,9 @@ def _groups(profiles: list[LayerProfile], kind: str) -> list[tuple[LayerProfile,
     return groups
 
 
-def _with(hardware: HardwareSpec, kind: str, efficiency: KernelEfficiency) -> HardwareSpec:
+def with_kind_efficiency(hardware: HardwareSpec, kind: str,
+                         efficiency: KernelEfficiency) -> HardwareSpec:
+    """`hardware` with the efficiencies of one `kind` of kernel replaced."""
     kernels = dataclasses.replace(hardware.kernels, **{kind: efficiency})
     return dataclasses.replace(hardware, kernels=kernels)
 
@@ -97,12 +99,12 @@ def _efficiency(kind: str, params: NDArray[np.float64],
 def fit_kind(profiles: list[LayerProfile], kind: str) -> KernelEfficiency:
     """Fits one kind of kernel's efficiencies to every measured op of that kind
     (a GEMM keeps its preset's `tile`)."""
-    groups = _groups(profiles, kind)
+    groups = kind_groups(profiles, kind)
     hardware = groups[0][0].hardware
     tile = getattr(hardware.kernels, kind).tile
 
     def residuals(params: NDArray[np.float64]) -> NDArray[np.float64]:
-        trial = _with(hardware, kind, _efficiency(kind, params, tile))
+        trial = with_kind_efficiency(hardware, kind, _efficiency(kind, params, tile))
         return np.concatenate([
             np.log(kernel_profiles.predicted_seconds(p.model, trial, t.tp, t.op, t.num_tokens)
                    / t.seconds) for p, t in groups])
@@ -118,7 +120,7 @@ def fit_gpu(profiles: list[LayerProfile]) -> HardwareSpec:
     """The profiles' GPU preset with every measured kind of kernel refitted to them."""
     hardware = profiles[0].hardware
     for kind in sorted(set(kernel_profiles.MEASURED_OPS.values())):
-        hardware = _with(hardware, kind, fit_kind(profiles, kind))
+        hardware = with_kind_efficiency(hardware, kind, fit_kind(profiles, kind))
     return hardware
 
 

@@ -113,13 +113,14 @@ def patched(form: Form) -> Iterator[None]:
         PerOpRoofline.__init__, PerOpRoofline.launch_seconds = init, launch
 
 
-def _fit(profiles: list[LayerProfile], elementwise: HardwareSpec) -> tuple[HardwareSpec, float]:
+def fit_projections(profiles: list[LayerProfile], elementwise: HardwareSpec
+                    ) -> tuple[HardwareSpec, float]:
     """The projections refitted on `profiles` over `elementwise`'s other kinds, and the
     fit's summed soft-L1 cost (the loss `fit_kind` minimises, f_scale 0.05)."""
     hardware, cost = elementwise, 0.0
     for kind in PROJECTIONS:
-        hardware = measured._with(hardware, kind, measured.fit_kind(profiles, kind))
-        for profile, times in measured._groups(profiles, kind):
+        hardware = measured.with_kind_efficiency(hardware, kind, measured.fit_kind(profiles, kind))
+        for profile, times in measured.kind_groups(profiles, kind):
             r = np.log(kernel_profiles.predicted_seconds(profile.model, hardware, times.tp,
                                                          times.op, times.num_tokens)
                        / times.seconds) / 0.05
@@ -127,14 +128,16 @@ def _fit(profiles: list[LayerProfile], elementwise: HardwareSpec) -> tuple[Hardw
     return hardware, cost
 
 
-def _elementwise(profiles: list[LayerProfile]) -> HardwareSpec:
+def fit_elementwise(profiles: list[LayerProfile]) -> HardwareSpec:
+    """The first profile's hardware with its elementwise kinds fitted on `profiles`."""
     hardware = profiles[0].hardware
     for kind in ELEMENTWISE:
-        hardware = measured._with(hardware, kind, measured.fit_kind(profiles, kind))
+        hardware = measured.with_kind_efficiency(hardware, kind, measured.fit_kind(profiles, kind))
     return hardware
 
 
-def _label(form: Form) -> str:
+def form_label(form: Form) -> str:
+    """How the output names an occupancy form (None: the presets' own)."""
     if form is None:
         return "presets' form: whole waves of 64x64 tiles, 1 per SM"
     mode, small, large, switch = form
@@ -152,15 +155,15 @@ def main() -> None:
     by_gpu = {gpu: [p for p in profiles if p.hardware.name == gpu]
               for gpu in sorted({p.hardware.name for p in profiles})}
     a100 = by_gpu["a100-80gb"]
-    base = {tuple(p.name for p in ps): _elementwise(ps)
+    base = {tuple(p.name for p in ps): fit_elementwise(ps)
             for ps in [*by_gpu.values(), *([p] for p in a100)]}
     for form in FORMS:
         ok = True
-        print(f"== {_label(form)}")
+        print(f"== {form_label(form)}")
         with patched(form):
             for held in a100:
                 rest = [p for p in a100 if p is not held]
-                fitted, _ = _fit(rest, base[tuple(p.name for p in rest)])
+                fitted, _ = fit_projections(rest, base[tuple(p.name for p in rest)])
                 errors = measured.op_errors(held, fitted)
                 met = sum(e <= measured.OP_TARGET for e in errors.values())
                 biases = [measured.layer_bias(held, fitted, tp) for tp in TPS]
@@ -171,7 +174,7 @@ def main() -> None:
                           f"TP {tp}: {m:+.1%}{'*' if abs(m) > measured.BIAS_TARGET else ' '}"
                           f"(worst {w:+.0%} at {at})" for tp, (m, w, at) in zip(TPS, biases)))
             for ps in by_gpu.values():
-                fitted, cost = _fit(ps, base[tuple(p.name for p in ps)])
+                fitted, cost = fit_projections(ps, base[tuple(p.name for p in ps)])
                 for p in ps:
                     print(f"  in sample {p.name}: layer sum " + " / ".join(
                         f"{measured.layer_bias(p, fitted, tp)[0]:+.1%}" for tp in TPS))

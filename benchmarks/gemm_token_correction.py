@@ -236,7 +236,7 @@ def joint(variant: Variant, held: LayerProfile, rest: list[LayerProfile],
           elementwise: HardwareSpec, rounds: int = 2) -> list[Row]:
     """The projections refitted with the table applied, the table relearned, `rounds` times;
     the held-out rows priced by the last fit and table."""
-    hardware, _ = waves._fit(rest, elementwise)
+    hardware, _ = waves.fit_projections(rest, elementwise)
     num_sms = hardware.num_sms
     for _ in range(rounds):
         train = [r for p in rest for r in rows(p, hardware)]
@@ -250,7 +250,7 @@ def joint(variant: Variant, held: LayerProfile, rest: list[LayerProfile],
             return factors(variant, table, row, train, num_sms)
 
         with priced_with(correct):
-            hardware, _ = waves._fit(rest, elementwise)
+            hardware, _ = waves.fit_projections(rest, elementwise)
     train = [r for p in rest for r in rows(p, hardware)]
     return corrected(variant, rows(held, hardware), train, num_sms)
 
@@ -262,7 +262,7 @@ def main() -> None:
     args = parser.parse_args()
     a100 = [kernel_profiles.load_layer_profile(args.profiles / name)
             for name in kernel_profiles.LAYER_FILES if name.startswith("a100")]
-    elementwise = {p.name: waves._elementwise([q for q in a100 if q is not p]) for p in a100}
+    elementwise = {p.name: waves.fit_elementwise([q for q in a100 if q is not p]) for p in a100}
     print("Held out on the A100 (each model left out; the projections refitted and the table "
           "learned on the other): per model, (operation, TP) cells within 15%, the layer's "
           "summed kernels at 1-512 tokens as signed medians at TP 1/2/4/8 (* past +-3%), "
@@ -271,12 +271,12 @@ def main() -> None:
                 for s in STATISTICS]
     meeting = []
     for form in FORMS:
-        print(f"\n== analytic form: {waves._label(form)}")
+        print(f"\n== analytic form: {waves.form_label(form)}")
         with waves.patched(form):
             priced = {}
             for held in a100:
                 rest = [p for p in a100 if p is not held]
-                hardware, _ = waves._fit(rest, elementwise[held.name])
+                hardware, _ = waves.fit_projections(rest, elementwise[held.name])
                 priced[held.name] = (rows(held, hardware),
                                      [r for p in rest for r in rows(p, hardware)],
                                      hardware.num_sms)
@@ -294,7 +294,7 @@ def main() -> None:
                 ok, line = _line("no table" if variant is None else variant.label, results)
                 print(line)
                 if ok:
-                    meeting.append(f"{waves._label(form)}: {line.strip()}")
+                    meeting.append(f"{waves.form_label(form)}: {line.strip()}")
     print("\n== jointly: the presets' form refitted with the table applied, the table "
           "relearned (two rounds)")
     for variant in (Variant("tokens", "all", "median", measured.DECODE_MAX_TOKENS),
