@@ -27,6 +27,7 @@ reading, so whatever was still to come, a run's results included, was not done.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import os
 import sys
@@ -43,8 +44,7 @@ from orca_jax.core.plans.plan import PlanError
 from orca_jax.core.step.engine_api import EngineConfigError
 from orca_jax.results.folder_lock import FolderLockedError
 from orca_jax.results.run_folder import OutDirError, ResultsWriteError
-from orca_jax.results.sweep_store import SweepConfigError, SweepPointsError
-from orca_jax.runner.sweep_point import SweepError
+from orca_jax.results.sweep_errors import SweepConfigError, SweepError, SweepPointsError
 from orca_jax.workloads.traces import TraceError
 
 USAGE_ERRORS: tuple[type[BaseException], ...] = (
@@ -68,13 +68,19 @@ _FRAMEWORK_DIRS = tuple(
         os.path.realpath(os.path.dirname(__file__)),  # experiments/
         _package_dir("policies"),
     } if path)
-# Frames under these are the framework's or a library's; a frame anywhere else is a plugin's.
-_LIBRARY_DIRS = _FRAMEWORK_DIRS + tuple(
-    os.path.join(path, "") for path in {
-        os.path.realpath(os.path.dirname(absl.__file__)),
-        *(os.path.realpath(p) for key, p in sysconfig.get_paths().items()
-          if key in ("stdlib", "platstdlib", "purelib", "platlib")),
-    })
+
+
+@functools.lru_cache(maxsize=None)
+def _library_dirs() -> tuple[str, ...]:
+    """Frames under these are the framework's or a library's; a frame anywhere else is a
+    plugin's. Asked for when an error is reshaped, not at import: the installation's paths
+    load its build configuration (`sysconfig`), which a run without an error never needs."""
+    return _FRAMEWORK_DIRS + tuple(
+        os.path.join(path, "") for path in {
+            os.path.realpath(os.path.dirname(absl.__file__)),
+            *(os.path.realpath(p) for key, p in sysconfig.get_paths().items()
+              if key in ("stdlib", "platstdlib", "purelib", "platlib")),
+        })
 
 
 def _is_plugin_file(filename: str) -> bool:
@@ -82,7 +88,7 @@ def _is_plugin_file(filename: str) -> bool:
     the built-in policies, the standard library and installed packages."""
     if not os.path.isfile(filename):  # <string> (a dataclass's __init__), <frozen ...>
         return False
-    return not os.path.realpath(filename).startswith(_LIBRARY_DIRS)
+    return not os.path.realpath(filename).startswith(_library_dirs())
 
 
 def plugin_traceback(error: BaseException) -> Optional[str]:

@@ -80,30 +80,32 @@ import statistics
 import textwrap
 from typing import Any, Sequence
 
-from absl import app, flags
+from experiments.process_exit import imports_uncollected, without_final_collection
 
-from experiments import flags as run_flags
-from experiments import policy_flags, variant_flags
-from experiments.policy_flags import LabeledPolicy, resolve_policies
-from experiments.process_exit import without_final_collection
-from experiments.terminal_table import WIDTH, fit_table
-from orca_jax.core.json_files import to_json_value, write_json_atomic, write_text_atomic
-from orca_jax.results import comparison
-from orca_jax.results.folder_lock import run_lock
-from orca_jax.results.metrics import format_table
-from orca_jax.results.plots import add_caption, pyplot
-from orca_jax.results.run_folder import check_writable_dir
-from orca_jax.runner.bucket_pilot import token_sizes
-from orca_jax.runner.build import (
-    build_engine,
-    build_workload,
-    scheduler_config,
-    workload_line,
-)
-from orca_jax.runner.experiment import run_policy
-from orca_jax.runner.figure_caption import figure_caption
-from orca_jax.runner.settings import RESULT_SETTINGS, SETTINGS
-from orca_jax.runner.spec import JaxEngineSpec, RunSpec
+with imports_uncollected(freeze=__name__ == "__main__"):
+    from absl import app, flags
+
+    from experiments import flags as run_flags
+    from experiments import policy_flags, variant_flags
+    from experiments.policy_flags import LabeledPolicy, resolve_policies
+    from experiments.terminal_table import WIDTH, fit_table
+    from orca_jax.core.json_files import to_json_value, write_json_atomic, write_text_atomic
+    from orca_jax.results import comparison
+    from orca_jax.results.folder_lock import run_lock
+    from orca_jax.results.metrics import format_table
+    from orca_jax.results.plots import add_caption, pyplot
+    from orca_jax.results.run_folder import check_writable_dir
+    from orca_jax.runner.bucket_pilot import token_sizes
+    from orca_jax.runner.build import (
+        build_engine,
+        build_workload,
+        scheduler_config,
+        workload_line,
+    )
+    from orca_jax.runner.experiment import run_policy
+    from orca_jax.runner.figure_caption import figure_caption
+    from orca_jax.runner.settings import RESULT_SETTINGS, SETTINGS
+    from orca_jax.runner.spec import JaxEngineSpec, RunSpec
 
 flags.adopt_module_key_flags(run_flags)
 flags.adopt_module_key_flags(policy_flags)

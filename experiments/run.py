@@ -9,23 +9,34 @@ from __future__ import annotations
 
 import contextlib
 
-from absl import flags
+from experiments.process_exit import imports_uncollected, without_final_collection
 
-import policies
-from experiments import flags as run_flags
-from experiments.list_flags import registered_names
-from experiments.process_exit import without_final_collection
-from experiments.terminal_table import fit_table
-from orca_jax.cluster.planning import resolve_planner_class
-from orca_jax.cluster.rebalancing import resolve_rebalancer_class
-from orca_jax.cluster.routing import resolve_route_stage_class, resolve_router_class
-from orca_jax.core.api import plugins
-from orca_jax.core.api.policy import PolicyLoadError, prefix_caching_line, resolve_policy_class
-from orca_jax.results.folder_lock import run_lock
-from orca_jax.results.run_folder import check_out_dir
-from orca_jax.runner.bucket_pilot import token_sizes, with_fitted_buckets
-from orca_jax.runner.build import build_workload, check_policies, scheduler_config, workload_line
-from orca_jax.runner.experiment import run_policy
+with imports_uncollected(freeze=__name__ == "__main__"):
+    from absl import flags
+
+    import policies
+    from experiments import flags as run_flags
+    from experiments.list_flags import registered_names
+    from experiments.terminal_table import fit_table
+    from orca_jax.cluster.planning import resolve_planner_class
+    from orca_jax.cluster.rebalancing import resolve_rebalancer_class
+    from orca_jax.cluster.routing import resolve_route_stage_class, resolve_router_class
+    from orca_jax.core.api import plugins
+    from orca_jax.core.api.policy import (
+        PolicyLoadError,
+        prefix_caching_line,
+        resolve_policy_class,
+    )
+    from orca_jax.results.folder_lock import run_lock
+    from orca_jax.results.run_folder import check_out_dir
+    from orca_jax.runner.bucket_pilot import token_sizes, with_fitted_buckets
+    from orca_jax.runner.build import (
+        build_workload,
+        check_policies,
+        scheduler_config,
+        workload_line,
+    )
+    from orca_jax.runner.experiment import run_policy
 
 flags.adopt_module_key_flags(run_flags)
 flags.DEFINE_string("policy", "orca", "Policy: a registered name, package.module:Class, or "

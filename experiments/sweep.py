@@ -37,18 +37,20 @@ import os
 import sys
 from typing import Sequence
 
-from absl import app, flags
+from experiments.process_exit import imports_uncollected, without_final_collection
 
-from experiments import executor_flags, policy_flags, variant_flags
-from experiments import flags as run_flags
-from experiments.policy_flags import resolve_policies
-from experiments.process_exit import without_final_collection
-from orca_jax.core.json_files import write_text_atomic
-from orca_jax.results.metrics import format_table
-from orca_jax.results.plots import METRIC_LABELS, plot_sweep
-from orca_jax.results.sweep_store import aggregate, point_key
-from orca_jax.runner.figure_caption import figure_caption
-from orca_jax.runner.sweep import PolicyRun, run_sweep
+with imports_uncollected(freeze=__name__ == "__main__"):
+    from absl import app, flags
+
+    from experiments import executor_flags, policy_flags, variant_flags
+    from experiments import flags as run_flags
+    from experiments.policy_flags import resolve_policies
+    from orca_jax.core.json_files import write_text_atomic
+    from orca_jax.results.metrics import format_table
+    from orca_jax.results.plots import METRIC_LABELS, plot_sweep
+    from orca_jax.results.sweep_store import aggregate, point_key
+    from orca_jax.runner.figure_caption import figure_caption
+    from orca_jax.runner.sweep import PolicyRun, run_sweep
 
 METRICS = {"normalized_latency": "normalized_latency_mean_s", "ttft_p99": "ttft_p99_s",
            "tpot_p99": "tpot_p99_s", "goodput": "goodput_req_s",

@@ -46,7 +46,7 @@ _STATUS = {_FINISHED: '"finished"', _REJECTED: '"rejected"'}  # else "unfinished
 _float_repr = float.__repr__  # json.dumps' text of a finite float
 
 
-_STEP_KINDS = tuple(typing.get_type_hints(StepLog)[name] for name in StepLog._fields)
+_STEP_KINDS = tuple(map(typing.get_type_hints(StepLog).__getitem__, StepLog._fields))  # once
 _FLOAT_FIELDS = operator.itemgetter(*[k for k, kind in enumerate(_STEP_KINDS) if kind is float])
 _UNCACHED_FIELDS = operator.itemgetter(  # the fields of a run without prefix caching
     *[k for k, name in enumerate(StepLog._fields) if name != "num_cached_tokens"])

@@ -49,19 +49,12 @@ import numpy as np
 
 from orca_jax.core.json_files import to_json_value, write_json_atomic
 from orca_jax.results.folder_lock import FolderLock, FolderLockedError
+from orca_jax.results.sweep_errors import SweepConfigError, SweepPointsError
 
 POINTS_FILE = "points.jsonl"
 CONFIG_FILE = "sweep.json"
 CONFIG_VERSION = 1
 LOCK_FILE = "sweep.lock"
-
-
-class SweepConfigError(ValueError):
-    """The sweep folder holds results of a different configuration."""
-
-
-class SweepPointsError(ValueError):
-    """A line of `points.jsonl` that is not a sweep point (and not a write cut short)."""
 
 
 class SweepLockedError(SweepConfigError, FolderLockedError):

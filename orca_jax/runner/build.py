@@ -13,6 +13,7 @@ import hashlib
 import itertools
 import json
 import os
+import sys
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
@@ -20,7 +21,6 @@ from numpy.typing import NDArray
 
 from orca_jax.cluster.planning import make_planner
 from orca_jax.cluster.routing import Router, make_router, resolve_router_class
-from orca_jax.cluster.transfers import KVTransferCost, kv_transfer_cost
 from orca_jax.core.api.plugins import PolicyLoadError, parse_options, resolve_cache_policy
 from orca_jax.core.api.policy import Policy, make_policy, prefix_caching_active
 from orca_jax.core.kv import KVConfig
@@ -42,13 +42,10 @@ from orca_jax.runner.spec import (
 from orca_jax.sim import cost_model
 from orca_jax.sim.engine import SimEngine
 from orca_jax.sim.pipeline_stages import stage_layers
-from orca_jax.sim.profiled_clock import ProfiledClock, table_digest
 from orca_jax.sim.speculation import DEFAULT_SPEC_ACCEPTANCE, SpecConfig
 from orca_jax.specs.hardware import get_hardware, get_kv_link
 from orca_jax.specs.memory import num_kv_pages_for_memory
 from orca_jax.specs.model_config import ModelConfig, get_model_config
-from orca_jax.workloads.prefix_workloads import conversation_workload, shared_prefix_workload
-from orca_jax.workloads.program_traces import load_program_trace
 from orca_jax.workloads.programs import ProgramShape, program_workload
 from orca_jax.workloads.synthetic import (
     parse_length_spec,
@@ -60,6 +57,7 @@ from orca_jax.workloads.traces import load_trace, repeat_trace
 if TYPE_CHECKING:  # the cluster's loop is imported by the runs that build a cluster only
     from orca_jax.cluster.elastic import ScalingSpec
     from orca_jax.cluster.replicas import Cluster
+    from orca_jax.cluster.transfers import KVTransferCost  # its handoffs' and migrations'
 
 
 def model_config(spec: RunSpec) -> ModelConfig:
@@ -103,11 +101,14 @@ def build_workload(spec: RunSpec) -> list[Request]:
                 fanout=workload.program_fanout),
             vocab_size=vocab, context=max_model_len(spec),
             program_count=workload.program_count)
+    # The workloads of other kinds are imported by the runs that build them only.
     if workload.arrival == "program_trace":
+        from orca_jax.workloads.program_traces import load_program_trace
         return load_program_trace(workload.trace, max_requests=workload.num_requests,
                                   vocab_size=vocab, seed=spec.seed,
                                   time_scale=workload.trace_time_scale)
     if workload.arrival == "shared_prefix":
+        from orca_jax.workloads.prefix_workloads import shared_prefix_workload
         return shared_prefix_workload(
             num_requests=workload.num_requests, rate=workload.rate,
             num_prefixes=workload.num_prefixes, prefix_len=workload.prefix_len,
@@ -115,6 +116,7 @@ def build_workload(spec: RunSpec) -> list[Request]:
             output_len=workload.output_len, seed=spec.seed, vocab_size=vocab,
             context=max_model_len(spec))
     if workload.arrival == "conversation":
+        from orca_jax.workloads.prefix_workloads import conversation_workload
         return conversation_workload(
             num_requests=workload.num_requests, rate=workload.rate,
             num_turns=workload.num_turns, think_time_ms=workload.think_time_ms,
@@ -306,6 +308,7 @@ def _jax_engine(spec: RunSpec, engine: JaxEngineSpec, config: SchedulerConfig,
 
     from orca_jax.model import sharding, weights
     from orca_jax.model.engine import JaxEngine
+    from orca_jax.sim.profiled_clock import ProfiledClock  # a jax run's only: see below
 
     model = model_config(spec)
     dtype = jnp.dtype(engine.dtype)
@@ -398,6 +401,8 @@ def _speculative_engine(spec: RunSpec, engine: JaxEngineSpec, target: Engine,
 def transfer_cost(spec: RunSpec) -> KVTransferCost:
     """The price of moving a request's KV: the model's KV on one TP shard, over the link
     (a disaggregated run's handoffs, a colocated run's migrations)."""
+    from orca_jax.cluster.transfers import kv_transfer_cost  # a cluster's only
+
     engine = spec.engine
     dtype_bytes = 4 if isinstance(engine, JaxEngineSpec) and engine.dtype == "float32" else 2
     return kv_transfer_cost(model_config(spec),
@@ -482,7 +487,11 @@ def profile_table_record(engine: Engine, out_dir: str, *, write_dir: Optional[st
       `{"path", "sha256", "loaded"}`: the file, the hash of its bytes, and whether
       the run read it (True) or measured it (False).
     """
-    if not isinstance(engine, ProfiledClock) or not engine.fit:
+    # Only a jax run imports the profiled clock (`_jax_engine`, with its step profiler and
+    # statistics, ~10 ms a process): an engine of a run that did not import it is none.
+    profiled_clock = sys.modules.get("orca_jax.sim.profiled_clock")
+    if profiled_clock is None or not isinstance(engine, profiled_clock.ProfiledClock) \
+            or not engine.fit:
         return None
     path = engine.table_file
     if path is None:
@@ -491,7 +500,7 @@ def profile_table_record(engine: Engine, out_dir: str, *, write_dir: Optional[st
         digest = engine.save_table(os.path.join(directory, PROFILE_TABLE_FILE))
         path = os.path.join(out_dir, PROFILE_TABLE_FILE)
     else:
-        digest = table_digest(path)
+        digest = profiled_clock.table_digest(path)
     return {"path": os.path.abspath(path), "sha256": digest, "loaded": engine.table_loaded}
 
 

@@ -15,16 +15,13 @@ from typing import Callable, Mapping, Optional, Sequence
 from orca_jax.core.requests.request import Request
 from orca_jax.core.requests.run_result import RunResult
 from orca_jax.core.step.engine_api import Engine
+from orca_jax.results.sweep_errors import SweepError
 from orca_jax.results.sweep_store import PointKey, curve_label
 from orca_jax.runner.bucket_pilot import BucketFit, needs_fit, with_fitted_buckets
 from orca_jax.runner.build import build_workload
 from orca_jax.runner.experiment import run_policy
 from orca_jax.runner.spec import RunSpec
 from orca_jax.workloads.programs import rescale_starts
-
-
-class SweepError(ValueError):
-    """A sweep that cannot run as asked (names the policies or the trace at fault)."""
 
 
 @dataclasses.dataclass(frozen=True)
