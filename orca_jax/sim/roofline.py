@@ -32,7 +32,7 @@ _PREFILL = OPERATIONS.index("attention_prefill")
 _DECODE = OPERATIONS.index("attention_decode")
 _LM_HEAD = OPERATIONS.index("lm_head")
 # The ufuncs' reductions called directly: `ndarray.sum` and `.max` add a Python layer.
-_sum, _max = np.add.reduce, np.maximum.reduce
+_sum = np.add.reduce
 _ONE = np.array(1, dtype=np.int64)  # a 0-d operand: numpy converts a Python int each call
 # `_step_work` adds the prefills of a step in Python ints up to this many (a numpy call on
 # a few elements costs more than a short loop), in whole-array sums beyond.
@@ -384,13 +384,15 @@ def _step_work(q_lens: NDArray[np.int64], kv_lens: NDArray[np.int64]
     q = np.asarray(q_lens, np.int64)
     k = np.asarray(kv_lens, np.int64)
     num_seqs = len(q)
-    num_tokens = int(_sum(q))
-    if num_tokens == num_seqs and (num_seqs == 0 or int(_max(q)) == 1):  # decode only
-        return num_tokens, num_seqs, float(_sum(k)), 0.0, 0.0
+    # The sequences of other than one new token, first: none is a decode-only step (then
+    # the tokens are the sequences), and the token count is the decodes' plus theirs, so
+    # no sum and no max over the whole batch is asked (two reductions a step).
+    others = (q != _ONE).nonzero()[0]  # [o] prefills (and any q < 1, in neither sum)
+    if others.size == 0:  # decode only
+        return num_seqs, num_seqs, float(_sum(k)), 0.0, 0.0
     # A chunk of q tokens on k - q cached ones: query j sees k - q + j + 1 keys, q(2k-q+1)/2
     # in all, an integer: summed in integers, exactly, on any CPU (np.dot would call BLAS).
     # The decode KV is the whole KV less that of the other sequences (integers: exact).
-    others = (q != _ONE).nonzero()[0]  # [o] prefills (and any q < 1, in neither sum)
     if others.size > _FEW_PREFILLS:  # a batch of prompts: whole-array sums
         q_other, k_other = q[others], k[others]
         prefill = q_other > 1
@@ -398,13 +400,16 @@ def _step_work(q_lens: NDArray[np.int64], kv_lens: NDArray[np.int64]
         kv_prefill = int(_sum(k_prefill))
         pairs = int(_sum(q_prefill * (2 * k_prefill - q_prefill + 1))) // 2
         kv_other = int(_sum(k_other))
+        q_sum = int(_sum(q_other))
     else:  # most mixed steps: a few prefills beside the decodes, in Python ints
-        kv_prefill = pairs = kv_other = 0
+        kv_prefill = pairs = kv_other = q_sum = 0
         for chunk, kv in zip(q[others].tolist(), k[others].tolist()):
             kv_other += kv
+            q_sum += chunk
             if chunk > 1:
                 kv_prefill += kv
                 pairs += chunk * (2 * kv - chunk + 1)
         pairs //= 2
+    num_tokens = num_seqs - int(others.size) + q_sum  # the decodes' one each, and theirs
     kv_decode = int(_sum(k)) - kv_other
     return num_tokens, num_seqs, float(kv_decode), float(kv_prefill), float(pairs)

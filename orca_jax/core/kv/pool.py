@@ -214,9 +214,11 @@ class PageTable:
             self.page_table = np.concatenate(
                 [self.page_table, np.zeros((grow, self.max_pages_per_seq), np.int32)])
             self._free_rows.extend(range(old + grow - 1, old - 1, -1))
-        pop = self._free_rows.pop
-        # In `ids` order, as one by one; one array, so neither write converts a list.
-        given = np.array([pop() for _ in range(rowless.size)], dtype=np.int64)
+        # In `ids` order, each the free list's last as one by one `pop()`s take them (its
+        # tail reversed, cut off in one go); one array, so neither write converts a list.
+        free_rows, count = self._free_rows, int(rowless.size)
+        given = np.array(free_rows[:-count - 1:-1], dtype=np.int64)
+        del free_rows[-count:]
         self.row_of[rowless] = given
         rows[rowless_at] = given
         return rows

@@ -164,8 +164,9 @@ class Executor:
             output = self._run_packed(step.packed)
             step_s = output.step_s
             host_s = step.host_s + step.packed.build_s  # the descriptor, if the engine read it
-            tokens: Optional[NDArray[np.int32]] = (
-                output.sampled_tokens[:step.request_ids.size][step.samples])
+            tokens: Optional[NDArray[np.int32]] = output.sampled_tokens[:step.request_ids.size]
+            if step.sampled is not step.request_ids:  # some did not sample (a prompt's chunk)
+                tokens = tokens[step.samples]
             if step.spec_tokens is not None:
                 result_spec = _speculation(step, output)
         else:

@@ -273,8 +273,15 @@ class SchedulerLoop:
                            min_bucket_tokens=plan.min_bucket_tokens,
                            num_real_tokens=num_real_tokens, spec_tokens=spec,
                            kv_lens=kv_lens)
+        # Where every request samples (decodes, and prompts computed whole: most steps),
+        # the sampled requests are the step's own array, not a copy of it; the executor
+        # and the update then take the step's rows as they are (`sampled is request_ids`).
+        # Not where the record keeps each step's sampled array (`logs_tokens`): it keeps a
+        # copy, never the plan's array, which its policy may write again.
+        sampled = (ids if count_nonzero(samples) == ids.size and not self.record.logs_tokens
+                   else ids[samples])
         # Positional (the fields' order): keywords would cost a microsecond an iteration.
-        return ScheduledStep(self.num_steps, ids, tokens, kv_lens, samples, ids[samples], packed,
+        return ScheduledStep(self.num_steps, ids, tokens, kv_lens, samples, sampled, packed,
                              num_real_tokens, num_cached_tokens, progressed,
                              time.perf_counter() - host_start, kv_move_s, spec,
                              plan.min_bucket_tokens)
