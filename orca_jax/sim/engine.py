@@ -204,9 +204,10 @@ class SimEngine(Engine):
         if self._warm_buckets is not None:
             self._check_warm(bucket, self._warm_buckets)
         kv_lens = np.asarray(kv_lens, np.int64)
-        lens = kv_lens[None, :] + np.arange(num_steps, dtype=np.int64)[:, None]  # [k, n]
-        tokens = (lens % self.vocab_size).astype(np.int32)
-        return decode_span_seconds(self.config, bucket, kv_lens, num_steps), tokens
+        lens = np.add.outer(np.arange(num_steps, dtype=np.int64), kv_lens)  # [k, n]
+        tokens = np.remainder(lens, self.config.model_config.vocab_size, out=lens)
+        return decode_span_seconds(self.config, bucket, kv_lens, num_steps), tokens.astype(
+            np.int32)
 
 
 def _check_inputs(inputs: StepInputs) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
