@@ -257,7 +257,7 @@ class Leaper:
             else:
                 self.num_leaps_after_prefills += 1
         self._apply(bucket, ids, computed, left, pages, step_s, tokens, starts, ends,
-                    host_start)
+                    host_start, after == 2)
         return True
 
     def _without_finished(self, ids: NDArray[np.int64],  # [n]
@@ -295,6 +295,13 @@ class Leaper:
         low = int(_min(room))
         if low >= limit:  # most requests of most short leaps: no page boundary crossed
             return limit, None
+        if low >= 0 and limit == 1 and s.kv_memory.hits is None:
+            # A leap of one step (half of them on issue 34's trace at 15 req/s): those
+            # with no room left take a page each, in ids order.
+            grants = ids[room < 1]  # [g]
+            if grants.size > pool.num_free:
+                return 0, None
+            return 1, ([0, int(grants.size)], grants)
         if low >= 0 and limit <= pool.page_size and s.kv_memory.hits is None:
             # A short leap: each request takes at most one page, in step room + 1 (j >
             # room, and j <= room + page_size where one more page holds it).
@@ -387,10 +394,11 @@ class Leaper:
                left: NDArray[np.int64],
                pages: Optional[tuple[list[int], NDArray[np.int64]]],
                step_s: list[float], tokens: NDArray[np.int32], starts: list[float],
-               ends: list[float], host_start: float) -> None:
+               ends: list[float], host_start: float, after_prefills: bool) -> None:
         """What `schedule()` and `update()` of each of the `k` steps would have done
         (`left`: `[n]` the tokens each request had still to sample; `tokens`: `[c >= k,
-        n]`, the steps' first; `pages`: `_page_limit`'s)."""
+        n]`, the steps' first; `pages`: `_page_limit`'s; `after_prefills`: `ids` are
+        `running` after a step with prefills, not the requests of the step repeated)."""
         s = self.scheduler
         table, record = s.table, s.record
         k, n = len(step_s), int(ids.size)
@@ -404,7 +412,8 @@ class Leaper:
             else:  # [k, n] pages each step takes
                 s.kv.allocate_steps(ids, grants)
         end = ends[-1]
-        table.num_computed[ids] = computed + k
+        computed = computed + k
+        table.num_computed[ids] = computed
         table.num_generated[ids] += k  # ids are distinct
         table.last_token[ids] = tokens[k - 1]
         hits = s.kv_memory.hits
@@ -412,16 +421,17 @@ class Leaper:
             hits.record_span(ids, tokens[:k])
             hits.commit(ids)  # only the last step may fill a page (`_page_limit`)
         table.last_token_s[ids] = end
-        no_token = np.isnan(table.first_token_s[ids])  # [n]
-        if np.count_nonzero(no_token):  # most leaps: every request sampled before
-            table.first_token_s[ids[no_token]] = ends[0]
+        if after_prefills:  # else each sampled in the step it repeats: has its first token
+            no_token = np.isnan(table.first_token_s[ids])  # [n]
+            if np.count_nonzero(no_token):
+                table.first_token_s[ids[no_token]] = ends[0]
         record.log_token_span(ids, ends)
         held_before = (np.concatenate([s.running, s.unreleased])
                        if s.features.log_step_requests else None)
         finished = ids[left == k]
         if finished.size:
             s._finish(finished, end)
-        s.watchdog.computed(ids, computed + k)
+        s.watchdog.computed(ids, computed)
         # Each step's row, of Python numbers as `update()` makes them (a leap's few steps:
         # cheaper than a structured array's field writes and its `tolist`).
         free_pages = ([free_before] * k if taken is None
