@@ -156,6 +156,7 @@ class Leaper:
         self.num_let_go = 0  # chances after finishes or prefills let go without asking
         self._backoff = 0  # chances after finishes or prefills let go after the last refusal
         self._skip = 0  # those still to let go
+        self._pace = 0.0  # the seconds of the last step priced (0.0: none yet)
         # When the next event other than the scheduler's own steps and arrivals is (None
         # from it: none is left); a leap ends before it. A lone scheduler has none; a
         # cluster's replica gets its loop's (`Scheduler.set_leap_horizon`).
@@ -354,9 +355,15 @@ class Leaper:
         ends: list[float] = []
         token_parts: list[NDArray[np.int32]] = []
         clock, done, chunk = now, 0, _FIRST_CHUNK
-        # About the steps before the arrival, at the last step's pace (a step with
-        # prefills is slower than the decodes after it: the next chunk, at theirs).
-        pace = self.scheduler.record.steps[-1].step_s if upcoming is not None else 0.0
+        # About the steps before the arrival, at the pace of the last step or of the last
+        # step leaped, the faster (the step before a leap after prefills held them: it was
+        # slower than the decodes after it, and a second span priced costs more than the
+        # few steps priced past the arrival).
+        pace = 0.0
+        if upcoming is not None:
+            pace = self.scheduler.record.steps[-1].step_s
+            if 0.0 < self._pace < pace:
+                pace = self._pace
         while done < limit:
             if upcoming is None or pace <= 0.0:
                 count = limit - done if upcoming is None else min(limit - done, chunk)
@@ -387,6 +394,7 @@ class Leaper:
             chunk *= 2
         if done == 0:
             return None
+        self._pace = seconds_j
         tokens = token_parts[0] if len(token_parts) == 1 else np.concatenate(token_parts)
         return step_s, tokens, starts, ends
 
