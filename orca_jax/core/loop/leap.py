@@ -185,24 +185,29 @@ class Leaper:
         template = self._template
         if template is None or self._off:
             return False
-        if self.scheduler.engine.needs_token_ids:  # token values by the host: step by step
-            self._off = True
-            return False
-        host_start = time.perf_counter()
         s = self.scheduler
         if s.busy.size or s.in_transfer.size:
             return False
         # An arrival (or another event) due now: the next step is planned. Asked first: a
-        # leap that ended at an arrival is followed by this call every time.
+        # leap that ended at an arrival is followed by this call every time, and a
+        # saturated replica has one due at most steps (this is then all a step pays).
         now = s.now_s
         upcoming = s.next_arrival_s()
-        if self.horizon is None:  # a cluster's replica whose loop set no horizon
-            return False
-        horizon = self.horizon()  # a cluster's replica: only up to its loop's next event
-        if horizon is not None:
-            upcoming = horizon if upcoming is None else min(upcoming, horizon)
         if upcoming is not None and upcoming <= now:
             return False
+        horizon_of = self.horizon
+        if horizon_of is None:  # a cluster's replica whose loop set no horizon
+            return False
+        if horizon_of is not _no_other_events:  # a cluster's replica: up to its loop's next
+            horizon = horizon_of()
+            if horizon is not None:
+                if horizon <= now:
+                    return False
+                upcoming = horizon if upcoming is None else min(upcoming, horizon)
+        if s.engine.needs_token_ids:  # token values by the host: step by step
+            self._off = True
+            return False
+        host_start = time.perf_counter()
         ids, bucket, min_bucket, prefills = template
         if prefills and self._skip:  # a chance after prefills, to let go: nothing to read
             self._skip -= 1
