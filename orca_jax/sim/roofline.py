@@ -38,8 +38,10 @@ _ONE = np.array(1, dtype=np.int64)  # a 0-d operand: numpy converts a Python int
 # a few elements costs more than a short loop), in whole-array sums beyond.
 _FEW_PREFILLS = 16
 # Spans of at most this many decode steps are priced in Python floats, longer ones in
-# numpy arrays (`PerOpRoofline.decode_span_seconds`): about where their costs cross.
-SHORT_SPAN = 24
+# numpy arrays (`PerOpRoofline.decode_span_seconds`): about where their costs cross (on
+# 200 sequences, 16 steps 16 against 46 us, 48 steps 44 against 64, 64 steps 52 against
+# 45, on a loaded 2-core machine).
+SHORT_SPAN = 48
 # The rotary kernel measured (vLLM's `rotary_embedding_kernel`, what Vidur profiled)
 # runs one thread block per token of min(query pairs, 512) threads, each thread
 # rotating one (x, y) pair of a head per iteration: first the queries', then the

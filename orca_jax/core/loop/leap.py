@@ -233,7 +233,8 @@ class Leaper:
                 return False
             bucket = s.bucket_config.select(max(int(ids.size), min_bucket))
         computed = table.num_computed[ids]  # [n]
-        if not s.watchdog.would_gain(ids, computed + 1):
+        kv_lens = computed + 1  # [n] each one's context in the first step
+        if not s.watchdog.would_gain(ids, kv_lens):
             return False
         promised = s.policy.stable_steps(s.view)
         if promised is None or promised < 1:
@@ -246,7 +247,7 @@ class Leaper:
         limit = min(int(promised), MAX_LEAP_STEPS, int(_min(left)))
         # Priced first: the steps before the next arrival are a few where the finishes
         # allow a hundred, and the pages are counted over those alone.
-        priced = self._price(bucket, computed + 1, limit, now, upcoming)
+        priced = self._price(bucket, kv_lens, limit, now, upcoming)
         if priced is None:
             return False
         step_s, tokens, starts, ends = priced
