@@ -35,6 +35,7 @@ from orca_jax.sim.cost_model import (
     bucket_step_seconds,
     decode_span_seconds,
 )
+from orca_jax.sim.roofline import SHORT_SPAN
 from policies._common import STEADY
 from policies.vllm import VLLM
 
@@ -361,7 +362,8 @@ def test_a_span_is_priced_as_its_steps_one_by_one(name):
     for _ in range(20):
         n = int(rng.integers(1, 257))
         kv_lens = rng.integers(1, 6000, n)  # short ones too: L2-sized attention reads
-        steps = int(rng.integers(1, 200))
+        # Both ways a span is priced: in Python floats up to SHORT_SPAN steps, in arrays past.
+        steps = int(rng.integers(1, 200 if _ % 2 else SHORT_SPAN + 1))
         span = decode_span_seconds(config, bucket, kv_lens, steps)
         ones = np.ones(n, np.int64)
         one_by_one = [bucket_step_seconds(config, bucket, lambda j=j: (ones, kv_lens + j))
@@ -404,6 +406,25 @@ def test_pages_of_a_span_are_the_pages_of_its_steps(num_steps):
     np.testing.assert_array_equal(pools[0].num_held, pools[1].num_held)
     assert pools[0].num_free == pools[1].num_free
     assert math.isclose(pools[0].num_free, 64 - int(pools[0].num_held.sum()))
+
+
+def test_one_page_each_in_step_order_are_the_pages_of_a_short_span():
+    pools = [PagedPool(num_kv_pages=64, page_size=4, max_pages_per_seq=16, num_requests=6)
+             for _ in range(2)]
+    ids = np.array([5, 1, 3, 0])
+    computed = np.array([4, 3, 6, 1])  # room left in their pages: 0, 1, 2, 3 tokens
+    for pool in pools:
+        pool.allocate(ids, computed)
+    # Three steps: 5 takes its page in the first, 1 in the second, 3 in the third.
+    pools[0].allocate_next_pages(np.array([5, 1, 3]))
+    for j in range(1, 4):
+        pools[1].allocate(ids, computed + j)
+    np.testing.assert_array_equal(pools[0].page_table, pools[1].page_table)
+    np.testing.assert_array_equal(pools[0].num_held, pools[1].num_held)
+    assert pools[0].num_free == pools[1].num_free == 64 - 8
+    with pytest.raises(RuntimeError, match="overcommitted"):
+        PagedPool(num_kv_pages=1, page_size=4, max_pages_per_seq=4,
+                  num_requests=2).allocate_next_pages(np.array([0, 1]))
 
 
 @dataclasses.dataclass(kw_only=True)

@@ -133,7 +133,7 @@ from numpy.typing import NDArray
 
 from orca_jax.core.step.engine_api import Bucket, StepInputs
 from orca_jax.sim.pipeline_stages import STAGE_MODES, StagePricer, check_gpus, stage_layers
-from orca_jax.sim.roofline import PerOpRoofline
+from orca_jax.sim.roofline import SHORT_SPAN, PerOpRoofline
 from orca_jax.specs.hardware import HardwareSpec, get_hardware
 from orca_jax.specs.memory import DTYPE_BYTES, kv_bytes_per_token
 from orca_jax.specs.model_config import ModelConfig, get_model_config
@@ -490,8 +490,16 @@ def decode_span_seconds(config: CostModelConfig, bucket: Bucket,
     if config.mode == "per_op":
         padded_to = ((bucket.num_tokens, bucket.num_seqs) if config.step_padding == "bucket"
                      else None)
-        kv_tokens = int(kv_lens.sum()) + kv_lens.size * np.arange(num_steps, dtype=np.int64)
-        return (config.per_op_roofline.decode_span_seconds(kv_lens.size, kv_tokens, padded_to)
+        n, first = kv_lens.size, int(np.add.reduce(kv_lens))  # step j attends to first + n j
+        roofline = config.per_op_roofline
+        if num_steps <= SHORT_SPAN:  # most leaps: a few steps, in Python numbers
+            overhead = config.step_overhead_s
+            rows_s = roofline.decode_rows_seconds(n, padded_to)
+            kernels = roofline.decode_steps_seconds(rows_s, range(first, first + n * num_steps,
+                                                                  n) if n else [0] * num_steps)
+            return np.array([seconds + overhead for seconds in kernels], np.float64)
+        kv_tokens = first + n * np.arange(num_steps, dtype=np.int64)  # [k]
+        return (roofline.decode_span_seconds(n, kv_tokens, padded_to)
                 + config.step_overhead_s)
     q_lens = np.ones(kv_lens.size, np.int64)
     return np.array([bucket_step_seconds(config, bucket, lambda j=j: (q_lens, kv_lens + j))

@@ -204,8 +204,15 @@ class SimEngine(Engine):
         if self._warm_buckets is not None:
             self._check_warm(bucket, self._warm_buckets)
         kv_lens = np.asarray(kv_lens, np.int64)
-        lens = kv_lens[None, :] + np.arange(num_steps, dtype=np.int64)[:, None]  # [k, n]
-        tokens = (lens % self.vocab_size).astype(np.int32)
+        vocab_size = self.config.model_config.vocab_size
+        if int(np.maximum.reduce(kv_lens)) + num_steps <= vocab_size:  # no length wraps
+            # The lengths are the tokens, in int32 from the start (the modulo of a [k, n]
+            # int64 matrix costs more than the steps' prices).
+            tokens = (kv_lens.astype(np.int32)[None, :]
+                      + np.arange(num_steps, dtype=np.int32)[:, None])  # [k, n]
+        else:
+            lens = kv_lens[None, :] + np.arange(num_steps, dtype=np.int64)[:, None]  # [k, n]
+            tokens = (lens % vocab_size).astype(np.int32)
         return decode_span_seconds(self.config, bucket, kv_lens, num_steps), tokens
 
 

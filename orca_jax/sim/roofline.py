@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Optional
+from typing import Optional, Sequence, Union
 
 import numpy as np
 from numpy.typing import NDArray
@@ -37,6 +37,11 @@ _ONE = np.array(1, dtype=np.int64)  # a 0-d operand: numpy converts a Python int
 # `_step_work` adds the prefills of a step in Python ints up to this many (a numpy call on
 # a few elements costs more than a short loop), in whole-array sums beyond.
 _FEW_PREFILLS = 16
+# Spans of at most this many decode steps are priced in Python floats, longer ones in
+# numpy arrays (`PerOpRoofline.decode_span_seconds`): about where their costs cross (on
+# 200 sequences, 16 steps 16 against 46 us, 48 steps 44 against 64, 64 steps 52 against
+# 45, on a loaded 2-core machine).
+SHORT_SPAN = 48
 # The rotary kernel measured (vLLM's `rotary_embedding_kernel`, what Vidur profiled)
 # runs one thread block per token of min(query pairs, 512) threads, each thread
 # rotating one (x, y) pair of a head per iteration: first the queries', then the
@@ -305,7 +310,7 @@ class PerOpRoofline:
                 + self._attention_seconds(_PREFILL, kv_prefill, pairs_prefill))
 
     def decode_span_seconds(self, num_seqs: int,
-                            kv_tokens: NDArray[np.int64],  # [k]
+                            kv_tokens: Union[NDArray[np.int64], Sequence[int]],  # [k]
                             padded_to: Optional[tuple[int, int]] = None
                             ) -> NDArray[np.float64]:  # [k]
         """`kernels_seconds` of `k` decode-only steps of `num_seqs` sequences at once, step
@@ -321,6 +326,8 @@ class PerOpRoofline:
         if padded_to is not None:
             num_tokens, num_seqs = max(num_tokens, padded_to[0]), max(num_seqs, padded_to[1])
         rows_s = self._rows_seconds(num_tokens, num_seqs)
+        if len(kv_tokens) <= SHORT_SPAN:  # most leaps: a few steps, in Python floats
+            return np.array(self.decode_steps_seconds(rows_s, kv_tokens), np.float64)
         kv = np.asarray(kv_tokens, np.int64).astype(np.float64)  # [k] float(sum k_i), exact
         op = _DECODE
         num_bytes = self._unit_bytes_list[op] * kv  # [k]
@@ -333,6 +340,25 @@ class PerOpRoofline:
         # `_attention_seconds` is 0.0 for no KV (and prefill's is 0.0: no prefill here).
         attention_s = np.where(kv > 0.0, attention_s, 0.0)
         return rows_s + attention_s + 0.0
+
+    def decode_rows_seconds(self, num_seqs: int,
+                            padded_to: Optional[tuple[int, int]] = None) -> float:
+        """The part of a decode-only step of `num_seqs` sequences that is not attention
+        (`kernels_seconds`'s `_rows_seconds`, padded as it pads): the first argument of
+        `decode_steps_seconds`."""
+        num_tokens = num_seqs  # one new token each
+        if padded_to is not None:
+            num_tokens, num_seqs = max(num_tokens, padded_to[0]), max(num_seqs, padded_to[1])
+        return self._rows_seconds(num_tokens, num_seqs)
+
+    def decode_steps_seconds(self, rows_s: float,
+                             kv_tokens: Sequence[int]) -> list[float]:  # [k] -> [k]
+        """`decode_span_seconds` of a few steps, in Python floats: each step's
+        `kernels_seconds` as it adds them (`rows_s`, from `decode_rows_seconds`, then the
+        decode attention over `kv_tokens[j]` tokens, then no prefill's 0.0), with no
+        array: a short leap's few steps cost less so than numpy's fixed cost per call."""
+        attention = self._attention_seconds
+        return [rows_s + attention(_DECODE, kv, kv) + 0.0 for kv in map(float, kv_tokens)]
 
     def _rows_seconds(self, num_tokens: int, num_seqs: int) -> float:
         """Seconds of every kernel but attention (and the all-reduces) over `num_tokens`

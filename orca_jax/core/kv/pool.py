@@ -109,6 +109,12 @@ class KVPool(Protocol):
         each step takes); only layouts whose totals decide (`totals_decide`) have it."""
         ...
 
+    def allocate_next_pages(self, ids: NDArray[np.int64]) -> None:
+        """`allocate_steps` where no request takes two pages: one page for each of `ids`
+        (`[g]`, distinct), in the order the steps take them; only layouts whose totals
+        decide (`totals_decide`) have it."""
+        ...
+
     def free(self, ids: NDArray[np.int64]) -> None:
         """Returns every page of these requests (`[n]`) and releases their rows."""
         ...
@@ -357,6 +363,29 @@ class PagedPool(PageTable):
             within = np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts)
             self.page_table[np.repeat(rows[pos], counts), first + within] = pages
         self.num_held[ids] = grown
+
+    def allocate_next_pages(self, ids: NDArray[np.int64]) -> None:  # [g] distinct
+        """`allocate_steps` of a short leap, in which no request takes two pages: one new
+        page for each of `ids` (each holding a row) at its next column, off the free stack
+        in the order of `ids` (the leap lists them step by step, each step in its own
+        order), so the page table ends as the steps one by one leave it."""
+        total = ids.size
+        if total == 0:
+            return
+        if total > self._num_free:
+            raise RuntimeError(f"KV pool overcommitted: {total} pages asked, {self.num_free} free")
+        held = self.num_held[ids]  # [g]
+        rows = self.row_of[ids]  # [g]
+        # The bounds of a few in Python (a ufunc reduction's fixed cost is several times theirs).
+        if max(held.tolist()) >= self.max_pages_per_seq:
+            raise RuntimeError("a request would exceed max_pages_per_seq")
+        if min(rows.tolist()) < 0:
+            raise RuntimeError("allocate_next_pages: a growing request holds no page-table row")
+        pages = self._take(total)
+        self.ref_count[pages] = _ONE
+        self.page_table[rows, held] = pages
+        held += _ONE
+        self.num_held[ids] = held
 
     def _take(self, count: int) -> NDArray[np.int64]:
         """`[count]` pages off the free stack (the caller checked that it has them)."""

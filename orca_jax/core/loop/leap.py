@@ -68,6 +68,8 @@ from orca_jax.core.requests.step_logs import StepLog
 from orca_jax.core.step.engine_api import Bucket
 
 _RUNNING, _FINISHED = int(RequestState.RUNNING), int(RequestState.FINISHED)
+# The ufuncs' reductions called directly: `ndarray.min` adds a Python layer.
+_min = np.minimum.reduce
 # The most steps one leap runs: its arrays hold steps x batch entries.
 MAX_LEAP_STEPS = 4096
 # Steps priced at a time while an arrival may cut the leap short: pricing past the
@@ -154,6 +156,7 @@ class Leaper:
         self.num_let_go = 0  # chances after finishes or prefills let go without asking
         self._backoff = 0  # chances after finishes or prefills let go after the last refusal
         self._skip = 0  # those still to let go
+        self._pace = 0.0  # the seconds of the last step priced (0.0: none yet)
         # When the next event other than the scheduler's own steps and arrivals is (None
         # from it: none is left); a leap ends before it. A lone scheduler has none; a
         # cluster's replica gets its loop's (`Scheduler.set_leap_horizon`).
@@ -182,24 +185,29 @@ class Leaper:
         template = self._template
         if template is None or self._off:
             return False
-        if self.scheduler.engine.needs_token_ids:  # token values by the host: step by step
-            self._off = True
-            return False
-        host_start = time.perf_counter()
         s = self.scheduler
         if s.busy.size or s.in_transfer.size:
             return False
         # An arrival (or another event) due now: the next step is planned. Asked first: a
-        # leap that ended at an arrival is followed by this call every time.
+        # leap that ended at an arrival is followed by this call every time, and a
+        # saturated replica has one due at most steps (this is then all a step pays).
         now = s.now_s
         upcoming = s.next_arrival_s()
-        if self.horizon is None:  # a cluster's replica whose loop set no horizon
-            return False
-        horizon = self.horizon()  # a cluster's replica: only up to its loop's next event
-        if horizon is not None:
-            upcoming = horizon if upcoming is None else min(upcoming, horizon)
         if upcoming is not None and upcoming <= now:
             return False
+        horizon_of = self.horizon
+        if horizon_of is None:  # a cluster's replica whose loop set no horizon
+            return False
+        if horizon_of is not _no_other_events:  # a cluster's replica: up to its loop's next
+            horizon = horizon_of()
+            if horizon is not None:
+                if horizon <= now:
+                    return False
+                upcoming = horizon if upcoming is None else min(upcoming, horizon)
+        if s.engine.needs_token_ids:  # token values by the host: step by step
+            self._off = True
+            return False
+        host_start = time.perf_counter()
         ids, bucket, min_bucket, prefills = template
         if prefills and self._skip:  # a chance after prefills, to let go: nothing to read
             self._skip -= 1
@@ -225,7 +233,8 @@ class Leaper:
                 return False
             bucket = s.bucket_config.select(max(int(ids.size), min_bucket))
         computed = table.num_computed[ids]  # [n]
-        if not s.watchdog.would_gain(ids, computed + 1):
+        kv_lens = computed + 1  # [n] each one's context in the first step
+        if not s.watchdog.would_gain(ids, kv_lens):
             return False
         promised = s.policy.stable_steps(s.view)
         if promised is None or promised < 1:
@@ -235,18 +244,18 @@ class Leaper:
                 self._skip = self._backoff
             return False
         left = table.output_len[ids] - table.num_generated[ids]  # [n] tokens still to sample
-        limit = min(int(promised), MAX_LEAP_STEPS, int(left.min()))
+        limit = min(int(promised), MAX_LEAP_STEPS, int(_min(left)))
         # Priced first: the steps before the next arrival are a few where the finishes
         # allow a hundred, and the pages are counted over those alone.
-        priced = self._price(bucket, computed + 1, limit, now, upcoming)
+        priced = self._price(bucket, kv_lens, limit, now, upcoming)
         if priced is None:
             return False
         step_s, tokens, starts, ends = priced
-        runs, pages = self._page_limit(ids, computed, int(step_s.size))
+        runs, pages = self._page_limit(ids, computed, len(step_s))
         if runs < 1:
             return False
-        if runs < step_s.size:
-            step_s, tokens, starts, ends = step_s[:runs], tokens[:runs], starts[:runs], ends[:runs]
+        if runs < len(step_s):
+            del step_s[runs:], starts[runs:], ends[runs:]
         if after:  # from here on the plan it repeats is this one
             self._template = (ids, bucket, min_bucket, False)
             self._backoff = 0
@@ -255,7 +264,7 @@ class Leaper:
             else:
                 self.num_leaps_after_prefills += 1
         self._apply(bucket, ids, computed, left, pages, step_s, tokens, starts, ends,
-                    host_start)
+                    host_start, after == 2)
         return True
 
     def _without_finished(self, ids: NDArray[np.int64],  # [n]
@@ -275,111 +284,172 @@ class Leaper:
         return kept
 
     def _page_limit(self, ids: NDArray[np.int64], computed: NDArray[np.int64], limit: int
-                    ) -> tuple[int, Optional[tuple[NDArray[np.int64], NDArray[np.int64]]]]:
-        """`(steps of the first `limit` the pool lets the leap run, ([steps + 1, n] new pages
-        each request holds after the first j steps, [steps + 1] their sum: the pages the
-        first j steps take), or None when they take none)`."""
+                    ) -> tuple[int, Optional[tuple[list[int], NDArray[np.int64]]]]:
+        """`(steps of the first `limit` the pool lets the leap run, (the pages the first j
+        steps take, j = 0 .. steps, and the grants: `[g]` the requests that take one page
+        each, in the order the steps take them, or `[steps, n]` the pages each step takes
+        for each request), or None when they take none)`."""
         s = self.scheduler
         pool = s.kv
         if not pool.totals_decide:  # blocks to place (buddy): no page taken inside a leap
             needs = s.capacity.pages_needed(ids, np.full(ids.size, limit)).any()
             return (0 if needs else limit), None
-        steps = np.arange(limit + 1, dtype=np.int64)  # [k + 1]
         # A running request's pages are the pool's count of its context (no reservation,
-        # no hit: `KVCapacity.pages_needed` of a running request), one matrix for the
-        # limit here and the allocation in `_apply`.
+        # no hit: `KVCapacity.pages_needed` of a running request): step j (from 1) needs a
+        # new page where its context, computed + j, outgrows the pages held, that is where
+        # j > room, the tokens its pages have left.
+        room = pool.num_held[ids] * pool.page_size - computed  # [n]
+        low = int(_min(room))
+        if low >= limit:  # most requests of most short leaps: no page boundary crossed
+            return limit, None
+        if low >= 0 and limit == 1 and s.kv_memory.hits is None:
+            # A leap of one step (half of them on issue 34's trace at 15 req/s): those
+            # with no room left take a page each, in ids order.
+            grants = ids[room < 1]  # [g]
+            if grants.size > pool.num_free:
+                return 0, None
+            return 1, ([0, int(grants.size)], grants)
+        if low >= 0 and limit <= pool.page_size and s.kv_memory.hits is None:
+            # A short leap: each request takes at most one page, in step room + 1 (j >
+            # room, and j <= room + page_size where one more page holds it).
+            takers = (room < limit).nonzero()[0]  # [g] in ids order
+            step_of = room[takers]  # [g] the step (from 0) each takes its page in
+            per_step = np.bincount(step_of, minlength=limit).tolist()  # [k]
+            taken, total, free = [0], 0, pool.num_free
+            for count in per_step:
+                total += count
+                if total > free:
+                    break
+                taken.append(total)
+            fits = len(taken) - 1
+            if not taken[fits]:  # none (or none the pool has room for)
+                return fits, None
+            if fits < limit:
+                kept = step_of < fits
+                takers, step_of = takers[kept], step_of[kept]
+            # By step, then in ids order, as the steps would take them one by one.
+            return fits, (taken, ids[takers[step_of.argsort(kind="stable")]])
+        steps = np.arange(limit + 1, dtype=np.int64)  # [k + 1]
         held_for = pool.pages_needed(ids, computed[None, :] + steps[:, None])  # [k + 1, n]
-        taken = held_for.sum(axis=1)  # [k + 1] pages the first j steps take
+        taken_for = np.add.reduce(held_for, axis=1)  # [k + 1] pages the first j steps take
         if s.kv_memory.hits is not None:
             # Names change when a page fills, and the pool may evict cached pages when one
             # is taken: a leap takes none, and ends at the first step that fills one.
-            fits = int(np.searchsorted(taken, 0, side="right")) - 1  # taken is non-decreasing
+            fits = int(np.searchsorted(taken_for, 0, side="right")) - 1  # non-decreasing
             fills = (computed[None, :] + steps[1:, None]) % pool.page_size == 0  # [k, n]
             first_fill = np.flatnonzero(fills.any(axis=1))
             if first_fill.size:
                 fits = min(fits, int(first_fill[0]) + 1)
             return fits, None
-        fits = int(np.searchsorted(taken, pool.num_free, side="right")) - 1
-        return fits, ((held_for[:fits + 1], taken[:fits + 1]) if taken[fits] else None)
+        fits = int(np.searchsorted(taken_for, pool.num_free, side="right")) - 1
+        if not taken_for[fits]:
+            return fits, None
+        # [fits, n] pages each step takes: the pages to run j + 1 tokens less those to run j.
+        need = held_for[1:fits + 1] - held_for[:fits]
+        return fits, (taken_for[:fits + 1].tolist(), need)
 
     def _price(self, bucket: Bucket, kv_lens: NDArray[np.int64], limit: int,
                now: float, upcoming: Optional[float]
-               ) -> Optional[tuple[NDArray, NDArray, NDArray, NDArray]]:
-        """`(step seconds [k], tokens [k, n], starts [k], ends [k])` of the steps that run
-        before the next arrival (each starts before it), at most `limit`; None if none."""
+               ) -> Optional[tuple[list[float], NDArray[np.int32], list[float], list[float]]]:
+        """`(step seconds [k], tokens [c, n] (c >= k: the first k rows are the steps'),
+        starts [k], ends [k])` of the steps that run before the next arrival (each starts
+        before it), at most `limit`; None if none. The seconds and times are Python
+        floats: a leap's few steps are cheaper so than in arrays."""
         engine = self.scheduler.engine
-        parts: list[tuple[NDArray, NDArray, NDArray]] = []
+        step_s: list[float] = []
+        starts: list[float] = []
+        ends: list[float] = []
+        token_parts: list[NDArray[np.int32]] = []
         clock, done, chunk = now, 0, _FIRST_CHUNK
-        if upcoming is not None:  # about the steps before the arrival, at the last step's pace
-            last_s = self.scheduler.record.steps[-1].step_s
-            chunk = max(2, min(_FIRST_CHUNK, int((upcoming - now) / last_s * 1.25) + 2))
+        # About the steps before the arrival, at the pace of the last step or of the last
+        # step leaped, the faster (the step before a leap after prefills held them: it was
+        # slower than the decodes after it, and a second span priced costs more than the
+        # few steps priced past the arrival).
+        pace = 0.0
+        if upcoming is not None:
+            pace = self.scheduler.record.steps[-1].step_s
+            if 0.0 < self._pace < pace:
+                pace = self._pace
         while done < limit:
-            count = limit - done if upcoming is None else min(limit - done, chunk)
-            span = engine.decode_span(bucket, kv_lens + done, count)
+            if upcoming is None or pace <= 0.0:
+                count = limit - done if upcoming is None else min(limit - done, chunk)
+            else:
+                count = min(limit - done, max(2, min(chunk, int((upcoming - clock) / pace
+                                                                * 1.25) + 2)))
+            span = engine.decode_span(bucket, kv_lens + done if done else kv_lens, count)
             if span is None:
                 self._off = True
                 return None
-            step_s, tokens = span
-            # The clock's own additions, one step after another (accumulate adds in order).
-            clocks = np.add.accumulate(np.concatenate([[clock], step_s]))  # [count + 1]
-            runs = count if upcoming is None else int(
-                np.searchsorted(clocks[:-1], upcoming, side="left"))  # steps starting before it
-            parts.append((step_s[:runs], tokens[:runs], clocks[:runs + 1]))
+            seconds, tokens = span
+            runs = 0
+            # The clock's own additions, one step after another; a step runs if it starts
+            # before the arrival.
+            for seconds_j in seconds.tolist():
+                if upcoming is not None and clock >= upcoming:
+                    break
+                starts.append(clock)
+                clock += seconds_j
+                ends.append(clock)
+                step_s.append(seconds_j)
+                runs += 1
+            token_parts.append(tokens if runs == count else tokens[:runs])
             done += runs
-            clock = float(clocks[runs])
             if runs < count:
                 break
+            pace = seconds_j
             chunk *= 2
         if done == 0:
             return None
-        if len(parts) == 1:  # most leaps: one span priced
-            step_s, tokens, clocks = parts[0]
-            return step_s, tokens, clocks[:-1], clocks[1:]
-        step_s = np.concatenate([p[0] for p in parts])
-        tokens = np.concatenate([p[1] for p in parts])
-        starts = np.concatenate([p[2][:-1] for p in parts])
-        ends = np.concatenate([p[2][1:] for p in parts])
+        self._pace = seconds_j
+        tokens = token_parts[0] if len(token_parts) == 1 else np.concatenate(token_parts)
         return step_s, tokens, starts, ends
 
     def _apply(self, bucket: Bucket, ids: NDArray[np.int64], computed: NDArray[np.int64],
                left: NDArray[np.int64],
-               pages: Optional[tuple[NDArray[np.int64], NDArray[np.int64]]],
-               step_s: NDArray[np.float64],
-               tokens: NDArray[np.int32], starts: NDArray[np.float64],
-               ends: NDArray[np.float64], host_start: float) -> None:
+               pages: Optional[tuple[list[int], NDArray[np.int64]]],
+               step_s: list[float], tokens: NDArray[np.int32], starts: list[float],
+               ends: list[float], host_start: float, after_prefills: bool) -> None:
         """What `schedule()` and `update()` of each of the `k` steps would have done
-        (`left`: `[n]` the tokens each request had still to sample)."""
+        (`left`: `[n]` the tokens each request had still to sample; `tokens`: `[c >= k,
+        n]`, the steps' first; `pages`: `_page_limit`'s; `after_prefills`: `ids` are
+        `running` after a step with prefills, not the requests of the step repeated)."""
         s = self.scheduler
         table, record = s.table, s.record
-        k, n = int(step_s.size), int(ids.size)
+        k, n = len(step_s), int(ids.size)
         s.last_finished = s.last_finished[:0]  # "finished since the previous schedule()"
         free_before = int(s.kv.num_free)
         taken = None
         if pages is not None:
-            held_for, taken = pages  # [k + 1, n], [k + 1] (`_page_limit`)
-            # [k, n] pages each step takes: the pages to run j + 1 tokens less those to run j.
-            s.kv.allocate_steps(ids, np.diff(held_for, axis=0))
-        table.num_computed[ids] = computed + k
+            taken, grants = pages
+            if grants.ndim == 1:  # [g] one page each, in the order the steps take them
+                s.kv.allocate_next_pages(grants)
+            else:  # [k, n] pages each step takes
+                s.kv.allocate_steps(ids, grants)
+        end = ends[-1]
+        computed = computed + k
+        table.num_computed[ids] = computed
         table.num_generated[ids] += k  # ids are distinct
-        table.last_token[ids] = tokens[-1]
+        table.last_token[ids] = tokens[k - 1]
         hits = s.kv_memory.hits
         if hits is not None:
-            hits.record_span(ids, tokens)
+            hits.record_span(ids, tokens[:k])
             hits.commit(ids)  # only the last step may fill a page (`_page_limit`)
-        table.last_token_s[ids] = ends[-1]
-        first = ids[np.isnan(table.first_token_s[ids])]
-        table.first_token_s[first] = ends[0]
+        table.last_token_s[ids] = end
+        if after_prefills:  # else each sampled in the step it repeats: has its first token
+            no_token = np.isnan(table.first_token_s[ids])  # [n]
+            if np.count_nonzero(no_token):
+                table.first_token_s[ids[no_token]] = ends[0]
         record.log_token_span(ids, ends)
         held_before = (np.concatenate([s.running, s.unreleased])
                        if s.features.log_step_requests else None)
         finished = ids[left == k]
         if finished.size:
-            s._finish(finished, float(ends[-1]))
-        s.watchdog.computed(ids, computed + k)
+            s._finish(finished, end)
+        s.watchdog.computed(ids, computed)
         # Each step's row, of Python numbers as `update()` makes them (a leap's few steps:
         # cheaper than a structured array's field writes and its `tolist`).
         free_pages = ([free_before] * k if taken is None
-                      else (free_before - taken[1:]).tolist())
+                      else [free_before - pages_taken for pages_taken in taken[1:]])
         free_pages[-1] = int(s.kv.num_free)
         num_running = [n] * k
         num_running[-1] = int(s.running.size)
@@ -390,11 +460,11 @@ class Leaper:
             for j in range(k):
                 record.log_step_requests(ids, ones, held_after if j == k - 1 else held_before)
         s.num_steps += k
-        s.now_s = float(ends[-1])
+        s.now_s = end
         self.num_leaped_steps += k
         self.num_leaps += 1
         host_s = (time.perf_counter() - host_start) / k  # the leap's, shared out
         record.steps.extend([
-            StepLog(first_step + j, start, n, n, padded, padded, host_s, seconds,
+            StepLog(first_step + j, starts[j], n, n, padded, padded, host_s, step_s[j],
                     num_running[j], num_waiting, free_pages[j])
-            for j, (start, seconds) in enumerate(zip(starts.tolist(), step_s.tolist()))])
+            for j in range(k)])

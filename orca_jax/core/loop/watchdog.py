@@ -50,7 +50,8 @@ class ProgressWatchdog:
     def would_gain(self, ids: NDArray[np.int64],  # [n]
                    num_computed: NDArray[np.int64]) -> bool:  # [n]
         """Whether `computed(ids, num_computed)` would count progress (reads only)."""
-        return bool((num_computed > self._most_computed[ids]).any())
+        # count_nonzero: .any() without its Python frame
+        return bool(count_nonzero(num_computed > self._most_computed[ids]))
 
     def progressed(self) -> None:
         """Counts one iteration that made progress (the cheap path: most iterations)."""

@@ -13,7 +13,7 @@ step), which gives the metrics the same numbers.
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple
+from typing import NamedTuple, Sequence
 
 import numpy as np
 from numpy.typing import NDArray
@@ -120,14 +120,17 @@ class RunRecord:
         self._token_count.append(int(requests.size))
 
     def log_token_span(self, requests: NDArray[np.int64],  # [k] distinct
-                       times_s: NDArray[np.float64]) -> None:  # [c]
-        """`log_tokens(requests, t)` for each `t` of `times_s`, in order (a leap's steps)."""
+                       times_s: Sequence[float]) -> None:  # [c]
+        """`log_tokens(requests, t)` for each `t` of `times_s` (Python floats, or an array
+        of them), in order (a leap's steps)."""
         if self._tally is not None:
             self._tally.add_span(requests, times_s)
             return
-        self._token_req.extend([requests] * times_s.size)
-        self._token_time.extend(times_s.tolist())
-        self._token_count.extend([int(requests.size)] * times_s.size)
+        count = len(times_s)
+        self._token_req.extend([requests] * count)
+        self._token_time.extend(times_s.tolist() if isinstance(times_s, np.ndarray)
+                                else times_s)
+        self._token_count.extend([int(requests.size)] * count)
 
     def token_stats(self, finished: NDArray[np.bool_]) -> TokenStats:  # [N]
         """The tokens so far as the metrics read them; `finished` the requests whose

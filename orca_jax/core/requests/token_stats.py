@@ -247,17 +247,27 @@ class TokenTally:
         self._last_call[requests] = call
 
     def add_span(self, requests: NDArray[np.int64],  # [k] distinct
-                 times_s: NDArray[np.float64]) -> None:  # [c] non-decreasing
-        """Counts a token of each of `requests` at each of `times_s`: `c` calls of `add`
-        with the same requests (a leap over steady decodes), in O(1) numpy calls. After
-        the first call every request continues its run, so only the first can break one."""
-        self.add(requests, float(times_s[0]))
-        call, end = self._num_calls, self._num_calls + times_s.size - 1
+                 times_s: Sequence[float]) -> None:  # [c] non-decreasing, c >= 1
+        """Counts a token of each of `requests` at each of `times_s` (Python floats, or an
+        array of them): `c` calls of `add` with the same requests (a leap over steady
+        decodes), in O(1) numpy calls. After the first call every request continues its
+        run, so only the first can break one: `add`'s steps once, its calls `c` at once."""
+        call = self._num_calls
+        end = call + len(times_s)
         if end > self._times.size:
             self._times = np.concatenate([self._times, np.zeros(max(end, 2 * self._times.size)
                                                                 - self._times.size)])
-        self._times[call:end] = times_s[1:]
+        self._times[call:end] = times_s
         self._num_calls = end
+        previous = self._last_call[requests]  # [k]
+        broke = previous != call - 1  # [k] starts a run: its first token, or after a break
+        if count_nonzero(broke):
+            had = broke & (previous >= 0)  # [k] after a break: a run ends
+            if count_nonzero(had):
+                ended, ended_at = requests[had], previous[had]
+                self._closed.append((ended, self._run_start[ended], ended_at,
+                                     float(times_s[0]) - self._times[ended_at]))
+            self._run_start[requests[broke]] = call
         self._last_call[requests] = end - 1
 
     def stats(self, finished: NDArray[np.bool_]) -> TokenStats:  # [N]
