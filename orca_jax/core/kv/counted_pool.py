@@ -95,6 +95,21 @@ class CountedPool(PagedPool):
 
     allocate_steps = allocate_counts_steps
 
+    def allocate_next_pages(self, ids: NDArray[np.int64]) -> None:  # [g] distinct
+        """A short leap's pages, one for each of `ids`: `PagedPool.allocate_next_pages`'
+        counts and checks."""
+        total = ids.size
+        if total == 0:
+            return
+        if total > self._num_free:
+            raise RuntimeError(f"KV pool overcommitted: {total} pages asked, {self._num_free} free")
+        held = self.num_held[ids]  # [g]
+        if max(held.tolist()) >= self.max_pages_per_seq:
+            raise RuntimeError("a request would exceed max_pages_per_seq")
+        self._num_free -= total
+        held += 1
+        self.num_held[ids] = held
+
     def free(self, ids: NDArray[np.int64]) -> None:  # [n] distinct
         """Gives back every page of these requests."""
         held = self.num_held[ids]  # [n]

@@ -15,7 +15,8 @@ layout is one implementation, and no code outside them branches on the layout:
 `PagedPool` (any free page serves any request; here), `BuddyPool` (a request's
 pages are one power-of-two block: `orca_jax.core.kv.buddy`) and `CachedPool`
 (a paged pool whose pages a prefix cache shares: `orca_jax.core.kv.cached_pool`).
-`make_pool` builds the one a run asks for.
+`make_pool` builds the one a run asks for; where nothing reads pages, `KVMemory.build`
+builds a `CountedPool` instead (a paged pool's counts alone: `orca_jax.core.kv.counted_pool`).
 """
 
 from __future__ import annotations
