@@ -139,8 +139,10 @@ def _pilot_result(pilot: RunSpec, workload: list[Request], progress: bool) -> Ru
                                  PILOT_POLICY, None, config, workload)[2]
     if pilot.cluster.colocated_cluster:
         return build_cluster(pilot, PILOT_POLICY, None, config, workload).run()
+    # The pilot reads its steps only: no token log, and page counts only where nothing reads
+    # pages (`Scheduler`'s `kv_counts_only`, as `run_policy` asks).
     scheduler = Scheduler(workload, make_policy(PILOT_POLICY), build_engine(pilot, config), config,
-                          log_tokens=False)  # the pilot reads its steps only
+                          log_tokens=False, kv_counts_only=True)
     bar = Progress(f"bucket pilot ({PILOT_POLICY})", len(workload), "requests") if progress \
         else None
 

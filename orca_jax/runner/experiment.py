@@ -83,7 +83,8 @@ def run_policy(spec: RunSpec, policy_spec: str, policy_options: Optional[Mapping
                *, out_dir: Optional[str] = None, requests: Optional[list[Request]] = None,
                engine: Optional[Engine] = None, progress: bool = True,
                label: Optional[str] = None,
-               bucket_fit: Optional[BucketFit] = None) -> tuple[dict[str, Any], RunResult]:
+               bucket_fit: Optional[BucketFit] = None,
+               kv_counts_only: bool = True) -> tuple[dict[str, Any], RunResult]:
     """Runs one policy on the spec's workload; writes results if `out_dir` is given.
 
     The results folder is checked before anything is built, staged beside
@@ -106,6 +107,8 @@ def run_policy(spec: RunSpec, policy_spec: str, policy_options: Optional[Mapping
       bucket_fit: how the spec's `fit:K` sizes were fitted, for config.json, when the
         caller fitted them (compare fits once for every policy); a spec whose sizes are
         not fitted yet is fitted here (`runner.bucket_pilot`).
+      kv_counts_only: `Scheduler`'s: keep KV page counts only where nothing can read
+        pages (the same results, faster); False keeps the full page table.
 
     Returns:
       The summary dict and the finished run (of every replica, with several).
@@ -132,7 +135,8 @@ def run_policy(spec: RunSpec, policy_spec: str, policy_options: Optional[Mapping
             # The results need no log of every token (16 bytes a token: 10^6 requests, 1 GB)
             # but to write each request's token times (`--log_token_times`).
             scheduler = Scheduler(workload, policy, engine, config,
-                                  log_tokens=spec.log_token_times)
+                                  log_tokens=spec.log_token_times,
+                                  kv_counts_only=kv_counts_only)
     except BaseException:
         if folder is not None:
             folder.discard()  # nothing ran: the old folder stays as it was

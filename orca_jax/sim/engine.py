@@ -70,6 +70,12 @@ class SimEngine(Engine):
         return False
 
     @property
+    def reads_kv_pages(self) -> bool:
+        """False: `step_packed` reads a step's lengths, never its pages (a pipeline's
+        stages, `pp_layers`, are left to the full pool: True)."""
+        return self.config.pp_layers is not None
+
+    @property
     def vocab_size(self) -> int:
         return self.config.model_config.vocab_size
 

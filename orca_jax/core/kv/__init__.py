@@ -1,8 +1,9 @@
 """KV memory: the pool and its layouts, the prefix cache, the capacity question,
 the tiers and preemption.
 
-`KVPool` is the device's pages and page table (`PagedPool`, `BuddyPool`, and
-`CachedPool`, the prefix cache's layer over a paged pool); `KVCapacity` answers
+`KVPool` is the device's pages and page table (`PagedPool`, `BuddyPool`,
+`CachedPool`, the prefix cache's layer over a paged pool, and `CountedPool`, a paged
+pool's counts alone where nothing reads pages); `KVCapacity` answers
 the one capacity question (`pages_needed`, `kv_fits`, `room`; watermark,
 reservation, layout and prefix hits included) that the plan checks, the
 up-front rejections and every policy (through `SchedulerView`) ask;
@@ -19,6 +20,7 @@ from orca_jax.core.kv.buddy import BuddyAllocator, BuddyPool
 from orca_jax.core.kv.cached_pool import CachedPool
 from orca_jax.core.kv.capacity import CachedCapacity, KVBudget, KVCapacity, pool_rule_broken
 from orca_jax.core.kv.config import KVConfig
+from orca_jax.core.kv.counted_pool import CountedPool
 from orca_jax.core.kv.memory import KVMemory, make_pool
 from orca_jax.core.kv.pool import KV_LAYOUTS, KVPool, PagedPool
 from orca_jax.core.kv.preemption import (
@@ -33,7 +35,8 @@ from orca_jax.core.kv.preemption import (
 from orca_jax.core.kv.prefix_cache import PrefixCache
 from orca_jax.core.kv.tiers import DeviceTier, KVTier, TierChain
 
-__all__ = ["BuddyAllocator", "BuddyPool", "CachedCapacity", "CachedPool", "DeviceTier",
+__all__ = ["BuddyAllocator", "BuddyPool", "CachedCapacity", "CachedPool", "CountedPool",
+           "DeviceTier",
            "KVBudget", "KVCapacity", "KVConfig", "KVMemory", "KVPool", "KVTier", "KV_LAYOUTS",
            "PagedPool",
            "PreemptionCosts", "PreemptionMode", "PrefixCache", "TierChain", "make_pool",

@@ -20,6 +20,7 @@ from orca_jax.core.kv.cache_policies import make_cache_policy
 from orca_jax.core.kv.cached_pool import CachedPool
 from orca_jax.core.kv.capacity import CachedCapacity, KVCapacity, reservation_tokens
 from orca_jax.core.kv.config import KVConfig
+from orca_jax.core.kv.counted_pool import CountedPool
 from orca_jax.core.kv.links import Link
 from orca_jax.core.kv.lower_tiers import LinkedTiers, PageTier
 from orca_jax.core.kv.pool import KV_LAYOUTS, KVPool, PagedPool
@@ -71,7 +72,8 @@ class KVMemory:
     @classmethod
     def build(cls, table: RequestTable, *, policy_name: str, config: KVConfig,
               max_pages_per_seq: int, max_model_len: int, reservation: str,
-              prefix_caching: bool, uses_planned_output: bool) -> "KVMemory":
+              prefix_caching: bool, uses_planned_output: bool,
+              counts_only: bool = False) -> "KVMemory":
         """The KV memory of one run.
 
         Args:
@@ -83,6 +85,10 @@ class KVMemory:
           reservation: the policy's `kv_reservation`.
           prefix_caching: whether prefix caching is active (`prefix_caching_active`).
           uses_planned_output: see `PrefixHits`.
+          counts_only: nothing outside the KV memory reads which pages a request holds
+            (the caller's word: an engine that prices steps from their lengths, no
+            transfers between replicas); then a paged run without a prefix cache or
+            slower tiers keeps page counts only (`CountedPool`), else the full pool.
 
         Raises:
           ValueError: the layout does not go with the reservation or with caching.
@@ -103,9 +109,15 @@ class KVMemory:
         cache = (PrefixCache(num_kv_pages=num_kv_pages, page_size=page_size, num_requests=n)
                  if prefix_caching and any(s.prompt_tokens is not None for s in table.specs)
                  else None)
-        pool = make_pool(num_kv_pages=num_kv_pages, page_size=page_size,
-                         max_pages_per_seq=max_pages_per_seq, num_requests=n, layout=layout,
-                         prefix_cache=cache)
+        if counts_only and layout == "paged" and cache is None and not config.tiers:
+            # Only the counts decide anything here, and nothing reads a page: the free
+            # stack, reference counts and page table would be a tenth of the loop's time.
+            pool: KVPool = CountedPool(num_kv_pages=num_kv_pages, page_size=page_size,
+                                       max_pages_per_seq=max_pages_per_seq, num_requests=n)
+        else:
+            pool = make_pool(num_kv_pages=num_kv_pages, page_size=page_size,
+                             max_pages_per_seq=max_pages_per_seq, num_requests=n,
+                             layout=layout, prefix_cache=cache)
         reserve = reservation_tokens(reservation, table, max_model_len)
         rules = dict(reservation=reservation, reserve_tokens=reserve,
                      watermark_pages=config.watermark_pages)

@@ -15,7 +15,8 @@ layout is one implementation, and no code outside them branches on the layout:
 `PagedPool` (any free page serves any request; here), `BuddyPool` (a request's
 pages are one power-of-two block: `orca_jax.core.kv.buddy`) and `CachedPool`
 (a paged pool whose pages a prefix cache shares: `orca_jax.core.kv.cached_pool`).
-`make_pool` builds the one a run asks for.
+`make_pool` builds the one a run asks for; where nothing reads pages, `KVMemory.build`
+builds a `CountedPool` instead (a paged pool's counts alone: `orca_jax.core.kv.counted_pool`).
 """
 
 from __future__ import annotations
@@ -156,17 +157,23 @@ class PageTable:
 
     def __init__(self, *, num_kv_pages: int, page_size: int, max_pages_per_seq: int,
                  num_requests: int) -> None:
+        self._set_shape(num_kv_pages, page_size, max_pages_per_seq, num_requests)
+        self.ref_count = np.zeros(num_kv_pages + 1, dtype=np.int64)  # [pages + 1] rows holding it
+        self.row_of = np.full(num_requests, -1, dtype=np.int64)  # [N] page-table row, -1 none
+        self.page_table = np.zeros((0, max_pages_per_seq), dtype=np.int32)  # [rows, P]
+        self._free_rows: list[int] = []
+
+    def _set_shape(self, num_kv_pages: int, page_size: int, max_pages_per_seq: int,
+                   num_requests: int) -> None:
+        """The pool's shape, each request's page count and the page size's 0-d forms (what
+        a pool that only counts pages keeps too: `CountedPool`)."""
         if num_kv_pages < 1 or page_size < 1 or max_pages_per_seq < 1:
             raise ValueError(f"KV pool needs num_kv_pages, page_size and max_pages_per_seq >= 1, "
                              f"got {num_kv_pages}, {page_size}, {max_pages_per_seq}")
         self.num_kv_pages = num_kv_pages
         self.page_size = page_size
         self.max_pages_per_seq = max_pages_per_seq
-        self.ref_count = np.zeros(num_kv_pages + 1, dtype=np.int64)  # [pages + 1] rows holding it
         self.num_held = np.zeros(num_requests, dtype=np.int64)  # [N] pages each request owns
-        self.row_of = np.full(num_requests, -1, dtype=np.int64)  # [N] page-table row, -1 none
-        self.page_table = np.zeros((0, max_pages_per_seq), dtype=np.int32)  # [rows, P]
-        self._free_rows: list[int] = []
         # The page size and its round-up as 0-d arrays: numpy converts a Python int operand
         # anew on every call (0.7 us a step's array op), and pages are counted several
         # times a step. The same int64 values either way.

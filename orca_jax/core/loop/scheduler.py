@@ -73,6 +73,11 @@ class Scheduler(SchedulerLoop):
       log_tokens: keep every generated token's request and time (`RunResult.token_req`,
         `token_time_s`: 16 bytes a token); False counts them instead, which is all the
         metrics need (`RunRecord.logs_tokens`).
+      kv_counts_only: keep KV page counts only, no page table, where nothing can read
+        pages (`KVMemory.build`'s `counts_only`): an engine that does not read them
+        (`Engine.reads_kv_pages`), one replica alone, one pipeline stage. The runner
+        asks for it; False (the default) keeps the full pool, for a caller that reads
+        pages (`pages_of`, `export_request`) or checks them.
 
     Attributes:
       executor: runs its iterations (`step`, `run`) and keeps its clock; depth 2
@@ -82,7 +87,8 @@ class Scheduler(SchedulerLoop):
 
     def __init__(self, requests: Sequence[Request], policy: Policy, engine: Engine,
                  config: SchedulerConfig, *, submitted_only: bool = False,
-                 table: Optional[RequestTable] = None, log_tokens: bool = True) -> None:
+                 table: Optional[RequestTable] = None, log_tokens: bool = True,
+                 kv_counts_only: bool = False) -> None:
         if not requests:
             raise ValueError("the workload has no requests")
         self.config = config
@@ -109,7 +115,10 @@ class Scheduler(SchedulerLoop):
             self.table, policy_name=policy.name, config=kv_config,
             max_pages_per_seq=self.bucket_config.pages_per_seq,
             max_model_len=limits.max_model_len, reservation=self.kv_reservation,
-            prefix_caching=self.prefix_caching, uses_planned_output=not engine.needs_token_ids)
+            prefix_caching=self.prefix_caching, uses_planned_output=not engine.needs_token_ids,
+            counts_only=(kv_counts_only and not getattr(engine, "reads_kv_pages", True)
+                         and not submitted_only and table is None
+                         and getattr(engine, "num_stages", 1) == 1))
         self.kv = self.kv_memory.pool
         self.capacity = self.kv_memory.capacity
         if self.kv_memory.linked is not None:  # slower tiers' links queue on our clock

@@ -355,6 +355,15 @@ class Engine(abc.ABC):
         """
         return {}
 
+    @property
+    def reads_kv_pages(self) -> bool:
+        """Whether this engine may read which KV pages a request holds: a step's page rows
+        or slot mapping, or pages named to `read_kv_pages`/`write_kv_pages`. True (the
+        default, and an `EngineWrapper`'s, whose `step` may read the descriptor); False:
+        it prices and answers a step from its lengths alone (the simulator), so a run the
+        runner builds may keep page counts only (`orca_jax.core.kv.counted_pool`)."""
+        return True
+
     def read_kv_pages(self, pages: NDArray[np.int32]) -> object:  # [n]
         """The KV these cache pages hold, for `write_kv_pages` of another engine of the
         same model (a disaggregated cluster's transfer). An engine without a cache (the
