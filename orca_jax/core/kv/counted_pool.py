@@ -78,8 +78,8 @@ class CountedPool(PagedPool):
         self._num_free -= total
         self.num_held[ids] = grown
 
-    def allocate_counts_steps(self, ids: NDArray[np.int64],  # [n] distinct
-                              need: NDArray[np.int64]) -> None:  # [k, n]
+    def allocate_steps(self, ids: NDArray[np.int64],  # [n] distinct
+                       need: NDArray[np.int64]) -> None:  # [k, n]
         """`PagedPool.allocate_steps`' counts and checks (a leap's `k` steps at once)."""
         grants = need.sum(axis=0)  # [n]
         total = int(grants.sum())
@@ -93,7 +93,6 @@ class CountedPool(PagedPool):
         self._num_free -= total
         self.num_held[ids] = grown
 
-    allocate_steps = allocate_counts_steps
 
     def allocate_next_pages(self, ids: NDArray[np.int64]) -> None:  # [g] distinct
         """A short leap's pages, one for each of `ids`: `PagedPool.allocate_next_pages`'
