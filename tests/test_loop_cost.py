@@ -8,14 +8,14 @@ from __future__ import annotations
 import numpy as np
 
 import policies
-from orca_jax import Request, Scheduler, SchedulerConfig
+from orca_jax import KVConfig, Request, Scheduler, SchedulerConfig, StepLimits
 from orca_jax.core.loop.executor import Executor
 from orca_jax.core.loop.scheduler_loop import MAX_SCHEDULER_ATTRIBUTES
 from orca_jax.sim.cost_model import CostModelConfig
 from orca_jax.sim.engine import SimEngine
 
-CONFIG = SchedulerConfig(max_num_seqs=8, num_kv_pages=64, max_model_len=128,
-                         prefix_caching="off")
+CONFIG = SchedulerConfig(limits=StepLimits(max_num_seqs=8, max_model_len=128),
+                         kv=KVConfig(num_kv_pages=64, prefix_caching="off"))
 
 
 def _scheduler(policy: str = "orca") -> Scheduler:
