@@ -2,8 +2,10 @@
 
 A run the runner builds on the simulator keeps page counts only (`CountedPool`); every
 feature that reads which pages a request holds (a prefix cache, KV tiers, the buddy
-layout, an engine that reads the descriptor, a cluster's replicas, pipeline stages) gets
-the full pool, and either pool writes the same steps.jsonl and requests.jsonl.
+layout, an engine that reads the descriptor, pipeline stages, a cluster's migration or
+prefill-to-decode handoff) gets the full pool, and either pool writes the same
+steps.jsonl and requests.jsonl. A colocated cluster without migration keeps counts only
+on every replica.
 """
 
 import dataclasses
@@ -18,9 +20,10 @@ from orca_jax.core.kv.counted_pool import CountedPool
 from orca_jax.core.kv.pool import PagedPool
 from orca_jax.core.loop.scheduler import Scheduler
 from orca_jax.core.step.engine_api import EngineWrapper
-from orca_jax.runner.build import build_engine, build_workload, scheduler_config
+from orca_jax.runner.build import build_cluster, build_engine, build_workload, scheduler_config
+from orca_jax.runner.disaggregated import run_disaggregated
 from orca_jax.runner.experiment import run_policy
-from orca_jax.runner.spec import LimitsSpec, RunSpec, WorkloadSpec
+from orca_jax.runner.spec import ClusterSpec, LimitsSpec, RunSpec, WorkloadSpec
 
 PLAIN = RunSpec(workload=WorkloadSpec(num_requests=40, rate=10))
 # 160 pages of 16 tokens: vllm preempts, and pages are freed and taken again all run long.
@@ -65,7 +68,7 @@ SHARED_PREFIX = RunSpec(workload=WorkloadSpec(arrival="shared_prefix", num_reque
 
 
 @pytest.mark.parametrize("case", ["not_asked", "engine_reads_pages", "prefix_cache",
-                                  "buddy", "host_tier", "cluster_replica"])
+                                  "buddy", "host_tier", "replica_not_asked"])
 def test_every_reader_of_pages_gets_the_full_pool(case):
     spec, policy, kwargs = PLAIN, "vllm", dict(kv_counts_only=True)
     if case == "not_asked":
@@ -78,8 +81,8 @@ def test_every_reader_of_pages_gets_the_full_pool(case):
         spec, policy = limits(kv_layout="buddy"), "orca"
     elif case == "host_tier":
         spec = limits(kv_host_pages=64)
-    else:
-        kwargs["submitted_only"] = True
+    else:  # a replica whose cluster does not give its word (`share_table`'s default)
+        kwargs = dict(submitted_only=True)
     scheduler = scheduler_of(spec, policy, **kwargs)
     assert isinstance(scheduler.kv, PagedPool) is (case != "buddy")
     assert not isinstance(scheduler.kv, CountedPool)
@@ -144,3 +147,55 @@ def test_the_counts_follow_the_paged_pool_step_by_step():
         counted.check_consistency()
     full.check_consistency()
     assert refused == {"KV pool overcommitted", "a request would exceed max_pages_per_seq"}
+
+
+def clustered(spec: RunSpec, **cluster) -> RunSpec:
+    return dataclasses.replace(spec, cluster=ClusterSpec(**cluster))
+
+
+def replica_pools(spec: RunSpec, **kwargs) -> list:
+    config = scheduler_config(spec)
+    cluster = build_cluster(spec, "vllm", None, config, build_workload(spec), **kwargs)
+    return [replica.kv for replica in cluster.replicas]
+
+
+@pytest.mark.parametrize("router", ["round_robin", "least_outstanding"])
+def test_a_plain_clusters_replicas_keep_page_counts_only(router):
+    spec = clustered(PLAIN, num_replicas=3, router=router)
+    assert [type(kv) for kv in replica_pools(spec, kv_counts_only=True)] == [CountedPool] * 3
+    # Not asked (the default), or a real engine's or pipeline's pages: the full pools.
+    assert not any(isinstance(kv, CountedPool) for kv in replica_pools(spec))
+
+
+def test_an_elastic_clusters_replicas_keep_page_counts_only():
+    # A planner starts and drains whole replicas: no request moves with its KV.
+    spec = clustered(PLAIN, num_replicas=2, planner="threshold", max_replicas=4)
+    pools = replica_pools(spec, kv_counts_only=True)
+    assert len(pools) == 4 and all(type(kv) is CountedPool for kv in pools)
+
+
+def test_a_migrating_or_disaggregated_clusters_replicas_keep_the_full_pool():
+    migrating = clustered(PLAIN, num_replicas=3, router="round_robin",
+                          rebalancer="load_balance")
+    pools = replica_pools(migrating, kv_counts_only=True)
+    assert len(pools) == 3 and not any(isinstance(kv, CountedPool) for kv in pools)
+    assert all(kv.pages_of(0).size == 0 for kv in pools)
+    split = clustered(PLAIN, num_prefill_replicas=2, num_decode_replicas=2)
+    cluster = run_disaggregated(split, "vllm", None, scheduler_config(split),
+                                build_workload(split))[3]
+    pools = [replica.kv for replica in cluster.prefill + cluster.decode]
+    assert len(pools) == 4 and not any(isinstance(kv, CountedPool) for kv in pools)
+
+
+@pytest.mark.parametrize("router", ["round_robin", "least_outstanding"])
+def test_either_pool_writes_the_same_cluster_results(router, tmp_path):
+    spec = clustered(KV_TIGHT, num_replicas=3, router=router)
+    for counts_only in (True, False):
+        run_policy(spec, "vllm", out_dir=str(tmp_path / str(counts_only)), progress=False,
+                   kv_counts_only=counts_only)
+    for name in ("steps.jsonl", "requests.jsonl"):
+        counted, full = rows(tmp_path / "True", name), rows(tmp_path / "False", name)
+        assert counted == full and len(counted) > 0
+    steps = rows(tmp_path / "True", "steps.jsonl")
+    assert {r["replica"] for r in steps} == {0, 1, 2}
+    assert any(r["num_preemptions"] for r in rows(tmp_path / "True", "requests.jsonl"))

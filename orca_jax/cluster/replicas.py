@@ -60,6 +60,12 @@ class Cluster(EventLoop):
         `num_replicas` are ready at the start, `scaling.max_replicas` are built.
       planner_options: the planner's knobs as text, when it is a spec.
       scaling: the planner's caps, interval and start-up delay (needed with a planner).
+      kv_counts_only: the caller's word that nothing outside the KV memory reads pages
+        (`Scheduler`'s): granted to the replicas only where no request moves between
+        them with its KV, i.e. without a rebalancer (a migration copies the pages it
+        moves: `Migrator`). A planner starts and drains whole replicas and moves no
+        KV; agent programs' pins count pages (and are one replica's only). Default
+        False: the full pools.
     """
 
     def __init__(self, requests: Sequence[Request], *, num_replicas: int,
@@ -71,7 +77,8 @@ class Cluster(EventLoop):
                  migration: Optional[MigrationSpec] = None,
                  planner: Union[Planner, str, None] = None,
                  planner_options: Optional[Mapping[str, str]] = None,
-                 scaling: Optional[ScalingSpec] = None) -> None:
+                 scaling: Optional[ScalingSpec] = None,
+                 kv_counts_only: bool = False) -> None:
         if num_replicas < 1:
             raise ValueError(f"num_replicas must be >= 1, got {num_replicas}")
         if isinstance(planner, str):
@@ -92,7 +99,9 @@ class Cluster(EventLoop):
         self.router = router if isinstance(router, Router) else make_router(router,
                                                                              router_options)
         built = num_replicas if planner is None or scaling is None else scaling.max_replicas
-        self.replicas = share_table(requests, built, make_policy, make_engine, config)
+        # Nothing moves a request with its KV between these replicas but a migration.
+        self.replicas = share_table(requests, built, make_policy, make_engine, config,
+                                    kv_counts_only=kv_counts_only and rebalancer is None)
         table = self.replicas[0].table
         rejected = table.state == RequestState.REJECTED  # up front, on every replica
         self._num_rejected = int(np.count_nonzero(rejected))

@@ -137,10 +137,11 @@ def _pilot_result(pilot: RunSpec, workload: list[Request], progress: bool) -> Ru
     if pilot.cluster.disaggregated:  # the pilot reads its steps only: no token times
         return run_disaggregated(dataclasses.replace(pilot, log_token_times=False),
                                  PILOT_POLICY, None, config, workload)[2]
-    if pilot.cluster.colocated_cluster:
-        return build_cluster(pilot, PILOT_POLICY, None, config, workload).run()
     # The pilot reads its steps only: no token log, and page counts only where nothing reads
-    # pages (`Scheduler`'s `kv_counts_only`, as `run_policy` asks).
+    # pages (`Scheduler`'s and `Cluster`'s `kv_counts_only`, as `run_policy` asks).
+    if pilot.cluster.colocated_cluster:
+        return build_cluster(pilot, PILOT_POLICY, None, config, workload,
+                             kv_counts_only=True).run()
     scheduler = Scheduler(workload, make_policy(PILOT_POLICY), build_engine(pilot, config), config,
                           log_tokens=False, kv_counts_only=True)
     bar = Progress(f"bucket pilot ({PILOT_POLICY})", len(workload), "requests") if progress \

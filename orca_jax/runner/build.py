@@ -411,10 +411,12 @@ def transfer_cost(spec: RunSpec) -> KVTransferCost:
 
 
 def build_cluster(spec: RunSpec, policy_spec: str, policy_options: Optional[Mapping[str, str]],
-                  config: SchedulerConfig, workload: list[Request]) -> Cluster:
+                  config: SchedulerConfig, workload: list[Request], *,
+                  kv_counts_only: bool = False) -> Cluster:
     """`spec.cluster.num_replicas` replicas of `policy_spec` behind
     `spec.cluster.router`, each with its own engine of the spec (a real engine: its own
-    weights and KV cache, in this process)."""
+    weights and KV cache, in this process). `kv_counts_only`: `Cluster`'s (the replicas
+    keep page counts only where no migration reads their pages)."""
     from orca_jax.cluster.migration import MigrationSpec
     from orca_jax.cluster.replicas import Cluster
 
@@ -437,7 +439,7 @@ def build_cluster(spec: RunSpec, policy_spec: str, policy_options: Optional[Mapp
                    rebalancer_options=parse_options(cluster.rebalancer_opts),
                    migration=migration, planner=cluster.planner,
                    planner_options=parse_options(cluster.planner_opts),
-                   scaling=scaling_spec(spec))
+                   scaling=scaling_spec(spec), kv_counts_only=kv_counts_only)
 
 
 def replica_startup_s(spec: RunSpec) -> float:

@@ -108,7 +108,8 @@ def run_policy(spec: RunSpec, policy_spec: str, policy_options: Optional[Mapping
         caller fitted them (compare fits once for every policy); a spec whose sizes are
         not fitted yet is fitted here (`runner.bucket_pilot`).
       kv_counts_only: `Scheduler`'s: keep KV page counts only where nothing can read
-        pages (the same results, faster); False keeps the full page table.
+        pages (the same results, faster), on one replica or a colocated cluster's
+        replicas without migration (`Cluster`'s); False keeps the full page table.
 
     Returns:
       The summary dict and the finished run (of every replica, with several).
@@ -127,7 +128,8 @@ def run_policy(spec: RunSpec, policy_spec: str, policy_options: Optional[Mapping
         if spec.cluster.disaggregated:
             pass  # its pools are built by `run_disaggregated`, in `_run_disaggregated`
         elif spec.cluster.colocated_cluster:
-            cluster = build_cluster(spec, policy_spec, policy_options, config, workload)
+            cluster = build_cluster(spec, policy_spec, policy_options, config, workload,
+                                    kv_counts_only=kv_counts_only)
         else:
             policy = make_policy(policy_spec, policy_options)
             engine = (engine if engine is not None

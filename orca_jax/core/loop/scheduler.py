@@ -74,10 +74,13 @@ class Scheduler(SchedulerLoop):
         `token_time_s`: 16 bytes a token); False counts them instead, which is all the
         metrics need (`RunRecord.logs_tokens`).
       kv_counts_only: keep KV page counts only, no page table, where nothing can read
-        pages (`KVMemory.build`'s `counts_only`): an engine that does not read them
-        (`Engine.reads_kv_pages`), one replica alone, one pipeline stage. The runner
-        asks for it; False (the default) keeps the full pool, for a caller that reads
-        pages (`pages_of`, `export_request`) or checks them.
+        pages (`KVMemory.build`'s `counts_only`), given an engine that does not read them
+        (`Engine.reads_kv_pages`) and one pipeline stage. The caller's word that nothing
+        outside reads them either: the runner asks for it on one replica, and a cluster
+        for its replicas when none of them exports or imports a request with its KV (no
+        migration, no handoff: `Cluster`'s `kv_counts_only`). False (the default) keeps
+        the full pool, for a caller that reads pages (`pages_of`, `export_request`) or
+        checks them.
 
     Attributes:
       executor: runs its iterations (`step`, `run`) and keeps its clock; depth 2
@@ -117,7 +120,6 @@ class Scheduler(SchedulerLoop):
             max_model_len=limits.max_model_len, reservation=self.kv_reservation,
             prefix_caching=self.prefix_caching, uses_planned_output=not engine.needs_token_ids,
             counts_only=(kv_counts_only and not getattr(engine, "reads_kv_pages", True)
-                         and not submitted_only and table is None
                          and getattr(engine, "num_stages", 1) == 1))
         self.kv = self.kv_memory.pool
         self.capacity = self.kv_memory.capacity
