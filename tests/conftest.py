@@ -3,6 +3,7 @@ writes nothing into the user's home, and a jax step compiled once in a test sess
 loaded, not compiled again, by the later command-line runs and real-engine modules of the
 session."""
 
+import gc
 import os
 import shutil
 import sys
@@ -61,6 +62,58 @@ def session_compile_cache():
     compile_cache.enable(None)
     yield
     compile_cache.enable(before or compile_cache.DISABLED)
+
+
+# pytest-xdist's `--dist loadfile` hands out the files in order of their number of tests,
+# most first, and many of the slowest files (a few end-to-end runs of the real engine
+# each) have few: they went out late (test_pipeline_engine_cli, one test of ~30 s, among
+# the last five), and a worker could run one while the other had finished. The files
+# that take longest go out first instead, largest first, so the many short files fill in
+# at the end: ranked by a whole `-n 2 --dist loadfile` run's seconds a file
+# (benchmarks/results/suitetime5_durations.txt, which replays both orders); the rest keep
+# xdist's order. A name here that no longer exists is skipped; a new slow file belongs here.
+SLOWEST_FILES = (
+    "test_scheduler_invariants.py", "test_prefix_caching_switch.py", "test_experiments_cli.py",
+    "test_ragged_paged_attention.py", "test_compile_cache.py", "test_tensor_parallel.py",
+    "test_sweep_ray.py", "test_leap.py", "test_decisions_frozen.py", "test_spec_engine.py",
+    "test_gpu_check.py", "test_spec_sampling.py", "test_compare_equal_settings.py",
+    "test_entry_points.py", "test_sweep_variants.py", "test_overlap.py",
+    "test_autellix_reproduction.py", "test_cached_attention.py", "test_cli_errors.py",
+    "test_migration_engine_processes.py", "test_driving_experiments.py",
+    "test_pipeline_engine_cli.py", "test_engine_kv_tiers.py", "test_model.py",
+    "test_ranker.py", "test_disaggregated_invariants.py", "test_row_lines.py",
+    "test_architecture.py", "test_reproductions.py", "test_serve.py",
+)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class SlowestFilesFirst(LoadFileScheduling):
+        _reordered = False
+
+        def _assign_work_unit(self, node):
+            if not self._reordered:  # the first file handed out: the queue is complete
+                self._reordered = True
+                rank = {f"tests/{name}": i for i, name in enumerate(SLOWEST_FILES)}
+                for scope in sorted(self.workqueue, key=lambda s: rank.get(s, len(rank))):
+                    self.workqueue.move_to_end(scope)
+            super()._assign_work_unit(node)
+
+    return SlowestFilesFirst(config, log)
+
+
+def pytest_collection_finish(session):
+    """Every object the collection made (the imported modules: jax, numpy, the framework,
+    the tests' own tables) moves to the collector's permanent generation, which a full
+    collection no longer walks. run_policy collects the finished run's cycles
+    (`gc.collect()`, for a 10^6-request run's peak), and in a test process that walk of
+    every imported object was ~0.1 s a run: 11 of 77 s of test_scheduler_invariants'
+    pipeline and rerun tests. What the tests make later is collected as before."""
+    gc.freeze()
 
 
 def pytest_sessionfinish(session, exitstatus):
