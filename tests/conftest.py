@@ -96,11 +96,13 @@ def pytest_xdist_make_scheduler(config, log):
         _reordered = False
 
         def _assign_work_unit(self, node):
-            if not self._reordered:  # the first file handed out: the queue is complete
+            queue = getattr(self, "workqueue", None)  # xdist 3.x's; else its own order
+            if not self._reordered and hasattr(queue, "move_to_end"):
+                # The first file handed out: the queue is complete.
                 self._reordered = True
                 rank = {f"tests/{name}": i for i, name in enumerate(SLOWEST_FILES)}
-                for scope in sorted(self.workqueue, key=lambda s: rank.get(s, len(rank))):
-                    self.workqueue.move_to_end(scope)
+                for scope in sorted(queue, key=lambda s: rank.get(s, len(rank))):
+                    queue.move_to_end(scope)
             super()._assign_work_unit(node)
 
     return SlowestFilesFirst(config, log)
