@@ -70,11 +70,8 @@ class CountedPool(PagedPool):
         if growing_at.size < need.size:
             ids, need = ids[growing_at], need[growing_at]
         total = sum(need.tolist())
-        if total > self._num_free:
-            raise RuntimeError(f"KV pool overcommitted: {total} pages asked, {self._num_free} free")
         grown = self.num_held[ids] + need  # [g]
-        if max(grown.tolist()) > self.max_pages_per_seq:
-            raise RuntimeError("a request would exceed max_pages_per_seq")
+        self._check_grant(total, max(grown.tolist()))
         self._num_free -= total
         self.num_held[ids] = grown
 
@@ -85,14 +82,10 @@ class CountedPool(PagedPool):
         total = int(grants.sum())
         if total == 0:
             return
-        if total > self._num_free:
-            raise RuntimeError(f"KV pool overcommitted: {total} pages asked, {self._num_free} free")
         grown = self.num_held[ids] + grants  # [n]
-        if int(grown.max()) > self.max_pages_per_seq:
-            raise RuntimeError("a request would exceed max_pages_per_seq")
+        self._check_grant(total, int(grown.max()))
         self._num_free -= total
         self.num_held[ids] = grown
-
 
     def allocate_next_pages(self, ids: NDArray[np.int64]) -> None:  # [g] distinct
         """A short leap's pages, one for each of `ids`: `PagedPool.allocate_next_pages`'
@@ -100,11 +93,8 @@ class CountedPool(PagedPool):
         total = ids.size
         if total == 0:
             return
-        if total > self._num_free:
-            raise RuntimeError(f"KV pool overcommitted: {total} pages asked, {self._num_free} free")
         held = self.num_held[ids]  # [g]
-        if max(held.tolist()) >= self.max_pages_per_seq:
-            raise RuntimeError("a request would exceed max_pages_per_seq")
+        self._check_grant(total, max(held.tolist()) + 1)
         self._num_free -= total
         held += 1
         self.num_held[ids] = held

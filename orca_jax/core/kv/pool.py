@@ -317,12 +317,9 @@ class PagedPool(PageTable):
         # The [g] arrays' sum and bounds in Python ints (exact, as int64 reductions are): a
         # ufunc reduction's fixed cost (2 us) is several times a short list's.
         total = sum(need.tolist())
-        if total > self.num_free:
-            raise RuntimeError(f"KV pool overcommitted: {total} pages asked, {self.num_free} free")
         held = self.num_held[ids]  # [g]
         grown = held + need  # [g]
-        if max(grown.tolist()) > self.max_pages_per_seq:
-            raise RuntimeError("a request would exceed max_pages_per_seq")
+        self._check_grant(total, max(grown.tolist()))
         rows = self.row_of[ids]  # [g]
         if min(rows.tolist()) < 0:  # an admission's first pages: it gets a row
             rows = self._assign_rows(ids, rows)
@@ -347,12 +344,9 @@ class PagedPool(PageTable):
         total = int(grants.sum())
         if total == 0:
             return
-        if total > self.num_free:
-            raise RuntimeError(f"KV pool overcommitted: {total} pages asked, {self.num_free} free")
         held = self.num_held[ids]  # [n]
         grown = held + grants  # [n]
-        if int(grown.max()) > self.max_pages_per_seq:
-            raise RuntimeError("a request would exceed max_pages_per_seq")
+        self._check_grant(total, int(grown.max()))
         rows = self.row_of[ids]  # [n]
         if (rows[grants > 0] < 0).any():
             raise RuntimeError("allocate_steps: a growing request holds no page-table row")
@@ -379,13 +373,10 @@ class PagedPool(PageTable):
         total = ids.size
         if total == 0:
             return
-        if total > self._num_free:
-            raise RuntimeError(f"KV pool overcommitted: {total} pages asked, {self.num_free} free")
         held = self.num_held[ids]  # [g]
         rows = self.row_of[ids]  # [g]
         # The bounds of a few in Python (a ufunc reduction's fixed cost is several times theirs).
-        if max(held.tolist()) >= self.max_pages_per_seq:
-            raise RuntimeError("a request would exceed max_pages_per_seq")
+        self._check_grant(total, max(held.tolist()) + 1)
         if min(rows.tolist()) < 0:
             raise RuntimeError("allocate_next_pages: a growing request holds no page-table row")
         pages = self._take(total)
@@ -393,6 +384,14 @@ class PagedPool(PageTable):
         self.page_table[rows, held] = pages
         held += _ONE
         self.num_held[ids] = held
+
+    def _check_grant(self, total: int, most_held: int) -> None:
+        """Refuses a grant its caller should have checked: `total` pages more than are
+        free, or a request left holding `most_held` pages, past `max_pages_per_seq`."""
+        if total > self._num_free:
+            raise RuntimeError(f"KV pool overcommitted: {total} pages asked, {self._num_free} free")
+        if most_held > self.max_pages_per_seq:
+            raise RuntimeError("a request would exceed max_pages_per_seq")
 
     def _take(self, count: int) -> NDArray[np.int64]:
         """`[count]` pages off the free stack (the caller checked that it has them)."""
