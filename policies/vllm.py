@@ -269,8 +269,8 @@ class VLLM(Policy):
         # its pages, and the cache changes every step). Any head answers the same (the
         # first that does not fit in it, or all of it, is where admission stops), so its
         # size is a guess only: twice the last admissions and one, since a saturated run
-        # admits about as many every step (a dozen prompts into a 4,096-token budget),
-        # and one look is then enough, where growing from 4 took two.
+        # admits about as many each step as the step before, and one look is then enough
+        # where growing from 4 took two for a step admitting more than four.
         size = max(_FIRST_LOOK, 2 * self._last_admitted + 1)
         while True:
             head = candidates[:size]
