@@ -387,9 +387,11 @@ class PagedPool(PageTable):
 
     def _check_grant(self, total: int, most_held: int) -> None:
         """Refuses a grant its caller should have checked: `total` pages more than are
-        free, or a request left holding `most_held` pages, past `max_pages_per_seq`."""
-        if total > self._num_free:
-            raise RuntimeError(f"KV pool overcommitted: {total} pages asked, {self._num_free} free")
+        free, or a request left holding `most_held` pages, past `max_pages_per_seq`. Free
+        as `num_free` says: a prefix cache's pool counts its evictable pages too."""
+        free = self.num_free
+        if total > free:
+            raise RuntimeError(f"KV pool overcommitted: {total} pages asked, {free} free")
         if most_held > self.max_pages_per_seq:
             raise RuntimeError("a request would exceed max_pages_per_seq")
 
