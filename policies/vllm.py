@@ -193,7 +193,7 @@ class VLLM(Policy):
         if running.size + view.waiting.size <= 1:
             threshold = 0
         new_ids, _ = self._admit(view, budget - int(running.size), view.num_free_pages,
-                                 int(running.size), threshold)
+                                 int(running.size), threshold, plans=False)
         return None if new_ids.size else STEADY
 
     def _schedule_with_preemption(self, view: SchedulerView, budget: int,
@@ -251,8 +251,11 @@ class VLLM(Policy):
         return StepPlan(ids, tokens, preempt=preempted)
 
     def _admit(self, view: SchedulerView, budget: int, free: int, num_running: int,
-               threshold: int) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
-        """Waiting requests to admit after the running pass: ids `[a]` and tokens `[a]`."""
+               threshold: int, *, plans: bool = True
+               ) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+        """Waiting requests to admit after the running pass: ids `[a]` and tokens `[a]`
+        (`plans` False: a question about the plan, `stable_steps`', which leaves the next
+        plan's first-look guess as the last plan set it)."""
         cap = min(self.max_num_seqs, view.max_num_seqs)
         waiting = view.waiting
         if budget <= 0 or num_running >= cap or waiting.size == 0:
@@ -279,7 +282,8 @@ class VLLM(Policy):
                 break
             size *= 4
         num_admitted = fits.index(False) if False in fits else len(fits)
-        self._last_admitted = num_admitted
+        if plans:
+            self._last_admitted = num_admitted
         return head[:num_admitted], np.array(tokens[:num_admitted], dtype=np.int64)
 
     def _fits(self, view: SchedulerView, candidates: NDArray[np.int64],  # [c]
