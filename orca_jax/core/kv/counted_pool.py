@@ -16,7 +16,7 @@ raise with one line instead of returning pages it never kept.
 
 from __future__ import annotations
 
-from typing import NoReturn, Optional
+from typing import NoReturn
 
 import numpy as np
 from numpy.typing import NDArray
@@ -57,47 +57,21 @@ class CountedPool(PagedPool):
     def pages_of(self, request: int) -> NoReturn:
         _no_pages(f"pages_of({request})")
 
-    def allocate(self, ids: NDArray[np.int64],  # [n] distinct
-                 target_tokens: NDArray[np.int64],  # [n]
-                 need: Optional[NDArray[np.int64]] = None) -> None:  # [n]
-        """`PagedPool.allocate`'s counts and checks: each of `ids` grows to hold
-        `target_tokens` (`need`: `pages_needed(ids, target_tokens)`, if known)."""
-        if need is None:
-            need = self.pages_needed(ids, target_tokens)
-        growing_at = need.nonzero()[0]  # [g]
-        if growing_at.size == 0:
-            return
-        if growing_at.size < need.size:
-            ids, need = ids[growing_at], need[growing_at]
-        total = sum(need.tolist())
-        grown = self.num_held[ids] + need  # [g]
-        self._check_grant(total, max(grown.tolist()))
+    # `PagedPool.allocate`, `allocate_steps` and `allocate_next_pages` count, check and
+    # write `num_held`; what they would place in the page table is only taken off the
+    # free total here.
+    def _place(self, ids: NDArray[np.int64], need: NDArray[np.int64],  # [g], [g]
+               held: NDArray[np.int64], total: int) -> None:  # [g]
         self._num_free -= total
-        self.num_held[ids] = grown
 
-    def allocate_steps(self, ids: NDArray[np.int64],  # [n] distinct
-                       need: NDArray[np.int64]) -> None:  # [k, n]
-        """`PagedPool.allocate_steps`' counts and checks (a leap's `k` steps at once)."""
-        grants = need.sum(axis=0)  # [n]
-        total = int(grants.sum())
-        if total == 0:
-            return
-        grown = self.num_held[ids] + grants  # [n]
-        self._check_grant(total, int(grown.max()))
+    def _place_steps(self, ids: NDArray[np.int64], need: NDArray[np.int64],  # [n], [k, n]
+                     grants: NDArray[np.int64], held: NDArray[np.int64],  # [n], [n]
+                     total: int) -> None:
         self._num_free -= total
-        self.num_held[ids] = grown
 
-    def allocate_next_pages(self, ids: NDArray[np.int64]) -> None:  # [g] distinct
-        """A short leap's pages, one for each of `ids`: `PagedPool.allocate_next_pages`'
-        counts and checks."""
-        total = ids.size
-        if total == 0:
-            return
-        held = self.num_held[ids]  # [g]
-        self._check_grant(total, max(held.tolist()) + 1)
+    def _place_next(self, ids: NDArray[np.int64], held: NDArray[np.int64],  # [g], [g]
+                    total: int) -> None:
         self._num_free -= total
-        held += 1
-        self.num_held[ids] = held
 
     def free(self, ids: NDArray[np.int64]) -> None:  # [n] distinct
         """Gives back every page of these requests."""

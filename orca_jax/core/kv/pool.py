@@ -320,6 +320,15 @@ class PagedPool(PageTable):
         held = self.num_held[ids]  # [g]
         grown = held + need  # [g]
         self._check_grant(total, max(grown.tolist()))
+        self._place(ids, need, held, total)
+        self.num_held[ids] = grown
+
+    def _place(self, ids: NDArray[np.int64],  # [g] each growing
+               need: NDArray[np.int64],  # [g] its new pages
+               held: NDArray[np.int64],  # [g] the pages it held before
+               total: int) -> None:
+        """`allocate`'s pages: `total` off the free stack, written into the growing
+        requests' rows after the pages they held (the counts are the caller's)."""
         rows = self.row_of[ids]  # [g]
         if min(rows.tolist()) < 0:  # an admission's first pages: it gets a row
             rows = self._assign_rows(ids, rows)
@@ -332,7 +341,6 @@ class PagedPool(PageTable):
             # back by the pages handed to the requests before it, plus its place in `pages`.
             first = held - (need.cumsum() - need)  # [g]
             self.page_table[rows.repeat(need), first.repeat(need) + np.arange(total)] = pages
-        self.num_held[ids] = grown
 
     def allocate_steps(self, ids: NDArray[np.int64],  # [n] distinct, each holding a row
                        need: NDArray[np.int64]) -> None:  # [k, n]
@@ -347,6 +355,16 @@ class PagedPool(PageTable):
         held = self.num_held[ids]  # [n]
         grown = held + grants  # [n]
         self._check_grant(total, int(grown.max()))
+        self._place_steps(ids, need, grants, held, total)
+        self.num_held[ids] = grown
+
+    def _place_steps(self, ids: NDArray[np.int64],  # [n]
+                     need: NDArray[np.int64],  # [k, n] pages each step takes
+                     grants: NDArray[np.int64],  # [n] their sums
+                     held: NDArray[np.int64],  # [n] the pages each held before
+                     total: int) -> None:
+        """`allocate_steps`' pages, in the order the `k` steps take them (the counts are
+        the caller's)."""
         rows = self.row_of[ids]  # [n]
         if (rows[grants > 0] < 0).any():
             raise RuntimeError("allocate_steps: a growing request holds no page-table row")
@@ -363,7 +381,6 @@ class PagedPool(PageTable):
             first = np.repeat(held[pos] + earlier, counts)  # [total] its column of each grant
             within = np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts)
             self.page_table[np.repeat(rows[pos], counts), first + within] = pages
-        self.num_held[ids] = grown
 
     def allocate_next_pages(self, ids: NDArray[np.int64]) -> None:  # [g] distinct
         """`allocate_steps` of a short leap, in which no request takes two pages: one new
@@ -374,16 +391,22 @@ class PagedPool(PageTable):
         if total == 0:
             return
         held = self.num_held[ids]  # [g]
-        rows = self.row_of[ids]  # [g]
         # The bounds of a few in Python (a ufunc reduction's fixed cost is several times theirs).
         self._check_grant(total, max(held.tolist()) + 1)
+        self._place_next(ids, held, total)
+        held += _ONE
+        self.num_held[ids] = held
+
+    def _place_next(self, ids: NDArray[np.int64],  # [g]
+                    held: NDArray[np.int64],  # [g] the pages each held before
+                    total: int) -> None:
+        """`allocate_next_pages`' pages: one each, at its next column."""
+        rows = self.row_of[ids]  # [g]
         if min(rows.tolist()) < 0:
             raise RuntimeError("allocate_next_pages: a growing request holds no page-table row")
         pages = self._take(total)
         self.ref_count[pages] = _ONE
         self.page_table[rows, held] = pages
-        held += _ONE
-        self.num_held[ids] = held
 
     def _check_grant(self, total: int, most_held: int) -> None:
         """Refuses a grant its caller should have checked: `total` pages more than are
