@@ -26,6 +26,15 @@ line, `leap.leap_counts`; a revision before them logs the leaps alone), then the
     python -m benchmarks.sim_speed --issue_trace --old_rev 21242e9 --rounds 3   # and before leaping
     python -m benchmarks.sim_speed --issue_trace --old_rev 1f4a4bd --old_noleap  # both --noleap
 
+With `--floor` (and `--issue_trace`), each round also times what no tree can go below:
+the interpreter with numpy and absl's flags imported and nothing else (`FLOOR_COMMAND`;
+Python, numpy and absl are fixed by design), and this tree's run of one request (its own
+start-up: imports, an empty workload, the files), each as process time per request of
+the trace. The old tree's time over the floor's is then the most any tree could be
+faster than it, as measured here, however little its loop cost:
+
+    python -m benchmarks.sim_speed --issue_trace --old_rev 21242e9 --floor --rounds 3
+
 With `--profile`, it runs one case of the issue's trace (the first of `--rates`) under
 cProfile in a child process and prints where its time goes, phase by phase (`PHASES`:
 the imports, the workload, the policy's plan, the plan checks, admission, KV
@@ -150,6 +159,9 @@ ISSUE_TRACE = ["--engine=sim", "--policy=vllm", "--model=llama3-8b", "--hardware
                "--prompt_len=fixed:300", "--output_len=fixed:100", "--max_num_seqs=256",
                "--max_num_tokens=4096", "--policy_opts=max_num_tokens=4096"]
 LEAP_LINE = re.compile(r"leaped over (\d+) of (\d+) steps in (\d+) leaps")
+# The start-up that no tree can go below (`--floor`): the interpreter with numpy and absl's
+# flags imported, which every run of the command line imports, and nothing of the project.
+FLOOR_COMMAND = [sys.executable, "-c", "import numpy, absl.app, absl.flags"]
 # The rest of the line where a tree logs it (`leap.leap_counts`): the widenings' leaps and
 # the chances refused or let go.
 LEAP_COUNTS = re.compile(r"\((\d+) after finishes, (\d+) after prefills; chances refused "
@@ -181,6 +193,17 @@ def run_trace_case(num_requests: int, rate: float, leap: Optional[bool], bucket_
             "leaps": int(found.group(3)) if found else 0, "cpu_s": cpu_s,
             "ms_per_request": cpu_s / num_requests * 1e3,
             "counts": tuple(int(c) for c in counts.groups()) if counts else None}
+
+
+def run_floor_case(num_requests: int, rate: float) -> dict:
+    """`FLOOR_COMMAND`'s process time in a child process, per request of a trace of
+    `num_requests` (a row as `run_trace_case` returns it, with no steps)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    subprocess.run(FLOOR_COMMAND, check=True, env=tree_env(REPO))
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return {"rate": rate, "leap": None, "steps": 0, "leaped": 0, "leaps": 0, "cpu_s": cpu_s,
+            "ms_per_request": cpu_s / num_requests * 1e3, "counts": None}
 
 
 # (label, depth, functions as (path ending, function name)): the phases of a profile;
@@ -254,10 +277,13 @@ def profile_case(num_requests: int, rate: float, bucket_ladder: str) -> None:
 
 
 def issue_trace(num_requests: int, rates: list[float], rounds: int, bucket_ladder: str,
-                old_tree: Optional[Path] = None, old_noleap: bool = False) -> None:
+                old_tree: Optional[Path] = None, old_noleap: bool = False,
+                floor: bool = False) -> None:
     """Leap against no leap on the issue's trace shape, `rounds` interleaved runs each
     (and revision `old_tree`'s run, where given, and with `old_noleap` its `--noleap`
-    run too, a revision that has the flag: the modes' order turns each round)."""
+    run too, a revision that has the flag: the modes' order turns each round; with
+    `floor`, `FLOOR_COMMAND` and this tree's one-request run too, per request of the
+    trace)."""
     print(f"{'rate':>5} {'mode':>7} {'steps':>7} {'leaped':>7} {'leaps':>6} {'process s':>10} "
           f"{'ms/request':>11}  {'after finishes/prefills, chances refused/let go':>11}")
     modes: list[tuple[str, Optional[bool], Path]] = [("leap", True, REPO),
@@ -266,12 +292,21 @@ def issue_trace(num_requests: int, rates: list[float], rounds: int, bucket_ladde
         modes.append(("old", None, old_tree))
         if old_noleap:  # the per-step path alone, both trees
             modes.append(("oldnl", False, old_tree))
+    # Start-ups (`--floor`): the stack's imports alone, and this tree's run of one request.
+    start_ups = ("floor", "one") if floor else ()
+    modes += [(label, None, REPO) for label in start_ups]
     for rate in rates:
         runs: dict[str, list[dict]] = {label: [] for label, _, _ in modes}
         for round_index in range(rounds):
             turned = modes[round_index % len(modes):] + modes[:round_index % len(modes)]
             for label, leap, tree in (turned if round_index % 2 == 0 else turned[::-1]):
-                row = run_trace_case(num_requests, rate, leap, bucket_ladder, tree)
+                if label == "floor":
+                    row = run_floor_case(num_requests, rate)
+                elif label == "one":  # its process time, counted per request of the trace
+                    row = run_trace_case(1, rate, True, bucket_ladder, tree)
+                    row["ms_per_request"] = row["cpu_s"] / num_requests * 1e3
+                else:
+                    row = run_trace_case(num_requests, rate, leap, bucket_ladder, tree)
                 runs[label].append(row)
                 counts = ("" if row["counts"] is None or not row["leaps"] else
                           "  {}/{}, {}/{}".format(*row["counts"]))
@@ -281,7 +316,8 @@ def issue_trace(num_requests: int, rates: list[float], rounds: int, bucket_ladde
         medians = {label: statistics.median(r["ms_per_request"] for r in rows)
                    for label, rows in runs.items()}
         fraction = statistics.median(r["leaped"] / r["steps"] for r in runs["leap"])
-        same_steps = len({r["steps"] for rows in runs.values() for r in rows}) == 1
+        same_steps = len({r["steps"] for label, rows in runs.items() for r in rows
+                          if label not in start_ups}) == 1
         print(f"rate {rate:g}: median ms/request leap {medians['leap']:.3f}, noleap "
               f"{medians['noleap']:.3f}, noleap/leap {medians['noleap'] / medians['leap']:.2f}x"
               + (f", old {medians['old']:.3f}, old/leap {medians['old'] / medians['leap']:.2f}x"
@@ -290,6 +326,12 @@ def issue_trace(num_requests: int, rates: list[float], rounds: int, bucket_ladde
                  f"{medians['oldnl'] / medians['noleap']:.2f}x" if "oldnl" in medians else "")
               + f"; leaped fraction of steps {fraction:.3f}; steps "
               f"{'identical' if same_steps else 'DIFFER'}", flush=True)
+        if floor:
+            print(f"rate {rate:g}: start-up per request of the trace: floor (python, numpy, "
+                  f"absl) {medians['floor']:.3f} ms, a one-request run {medians['one']:.3f} ms"
+                  + (f"; old/floor {medians['old'] / medians['floor']:.2f}x: no tree can be "
+                     f"more than that faster than the old one here, whatever its loop costs"
+                     if "old" in medians else ""), flush=True)
 
 
 def main() -> None:
@@ -314,6 +356,9 @@ def main() -> None:
     parser.add_argument("--old_noleap", action="store_true",
                         help="with --issue_trace and --old_rev: the old tree's --noleap run "
                         "too (a revision that has the flag): the per-step path in both")
+    parser.add_argument("--floor", action="store_true",
+                        help="with --issue_trace: time the start-up no tree can go below "
+                        "(FLOOR_COMMAND) and this tree's one-request run too (see above)")
     args = parser.parse_args()
     if args.planner and (args.old_rev or args.issue_trace or args.profile):
         parser.error("--planner measures cluster cases at this tree only: drop --old_rev, "
@@ -335,13 +380,15 @@ def main() -> None:
               f"{num_requests} requests, {' '.join(ISSUE_TRACE)}, "
               f"--bucket_ladder={args.bucket_ladder}, --rounds={args.rounds}"
               + (f", --old_rev={args.old_rev}" if args.old_rev else "")
-              + (", --old_noleap" if args.old_noleap else ""))
+              + (", --old_noleap" if args.old_noleap else "")
+              + (", --floor" if args.floor else ""))
         if args.old_rev:
             with revision_tree(args.old_rev) as old_tree:
                 issue_trace(num_requests, args.rates, args.rounds, args.bucket_ladder, old_tree,
-                            args.old_noleap)
+                            args.old_noleap, args.floor)
         else:
-            issue_trace(num_requests, args.rates, args.rounds, args.bucket_ladder)
+            issue_trace(num_requests, args.rates, args.rounds, args.bucket_ladder,
+                        floor=args.floor)
         return
     print(f"# {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} {os.cpu_count()}-core "
           f"machine, load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}, "
