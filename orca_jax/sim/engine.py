@@ -132,11 +132,8 @@ class SimEngine(Engine):
         if self.config.pp_layers is not None:  # through every stage: their seconds added
             return self.step_stages(packed)[0]
         bucket = packed.bucket
-        warm = self._warm_buckets
-        if warm is not None and self._warm_seen.get(id(bucket)) is not bucket:
-            self._check_warm(bucket, warm)
-            if len(self._warm_seen) < _WARM_SEEN_MAX:
-                self._warm_seen[id(bucket)] = bucket
+        if self._warm_seen.get(id(bucket)) is not bucket:
+            self._check_warm_bucket(bucket)
         kv_lens = packed.kv_lens
         step_s = self._price(bucket, packed.q_lens, kv_lens)
         if packed.spec_tokens is not None:
@@ -144,6 +141,20 @@ class SimEngine(Engine):
         sampled = np.zeros(bucket.num_seqs, dtype=np.int32)  # [S] padding samples 0 % vocab
         sampled[:kv_lens.size] = kv_lens % self._vocab_0d
         return StepOutput.plain(sampled, step_s)
+
+    def _check_warm_bucket(self, bucket: Bucket) -> None:
+        """`_check_warm` of a step's bucket where warm-up named the buckets (before it, any
+        bucket goes); a warm one is remembered by identity (`_warm_seen`).
+
+        Raises:
+          ValueError: its bucket was not warmed up.
+        """
+        warm = self._warm_buckets
+        if warm is None:
+            return
+        self._check_warm(bucket, warm)
+        if len(self._warm_seen) < _WARM_SEEN_MAX:
+            self._warm_seen[id(bucket)] = bucket
 
     def _speculative_output(self, packed: PackedStep, verify_s: float) -> StepOutput:
         """A verification step's output: the drafts accepted (drawn), the token sampled
@@ -204,8 +215,8 @@ class SimEngine(Engine):
         if self.config.pp_layers is None:
             return super().step_stages(packed)
         bucket = packed.bucket
-        if self._warm_buckets is not None:
-            self._check_warm(bucket, self._warm_buckets)
+        if self._warm_seen.get(id(bucket)) is not bucket:
+            self._check_warm_bucket(bucket)
         kv_lens = packed.kv_lens
         sampled = np.zeros(bucket.num_seqs, dtype=np.int32)  # [S] padding samples 0 % vocab
         sampled[:kv_lens.size] = kv_lens % self.vocab_size
@@ -221,8 +232,8 @@ class SimEngine(Engine):
         Raises:
           ValueError: its bucket was not warmed up.
         """
-        if self._warm_buckets is not None:
-            self._check_warm(bucket, self._warm_buckets)
+        if self._warm_seen.get(id(bucket)) is not bucket:
+            self._check_warm_bucket(bucket)
         kv_lens = np.asarray(kv_lens, np.int64)
         vocab_size = self.config.model_config.vocab_size
         if int(np.maximum.reduce(kv_lens)) + num_steps <= vocab_size:  # no length wraps
