@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import math
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional
 
 import numpy as np
@@ -61,21 +62,18 @@ UPDATE_EVERY_STEPS = 64
 
 
 class _RunProgress:
-    """A scheduler's `progress` callback: requests done of the workload (`Progress`)."""
+    """A periodic observer (`_observers`): requests done of the workload (`Progress`)."""
+
+    # Every this many iterations and at the end: a bar or a log line moves at most a few
+    # times a second, and the note costs a formatting each call.
+    every = UPDATE_EVERY_STEPS
 
     def __init__(self, label: str, total: int) -> None:
         self.progress = Progress(f"run {label}", total, "requests")
-        self._num_calls = 0
 
     def __call__(self, scheduler: Scheduler) -> None:
-        # Every `UPDATE_EVERY_STEPS` iterations and at the end: a bar or a log line moves
-        # at most a few times a second, and the note costs a formatting each call.
-        self._num_calls += 1
-        done = scheduler.done
-        if self._num_calls % UPDATE_EVERY_STEPS and not done:
-            return
         self.progress.update(scheduler.num_done, f"{scheduler.num_steps} steps")
-        if done:
+        if scheduler.done:
             self.progress.close(f"{scheduler.num_steps} steps")
 
 
@@ -208,14 +206,30 @@ def run_policy(spec: RunSpec, policy_spec: str, policy_options: Optional[Mapping
 
 def _observers(*observers: Optional[Callable[[Scheduler], None]]
                ) -> Optional[Callable[[Scheduler], None]]:
-    """One per-step callback calling each given observer in turn (None if none)."""
+    """One per-iteration callback calling each given observer in turn (None if none):
+    one with an `every` attribute only every that many iterations (counted from 1) and at
+    the run's end (`scheduler.done`), the others every iteration. The periodic ones'
+    own calls cost more per iteration than what they do there (the bar moves every 64
+    iterations, the thrash check every 256), so the gate is asked once for all of them,
+    at the greatest common divisor of their periods."""
     given = [o for o in observers if o is not None]
     if not given:
         return None
+    each = [o for o in given if getattr(o, "every", None) is None]
+    periodic = [(o, int(o.every)) for o in given if getattr(o, "every", None) is not None]
+    stride = math.gcd(*[every for _, every in periodic]) if periodic else 0
+    num_calls = 0
 
     def each_step(scheduler: Scheduler) -> None:
-        for observer in given:
+        nonlocal num_calls
+        num_calls += 1
+        for observer in each:
             observer(scheduler)
+        if stride and (num_calls % stride == 0 or scheduler.done):
+            done = scheduler.done
+            for observer, every in periodic:
+                if num_calls % every == 0 or done:
+                    observer(scheduler)
     return each_step
 
 

@@ -1,7 +1,8 @@
 """Warns, once and early, when a live run thrashes (`orca_jax.results.thrash`).
 
-`ThrashWatch` is a per-step observer (`Scheduler.run(progress=...)`): every
-`CHECK_EVERY_STEPS` iterations, and at the run's end, it reads the scheduler's
+`ThrashWatch` is a periodic observer (`Scheduler.run(progress=...)` through the runner's
+`_observers`, which calls it every `every = CHECK_EVERY_STEPS` iterations and at the
+run's end): each call it reads the scheduler's
 preemption and recompute counters and, the first time they pass the thresholds,
 logs one warning line on stderr (absl logging). A run that has not preempted
 `MIN_PREEMPTIONS` times costs one integer comparison a check; past that, a check
@@ -31,17 +32,18 @@ class ThrashWatch:
       label: the run's name in the line.
     """
 
+    # Iterations between two calls (and the run's end): `_observers` calls it no more often.
+    every = CHECK_EVERY_STEPS
+
     def __init__(self, label: str) -> None:
         self.label = label
         self.warned = False
-        self._num_calls = 0
         self._checked_preemptions = -1  # preemptions at the last full check
         self._computed_tokens = 0  # over the steps counted so far
         self._steps_counted = 0
 
     def __call__(self, scheduler: Scheduler) -> None:
-        self._num_calls += 1
-        if self.warned or (self._num_calls % CHECK_EVERY_STEPS and not scheduler.done):
+        if self.warned:
             return
         record = scheduler.record
         preemptions = record.num_preemptions

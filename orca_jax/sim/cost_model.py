@@ -470,6 +470,25 @@ def bucket_step_seconds(config: CostModelConfig, bucket: Bucket,
     return roofline_seconds(config, *lengths(), padded_to)
 
 
+StepPricer = Callable[[Bucket, NDArray[np.int64], NDArray[np.int64]], float]
+
+
+def step_pricer(config: CostModelConfig) -> StepPricer:
+    """`bucket_step_seconds(config, bucket, lambda: (q_lens, kv_lens))` as one function of
+    `(bucket, q_lens, kv_lens)` (`[num_seqs]` each), chosen once per config: the
+    simulator prices every step, and in `per_op` mode (the default) this is its
+    roofline's `kernels_seconds` plus the step overhead, without the mode's dispatch
+    and two Python frames a step (the same operations, so the same floats)."""
+    if config.mode != "per_op":
+        return lambda bucket, q_lens, kv_lens: bucket_step_seconds(
+            config, bucket, lambda: (q_lens, kv_lens))
+    kernels, overhead_s = config.per_op_roofline.kernels_seconds, config.step_overhead_s
+    if config.step_padding == "bucket":
+        return lambda bucket, q_lens, kv_lens: (
+            kernels(q_lens, kv_lens, (bucket.num_tokens, bucket.num_seqs)) + overhead_s)
+    return lambda bucket, q_lens, kv_lens: kernels(q_lens, kv_lens, None) + overhead_s
+
+
 def decode_span_seconds(config: CostModelConfig, bucket: Bucket,
                         kv_lens: NDArray[np.int64],  # [n]
                         num_steps: int) -> NDArray[np.float64]:  # [num_steps]

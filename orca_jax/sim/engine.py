@@ -28,9 +28,14 @@ from orca_jax.sim.cost_model import (
     bucket_step_seconds,
     decode_span_seconds,
     real_lengths,
+    step_pricer,
     step_seconds,
 )
 from orca_jax.sim.speculation import SpecConfig, check_draft
+
+# At most this many bucket objects are remembered as warm (`SimEngine._warm_seen`): a
+# caller that made a new `Bucket` every step would otherwise grow the dict without end.
+_WARM_SEEN_MAX = 256
 
 
 class SimEngine(Engine):
@@ -43,6 +48,12 @@ class SimEngine(Engine):
                  speculation: Optional[SpecConfig] = None) -> None:
         self.config = config if config is not None else CostModelConfig()
         self._warm_buckets: Optional[frozenset[Bucket]] = None
+        # The warm buckets met so far, by identity ({id: bucket}, holding each so its id
+        # stays its own): a step's bucket is one of its `BucketConfig`'s few objects, and
+        # `in` a set of dataclasses calls their Python `__hash__` and `__eq__` each step.
+        self._warm_seen: dict[int, Bucket] = {}
+        # `bucket_step_seconds` of this config as one call (`cost_model.step_pricer`).
+        self._price = step_pricer(self.config)
         # The vocabulary as a 0-d array, for the steps' samples: read through two
         # properties and converted from a Python int on every step otherwise.
         self._vocab_0d = np.array(self.vocab_size, dtype=np.int64)
@@ -95,6 +106,7 @@ class SimEngine(Engine):
                 raise ValueError(f"SimEngine.warmup: bucket num_tokens={bucket.num_tokens} has no "
                                  f"fitted step time; fitted buckets: {sorted(table)}")
         self._warm_buckets = frozenset(buckets)
+        self._warm_seen = {}
 
     def step(self, inputs: StepInputs) -> StepOutput:
         """Prices one step and samples `kv_lens[i] % vocab_size` for every sequence i.
@@ -120,16 +132,29 @@ class SimEngine(Engine):
         if self.config.pp_layers is not None:  # through every stage: their seconds added
             return self.step_stages(packed)[0]
         bucket = packed.bucket
-        warm = self._warm_buckets
-        if warm is not None:
-            self._check_warm(bucket, warm)
+        if self._warm_seen.get(id(bucket)) is not bucket:
+            self._check_warm_bucket(bucket)
         kv_lens = packed.kv_lens
-        step_s = bucket_step_seconds(self.config, bucket, lambda: (packed.q_lens, kv_lens))
+        step_s = self._price(bucket, packed.q_lens, kv_lens)
         if packed.spec_tokens is not None:
             return self._speculative_output(packed, step_s)
         sampled = np.zeros(bucket.num_seqs, dtype=np.int32)  # [S] padding samples 0 % vocab
         sampled[:kv_lens.size] = kv_lens % self._vocab_0d
-        return StepOutput(sampled_tokens=sampled, step_s=step_s)
+        return StepOutput.plain(sampled, step_s)
+
+    def _check_warm_bucket(self, bucket: Bucket) -> None:
+        """`_check_warm` of a step's bucket where warm-up named the buckets (before it, any
+        bucket goes); a warm one is remembered by identity (`_warm_seen`).
+
+        Raises:
+          ValueError: its bucket was not warmed up.
+        """
+        warm = self._warm_buckets
+        if warm is None:
+            return
+        self._check_warm(bucket, warm)
+        if len(self._warm_seen) < _WARM_SEEN_MAX:
+            self._warm_seen[id(bucket)] = bucket
 
     def _speculative_output(self, packed: PackedStep, verify_s: float) -> StepOutput:
         """A verification step's output: the drafts accepted (drawn), the token sampled
@@ -190,8 +215,8 @@ class SimEngine(Engine):
         if self.config.pp_layers is None:
             return super().step_stages(packed)
         bucket = packed.bucket
-        if self._warm_buckets is not None:
-            self._check_warm(bucket, self._warm_buckets)
+        if self._warm_seen.get(id(bucket)) is not bucket:
+            self._check_warm_bucket(bucket)
         kv_lens = packed.kv_lens
         sampled = np.zeros(bucket.num_seqs, dtype=np.int32)  # [S] padding samples 0 % vocab
         sampled[:kv_lens.size] = kv_lens % self.vocab_size
@@ -207,8 +232,8 @@ class SimEngine(Engine):
         Raises:
           ValueError: its bucket was not warmed up.
         """
-        if self._warm_buckets is not None:
-            self._check_warm(bucket, self._warm_buckets)
+        if self._warm_seen.get(id(bucket)) is not bucket:
+            self._check_warm_bucket(bucket)
         kv_lens = np.asarray(kv_lens, np.int64)
         vocab_size = self.config.model_config.vocab_size
         if int(np.maximum.reduce(kv_lens)) + num_steps <= vocab_size:  # no length wraps

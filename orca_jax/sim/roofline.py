@@ -303,11 +303,17 @@ class PerOpRoofline:
             tokens and sequences only.
         """
         num_tokens, num_seqs, kv_decode, kv_prefill, pairs_prefill = _step_work(q_lens, kv_lens)
-        if padded_to is not None:
-            num_tokens, num_seqs = max(num_tokens, padded_to[0]), max(num_seqs, padded_to[1])
-        return (self._rows_seconds(num_tokens, num_seqs)
-                + self._attention_seconds(_DECODE, kv_decode, kv_decode)
-                + self._attention_seconds(_PREFILL, kv_prefill, pairs_prefill))
+        if padded_to is not None:  # `max` of each, without the builtin's call
+            padded_tokens, padded_seqs = padded_to
+            if padded_tokens > num_tokens:
+                num_tokens = padded_tokens
+            if padded_seqs > num_seqs:
+                num_seqs = padded_seqs
+        seconds = (self._rows_seconds(num_tokens, num_seqs)
+                   + self._attention_seconds(_DECODE, kv_decode, kv_decode))
+        # No prefill (a decode-only step): its kernel's 0.0, added as it was, uncalled.
+        return seconds + (self._attention_seconds(_PREFILL, kv_prefill, pairs_prefill)
+                          if kv_prefill > 0.0 else 0.0)
 
     def decode_span_seconds(self, num_seqs: int,
                             kv_tokens: Union[NDArray[np.int64], Sequence[int]],  # [k]

@@ -30,7 +30,7 @@ from typing import Optional, Protocol, Sequence, Union, runtime_checkable
 import numpy as np
 from numpy.typing import NDArray
 
-from orca_jax.core.requests.request import Request
+from orca_jax.core.requests.request import Request, length_only_requests
 from orca_jax.workloads.trace_records import MAX_LENGTH
 from orca_jax.workloads.traces import TraceError, load_length_column
 
@@ -369,6 +369,8 @@ def synthetic_workload(*, num_requests: int, arrival: str, rate: Optional[float]
     if max_total_len is not None:
         prompt_lens = np.minimum(prompt_lens, max_total_len - 1)
         output_lens = np.minimum(output_lens, max_total_len - prompt_lens)
+    if vocab_size is None:  # lengths only (the simulator's): made whole
+        return length_only_requests(arrivals, prompt_lens, output_lens)
     token_rng = np.random.default_rng(token_seq)
     requests = []
     # Python numbers, not a numpy scalar per field and request (the same values).

@@ -187,6 +187,51 @@ class Request:
         return self.prompt_len + self.output_len
 
 
+def length_only_requests(arrival_s: NDArray[np.float64],  # [N]
+                         prompt_len: NDArray[np.int64],  # [N]
+                         output_len: NDArray[np.int64]  # [N]
+                         ) -> list[Request]:
+    """`[Request(id=i, arrival_s=float(arrival_s[i]), prompt_len=int(prompt_len[i]),
+    output_len=int(output_len[i])) for i in range(N)]`: the same requests, every other
+    field its default, made without a frozen `__init__`'s `object.__setattr__` per field
+    and `__post_init__`'s checks a request at a time (half a synthetic workload's
+    making, 10^6 of them in a large run), once the columns pass those checks whole
+    (finite arrival times >= 0, integer lengths >= 1). Where a column does not, or a
+    field takes its default from a factory, the requests are made one by one, so the
+    first bad one raises as it does there."""
+    arrival_s, prompt_len, output_len = (np.asarray(arrival_s), np.asarray(prompt_len),
+                                         np.asarray(output_len))
+    fields = dataclasses.fields(Request)
+    rest = fields[4:]  # after id, arrival_s, prompt_len, output_len: each has a default
+    columns_pass = (
+        arrival_s.dtype.kind == "f" and prompt_len.dtype.kind in "iu"
+        and output_len.dtype.kind in "iu"
+        and arrival_s.shape == prompt_len.shape == output_len.shape == (arrival_s.size,)
+        and bool(np.isfinite(arrival_s).all() and (arrival_s >= 0).all()
+                 and (prompt_len >= 1).all() and (output_len >= 1).all()))
+    if not columns_pass or any(field.default is dataclasses.MISSING for field in rest):
+        return [Request(id=i, arrival_s=float(a), prompt_len=int(p), output_len=int(o))
+                for i, (a, p, o) in enumerate(zip(arrival_s.tolist(), prompt_len.tolist(),
+                                                  output_len.tolist()))]
+    # Each slot's own setter (a frozen class refuses `setattr`, not its slots' setters).
+    set_id, set_arrival, set_prompt, set_output = (vars(Request)[field.name].__set__
+                                                   for field in fields[:4])
+    defaults = [(vars(Request)[field.name].__set__, field.default) for field in rest]
+    new = object.__new__
+    requests = []
+    for i, (arrival, prompt, output) in enumerate(zip(arrival_s.tolist(), prompt_len.tolist(),
+                                                      output_len.tolist())):
+        request = new(Request)
+        set_id(request, i)
+        set_arrival(request, arrival)
+        set_prompt(request, prompt)
+        set_output(request, output)
+        for set_field, default in defaults:
+            set_field(request, default)
+        requests.append(request)
+    return requests
+
+
 def sort_by_arrival(requests: Sequence[Request]) -> list[Request]:
     """Returns the requests in arrival order; ties keep their given order."""
     return sorted(requests, key=lambda r: r.arrival_s)

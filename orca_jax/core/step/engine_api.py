@@ -176,6 +176,24 @@ class StepOutput:
     # returns it (`JaxEngine(verify_rows=True)`); None otherwise.
     row_tokens: Optional[NDArray[np.int32]] = None
 
+    @classmethod
+    def plain(cls, sampled_tokens: NDArray[np.int32],  # [S]
+              step_s: float) -> StepOutput:
+        """`StepOutput(sampled_tokens=..., step_s=...)`, every other field its default:
+        the fields go into the instance's dict at once, not through the frozen
+        `__init__`'s `object.__setattr__` each (the simulator makes one every step)."""
+        output = object.__new__(cls)
+        fields = output.__dict__
+        fields.update(_OUTPUT_DEFAULTS)
+        fields["sampled_tokens"] = sampled_tokens
+        fields["step_s"] = step_s
+        return output
+
+
+# `StepOutput.plain`'s fields besides the two it is given: each default, as declared.
+_OUTPUT_DEFAULTS = {field.name: field.default for field in dataclasses.fields(StepOutput)
+                    if field.default is not dataclasses.MISSING}
+
 
 class PendingStep(abc.ABC):
     """A dispatched step whose sampled tokens may still be on the device.
