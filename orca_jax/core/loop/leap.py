@@ -64,10 +64,14 @@ from numpy.typing import NDArray
 from orca_jax.core.api.plugins import declared_with
 from orca_jax.core.loop.scheduled_step import IdleStep, ScheduledStep
 from orca_jax.core.requests.request import RequestState
+from orca_jax.core.requests.request_table import count_nonzero
 from orca_jax.core.requests.step_logs import StepLog
 from orca_jax.core.step.engine_api import Bucket
 
-_RUNNING, _FINISHED = int(RequestState.RUNNING), int(RequestState.FINISHED)
+# The states as 0-d arrays of the table's type: numpy converts a Python int operand anew
+# on every comparison.
+_RUNNING_0D, _FINISHED_0D = (np.array(int(code), dtype=np.int8)
+                             for code in (RequestState.RUNNING, RequestState.FINISHED))
 # The ufuncs' reductions called directly: `ndarray.min` adds a Python layer.
 _min = np.minimum.reduce
 # The most steps one leap runs: its arrays hold steps x batch entries.
@@ -217,20 +221,27 @@ class Leaper:
         after = 0  # 1: the template lost requests that finished; 2: it held prefills
         # The plan held every running request (in its own order): ids are distinct.
         state = table.state[ids]  # [n]
-        running = state == _RUNNING  # [n]
-        if s.running.size != ids.size or np.count_nonzero(running) != ids.size:
-            resumed = self._without_finished(ids, state, running)
-            if resumed is None:
-                self._template = None  # the batch changed: the next step is planned
+        running = state == _RUNNING_0D  # [n]
+        num_running = count_nonzero(running)
+        if s.running.size != ids.size or num_running != ids.size:
+            # Where the policy's promise covers the plan without them
+            # (`stable_through_finishes`), the others must all have finished since and
+            # those left be all of `running`; else the batch changed: plan the next step.
+            if not (self._through_finishes and num_running == s.running.size and num_running
+                    and count_nonzero(state == _FINISHED_0D) == ids.size - num_running):
+                self._template = None
                 return False
-            ids, after = resumed, 1
+            after = 1
         if prefills:  # its requests (all of `running`) decode next, in `running`'s order
-            ids, after = s.running, 2
+            after = 2
         if after:
             if self._skip:  # the policy refused the last such chances: plan this step
                 self._skip -= 1
                 self.num_let_go += 1
                 return False
+            # Only now, past the let-go chances (most of them on a saturated replica):
+            # the requests left, in their order.
+            ids = s.running if after == 2 else ids[running]
             bucket = s.bucket_config.select(max(int(ids.size), min_bucket))
         computed = table.num_computed[ids]  # [n]
         kv_lens = computed + 1  # [n] each one's context in the first step
@@ -266,22 +277,6 @@ class Leaper:
         self._apply(bucket, ids, computed, left, pages, step_s, tokens, starts, ends,
                     host_start, after == 2)
         return True
-
-    def _without_finished(self, ids: NDArray[np.int64],  # [n]
-                          state: NDArray[np.int8],  # [n] their states
-                          running: NDArray[np.bool_]  # [n] state == RUNNING
-                          ) -> Optional[NDArray[np.int64]]:
-        """`[m]` the requests of `ids` still running, in their order, when the others all
-        finished since and the policy's promise covers the plan without them
-        (`stable_through_finishes`) and they are all of `running`; else None."""
-        if not self._through_finishes:
-            return None
-        s = self.scheduler
-        kept = ids[running]
-        if (kept.size != s.running.size or kept.size == 0
-                or np.count_nonzero(state == _FINISHED) != ids.size - kept.size):
-            return None
-        return kept
 
     def _page_limit(self, ids: NDArray[np.int64], computed: NDArray[np.int64], limit: int
                     ) -> tuple[int, Optional[tuple[list[int], NDArray[np.int64]]]]:

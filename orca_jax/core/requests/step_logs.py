@@ -10,8 +10,9 @@ fields ints, its float fields floats, the same values).
 from __future__ import annotations
 
 import bisect
+import functools
 import typing
-from typing import Iterable, Iterator, NamedTuple, Sequence, Union, overload
+from typing import Callable, Iterable, Iterator, NamedTuple, Sequence, Union, overload
 
 import numpy as np
 from numpy.typing import NDArray
@@ -33,6 +34,10 @@ class StepLog(NamedTuple):
     num_free_pages: int
     num_cached_tokens: int = 0  # tokens this step's admissions took from the prefix cache
 
+
+# `step_log(fields)`: the StepLog of a tuple of its fields in order, made by `tuple.__new__`
+# in C (the NamedTuple's own `__new__` is a Python function: 0.3 against 0.12 us a call).
+step_log: Callable[[tuple], StepLog] = functools.partial(tuple.__new__, StepLog)
 
 # One row: each field as its kind (int64 for ints, float64 for floats), 96 bytes.
 STEP_DTYPE = np.dtype([(name, np.float64 if kind is float else np.int64)
