@@ -64,10 +64,14 @@ from numpy.typing import NDArray
 from orca_jax.core.api.plugins import declared_with
 from orca_jax.core.loop.scheduled_step import IdleStep, ScheduledStep
 from orca_jax.core.requests.request import RequestState
-from orca_jax.core.requests.step_logs import StepLog
+from orca_jax.core.requests.step_logs import step_log
 from orca_jax.core.step.engine_api import Bucket
 
-_RUNNING, _FINISHED = int(RequestState.RUNNING), int(RequestState.FINISHED)
+# RUNNING as a 0-d array of the table's type (numpy converts a Python int operand anew on
+# every comparison), and RUNNING and FINISHED as bytes of the table's int8 states.
+_RUNNING_0D = np.array(int(RequestState.RUNNING), dtype=np.int8)
+_RUNNING_BYTE, _FINISHED_BYTE = (bytes([int(code)])
+                                 for code in (RequestState.RUNNING, RequestState.FINISHED))
 # The ufuncs' reductions called directly: `ndarray.min` adds a Python layer.
 _min = np.minimum.reduce
 # The most steps one leap runs: its arrays hold steps x batch entries.
@@ -148,6 +152,8 @@ class Leaper:
         # A fixed --spec_k rewrites the policy's plans (drafts where output, budget and
         # pages allow), which its promise does not cover: every step is planned.
         self._off |= bool(getattr(scheduler.features, "spec_k", 0))
+        # An engine that takes token values from the host runs step by step.
+        self._off |= bool(scheduler.engine.needs_token_ids)
         self.num_leaped_steps = 0
         self.num_leaps = 0
         self.num_leaps_after_finishes = 0
@@ -204,9 +210,6 @@ class Leaper:
                 if horizon <= now:
                     return False
                 upcoming = horizon if upcoming is None else min(upcoming, horizon)
-        if s.engine.needs_token_ids:  # token values by the host: step by step
-            self._off = True
-            return False
         host_start = time.perf_counter()
         ids, bucket, min_bucket, prefills = template
         if prefills and self._skip:  # a chance after prefills, to let go: nothing to read
@@ -215,22 +218,30 @@ class Leaper:
             return False
         table = s.table
         after = 0  # 1: the template lost requests that finished; 2: it held prefills
-        # The plan held every running request (in its own order): ids are distinct.
-        state = table.state[ids]  # [n]
-        running = state == _RUNNING  # [n]
-        if s.running.size != ids.size or np.count_nonzero(running) != ids.size:
-            resumed = self._without_finished(ids, state, running)
-            if resumed is None:
-                self._template = None  # the batch changed: the next step is planned
+        # The plan held every running request (in its own order): ids are distinct. Their
+        # states counted as bytes (two byte counts, not two compares and two counts: most
+        # chances here are let go below).
+        codes = table.state[ids].tobytes()  # [n] one byte a state
+        num_running = codes.count(_RUNNING_BYTE)
+        if s.running.size != ids.size or num_running != ids.size:
+            # Where the policy's promise covers the plan without them
+            # (`stable_through_finishes`), the others must all have finished since and
+            # those left be all of `running`; else the batch changed: plan the next step.
+            if not (self._through_finishes and num_running == s.running.size and num_running
+                    and codes.count(_FINISHED_BYTE) == ids.size - num_running):
+                self._template = None
                 return False
-            ids, after = resumed, 1
+            after = 1
         if prefills:  # its requests (all of `running`) decode next, in `running`'s order
-            ids, after = s.running, 2
+            after = 2
         if after:
             if self._skip:  # the policy refused the last such chances: plan this step
                 self._skip -= 1
                 self.num_let_go += 1
                 return False
+            # Only now, past the let-go chances (most of them on a saturated replica):
+            # the requests left, in their order.
+            ids = s.running if after == 2 else ids[table.state[ids] == _RUNNING_0D]
             bucket = s.bucket_config.select(max(int(ids.size), min_bucket))
         computed = table.num_computed[ids]  # [n]
         kv_lens = computed + 1  # [n] each one's context in the first step
@@ -266,22 +277,6 @@ class Leaper:
         self._apply(bucket, ids, computed, left, pages, step_s, tokens, starts, ends,
                     host_start, after == 2)
         return True
-
-    def _without_finished(self, ids: NDArray[np.int64],  # [n]
-                          state: NDArray[np.int8],  # [n] their states
-                          running: NDArray[np.bool_]  # [n] state == RUNNING
-                          ) -> Optional[NDArray[np.int64]]:
-        """`[m]` the requests of `ids` still running, in their order, when the others all
-        finished since and the policy's promise covers the plan without them
-        (`stable_through_finishes`) and they are all of `running`; else None."""
-        if not self._through_finishes:
-            return None
-        s = self.scheduler
-        kept = ids[running]
-        if (kept.size != s.running.size or kept.size == 0
-                or np.count_nonzero(state == _FINISHED) != ids.size - kept.size):
-            return None
-        return kept
 
     def _page_limit(self, ids: NDArray[np.int64], computed: NDArray[np.int64], limit: int
                     ) -> tuple[int, Optional[tuple[list[int], NDArray[np.int64]]]]:
@@ -465,6 +460,6 @@ class Leaper:
         self.num_leaps += 1
         host_s = (time.perf_counter() - host_start) / k  # the leap's, shared out
         record.steps.extend([
-            StepLog(first_step + j, starts[j], n, n, padded, padded, host_s, step_s[j],
-                    num_running[j], num_waiting, free_pages[j])
+            step_log((first_step + j, starts[j], n, n, padded, padded, host_s, step_s[j],
+                      num_running[j], num_waiting, free_pages[j], 0))
             for j in range(k)])

@@ -38,8 +38,9 @@ from orca_jax.core.plans.plan_checks import checked_counts, not_a_plan
 from orca_jax.core.plans.view import SchedulerView
 from orca_jax.core.requests.request import RequestState
 from orca_jax.core.requests.request_table import RequestTable, count_nonzero
-from orca_jax.core.requests.run_record import RunRecord, StepLog
+from orca_jax.core.requests.run_record import RunRecord
 from orca_jax.core.requests.run_result import RunResult
+from orca_jax.core.requests.step_logs import step_log
 from orca_jax.core.step.engine_api import Engine
 from orca_jax.core.step.packing import BucketConfig, SamplingArrays, pack_step
 
@@ -48,8 +49,8 @@ _PENDING, _WAITING, _RUNNING, _FINISHED = (int(RequestState.PENDING), int(Reques
                                            int(RequestState.RUNNING), int(RequestState.FINISHED))
 # The same codes as 0-d arrays of the table's type, for whole-array comparisons and writes:
 # numpy converts a Python int operand anew on every call (0.8 us each on a step's arrays).
-WAITING_0D, RUNNING_0D, FINISHED_0D = (np.array(code, dtype=np.int8)
-                                       for code in (_WAITING, _RUNNING, _FINISHED))
+PENDING_0D, WAITING_0D, RUNNING_0D, FINISHED_0D = (
+    np.array(code, dtype=np.int8) for code in (_PENDING, _WAITING, _RUNNING, _FINISHED))
 _ONE = np.array(1, dtype=np.int64)
 
 
@@ -77,12 +78,21 @@ def appended(queue: NDArray[np.int64],  # [w] read-only
         return queue
     if arrived.base is indices and arrived.strides == (8,):
         start = int(arrived[0])
-        if queue.size == 0:
-            return indices[start:start + arrived.size]
-        if queue.base is indices and queue.strides == (8,) and int(queue[-1]) + 1 == start:
-            begin = int(queue[0])
-            return indices[begin:start + arrived.size]
+        return appended_run(queue, start, start + arrived.size, indices)
     return frozen(np.concatenate([queue, arrived]))
+
+
+def appended_run(queue: NDArray[np.int64],  # [w] read-only
+                 start: int, end: int,
+                 indices: NDArray[np.int64]  # [N] the table's 0..N-1 (`RequestTable.indices`)
+                 ) -> NDArray[np.int64]:  # [w + end - start] read-only
+    """`appended(queue, indices[start:end], indices)` (`end > start`), for a caller that
+    knows its arrivals are that run of indices (most steps' arrivals: no checks of it)."""
+    if queue.size == 0:
+        return indices[start:end]
+    if queue.base is indices and queue.strides == (8,) and int(queue[-1]) + 1 == start:
+        return indices[int(queue[0]):end]
+    return frozen(np.concatenate([queue, indices[start:end]]))
 
 
 def step_page_rows(pool: KVPool, ids: NDArray[np.int64],  # [n]
@@ -326,44 +336,51 @@ class SchedulerLoop:
         if hits is not None:  # name the filled pages before finished ones free theirs
             hits.commit(ids)
         sampled = step.sampled
+        record = self.record
         if sampled.size:
             gained = None if extra is None else extra[step.samples]  # [s] accepted drafts
             generated = table.num_generated[sampled] + _ONE  # [s]
             if gained is not None:
                 generated += gained
             table.num_generated[sampled] = generated
-            if result.sampled_tokens is not None:
+            tokens = result.sampled_tokens
+            if tokens is not None:
                 if gained is not None and result.accepted_tokens is not None:
                     drafts = result.accepted_tokens[step.samples]  # [s, K]
                     for j in range(int(gained.max())):  # the accepted drafts, in order
                         self.record_tokens(sampled[gained > j], drafts[gained > j, j])
-                self.record_tokens(sampled, result.sampled_tokens)
+                if hits is None and self._generated is None:  # the values alone (most runs):
+                    table.last_token[sampled] = tokens  # `record_tokens`, without its frame
+                else:
+                    self.record_tokens(sampled, tokens)
             table.last_token_s[sampled] = end_s
             first = np.isnan(table.first_token_s[sampled])  # [s] its first token
             if count_nonzero(first):  # most steps: none (only a prefill's ending has)
                 table.first_token_s[sampled[first]] = end_s
             if gained is not None:  # each accepted draft is a token at the step's end too
                 for j in range(int(gained.max())):
-                    self.record.log_tokens(sampled[gained > j], end_s)
-            self.record.log_tokens(sampled, end_s)
+                    record.log_tokens(sampled[gained > j], end_s)
+            record.log_tokens(sampled, end_s)
             finished = sampled[generated == table.output_len[sampled]]
             if finished.size:
                 self._finish(finished, end_s)
         gained = self.watchdog.computed(ids, kv_lens)  # a gain is progress: it counts it
         update_s = time.perf_counter() - update_start
-        bucket = step.packed.bucket
+        num_padded = step.packed.bucket.num_tokens
         if step.kv_move_s:  # it waited for KV moves between tiers (never without tiers)
-            self.record.kv_stall_s[self.num_steps] = step.kv_move_s
-        # Positional, in StepLog's field order (step, start_s, num_seqs, num_tokens,
+            record.kv_stall_s[self.num_steps] = step.kv_move_s
+        # The fields in StepLog's order (step, start_s, num_seqs, num_tokens,
         # num_padded_tokens, bucket, host_s, step_s, num_running, num_waiting,
-        # num_free_pages, num_cached_tokens): a NamedTuple's keywords cost a microsecond more.
-        self.record.log_step(StepLog(
-            self.num_steps, result.start_s, ids.size, step.num_real_tokens, bucket.num_tokens,
-            bucket.num_tokens, result.host_s + update_s, result.step_s, self.running.size,
-            self.waiting.size, self.kv.num_free, step.num_cached_tokens))
+        # num_free_pages, num_cached_tokens), straight into the log: `step_log` makes the
+        # tuple without the NamedTuple's Python `__new__`, and `RunRecord.log_step`'s frame
+        # is skipped (a microsecond a step between them).
+        record.steps.append(step_log((
+            self.num_steps, result.start_s, ids.size, step.num_real_tokens, num_padded,
+            num_padded, result.host_s + update_s, result.step_s, self.running.size,
+            self.waiting.size, self.kv.num_free, step.num_cached_tokens)))
         if self.features.log_step_requests:
-            self.record.log_step_requests(ids, step.num_tokens,
-                                          np.concatenate([self.running, self.unreleased]))
+            record.log_step_requests(ids, step.num_tokens,
+                                     np.concatenate([self.running, self.unreleased]))
         self.num_steps += 1
         if not gained:
             self._watch_progress(step.progressed)
@@ -407,21 +424,29 @@ class SchedulerLoop:
         first = self._next_pending()
         if first is None:
             return
-        if self.table.arrival_s[first] > self.now_s:  # most steps: nobody new yet
+        table, now = self.table, self.now_s
+        arrival_s = table.arrival_s  # [N] non-decreasing (the table is in arrival order)
+        if arrival_s[first] > now:  # most steps: nobody new yet
             return
-        end = int(self.table.arrival_s.searchsorted(self.now_s, "right"))  # no wrapper frame
-        if end <= first:
-            return
-        table = self.table
-        arrived = table.indices[first:end]  # [k] a read-only slice: no copy
+        # Most arrivals come one at a time: the one after `first` not yet due is the end a
+        # search would find (everything before `first` is due too); else search.
+        end = first + 1
+        if end < arrival_s.size and arrival_s[end] <= now:
+            end = int(arrival_s.searchsorted(now, "right"))  # no wrapper frame
+        indices = table.indices
         if end - first == 1:  # most arrivals, one at a time: `first` is pending here
             table.state[first] = _WAITING
-        else:
-            mine = (table.state[arrived] == _PENDING) & (table.holder[arrived] == table.replica)
-            if count_nonzero(mine) < mine.size:  # routed elsewhere, or here and gone already
-                arrived = arrived[mine]
-            table.state[arrived] = _WAITING
-        self.waiting = appended(self.waiting, arrived, table.indices)
+            self.waiting = appended_run(self.waiting, first, end, indices)
+        else:  # the rows first..end-1 are a slice: read and written without a gather
+            mine = (table.state[first:end] == PENDING_0D) & (table.holder[first:end]
+                                                              == table.replica)
+            if count_nonzero(mine) == mine.size:
+                table.state[first:end] = WAITING_0D
+                self.waiting = appended_run(self.waiting, first, end, indices)
+            else:  # routed elsewhere, or here and gone already
+                arrived = indices[first:end][mine]  # [k]
+                table.state[arrived] = WAITING_0D
+                self.waiting = appended(self.waiting, arrived, indices)
         self._next_arrival = end
 
     def record_tokens(self, sampled: NDArray[np.int64],  # [m]
@@ -480,8 +505,11 @@ class SchedulerLoop:
         hits = self.kv_memory.hits
         if hits is not None:
             hits.forget(finished)
-        self.running = frozen(self.running[table.state[self.running] == RUNNING_0D])
-        self.last_finished = frozen(finished)
+        running = self.running[table.state[self.running] == RUNNING_0D]
+        # Read-only, as `frozen` makes them, without its frame (two a finishing step).
+        running.setflags(write=False)
+        finished.setflags(write=False)
+        self.running, self.last_finished = running, finished
         if self.policy.defer_release:
             self.unreleased = frozen(np.concatenate([self.unreleased, finished]))
         else:

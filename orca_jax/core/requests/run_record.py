@@ -69,6 +69,12 @@ class RunRecord:
 
     def __post_init__(self) -> None:
         self._tally = None if self.logs_tokens else TokenTally(self.num_requests)
+        if self._tally is not None:
+            # Counted: `log_tokens` and `log_token_span` are the tally's `add` and
+            # `add_span` themselves, one Python frame fewer on every step and leap
+            # (instance attributes over the methods below).
+            self.log_tokens = self._tally.add  # type: ignore[method-assign]
+            self.log_token_span = self._tally.add_span  # type: ignore[method-assign]
 
     def log_speculation(self, step: int, drafted: int, accepted: int, draft_s: float) -> None:
         """Records that step `step` verified `drafted` draft tokens, accepted `accepted`,
@@ -111,10 +117,8 @@ class RunRecord:
                                   np.concatenate([last_rejected, rejected]))
 
     def log_tokens(self, requests: NDArray[np.int64], time_s: float) -> None:  # [k]
-        """Records that `requests` (distinct) each got a token at `time_s`."""
-        if self._tally is not None:
-            self._tally.add(requests, time_s)
-            return
+        """Records that `requests` (distinct) each got a token at `time_s` (a record that
+        counts its tokens has the tally's `TokenTally.add` here instead)."""
         self._token_req.append(requests)
         self._token_time.append(time_s)
         self._token_count.append(int(requests.size))
@@ -122,10 +126,8 @@ class RunRecord:
     def log_token_span(self, requests: NDArray[np.int64],  # [k] distinct
                        times_s: Sequence[float]) -> None:  # [c]
         """`log_tokens(requests, t)` for each `t` of `times_s` (Python floats, or an array
-        of them), in order (a leap's steps)."""
-        if self._tally is not None:
-            self._tally.add_span(requests, times_s)
-            return
+        of them), in order (a leap's steps; a record that counts its tokens has the
+        tally's `TokenTally.add_span` here instead)."""
         count = len(times_s)
         self._token_req.extend([requests] * count)
         self._token_time.extend(times_s.tolist() if isinstance(times_s, np.ndarray)

@@ -10,8 +10,9 @@ fields ints, its float fields floats, the same values).
 from __future__ import annotations
 
 import bisect
+import functools
 import typing
-from typing import Iterable, Iterator, NamedTuple, Sequence, Union, overload
+from typing import Callable, Iterable, Iterator, NamedTuple, Sequence, Union, overload
 
 import numpy as np
 from numpy.typing import NDArray
@@ -34,9 +35,26 @@ class StepLog(NamedTuple):
     num_cached_tokens: int = 0  # tokens this step's admissions took from the prefix cache
 
 
+# `step_log(fields)`: the StepLog of a tuple of its fields in order, made by `tuple.__new__`
+# in C (the NamedTuple's own `__new__` is a Python function: 0.3 against 0.12 us a call).
+step_log: Callable[[tuple], StepLog] = functools.partial(tuple.__new__, StepLog)
+
 # One row: each field as its kind (int64 for ints, float64 for floats), 96 bytes.
 STEP_DTYPE = np.dtype([(name, np.float64 if kind is float else np.int64)
                        for name, kind in typing.get_type_hints(StepLog).items()])
+
+
+def packed_rows(steps: Sequence[tuple]) -> NDArray:
+    """`[len(steps)]` the steps as rows of `STEP_DTYPE`: `np.array(steps, STEP_DTYPE)`, the
+    same values, a field at a time (each field's column of Python numbers converted as
+    one array: a third less than numpy's row-by-row conversion of a structured array)."""
+    rows = np.empty(len(steps), STEP_DTYPE)
+    if steps:
+        for name, column in zip(STEP_DTYPE.names, zip(*steps)):
+            rows[name] = column
+    return rows
+
+
 # Steps kept as tuples before they are packed: packing costs about a microsecond a step.
 PACK_STEPS = 4096
 
@@ -73,7 +91,7 @@ class StepLogs(Sequence[StepLog]):
         for part in parts:
             part_chunks = [*part._packed]
             if part._tail:
-                part_chunks.append(np.array(part._tail, dtype=STEP_DTYPE))
+                part_chunks.append(packed_rows(part._tail))
             for chunk in part_chunks:
                 joined._add_chunk(chunk)
         return joined.frozen()
@@ -86,7 +104,7 @@ class StepLogs(Sequence[StepLog]):
             chunk.setflags(write=False)
             copy._add_chunk(chunk)
         if self._tail:
-            copy._add_chunk(np.array(self._tail, dtype=STEP_DTYPE))
+            copy._add_chunk(packed_rows(self._tail))
             copy._packed[-1].setflags(write=False)
         copy._frozen = True
         return copy
@@ -111,7 +129,7 @@ class StepLogs(Sequence[StepLog]):
 
     def _pack(self) -> None:
         if self._tail:
-            self._add_chunk(np.array(self._tail, dtype=STEP_DTYPE))
+            self._add_chunk(packed_rows(self._tail))
             self._tail = []
 
     def _add_chunk(self, chunk: NDArray) -> None:
@@ -124,7 +142,7 @@ class StepLogs(Sequence[StepLog]):
         """`[S]` every step as a row of `STEP_DTYPE` (a new array)."""
         chunks = [*self._packed]
         if self._tail:
-            chunks.append(np.array(self._tail, dtype=STEP_DTYPE))
+            chunks.append(packed_rows(self._tail))
         return np.concatenate(chunks) if chunks else np.zeros(0, STEP_DTYPE)
 
     def column(self, field: str) -> NDArray:

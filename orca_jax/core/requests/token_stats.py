@@ -26,6 +26,8 @@ from numpy.typing import NDArray
 
 from orca_jax.core.requests.request_table import count_nonzero
 
+# 0 as a 0-d array of the calls' type: numpy converts a Python int operand on every call.
+_ZERO_32 = np.array(0, dtype=np.int32)
 # Tokens handled at once by the chunked gap computations of a whole log: sorting a log
 # of millions of tokens whole would take several copies of it.
 CHUNK_TOKENS = 1 << 16
@@ -219,6 +221,10 @@ class TokenTally:
         # int32: 2^31 calls (steps) would take years of simulation.
         self._last_call = np.full(n, -2, np.int32)
         self._run_start = np.full(n, -1, np.int32)  # [N] the first call of its current run
+        # `add`'s call and the one before, as 0-d operands of `_last_call`'s type: numpy
+        # converts a Python int operand anew on every call (0.56 against 0.35 us a compare).
+        self._call_0d = np.zeros((), np.int32)
+        self._previous_0d = np.zeros((), np.int32)
         # Runs that ended (the request's next token came later than the next call), per
         # `add` that ended some: (requests [b], each run's first call [b] and last call
         # [b], the gap from its last token to the next one [b]).
@@ -235,16 +241,29 @@ class TokenTally:
             self._times = np.concatenate([self._times, np.zeros(call)])
         self._times[call] = time_s
         self._num_calls = call + 1
-        previous = self._last_call[requests]  # [k]
-        broke = previous != call - 1  # [k] starts a run: its first token, or after a break
-        if count_nonzero(broke):  # broke.any(), without the method's Python frame
-            had = broke & (previous >= 0)  # [k] after a break: a run ends
-            if count_nonzero(had):
+        last_call, call_0d, previous_0d = self._last_call, self._call_0d, self._previous_0d
+        call_0d[()] = call
+        previous_0d[()] = call - 1
+        previous = last_call[requests]  # [k]
+        broke = previous != previous_0d  # [k] starts a run: its first token, or after a break
+        num_broke = count_nonzero(broke)  # broke.any(), without the method's Python frame
+        if num_broke == 1 and previous[at := int(broke.argmax())] < 0:
+            # One request's first token (most calls that start a run: an admission's
+            # prompt ended): no run ends, and its start is one Python-int write, not the
+            # masks below (numpy's fixed cost per call, on a 64-entry batch).
+            self._run_start[requests[at]] = call
+        elif num_broke:
+            # A run ends where a request broke after a token (previous >= 0). The others
+            # that broke are those with no token yet (previous < 0, all of which broke),
+            # so a run ends only where they are fewer than `num_broke`: rare (after a
+            # preemption), and one count instead of the mask below on most calls.
+            if count_nonzero(previous < _ZERO_32) < num_broke:
+                had = broke & (previous >= _ZERO_32)  # [k] after a break: a run ends
                 ended, ended_at = requests[had], previous[had]
                 self._closed.append((ended, self._run_start[ended], ended_at,
                                      time_s - self._times[ended_at]))
-            self._run_start[requests[broke]] = call
-        self._last_call[requests] = call
+            self._run_start[requests[broke]] = call_0d
+        last_call[requests] = call_0d
 
     def add_span(self, requests: NDArray[np.int64],  # [k] distinct
                  times_s: Sequence[float]) -> None:  # [c] non-decreasing, c >= 1
