@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orca_jax.core.requests.request import Request
+from orca_jax.core.requests.request import Request, length_only_requests
 from orca_jax.workloads.synthetic import (
     EmpiricalLength,
     FixedLength,
@@ -225,3 +225,36 @@ def test_a_prompt_beyond_the_context_gets_ids_that_take_no_memory():
         [Request(id=0, arrival_s=0.0, prompt_len=2_000_000_000, output_len=1),
          Request(id=1, arrival_s=0.0, prompt_len=8, output_len=4)], 512, seed=0, context=12)
     assert traced[0].prompt_tokens.strides == (0,) and traced[1].prompt_tokens.strides == (4,)
+
+
+def _every_field(r: Request) -> tuple:
+    return tuple((name, getattr(r, name)) for name in Request.__dataclass_fields__)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.tuples(st.floats(0.0, 1e6), st.integers(1, 10**6), st.integers(1, 10**6)),
+                min_size=0, max_size=20))
+def test_length_only_requests_are_the_requests_made_one_by_one(rows):
+    # The simulator's workload makes its requests whole, past Request's __init__: each
+    # field, of the same type, must be what the constructor would have set.
+    arrival = np.array([r[0] for r in rows], dtype=np.float64)
+    prompt = np.array([r[1] for r in rows], dtype=np.int64)
+    output = np.array([r[2] for r in rows], dtype=np.int64)
+    made = length_only_requests(arrival, prompt, output)
+    expected = [Request(id=i, arrival_s=a, prompt_len=p, output_len=o)
+                for i, (a, p, o) in enumerate(rows)]
+    assert [_every_field(r) for r in made] == [_every_field(r) for r in expected]
+    assert [tuple(type(v) for _, v in _every_field(r)) for r in made] == [
+        tuple(type(v) for _, v in _every_field(r)) for r in expected]
+
+
+@pytest.mark.parametrize("arrival, prompt, output, message", [
+    ([0.0, -1.0], [5, 5], [5, 5], "request 1: arrival_s must be a finite number >= 0"),
+    ([0.0, np.inf], [5, 5], [5, 5], "request 1: arrival_s must be a finite number >= 0"),
+    ([0.0, 1.0], [5, 0], [5, 5], "request 1: prompt_len must be an integer >= 1"),
+    ([0.0, 1.0], [5, 5], [0, 5], "request 0: output_len must be an integer >= 1"),
+])
+def test_length_only_requests_refuse_what_request_refuses(arrival, prompt, output, message):
+    with pytest.raises(ValueError, match=message):
+        length_only_requests(np.array(arrival, dtype=np.float64), np.array(prompt),
+                             np.array(output))
