@@ -196,6 +196,21 @@ class VLLM(Policy):
                                  int(running.size), threshold, plans=False)
         return None if new_ids.size else STEADY
 
+    def arrivals_wait(self, view: SchedulerView) -> bool:
+        """An arrival waits while the steady plan repeats when every seat is taken (the
+        batch cap), when the running pass leaves no budget, or, first come first served,
+        when a request already waits: `stable_steps` found that nobody is admitted now,
+        so admission stops at the queue's head, ahead of every arrival. Priority
+        admission sorts the queue, so an arrival may go to its head and fit: there only
+        the seats and the budget keep it out. (The long-prefill threshold that a lone
+        request drops only caps prompts, never a decode's one token.)"""
+        running = int(view.running.size)
+        if running >= min(self.max_num_seqs, view.max_num_seqs):
+            return True
+        if min(self.max_num_tokens, view.max_num_tokens) <= running:
+            return True
+        return view.waiting.size > 0 and not self.priority
+
     def _schedule_with_preemption(self, view: SchedulerView, budget: int,
                                   want: NDArray[np.int64],  # [r]
                                   threshold: int) -> StepPlan:

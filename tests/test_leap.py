@@ -116,6 +116,11 @@ def test_a_leaping_run_is_the_step_by_step_run(policy, setting):
     if setting == "plain":
         assert (leaper.num_leaps_after_finishes > 0) == cls.stable_through_finishes
         assert (leaper.num_leaps_after_prefills > 0) == cls.stable_after_prefills
+    if setting == "queued":  # arrivals queue behind a full batch: leaps run past them
+        assert (leaper.num_leaps_past_arrivals > 0) == promise_covers_schedule(
+            cls, "arrivals_wait")
+    elif not promise_covers_schedule(cls, "arrivals_wait"):
+        assert leaper.num_leaps_past_arrivals == 0
 
 
 # edf_fast: a token costs less than a step, so a running request turns late as it runs.
@@ -457,4 +462,52 @@ def test_the_leaper_counts_the_chances_refused_and_let_go():
     line = leap_counts([leaper], scheduler.num_steps)
     assert line.startswith(f"leaped over {leaper.num_leaped_steps} of {scheduler.num_steps} "
                            f"steps in {leaper.num_leaps} leaps")
-    assert line.endswith(f"chances refused {policy.num_refused}, let go {leaper.num_let_go})")
+    assert line.endswith(f"chances refused {policy.num_refused}, let go {leaper.num_let_go}), "
+                         f"{leaper.num_leaps_past_arrivals} of them past arrivals")
+
+
+class QueueView:
+    """What vLLM's `arrivals_wait` reads of a view: the queue, the batch and the limits."""
+
+    def __init__(self, running: int, waiting: int, max_num_seqs: int, max_num_tokens: int):
+        self.running = np.arange(running, dtype=np.int64)
+        self.waiting = np.arange(running, running + waiting, dtype=np.int64)
+        self.max_num_seqs, self.max_num_tokens = max_num_seqs, max_num_tokens
+
+
+@pytest.mark.parametrize("priority, running, waiting, max_num_tokens, expected", [
+    (False, 8, 0, 4096, True),  # every seat taken: an arrival waits
+    (False, 3, 0, 4096, False),  # a seat free, nobody waits: an arrival gets in
+    (False, 3, 2, 4096, True),  # first come first served: it waits behind the head
+    (True, 3, 2, 4096, False),  # by priority it may go to the head, and fit
+    (True, 8, 2, 4096, True),
+    (True, 3, 0, 3, True),  # the running pass takes the whole budget
+])
+def test_vllm_says_when_an_arrival_waits(priority, running, waiting, max_num_tokens, expected):
+    policy = VLLM(priority=priority, max_num_seqs=8, max_num_tokens=4096)
+    assert policy.arrivals_wait(QueueView(running, waiting, 256, max_num_tokens)) is expected
+
+
+def test_arrivals_cross_leaps_only_where_promised():
+    # A decode-heavy load behind a full batch: an arrival comes every ~35 steps and a
+    # finish every ~50, the queue a dozen long. vLLM's leaps run past the arrivals; a
+    # plugin that promises
+    # vLLM's steady plan but says nothing of arrivals (PromiseOnly), or a subclass that
+    # replaces vLLM's schedule (CountingPromisingVLLM), ends each leap at an arrival; all
+    # give the step-by-step run.
+    assert promise_covers_schedule(VLLM, "arrivals_wait")
+    assert not promise_covers_schedule(PromiseOnly, "arrivals_wait")
+    assert not promise_covers_schedule(CountingPromisingVLLM, "arrivals_wait")
+    spec = RunSpec(workload=WorkloadSpec(num_requests=40, rate=2.5, output_len="fixed:300"),
+                   limits=LimitsSpec(max_num_seqs=6))
+    SETTINGS["decode_heavy"] = spec
+    try:
+        crossing, _ = run_leaping_beside_vllm("decode_heavy", VLLM())
+        stopping, _ = run_leaping_beside_vllm("decode_heavy", PromiseOnly())
+    finally:
+        del SETTINGS["decode_heavy"]
+    crossed, stopped = crossing.executor.leaper, stopping.executor.leaper
+    assert crossed.num_leaps_past_arrivals > 5
+    assert stopped.num_leaps_past_arrivals == 0
+    assert crossed.num_leaped_steps > stopped.num_leaped_steps
+    assert crossed.num_leaps < stopped.num_leaps

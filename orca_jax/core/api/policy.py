@@ -165,6 +165,26 @@ class Policy(abc.ABC):
         del view
         return None
 
+    def arrivals_wait(self, view: SchedulerView) -> bool:
+        """Whether requests arriving during the steps `stable_steps` just promised would
+        wait through them: asked right after it answered k >= 1, with the same view, when
+        the next arrival may come before those k steps end (a lone replica without agent
+        programs or slower KV tiers; any other arrival still ends a leap).
+
+        True promises that for each of those steps `schedule()` would return the same
+        plan with every request that arrived by the step's start in the waiting queue
+        (each joins its tail, in arrival order, as the core adds arrivals), and that
+        their joining changes none of this policy's later decisions while `schedule()`
+        is not called (a policy that reads the queue's length in `schedule()` to keep
+        some count must not say True). The leap then runs on past the arrivals, which
+        join at the steps they would have joined at one by one. False, the default,
+        ends the leap before the first arrival, as without it. A True holds for the
+        `schedule` of the class that defines this method (or a class above it), as a
+        promise of `stable_steps` does.
+        """
+        del view
+        return False
+
     def check_limits(self, limits: StepLimits) -> None:
         """Refuses, before anything runs, scheduler limits under which this policy's
         knobs cannot serve every request the core admits (the default accepts any).

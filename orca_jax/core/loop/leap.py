@@ -22,7 +22,9 @@ prefills ending their prompts among them (the leap decodes `running`, in its ord
   whose `schedule` comes from a subclass of the class that made the promise:
   a plugin that overrides a built-in's `schedule` does not inherit its promise);
 - the engine prices spans (`Engine.decode_span`; a real engine does not);
-- no request arrives before a leaped step starts (it would join the queue),
+- no request arrives before a leaped step starts (it would join the queue), unless
+  the policy says such arrivals wait through the steps (`Policy.arrivals_wait`): they
+  then join at the leaped steps they would have joined at (a lone replica only),
   no request finishes before the last leaped step, and the watchdog counts the
   first step as progress (then every later one is);
 - the pages the steps take fit the free pool (a paged pool; with prefix
@@ -55,6 +57,7 @@ horizon is its own next arrival (`EventLoop.leap_to_own_arrivals`).
 
 from __future__ import annotations
 
+import bisect
 import time
 from typing import Any, Callable, Optional, Sequence, Union
 
@@ -111,7 +114,8 @@ def leap_counts(leapers: Sequence[Leaper], num_steps: int) -> str:
     return (f"leaped over {total('num_leaped_steps')} of {num_steps} steps in "
             f"{total('num_leaps')} leaps ({total('num_leaps_after_finishes')} after finishes, "
             f"{total('num_leaps_after_prefills')} after prefills; chances refused "
-            f"{total('num_refusals')}, let go {total('num_let_go')})")
+            f"{total('num_refusals')}, let go {total('num_let_go')}), "
+            f"{total('num_leaps_past_arrivals')} of them past arrivals")
 
 
 def _no_other_events() -> None:
@@ -132,6 +136,8 @@ class Leaper:
         finished (`Policy.stable_through_finishes`): each a step not planned.
       num_leaps_after_prefills: leaps that began right after a step with prefills
         (`Policy.stable_after_prefills`): each a step not planned.
+      num_leaps_past_arrivals: leaps that ran on past arrivals (`Policy.arrivals_wait`),
+        which joined the queue inside them.
       num_refusals: chances the policy refused (`stable_steps` asked, answer None or < 1).
       num_let_go: chances after finishes or prefills let go without asking it (the
         back-off after refusals).
@@ -149,6 +155,13 @@ class Leaper:
         self._off = not promise_covers_schedule(policy_type)
         self._through_finishes = promise_covers_schedule(policy_type, "stable_through_finishes")
         self._after_prefills = promise_covers_schedule(policy_type, "stable_after_prefills")
+        # Arrivals may join inside a leap (`Policy.arrivals_wait`) only where nothing but
+        # the policy reads the queue they join: a lone replica (`horizon` stays
+        # `_no_other_events`; checked per leap) without agent programs (whose releases and
+        # pins are arrivals' events too) and without slower KV tiers.
+        self._through_arrivals = (promise_covers_schedule(policy_type, "arrivals_wait")
+                                  and scheduler.table.programs is None
+                                  and scheduler.kv_memory.linked is None)
         # A fixed --spec_k rewrites the policy's plans (drafts where output, budget and
         # pages allow), which its promise does not cover: every step is planned.
         self._off |= bool(getattr(scheduler.features, "spec_k", 0))
@@ -158,10 +171,15 @@ class Leaper:
         self.num_leaps = 0
         self.num_leaps_after_finishes = 0
         self.num_leaps_after_prefills = 0
+        self.num_leaps_past_arrivals = 0
         self.num_refusals = 0  # chances the policy refused (`stable_steps` None or < 1)
         self.num_let_go = 0  # chances after finishes or prefills let go without asking
-        self._backoff = 0  # chances after finishes or prefills let go after the last refusal
-        self._skip = 0  # those still to let go
+        # Chances let go after the last refusal, and those still to let go, kept apart for
+        # chances after finishes ([1]) and after prefills ([2]): on a replica whose batch
+        # cap binds, a finish frees a seat the queue takes (refused, nearly always) while
+        # the step after that admission fills the batch again (promised, nearly always).
+        self._backoff = [0, 0, 0]
+        self._skip = [0, 0, 0]
         self._pace = 0.0  # the seconds of the last step priced (0.0: none yet)
         # When the next event other than the scheduler's own steps and arrivals is (None
         # from it: none is left); a leap ends before it. A lone scheduler has none; a
@@ -199,9 +217,15 @@ class Leaper:
         # saturated replica has one due at most steps (this is then all a step pays).
         now = s.now_s
         upcoming = s.next_arrival_s()
-        if upcoming is not None and upcoming <= now:
-            return False
         horizon_of = self.horizon
+        through_arrivals = self._through_arrivals and horizon_of is _no_other_events
+        if upcoming is not None and upcoming <= now:
+            if not through_arrivals:
+                return False
+            # They join first, as `schedule()` joins them before it asks the policy (and
+            # then finds none due): the policy's promises below are about that queue.
+            s._admit_arrivals()
+            upcoming = s.next_arrival_s()
         if horizon_of is None:  # a cluster's replica whose loop set no horizon
             return False
         if horizon_of is not _no_other_events:  # a cluster's replica: up to its loop's next
@@ -212,8 +236,8 @@ class Leaper:
                 upcoming = horizon if upcoming is None else min(upcoming, horizon)
         host_start = time.perf_counter()
         ids, bucket, min_bucket, prefills = template
-        if prefills and self._skip:  # a chance after prefills, to let go: nothing to read
-            self._skip -= 1
+        if prefills and self._skip[2]:  # a chance after prefills, to let go: nothing to read
+            self._skip[2] -= 1
             self.num_let_go += 1
             return False
         table = s.table
@@ -235,8 +259,8 @@ class Leaper:
         if prefills:  # its requests (all of `running`) decode next, in `running`'s order
             after = 2
         if after:
-            if self._skip:  # the policy refused the last such chances: plan this step
-                self._skip -= 1
+            if self._skip[after]:  # the policy refused the last such chances: plan this step
+                self._skip[after] -= 1
                 self.num_let_go += 1
                 return False
             # Only now, past the let-go chances (most of them on a saturated replica):
@@ -251,9 +275,15 @@ class Leaper:
         if promised is None or promised < 1:
             self.num_refusals += 1
             if after:  # refused where it would plan: let the next chances go, more each time
-                self._backoff = min(2 * self._backoff + 1, _MAX_BACKOFF)
-                self._skip = self._backoff
+                self._backoff[after] = min(2 * self._backoff[after] + 1, _MAX_BACKOFF)
+                self._skip[after] = self._backoff[after]
             return False
+        # Arrivals that would wait through the promised steps do not end the leap: they
+        # join at the steps they would have joined at (`_apply`).
+        crossing = (through_arrivals and upcoming is not None
+                    and s.policy.arrivals_wait(s.view))
+        if crossing:
+            upcoming = None  # a lone replica: no other event ends the leap
         left = table.output_len[ids] - table.num_generated[ids]  # [n] tokens still to sample
         limit = min(int(promised), MAX_LEAP_STEPS, int(_min(left)))
         # Priced first: the steps before the next arrival are a few where the finishes
@@ -269,13 +299,13 @@ class Leaper:
             del step_s[runs:], starts[runs:], ends[runs:]
         if after:  # from here on the plan it repeats is this one
             self._template = (ids, bucket, min_bucket, False)
-            self._backoff = 0
+            self._backoff[after] = 0
             if after == 1:
                 self.num_leaps_after_finishes += 1
             else:
                 self.num_leaps_after_prefills += 1
         self._apply(bucket, ids, computed, left, pages, step_s, tokens, starts, ends,
-                    host_start, after == 2)
+                    host_start, after == 2, crossing)
         return True
 
     def _page_limit(self, ids: NDArray[np.int64], computed: NDArray[np.int64], limit: int
@@ -403,11 +433,13 @@ class Leaper:
                left: NDArray[np.int64],
                pages: Optional[tuple[list[int], NDArray[np.int64]]],
                step_s: list[float], tokens: NDArray[np.int32], starts: list[float],
-               ends: list[float], host_start: float, after_prefills: bool) -> None:
+               ends: list[float], host_start: float, after_prefills: bool,
+               crossing: bool) -> None:
         """What `schedule()` and `update()` of each of the `k` steps would have done
         (`left`: `[n]` the tokens each request had still to sample; `tokens`: `[c >= k,
         n]`, the steps' first; `pages`: `_page_limit`'s; `after_prefills`: `ids` are
-        `running` after a step with prefills, not the requests of the step repeated)."""
+        `running` after a step with prefills, not the requests of the step repeated;
+        `crossing`: arrivals join at the steps' starts, `Policy.arrivals_wait`)."""
         s = self.scheduler
         table, record = s.table, s.record
         k, n = len(step_s), int(ids.size)
@@ -437,6 +469,9 @@ class Leaper:
         record.log_token_span(ids, ends)
         held_before = (np.concatenate([s.running, s.unreleased])
                        if s.features.log_step_requests else None)
+        num_waiting = [int(s.waiting.size)] * k  # each step's row's
+        if crossing:  # before the finishes, as the last step's schedule() joins them first
+            self.num_leaps_past_arrivals += self._join_arrivals(starts, num_waiting)
         finished = ids[left == k]
         if finished.size:
             s._finish(finished, end)
@@ -448,7 +483,7 @@ class Leaper:
         free_pages[-1] = int(s.kv.num_free)
         num_running = [n] * k
         num_running[-1] = int(s.running.size)
-        first_step, num_waiting, padded = s.num_steps, int(s.waiting.size), bucket.num_tokens
+        first_step, padded = s.num_steps, bucket.num_tokens
         if held_before is not None:
             held_after = np.concatenate([s.running, s.unreleased])
             ones = np.ones(n, np.int64)
@@ -461,5 +496,23 @@ class Leaper:
         host_s = (time.perf_counter() - host_start) / k  # the leap's, shared out
         record.steps.extend([
             step_log((first_step + j, starts[j], n, n, padded, padded, host_s, step_s[j],
-                      num_running[j], num_waiting, free_pages[j], 0))
+                      num_running[j], num_waiting[j], free_pages[j], 0))
             for j in range(k)])
+
+    def _join_arrivals(self, starts: list[float], num_waiting: list[int]) -> bool:
+        """Arrivals join the queue at the leaped steps' starts (`starts`, `[k]`), each at
+        the first step that starts at or after its arrival, as that step's `schedule()`
+        would have joined it; `num_waiting[j]` becomes the queue's length from step j's
+        joins on (its row's). The arrivals due at the first step's start joined before
+        the policy was asked (`leap`). Returns whether any joined."""
+        s = self.scheduler
+        due = s.next_arrival_s()
+        joined = False
+        while due is not None and due <= starts[-1]:
+            joined = True
+            j = bisect.bisect_left(starts, due)  # >= 1: those due at starts[0] joined
+            s.now_s = starts[j]  # arrivals join by the clock (`_apply` sets the end after)
+            s._admit_arrivals()
+            num_waiting[j:] = [int(s.waiting.size)] * (len(starts) - j)
+            due = s.next_arrival_s()
+        return joined
