@@ -19,8 +19,9 @@ prompts of 300 tokens, outputs of 100, `--policy=vllm` with a batch cap of 256 a
 4,096-token budget, each rate run with `--leap` and `--noleap` (alternating which goes
 first from round to round), and prints each run's process time per request, its steps
 and the fraction of them run inside leaps, with the leaps that began after finishes and
-after prefills and the chances the policy refused or the back-off let go (the run's log
-line, `leap.leap_counts`; a revision before them logs the leaps alone), then the medians:
+after prefills, the chances the policy refused or the back-off let go and the leaps
+that ran past arrivals (the run's log line, `leap.leap_counts`; a revision before them
+logs the leaps alone), then the medians:
 
     python -m benchmarks.sim_speed --issue_trace --rounds 3 > benchmarks/results/sim_speed_leap.txt
     python -m benchmarks.sim_speed --issue_trace --old_rev 21242e9 --rounds 3   # and before leaping
@@ -165,7 +166,7 @@ FLOOR_COMMAND = [sys.executable, "-c", "import numpy, absl.app, absl.flags"]
 # The rest of the line where a tree logs it (`leap.leap_counts`): the widenings' leaps and
 # the chances refused or let go.
 LEAP_COUNTS = re.compile(r"\((\d+) after finishes, (\d+) after prefills; chances refused "
-                         r"(\d+), let go (\d+)\)")
+                         r"(\d+), let go (\d+)\)(?:, (\d+) of them past arrivals)?")
 
 
 def run_trace_case(num_requests: int, rate: float, leap: Optional[bool], bucket_ladder: str,
@@ -192,7 +193,8 @@ def run_trace_case(num_requests: int, rate: float, leap: Optional[bool], bucket_
     return {"rate": rate, "leap": leap, "steps": num_steps, "leaped": leaped,
             "leaps": int(found.group(3)) if found else 0, "cpu_s": cpu_s,
             "ms_per_request": cpu_s / num_requests * 1e3,
-            "counts": tuple(int(c) for c in counts.groups()) if counts else None}
+            "counts": (tuple(int(c) for c in counts.groups() if c is not None) if counts
+                       else None)}
 
 
 def run_floor_case(num_requests: int, rate: float) -> dict:
@@ -285,7 +287,7 @@ def issue_trace(num_requests: int, rates: list[float], rounds: int, bucket_ladde
     `floor`, `FLOOR_COMMAND` and this tree's one-request run too, per request of the
     trace)."""
     print(f"{'rate':>5} {'mode':>7} {'steps':>7} {'leaped':>7} {'leaps':>6} {'process s':>10} "
-          f"{'ms/request':>11}  {'after finishes/prefills, chances refused/let go':>11}")
+          f"{'ms/request':>11}  after finishes/prefills, chances refused/let go, past arrivals")
     modes: list[tuple[str, Optional[bool], Path]] = [("leap", True, REPO),
                                                       ("noleap", False, REPO)]
     if old_tree is not None:
@@ -309,7 +311,8 @@ def issue_trace(num_requests: int, rates: list[float], rounds: int, bucket_ladde
                     row = run_trace_case(num_requests, rate, leap, bucket_ladder, tree)
                 runs[label].append(row)
                 counts = ("" if row["counts"] is None or not row["leaps"] else
-                          "  {}/{}, {}/{}".format(*row["counts"]))
+                          "  {}/{}, {}/{}".format(*row["counts"])
+                          + ("" if len(row["counts"]) < 5 else f", {row['counts'][4]}"))
                 print(f"{rate:>5g} {label:>7} {row['steps']:>7} "
                       f"{row['leaped']:>7} {row['leaps']:>6} {row['cpu_s']:>10.2f} "
                       f"{row['ms_per_request']:>11.3f}{counts}", flush=True)
