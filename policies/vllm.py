@@ -137,9 +137,11 @@ class VLLM(Policy):
         threshold = self.long_prefill_token_threshold
         if running.size + view.waiting.size <= 1:
             threshold = 0  # a lone request has nobody to starve
-        want = view.requests.num_uncomputed(running)  # [r] each >= 1
+        needed: Optional[NDArray[np.int64]] = None  # [s] the pages of the tokens planned
         if threshold:
-            want = np.minimum(want, threshold)
+            want = np.minimum(view.requests.num_uncomputed(running), threshold)  # [r]
+        else:  # each wants all it has left: its pages asked with it, in one question
+            want, needed = view.uncomputed_and_pages(running)  # [r] each >= 1, [r]
         # The ufunc: `sum` adds a Python frame (and the running sums only where the budget
         # runs out).
         num_tokens = int(np.add.reduce(want))
@@ -152,7 +154,9 @@ class VLLM(Policy):
             num_scheduled = int(np.count_nonzero(tokens))
             ids, tokens = running[:num_scheduled], tokens[:num_scheduled]
             num_tokens = int(tokens.sum())
-        needed = view.pages_needed(ids, tokens)  # [s]
+            needed = None  # a cut want takes fewer pages
+        if needed is None:
+            needed = view.pages_needed(ids, tokens)  # [s]
         num_needed = int(np.add.reduce(needed))  # the ufunc: `sum` adds a Python frame
         free = view.num_free_pages
         if num_needed > free:
@@ -290,19 +294,13 @@ class VLLM(Policy):
               budget: int, free: int, threshold: int) -> tuple[list[bool], list[int]]:
         """Whether each candidate fits after those before it are admitted (`[c]`), and the
         tokens it would get (`[c]`)."""
-        # An admission starts past its cached pages: only the rest is left to compute
-        # (`cached_tokens` is 0 for every request where prefix caching is not active).
-        uncached = view.requests.num_uncomputed(candidates)  # [c]
-        if view.prefix_caching:
-            uncached = uncached - view.cached_tokens(candidates)
-        # Its whole sequence's pages, less its hits and the pages it holds (one received
-        # with its KV, in disaggregated decode, has them): what the core would allocate.
-        full_pages = view.pages_needed(candidates, uncached).tolist()  # [c]
-        # The rest over the candidates in Python ints (exact, as int64 sums are): `_admit`
-        # looks at a short head first, and each numpy call on a few elements, with a
-        # Python int on one side, costs more than the whole loop.
+        # An admission starts past its cached pages: only the rest is left to compute. Its
+        # whole sequence's pages, less its hits and the pages it holds (one received with
+        # its KV, in disaggregated decode, has them): what the core would allocate. One
+        # question, in Python ints (exact, as int64 sums are): `_admit` looks at a short
+        # head first, and each numpy call on a few elements costs more than the whole loop.
+        wants, full_pages = view.admission_needs(candidates.tolist())  # [c], [c]
         chunked = self.enable_chunked_prefill
-        wants = uncached.tolist()
         fits, tokens = [], []
         before = 0  # tokens taken by earlier admissions
         for want in wants:
