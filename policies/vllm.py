@@ -164,7 +164,7 @@ class VLLM(Policy):
         budget -= num_tokens
         free -= num_needed
         new_ids, new_tokens = self._admit(view, budget, free, int(running.size), threshold)
-        if new_ids.size:
+        if new_ids.size:  # the tokens' list joins as it is (numpy converts it to int64 once)
             ids, tokens = np.concatenate([ids, new_ids]), np.concatenate([tokens, new_tokens])
         return StepPlan(ids, tokens)
 
@@ -251,19 +251,20 @@ class VLLM(Policy):
         if not preempted:  # the whole pass fitted after all: admit as usual
             new_ids, new_tokens = self._admit(view, budget, free, len(alive), threshold)
             ids += new_ids.tolist()
-            tokens += new_tokens.tolist()
+            tokens += new_tokens
         return StepPlan(ids, tokens, preempt=preempted)
 
     def _admit(self, view: SchedulerView, budget: int, free: int, num_running: int,
                threshold: int, *, plans: bool = True
-               ) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
-        """Waiting requests to admit after the running pass: ids `[a]` and tokens `[a]`
+               ) -> tuple[NDArray[np.int64], list[int]]:
+        """Waiting requests to admit after the running pass: ids `[a]` and tokens `[a]` (a
+        list of ints: the plan joins it to the running pass's array in one call)
         (`plans` False: a question about the plan, `stable_steps`', which leaves the next
         plan's first-look guess as the last plan set it)."""
         cap = min(self.max_num_seqs, view.max_num_seqs)
         waiting = view.waiting
         if budget <= 0 or num_running >= cap or waiting.size == 0:
-            return waiting[:0], waiting[:0]
+            return waiting[:0], []
         if self.priority:
             requests = view.requests
             waiting = waiting[np.lexsort((waiting, requests.arrival_s[waiting],
@@ -288,7 +289,7 @@ class VLLM(Policy):
         num_admitted = fits.index(False) if False in fits else len(fits)
         if plans:
             self._last_admitted = num_admitted
-        return head[:num_admitted], np.array(tokens[:num_admitted], dtype=np.int64)
+        return head[:num_admitted], tokens[:num_admitted]
 
     def _fits(self, view: SchedulerView, candidates: NDArray[np.int64],  # [c]
               budget: int, free: int, threshold: int) -> tuple[list[bool], list[int]]:
@@ -311,12 +312,12 @@ class VLLM(Policy):
             fits.append(before < budget and (chunked or want <= left))
             tokens.append(min(want, left))
             before += want
-        at_least_one = [max(count, 1) for count in tokens]
         # Most admissions get their whole prompt (the budget is not cut): their pages then
-        # are those of the whole prompt, so the same count is not asked again.
-        pages = (full_pages if at_least_one == wants
-                 else view.pages_needed(candidates,
-                                        np.array(at_least_one, dtype=np.int64)).tolist())
+        # are those of the whole prompt, so the same count is not asked again (each want is
+        # at least 1, so no count is below 1 then).
+        pages = (full_pages if tokens == wants
+                 else view.pages_needed(candidates, np.array([max(count, 1) for count in tokens],
+                                                             dtype=np.int64)).tolist())
         # vLLM asks the room of the whole prompt, with the free pages earlier admissions
         # left: the room is the free pages less what an admission must leave
         # (`kv_room`), so each candidate's is the room now less the pages taken before it.

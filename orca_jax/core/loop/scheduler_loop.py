@@ -224,12 +224,14 @@ class SchedulerLoop:
         needed, computed, context, uncomputed, states, admitting, num_real_tokens = (
             checked_counts(self, plan))
         self.last_finished = NO_REQUESTS  # "finished since the previous schedule() call"
-        self._apply_release(plan.release)
-        kv_move_s = self._apply_preemption(plan.preempt)  # the executor counts the moves
-        self._apply_rejection(plan)
-        if self.features.log_step_requests:
-            self.record.log_removed(plan.preempt, plan.reject_ids)
-        progressed = bool(plan.release.size or plan.reject_ids.size)
+        kv_move_s, progressed = 0.0, False
+        if plan.release.size or plan.preempt.size or plan.reject_ids.size:  # most plans: none
+            self._apply_release(plan.release)
+            kv_move_s = self._apply_preemption(plan.preempt)  # the executor counts the moves
+            self._apply_rejection(plan)
+            if self.features.log_step_requests:
+                self.record.log_removed(plan.preempt, plan.reject_ids)
+            progressed = bool(plan.release.size or plan.reject_ids.size)
         if plan.request_ids.size == 0:
             waits = self._idle(plan)
             # Only a wait for an arrival moves the clock: a transfer's end, or a step in
