@@ -282,19 +282,19 @@ class VLLM(Policy):
         size = max(_FIRST_LOOK, 2 * self._last_admitted + 1)
         while True:
             head = candidates[:size]
-            fits, tokens = self._fits(view, head, budget, free, threshold)
-            if not all(fits) or head.size == candidates.size:
+            num_fit, tokens = self._fits(view, head, budget, free, threshold)
+            if num_fit < head.size or head.size == candidates.size:
                 break
             size *= 4
-        num_admitted = fits.index(False) if False in fits else len(fits)
         if plans:
-            self._last_admitted = num_admitted
-        return head[:num_admitted], tokens[:num_admitted]
+            self._last_admitted = num_fit
+        return head[:num_fit], tokens
 
     def _fits(self, view: SchedulerView, candidates: NDArray[np.int64],  # [c]
-              budget: int, free: int, threshold: int) -> tuple[list[bool], list[int]]:
-        """Whether each candidate fits after those before it are admitted (`[c]`), and the
-        tokens it would get (`[c]`)."""
+              budget: int, free: int, threshold: int) -> tuple[int, list[int]]:
+        """How many of the candidates fit, from the first, each after those before it are
+        admitted (admission stops at the first that does not), and the tokens each of those
+        gets (`[a]`)."""
         # An admission starts past its cached pages: only the rest is left to compute. Its
         # whole sequence's pages, less its hits and the pages it holds (one received with
         # its KV, in disaggregated decode, has them): what the core would allocate. One
@@ -302,30 +302,26 @@ class VLLM(Policy):
         # head first, and each numpy call on a few elements costs more than the whole loop.
         wants, full_pages = view.admission_needs(candidates.tolist())  # [c], [c]
         chunked = self.enable_chunked_prefill
-        fits, tokens = [], []
+        # vLLM asks the room of the whole prompt, with the free pages earlier admissions
+        # left: the room is the free pages less what an admission must leave (`kv_room`),
+        # so each candidate's is the room now less the pages taken before it.
+        room = int(view.kv_room(free))
+        tokens: list[int] = []
         before = 0  # tokens taken by earlier admissions
-        for want in wants:
-            if threshold:
-                want = min(want, threshold)
+        for i, want in enumerate(wants):
+            count = min(want, threshold) if threshold else want
             left = budget - before
             # Whole prompts only without chunking (`check_limits`: they fit an empty step).
-            fits.append(before < budget and (chunked or want <= left))
-            tokens.append(min(want, left))
-            before += want
-        # Most admissions get their whole prompt (the budget is not cut): their pages then
-        # are those of the whole prompt, so the same count is not asked again (each want is
-        # at least 1, so no count is below 1 then).
-        pages = (full_pages if tokens == wants
-                 else view.pages_needed(candidates, np.array([max(count, 1) for count in tokens],
-                                                             dtype=np.int64)).tolist())
-        # vLLM asks the room of the whole prompt, with the free pages earlier admissions
-        # left: the room is the free pages less what an admission must leave
-        # (`kv_room`), so each candidate's is the room now less the pages taken before it.
-        room = int(view.kv_room(free))
-        for i, count in enumerate(pages):
-            fits[i] = fits[i] and full_pages[i] <= room
-            room -= count
-        return fits, tokens
+            if before >= budget or not (chunked or count <= left) or full_pages[i] > room:
+                break
+            given = min(count, left)  # >= 1: some budget is left
+            tokens.append(given)
+            before += count
+            # Most admissions get their whole prompt (the budget is not cut): their pages
+            # then are those of the whole prompt, so the same count is not asked again.
+            room -= (full_pages[i] if given == want else int(view.pages_needed(
+                candidates[i:i + 1], np.array([given], dtype=np.int64))[0]))
+        return len(tokens), tokens
 
 
 @register("vllm-priority")
