@@ -505,9 +505,13 @@ class Scheduler(SchedulerLoop):
         waiting = self.waiting
         # Every queued request is waiting until a change takes it out of the queue, this
         # one included: when the head's `a` requests are the ones admitted, the rest
-        # stays (a slice, no copy of a long queue); else keep the waiting ones.
-        if admitted.size <= waiting.size and _WAITING_CODE not in (
-                table.state[waiting[:admitted.size]].tobytes()):
+        # stays (a slice, no copy of a long queue); else keep the waiting ones. The head
+        # is the admitted requests themselves in most steps (FCFS): their bytes compare
+        # before any state is read.
+        head = waiting[:admitted.size]
+        if admitted.size <= waiting.size and (
+                head.tobytes() == admitted.tobytes()
+                or _WAITING_CODE not in table.state[head].tobytes()):
             self.waiting = waiting[admitted.size:]  # read-only, as a slice of a frozen queue
         else:
             self.waiting = _frozen(waiting[table.state[waiting] == WAITING_0D])
