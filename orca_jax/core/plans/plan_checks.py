@@ -45,6 +45,7 @@ PlanCounts = tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64], NDAr
 # computes, draft positions included: `context - computed` summed).
 StepCounts = tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64], NDArray[np.int64],
                    NDArray[np.int8], int, int]
+_ONE = np.array(1, dtype=np.int64)  # 0-d: numpy converts a Python int operand on every call
 _NONE = np.zeros(0, dtype=np.int64)
 _NONE.setflags(write=False)
 NO_COUNTS: StepCounts = (_NONE, _NONE, _NONE, _NONE, _NONE.astype(np.int8), 0, 0)  # runs nothing
@@ -67,7 +68,7 @@ def _first(ids: NDArray[np.int64], mask: NDArray[np.bool_]) -> int:
 # the Python frame numpy's `any` and `all` methods add (a third of their cost on a
 # short array), and the reductions are called as ufunc methods for the same reason.
 _any = count_nonzero
-_min, _sum = np.minimum.reduce, np.add.reduce
+_sum = np.add.reduce
 
 
 def _check_indices(name: str, field: str, ids: NDArray[np.int64], num_requests: int) -> None:
@@ -215,7 +216,7 @@ def checked_counts(scheduler: SchedulerState, plan: StepPlan) -> StepCounts:
                             "flight the next step cannot follow (its newest token on the "
                             "device, or a micro-batch still in the pipeline's stages), or "
                             "waits for the next micro-batch (SchedulerView.busy)")
-    if _min(tokens) < 1:
+    if _any(tokens < _ONE):  # a count, not a min: a ufunc reduction's fixed cost is more
         bad = tokens < 1
         raise PlanError(name, "nonpositive_tokens",
                         f"request {_first(ids, bad)} is given {int(tokens[bad][0])} tokens")
