@@ -256,11 +256,13 @@ class SchedulerLoop:
         else:  # admission moved no one: the check's counts are the step's
             num_computed, kv_lens = computed, context
             samples = tokens == uncomputed  # kv_lens - spec == prompt_len + num_generated
-        if count_nonzero(needed):  # needed.any(), without the method's Python frame
-            # Without reservations or hits, admission took no pages: the check's count holds.
-            reuse = self.kv_memory.needed_is_allocation
-            self.kv.allocate(ids, kv_lens, need=needed if reuse else None)
-            if not reuse and self.kv_memory.linked is not None:
+        if self.kv_memory.needed_is_allocation:
+            # Without reservations or hits, admission took no pages: the check's count holds
+            # (and the pool returns at once where no request grows: rare, so not asked here).
+            self.kv.allocate(ids, kv_lens, need=needed)
+        elif count_nonzero(needed):  # needed.any(), without the method's Python frame
+            self.kv.allocate(ids, kv_lens)
+            if self.kv_memory.linked is not None:
                 kv_move_s += self.kv_memory.take_stall()  # its evictions' write-backs
         if self.kv_memory.linked is not None:  # host-tier hits into the pages just allocated
             self.kv_memory.land_loads()
