@@ -31,7 +31,8 @@ Prefix caching (`enable_prefix_caching`, on by default as in vLLM, under the
 run's default `--prefix_caching=policy`; `on`/`off` decide instead) is the
 core's: an admission starts past its cached pages, so a waiting request wants
 only its uncached tokens (`view.cached_tokens`) and its pages count its hits
-(`view.pages_needed`), as vLLM's `get_computed_blocks` and `allocate_slots`.
+(`view.pages_needed`; both asked at once, `view.admission_needs`), as vLLM's
+`get_computed_blocks` and `allocate_slots`.
 
 Not modelled: vLLM's clamp of a chunk to `max_model_len - num_computed - 1`
 never binds here (the core rejects requests longer than the context), and
