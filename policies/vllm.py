@@ -31,7 +31,8 @@ Prefix caching (`enable_prefix_caching`, on by default as in vLLM, under the
 run's default `--prefix_caching=policy`; `on`/`off` decide instead) is the
 core's: an admission starts past its cached pages, so a waiting request wants
 only its uncached tokens (`view.cached_tokens`) and its pages count its hits
-(`view.pages_needed`), as vLLM's `get_computed_blocks` and `allocate_slots`.
+(`view.pages_needed`; both asked at once, `view.admission_needs`), as vLLM's
+`get_computed_blocks` and `allocate_slots`.
 
 Not modelled: vLLM's clamp of a chunk to `max_model_len - num_computed - 1`
 never binds here (the core rejects requests longer than the context), and
@@ -137,9 +138,11 @@ class VLLM(Policy):
         threshold = self.long_prefill_token_threshold
         if running.size + view.waiting.size <= 1:
             threshold = 0  # a lone request has nobody to starve
-        want = view.requests.num_uncomputed(running)  # [r] each >= 1
+        needed: Optional[NDArray[np.int64]] = None  # [s] the pages of the tokens planned
         if threshold:
-            want = np.minimum(want, threshold)
+            want = np.minimum(view.requests.num_uncomputed(running), threshold)  # [r]
+        else:  # each wants all it has left: its pages asked with it, in one question
+            want, needed = view.uncomputed_and_pages(running)  # [r] each >= 1, [r]
         # The ufunc: `sum` adds a Python frame (and the running sums only where the budget
         # runs out).
         num_tokens = int(np.add.reduce(want))
@@ -152,7 +155,9 @@ class VLLM(Policy):
             num_scheduled = int(np.count_nonzero(tokens))
             ids, tokens = running[:num_scheduled], tokens[:num_scheduled]
             num_tokens = int(tokens.sum())
-        needed = view.pages_needed(ids, tokens)  # [s]
+            needed = None  # a cut want takes fewer pages
+        if needed is None:
+            needed = view.pages_needed(ids, tokens)  # [s]
         num_needed = int(np.add.reduce(needed))  # the ufunc: `sum` adds a Python frame
         free = view.num_free_pages
         if num_needed > free:
@@ -160,7 +165,7 @@ class VLLM(Policy):
         budget -= num_tokens
         free -= num_needed
         new_ids, new_tokens = self._admit(view, budget, free, int(running.size), threshold)
-        if new_ids.size:
+        if new_ids.size:  # the tokens' list joins as it is (numpy converts it to int64 once)
             ids, tokens = np.concatenate([ids, new_ids]), np.concatenate([tokens, new_tokens])
         return StepPlan(ids, tokens)
 
@@ -262,19 +267,20 @@ class VLLM(Policy):
         if not preempted:  # the whole pass fitted after all: admit as usual
             new_ids, new_tokens = self._admit(view, budget, free, len(alive), threshold)
             ids += new_ids.tolist()
-            tokens += new_tokens.tolist()
+            tokens += new_tokens
         return StepPlan(ids, tokens, preempt=preempted)
 
     def _admit(self, view: SchedulerView, budget: int, free: int, num_running: int,
                threshold: int, *, plans: bool = True
-               ) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
-        """Waiting requests to admit after the running pass: ids `[a]` and tokens `[a]`
+               ) -> tuple[NDArray[np.int64], list[int]]:
+        """Waiting requests to admit after the running pass: ids `[a]` and tokens `[a]` (a
+        list of ints: the plan joins it to the running pass's array in one call)
         (`plans` False: a question about the plan, `stable_steps`', which leaves the next
         plan's first-look guess as the last plan set it)."""
         cap = min(self.max_num_seqs, view.max_num_seqs)
         waiting = view.waiting
         if budget <= 0 or num_running >= cap or waiting.size == 0:
-            return waiting[:0], waiting[:0]
+            return waiting[:0], []
         if self.priority:
             requests = view.requests
             waiting = waiting[np.lexsort((waiting, requests.arrival_s[waiting],
@@ -292,56 +298,46 @@ class VLLM(Policy):
         size = max(_FIRST_LOOK, 2 * self._last_admitted + 1)
         while True:
             head = candidates[:size]
-            fits, tokens = self._fits(view, head, budget, free, threshold)
-            if not all(fits) or head.size == candidates.size:
+            num_fit, tokens = self._fits(view, head, budget, free, threshold)
+            if num_fit < head.size or head.size == candidates.size:
                 break
             size *= 4
-        num_admitted = fits.index(False) if False in fits else len(fits)
         if plans:
-            self._last_admitted = num_admitted
-        return head[:num_admitted], np.array(tokens[:num_admitted], dtype=np.int64)
+            self._last_admitted = num_fit
+        return head[:num_fit], tokens
 
     def _fits(self, view: SchedulerView, candidates: NDArray[np.int64],  # [c]
-              budget: int, free: int, threshold: int) -> tuple[list[bool], list[int]]:
-        """Whether each candidate fits after those before it are admitted (`[c]`), and the
-        tokens it would get (`[c]`)."""
-        # An admission starts past its cached pages: only the rest is left to compute
-        # (`cached_tokens` is 0 for every request where prefix caching is not active).
-        uncached = view.requests.num_uncomputed(candidates)  # [c]
-        if view.prefix_caching:
-            uncached = uncached - view.cached_tokens(candidates)
-        # Its whole sequence's pages, less its hits and the pages it holds (one received
-        # with its KV, in disaggregated decode, has them): what the core would allocate.
-        full_pages = view.pages_needed(candidates, uncached).tolist()  # [c]
-        # The rest over the candidates in Python ints (exact, as int64 sums are): `_admit`
-        # looks at a short head first, and each numpy call on a few elements, with a
-        # Python int on one side, costs more than the whole loop.
+              budget: int, free: int, threshold: int) -> tuple[int, list[int]]:
+        """How many of the candidates fit, from the first, each after those before it are
+        admitted (admission stops at the first that does not), and the tokens each of those
+        gets (`[a]`)."""
+        # An admission starts past its cached pages: only the rest is left to compute. Its
+        # whole sequence's pages, less its hits and the pages it holds (one received with
+        # its KV, in disaggregated decode, has them): what the core would allocate. One
+        # question, in Python ints (exact, as int64 sums are): `_admit` looks at a short
+        # head first, and each numpy call on a few elements costs more than the whole loop.
+        wants, full_pages = view.admission_needs(candidates.tolist())  # [c], [c]
         chunked = self.enable_chunked_prefill
-        wants = uncached.tolist()
-        fits, tokens = [], []
+        # vLLM asks the room of the whole prompt, with the free pages earlier admissions
+        # left: the room is the free pages less what an admission must leave (`kv_room`),
+        # so each candidate's is the room now less the pages taken before it.
+        room = int(view.kv_room(free))
+        tokens: list[int] = []
         before = 0  # tokens taken by earlier admissions
-        for want in wants:
-            if threshold:
-                want = min(want, threshold)
+        for i, want in enumerate(wants):
+            count = min(want, threshold) if threshold else want
             left = budget - before
             # Whole prompts only without chunking (`check_limits`: they fit an empty step).
-            fits.append(before < budget and (chunked or want <= left))
-            tokens.append(min(want, left))
-            before += want
-        at_least_one = [max(count, 1) for count in tokens]
-        # Most admissions get their whole prompt (the budget is not cut): their pages then
-        # are those of the whole prompt, so the same count is not asked again.
-        pages = (full_pages if at_least_one == wants
-                 else view.pages_needed(candidates,
-                                        np.array(at_least_one, dtype=np.int64)).tolist())
-        # vLLM asks the room of the whole prompt, with the free pages earlier admissions
-        # left: the room is the free pages less what an admission must leave
-        # (`kv_room`), so each candidate's is the room now less the pages taken before it.
-        room = int(view.kv_room(free))
-        for i, count in enumerate(pages):
-            fits[i] = fits[i] and full_pages[i] <= room
-            room -= count
-        return fits, tokens
+            if before >= budget or not (chunked or count <= left) or full_pages[i] > room:
+                break
+            given = min(count, left)  # >= 1: some budget is left
+            tokens.append(given)
+            before += count
+            # Most admissions get their whole prompt (the budget is not cut): their pages
+            # then are those of the whole prompt, so the same count is not asked again.
+            room -= (full_pages[i] if given == want else int(view.pages_needed(
+                candidates[i:i + 1], np.array([given], dtype=np.int64))[0]))
+        return len(tokens), tokens
 
 
 @register("vllm-priority")

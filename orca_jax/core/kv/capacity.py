@@ -18,13 +18,14 @@ from typing import Optional, Sequence, Union
 import numpy as np
 from numpy.typing import NDArray
 
-from orca_jax.core.kv.pool import KVPool
+from orca_jax.core.kv.pool import KVPool, PagedPool
 from orca_jax.core.kv.prefix_hits import PrefixHits
 from orca_jax.core.requests.request import RequestState
 from orca_jax.core.requests.request_table import RequestTable
 
 _WAITING = int(RequestState.WAITING)  # a plain int: IntEnum lookups cost on the hot path
 _AWAY = int(RequestState.ROUTED_AWAY)
+_add_reduce = np.add.reduce
 
 
 def reservation_tokens(mode: str, table: RequestTable, max_model_len: int
@@ -100,6 +101,9 @@ class KVCapacity:
         # reservation, no hits): `pages_needed`, asked several times a step, asks the
         # pool directly.
         self._plain = not self._reserves
+        # Whether `admission_needs` may count in Python ints: plain, and the pool counts a
+        # request's pages as the paged layout does (ceil of its tokens, less what it holds).
+        self._counts_in_ints = self._plain and type(pool).pages_needed is PagedPool.pages_needed
 
     def pages_needed(self, ids: NDArray[np.int64],  # [n]
                      tokens: NDArray[np.int64]) -> NDArray[np.int64]:  # [n]
@@ -122,6 +126,46 @@ class KVCapacity:
         """Tokens an admission of each request now would take from the prefix cache."""
         return np.zeros(ids.size, dtype=np.int64)
 
+    def uncomputed_and_pages(self, ids: NDArray[np.int64]  # [n]
+                             ) -> tuple[NDArray[np.int64], NDArray[np.int64]]:  # [n], [n]
+        """`(num_uncomputed(ids), pages_needed(ids, num_uncomputed(ids)))`: what each
+        request has left to compute and the new pages to compute all of it now. Where
+        nothing is reserved or hit, its context after those tokens is the tokens it knows
+        (`prompt_len + num_generated`), read once for both."""
+        table = self._table
+        if self._plain:
+            known = table.prompt_len[ids] + table.num_generated[ids]  # [n]
+            return known - table.num_computed[ids], self._pool.pages_needed(ids, known)
+        uncomputed = table.num_uncomputed(ids)  # [n]
+        return uncomputed, self.pages_needed(ids, uncomputed)
+
+    def admission_needs(self, ids: list[int]) -> tuple[list[int], list[int]]:
+        """For each of a few requests (a list), what its admission now would compute and
+        take: `(num_uncomputed - cached_tokens, pages_needed of those tokens)`, as lists of
+        Python ints, the same integers as the arrays' `tolist()`.
+
+        Where nothing is reserved or hit and pages are counted as the paged layout counts
+        them, in Python ints: on the few requests at the head of a queue, each numpy call
+        costs more than the whole loop. The uncomputed tokens end at the known ones
+        (`prompt_len + num_generated`), so the pages are those of the known tokens.
+        """
+        table = self._table
+        if self._counts_in_ints:
+            prompt, generated, computed = table.prompt_len, table.num_generated, table.num_computed
+            held, page_size = self._pool.num_held, self._pool.page_size
+            wants, pages = [], []
+            for request in ids:
+                known = prompt.item(request) + generated.item(request)
+                wants.append(known - computed.item(request))
+                need = (known + page_size - 1) // page_size - held.item(request)
+                pages.append(need if need > 0 else 0)
+            return wants, pages
+        array = np.array(ids, dtype=np.int64)  # [c]
+        uncached = table.num_uncomputed(array)  # [c]
+        if self.counts_hits:
+            uncached = uncached - self.cached_tokens(array)
+        return uncached.tolist(), self.pages_needed(array, uncached).tolist()
+
     def reserved_tokens(self, ids: NDArray[np.int64],  # [n]
                         tokens: NDArray[np.int64]) -> NDArray[np.int64]:  # [n]
         """`[n]` tokens whose pages each request's admission holds once it has `tokens`
@@ -134,7 +178,7 @@ class KVCapacity:
                     needed: NDArray[np.int64],  # [n] from pages_needed
                     preempt: NDArray[np.int64]) -> tuple[int, int]:  # [p]
         """(pages the plan takes from the free pool, pages its preemptions free)."""
-        return (int(np.add.reduce(needed)),  # the ufunc: `sum` adds a Python frame
+        return (int(_add_reduce(needed)),  # the ufunc: `sum` adds a Python frame
                 int(self._pool.num_held[preempt].sum()) if preempt.size else 0)
 
     def rule_broken(self, ids: NDArray[np.int64],  # [n]
@@ -144,6 +188,14 @@ class KVCapacity:
         """`(rule, detail)` of the KV rule that running `ids` (after preempting `preempt`)
         breaks: `kv_pages` or `kv_watermark`; None if the KV fits. Reads only.
         `admitting`: whether one of `ids` is waiting, if the caller knows."""
+        if self.totals_decide and not preempt.size and admitting is not None:
+            # Most plans (the plan check's, every step): the total alone decides, nothing is
+            # freed first, and `pool_demand` is the sum. Asked here in the rule's own terms;
+            # a plan that breaks it takes the whole question below, for its message.
+            total = int(_add_reduce(needed))
+            free, watermark = self._pool.num_free, self.watermark_pages + self.held_back_pages
+            if total <= free and not (watermark and admitting and free - total < watermark):
+                return None
         total_needed, freed = self.pool_demand(ids, needed, preempt)
         available = self._pool.num_free + freed
         if admitting is None:
@@ -252,7 +304,7 @@ class CachedCapacity(KVCapacity):
         self.needed_is_allocation = False
         self.totals_decide = False  # a free page several admissions hit is taken once
         self.counts_hits = True
-        self._plain = False
+        self._plain = self._counts_in_ints = False
 
     def pages_for_context(self, ids: NDArray[np.int64],  # [n]
                           target: NDArray[np.int64]) -> NDArray[np.int64]:  # [n]

@@ -234,12 +234,14 @@ class SchedulerLoop:
         needed, computed, context, uncomputed, states, admitting, num_real_tokens = (
             checked_counts(self, plan))
         self.last_finished = NO_REQUESTS  # "finished since the previous schedule() call"
-        self._apply_release(plan.release)
-        kv_move_s = self._apply_preemption(plan.preempt)  # the executor counts the moves
-        self._apply_rejection(plan)
-        if self.features.log_step_requests:
-            self.record.log_removed(plan.preempt, plan.reject_ids)
-        progressed = bool(plan.release.size or plan.reject_ids.size)
+        kv_move_s, progressed = 0.0, False
+        if plan.release.size or plan.preempt.size or plan.reject_ids.size:  # most plans: none
+            self._apply_release(plan.release)
+            kv_move_s = self._apply_preemption(plan.preempt)  # the executor counts the moves
+            self._apply_rejection(plan)
+            if self.features.log_step_requests:
+                self.record.log_removed(plan.preempt, plan.reject_ids)
+            progressed = bool(plan.release.size or plan.reject_ids.size)
         if plan.request_ids.size == 0:
             waits = self._idle(plan)
             # Only a wait for an arrival moves the clock: a transfer's end, or a step in
@@ -264,11 +266,13 @@ class SchedulerLoop:
         else:  # admission moved no one: the check's counts are the step's
             num_computed, kv_lens = computed, context
             samples = tokens == uncomputed  # kv_lens - spec == prompt_len + num_generated
-        if count_nonzero(needed):  # needed.any(), without the method's Python frame
-            # Without reservations or hits, admission took no pages: the check's count holds.
-            reuse = self.kv_memory.needed_is_allocation
-            self.kv.allocate(ids, kv_lens, need=needed if reuse else None)
-            if not reuse and self.kv_memory.linked is not None:
+        if self.kv_memory.needed_is_allocation:
+            # Without reservations or hits, admission took no pages: the check's count holds
+            # (and the pool returns at once where no request grows: rare, so not asked here).
+            self.kv.allocate(ids, kv_lens, need=needed)
+        elif count_nonzero(needed):  # needed.any(), without the method's Python frame
+            self.kv.allocate(ids, kv_lens)
+            if self.kv_memory.linked is not None:
                 kv_move_s += self.kv_memory.take_stall()  # its evictions' write-backs
         if self.kv_memory.linked is not None:  # host-tier hits into the pages just allocated
             self.kv_memory.land_loads()

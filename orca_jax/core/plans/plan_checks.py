@@ -45,6 +45,7 @@ PlanCounts = tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64], NDAr
 # computes, draft positions included: `context - computed` summed).
 StepCounts = tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64], NDArray[np.int64],
                    NDArray[np.int8], int, int]
+_ONE = np.array(1, dtype=np.int64)  # 0-d: numpy converts a Python int operand on every call
 _NONE = np.zeros(0, dtype=np.int64)
 _NONE.setflags(write=False)
 NO_COUNTS: StepCounts = (_NONE, _NONE, _NONE, _NONE, _NONE.astype(np.int8), 0, 0)  # runs nothing
@@ -67,7 +68,7 @@ def _first(ids: NDArray[np.int64], mask: NDArray[np.bool_]) -> int:
 # the Python frame numpy's `any` and `all` methods add (a third of their cost on a
 # short array), and the reductions are called as ufunc methods for the same reason.
 _any = count_nonzero
-_min, _sum = np.minimum.reduce, np.add.reduce
+_sum = np.add.reduce
 
 
 def _check_indices(name: str, field: str, ids: NDArray[np.int64], num_requests: int) -> None:
@@ -124,33 +125,14 @@ def _check_held(name: str, table: RequestTable, plan: StepPlan) -> None:
                             "and view.running")
 
 
-def check_plan(scheduler: SchedulerState, plan: StepPlan) -> PlanCounts:
-    """Raises PlanError if `plan` breaks a rule; returns what it counted on the way.
-
-    Args:
-      scheduler: the scheduler's state (read only here).
-      plan: the policy's plan for this iteration.
-
-    Returns:
-      `(needed, computed, context, uncomputed, states)`, each `[n]` over `plan.request_ids`
-      (`PlanCounts`; empty for a plan that runs nothing).
-    """
-    return checked_counts(scheduler, plan)[:5]
-
-
-def checked_counts(scheduler: SchedulerState, plan: StepPlan) -> StepCounts:
-    """`check_plan`, and with its counts `admitting` and `total` (`StepCounts`), which the
-    step would otherwise count again: the scheduler's step asks this.
-
-    Raises:
-      PlanError: `plan` breaks a rule (nothing has changed).
-    """
-    name = scheduler.policy.name
+def _check_removals(name: str, scheduler: SchedulerState, plan: StepPlan) -> None:
+    """The rules of a plan that preempts, releases or rejects requests, in the order the
+    check asks them: their indices, then (on a cluster's replica) that every request the
+    plan names is held here, then the rejections', releases' and preemptions' own rules."""
     table = scheduler.table
     n_requests = len(table)
-    ids, tokens = plan.request_ids, plan.num_tokens
-    _check_indices(name, "request_ids", ids, n_requests)
-    if plan.preempt.size:  # most steps preempt, release and reject nothing: no call
+    ids = plan.request_ids
+    if plan.preempt.size:
         _check_indices(name, "preempt", plan.preempt, n_requests)
     if plan.release.size:
         _check_indices(name, "release", plan.release, n_requests)
@@ -185,6 +167,37 @@ def checked_counts(scheduler: SchedulerState, plan: StepPlan) -> StepCounts:
                 raise PlanError(name, "preempt_and_schedule",
                                 f"request {_first(ids, both)} is both preempted and scheduled")
 
+
+def check_plan(scheduler: SchedulerState, plan: StepPlan) -> PlanCounts:
+    """Raises PlanError if `plan` breaks a rule; returns what it counted on the way.
+
+    Args:
+      scheduler: the scheduler's state (read only here).
+      plan: the policy's plan for this iteration.
+
+    Returns:
+      `(needed, computed, context, uncomputed, states)`, each `[n]` over `plan.request_ids`
+      (`PlanCounts`; empty for a plan that runs nothing).
+    """
+    return checked_counts(scheduler, plan)[:5]
+
+
+def checked_counts(scheduler: SchedulerState, plan: StepPlan) -> StepCounts:
+    """`check_plan`, and with its counts `admitting` and `total` (`StepCounts`), which the
+    step would otherwise count again: the scheduler's step asks this.
+
+    Raises:
+      PlanError: `plan` breaks a rule (nothing has changed).
+    """
+    name = scheduler.policy.name
+    table = scheduler.table
+    ids, tokens = plan.request_ids, plan.num_tokens
+    _check_indices(name, "request_ids", ids, len(table))
+    if plan.preempt.size or plan.release.size or plan.reject_ids.size:  # most plans: none
+        _check_removals(name, scheduler, plan)
+    elif table.shared:  # a cluster's replica: other replicas' rows are in its table too
+        _check_held(name, table, plan)
+
     if ids.size == 0:
         return NO_COUNTS
 
@@ -203,7 +216,7 @@ def checked_counts(scheduler: SchedulerState, plan: StepPlan) -> StepCounts:
                             "flight the next step cannot follow (its newest token on the "
                             "device, or a micro-batch still in the pipeline's stages), or "
                             "waits for the next micro-batch (SchedulerView.busy)")
-    if _min(tokens) < 1:
+    if _any(tokens < _ONE):  # a count, not a min: a ufunc reduction's fixed cost is more
         bad = tokens < 1
         raise PlanError(name, "nonpositive_tokens",
                         f"request {_first(ids, bad)} is given {int(tokens[bad][0])} tokens")

@@ -243,6 +243,27 @@ class SchedulerView:
             num_tokens = np.asarray(num_tokens, dtype=np.int64)
         return self._scheduler.capacity.pages_needed(ids, num_tokens)
 
+    def uncomputed_and_pages(self, ids: NDArray[np.int64]  # [n]
+                             ) -> tuple[NDArray[np.int64], NDArray[np.int64]]:  # [n], [n]
+        """`(requests.num_uncomputed(ids), pages_needed(ids, those tokens))`, asked as one
+        question (a running pass that gives every request all it has left reads each
+        request's counts once): `[n]` tokens each could compute now and `[n]` the new KV
+        pages to compute all of them. No prefix hit is subtracted (a running request has
+        none; see `admission_needs` for waiting ones)."""
+        if ids.__class__ is not np.ndarray or ids.dtype != np.int64:
+            ids = np.asarray(ids, dtype=np.int64)
+        return self._scheduler.capacity.uncomputed_and_pages(ids)
+
+    def admission_needs(self, ids: Sequence[int]) -> tuple[list[int], list[int]]:
+        """For each of a few waiting requests (a short head of the queue, as Python ints),
+        what admitting it now would compute and take: `(uncached, pages)`, two lists of
+        ints, `uncached` its tokens left past its prefix hit (`requests.num_uncomputed`
+        less `cached_tokens`) and `pages` the new KV pages to hold them all
+        (`pages_needed(ids, uncached)`). The same integers as those arrays' `tolist()`,
+        counted without numpy where nothing is reserved or hit (a numpy call on a few
+        elements costs more than counting them in Python)."""
+        return self._scheduler.capacity.admission_needs(list(ids))
+
     def pages_held(self, ids: NDArray[np.int64]) -> NDArray[np.int64]:  # [n] -> [n]
         """KV pages each request holds (freed if it is preempted, but for shared pages:
         see `pages_freed`)."""
