@@ -210,6 +210,9 @@ def test_progress_draws_a_bar_on_a_terminal_and_logs_lines_elsewhere(monkeypatch
     log_file = io.StringIO()
     monkeypatch.setattr(sys, "stderr", log_file)
     caplog.set_level(logging.INFO)
+    # absl's own logger too: a command run earlier in this process (train_ranker sets
+    # WARNING while orbax writes) may have left it above INFO.
+    caplog.set_level(logging.INFO, logger="absl")
     bar = Progress("run x", 10, "requests", delay_s=0.0, interval_s=3600.0)
     for count in range(1, 11):
         bar.update(count, f"{count} steps")
