@@ -189,13 +189,12 @@ class KVCapacity:
         breaks: `kv_pages` or `kv_watermark`; None if the KV fits. Reads only.
         `admitting`: whether one of `ids` is waiting, if the caller knows."""
         if self.totals_decide and not preempt.size and admitting is not None:
-            # Most plans (the plan check's, every step): the total alone decides, nothing is
-            # freed first, and `pool_demand` is the sum. Asked here in the rule's own terms;
-            # a plan that breaks it takes the whole question below, for its message.
-            total = int(_add_reduce(needed))
-            free, watermark = self._pool.num_free, self.watermark_pages + self.held_back_pages
-            if total <= free and not (watermark and admitting and free - total < watermark):
-                return None
+            # Most plans (the plan check's, every step): the total alone decides (the
+            # blocks fit), nothing is freed first, and `pool_demand` is the sum: the one
+            # rule asked at once, without the general path's calls.
+            return pool_rule_broken(int(_add_reduce(needed)), self._pool.num_free,
+                                    self.watermark_pages + self.held_back_pages,
+                                    admitting=admitting)
         total_needed, freed = self.pool_demand(ids, needed, preempt)
         available = self._pool.num_free + freed
         if admitting is None:
