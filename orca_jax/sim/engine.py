@@ -239,8 +239,9 @@ class SimEngine(Engine):
         if int(np.maximum.reduce(kv_lens)) + num_steps <= vocab_size:  # no length wraps
             # The lengths are the tokens, in int32 from the start (the modulo of a [k, n]
             # int64 matrix costs more than the steps' prices).
-            tokens = (kv_lens.astype(np.int32)[None, :]
-                      + np.arange(num_steps, dtype=np.int32)[:, None])  # [k, n]
+            tokens = kv_lens.astype(np.int32)[None, :]  # [1, n]
+            if num_steps > 1:  # (half the leaps run one step: no steps to add)
+                tokens = tokens + np.arange(num_steps, dtype=np.int32)[:, None]  # [k, n]
         else:
             lens = kv_lens[None, :] + np.arange(num_steps, dtype=np.int64)[:, None]  # [k, n]
             tokens = (lens % vocab_size).astype(np.int32)
