@@ -57,6 +57,7 @@ class SimEngine(Engine):
         # The vocabulary as a 0-d array, for the steps' samples: read through two
         # properties and converted from a Python int on every step otherwise.
         self._vocab_0d = np.array(self.vocab_size, dtype=np.int64)
+        self._vocab_size = self.vocab_size  # and as an int, for a leap's spans
         # Verifies draft tokens (docs/speculative.md) when given: acceptances drawn, the
         # draft model priced. A pipeline of stages does not speculate (yet).
         if speculation is not None:
@@ -235,7 +236,7 @@ class SimEngine(Engine):
         if self._warm_seen.get(id(bucket)) is not bucket:
             self._check_warm_bucket(bucket)
         kv_lens = np.asarray(kv_lens, np.int64)
-        vocab_size = self.config.model_config.vocab_size
+        vocab_size = self._vocab_size
         if int(np.maximum.reduce(kv_lens)) + num_steps <= vocab_size:  # no length wraps
             # The lengths are the tokens, in int32 from the start (the modulo of a [k, n]
             # int64 matrix costs more than the steps' prices).
