@@ -463,7 +463,7 @@ class Leaper:
         end = ends[-1]
         computed = computed + k
         table.num_computed[ids] = computed
-        table.num_generated[ids] = generated + k  # read after the arrivals due joined
+        table.num_generated[ids] = generated + k  # read at the chance; nothing wrote since
         table.last_token[ids] = tokens[k - 1]
         hits = s.kv_memory.hits
         if hits is not None:
