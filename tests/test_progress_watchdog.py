@@ -142,3 +142,24 @@ def test_the_mlfq_starvation_livelock_finishes():
                             {"num_queues": "2", "base_quantum": "0.5"}, progress=False)
     assert (without.state == RequestState.FINISHED).all()
     assert without.num_steps == 494  # the issue's figure without starvation_s
+
+
+def test_a_leaps_counts_are_computeds_counts():
+    """`gains` counts what `computed` would count as progress, reading nothing into the
+    watchdog, and `all_computed`, where every request gains, leaves it as `computed`."""
+    from orca_jax.core.loop.watchdog import ProgressWatchdog
+    rng = np.random.default_rng(3)
+    one_way, other = ProgressWatchdog(limit=5, num_requests=50), ProgressWatchdog(
+        limit=5, num_requests=50)
+    for _ in range(30):
+        ids = rng.choice(50, size=int(rng.integers(1, 20)), replace=False)
+        counts = rng.integers(0, 100, ids.size)
+        gains = one_way.gains(ids, counts)
+        assert gains == other.gains(ids, counts)
+        assert gains == int(np.count_nonzero(counts > one_way._most_computed[ids]))
+        if gains == ids.size:
+            one_way.all_computed(ids, counts)
+        else:
+            one_way.computed(ids, counts)
+        assert other.computed(ids, counts) == (gains > 0)
+        np.testing.assert_array_equal(one_way._most_computed, other._most_computed)

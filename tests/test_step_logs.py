@@ -32,3 +32,15 @@ def test_packed_steps_read_back_as_appended(monkeypatch):
     assert StepLogs.concat([frozen, logs]) == steps + steps + [_step(11)]
     with pytest.raises(IndexError):
         frozen[11]
+
+
+def test_last_is_the_newest_step_packed_or_not(monkeypatch):
+    monkeypatch.setattr(step_logs, "PACK_STEPS", 4)
+    logs = StepLogs()
+    with pytest.raises(IndexError):
+        logs.last()
+    for i in range(9):
+        logs.append(_step(i))
+        # Right after a pack (4, 8 steps) the tail is empty: read from the packed rows.
+        assert logs.last() == logs[-1] == _step(i)
+        assert tuple(map(type, logs.last())) == tuple(map(type, _step(i)))

@@ -512,11 +512,10 @@ def decode_span_seconds(config: CostModelConfig, bucket: Bucket,
         n, first = kv_lens.size, int(np.add.reduce(kv_lens))  # step j attends to first + n j
         roofline = config.per_op_roofline
         if num_steps <= SHORT_SPAN:  # most leaps: a few steps, in Python numbers
-            overhead = config.step_overhead_s
             rows_s = roofline.decode_rows_seconds(n, padded_to)
-            kernels = roofline.decode_steps_seconds(rows_s, range(first, first + n * num_steps,
-                                                                  n) if n else [0] * num_steps)
-            return np.array([seconds + overhead for seconds in kernels], np.float64)
+            return np.array(roofline.decode_steps_seconds(
+                rows_s, range(first, first + n * num_steps, n) if n else [0] * num_steps,
+                config.step_overhead_s), np.float64)
         kv_tokens = first + n * np.arange(num_steps, dtype=np.int64)  # [k]
         return (roofline.decode_span_seconds(n, kv_tokens, padded_to)
                 + config.step_overhead_s)

@@ -57,6 +57,7 @@ class SimEngine(Engine):
         # The vocabulary as a 0-d array, for the steps' samples: read through two
         # properties and converted from a Python int on every step otherwise.
         self._vocab_0d = np.array(self.vocab_size, dtype=np.int64)
+        self._vocab_size = self.vocab_size  # and as an int, for a leap's spans
         # Verifies draft tokens (docs/speculative.md) when given: acceptances drawn, the
         # draft model priced. A pipeline of stages does not speculate (yet).
         if speculation is not None:
@@ -235,12 +236,13 @@ class SimEngine(Engine):
         if self._warm_seen.get(id(bucket)) is not bucket:
             self._check_warm_bucket(bucket)
         kv_lens = np.asarray(kv_lens, np.int64)
-        vocab_size = self.config.model_config.vocab_size
+        vocab_size = self._vocab_size
         if int(np.maximum.reduce(kv_lens)) + num_steps <= vocab_size:  # no length wraps
             # The lengths are the tokens, in int32 from the start (the modulo of a [k, n]
             # int64 matrix costs more than the steps' prices).
-            tokens = (kv_lens.astype(np.int32)[None, :]
-                      + np.arange(num_steps, dtype=np.int32)[:, None])  # [k, n]
+            tokens = kv_lens.astype(np.int32)[None, :]  # [1, n]
+            if num_steps > 1:  # (half the leaps run one step: no steps to add)
+                tokens = tokens + np.arange(num_steps, dtype=np.int32)[:, None]  # [k, n]
         else:
             lens = kv_lens[None, :] + np.arange(num_steps, dtype=np.int64)[:, None]  # [k, n]
             tokens = (lens % vocab_size).astype(np.int32)

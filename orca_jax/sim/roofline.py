@@ -358,13 +358,17 @@ class PerOpRoofline:
         return self._rows_seconds(num_tokens, num_seqs)
 
     def decode_steps_seconds(self, rows_s: float,
-                             kv_tokens: Sequence[int]) -> list[float]:  # [k] -> [k]
+                             kv_tokens: Sequence[int],  # [k]
+                             overhead_s: float = 0.0) -> list[float]:  # [k]
         """`decode_span_seconds` of a few steps, in Python floats: each step's
         `kernels_seconds` as it adds them (`rows_s`, from `decode_rows_seconds`, then the
         decode attention over `kv_tokens[j]` tokens, then no prefill's 0.0), with no
-        array: a short leap's few steps cost less so than numpy's fixed cost per call."""
+        array: a short leap's few steps cost less so than numpy's fixed cost per call.
+        `overhead_s` is added last, as a step's price adds its overhead to its kernels
+        (the sum already ends in `+ 0.0`, so adding the default 0.0 moves no bit)."""
         attention = self._attention_seconds
-        return [rows_s + attention(_DECODE, kv, kv) + 0.0 for kv in map(float, kv_tokens)]
+        return [rows_s + attention(_DECODE, kv, kv) + 0.0 + overhead_s
+                for kv in map(float, kv_tokens)]
 
     def _rows_seconds(self, num_tokens: int, num_seqs: int) -> float:
         """Seconds of every kernel but attention (and the all-reduces) over `num_tokens`

@@ -269,7 +269,8 @@ class Leaper:
             bucket = s.bucket_config.select(max(int(ids.size), min_bucket))
         computed = table.num_computed[ids]  # [n]
         kv_lens = computed + 1  # [n] each one's context in the first step
-        if not s.watchdog.would_gain(ids, kv_lens):
+        gaining = s.watchdog.gains(ids, kv_lens)
+        if not gaining:
             return False
         promised = s.policy.stable_steps(s.view)
         if promised is None or promised < 1:
@@ -284,8 +285,10 @@ class Leaper:
                     and s.policy.arrivals_wait(s.view))
         if crossing:
             upcoming = None  # a lone replica: no other event ends the leap
-        left = table.output_len[ids] - table.num_generated[ids]  # [n] tokens still to sample
-        limit = min(int(promised), MAX_LEAP_STEPS, int(_min(left)))
+        generated = table.num_generated[ids]  # [n]
+        left = table.output_len[ids] - generated  # [n] tokens still to sample
+        fewest = int(_min(left))  # a leap of this many steps ends with finishes
+        limit = min(int(promised), MAX_LEAP_STEPS, fewest)
         # Priced first: the steps before the next arrival are a few where the finishes
         # allow a hundred, and the pages are counted over those alone.
         priced = self._price(bucket, kv_lens, limit, now, upcoming)
@@ -304,8 +307,9 @@ class Leaper:
                 self.num_leaps_after_finishes += 1
             else:
                 self.num_leaps_after_prefills += 1
-        self._apply(bucket, ids, computed, left, pages, step_s, tokens, starts, ends,
-                    host_start, after == 2, crossing)
+        self._apply(bucket, ids, computed, generated, left if len(step_s) == fewest else None,
+                    pages, step_s, tokens, starts, ends, host_start, after == 2, crossing,
+                    gaining == ids.size)
         return True
 
     def _page_limit(self, ids: NDArray[np.int64], computed: NDArray[np.int64], limit: int
@@ -392,7 +396,7 @@ class Leaper:
         # few steps priced past the arrival).
         pace = 0.0
         if upcoming is not None:
-            pace = self.scheduler.record.steps[-1].step_s
+            pace = self.scheduler.record.steps.last().step_s
             if 0.0 < self._pace < pace:
                 pace = self._pace
         while done < limit:
@@ -430,16 +434,20 @@ class Leaper:
         return step_s, tokens, starts, ends
 
     def _apply(self, bucket: Bucket, ids: NDArray[np.int64], computed: NDArray[np.int64],
-               left: NDArray[np.int64],
+               generated: NDArray[np.int64], left: Optional[NDArray[np.int64]],
                pages: Optional[tuple[list[int], NDArray[np.int64]]],
                step_s: list[float], tokens: NDArray[np.int32], starts: list[float],
                ends: list[float], host_start: float, after_prefills: bool,
-               crossing: bool) -> None:
+               crossing: bool, all_gain: bool) -> None:
         """What `schedule()` and `update()` of each of the `k` steps would have done
-        (`left`: `[n]` the tokens each request had still to sample; `tokens`: `[c >= k,
+        (`computed`, `generated`: `[n]` each request's counts before the steps, read
+        when the leap began; `left`: `[n]` the tokens each had still to sample, or None
+        where the fewest is more than `k`: nobody finishes; `tokens`: `[c >= k,
         n]`, the steps' first; `pages`: `_page_limit`'s; `after_prefills`: `ids` are
         `running` after a step with prefills, not the requests of the step repeated;
-        `crossing`: arrivals join at the steps' starts, `Policy.arrivals_wait`)."""
+        `crossing`: arrivals join at the steps' starts, `Policy.arrivals_wait`;
+        `all_gain`: the watchdog counted every request as getting further in the first
+        step, so each does in the last)."""
         s = self.scheduler
         table, record = s.table, s.record
         k, n = len(step_s), int(ids.size)
@@ -455,7 +463,7 @@ class Leaper:
         end = ends[-1]
         computed = computed + k
         table.num_computed[ids] = computed
-        table.num_generated[ids] += k  # ids are distinct
+        table.num_generated[ids] = generated + k  # read at the chance; nothing wrote since
         table.last_token[ids] = tokens[k - 1]
         hits = s.kv_memory.hits
         if hits is not None:
@@ -472,10 +480,12 @@ class Leaper:
         num_waiting = [int(s.waiting.size)] * k  # each step's row's
         if crossing:  # before the finishes, as the last step's schedule() joins them first
             self.num_leaps_past_arrivals += self._join_arrivals(starts, num_waiting)
-        finished = ids[left == k]
-        if finished.size:
-            s._finish(finished, end)
-        s.watchdog.computed(ids, computed)
+        if left is not None:  # the last step is some request's last token
+            s._finish(ids[left == k], end)
+        if all_gain:  # most leaps: every one ran at its most (no recomputation)
+            s.watchdog.all_computed(ids, computed)
+        else:
+            s.watchdog.computed(ids, computed)
         # Each step's row, of Python numbers as `update()` makes them (a leap's few steps:
         # cheaper than a structured array's field writes and its `tolist`).
         free_pages = ([free_before] * k if taken is None

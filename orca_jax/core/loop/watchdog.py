@@ -47,11 +47,19 @@ class ProgressWatchdog:
         self._stalled = 0
         return True
 
-    def would_gain(self, ids: NDArray[np.int64],  # [n]
-                   num_computed: NDArray[np.int64]) -> bool:  # [n]
-        """Whether `computed(ids, num_computed)` would count progress (reads only)."""
-        # count_nonzero: .any() without its Python frame
-        return bool(count_nonzero(num_computed > self._most_computed[ids]))
+    def gains(self, ids: NDArray[np.int64],  # [n]
+              num_computed: NDArray[np.int64]) -> int:  # [n]
+        """How many of `ids` `computed(ids, num_computed)` would count as getting further
+        (reads only): progress where any."""
+        return int(count_nonzero(num_computed > self._most_computed[ids]))
+
+    def all_computed(self, ids: NDArray[np.int64],  # [n] distinct
+                     num_computed: NDArray[np.int64]) -> None:  # [n]
+        """`computed(ids, num_computed)` where every one of `ids` is known to get further:
+        `gains` counted all of them for no more tokens each, and nothing recorded since (a
+        leap, between its chance and its end). One write, not `computed`'s reads."""
+        self._most_computed[ids] = num_computed
+        self._stalled = 0
 
     def progressed(self) -> None:
         """Counts one iteration that made progress (the cheap path: most iterations)."""

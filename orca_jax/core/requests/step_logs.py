@@ -153,6 +153,15 @@ class StepLogs(Sequence[StepLog]):
                                    dtype=STEP_DTYPE[field]))
         return np.concatenate(chunks) if chunks else np.zeros(0, STEP_DTYPE[field])
 
+    def last(self) -> StepLog:
+        """The newest step (`self[-1]` without its index checks: a leap asks it for the
+        pace of the last step).
+
+        Raises:
+          IndexError: no step yet.
+        """
+        return self._tail[-1] if self._tail else self[-1]
+
     def __len__(self) -> int:
         return self._num_packed + len(self._tail)
 

@@ -278,8 +278,12 @@ class TokenTally:
                                                                 - self._times.size)])
         self._times[call:end] = times_s
         self._num_calls = end
+        # The calls as the 0-d operands `add` keeps (numpy converts a Python int anew).
+        call_0d, previous_0d = self._call_0d, self._previous_0d
+        previous_0d[()] = call - 1
+        call_0d[()] = end - 1
         previous = self._last_call[requests]  # [k]
-        broke = previous != call - 1  # [k] starts a run: its first token, or after a break
+        broke = previous != previous_0d  # [k] starts a run: its first token, or after a break
         if count_nonzero(broke):
             had = broke & (previous >= 0)  # [k] after a break: a run ends
             if count_nonzero(had):
@@ -287,7 +291,7 @@ class TokenTally:
                 self._closed.append((ended, self._run_start[ended], ended_at,
                                      float(times_s[0]) - self._times[ended_at]))
             self._run_start[requests[broke]] = call
-        self._last_call[requests] = end - 1
+        self._last_call[requests] = call_0d
 
     def stats(self, finished: NDArray[np.bool_]) -> TokenStats:  # [N]
         """The tally so far as `TokenStats` (copies), `finished` the requests whose gaps count."""
