@@ -178,7 +178,9 @@ class Policy(abc.ABC):
         is not called (a policy that reads the queue's length in `schedule()` to keep
         some count must not say True). The leap then runs on past the arrivals, which
         join at the steps they would have joined at one by one. False, the default,
-        ends the leap before the first arrival, as without it. A True holds for the
+        ends the leap before the first arrival, as without it. It is also asked, as a
+        hint that promises nothing, at a chance to leap when arrivals are due, before they
+        join: False plans the next step without asking `stable_steps`. A True holds for the
         `schedule` of the class that defines this method (or a class above it), as a
         promise of `stable_steps` does.
         """

@@ -220,7 +220,13 @@ class Leaper:
         horizon_of = self.horizon
         through_arrivals = self._through_arrivals and horizon_of is _no_other_events
         if upcoming is not None and upcoming <= now:
-            if not through_arrivals:
+            # Where the policy says arrivals would not wait (a seat free and nobody ahead:
+            # the next plan most likely admits them), the step is planned, as it is without
+            # leaping past arrivals, and the policy is asked nothing more: asking
+            # `stable_steps` at each such arrival would cost its refusal, and feed the
+            # back-off that then lets the chances go that would leap. The answer is a hint
+            # here; `arrivals_wait` is asked again, as promised, after `stable_steps`.
+            if not (through_arrivals and s.policy.arrivals_wait(s.view)):
                 return False
             # They join first, as `schedule()` joins them before it asks the policy (and
             # then finds none due): the policy's promises below are about that queue.
