@@ -69,6 +69,7 @@ def test_engine_dependent_defaults_come_from_the_one_table():
         assert (f"Default: {COMMAND_DEFAULTS['jax'][name]} on jax, "
                 f"{COMMAND_DEFAULTS['sim'][name]} on sim.") in flags[name].help
     assert flags["num_requests"].help.endswith("Default: 64 on jax, 1000 on sim.")
+    flags.unparse_flags()  # from the defaults, whatever an earlier test parsed
     try:
         flags(["run", "--engine=sim"])
         spec = run_flags.spec_from_flags()

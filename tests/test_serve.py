@@ -80,7 +80,10 @@ def _offline_tokens(cache: Path) -> list[list[int]]:
 
     run_flags.FLAGS.unparse_flags()
     run_flags.FLAGS(["offline", "--engine=jax", *LIMITS, "--clock=wall"])
-    spec = run_flags.spec_from_flags()
+    try:
+        spec = run_flags.spec_from_flags()
+    finally:  # the process's flags as they were: a later test in this worker parses them
+        run_flags.FLAGS.unparse_flags()
     compile_cache.enable(str(cache))
     config = scheduler_config(spec)
     requests = [Request(id=i, arrival_s=0.0, prompt_len=len(p.encode()), output_len=MAX_TOKENS,
