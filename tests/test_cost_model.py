@@ -253,3 +253,25 @@ def test_allreduce_within_25_percent_per_gpu_count():
         cost = get_hardware("a100").kernels.allreduce_cost(num_gpus)
         predicted = kernel_profiles.allreduce_seconds(cost, sizes)
         assert kernel_profiles.median_relative_error(predicted, seconds) <= 0.25, num_gpus
+
+
+@pytest.mark.parametrize("kwargs", [
+    {}, {"step_padding": "ragged"}, {"mode": "roofline_max"},
+    {"mode": "roofline_max", "step_padding": "ragged"}, {"mode": "fixed", "step_time_s": 0.02},
+    {"mode": "fitted", "fitted_step_s": {64: 0.011, 256: 0.017}},
+])
+def test_step_pricer_prices_as_bucket_step_seconds(kwargs):
+    # The simulator prices every step through `step_pricer`, which skips the dispatch of
+    # `bucket_step_seconds` in per_op mode: the floats must be the same, bit for bit.
+    from orca_jax.core.step.engine_api import Bucket
+
+    config = _per_op(**kwargs)
+    price = cm.step_pricer(config)
+    rng = np.random.default_rng(0)
+    for bucket in (Bucket(num_tokens=64, num_seqs=16), Bucket(num_tokens=256, num_seqs=32)):
+        for num_seqs in (1, 5, bucket.num_seqs):
+            q_lens = np.ones(num_seqs, dtype=np.int64)
+            q_lens[0] = bucket.num_tokens - num_seqs + 1  # one prefill fills the bucket
+            kv_lens = q_lens + rng.integers(0, 2000, num_seqs)
+            assert price(bucket, q_lens, kv_lens) == cm.bucket_step_seconds(
+                config, bucket, lambda: (q_lens, kv_lens))
