@@ -192,7 +192,11 @@ class StepOutput:
 
 # `StepOutput.plain`'s fields besides the two it is given: each default, as declared.
 _OUTPUT_DEFAULTS = {field.name: field.default for field in dataclasses.fields(StepOutput)
-                    if field.default is not dataclasses.MISSING}
+                    if field.name not in ("sampled_tokens", "step_s")}
+# A field added later without a plain default (none, or a factory) would be left unset by
+# `plain`: refused here, at import, rather than missing from every simulated step.
+assert dataclasses.MISSING not in _OUTPUT_DEFAULTS.values(), (
+    "StepOutput.plain sets only plain defaults; give the new field one or set it there")
 
 
 class PendingStep(abc.ABC):
