@@ -150,6 +150,8 @@ class KVMemory:
         their reservation taken, and the KV of those on a slower tier brought back into
         device pages. Returns (tokens taken from the prefix cache, seconds the tier moves
         cost)."""
+        if self.needed_is_allocation:  # nothing reserved, hit or on a slower tier: no move
+            return 0, 0.0
         table = self.table
         num_cached = 0
         back = self.tiers.away(ids)  # [b] resuming where they were preempted

@@ -515,10 +515,7 @@ class Scheduler(SchedulerLoop):
             self.waiting = waiting[admitted.size:]  # read-only, as a slice of a frozen queue
         else:
             self.waiting = _frozen(waiting[table.state[waiting] == WAITING_0D])
-        # Where nothing is allocated at admission (no reservation, no prefix hit, no slower
-        # tier: most runs), admitting moves no KV and takes no time, without the call.
-        admission = ((0, 0.0) if self.kv_memory.needed_is_allocation
-                     else self.kv_memory.admit(admitted, is_first))
+        admission = self.kv_memory.admit(admitted, is_first)
         if table.programs is not None and table.programs.pins:  # they shared their hits
             program_pins.unpin_admitted_parents(self, admitted)
         return admission
