@@ -353,10 +353,7 @@ class SchedulerLoop:
                     drafts = result.accepted_tokens[step.samples]  # [s, K]
                     for j in range(int(gained.max())):  # the accepted drafts, in order
                         self.record_tokens(sampled[gained > j], drafts[gained > j, j])
-                if hits is None and self._generated is None:  # the values alone (most runs):
-                    table.last_token[sampled] = tokens  # `record_tokens`, without its frame
-                else:
-                    self.record_tokens(sampled, tokens)
+                self.record_tokens(sampled, tokens)
             table.last_token_s[sampled] = end_s
             first = np.isnan(table.first_token_s[sampled])  # [s] its first token
             if count_nonzero(first):  # most steps: none (only a prefill's ending has)
