@@ -133,8 +133,7 @@ class SimEngine(Engine):
         if self.config.pp_layers is not None:  # through every stage: their seconds added
             return self.step_stages(packed)[0]
         bucket = packed.bucket
-        if self._warm_seen.get(id(bucket)) is not bucket:
-            self._check_warm_bucket(bucket)
+        self._check_warm_bucket(bucket)
         kv_lens = packed.kv_lens
         step_s = self._price(bucket, packed.q_lens, kv_lens)
         if packed.spec_tokens is not None:
@@ -150,6 +149,8 @@ class SimEngine(Engine):
         Raises:
           ValueError: its bucket was not warmed up.
         """
+        if self._warm_seen.get(id(bucket)) is bucket:  # met warm before: most steps
+            return
         warm = self._warm_buckets
         if warm is None:
             return
@@ -216,8 +217,7 @@ class SimEngine(Engine):
         if self.config.pp_layers is None:
             return super().step_stages(packed)
         bucket = packed.bucket
-        if self._warm_seen.get(id(bucket)) is not bucket:
-            self._check_warm_bucket(bucket)
+        self._check_warm_bucket(bucket)
         kv_lens = packed.kv_lens
         sampled = np.zeros(bucket.num_seqs, dtype=np.int32)  # [S] padding samples 0 % vocab
         sampled[:kv_lens.size] = kv_lens % self.vocab_size
@@ -233,8 +233,7 @@ class SimEngine(Engine):
         Raises:
           ValueError: its bucket was not warmed up.
         """
-        if self._warm_seen.get(id(bucket)) is not bucket:
-            self._check_warm_bucket(bucket)
+        self._check_warm_bucket(bucket)
         kv_lens = np.asarray(kv_lens, np.int64)
         vocab_size = self._vocab_size
         if int(np.maximum.reduce(kv_lens)) + num_steps <= vocab_size:  # no length wraps
