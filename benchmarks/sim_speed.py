@@ -32,7 +32,11 @@ the interpreter with numpy and absl's flags imported and nothing else (`FLOOR_CO
 Python, numpy and absl are fixed by design), and this tree's run of one request (its own
 start-up: imports, an empty workload, the files), each as process time per request of
 the trace. The old tree's time over the floor's is then the most any tree could be
-faster than it, as measured here, however little its loop cost:
+faster than it, as measured here, however little its loop cost. Once per rate it also
+times the results' text alone (`text_floor_s`): this tree's run's requests.jsonl and
+steps.jsonl made again from their values with one `%` template a row, the cheapest
+way Python writes them (checked byte for byte); the floor plus that text is what a
+tree that writes its results whole pays before it imports or simulates anything:
 
     python -m benchmarks.sim_speed --issue_trace --old_rev 21242e9 --floor --rounds 3
 
@@ -67,6 +71,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import resource
@@ -195,6 +200,54 @@ def run_trace_case(num_requests: int, rate: float, leap: Optional[bool], bucket_
             "ms_per_request": cpu_s / num_requests * 1e3,
             "counts": (tuple(int(c) for c in counts.groups() if c is not None) if counts
                        else None)}
+
+
+def row_texts(path: str) -> tuple[str, list[str], list[tuple]]:
+    """A JSON-lines file's text, each row's `%` template (one per set of keys, in the
+    file's key order) and the values it fills in: ints and finite floats as they are
+    (`%d`, `%r`: json writes `repr` of a float), anything else as its JSON text."""
+    text = open(path).read()
+    templates: dict[tuple, str] = {}
+    chosen, values = [], []
+    for line in text.splitlines():
+        row = json.loads(line)
+        cells = tuple(value if type(value) is int
+                      or (type(value) is float and math.isfinite(value))
+                      else json.dumps(value) for value in row.values())
+        shape = (tuple(row), tuple("%d" if type(c) is int else "%r" if type(c) is float
+                                   else "%s" for c in cells))
+        template = templates.get(shape)
+        if template is None:
+            template = templates[shape] = "{" + ", ".join(
+                f"{json.dumps(key)}: {cell}" for key, cell in zip(*shape)) + "}\n"
+        chosen.append(template)
+        values.append(cells)
+    return text, chosen, values
+
+
+def text_floor_s(num_requests: int, rate: float, bucket_ladder: str) -> float:
+    """The process time of writing one run's results as text and nothing else: this
+    tree's run of the trace, whose requests.jsonl and steps.jsonl are then formatted
+    again here, each row by one `%` template from values in hand (the cheapest way
+    Python makes the text; best of 5, checked byte for byte against the files). Every
+    tree writes these files whole, however little its loop costs."""
+    with tempfile.TemporaryDirectory() as out:
+        subprocess.run([sys.executable, "-m", "experiments.run", *ISSUE_TRACE,
+                        f"--num_requests={num_requests}", f"--rate={rate:g}",
+                        f"--bucket_ladder={bucket_ladder}", f"--out_dir={out}/run"],
+                       cwd=REPO, env=tree_env(REPO, JAX_PLATFORMS="cpu"), check=True,
+                       capture_output=True)
+        files = [row_texts(os.path.join(out, "run", name))
+                 for name in ("requests.jsonl", "steps.jsonl")]
+    best = float("inf")
+    for _ in range(5):
+        start = time.process_time()
+        texts = ["".join([template % cells for template, cells in zip(chosen, values)])
+                 for _, chosen, values in files]
+        best = min(best, time.process_time() - start)
+    if texts != [text for text, _, _ in files]:
+        sys.exit("text floor: the templates did not make the files' bytes")
+    return best
 
 
 def run_floor_case(num_requests: int, rate: float) -> dict:
@@ -330,11 +383,19 @@ def issue_trace(num_requests: int, rates: list[float], rounds: int, bucket_ladde
               + f"; leaped fraction of steps {fraction:.3f}; steps "
               f"{'identical' if same_steps else 'DIFFER'}", flush=True)
         if floor:
+            text_ms = text_floor_s(num_requests, rate, bucket_ladder) / num_requests * 1e3
+            lowest = medians["floor"] + text_ms
             print(f"rate {rate:g}: start-up per request of the trace: floor (python, numpy, "
                   f"absl) {medians['floor']:.3f} ms, a one-request run {medians['one']:.3f} ms"
                   + (f"; old/floor {medians['old'] / medians['floor']:.2f}x: no tree can be "
                      f"more than that faster than the old one here, whatever its loop costs"
                      if "old" in medians else ""), flush=True)
+            print(f"rate {rate:g}: the results' text alone (requests.jsonl and steps.jsonl, "
+                  f"one %-template a row from values in hand, best of 5) {text_ms:.4f} ms "
+                  f"a request; floor and text {lowest:.4f} ms"
+                  + (f"; old/(floor and text) {medians['old'] / lowest:.2f}x, leaving "
+                     f"{(medians['old'] / 5 - lowest) * 1e3:.1f} us a request for everything "
+                     f"else at a fifth of old" if "old" in medians else ""), flush=True)
 
 
 def main() -> None:
