@@ -70,6 +70,7 @@ simulates the same steps.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -93,6 +94,43 @@ COLUMNS = (f"{'requests':>9} {'replicas':>8} {'steps':>8} {'process s':>10} {'wa
            f"{'requests/s':>11} {'steps/s':>9} {'us/step':>8}")
 
 
+@dataclasses.dataclass(frozen=True)
+class ChildRun:
+    """One child process as `run_child` measured it."""
+
+    stdout: str
+    stderr: str
+    cpu_s: float  # user + system seconds: the child's and those of what it waited for
+    wall_s: float
+    peak_mib: float  # the child's own peak resident set
+
+
+def run_child(command: list[str], cwd: Path, env: dict[str, str], what: str) -> ChildRun:
+    """Runs `command` in `cwd` to its end and measures it: its process time is the
+    difference of `resource`'s `RUSAGE_CHILDREN` before and after (its imports, its work
+    and its files: the figure every case here prints), its peak resident set is the one
+    `os.wait4` reports of this child alone (`RUSAGE_CHILDREN`'s is the largest of every
+    child so far), which Linux counts from this process's own peak at the spawn: a child
+    smaller than its parent reads as the parent. Exits with the end of its stderr, as
+    `what` failed, where it fails."""
+    with tempfile.TemporaryFile("w+") as stdout, tempfile.TemporaryFile("w+") as stderr:
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        start = time.perf_counter()
+        child = subprocess.Popen(command, cwd=cwd, env=env, stdout=stdout, stderr=stderr)
+        _, status, usage = os.wait4(child.pid, 0)  # not Popen.wait: its own peak too
+        wall_s = time.perf_counter() - start
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        child.returncode = os.waitstatus_to_exitcode(status)
+        stdout.seek(0)
+        stderr.seek(0)
+        printed, errors = stdout.read(), stderr.read()
+    if child.returncode != 0:
+        sys.exit(f"{what} failed:\n{errors[-2000:]}")
+    return ChildRun(stdout=printed, stderr=errors, wall_s=wall_s,
+                    cpu_s=(after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
+                    peak_mib=usage.ru_maxrss / 1024)  # Linux: KiB
+
+
 def run_command(num_requests: int, num_replicas: int, bucket_ladder: str,
                 out: str, planner: Optional[str] = None) -> list[str]:
     """The command line of one case (the stable interface both trees are measured by);
@@ -111,20 +149,12 @@ def run_case(num_requests: int, num_replicas: int, bucket_ladder: str,
     """Runs one case in a child process on `tree`'s code; its process time, steps, wall time."""
     env = tree_env(tree, JAX_PLATFORMS="cpu")  # its first call compiles: not this run's time
     with tempfile.TemporaryDirectory() as out:
-        before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        start = time.perf_counter()
-        result = subprocess.run(
-            run_command(num_requests, num_replicas, bucket_ladder, out, planner),
-            cwd=tree, env=env, capture_output=True, text=True)
-        if result.returncode != 0:
-            sys.exit(f"experiments.run failed in {tree}:\n{result.stderr[-2000:]}")
-        wall_s = time.perf_counter() - start
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        run = run_child(run_command(num_requests, num_replicas, bucket_ladder, out, planner),
+                        tree, env, f"experiments.run in {tree}")
         num_steps = sum(1 for _ in open(os.path.join(out, "steps.jsonl")))
-    cpu_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    found = LEAP_LINE.search(result.stderr)  # a tree that logs its leaps (a cluster's: later)
+    found = LEAP_LINE.search(run.stderr)  # a tree that logs its leaps (a cluster's: later)
     return {"requests": num_requests, "replicas": num_replicas, "steps": num_steps,
-            "cpu_s": cpu_s, "wall_s": wall_s,
+            "cpu_s": run.cpu_s, "wall_s": run.wall_s,
             "leaped": int(found.group(1)) if found else None}
 
 
@@ -174,30 +204,31 @@ LEAP_COUNTS = re.compile(r"\((\d+) after finishes, (\d+) after prefills; chances
                          r"(\d+), let go (\d+)\)(?:, (\d+) of them past arrivals)?")
 
 
+def trace_command(num_requests: int, rate: float, leap: Optional[bool], bucket_ladder: str,
+                  out_dir: str) -> list[str]:
+    """The command line of one run of the issue's trace shape (`leap` None: no leap flag,
+    the default mode, or a revision from before it), its results in `out_dir`."""
+    flag = [] if leap is None else ["--leap" if leap else "--noleap"]
+    return [sys.executable, "-m", "experiments.run", *ISSUE_TRACE,
+            f"--num_requests={num_requests}", f"--rate={rate:g}",
+            f"--bucket_ladder={bucket_ladder}", *flag, f"--out_dir={out_dir}"]
+
+
 def run_trace_case(num_requests: int, rate: float, leap: Optional[bool], bucket_ladder: str,
                    tree: Path = REPO) -> dict:
     """One run of the issue's trace shape in a child process on `tree`'s code: process
     time, steps, leaps (`leap` None: no leap flag, for a revision from before it)."""
     env = tree_env(tree, JAX_PLATFORMS="cpu")  # its first call compiles: not this run's time
     with tempfile.TemporaryDirectory() as out:
-        before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        flag = [] if leap is None else ["--leap" if leap else "--noleap"]
-        result = subprocess.run(
-            [sys.executable, "-m", "experiments.run", *ISSUE_TRACE,
-             f"--num_requests={num_requests}", f"--rate={rate:g}",
-             f"--bucket_ladder={bucket_ladder}", *flag, f"--out_dir={out}/run"],
-            cwd=tree, env=env, capture_output=True, text=True)
-        if result.returncode != 0:
-            sys.exit(f"experiments.run failed:\n{result.stderr[-2000:]}")
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        run = run_child(trace_command(num_requests, rate, leap, bucket_ladder, f"{out}/run"),
+                        tree, env, "experiments.run")
         num_steps = sum(1 for _ in open(os.path.join(out, "run", "steps.jsonl")))
-    found = LEAP_LINE.search(result.stderr)
+    found = LEAP_LINE.search(run.stderr)
     leaped = int(found.group(1)) if found else 0
-    counts = LEAP_COUNTS.search(result.stderr)
-    cpu_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    counts = LEAP_COUNTS.search(run.stderr)
     return {"rate": rate, "leap": leap, "steps": num_steps, "leaped": leaped,
-            "leaps": int(found.group(3)) if found else 0, "cpu_s": cpu_s,
-            "ms_per_request": cpu_s / num_requests * 1e3,
+            "leaps": int(found.group(3)) if found else 0, "cpu_s": run.cpu_s,
+            "ms_per_request": run.cpu_s / num_requests * 1e3,
             "counts": (tuple(int(c) for c in counts.groups() if c is not None) if counts
                        else None)}
 
@@ -253,10 +284,7 @@ def text_floor_s(num_requests: int, rate: float, bucket_ladder: str) -> float:
 def run_floor_case(num_requests: int, rate: float) -> dict:
     """`FLOOR_COMMAND`'s process time in a child process, per request of a trace of
     `num_requests` (a row as `run_trace_case` returns it, with no steps)."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    subprocess.run(FLOOR_COMMAND, check=True, env=tree_env(REPO))
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    cpu_s = run_child(FLOOR_COMMAND, REPO, tree_env(REPO), "the floor's command").cpu_s
     return {"rate": rate, "leap": None, "steps": 0, "leaped": 0, "leaps": 0, "cpu_s": cpu_s,
             "ms_per_request": cpu_s / num_requests * 1e3, "counts": None}
 
@@ -314,9 +342,8 @@ def profile_case(num_requests: int, rate: float, bucket_ladder: str) -> None:
     with tempfile.TemporaryDirectory() as out:
         stats_path = os.path.join(out, "run.prof")
         result = subprocess.run(
-            [sys.executable, "-m", "cProfile", "-o", stats_path, "-m", "experiments.run",
-             *ISSUE_TRACE, f"--num_requests={num_requests}", f"--rate={rate:g}",
-             f"--bucket_ladder={bucket_ladder}", f"--out_dir={out}/run"],
+            [sys.executable, "-m", "cProfile", "-o", stats_path,
+             *trace_command(num_requests, rate, None, bucket_ladder, f"{out}/run")[1:]],
             cwd=REPO, env=tree_env(REPO, JAX_PLATFORMS="cpu"), capture_output=True, text=True)
         if result.returncode != 0:
             sys.exit(f"experiments.run failed:\n{result.stderr[-2000:]}")
