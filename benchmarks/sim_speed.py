@@ -263,11 +263,8 @@ def text_floor_s(num_requests: int, rate: float, bucket_ladder: str) -> float:
     Python makes the text; best of 5, checked byte for byte against the files). Every
     tree writes these files whole, however little its loop costs."""
     with tempfile.TemporaryDirectory() as out:
-        subprocess.run([sys.executable, "-m", "experiments.run", *ISSUE_TRACE,
-                        f"--num_requests={num_requests}", f"--rate={rate:g}",
-                        f"--bucket_ladder={bucket_ladder}", f"--out_dir={out}/run"],
-                       cwd=REPO, env=tree_env(REPO, JAX_PLATFORMS="cpu"), check=True,
-                       capture_output=True)
+        run_child(trace_command(num_requests, rate, True, bucket_ladder, f"{out}/run"), REPO,
+                  tree_env(REPO, JAX_PLATFORMS="cpu"), "experiments.run")
         files = [row_texts(os.path.join(out, "run", name))
                  for name in ("requests.jsonl", "steps.jsonl")]
     best = float("inf")
