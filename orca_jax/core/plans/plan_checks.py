@@ -80,7 +80,7 @@ def _check_indices(name: str, field: str, ids: NDArray[np.int64], num_requests: 
     if not increasing:
         ordered = ids.copy()
         ordered.sort()  # in place: np.sort's wrapper costs a third more on a short array
-    if ordered[0] < 0 or ordered[-1] >= num_requests:  # then name the first in plan order
+    if ordered.item(0) < 0 or ordered.item(-1) >= num_requests:  # name the first in plan order
         bad = (ids < 0) | (ids >= num_requests)
         raise PlanError(name, "unknown_request",
                         f"{field} names request index {_first(ids, bad)}, but there are "
@@ -192,7 +192,11 @@ def checked_counts(scheduler: SchedulerState, plan: StepPlan) -> StepCounts:
     name = scheduler.policy.name
     table = scheduler.table
     ids, tokens = plan.request_ids, plan.num_tokens
-    _check_indices(name, "request_ids", ids, len(table))
+    # The scheduler's own running queue (a plan that admits nobody and runs every running
+    # request, as vllm's decode steps do) holds distinct indices of the table: it was
+    # made of admissions this check passed, and is read-only.
+    if ids is not scheduler.running:
+        _check_indices(name, "request_ids", ids, len(table))
     if plan.preempt.size or plan.release.size or plan.reject_ids.size:  # most plans: none
         _check_removals(name, scheduler, plan)
     elif table.shared:  # a cluster's replica: other replicas' rows are in its table too
