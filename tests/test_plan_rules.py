@@ -147,8 +147,13 @@ CASES: dict[str, tuple] = {
     "duplicate_preempt": (REQUESTS, CONFIG, {}, 1, lambda v: StepPlan(preempt=[1, 1])),
     "nonpositive_tokens": (REQUESTS, CONFIG, {}, 1, lambda v: StepPlan([0, 1], [1, 0])),
     "nonpositive_tokens_negative": (REQUESTS, CONFIG, {}, 0, lambda v: StepPlan([0], [-3])),
+    # The running queue itself as the plan's requests (its indices are not checked again).
+    "nonpositive_tokens_running_queue": (REQUESTS, CONFIG, {}, 1, lambda v: StepPlan(
+        v.running, np.zeros(v.running.size, dtype=np.int64))),
     # After step 0 every prompt is cached and one token sampled: 2 tokens is a decode too many.
     "tokens_over_uncomputed": (REQUESTS, CONFIG, {}, 1, lambda v: StepPlan([0, 1], [1, 2])),
+    "tokens_over_uncomputed_running_queue": (REQUESTS, CONFIG, {}, 1, lambda v: StepPlan(
+        v.running, np.full(v.running.size, 2, dtype=np.int64))),
     # A waiting request cannot be given more than its prompt.
     "tokens_over_uncomputed_waiting": (REQUESTS, CONFIG, {}, 0,
                                            lambda v: StepPlan([0], [11])),
@@ -302,3 +307,20 @@ def test_an_answer_is_released_once_only():
         scheduler.step()
     assert raised.value.rule == "release_not_finished"
     assert "request 2" in str(raised.value)
+
+
+def test_the_running_queue_as_the_plan_counts_as_a_copy_of_it():
+    # A plan of the scheduler's own running queue (vllm's decode steps) skips the index
+    # rule, which that queue cannot break: its counts are those of an equal copy's.
+    from orca_jax.core.plans.plan_checks import checked_counts
+    scheduler = make_scheduler(REQUESTS, CONFIG)
+    scheduler.step()
+    running = scheduler.view.running
+    assert running is scheduler.running and running.size
+    tokens = np.ones(running.size, dtype=np.int64)
+    plan = StepPlan(running, tokens)
+    assert plan.request_ids is scheduler.running
+    counts, copied = (checked_counts(scheduler, plan),
+                      checked_counts(scheduler, StepPlan(running.copy(), tokens)))
+    for mine, theirs in zip(counts, copied):
+        np.testing.assert_array_equal(mine, theirs)

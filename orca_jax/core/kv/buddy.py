@@ -182,8 +182,10 @@ class BuddyPool(PageTable):
 
     def allocate(self, ids: NDArray[np.int64],  # [n] distinct
                  target_tokens: NDArray[np.int64],  # [n]
-                 need: Optional[NDArray[np.int64]] = None) -> None:  # [n]
-        """One block to each request that holds none and needs pages."""
+                 need: Optional[NDArray[np.int64]] = None,  # [n]
+                 growing_at: Optional[NDArray[np.int64]] = None) -> None:  # [g]
+        """One block to each request that holds none and needs pages (`need` and
+        `growing_at` are counted again here)."""
         need = self.pages_needed(ids, target_tokens)
         growing = need > 0
         if (self.num_held[ids[growing]] > 0).any():

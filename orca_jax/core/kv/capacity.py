@@ -184,15 +184,19 @@ class KVCapacity:
     def rule_broken(self, ids: NDArray[np.int64],  # [n]
                     needed: NDArray[np.int64],  # [n] from pages_needed
                     preempt: NDArray[np.int64],  # [p]
-                    admitting: Optional[bool] = None) -> Optional[tuple[str, str]]:
+                    admitting: Optional[bool] = None,
+                    total_needed: Optional[int] = None) -> Optional[tuple[str, str]]:
         """`(rule, detail)` of the KV rule that running `ids` (after preempting `preempt`)
         breaks: `kv_pages` or `kv_watermark`; None if the KV fits. Reads only.
-        `admitting`: whether one of `ids` is waiting, if the caller knows."""
+        `admitting`: whether one of `ids` is waiting, and `total_needed`: `needed`
+        summed, if the caller knows."""
         if self.totals_decide and not preempt.size and admitting is not None:
             # Most plans (the plan check's, every step): the total alone decides (the
             # blocks fit), nothing is freed first, and `pool_demand` is the sum: the one
             # rule asked at once, without the general path's calls.
-            return pool_rule_broken(int(_add_reduce(needed)), self._pool.num_free,
+            if total_needed is None:
+                total_needed = int(_add_reduce(needed))
+            return pool_rule_broken(total_needed, self._pool.num_free,
                                     self.watermark_pages + self.held_back_pages,
                                     admitting=admitting)
         total_needed, freed = self.pool_demand(ids, needed, preempt)

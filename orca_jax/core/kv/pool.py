@@ -101,8 +101,11 @@ class KVPool(Protocol):
         ...
 
     def allocate(self, ids: NDArray[np.int64], target_tokens: NDArray[np.int64],
-                 need: Optional[NDArray[np.int64]] = None) -> None:
-        """Grows each request's pages to hold `target_tokens` (`[n]`, `[n]`)."""
+                 need: Optional[NDArray[np.int64]] = None,
+                 growing_at: Optional[NDArray[np.int64]] = None) -> None:
+        """Grows each request's pages to hold `target_tokens` (`[n]`, `[n]`). `need`:
+        `pages_needed(ids, target_tokens)`, and `growing_at`: `need.nonzero()[0]`
+        (`[g]`, with `need`), if the caller has them."""
         ...
 
     def allocate_steps(self, ids: NDArray[np.int64], need: NDArray[np.int64]) -> None:
@@ -300,16 +303,20 @@ class PagedPool(PageTable):
 
     def allocate(self, ids: NDArray[np.int64],  # [n] distinct
                  target_tokens: NDArray[np.int64],  # [n]
-                 need: Optional[NDArray[np.int64]] = None) -> None:  # [n]
+                 need: Optional[NDArray[np.int64]] = None,  # [n]
+                 growing_at: Optional[NDArray[np.int64]] = None) -> None:  # [g]
         """Grows each request's pages to hold `target_tokens`; the caller checked capacity.
 
-        `need`: `pages_needed(ids, target_tokens)`, if the caller has it already.
+        `need`: `pages_needed(ids, target_tokens)`, and `growing_at`: `need.nonzero()[0]`
+        (given only with `need`), if the caller has them already (the plan check does).
         """
         if need is None:
             need = self.pages_needed(ids, target_tokens)
+            growing_at = None
         # One pass for who grows: most steps, a few of a whole batch (decodes entering a
         # page, admissions), so their positions are taken once and everything after is [g].
-        growing_at = need.nonzero()[0]  # [g] (the method: np.flatnonzero adds two calls)
+        if growing_at is None:
+            growing_at = need.nonzero()[0]  # [g] (the method: np.flatnonzero adds two calls)
         if growing_at.size == 0:
             return
         if growing_at.size < need.size:  # else every one grows: no copies

@@ -231,7 +231,7 @@ class SchedulerLoop:
                             f"schedule() returned {type(plan).__name__}, not a StepPlan")
         if self.features.spec_k and not self.policy.plans_speculation:  # --spec_k
             plan = add_drafts(self.view, plan, self.features.spec_k)
-        needed, computed, context, uncomputed, states, admitting, num_real_tokens = (
+        needed, computed, context, uncomputed, states, admitting, num_real_tokens, growing = (
             checked_counts(self, plan))
         self.last_finished = NO_REQUESTS  # "finished since the previous schedule() call"
         kv_move_s, progressed = 0.0, False
@@ -269,8 +269,8 @@ class SchedulerLoop:
         if self.kv_memory.needed_is_allocation:
             # Without reservations or hits, admission took no pages: the check's count holds
             # (and the pool returns at once where no request grows: rare, so not asked here).
-            self.kv.allocate(ids, kv_lens, need=needed)
-        elif count_nonzero(needed):  # needed.any(), without the method's Python frame
+            self.kv.allocate(ids, kv_lens, need=needed, growing_at=growing)
+        elif growing.size:  # needed.any(): the check found who grows
             self.kv.allocate(ids, kv_lens)
             if self.kv_memory.linked is not None:
                 kv_move_s += self.kv_memory.take_stall()  # its evictions' write-backs

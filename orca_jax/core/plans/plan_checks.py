@@ -40,15 +40,17 @@ _PLAN_FILE = os.path.realpath(plan_module.__file__)
 # `states` (`RequestState` before admission: WAITING ones are admitted) too.
 PlanCounts = tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64], NDArray[np.int64],
                    NDArray[np.int8]]
-# `PlanCounts`, then two ints the step is made of too (`checked_counts`): `admitting`
-# (whether one of the requests is waiting: 1 or 0) and `total` (the tokens the step
-# computes, draft positions included: `context - computed` summed).
+# `PlanCounts`, then what the step is made of too (`checked_counts`): `admitting`
+# (whether one of the requests is waiting: 1 or 0), `total` (the tokens the step
+# computes, draft positions included: `context - computed` summed) and `growing`
+# (`needed.nonzero()[0]`: the positions of the requests that take pages, `[g]`).
 StepCounts = tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64], NDArray[np.int64],
-                   NDArray[np.int8], int, int]
+                   NDArray[np.int8], int, int, NDArray[np.int64]]
 _ONE = np.array(1, dtype=np.int64)  # 0-d: numpy converts a Python int operand on every call
 _NONE = np.zeros(0, dtype=np.int64)
 _NONE.setflags(write=False)
-NO_COUNTS: StepCounts = (_NONE, _NONE, _NONE, _NONE, _NONE.astype(np.int8), 0, 0)  # runs nothing
+NO_COUNTS: StepCounts = (_NONE, _NONE, _NONE, _NONE, _NONE.astype(np.int8), 0, 0,
+                          _NONE)  # runs nothing
 
 
 def not_a_plan(name: str, error: MalformedPlan) -> PlanError:
@@ -80,7 +82,7 @@ def _check_indices(name: str, field: str, ids: NDArray[np.int64], num_requests: 
     if not increasing:
         ordered = ids.copy()
         ordered.sort()  # in place: np.sort's wrapper costs a third more on a short array
-    if ordered[0] < 0 or ordered[-1] >= num_requests:  # then name the first in plan order
+    if ordered.item(0) < 0 or ordered.item(-1) >= num_requests:  # name the first in plan order
         bad = (ids < 0) | (ids >= num_requests)
         raise PlanError(name, "unknown_request",
                         f"{field} names request index {_first(ids, bad)}, but there are "
@@ -183,8 +185,8 @@ def check_plan(scheduler: SchedulerState, plan: StepPlan) -> PlanCounts:
 
 
 def checked_counts(scheduler: SchedulerState, plan: StepPlan) -> StepCounts:
-    """`check_plan`, and with its counts `admitting` and `total` (`StepCounts`), which the
-    step would otherwise count again: the scheduler's step asks this.
+    """`check_plan`, and with its counts `admitting`, `total` and `growing` (`StepCounts`),
+    which the step would otherwise count again: the scheduler's step asks this.
 
     Raises:
       PlanError: `plan` breaks a rule (nothing has changed).
@@ -192,7 +194,11 @@ def checked_counts(scheduler: SchedulerState, plan: StepPlan) -> StepCounts:
     name = scheduler.policy.name
     table = scheduler.table
     ids, tokens = plan.request_ids, plan.num_tokens
-    _check_indices(name, "request_ids", ids, len(table))
+    # The scheduler's own running queue (a plan that admits nobody and runs every running
+    # request, as vllm's decode steps do) holds distinct indices of the table: it was
+    # made of admissions this check passed, and is read-only.
+    if ids is not scheduler.running:
+        _check_indices(name, "request_ids", ids, len(table))
     if plan.preempt.size or plan.release.size or plan.reject_ids.size:  # most plans: none
         _check_removals(name, scheduler, plan)
     elif table.shared:  # a cluster's replica: other replicas' rows are in its table too
@@ -265,13 +271,19 @@ def checked_counts(scheduler: SchedulerState, plan: StepPlan) -> StepCounts:
 
     context = computed + tokens  # [n] (`tokens` with the drafts' positions, if any)
     needed = capacity.pages_for_context(ids, context)  # `capacity.pages_needed(ids, tokens)`
+    # The requests that take pages: a few of most steps' batch (decodes entering a page,
+    # admissions), found once for the KV rule's total and the allocation, which takes them
+    # (`KVPool.allocate`'s `growing_at`). Their few counts are added in Python ints: a
+    # ufunc reduction of the whole batch costs more than the search and the sum together.
+    growing = needed.nonzero()[0]  # [g] (the method: np.flatnonzero adds two calls)
+    total_needed = sum((needed[growing] if growing.size < needed.size else needed).tolist())
     # `kv_pages` or `kv_watermark`, if the KV does not fit; states are 1 or 2 here.
     admitting = _WAITING_CODE in codes
-    broken = capacity.rule_broken(ids, needed, plan.preempt, bool(admitting))
+    broken = capacity.rule_broken(ids, needed, plan.preempt, bool(admitting), total_needed)
     if broken is not None:
         raise PlanError(name, *broken)
     return (needed, computed, context, uncomputed, states, int(admitting),
-            verified if spec.size else total)
+            verified if spec.size else total, growing)
 
 
 def _check_spec(name: str, scheduler: SchedulerState,
