@@ -38,7 +38,6 @@ from orca_jax.core.loop import program_pins, request_export
 from orca_jax.core.loop.admission import reject_impossible
 from orca_jax.core.loop.config import SchedulerConfig
 from orca_jax.core.loop.executor import Executor
-from orca_jax.core.loop.pipeline import PipelineExecutor
 from orca_jax.core.loop.request_export import RequestExport
 from orca_jax.core.loop.scheduler_loop import NO_REQUESTS, RUNNING_0D, WAITING_0D, SchedulerLoop
 from orca_jax.core.loop.scheduler_loop import frozen as _frozen
@@ -196,6 +195,9 @@ class Scheduler(SchedulerLoop):
             if submitted_only or table is not None:
                 raise ValueError(f"engine {engine.name!r} has {engine.num_stages} pipeline "
                                  "stages; a replica of a cluster runs one stage for now")
+            # Lazy: only an engine of several stages needs the pipeline's executor, so a
+            # one-stage run (every simulator run without --pp) never imports it.
+            from orca_jax.core.loop.pipeline import PipelineExecutor
             self.executor = PipelineExecutor(self)  # type: ignore[assignment]
             return
         # A run with slower KV tiers never leaps: their links move pages (prefetches,
