@@ -30,13 +30,14 @@ logs the leaps alone), then the medians:
 With `--floor` (and `--issue_trace`), each round also times what no tree can go below:
 the interpreter with numpy and absl's flags imported and nothing else (`FLOOR_COMMAND`;
 Python, numpy and absl are fixed by design), and this tree's run of one request (its own
-start-up: imports, an empty workload, the files), each as process time per request of
-the trace. The old tree's time over the floor's is then the most any tree could be
-faster than it, as measured here, however little its loop cost. Once per rate it also
-times the results' text alone (`text_floor_s`): this tree's run's requests.jsonl and
-steps.jsonl made again from their values with one `%` template a row, the cheapest
-way Python writes them (checked byte for byte); the floor plus that text is what a
-tree that writes its results whole pays before it imports or simulates anything:
+start-up: imports, an empty workload, the files; with `--old_rev`, the old tree's run of
+one request too, "oldone"), each as process time per request of the trace. The old
+tree's time over the floor's is then the most any tree could be faster than it, as
+measured here, however little its loop cost. Once per rate it also times the results'
+text alone (`text_floor_s`): this tree's run's requests.jsonl and steps.jsonl made again
+from their values with one `%` template a row, the cheapest way Python writes them
+(checked byte for byte); the floor plus that text is what a tree that writes its
+results whole pays before it imports or simulates anything:
 
     python -m benchmarks.sim_speed --issue_trace --old_rev 21242e9 --floor --rounds 3
 
@@ -371,9 +372,14 @@ def issue_trace(num_requests: int, rates: list[float], rounds: int, bucket_ladde
         modes.append(("old", None, old_tree))
         if old_noleap:  # the per-step path alone, both trees
             modes.append(("oldnl", False, old_tree))
-    # Start-ups (`--floor`): the stack's imports alone, and this tree's run of one request.
-    start_ups = ("floor", "one") if floor else ()
-    modes += [(label, None, REPO) for label in start_ups]
+    # Start-ups (`--floor`): the stack's imports alone, and this tree's run of one request
+    # (and the old tree's, where given: what a change to the start-up itself saved).
+    start_ups: list[tuple[str, Optional[bool], Path]] = []
+    if floor:
+        start_ups = [("floor", None, REPO), ("one", True, REPO)]
+        if old_tree is not None:
+            start_ups.append(("oldone", None, old_tree))
+    modes += start_ups
     for rate in rates:
         runs: dict[str, list[dict]] = {label: [] for label, _, _ in modes}
         for round_index in range(rounds):
@@ -381,8 +387,8 @@ def issue_trace(num_requests: int, rates: list[float], rounds: int, bucket_ladde
             for label, leap, tree in (turned if round_index % 2 == 0 else turned[::-1]):
                 if label == "floor":
                     row = run_floor_case(num_requests, rate)
-                elif label == "one":  # its process time, counted per request of the trace
-                    row = run_trace_case(1, rate, True, bucket_ladder, tree)
+                elif label in ("one", "oldone"):  # process time, per request of the trace
+                    row = run_trace_case(1, rate, leap, bucket_ladder, tree)
                     row["ms_per_request"] = row["cpu_s"] / num_requests * 1e3
                 else:
                     row = run_trace_case(num_requests, rate, leap, bucket_ladder, tree)
@@ -397,7 +403,7 @@ def issue_trace(num_requests: int, rates: list[float], rounds: int, bucket_ladde
                    for label, rows in runs.items()}
         fraction = statistics.median(r["leaped"] / r["steps"] for r in runs["leap"])
         same_steps = len({r["steps"] for label, rows in runs.items() for r in rows
-                          if label not in start_ups}) == 1
+                          if label not in ("floor", "one", "oldone")}) == 1
         print(f"rate {rate:g}: median ms/request leap {medians['leap']:.3f}, noleap "
               f"{medians['noleap']:.3f}, noleap/leap {medians['noleap'] / medians['leap']:.2f}x"
               + (f", old {medians['old']:.3f}, old/leap {medians['old'] / medians['leap']:.2f}x"
@@ -409,8 +415,14 @@ def issue_trace(num_requests: int, rates: list[float], rounds: int, bucket_ladde
         if floor:
             text_ms = text_floor_s(num_requests, rate, bucket_ladder) / num_requests * 1e3
             lowest = medians["floor"] + text_ms
+            # And each start-up's median process time itself, a few ms apart between trees.
+            process_ms = ", ".join(
+                f"{label} {statistics.median(r['cpu_s'] for r in runs[label]) * 1e3:.0f}"
+                for label, _, _ in start_ups)
             print(f"rate {rate:g}: start-up per request of the trace: floor (python, numpy, "
-                  f"absl) {medians['floor']:.3f} ms, a one-request run {medians['one']:.3f} ms"
+                  f"absl) {medians['floor']:.4f} ms, a one-request run {medians['one']:.4f} ms"
+                  + (f" (the old tree's {medians['oldone']:.4f} ms)" if "oldone" in medians
+                     else "") + f" (process ms: {process_ms})"
                   + (f"; old/floor {medians['old'] / medians['floor']:.2f}x: no tree can be "
                      f"more than that faster than the old one here, whatever its loop costs"
                      if "old" in medians else ""), flush=True)

@@ -31,7 +31,6 @@ import functools
 import importlib.util
 import os
 import sys
-import sysconfig
 import traceback
 from typing import Any, Callable, Iterator, NoReturn, Optional, Sequence
 
@@ -75,6 +74,7 @@ def _library_dirs() -> tuple[str, ...]:
     """Frames under these are the framework's or a library's; a frame anywhere else is a
     plugin's. Asked for when an error is reshaped, not at import: the installation's paths
     load its build configuration (`sysconfig`), which a run without an error never needs."""
+    import sysconfig  # lazy: the module too is only for a run with an error (see above)
     return _FRAMEWORK_DIRS + tuple(
         os.path.join(path, "") for path in {
             os.path.realpath(os.path.dirname(absl.__file__)),

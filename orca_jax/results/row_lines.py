@@ -19,7 +19,7 @@ import math
 import operator
 import typing
 from json.encoder import encode_basestring_ascii  # json.dumps' own string encoder
-from typing import Any, Iterable, Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Optional, Sequence
 
 import numpy as np
 from numpy.typing import NDArray
@@ -29,7 +29,6 @@ from orca_jax.core.requests.request import RequestState
 from orca_jax.core.requests.request_table import SpecCounts
 from orca_jax.core.requests.run_record import StepLog
 from orca_jax.core.requests.run_result import RunResult
-from orca_jax.results.qoe import TokenTimes, row_fields
 from orca_jax.results.summary import (
     ProgramFields,
     SpecFields,
@@ -40,6 +39,9 @@ from orca_jax.results.summary import (
     spec_fields,
     step_row,
 )
+
+if TYPE_CHECKING:  # a hint only: token times are a --log_token_times run's (`results.qoe`)
+    from orca_jax.results.qoe import TokenTimes
 
 _FINISHED, _REJECTED = int(RequestState.FINISHED), int(RequestState.REJECTED)
 _STATUS = {_FINISHED: '"finished"', _REJECTED: '"rejected"'}  # else "unfinished"
@@ -302,6 +304,9 @@ def iter_request_lines(result: RunResult,
                 prefill_replicas=(None if result.prefill_replica is None
                                   else result.prefill_replica[start:stop].tolist()))
         return
+    # Lazy: only the rows with token times or output tokens get here; the plain rows above
+    # (most runs') never import `results.qoe`.
+    from orca_jax.results.qoe import row_fields
     for i in range(result.num_requests):
         yield request_line(result, i, **request_row_args(result, i),
                            **row_fields(token_times, i))

@@ -14,7 +14,7 @@ add to them, do not rename them.
 from __future__ import annotations
 
 import math
-from typing import Any, Iterator, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -26,8 +26,10 @@ from orca_jax.core.requests.run_record import StepLog
 from orca_jax.core.requests.run_result import RunResult
 from orca_jax.results import metrics
 from orca_jax.results.programs import program_summary
-from orca_jax.results.qoe import TokenTimes, row_fields
 from orca_jax.results.thrash import thrash_figures
+
+if TYPE_CHECKING:  # a hint only: token times are a --log_token_times run's (`results.qoe`)
+    from orca_jax.results.qoe import TokenTimes
 
 
 def summarize(result: RunResult, *, ttft_slo_s: Optional[float] = None,
@@ -318,6 +320,9 @@ def iter_request_rows(result: RunResult,
     front). A rejected request's `reason` is the core's (up front) or
     `policy <name>: <its text>`. With `token_times`, each row ends with the request's
     `token_times` and `qoe` (`orca_jax.results.qoe.row_fields`)."""
+    # Lazy: a run writes its rows as `row_lines` makes them, and a run without token times
+    # (most) never imports `results.qoe` there.
+    from orca_jax.results.qoe import row_fields
     for i in range(result.num_requests):
         yield request_row(result, i, **request_row_args(result, i),
                           **row_fields(token_times, i))

@@ -42,11 +42,9 @@ from orca_jax.runner.spec import (
 from orca_jax.sim import cost_model
 from orca_jax.sim.engine import SimEngine
 from orca_jax.sim.pipeline_stages import stage_layers
-from orca_jax.sim.speculation import DEFAULT_SPEC_ACCEPTANCE, SpecConfig
 from orca_jax.specs.hardware import get_hardware, get_kv_link
 from orca_jax.specs.memory import num_kv_pages_for_memory
 from orca_jax.specs.model_config import ModelConfig, get_model_config
-from orca_jax.workloads.programs import ProgramShape, program_workload
 from orca_jax.workloads.synthetic import (
     parse_length_spec,
     synthetic_workload,
@@ -58,6 +56,7 @@ if TYPE_CHECKING:  # the cluster's loop is imported by the runs that build a clu
     from orca_jax.cluster.elastic import ScalingSpec
     from orca_jax.cluster.replicas import Cluster
     from orca_jax.cluster.transfers import KVTransferCost  # its handoffs' and migrations'
+    from orca_jax.sim.speculation import SpecConfig  # a speculating run's only
 
 
 def model_config(spec: RunSpec) -> ModelConfig:
@@ -88,7 +87,9 @@ def build_workload(spec: RunSpec) -> list[Request]:
         requests = repeat_trace(requests, workload.trace_repeat)
         return (with_prompt_tokens(requests, vocab, spec.seed, context=max_model_len(spec))
                 if real else requests)
+    # The workloads of other kinds are imported by the runs that build them only.
     if workload.arrival == "programs":
+        from orca_jax.workloads.programs import ProgramShape, program_workload
         return program_workload(
             num_requests=workload.num_requests, rate=workload.rate, seed=spec.seed,
             shape=ProgramShape(
@@ -101,7 +102,6 @@ def build_workload(spec: RunSpec) -> list[Request]:
                 fanout=workload.program_fanout),
             vocab_size=vocab, context=max_model_len(spec),
             program_count=workload.program_count)
-    # The workloads of other kinds are imported by the runs that build them only.
     if workload.arrival == "program_trace":
         from orca_jax.workloads.program_traces import load_program_trace
         return load_program_trace(workload.trace, max_requests=workload.num_requests,
@@ -251,6 +251,8 @@ def sim_speculation(spec: RunSpec, cost: cost_model.CostModelConfig,
     if not speculates(spec):
         return None
     assert isinstance(engine, SimEngineSpec)
+    # Lazy: only a run that speculates builds a `SpecConfig`; the others never import it.
+    from orca_jax.sim.speculation import DEFAULT_SPEC_ACCEPTANCE, SpecConfig
     draft = None
     if engine.draft_model is not None:
         draft = cost_model.CostModelConfig(model=engine.draft_model, hardware=cost.hardware,

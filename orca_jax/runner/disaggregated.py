@@ -16,13 +16,13 @@ from orca_jax.core.api.policy import make_policy
 from orca_jax.core.loop.scheduler import SchedulerConfig
 from orca_jax.core.requests.request import Request, RequestState
 from orca_jax.core.requests.run_result import RunResult
-from orca_jax.results.qoe import QoETargets, TokenTimes
 from orca_jax.results.summary import summarize_run
 from orca_jax.runner.build import build_engine, transfer_cost  # noqa: F401  (its home was here)
 from orca_jax.runner.spec import RunSpec
 
 if TYPE_CHECKING:  # imported by a disaggregated run only (`run_disaggregated`)
     from orca_jax.cluster.disaggregated import DisaggregatedCluster
+    from orca_jax.results.qoe import TokenTimes  # a --log_token_times run's (below)
 
 
 def num_gpus(spec: RunSpec) -> int:
@@ -43,6 +43,7 @@ def token_times(spec: RunSpec, result: RunResult) -> Optional[TokenTimes]:
     """
     if not spec.log_token_times:
         return None
+    from orca_jax.results.qoe import QoETargets, TokenTimes  # lazy: such runs' only
     if result.token_req is None or result.token_time_s is None:
         raise ValueError("log_token_times: the run kept no token log (build its scheduler "
                          "with log_tokens=True)")

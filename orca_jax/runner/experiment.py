@@ -26,7 +26,6 @@ from orca_jax.core.loop.scheduler import Scheduler, SchedulerConfig
 from orca_jax.core.requests.request import Request
 from orca_jax.core.requests.run_result import RunResult
 from orca_jax.core.step.engine_api import Engine
-from orca_jax.results.qoe import TokenTimes
 from orca_jax.results.row_lines import (
     iter_request_lines,
     iter_step_lines,
@@ -56,6 +55,7 @@ from orca_jax.runner.thrash_watch import ThrashWatch
 
 if TYPE_CHECKING:  # the cluster's loop is imported by the runs that build a cluster only
     from orca_jax.cluster.replicas import Cluster
+    from orca_jax.results.qoe import TokenTimes  # a --log_token_times run's only
 
 # `_RunProgress` moves its count every this many iterations (and at the run's end).
 UPDATE_EVERY_STEPS = 64

@@ -44,7 +44,7 @@ from orca_jax.runner.spec_fields import (
     sampling_params,
 )
 from orca_jax.specs.hardware import get_kv_link
-from orca_jax.workloads.programs import COPILOT_DEFAULTS, PROGRAM_SHAPES
+from orca_jax.workloads.program_defaults import COPILOT_DEFAULTS, PROGRAM_SHAPES
 from orca_jax.workloads.synthetic import parse_length_spec
 
 # Re-exported: the parts and names every caller imports from here.

@@ -10,7 +10,7 @@ can predict, as in JetStream's mock engine), and the step's seconds come from
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import numpy as np
 from numpy.typing import NDArray
@@ -31,7 +31,9 @@ from orca_jax.sim.cost_model import (
     step_pricer,
     step_seconds,
 )
-from orca_jax.sim.speculation import SpecConfig, check_draft
+
+if TYPE_CHECKING:  # a hint only: the module is imported by the runs that speculate
+    from orca_jax.sim.speculation import SpecConfig
 
 # At most this many bucket objects are remembered as warm (`SimEngine._warm_seen`): a
 # caller that made a new `Bucket` every step would otherwise grow the dict without end.
@@ -65,6 +67,9 @@ class SimEngine(Engine):
                 raise ValueError("speculative decoding (--spec_k/--draft_model/"
                                  "--spec_acceptance) is not simulated with --pp stages yet")
             if speculation.draft is not None:
+                # Lazy: the caller that built `speculation` has imported its module; a run
+                # that does not speculate (most) never does.
+                from orca_jax.sim.speculation import check_draft
                 check_draft(self.config, speculation.draft)
         self.speculation = speculation
 

@@ -26,16 +26,18 @@ move (the engine's own clock has the copies).
 
 from __future__ import annotations
 
-from typing import Callable, Hashable, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Hashable, Optional, Sequence
 
 import numpy as np
 from numpy.typing import NDArray
 
 from orca_jax.core.kv.cache_policies import CachePolicy
-from orca_jax.core.kv.links import Link
 from orca_jax.core.kv.pool import KVPool
 from orca_jax.core.kv.tier_contents import PageContents, swap_keys
 from orca_jax.core.kv.tiers import DEVICE, KVTier, TierChain
+
+if TYPE_CHECKING:  # a hint only: the links are built by `KVMemory.build`, with tiers only
+    from orca_jax.core.kv.links import Link
 
 
 class PageTier:

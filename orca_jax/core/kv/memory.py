@@ -21,7 +21,6 @@ from orca_jax.core.kv.cached_pool import CachedPool
 from orca_jax.core.kv.capacity import CachedCapacity, KVCapacity, reservation_tokens
 from orca_jax.core.kv.config import KVConfig
 from orca_jax.core.kv.counted_pool import CountedPool
-from orca_jax.core.kv.links import Link
 from orca_jax.core.kv.lower_tiers import LinkedTiers, PageTier
 from orca_jax.core.kv.pool import KV_LAYOUTS, KVPool, PagedPool
 from orca_jax.core.kv.prefix_cache import PrefixCache
@@ -130,6 +129,8 @@ class KVMemory:
         device = DeviceTier(num_kv_pages)
         linked = None
         if config.tiers:
+            # Lazy: only slower tiers have links; a run on the device alone never imports them.
+            from orca_jax.core.kv.links import Link
             options = dict(config.cache_policy_opts)
             linked = LinkedTiers(device, n, [
                 PageTier(tier.name, tier.num_pages, tier.page_bytes,
