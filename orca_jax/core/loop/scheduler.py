@@ -24,7 +24,7 @@ stays a few microseconds per running request.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Optional, Sequence, Union
+from typing import Callable, Optional, Sequence, Union
 
 import numpy as np
 from numpy.typing import NDArray
@@ -34,10 +34,11 @@ from orca_jax.core.kv import KVMemory, PreemptionCosts, preempt, preemption_cost
 from orca_jax.core.kv.preemption import RECOMPUTE, SWAP
 from orca_jax.core.kv.prefix_hits import PrefixHits
 from orca_jax.core.loop import cancel as cancelling
-from orca_jax.core.loop import program_pins
+from orca_jax.core.loop import program_pins, request_export
 from orca_jax.core.loop.admission import reject_impossible
 from orca_jax.core.loop.config import SchedulerConfig
 from orca_jax.core.loop.executor import Executor
+from orca_jax.core.loop.request_export import RequestExport
 from orca_jax.core.loop.scheduler_loop import NO_REQUESTS, RUNNING_0D, WAITING_0D, SchedulerLoop
 from orca_jax.core.loop.scheduler_loop import frozen as _frozen
 from orca_jax.core.loop.watchdog import ProgressWatchdog
@@ -48,9 +49,6 @@ from orca_jax.core.requests.request_table import RequestTable, SpecCounts
 from orca_jax.core.requests.run_record import RunRecord
 from orca_jax.core.step.engine_api import Engine
 from orca_jax.core.step.packing import SamplingArrays, bucket_config_for
-
-if TYPE_CHECKING:  # a hint only: see "requests moving" below
-    from orca_jax.core.loop.request_export import RequestExport
 
 # Plain ints: IntEnum attribute lookups cost a microsecond each on the hot path.
 _PENDING, _WAITING, _RUNNING, _AWAY = (int(RequestState.PENDING), int(RequestState.WAITING),
@@ -353,11 +351,8 @@ class Scheduler(SchedulerLoop):
         return [] if self._generated is None else self._generated[request]
 
     # ------------------------------------------------ requests moving (request_export)
-    # Lazy imports: only a cluster moves requests between schedulers (disaggregation,
-    # migration), so the run of one replica never imports `request_export`.
     def export_request(self, request: int, *, with_kv: bool = True) -> RequestExport:
         """A copy of `request`'s state here (`request_export.export_request`)."""
-        from orca_jax.core.loop import request_export  # lazy: see above
         self.executor.drain()  # its newest token may still be on the device
         return request_export.export_request(
             self, request, None if self._generated is None else self._generated[request],
@@ -365,17 +360,14 @@ class Scheduler(SchedulerLoop):
 
     def reserve_pages(self, request: int, num_tokens: int) -> bool:
         """Pages for a request about to be imported (`request_export.reserve_pages`)."""
-        from orca_jax.core.loop import request_export  # lazy: see above
         return request_export.reserve_pages(self, request, num_tokens)
 
     def grow_reserved_pages(self, request: int, num_tokens: int) -> bool:
         """More reserved pages for an incoming request (`request_export.grow_reserved_pages`)."""
-        from orca_jax.core.loop import request_export  # lazy: see above
         return request_export.grow_reserved_pages(self, request, num_tokens)
 
     def cancel_reservation(self, request: int) -> None:
         """Its reserved pages back (`request_export.cancel_reservation`)."""
-        from orca_jax.core.loop import request_export  # lazy: see above
         request_export.cancel_reservation(self, request)
 
     def import_request(self, export: RequestExport, at_s: float) -> None:
@@ -385,7 +377,6 @@ class Scheduler(SchedulerLoop):
           ValueError: as `request_export.import_request`, or the engine needs token ids
             and the export has none.
         """
-        from orca_jax.core.loop import request_export  # lazy: see above
         if self._generated is not None and export.output_tokens is None:
             raise ValueError(f"import_request: engine {self.engine.name!r} needs token ids; "
                              f"request {export.request}'s export has none")
@@ -396,7 +387,6 @@ class Scheduler(SchedulerLoop):
 
     def release_request(self, request: int, at_s: float) -> None:
         """Lets an exported request go (`request_export.release_request`)."""
-        from orca_jax.core.loop import request_export  # lazy: see above
         self.executor.drain()
         if request_export.release_request(self, request, at_s):
             self._num_done += 1
