@@ -41,6 +41,12 @@ def _streamed_run(tmp_path, policy: str):
     return result, steps, finished, calls
 
 
+@pytest.fixture(autouse=True)
+def _short_batches(monkeypatch):
+    """Batches of 32 iterations: the short runs here still write several."""
+    monkeypatch.setattr(live_results, "STREAM_EVERY_STEPS", 32)
+
+
 @pytest.mark.parametrize("policy", ["vllm", "static"])  # static defers release
 @pytest.mark.parametrize("batch", [1, 1024])  # a write each STREAM_EVERY_STEPS, or at the end
 def test_streamed_rows_are_the_run_s_rows_in_finish_order(tmp_path, monkeypatch, policy,

@@ -178,6 +178,7 @@ def test_disk_full_while_streaming_stops_the_run_with_one_line(orca_run, tmp_pat
 
     monkeypatch.setattr(run_folder.RunFolder, "_append_lines", fills_the_disk)
     monkeypatch.setattr(live_results, "STREAM_BATCH", 1)  # rows out as they come: mid-run
+    monkeypatch.setattr(live_results, "STREAM_EVERY_STEPS", 32)  # several writes in 60 requests
     before = {p.name: p.read_bytes() for p in orca_run.iterdir()}
     with pytest.raises(ResultsWriteError, match="disk full"):
         run_policy(SPEC, "vllm", out_dir=str(orca_run), progress=False)

@@ -1,7 +1,8 @@
 """Streams a live run's logs into its `RunFolder`, step by step.
 
 `StreamResults` is a per-step observer (`Scheduler.run(progress=...)` calls it
-after every iteration): every `STREAM_EVERY_STEPS` iterations it appends the
+after every iteration): every `STREAM_EVERY_STEPS` iterations (or sooner, once the
+folder's streams are due to reach the file) it appends the
 steps the scheduler logged since to steps.jsonl and, once `STREAM_BATCH` finished
 requests wait or the folder's streams are due to reach the file
 (`RunFolder.flush_due`, every `FLUSH_EVERY_S`), the requests that finished since
@@ -31,7 +32,13 @@ from orca_jax.results.summary import step_row
 
 # Whether rows go out is looked at every this many iterations (and at the run's end): a
 # write per iteration cost more than its rows.
-STREAM_EVERY_STEPS = 32
+LOOK_EVERY_STEPS = 32
+# Step lines go out every this many iterations, or at a look where the file is due
+# (`RunFolder.flush_due`, so a slow engine's kill loses no more than before): a batch of
+# them costs ~13 us besides its rows (its column checks, the log's slice, the append),
+# 0.4 us a step at 32 iterations, 0.1 at 128; still far fewer than the `PACK_STEPS`
+# steps the log holds as tuples, so the steps are read before it packs them.
+STREAM_EVERY_STEPS = 128
 # Request rows go out once this many wait (or the file is due, every `FLUSH_EVERY_S`):
 # a request line's time texts are made once per distinct time of the batch
 # (`row_lines.plain_request_lines`), and a batch of ~25 rows cost ~2x a row what one of
@@ -69,13 +76,16 @@ class StreamResults:
             self._finished.append(finished)
             self._num_finished += finished.size
         self._num_calls += 1
-        if self._num_calls % STREAM_EVERY_STEPS == 0:
+        if self._num_calls % LOOK_EVERY_STEPS == 0:
+            due = self.folder.flush_due()
             # The requests first: a due file's first append sends both files.
-            if self._num_finished >= STREAM_BATCH or self.folder.flush_due():
+            if due or self._num_finished >= STREAM_BATCH:
                 self.stream_requests()
-            # The steps every time: read while the log holds them as tuples (it packs
-            # every `PACK_STEPS`, and a packed step is read back one at a time).
-            self.stream_steps()
+            # The steps at least every `STREAM_EVERY_STEPS`: read while the log holds them
+            # as tuples (it packs every `PACK_STEPS`, and a packed step is read back one
+            # at a time).
+            if due or self._num_calls % STREAM_EVERY_STEPS == 0:
+                self.stream_steps()
 
     def flush(self) -> None:
         """Appends every step logged and every request finished (and released) since the
