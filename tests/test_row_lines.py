@@ -21,7 +21,6 @@ from orca_jax.core.requests.request_table import SpecCounts
 from orca_jax.core.requests.run_record import StepLog
 from orca_jax.core.requests.run_result import RunResult
 from orca_jax.results.row_lines import (
-    _shared_texts,
     iter_request_lines,
     iter_step_lines,
     plain_request_lines,
@@ -86,44 +85,6 @@ def test_step_lines_are_each_step_s_line(steps, plain, prefix_caching, several, 
         json.dumps(step_row(step, prefix_caching=prefix_caching,
                             replica=replicas[k] if several else None))
         for k, step in enumerate(steps)]
-
-
-@settings(max_examples=200, deadline=None)
-@given(steps=st.lists(step_logs(), min_size=1, max_size=12),
-       hosts=st.lists(FLOATS, min_size=1, max_size=3), prefix_caching=st.booleans(),
-       several=st.booleans(), data=st.data())
-def test_step_lines_of_steps_sharing_host_times_are_each_step_s_line(steps, hosts,
-                                                                     prefix_caching, several,
-                                                                     data):
-    """Plain steps whose host times repeat (a leap's steps share theirs), of every
-    magnitude, 0.0 and -0.0 among them: each distinct time's text is made once
-    (`_shared_texts`), and every line is still its step's JSON."""
-    steps = [StepLog(*[kind(value) if math.isfinite(value) or kind is float else 0
-                       for value, kind in zip(step, (int, float, *[int] * 4, float,
-                                                     float, *[int] * 4))])
-             ._replace(host_s=float(data.draw(st.sampled_from(hosts))))
-             for step in steps]
-    replicas = (data.draw(st.lists(st.integers(0, 7), min_size=len(steps),
-                                   max_size=len(steps))) if several else None)
-    assert step_lines(steps, prefix_caching=prefix_caching, replicas=replicas) == [
-        json.dumps(step_row(step, prefix_caching=prefix_caching,
-                            replica=replicas[k] if several else None))
-        for k, step in enumerate(steps)]
-
-
-@given(values=st.lists(st.one_of(st.floats(allow_nan=False, allow_infinity=False),
-                                 st.sampled_from([0.0, -0.0, 1e-300, 1e300, 5e-324])),
-                       min_size=1, max_size=3).flatmap(
-    lambda pool: st.lists(st.sampled_from(pool), min_size=1, max_size=40)))
-def test_shared_texts_are_each_float_s_json(values):
-    """Each text `_shared_texts` makes is `json.dumps` of its float, -0.0 kept apart
-    from 0.0 (it makes none where a zero is among them)."""
-    texts = _shared_texts(values)
-    if texts is not None:
-        assert texts == [json.dumps(value) for value in values]
-        assert 0.0 not in values
-    if len(set(values)) * 4 <= 3 * len(values) and 0.0 not in values:
-        assert texts is not None
 
 
 def test_a_step_line_of_plain_values_keeps_every_digit():

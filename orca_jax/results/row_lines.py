@@ -54,17 +54,11 @@ _UNCACHED_FIELDS = operator.itemgetter(  # the fields of a run without prefix ca
     *[k for k, name in enumerate(StepLog._fields) if name != "num_cached_tokens"])
 
 
-_HOST = StepLog._fields.index("host_s")
-
-
 def _step_format(fields: Sequence[int]) -> str:
     """`{"name": %d, "name": %r, ...}` of the StepLog fields of indices `fields`: `%d`
-    writes an int and `%r` a finite float as `json.dumps` does; the host time is `%s`,
-    which writes a float as `%r` does and a text as it is (`step_lines` may give it
-    texts, `_shared_texts`)."""
-    return "{" + ", ".join(f'"{StepLog._fields[k]}": ' + (
-        "%d" if _STEP_KINDS[k] is int else "%s" if k == _HOST else "%r")
-        for k in fields) + "}"
+    writes an int and `%r` a finite float as `json.dumps` does."""
+    return "{" + ", ".join(f'"{StepLog._fields[k]}": ' + ("%d" if _STEP_KINDS[k] is int
+                                                         else "%r") for k in fields) + "}"
 
 
 _STEP_FORMAT = {True: _step_format(range(len(StepLog._fields))),  # by prefix_caching
@@ -95,34 +89,15 @@ def step_lines(steps: Sequence[StepLog], *, prefix_caching: bool,
     if all(set(map(type, column)) == {kind} for column, kind in zip(fields, _STEP_KINDS)) \
             and math.isfinite(sum(map(sum, _FLOAT_FIELDS(fields)))):
         line_format = _STEP_FORMAT[prefix_caching]
-        host_texts = _shared_texts(fields[_HOST])
-        if host_texts is not None:
-            fields[_HOST] = host_texts
         columns = fields if prefix_caching else list(_UNCACHED_FIELDS(fields))
-        if replicas is not None:
-            return list(map(('{"replica": %d, ' + line_format[1:]).__mod__,
-                            zip(map(int, replicas), *columns)))
-        if prefix_caching and host_texts is None:  # every field as the step holds it
-            return list(map(line_format.__mod__, steps))
-        return list(map(line_format.__mod__, zip(*columns)))
+        if replicas is None:
+            return list(map(line_format.__mod__, zip(*columns) if not prefix_caching
+                            else steps))
+        return list(map(('{"replica": %d, ' + line_format[1:]).__mod__,
+                        zip(map(int, replicas), *columns)))
     return [step_line(step, prefix_caching=prefix_caching,
                       replica=None if replicas is None else replicas[k])
             for k, step in enumerate(steps)]
-
-
-def _shared_texts(values: Sequence[float]) -> Optional[list[str]]:
-    """Each of `values` (finite floats) as its JSON text, each distinct value's made once,
-    where a quarter or more of them repeat one before them: the steps of a leap share
-    their host time, so a batch of mostly leaped steps (issue 34's trace at 15 req/s:
-    45% of host times repeat) makes a float's text, most of a line's cost, once a leap.
-    None otherwise (as in most batches of a run that leaps less: finding the repeats
-    costs a few percent of the lines, making their texts once would cost more than it
-    saves), or where a zero is among them (a key of 0.0 would answer for -0.0 too)."""
-    distinct = dict.fromkeys(values)
-    if 4 * len(distinct) > 3 * len(values) or 0.0 in distinct:
-        return None
-    texts = dict(zip(distinct, map(_float_repr, distinct)))
-    return list(map(texts.__getitem__, values))
 
 
 def _time_text(value: Any) -> str:
