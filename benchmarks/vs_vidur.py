@@ -20,7 +20,10 @@ turning from rate to rate and round to round, and each tool's run of one request
 start-up: imports, its predictor tables or our workload, the results files), every one
 a child process measured by `sim_speed.run_child`: process time (user + system),
 wall time and peak resident set. Per rate: the medians, vidur/ours, and the process
-time per request net of the median one-request run.
+time per request net of the median one-request run, and per step: ours counts its
+steps.jsonl, and Vidur runs once more, untimed, keeping each batch's metrics
+(`--metrics_config_keep_individual_batch_metrics`, whose bookkeeping would tax a timed
+run) to count its batches.
 
 Vidur 0.0.26 ships no profiling data: its execution-time predictor downloads it from
 Hugging Face datasets (the defaults name an H100), which this machine cannot reach.
@@ -226,6 +229,26 @@ def vidur_results(out_dir: Path) -> tuple[int, dict[str, float]]:
                                 [float(r["prefill_e2e_time"]) for r in rows])
 
 
+def vidur_batches(out_dir: Path) -> int:
+    """The batches one Vidur run kept, a row each (`batch_metrics.csv`, written only with
+    `--metrics_config_keep_individual_batch_metrics`)."""
+    (metrics,) = out_dir.glob("*/batch_metrics.csv")
+    with open(metrics, newline="") as file:
+        return sum(1 for _ in csv.DictReader(file))
+
+
+def count_vidur_batches(num_requests: int, rate: float,
+                        vidur: tuple[str, Path, tuple[str, str]]) -> int:
+    """The batches Vidur simulates for the trace at `rate`, counted in a run of its own
+    that keeps each batch's metrics (their bookkeeping would tax a timed run)."""
+    python, cache_dir, datasets = vidur
+    with tempfile.TemporaryDirectory() as out:
+        run_child(vidur_command(python, num_requests, rate, cache_dir, datasets, f"{out}/run")
+                  + ["--metrics_config_keep_individual_batch_metrics"], Path(out), vidur_env(),
+                  "vidur.main")
+        return vidur_batches(Path(out, "run"))
+
+
 def measure(tool: str, num_requests: int, rate: float, bucket_ladder: str,
             vidur: Optional[tuple[str, Path, tuple[str, str]]] = None) -> dict:
     """One run of `tool` (`ours`, or `vidur` with `(python, cache, datasets)`) in a
@@ -237,6 +260,7 @@ def measure(tool: str, num_requests: int, rate: float, bucket_ladder: str,
                                           f"{out}/run"),
                             REPO, tree_env(REPO, JAX_PLATFORMS="cpu"), "experiments.run")
             finished, simulated = our_results(Path(out, "run"))
+            simulated["steps"] = sum(1 for _ in open(Path(out, "run", "steps.jsonl")))
         else:
             assert vidur is not None
             python, cache_dir, datasets = vidur
@@ -250,11 +274,12 @@ def measure(tool: str, num_requests: int, rate: float, bucket_ladder: str,
 
 
 def summarize(runs: dict[str, list[dict]], start_ups: dict[str, list[dict]],
-              num_requests: int) -> dict[str, dict[str, float]]:
+              num_requests: int, steps: dict[str, int]) -> dict[str, dict[str, float]]:
     """Per tool the medians of its runs (`cpu_s`, `wall_s`, `peak_mib`, `ms_per_request`)
     and of its one-request runs (`start_cpu_s`, `start_peak_mib`), and the process time
-    per request net of that start-up (`net_ms_per_request`); under `vidur/ours` the
-    ratio of each."""
+    per request net of that start-up (`net_ms_per_request`), its `steps` (ours: steps,
+    Vidur's: batches) and the net process time per step (`net_us_per_step`); under
+    `vidur/ours` the ratio of each."""
     table: dict[str, dict[str, float]] = {}
     for tool in TOOLS:
         row = {key: statistics.median(r[key] for r in runs[tool])
@@ -262,6 +287,8 @@ def summarize(runs: dict[str, list[dict]], start_ups: dict[str, list[dict]],
         row["start_cpu_s"] = statistics.median(r["cpu_s"] for r in start_ups[tool])
         row["start_peak_mib"] = statistics.median(r["peak_mib"] for r in start_ups[tool])
         row["net_ms_per_request"] = (row["cpu_s"] - row["start_cpu_s"]) / num_requests * 1e3
+        row["steps"] = steps[tool]
+        row["net_us_per_step"] = (row["cpu_s"] - row["start_cpu_s"]) / steps[tool] * 1e6
         table[tool] = row
     table["vidur/ours"] = {key: table["vidur"][key] / table["ours"][key]
                            for key in table["ours"]}
@@ -272,13 +299,14 @@ def format_summary(rate: float, table: dict[str, dict[str, float]]) -> str:
     """The medians of one rate as the lines the output ends with."""
     lines = [f"rate {rate:g}: medians   {'process s':>9} {'ms/request':>10} "
              f"{'net ms/req':>10} {'wall s':>7} {'peak MiB':>8} {'start s':>7} "
-             f"{'start MiB':>9}"]
+             f"{'start MiB':>9} {'steps':>8} {'net us/step':>11}"]
     for label, row in table.items():
         cells = []
         for key, width in (("cpu_s", 9), ("ms_per_request", 10), ("net_ms_per_request", 10),
                            ("wall_s", 7), ("peak_mib", 8), ("start_cpu_s", 7),
-                           ("start_peak_mib", 9)):
+                           ("start_peak_mib", 9), ("steps", 8), ("net_us_per_step", 11)):
             cells.append(f"{row[key]:>{width - 1}.2f}x" if label == "vidur/ours"
+                         else f"{row[key]:>{width}.0f}" if key == "steps"
                          else f"{row[key]:>{width}.3f}")
         lines.append(f"rate {rate:g}: {label:<10} " + " ".join(cells))
     return "\n".join(lines)
@@ -362,10 +390,20 @@ def main() -> None:
             row["ms_per_request"] = row["cpu_s"] / args.requests * 1e3  # per trace request
             start_ups[tool].append(row)
             print(format_run(args.rates[0], round_index, f"{tool} 1", row), flush=True)
+    steps = {}
+    for rate in args.rates:  # ours: every run's steps.jsonl; Vidur's: a run that keeps them
+        ours_steps = {r["steps"] for r in runs[rate]["ours"]}
+        if len(ours_steps) != 1:
+            sys.exit(f"ours at {rate:g} req/s simulated {sorted(ours_steps)} steps in its runs")
+        steps[rate] = {"ours": ours_steps.pop(),
+                       "vidur": count_vidur_batches(args.requests, rate, vidur)}
     print("# net ms/req: (median process s - median one-request run's) / requests; "
-          "start: the one-request runs")
+          "start: the one-request runs; steps: ours' steps, Vidur's batches (counted in one "
+          "more run that keeps each batch's metrics, not timed); net us/step: the net "
+          "process time over them")
     for rate in args.rates:
-        print(format_summary(rate, summarize(runs[rate], start_ups, args.requests)))
+        print(format_summary(rate, summarize(runs[rate], start_ups, args.requests,
+                                             steps[rate])))
     print(f"# load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 

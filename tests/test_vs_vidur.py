@@ -102,6 +102,9 @@ def test_results_read_back_and_the_medians_and_ratios(tmp_path):
         "Request Id,request_e2e_time,prefill_e2e_time\n0,2.0,0.5\n1,6.0,1.5\n")
     assert vv.vidur_results(tmp_path / "vidur") == (2, {"e2e_mean": 4.0, "e2e_p50": 4.0,
                                                         "ttft_mean": 1.0, "ttft_p50": 1.0})
+    (tmp_path / "vidur" / "2026-12-05_00" / "batch_metrics.csv").write_text(
+        "Batch Id,batch_num_tokens,batch_size\n0,300,1\n1,600,2\n2,2,2\n")
+    assert vv.vidur_batches(tmp_path / "vidur") == 3
 
     def row(cpu_s, peak_mib=10.0):
         return {"cpu_s": cpu_s, "wall_s": cpu_s + 0.5, "peak_mib": peak_mib,
@@ -109,7 +112,8 @@ def test_results_read_back_and_the_medians_and_ratios(tmp_path):
     runs = {"ours": [row(1.0), row(3.0), row(2.0)],
             "vidur": [row(10.0, 400.0), row(12.0, 500.0), row(30.0, 450.0)]}
     start_ups = {"ours": [row(0.5), row(0.4), row(0.6)], "vidur": [row(2.0), row(2.5), row(3.0)]}
-    table = vv.summarize(runs, start_ups, num_requests=1000)
+    table = vv.summarize(runs, start_ups, num_requests=1000,
+                         steps={"ours": 500, "vidur": 750})
     assert table["ours"]["cpu_s"] == 2.0 and table["vidur"]["cpu_s"] == 12.0
     assert table["ours"]["net_ms_per_request"] == pytest.approx(1.5)
     assert table["vidur"]["net_ms_per_request"] == pytest.approx(9.5)
@@ -117,6 +121,9 @@ def test_results_read_back_and_the_medians_and_ratios(tmp_path):
     assert table["vidur/ours"]["net_ms_per_request"] == pytest.approx(9.5 / 1.5)
     assert table["vidur/ours"]["peak_mib"] == pytest.approx(45.0)
     assert table["vidur/ours"]["start_cpu_s"] == pytest.approx(5.0)
+    assert table["ours"]["net_us_per_step"] == pytest.approx(3000.0)  # 1.5 s over 500
+    assert table["vidur"]["net_us_per_step"] == pytest.approx(9.5 / 750 * 1e6)
+    assert table["vidur/ours"]["steps"] == pytest.approx(1.5)
     lines = vv.format_summary(30.0, table).splitlines()
     assert [line.split()[3] for line in lines[1:]] == ["2.000", "12.000", "6.00x"]
 
