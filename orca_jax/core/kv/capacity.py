@@ -102,7 +102,8 @@ class KVCapacity:
         # pool directly.
         self._plain = not self._reserves
         # Whether `admission_needs` may count in Python ints: plain, and the pool counts a
-        # request's pages as the paged layout does (ceil of its tokens, less what it holds).
+        # request's pages as the paged layout does (`PagedPool.pages_needed_of` then
+        # answers as its `pages_needed`).
         self._counts_in_ints = self._plain and type(pool).pages_needed is PagedPool.pages_needed
 
     def pages_needed(self, ids: NDArray[np.int64],  # [n]
@@ -145,20 +146,20 @@ class KVCapacity:
         Python ints, the same integers as the arrays' `tolist()`.
 
         Where nothing is reserved or hit and pages are counted as the paged layout counts
-        them, in Python ints: on the few requests at the head of a queue, each numpy call
-        costs more than the whole loop. The uncomputed tokens end at the known ones
-        (`prompt_len + num_generated`), so the pages are those of the known tokens.
+        them, in Python ints (`PagedPool.pages_needed_of`): on the few requests at the head
+        of a queue, each numpy call costs more than the whole loop. The uncomputed tokens
+        end at the known ones (`prompt_len + num_generated`), so the pages are those of
+        the known tokens.
         """
         table = self._table
         if self._counts_in_ints:
             prompt, generated, computed = table.prompt_len, table.num_generated, table.num_computed
-            held, page_size = self._pool.num_held, self._pool.page_size
+            pages_of = self._pool.pages_needed_of
             wants, pages = [], []
             for request in ids:
                 known = prompt.item(request) + generated.item(request)
                 wants.append(known - computed.item(request))
-                need = (known + page_size - 1) // page_size - held.item(request)
-                pages.append(need if need > 0 else 0)
+                pages.append(pages_of(request, known))
             return wants, pages
         array = np.array(ids, dtype=np.int64)  # [c]
         uncached = table.num_uncomputed(array)  # [c]

@@ -296,6 +296,13 @@ class PagedPool(PageTable):
         need -= self.num_held[ids]
         return np.maximum(need, _ZERO, out=need)
 
+    def pages_needed_of(self, request: int, target_tokens: int) -> int:
+        """`pages_needed` of one request, in Python ints: the same integer, for a caller
+        that counts a few requests, where each numpy call costs more than the count."""
+        need = (target_tokens + self.page_size - 1) // self.page_size - self.num_held.item(
+            request)
+        return need if need > 0 else 0
+
     def blocks_fit(self, ids: NDArray[np.int64],  # [n]
                    pages: NDArray[np.int64],  # [n]
                    freeing: Optional[NDArray[np.int64]] = None) -> bool:  # [f]
