@@ -23,8 +23,9 @@ _EMPTY = np.zeros(0, dtype=np.int64)
 _EMPTY.setflags(write=False)
 # numpy's int64 descriptor (one object): an int64 array's `dtype` is it, so `is` answers
 # at half the cost of `== np.int64`, which converts the type on every call; any other
-# descriptor equal to it takes the general path, which returns the same array.
-_INT64 = _EMPTY.dtype
+# descriptor equal to it takes the general path, which returns the same array (the plan's
+# fields here, the view's questions in `view`).
+INT64 = _EMPTY.dtype
 
 
 class MalformedPlan(TypeError, ValueError):
@@ -40,7 +41,7 @@ class MalformedPlan(TypeError, ValueError):
 def _as_index_array(values: Optional[Iterable[int]], field: str) -> NDArray[np.int64]:
     # The two common cases first, without numpy's dtype checks: a plan is made every step.
     kind = type(values)
-    if kind is np.ndarray and values.dtype is _INT64 and values.ndim == 1:
+    if kind is np.ndarray and values.dtype is INT64 and values.ndim == 1:
         return values if values.size else _EMPTY
     if values is None or ((kind is tuple or kind is list) and not values):
         return _EMPTY

@@ -21,6 +21,7 @@ from numpy.typing import NDArray
 
 from orca_jax.core.kv.capacity import KVBudget
 from orca_jax.core.kv.preemption import PreemptionCosts
+from orca_jax.core.plans.plan import INT64
 from orca_jax.core.plans.program_view import ProgramsView
 from orca_jax.core.plans.scheduler_state import SchedulerState
 from orca_jax.core.requests.request_table import RequestTableView
@@ -29,9 +30,6 @@ from orca_jax.core.requests.request_table import RequestTableView
 RENAMED = {"token_budget": "max_num_tokens", "max_batch_size": "max_num_seqs",
            "num_total_pages": "num_kv_pages"}
 _warned: set[str] = set()
-# numpy's int64 descriptor (one object): `dtype is` costs half of `dtype != np.int64`,
-# and an equal descriptor that is another object is converted to the same values.
-_INT64 = np.dtype(np.int64)
 
 
 def _deprecated(name: str, value: Callable[["SchedulerView"], object], advice: str,
@@ -240,9 +238,9 @@ class SchedulerView:
         """
         # The capacity question itself (`Scheduler.pages_needed` asks it): a call less, and
         # none to convert what a policy passes most (the view's own int64 arrays).
-        if ids.__class__ is not np.ndarray or ids.dtype is not _INT64:
+        if ids.__class__ is not np.ndarray or ids.dtype is not INT64:
             ids = np.asarray(ids, dtype=np.int64)
-        if num_tokens.__class__ is not np.ndarray or num_tokens.dtype is not _INT64:
+        if num_tokens.__class__ is not np.ndarray or num_tokens.dtype is not INT64:
             num_tokens = np.asarray(num_tokens, dtype=np.int64)
         return self._scheduler.capacity.pages_needed(ids, num_tokens)
 
@@ -253,7 +251,7 @@ class SchedulerView:
         request's counts once): `[n]` tokens each could compute now and `[n]` the new KV
         pages to compute all of them. No prefix hit is subtracted (a running request has
         none; see `admission_needs` for waiting ones)."""
-        if ids.__class__ is not np.ndarray or ids.dtype is not _INT64:
+        if ids.__class__ is not np.ndarray or ids.dtype is not INT64:
             ids = np.asarray(ids, dtype=np.int64)
         return self._scheduler.capacity.uncomputed_and_pages(ids)
 
