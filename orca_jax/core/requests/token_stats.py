@@ -247,22 +247,8 @@ class TokenTally:
         previous = last_call[requests]  # [k]
         broke = previous != previous_0d  # [k] starts a run: its first token, or after a break
         num_broke = count_nonzero(broke)  # broke.any(), without the method's Python frame
-        if num_broke == 1 and previous[at := int(broke.argmax())] < 0:
-            # One request's first token (most calls that start a run: an admission's
-            # prompt ended): no run ends, and its start is one Python-int write, not the
-            # masks below (numpy's fixed cost per call, on a 64-entry batch).
-            self._run_start[requests[at]] = call
-        elif num_broke:
-            # A run ends where a request broke after a token (previous >= 0). The others
-            # that broke are those with no token yet (previous < 0, all of which broke),
-            # so a run ends only where they are fewer than `num_broke`: rare (after a
-            # preemption), and one count instead of the mask below on most calls.
-            if count_nonzero(previous < _ZERO_32) < num_broke:
-                had = broke & (previous >= _ZERO_32)  # [k] after a break: a run ends
-                ended, ended_at = requests[had], previous[had]
-                self._closed.append((ended, self._run_start[ended], ended_at,
-                                     time_s - self._times[ended_at]))
-            self._run_start[requests[broke]] = call_0d
+        if num_broke:
+            self._start_runs(requests, previous, broke, num_broke, call, time_s)
         last_call[requests] = call_0d
 
     def add_span(self, requests: NDArray[np.int64],  # [k] distinct
@@ -284,14 +270,34 @@ class TokenTally:
         call_0d[()] = end - 1
         previous = self._last_call[requests]  # [k]
         broke = previous != previous_0d  # [k] starts a run: its first token, or after a break
-        if count_nonzero(broke):
-            had = broke & (previous >= 0)  # [k] after a break: a run ends
-            if count_nonzero(had):
-                ended, ended_at = requests[had], previous[had]
-                self._closed.append((ended, self._run_start[ended], ended_at,
-                                     float(times_s[0]) - self._times[ended_at]))
-            self._run_start[requests[broke]] = call
+        num_broke = count_nonzero(broke)
+        if num_broke:
+            self._start_runs(requests, previous, broke, num_broke, call, float(times_s[0]))
         self._last_call[requests] = call_0d
+
+    def _start_runs(self, requests: NDArray[np.int64],  # [k]
+                    previous: NDArray[np.int32],  # [k] each one's last call before `call`
+                    broke: NDArray[np.bool_],  # [k] previous != call - 1
+                    num_broke: int, call: int, time_s: float) -> None:
+        """Runs start at `call` for the `num_broke` requests that broke (a first token, or
+        one after a break), and those that broke after a token close their run, its gap
+        ending at `time_s` (`add`'s and `add_span`'s first call)."""
+        if num_broke == 1 and previous[at := int(broke.argmax())] < 0:
+            # One request's first token (most calls that start a run: an admission's
+            # prompt ended): no run ends, and its start is one Python-int write, not the
+            # masks below (numpy's fixed cost per call, on a 64-entry batch).
+            self._run_start[requests[at]] = call
+            return
+        # A run ends where a request broke after a token (previous >= 0). The others that
+        # broke are those with no token yet (previous < 0, all of which broke), so a run
+        # ends only where they are fewer than `num_broke`: rare (after a preemption), and
+        # one count instead of the mask below on most calls.
+        if count_nonzero(previous < _ZERO_32) < num_broke:
+            had = broke & (previous >= _ZERO_32)  # [k] after a break: a run ends
+            ended, ended_at = requests[had], previous[had]
+            self._closed.append((ended, self._run_start[ended], ended_at,
+                                 time_s - self._times[ended_at]))
+        self._run_start[requests[broke]] = call
 
     def stats(self, finished: NDArray[np.bool_]) -> TokenStats:  # [N]
         """The tally so far as `TokenStats` (copies), `finished` the requests whose gaps count."""
