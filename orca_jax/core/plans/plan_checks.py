@@ -275,8 +275,10 @@ def checked_counts(scheduler: SchedulerState, plan: StepPlan) -> StepCounts:
     # admissions), found once for the KV rule's total and the allocation, which takes them
     # (`KVPool.allocate`'s `growing_at`). Their few counts are added in Python ints: a
     # ufunc reduction of the whole batch costs more than the search and the sum together.
+    # (Only where the total decides the rule: elsewhere `rule_broken` counts its own.)
     growing = needed.nonzero()[0]  # [g] (the method: np.flatnonzero adds two calls)
-    total_needed = sum((needed[growing] if growing.size < needed.size else needed).tolist())
+    total_needed = (sum((needed[growing] if growing.size < needed.size else needed).tolist())
+                    if capacity.totals_decide else None)
     # `kv_pages` or `kv_watermark`, if the KV does not fit; states are 1 or 2 here.
     admitting = _WAITING_CODE in codes
     broken = capacity.rule_broken(ids, needed, plan.preempt, bool(admitting), total_needed)
