@@ -41,6 +41,7 @@ from orca_jax.runner.spec import (
 )
 from orca_jax.sim import cost_model
 from orca_jax.sim.engine import SimEngine
+from orca_jax.sim.engine_profiles import get_engine_profile
 from orca_jax.sim.pipeline_stages import stage_layers
 from orca_jax.specs.hardware import get_hardware, get_kv_link
 from orca_jax.specs.memory import num_kv_pages_for_memory
@@ -235,7 +236,8 @@ def build_engine(spec: RunSpec, config: SchedulerConfig, replica: int = 0,
     if isinstance(engine, JaxEngineSpec):
         return _jax_engine(spec, engine, config, replica)
     cost = _cost_config(engine)
-    return SimEngine(cost, speculation=sim_speculation(spec, cost, workload))
+    return SimEngine(cost, speculation=sim_speculation(spec, cost, workload),
+                     front_end=get_engine_profile(engine.engine_profile).front_end)
 
 
 def sim_speculation(spec: RunSpec, cost: cost_model.CostModelConfig,
@@ -280,9 +282,12 @@ def _cost_config(engine: SimEngineSpec) -> cost_model.CostModelConfig:
                                           hardware=engine.hardware, tp=engine.tp,
                                           step_time_s=engine.step_time_ms / 1e3,
                                           pp_layers=sim_stage_layers(engine))
-    return cost_model.CostModelConfig(model=engine.model, hardware=engine.hardware,
-                                      tp=engine.tp, step_padding=engine.step_padding,
-                                      pp_layers=sim_stage_layers(engine))
+    profile = get_engine_profile(engine.engine_profile)
+    return cost_model.CostModelConfig(
+        model=engine.model, hardware=profile.hardware(get_hardware(engine.hardware)),
+        tp=engine.tp, step_padding=engine.step_padding, pp_layers=sim_stage_layers(engine),
+        step_overhead_s=profile.step_overhead_s,
+        graph_sizes=profile.graph_sizes if engine.step_padding == "bucket" else None)
 
 
 def sim_stage_layers(engine: SimEngineSpec) -> Optional[tuple[int, ...]]:

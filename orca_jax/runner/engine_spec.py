@@ -19,6 +19,7 @@ from orca_jax.runner.spec_fields import (
     sampling_params,
 )
 from orca_jax.sim.cost_model import STEP_PADDINGS
+from orca_jax.sim.engine_profiles import DEFAULT_PROFILE, PROFILES
 from orca_jax.sim.pipeline_stages import check_gpus, stage_layers
 from orca_jax.specs.hardware import HARDWARE_ALIASES, HARDWARE_PRESETS, get_hardware
 from orca_jax.specs.model_config import PRESETS, get_model_config
@@ -30,6 +31,7 @@ CLOCKS = ("profiled", "wall")
 JAX_DRAFTERS = ("none", *DRAFTERS)  # the real engine's speculative drafters (none: off)
 MODEL_PRESETS = tuple(PRESETS)
 HARDWARE_NAMES = (*HARDWARE_PRESETS, *HARDWARE_ALIASES)
+ENGINE_PROFILES = tuple(PROFILES)
 
 
 def _pp_layers_knob() -> Optional[str]:
@@ -169,6 +171,12 @@ class SimEngineSpec:
                              "attention on the real lengths, as the real engine runs it) or "
                              "ragged (an ideal engine that computes real tokens only).",
                              choices=STEP_PADDINGS)
+    engine_profile: str = knob(
+        DEFAULT_PROFILE, "Which serving engine the roofline prices (orca_jax.sim.engine_profiles, "
+        "docs/fidelity.md): orca_jax (this project's compiled steps on the run's buckets) or "
+        "vllm (vLLM v1 behind its OpenAI server: its attention kernels and all-reduce per GPU "
+        "generation, CUDA graph sizes, async scheduling and front end; calibrated on public "
+        "H100 runs, benchmarks/sim_vs_real.py).", choices=ENGINE_PROFILES)
     leap: bool = knob(True, "Run stretches of steady decode steps at once where the policy "
                       "promises its plan repeats (Policy.stable_steps): the same results bit "
                       "for bit, less host time. --noleap runs every step one by one. Not "
@@ -196,6 +204,11 @@ class SimEngineSpec:
                                  "step_time_ms")
         check_positive("engine", "step_time_ms", self.step_time_ms)
         check_choice("engine", "step_padding", self.step_padding, STEP_PADDINGS)
+        check_choice("engine", "engine_profile", self.engine_profile, ENGINE_PROFILES)
+        if self.engine_profile != DEFAULT_PROFILE and (self.cost_fit or self.step_time_ms):
+            raise ValueError(f"engine.engine_profile {self.engine_profile!r} prices the "
+                             "roofline; engine.cost_fit and engine.step_time_ms give step "
+                             "times of their own (use the default profile with them)")
         if self.cost_fit is not None and self.step_time_ms is not None:
             raise ValueError(f"engine.cost_fit ({self.cost_fit!r}) and engine.step_time_ms "
                              f"({self.step_time_ms}) both set; choose one step-time model")

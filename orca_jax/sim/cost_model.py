@@ -122,6 +122,7 @@ Nothing here imports jax: the simulator runs paper-scale workloads on a laptop.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import functools
 import math
@@ -256,6 +257,7 @@ class CostModelConfig:
     fitted_step_s: Optional[Mapping[int, Union[float, LinearStepTime]]] = None
     step_padding: str = "bucket"
     pp_layers: Optional[tuple[int, ...]] = None
+    graph_sizes: Optional[tuple[int, ...]] = None
 
     def __post_init__(self) -> None:
         if self.mode not in COST_MODES:
@@ -296,6 +298,28 @@ class CostModelConfig:
             self.hardware_spec.kernels.allreduce_cost(self.tp)  # names a GPU count it lacks
         if self.pp_layers is not None:
             self._check_stages(self.pp_layers)
+        if self.graph_sizes is not None:
+            sizes = self.graph_sizes
+            if not (sizes and all(isinstance(n, int) and n >= 1 for n in sizes)
+                    and list(sizes) == sorted(set(sizes))):
+                raise ValueError(f"CostModelConfig.graph_sizes must be increasing integers "
+                                 f">= 1, got {sizes!r}")
+            if self.step_padding != "bucket" or self.mode not in ("per_op", "roofline_max"):
+                raise ValueError("CostModelConfig.graph_sizes pads the rooflines' steps "
+                                 "(step_padding bucket, mode per_op or roofline_max)")
+
+    def padded_shape(self, bucket: Bucket, num_tokens: int,
+                     num_seqs: int) -> Optional[tuple[int, int]]:
+        """`(tokens, sequences)` the rooflines price a step of `num_tokens` real tokens of
+        `num_seqs` sequences in `bucket` at: the bucket's (`step_padding` bucket), the
+        engine's captured graph sizes (`graph_sizes`: the smallest at or above the real
+        tokens, the real ones above the largest; sampled rows are the real sequences), or
+        None for the real ones (`ragged`)."""
+        if self.step_padding != "bucket":
+            return None
+        if self.graph_sizes is None:
+            return (bucket.num_tokens, bucket.num_seqs)
+        return (graph_padded(num_tokens, self.graph_sizes), num_seqs)
 
     def _check_stages(self, layers: tuple[int, ...]) -> None:
         """`pp_layers` is a split of the model's layers onto GPUs the hardware has."""
@@ -333,6 +357,14 @@ class CostModelConfig:
     def per_op_roofline(self) -> PerOpRoofline:
         """The `per_op` mode's pricer, built once per config (any mode may ask for it)."""
         return PerOpRoofline(self.model_config, self.hardware_spec, self.tp, self.dtype_bytes)
+
+
+def graph_padded(num_tokens: int, sizes: tuple[int, ...]) -> int:
+    """The token count an engine with CUDA graphs captured at `sizes` (increasing) runs a
+    step of `num_tokens` at: the smallest size at or above it, or itself above them all
+    (run without a graph, as vLLM runs a step larger than its largest capture)."""
+    index = bisect.bisect_left(sizes, num_tokens)
+    return sizes[index] if index < len(sizes) else num_tokens
 
 
 def _checked_table(table: Mapping[int, Union[float, LinearStepTime]]
@@ -465,9 +497,9 @@ def bucket_step_seconds(config: CostModelConfig, bucket: Bucket,
         if isinstance(entry, LinearStepTime):
             return entry.seconds(*lengths())
         return entry
-    padded_to = (bucket.num_tokens, bucket.num_seqs) if config.step_padding == "bucket" \
-        else None
-    return roofline_seconds(config, *lengths(), padded_to)
+    q_lens, kv_lens = lengths()
+    padded_to = config.padded_shape(bucket, int(np.sum(q_lens)), len(q_lens))
+    return roofline_seconds(config, q_lens, kv_lens, padded_to)
 
 
 StepPricer = Callable[[Bucket, NDArray[np.int64], NDArray[np.int64]], float]
@@ -483,6 +515,10 @@ def step_pricer(config: CostModelConfig) -> StepPricer:
         return lambda bucket, q_lens, kv_lens: bucket_step_seconds(
             config, bucket, lambda: (q_lens, kv_lens))
     kernels, overhead_s = config.per_op_roofline.kernels_seconds, config.step_overhead_s
+    if config.graph_sizes is not None:  # the engine's own padding: of the real tokens
+        return lambda bucket, q_lens, kv_lens: (
+            kernels(q_lens, kv_lens, config.padded_shape(bucket, int(np.sum(q_lens)),
+                                                         len(q_lens))) + overhead_s)
     if config.step_padding == "bucket":
         return lambda bucket, q_lens, kv_lens: (
             kernels(q_lens, kv_lens, (bucket.num_tokens, bucket.num_seqs)) + overhead_s)
@@ -507,8 +543,7 @@ def decode_span_seconds(config: CostModelConfig, bucket: Bucket,
         assert config.step_time_s is not None
         return np.full(num_steps, config.step_time_s)
     if config.mode == "per_op":
-        padded_to = ((bucket.num_tokens, bucket.num_seqs) if config.step_padding == "bucket"
-                     else None)
+        padded_to = config.padded_shape(bucket, kv_lens.size, kv_lens.size)  # decodes: n, n
         n, first = kv_lens.size, int(np.add.reduce(kv_lens))  # step j attends to first + n j
         roofline = config.per_op_roofline
         if num_steps <= SHORT_SPAN:  # most leaps: a few steps, in Python numbers

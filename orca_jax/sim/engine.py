@@ -16,8 +16,10 @@ import numpy as np
 from numpy.typing import NDArray
 
 from orca_jax.core.step.engine_api import (
+    NO_FRONT_END,
     Bucket,
     Engine,
+    FrontEnd,
     PackedStep,
     StepInputs,
     StepOutput,
@@ -47,8 +49,10 @@ class SimEngine(Engine):
     """
 
     def __init__(self, config: Optional[CostModelConfig] = None,
-                 speculation: Optional[SpecConfig] = None) -> None:
+                 speculation: Optional[SpecConfig] = None,
+                 front_end: FrontEnd = NO_FRONT_END) -> None:
         self.config = config if config is not None else CostModelConfig()
+        self._front_end = front_end  # the serving path its profile puts before it
         self._warm_buckets: Optional[frozenset[Bucket]] = None
         # The warm buckets met so far, by identity ({id: bucket}, holding each so its id
         # stays its own): a step's bucket is one of its `BucketConfig`'s few objects, and
@@ -72,6 +76,11 @@ class SimEngine(Engine):
                 from orca_jax.sim.speculation import check_draft
                 check_draft(self.config, speculation.draft)
         self.speculation = speculation
+
+    @property
+    def front_end(self) -> FrontEnd:
+        """The serving front end of the engine this simulates (`engine_profiles`)."""
+        return self._front_end
 
     @property
     def speculates(self) -> bool:

@@ -150,9 +150,9 @@ class StagePricer:
             assert config.step_time_s is not None
             return [config.step_time_s * layers / total_layers for layers in self.layers]
         q_lens, kv_lens = lengths()
-        padded_to = ((bucket.num_tokens, bucket.num_seqs) if config.step_padding == "bucket"
-                     else None)
-        rows = bucket.num_tokens if padded_to is not None else int(np.sum(q_lens))
+        real_tokens = int(np.sum(q_lens))
+        padded_to = config.padded_shape(bucket, real_tokens, len(q_lens))
+        rows = padded_to[0] if padded_to is not None else real_tokens
         out = []
         for s, roofline in enumerate(self.rooflines):
             stage_s = roofline.kernels_seconds(q_lens, kv_lens, padded_to) + config.step_overhead_s

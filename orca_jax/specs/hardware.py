@@ -183,6 +183,9 @@ class HardwareSpec:
     gpus_per_node: int = 8
     nvlink: str = "nvlink3"
     node_link: str = "ib200"
+    # The GPU generation (`ampere`, `hopper`): what an engine profile's kernel choices
+    # key on (`orca_jax.sim.engine_profiles`: FlashAttention-2 or -3, its all-reduce).
+    generation: str = "ampere"
 
     @property
     def max_gpus(self) -> int:
@@ -276,11 +279,11 @@ HARDWARE_PRESETS: dict[str, HardwareSpec] = {
     "h100-sxm": HardwareSpec(name="h100-sxm", hbm_bytes=80 * GIB, hbm_bytes_per_s=3.35e12,
                              peak_flops=989e12, link_bytes_per_s=450e9,  # NVLink4 900 GB/s bidir
                              l2_bytes=50 * MIB, num_sms=132, kernels=H100_KERNELS,
-                             nvlink="nvlink4", node_link="ib400"),
+                             nvlink="nvlink4", node_link="ib400", generation="hopper"),
     "h200": HardwareSpec(name="h200", hbm_bytes=141 * 10**9, hbm_bytes_per_s=4.8e12,
                          peak_flops=989e12, link_bytes_per_s=450e9, l2_bytes=50 * MIB,
                          num_sms=132, kernels=H100_KERNELS, nvlink="nvlink4",
-                         node_link="ib400"),
+                         node_link="ib400", generation="hopper"),
 }
 HARDWARE_ALIASES: dict[str, str] = {"a100": "a100-80gb", "h100": "h100-sxm"}
 

@@ -161,7 +161,9 @@ class Leaper:
         # pins are arrivals' events too) and without slower KV tiers.
         self._through_arrivals = (promise_covers_schedule(policy_type, "arrivals_wait")
                                   and scheduler.table.programs is None
-                                  and scheduler.kv_memory.linked is None)
+                                  and scheduler.kv_memory.linked is None
+                                  # joins at a step's start, never behind a front end
+                                  and not scheduler.arrival_join.delays)
         # A fixed --spec_k rewrites the policy's plans (drafts where output, budget and
         # pages allow), which its promise does not cover: every step is planned.
         self._off |= bool(getattr(scheduler.features, "spec_k", 0))

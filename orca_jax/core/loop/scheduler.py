@@ -36,6 +36,7 @@ from orca_jax.core.kv.prefix_hits import PrefixHits
 from orca_jax.core.loop import cancel as cancelling
 from orca_jax.core.loop import program_pins, request_export
 from orca_jax.core.loop.admission import reject_impossible
+from orca_jax.core.loop.arrival_join import ArrivalJoin
 from orca_jax.core.loop.config import SchedulerConfig
 from orca_jax.core.loop.executor import Executor
 from orca_jax.core.loop.request_export import RequestExport
@@ -143,10 +144,11 @@ class Scheduler(SchedulerLoop):
             raise ValueError(f"engine {engine.name!r} needs prompt token ids; the workload has "
                              "requests with lengths only (give the workload a vocabulary size)")
         self.now_s = 0.0
+        # When arrivals join the queue, and the rows that may (a cluster's replica: up to
+        # its last submission).
+        self.arrival_join = ArrivalJoin(engine.front_end, horizon=0 if submitted_only else n)
         self.num_steps = 0
         self._next_arrival = 0
-        # Rows past this one are never pending (a cluster's replica: past its last submission).
-        self._arrival_horizon = 0 if submitted_only else n
         # More requests may still be submitted: an iteration with nothing to do and nothing
         # to come waits for them instead of failing (a cluster's replica, until the last
         # arrival is routed).
@@ -238,7 +240,8 @@ class Scheduler(SchedulerLoop):
         """When the next request arrives here: the next pending one's arrival, or the next
         program call's release (one replica releases its own; docs/programs.md)."""
         pending = self._next_pending()
-        upcoming = None if pending is None else float(self.table.arrival_s[pending])
+        upcoming = (None if pending is None
+                    else self.arrival_join.visible_s(float(self.table.arrival_s[pending])))
         programs = self.table.programs
         if programs is not None:
             events = [upcoming, programs.next_release_s() if programs.self_release else None,
@@ -259,7 +262,7 @@ class Scheduler(SchedulerLoop):
 
     def _next_pending(self) -> Optional[int]:
         state, holder, me = self.table.state, self.table.holder, self.table.replica
-        i, horizon = self._next_arrival, self._arrival_horizon
+        i, horizon = self._next_arrival, self.arrival_join.horizon
         while i < horizon and (state[i] != _PENDING or holder[i] != me):
             i += 1
         self._next_arrival = i
@@ -325,7 +328,7 @@ class Scheduler(SchedulerLoop):
         table.holder[where] = table.replica
         self._num_done -= count
         self._next_arrival = min(self._next_arrival, first)
-        self._arrival_horizon = max(self._arrival_horizon, last + 1)
+        self.arrival_join.horizon = max(self.arrival_join.horizon, last + 1)
 
     def _refuse_submit(self, request: int) -> None:
         """`submit`'s error for a request it may not take (held or done here)."""

@@ -29,6 +29,7 @@ from orca_jax.core.api.policy import Policy
 from orca_jax.core.api.policy_helpers import add_drafts
 from orca_jax.core.kv import KVCapacity, KVMemory, KVPool
 from orca_jax.core.loop import program_pins
+from orca_jax.core.loop.arrival_join import ArrivalJoin
 from orca_jax.core.loop.config import LoopFeatures
 from orca_jax.core.loop.executor import Executor
 from orca_jax.core.loop.scheduled_step import IdleStep, ScheduledStep, StepResult
@@ -136,6 +137,7 @@ class SchedulerLoop:
     features: LoopFeatures  # config.features, read every step
     prefix_caching: bool
     now_s: float  # the virtual clock: read here, moved by the executor
+    arrival_join: ArrivalJoin  # when arrived requests join the queue (the engine's front end)
     num_steps: int
     waiting: NDArray[np.int64]  # [w]
     running: NDArray[np.int64]  # [r]
@@ -425,15 +427,13 @@ class SchedulerLoop:
         first = self._next_pending()
         if first is None:
             return
-        table, now = self.table, self.now_s
-        arrival_s = table.arrival_s  # [N] non-decreasing (the table is in arrival order)
-        if arrival_s[first] > now:  # most steps: nobody new yet
+        table = self.table
+        # The arrivals that reached the queue by this plan (the engine's front end:
+        # `arrival_join`); most arrivals come one at a time.
+        end = self.arrival_join.due_end(
+            table.arrival_s, first, self.arrival_join.cutoff_s(self.now_s, self.running.size > 0))
+        if end == first:  # most steps: nobody new yet
             return
-        # Most arrivals come one at a time: the one after `first` not yet due is the end a
-        # search would find (everything before `first` is due too); else search.
-        end = first + 1
-        if end < arrival_s.size and arrival_s[end] <= now:
-            end = int(arrival_s.searchsorted(now, "right"))  # no wrapper frame
         indices = table.indices
         if end - first == 1:  # most arrivals, one at a time: `first` is pending here
             table.state[first] = _WAITING

@@ -199,6 +199,36 @@ assert dataclasses.MISSING not in _OUTPUT_DEFAULTS.values(), (
     "StepOutput.plain sets only plain defaults; give the new field one or set it there")
 
 
+@dataclasses.dataclass(frozen=True)
+class FrontEnd:
+    """How requests reach an engine's scheduler: the serving stack in front of the engine.
+
+    A real serving engine (vLLM's) answers a client through an HTTP server, a tokenizer
+    and inter-process hops on the way in, and a detokenizer and a stream on the way
+    out; and it may plan step N+1 while step N runs (vLLM's async scheduling, on by
+    default since 0.14), so a request reaching its queue during step N first runs in
+    step N+2. The scheduler honours both (`Scheduler.next_arrival_s`, its arrivals'
+    join): a request joins the queue `delay_s` after its arrival, and with
+    `plans_ahead` only at the plan after the one that follows, unless the engine was
+    idle (nothing running: the plan starts at once, as an idle vLLM does).
+
+    Attributes:
+      delay_s: seconds of the front end's per-request path, in and out, counted once
+        on the way in (a client's latencies hold both ways alike).
+      plans_ahead: the engine plans each step while the one before runs.
+    """
+
+    delay_s: float = 0.0
+    plans_ahead: bool = False
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.delay_s, (int, float)) and 0.0 <= self.delay_s < float("inf")):
+            raise ValueError(f"FrontEnd.delay_s must be finite and >= 0, got {self.delay_s!r}")
+
+
+NO_FRONT_END = FrontEnd()  # requests join at their arrival; each plan made when it runs
+
+
 class PendingStep(abc.ABC):
     """A dispatched step whose sampled tokens may still be on the device.
 
@@ -300,6 +330,12 @@ class Engine(abc.ABC):
         """
         del bucket, kv_lens, num_steps
         return None
+
+    @property
+    def front_end(self) -> FrontEnd:
+        """How requests reach this engine's scheduler (`FrontEnd`). `NO_FRONT_END` (the
+        default): at their arrival, each step planned when it runs."""
+        return NO_FRONT_END
 
     @property
     def speculates(self) -> bool:
@@ -436,6 +472,10 @@ class EngineWrapper(Engine):
 
     def facts(self) -> dict[str, object]:
         return self.engine.facts()
+
+    @property
+    def front_end(self) -> FrontEnd:
+        return self.engine.front_end
 
     @property
     def speculates(self) -> bool:
