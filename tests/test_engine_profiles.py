@@ -52,9 +52,11 @@ def test_vllm_on_hopper_runs_fa3_and_a_custom_allreduce_within_a_node():
     profile = get_engine_profile("vllm")
     h100 = profile.hardware(get_hardware("h100"))
     preset = get_hardware("h100")
-    assert h100.kernels.attention_decode.hbm_efficiency > preset.kernels.attention_decode.hbm_efficiency
+    assert (h100.kernels.attention_decode.hbm_efficiency
+            > preset.kernels.attention_decode.hbm_efficiency)
     # Inside a node the custom all-reduce; 16 GPUs span two nodes: NCCL's, kept.
-    assert h100.kernels.allreduce_cost(4).latency_s < preset.kernels.allreduce_cost(4).latency_s / 3
+    custom, nccl = h100.kernels.allreduce_cost(4), preset.kernels.allreduce_cost(4)
+    assert custom.latency_s < nccl.latency_s / 3
     assert h100.kernels.allreduce_cost(16) == preset.kernels.allreduce_cost(16)
     # A100 gets FlashAttention-2's; the orca_jax profile leaves every preset as it is.
     assert profile.hardware(get_hardware("a100")).kernels.attention_prefill.flops_efficiency == 0.50
