@@ -344,6 +344,25 @@ def _check_router_flags() -> None:
                              "give --num_replicas > 1 or drop the router flags")
 
 
+ENGINE_PARTS = {"jax": JaxEngineSpec, "sim": SimEngineSpec}
+
+
+def _check_engine_flags() -> None:
+    """Refuses a flag given that only the other engine reads (`--noleap`, `--hardware` with
+    --engine=jax; `--checkpoint`, `--dtype` with --engine=sim): the run would ignore it."""
+    engine = FLAGS.engine
+    for flag, fields in FIELD_FLAGS.items():
+        parts = {part for part, _ in fields}
+        if not FLAGS[flag].present or ENGINE_PARTS[engine] in parts:
+            continue
+        others = [name for name, part in ENGINE_PARTS.items() if part in parts]
+        if others:  # an engine's field only, and not this engine's
+            given = f"no{flag}" if FLAGS[flag].value is False else flag  # as typed: --noleap
+            raise app.UsageError(
+                f"--{given} is a setting of the {others[0]} engine only; --engine={engine} "
+                f"does not read it: drop it, or run --engine={others[0]}")
+
+
 # Only the prefix workloads read these: another workload keeps them at their defaults, so
 # its config (and a sweep's fingerprint of it) does not vary with the engine.
 PREFIX_FIELDS = ("num_prefixes", "prefix_len", "prefix_zipf", "suffix_len", "num_turns",
@@ -367,6 +386,7 @@ def spec_from_flags() -> RunSpec:
     """The RunSpec the flags describe (unset flags take the engine's defaults)."""
     _take_renamed_flags()
     _check_router_flags()
+    _check_engine_flags()
     workload = _field_values(WorkloadSpec)
     if FLAGS.workload not in ("shared_prefix", "conversation"):
         workload = {k: v for k, v in workload.items() if k not in PREFIX_FIELDS}
