@@ -251,7 +251,7 @@ def main(argv: list[str]) -> None:
     spec = run_flags.spec_from_flags()
     entries = resolve_policies(list(run_flags.FLAGS.policies), run_flags.FLAGS.policy_opts)
     setups = variant_flags.setups_from_flags(spec)
-    out = run_flags.FLAGS.out_dir
+    out, fresh = run_flags.results_folder("compare")
     # Every policy and the router of every setup are built and checked before anything
     # runs (a typo in the last policy's knob fails now, not after the others ran, and
     # leaves no folder); each one's KV reservation mode (a class attribute or a knob) is
@@ -265,8 +265,11 @@ def main(argv: list[str]) -> None:
                              f"not one of {', '.join(RESULT_SETTINGS)}")
     # One writer at a time into the folder; it is created by the first policy's run, once
     # the workload (a trace that does not load) and the engine have passed their checks.
-    with run_lock(out, kind="compare"):
-        _compare(spec, setups, entries, settings, allowed)
+    try:
+        with run_lock(out, kind="compare"):
+            _compare(spec, setups, entries, settings, allowed)
+    finally:
+        run_flags.link_latest(out, fresh)
 
 
 def _compare(spec: RunSpec, setups: Sequence[variant_flags.Setup],

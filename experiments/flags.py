@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import re
 import sys
 import typing
@@ -33,6 +34,7 @@ from orca_jax.cluster.rebalancing import registered_rebalancers
 from orca_jax.cluster.routing import registered_routers
 from orca_jax.core.step.bucket_fit import capped_fit_ladder, parse_fit_ladder
 from orca_jax.core.step.packing import ladder_token_sizes
+from orca_jax.results.latest_link import DEFAULT_OUT_DIR, fresh_out_dir, point_latest
 from orca_jax.runner.spec import (
     COMMAND_DEFAULTS,
     ENGINES,
@@ -85,7 +87,10 @@ flags.DEFINE_string("bucket_ladder", "auto", "Step token sizes by rule, unless -
                     "below 128: one per multiple of 8; pow2 with --cost_fit, which prices only "
                     "its own buckets), pow2 on --engine=jax (each size is a "
                     "compile there, and its clock is not the simulator's).")
-flags.DEFINE_string("out_dir", "runs/latest", "Output directory.")
+flags.DEFINE_string("out_dir", DEFAULT_OUT_DIR, "Output directory. Not given: a fresh folder "
+                    "per command, runs/<command>-<YYYYmmdd-HHMMSS>, and runs/latest a link to "
+                    "the newest, so no command replaces another's results. Given: a run "
+                    "replaces that folder's results whole.")
 flags.DEFINE_string("policy_opts", "", "Policy knobs: key=value,... (in compare and sweep: "
                     "label.key=value, label as named in --policies). A knob named like a "
                     "scheduler limit (max_num_seqs, max_num_tokens, num_kv_pages, "
@@ -454,3 +459,23 @@ def join_processes() -> Optional[str]:
     if FLAGS.process_id == 0 or FLAGS.out_dir is None:
         return FLAGS.out_dir
     return f"{FLAGS.out_dir.rstrip('/')}.process{FLAGS.process_id}"
+
+
+def results_folder(command: str) -> tuple[str, bool]:
+    """`(--out_dir, fresh)`: the folder given, or, when --out_dir is not given, a fresh one
+    for `command` (`latest_link.fresh_out_dir`), set as --out_dir; `fresh` says which (pass
+    it to `link_latest` once the results are written)."""
+    if FLAGS["out_dir"].present or FLAGS.out_dir != DEFAULT_OUT_DIR:
+        return FLAGS.out_dir, False
+    FLAGS.out_dir = str(fresh_out_dir(command))
+    return FLAGS.out_dir, True
+
+
+def link_latest(out_dir: str, fresh: bool) -> None:
+    """Points runs/latest at a fresh results folder that the command wrote (nothing for a
+    folder given by --out_dir, or one never written: a refused command)."""
+    if not fresh or not os.path.isdir(out_dir):
+        return
+    note = point_latest(out_dir)
+    if note:
+        print(note, file=sys.stderr)

@@ -120,7 +120,7 @@ def main(argv: list[str]) -> None:
     options = policies.parse_options(FLAGS.policy_opts)
     config = scheduler_config(spec)
     check_policies(spec, config, [(FLAGS.policy, options)])
-    out_dir = FLAGS.out_dir
+    out_dir, fresh = run_flags.results_folder("serve")
     check_out_dir(out_dir)
     try:
         tokenizer = load_tokenizer(_tokenizer_folder(spec), model_config(spec).vocab_size)
@@ -178,6 +178,7 @@ def main(argv: list[str]) -> None:
                 folder.discard()
     # Here the lock is released and the results written: a stop signal ends the command
     # with exit status 0, as a stop asked for.
+    run_flags.link_latest(out_dir, fresh)
     if server.signals:
         print(f"serve: stopped by {signal.Signals(server.signals[0]).name}", flush=True)
     if live.error is not None:
