@@ -26,6 +26,9 @@ comparison.json row: `identical_compiled_steps`, `unequal_settings`,
   seconds over the run's duration) below 50%, so their throughput is the offered
   load's, not the policy's capacity (`arrival_bound` in the table).
 
+Lines under the table count each run's rejected and unfinished requests with their
+reasons (`comparison.left_out_line`): the columns count finished requests only.
+
 Setups, not only policies: `--variants=LABEL:key=value;key=value,LABEL2:...`
 (`experiments.variant_flags`) runs every policy of `--policies` under every
 variant, each the command's own flags with those flags set otherwise (keys are the
@@ -78,7 +81,7 @@ from __future__ import annotations
 import os
 import statistics
 import textwrap
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 from experiments.process_exit import imports_uncollected, without_final_collection
 
@@ -251,7 +254,7 @@ def main(argv: list[str]) -> None:
     spec = run_flags.spec_from_flags()
     entries = resolve_policies(list(run_flags.FLAGS.policies), run_flags.FLAGS.policy_opts)
     setups = variant_flags.setups_from_flags(spec)
-    out = run_flags.FLAGS.out_dir
+    out, fresh = run_flags.results_folder("compare")
     # Every policy and the router of every setup are built and checked before anything
     # runs (a typo in the last policy's knob fails now, not after the others ran, and
     # leaves no folder); each one's KV reservation mode (a class attribute or a knob) is
@@ -265,8 +268,11 @@ def main(argv: list[str]) -> None:
                              f"not one of {', '.join(RESULT_SETTINGS)}")
     # One writer at a time into the folder; it is created by the first policy's run, once
     # the workload (a trace that does not load) and the engine have passed their checks.
-    with run_lock(out, kind="compare"):
-        _compare(spec, setups, entries, settings, allowed)
+    try:
+        with run_lock(out, kind="compare"):
+            _compare(spec, setups, entries, settings, allowed)
+    finally:
+        run_flags.link_latest(out, fresh)
 
 
 def _compare(spec: RunSpec, setups: Sequence[variant_flags.Setup],
@@ -296,18 +302,20 @@ def _compare(spec: RunSpec, setups: Sequence[variant_flags.Setup],
         print(f"--repeats={repeats} on a deterministic clock ({clock}): the repeats will be "
               "identical but for the measured host time")
     summaries: dict[str, list[dict[str, Any]]] = {label: [] for label in labels}
+    left_out: dict[str, Optional[str]] = {}  # each run's rejected and unfinished, why
     for k, order in enumerate(run_orders(labels, repeats)):
         if repeats > 1:
             print(f"repeat {k}: {', '.join(order)}")
         for label in order:
             setup, fit, entry = runs[label]
             folder = setup.folder(out, entry.label)
-            summary, _ = run_policy(setup.spec, entry.spec, entry.options,
-                                    out_dir=os.path.join(folder, f"repeat_{k}")
-                                    if repeats > 1 else folder,
-                                    requests=requests, engine=engines.get(setup.variant),
-                                    label=label, bucket_fit=fit)
+            summary, result = run_policy(setup.spec, entry.spec, entry.options,
+                                         out_dir=os.path.join(folder, f"repeat_{k}")
+                                         if repeats > 1 else folder,
+                                         requests=requests, engine=engines.get(setup.variant),
+                                         label=label, bucket_fit=fit)
             summaries[label].append(summary)
+            left_out.setdefault(label, comparison.left_out_line(label, result))
     rows = [summaries[label][0] if repeats == 1 else over_repeats(summaries[label])
             for label in labels]
     rows = [{**row, "policy": label,
@@ -329,6 +337,9 @@ def _compare(spec: RunSpec, setups: Sequence[variant_flags.Setup],
         note = (f"{repeats} repeats per policy, in alternating order; each metric: median "
                 f"(min–max), or one value where every repeat agrees\n")
         table, shown = note + table, note + shown
+    below = "\n".join(line for line in left_out.values() if line)
+    if below:  # under the table: the requests its columns do not count, and why
+        table, shown = f"{table.rstrip()}\n{below}", f"{shown.rstrip()}\n{below}"
     table = "".join(line + "\n" for line in lines) + table
     # The terminal keeps 120 columns: each line wrapped, its continuation indented.
     print("".join(textwrap.fill(line, WIDTH, subsequent_indent="  ", break_on_hyphens=False)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import re
 import sys
 import typing
@@ -33,6 +34,7 @@ from orca_jax.cluster.rebalancing import registered_rebalancers
 from orca_jax.cluster.routing import registered_routers
 from orca_jax.core.step.bucket_fit import capped_fit_ladder, parse_fit_ladder
 from orca_jax.core.step.packing import ladder_token_sizes
+from orca_jax.results.latest_link import DEFAULT_OUT_DIR, fresh_out_dir, point_latest
 from orca_jax.runner.spec import (
     COMMAND_DEFAULTS,
     ENGINES,
@@ -85,7 +87,10 @@ flags.DEFINE_string("bucket_ladder", "auto", "Step token sizes by rule, unless -
                     "below 128: one per multiple of 8; pow2 with --cost_fit, which prices only "
                     "its own buckets), pow2 on --engine=jax (each size is a "
                     "compile there, and its clock is not the simulator's).")
-flags.DEFINE_string("out_dir", "runs/latest", "Output directory.")
+flags.DEFINE_string("out_dir", DEFAULT_OUT_DIR, "Output directory. Not given: a fresh folder "
+                    "per command, runs/<command>-<YYYYmmdd-HHMMSS>, and runs/latest a link to "
+                    "the newest, so no command replaces another's results. Given: a run "
+                    "replaces that folder's results whole.")
 flags.DEFINE_string("policy_opts", "", "Policy knobs: key=value,... (in compare and sweep: "
                     "label.key=value, label as named in --policies). A knob named like a "
                     "scheduler limit (max_num_seqs, max_num_tokens, num_kv_pages, "
@@ -344,6 +349,25 @@ def _check_router_flags() -> None:
                              "give --num_replicas > 1 or drop the router flags")
 
 
+ENGINE_PARTS = {"jax": JaxEngineSpec, "sim": SimEngineSpec}
+
+
+def _check_engine_flags() -> None:
+    """Refuses a flag given that only the other engine reads (`--noleap`, `--hardware` with
+    --engine=jax; `--checkpoint`, `--dtype` with --engine=sim): the run would ignore it."""
+    engine = FLAGS.engine
+    for flag, fields in FIELD_FLAGS.items():
+        parts = {part for part, _ in fields}
+        if not FLAGS[flag].present or ENGINE_PARTS[engine] in parts:
+            continue
+        others = [name for name, part in ENGINE_PARTS.items() if part in parts]
+        if others:  # an engine's field only, and not this engine's
+            given = f"no{flag}" if FLAGS[flag].value is False else flag  # as typed: --noleap
+            raise app.UsageError(
+                f"--{given} is a setting of the {others[0]} engine only; --engine={engine} "
+                f"does not read it: drop it, or run --engine={others[0]}")
+
+
 # Only the prefix workloads read these: another workload keeps them at their defaults, so
 # its config (and a sweep's fingerprint of it) does not vary with the engine.
 PREFIX_FIELDS = ("num_prefixes", "prefix_len", "prefix_zipf", "suffix_len", "num_turns",
@@ -367,6 +391,7 @@ def spec_from_flags() -> RunSpec:
     """The RunSpec the flags describe (unset flags take the engine's defaults)."""
     _take_renamed_flags()
     _check_router_flags()
+    _check_engine_flags()
     workload = _field_values(WorkloadSpec)
     if FLAGS.workload not in ("shared_prefix", "conversation"):
         workload = {k: v for k, v in workload.items() if k not in PREFIX_FIELDS}
@@ -434,3 +459,23 @@ def join_processes() -> Optional[str]:
     if FLAGS.process_id == 0 or FLAGS.out_dir is None:
         return FLAGS.out_dir
     return f"{FLAGS.out_dir.rstrip('/')}.process{FLAGS.process_id}"
+
+
+def results_folder(command: str) -> tuple[str, bool]:
+    """`(--out_dir, fresh)`: the folder given, or, when --out_dir is not given, a fresh one
+    for `command` (`latest_link.fresh_out_dir`), set as --out_dir; `fresh` says which (pass
+    it to `link_latest` once the results are written)."""
+    if FLAGS["out_dir"].present or FLAGS.out_dir != DEFAULT_OUT_DIR:
+        return FLAGS.out_dir, False
+    FLAGS.out_dir = str(fresh_out_dir(command))
+    return FLAGS.out_dir, True
+
+
+def link_latest(out_dir: str, fresh: bool) -> None:
+    """Points runs/latest at a fresh results folder that the command wrote (nothing for a
+    folder given by --out_dir, or one never written: a refused command)."""
+    if not fresh or not os.path.isdir(out_dir):
+        return
+    note = point_latest(out_dir)
+    if note:
+        print(note, file=sys.stderr)

@@ -27,6 +27,7 @@ with imports_uncollected(freeze=__name__ == "__main__"):
         prefix_caching_line,
         resolve_policy_class,
     )
+    from orca_jax.results import comparison
     from orca_jax.results.folder_lock import run_lock
     from orca_jax.results.run_folder import check_out_dir
     from orca_jax.runner.bucket_pilot import token_sizes, with_fitted_buckets
@@ -93,21 +94,30 @@ def main(argv: list[str]) -> None:
         print(describe(run_flags.FLAGS.describe_policy))
         return
     spec = run_flags.spec_from_flags()
+    _, fresh = run_flags.results_folder("run")  # --out_dir, or a fresh folder of runs/
     out_dir = run_flags.join_processes()  # before any jax use
     options = policies.parse_options(run_flags.FLAGS.policy_opts)
     check_policies(spec, scheduler_config(spec), [(run_flags.FLAGS.policy, options)])
     if out_dir is not None:
         check_out_dir(out_dir)  # before the workload: a bad folder costs nothing
     # One run at a time into the folder, from before its workload is built to its end.
-    with run_lock(out_dir) if out_dir is not None else contextlib.nullcontext():
-        requests = build_workload(spec)
-        print(workload_line(spec, requests))
-        spec, bucket_fit = with_fitted_buckets(spec, requests, progress=True)
-        if bucket_fit is not None:
-            print(bucket_fit.lines())
-        summary, _ = run_policy(spec, run_flags.FLAGS.policy, options,
-                                out_dir=out_dir, requests=requests, bucket_fit=bucket_fit)
+    try:
+        with run_lock(out_dir) if out_dir is not None else contextlib.nullcontext():
+            requests = build_workload(spec)
+            print(workload_line(spec, requests))
+            spec, bucket_fit = with_fitted_buckets(spec, requests, progress=True)
+            if bucket_fit is not None:
+                print(bucket_fit.lines())
+            summary, result = run_policy(spec, run_flags.FLAGS.policy, options,
+                                         out_dir=out_dir, requests=requests,
+                                         bucket_fit=bucket_fit)
+    finally:  # a failed run's folder too: it is the newest
+        if out_dir is not None:
+            run_flags.link_latest(out_dir, fresh and run_flags.FLAGS.process_id == 0)
     print(fit_table([summary]))
+    left_out = comparison.left_out_line(summary["policy"], result)
+    if left_out:  # the requests the table's columns do not count, and why
+        print(left_out)
     # The compiled step shapes beside the padding they leave (config.json holds the sizes).
     print(f"padding: {summary['padding_fraction']:.4f} of the padded step tokens, "
           f"{len(token_sizes(spec))} step sizes")

@@ -85,6 +85,25 @@ def _cases(files: Path) -> list[Case]:
              (*SIM, "--max_num_tokens=10000000000", "--bucket_ladder=step:8"), 2,
              r"--max_num_tokens: limits\.max_num_tokens=10000000000 is above its cap of "
              r"[\d,]+: "),
+        # KV tiers beyond any machine, and tier settings with no tier (issue 51).
+        Case("kv_host_gb_1e15", (*SIM, "--kv_host_gb=1e15"), 2,
+             r"^error: --kv_host_gb=1e\+15 gives [\d,]+ KV pages, above the cap of "
+             r"2,147,483,646 pages a tier holds"),
+        Case("kv_host_pages_1e15", (*SIM, "--kv_host_pages=1000000000000000"), 2,
+             r"^error: --kv_host_pages=1000000000000000 gives 1,000,000,000,000,000 KV pages"),
+        Case("kv_disk_pages_1e15",
+             (*SIM, "--kv_host_pages=8", "--kv_disk_pages=1000000000000000"), 2,
+             r"^error: --kv_disk_pages=1000000000000000 gives 1,000,000,000,000,000 KV pages"),
+        Case("kv_cache_policy_without_tier", (*SIM, "--kv_cache_policy=arc"), 2,
+             r"--kv_cache_policy: limits\.kv_cache_policy 'arc' is a setting of the slower KV "
+             r"tiers, and the run has none"),
+        Case("kv_pin_without_programs", (*SIM, "--kv_pin_s=5"), 2,
+             r"--kv_pin_s: limits\.kv_pin_s 5 pins an agent program's KV between its calls; "
+             r"workload 'poisson' has no programs"),
+        Case("noleap_on_jax", (*JAX, "--noleap"), 2,
+             r"--noleap is a setting of the sim engine only; --engine=jax does not read it"),
+        Case("dtype_on_sim", (*SIM, "--dtype=bfloat16"), 2,
+             r"--dtype is a setting of the jax engine only; --engine=sim does not read it"),
         Case("flag_unknown", (*SIM, "--no_such_flag=1"), 2, r"no_such_flag"),
         Case("policy_unknown", (*SIM, "--policy=nope"), 2, r"unknown policy 'nope'"),
         Case("policy_option_unknown", (*SIM, "--policy_opts=alpah=5"), 2,

@@ -14,8 +14,9 @@ from orca_jax.core.kv.preemption import preemption_costs
 from orca_jax.core.loop.scheduler import Scheduler
 from orca_jax.core.requests.request import RequestState
 from orca_jax.runner.build import build_engine, build_workload, check_policies, scheduler_config
-from orca_jax.runner.spec import LimitsSpec, RunSpec, SimEngineSpec, WorkloadSpec
+from orca_jax.runner.spec import JaxEngineSpec, LimitsSpec, RunSpec, SimEngineSpec, WorkloadSpec
 from orca_jax.specs.hardware import get_kv_link
+from orca_jax.specs.model_config import get_model_config
 
 PAGE_BYTES = 16 * 131072  # llama3-8b: 128 KiB of KV a token, 16-token pages
 
@@ -68,6 +69,50 @@ def test_link_presets_hold_the_tier_links():
 def test_bad_tiers_are_refused_by_name(limits, message):
     with pytest.raises(ValueError, match=message):
         spec(**limits)
+
+
+def test_a_tier_beyond_any_machine_is_refused_and_one_at_the_cap_taken():
+    cap = 2**31 - 2  # the device pool's: page ids are int32, page 0 the null page
+    spec(kv_host_pages=cap, kv_disk_pages=cap)
+    for limits, flag in [(dict(kv_host_pages=cap + 1), "kv_host_pages"),
+                         (dict(kv_host_pages=8, kv_disk_pages=10**15), "kv_disk_pages"),
+                         (dict(kv_host_gb=1e15), "kv_host_gb")]:
+        with pytest.raises(ValueError, match=rf"^--{flag}=.* KV pages, above the cap of "
+                                             rf"{cap:,} pages a tier holds"):
+            spec(**limits)
+
+
+def test_the_jax_engines_host_tier_is_capped_by_this_machines_memory():
+    from orca_jax.runner.kv_tiers import check_host_tier_memory, tier_configs
+
+    # tiny, float32: pages of 16 tokens, 16 KiB; 10^4 GB of them is no laptop's memory.
+    tiers = tier_configs(LimitsSpec(kv_host_pages=1000), get_model_config("tiny"), 1, 4)
+    page_bytes = tiers[0].page_bytes
+    check_host_tier_memory(tiers, 1, memory=1000 * page_bytes)
+    with pytest.raises(ValueError, match=rf"^--kv_host_gb/--kv_host_pages: 1,000 host KV "
+                                         rf"pages of {page_bytes:,} B .* above the cap of 999 "
+                                         r"pages: the jax engine copies them"):
+        check_host_tier_memory(tiers, 1, memory=1000 * page_bytes - 1)
+    with pytest.raises(ValueError, match=r"--kv_host_gb/--kv_host_pages: .* jax engine"):
+        RunSpec(engine=JaxEngineSpec(model="tiny"), limits=LimitsSpec(kv_host_gb=1e4))
+
+
+@pytest.mark.parametrize("limits", [dict(kv_cache_policy="arc"),
+                                    dict(kv_cache_policy_opts="placement=write_through"),
+                                    dict(kv_host_link="nvlink-c2c")])
+def test_a_tier_setting_without_a_tier_is_refused(limits):
+    name = next(iter(limits))
+    with pytest.raises(ValueError, match=rf"^limits\.{name} .* is a setting of the slower KV "
+                                         "tiers, and the run has none"):
+        spec(**limits)
+    spec(kv_host_gb=1.0, **limits)  # with a tier it is read
+
+
+def test_pinning_without_programs_is_refused():
+    with pytest.raises(ValueError, match=r"^limits\.kv_pin_s 5 pins an agent program's KV "
+                                         r"between its calls; workload 'poisson' has no programs"):
+        spec(kv_pin_s=5.0)
+    spec(WorkloadSpec(arrival="programs", num_requests=20), kv_pin_s=5.0)
 
 
 def test_swap_without_a_host_tier_is_refused():

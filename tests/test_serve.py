@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -124,6 +125,20 @@ def test_greedy_completions_equal_an_offline_run_and_streams_end_with_usage(serv
     assert chat.choices[0].message.role == "assistant" and chat.usage.completion_tokens == 3
 
 
+def test_the_same_seed_gives_the_same_sampled_tokens(server):
+    client = _client(server)
+
+    def sample(seed: int) -> list[int]:
+        completion = client.completions.create(
+            model="tiny", prompt=PROMPTS[1], max_tokens=MAX_TOKENS, temperature=1.0,
+            seed=seed, extra_body={"return_token_ids": True})
+        return completion.choices[0].model_extra["token_ids"]
+
+    first = sample(7)
+    assert sample(7) == first  # another row, another batch: the same draws
+    assert sample(8) != first  # 512 tokens to draw from, six times: a tie is ~512**-6
+
+
 def _metrics(server) -> dict[str, float]:
     text = httpx.get(f"{server['base']}/metrics").text
     return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
@@ -148,16 +163,49 @@ def test_a_cancelled_stream_frees_its_pages_and_sigterm_writes_the_results(serve
         time.sleep(0.1)
     assert after["orca_jax:kv_pages_used"] == 0
     assert after["orca_jax:num_requests_running"] == 0
+    # SIGTERM while a stream runs: it finishes; a new request meanwhile is answered 503.
     process = server["process"]
+    drained: dict = {}
+    started = threading.Event()
+
+    def stream_to_the_end() -> None:
+        body = {"model": "tiny", "prompt": "y" * 8, "max_tokens": 40, "temperature": 0,
+                "stream": True, "return_token_ids": True}
+        with httpx.stream("POST", f"{server['base']}/v1/completions", json=body,
+                          timeout=60) as response:
+            chunks = []
+            for line in response.iter_lines():
+                if line.startswith("data: {"):
+                    chunks.append(json.loads(line[6:]))
+                    started.set()
+        drained["tokens"] = [t for c in chunks for t in c["choices"][0]["token_ids"]]
+        drained["finish"] = chunks[-1]["choices"][0]["finish_reason"]
+
+    streaming = threading.Thread(target=stream_to_the_end)
+    streaming.start()
+    assert started.wait(timeout=30)
     process.send_signal(signal.SIGTERM)
-    # uvicorn re-raises the signal once it has shut down: the exit is SIGTERM's own.
-    assert process.wait(timeout=60) in (0, -signal.SIGTERM)
+    deadline = time.monotonic() + 10
+    while httpx.get(f"{server['base']}/health").status_code == 200:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    assert httpx.get(f"{server['base']}/health").json()["status"] == "draining"
+    refused = httpx.post(f"{server['base']}/v1/completions",
+                         json={"model": "tiny", "prompt": "z", "max_tokens": 2})
+    assert refused.status_code == 503, refused.text
+    assert "shutting down" in refused.json()["error"]["message"]
+    streaming.join(timeout=60)
+    assert len(drained["tokens"]) == 40 and drained["finish"] == "length"
+    # The results written and the lock released before the process ends, with status 0.
+    assert process.wait(timeout=60) == 0
     out = server["out"]
+    assert not out.with_name(f"{out.name}.lock").exists()
     rows = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
     assert json.loads((out / "status.json").read_text())["status"] == "finished"
-    cancelled = rows[-1]
+    cancelled, last = rows[-2], rows[-1]
     assert cancelled["status"] == "rejected" and cancelled["reason"].startswith("cancelled")
     assert 0 < cancelled["num_generated"] < 240
-    assert all(r["status"] == "finished" for r in rows[:-1])
+    assert last["status"] == "finished" and last["num_generated"] == 40
+    assert all(r["status"] == "finished" for r in rows[:-2])
     summary = json.loads((out / "summary.json").read_text())
     assert summary["engine"] == "jax" and summary["num_finished"] == len(rows) - 1

@@ -4,6 +4,8 @@ and the scheduler's cancel and stop. Fast: the simulator stands in for the engin
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 pytest.importorskip("fastapi")
@@ -17,7 +19,12 @@ import policies  # noqa: E402
 from orca_jax import KVConfig, Request, Scheduler, SchedulerConfig, StepLimits  # noqa: E402
 from orca_jax.core.requests.request import RequestState  # noqa: E402
 from orca_jax.serving.app import _Answer, create_app  # noqa: E402
-from orca_jax.serving.live import LiveRun, QueueFull, Submission  # noqa: E402
+from orca_jax.serving.live import (  # noqa: E402
+    PLACEHOLDER_ARRIVAL_S,
+    LiveRun,
+    QueueFull,
+    Submission,
+)
 from orca_jax.serving.metrics import ServingMetrics  # noqa: E402
 from orca_jax.serving.tokenizer import ByteTokenizer, Detokenizer  # noqa: E402
 from orca_jax.sim.cost_model import CostModelConfig  # noqa: E402
@@ -178,3 +185,91 @@ def test_stop_finishes_with_the_tokens_so_far():
     result = scheduler.run()
     assert result.output_len.tolist() == [generated, 6, 6]
     assert result.num_generated.tolist()[:2] == [generated, 6]
+
+
+def test_what_the_server_cannot_honour_is_refused_naming_the_field():
+    # No request is held (max_outstanding 0): a body the server takes is answered 429, one
+    # it refuses 400, so each answer says which it was without running the engine.
+    client = _client(_live(max_outstanding=0))
+    url = "/v1/completions"
+    base = {"model": "tiny", "prompt": "hi", "max_tokens": 2}
+    for field, value in [("logprobs", 1), ("logprobs", 0), ("best_of", 2), ("echo", True),
+                         ("presence_penalty", 0.5), ("logit_bias", {"5": 1.0}),
+                         ("suffix", "end")]:
+        error = _error(client.post(url, json={**base, field: value}), 400, field)
+        assert error["code"] == "unsupported_value", (field, error)
+    error = _error(client.post(url, json={**base, "frobnicate": 1}), 400, "frobnicate")
+    assert error["code"] == "unsupported_field"
+    _error(client.post(url, json={**base, "stream": "yes"}), 400, "stream")
+    _error(client.post(url, json={**base, "stream": 1}), 400, "stream")
+    _error(client.post(url, json={**base, "seed": -1}), 400, "seed")
+    _error(client.post(url, json={**base, "seed": 2**32}), 400, "seed")
+    _error(client.post(url, json={**base, "stream_options": {"include_usage": "no"}}), 400,
+           "stream_options.include_usage")
+    chat = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    _error(client.post("/v1/chat/completions", json={**chat, "logprobs": True}), 400,
+           "logprobs")
+    _error(client.post("/v1/chat/completions", json={**chat, "tools": []}), 400, "tools")
+    # What asks for nothing is served: a client's defaults (vLLM's benchmark client sends
+    # logprobs null and repetition_penalty 1.0), a seed, a user's name.
+    taken = {**base, "logprobs": None, "best_of": 1, "echo": False, "presence_penalty": 0,
+             "frequency_penalty": 0.0, "repetition_penalty": 1.0, "logit_bias": {},
+             "user": "me", "seed": 2**32 - 1, "stream": False}
+    response = client.post(url, json=taken)
+    assert response.status_code == 429, response.text
+    assert client.post("/v1/chat/completions",
+                       json={**chat, "logprobs": False, "top_logprobs": 0}).status_code == 429
+
+
+def test_every_error_is_openais_shape_and_429_says_when_to_retry():
+    live = _live(max_outstanding=0)
+    client = TestClient(create_app(live, _RaisingTokenizer(512), model_name="tiny",
+                                   max_model_len=64, vocab_size=512),
+                        raise_server_exceptions=False)
+    _error(client.get("/v1/nope"), 404, None)
+    error = _error(client.get("/v1/completions"), 405, None)
+    assert error["type"] == "invalid_request_error"
+    error = _error(client.post("/v1/completions", json={"model": "tiny", "prompt": "boom"}),
+                   500, None)
+    assert error["type"] == "server_error" and "tokenizer broke" in error["message"]
+    response = client.post("/v1/completions", json={"model": "tiny", "prompt": [1, 2]})
+    _error(response, 429, None)
+    assert response.headers["retry-after"] == "1"
+
+
+class _RaisingTokenizer(ByteTokenizer):
+    def encode(self, text):
+        raise RuntimeError("tokenizer broke")
+
+
+def test_health_says_ok_then_draining_and_new_requests_get_503_while_draining():
+    live = _live()
+    client = _client(live)
+    health = client.get("/health")
+    assert health.status_code == 200
+    assert health.json() == {"status": "ok", "model": "tiny", "num_outstanding": 0}
+    live.submit(Submission([1, 2], 2, 0.0, 1.0, lambda event: None))  # held: not stepped
+    live.refuse_new()
+    health = client.get("/health")
+    assert health.status_code == 503
+    assert health.json() == {"status": "draining", "num_outstanding": 1}
+    error = _error(client.post("/v1/completions", json={"model": "tiny", "prompt": "hi",
+                                                        "max_tokens": 2}), 503, None)
+    assert "shutting down" in error["message"] and error["code"] == "unavailable"
+
+
+def test_a_requests_seed_is_its_sampling_seed_and_others_keep_the_runs():
+    live = _live()
+    before = live.scheduler.sampling.rng_seeds.copy()
+    first = live.submit(Submission([1, 2], 2, 1.0, 1.0, lambda event: None, seed=7))
+    second = live.submit(Submission([1, 2], 2, 1.0, 1.0, lambda event: None))
+    live.start()  # the engine thread takes both in: their rows get real arrival times
+    try:
+        deadline = time.monotonic() + 10
+        while (live.scheduler.table.arrival_s[second] == PLACEHOLDER_ARRIVAL_S
+               and time.monotonic() < deadline):
+            time.sleep(0.01)
+    finally:
+        live.drain(timeout_s=0)
+    seeds = live.scheduler.sampling.rng_seeds
+    assert seeds[first] == 7 and seeds[second] == before[second] != 7

@@ -16,11 +16,19 @@ Reads the runs' summaries (and each policy's effective settings,
 * arrival-bound runs: a policy whose engine was busy less than
   `ARRIVAL_BOUND_BUSY` of the run waited for requests most of the time; its
   throughput is the offered load's, not its capacity.
+* requests left out: a run's rejected and unfinished requests, counted with their
+  reasons (`left_out_line`), since the table's columns count finished requests only
+  and 10 of 50 requests over the context used to vanish from it without a line.
 """
 
 from __future__ import annotations
 
+import collections
+import re
 from typing import Any, Collection, Mapping, Optional, Sequence
+
+from orca_jax.core.requests.request import RequestState
+from orca_jax.core.requests.run_result import RunResult
 
 FINGERPRINT_PREFIX = "compiled_fingerprints."
 # Below this engine busy fraction a run is flagged arrival-bound: its engine idled more
@@ -136,3 +144,39 @@ def arrival_bound_line(busy: Mapping[str, Optional[float]]) -> Optional[str]:
     return (f"arrival-bound (engine busy < {ARRIVAL_BOUND_BUSY:.0%} of the run): "
             f"{', '.join(bound)}: their throughput is the offered load's, not their "
             "capacity; raise --rate to compare capacity")
+
+
+# Reasons shown per run: the most common kinds (a reason's text with its numbers taken out).
+MAX_REASONS = 3
+
+
+def left_out_line(label: str, result: RunResult) -> Optional[str]:
+    """One line on the requests of `result` that did not finish, or None when all did:
+    how many were rejected and why (each kind of reason with its count and one example,
+    most common first), and how many were left unfinished when the run ended.
+
+    Example: `orca: 10 of 50 requests rejected (10 like "prompt 4107 + output 50 tokens
+    exceed the context of 1024"), 0 unfinished`.
+    """
+    state = result.state
+    rejected = [i for i in range(len(state)) if state[i] == RequestState.REJECTED]
+    unfinished = int(((state != RequestState.FINISHED)
+                      & (state != RequestState.REJECTED)).sum())
+    if not rejected and not unfinished:
+        return None
+    kinds: collections.Counter[str] = collections.Counter()
+    example: dict[str, str] = {}
+    for i in rejected:
+        reason = result.reject_reason[i] or "no reason given"
+        kind = re.sub(r"\d+(\.\d+)?", "#", reason)
+        kinds[kind] += 1
+        example.setdefault(kind, reason)
+    common = kinds.most_common(MAX_REASONS)
+    shown = [f'{count} like "{example[kind]}"' for kind, count in common]
+    others = len(rejected) - sum(count for _, count in common)
+    if others:
+        shown.append(f"{others} for other reasons (requests.jsonl's reason)")
+    why = f" ({'; '.join(shown)})" if shown else ""
+    ended = " (the run ended before they did)" if unfinished else ""
+    return (f"{label}: {len(rejected)} of {len(state)} requests rejected{why}, {unfinished} "
+            f"unfinished{ended}")

@@ -33,7 +33,7 @@ from orca_jax.runner.engine_spec import (
     JaxEngineSpec,
     SimEngineSpec,
 )
-from orca_jax.runner.kv_tiers import engine_kv_shape, tier_configs
+from orca_jax.runner.kv_tiers import check_host_tier_memory, engine_kv_shape, tier_configs
 from orca_jax.runner.spec_caps import check_caps
 from orca_jax.runner.spec_fields import (
     check_at_least,
@@ -42,6 +42,7 @@ from orca_jax.runner.spec_fields import (
     field_doc,
     knob,
     sampling_params,
+    spec_field,
 )
 from orca_jax.specs.hardware import get_kv_link
 from orca_jax.workloads.program_defaults import COPILOT_DEFAULTS, PROGRAM_SHAPES
@@ -411,7 +412,16 @@ class RunSpec(metaclass=_TakesFlatKeywords):
             raise ValueError("KV tiers (--kv_host_*, --kv_disk_*) serve one replica for now: "
                              "give --num_replicas=1 without prefill/decode pools")
         if tiered:
-            tier_configs(self.limits, *engine_kv_shape(self.engine))
+            tiers = tier_configs(self.limits, *engine_kv_shape(self.engine))
+            if isinstance(self.engine, JaxEngineSpec):
+                check_host_tier_memory(tiers, self.engine.tp)
+        else:
+            _check_tier_settings_unused(self.limits)
+        if self.limits.kv_pin_s and self.workload.arrival not in ("programs", "program_trace"):
+            raise ValueError(f"limits.kv_pin_s {self.limits.kv_pin_s:g} pins an agent program's "
+                             "KV between its calls; workload "
+                             f"{self.workload.arrival!r} has no programs (--workload=programs "
+                             "or program_trace), so nothing would be pinned")
         if self.limits.kv_pin_s and (self.cluster.num_replicas > 1
                                      or self.cluster.disaggregated):
             raise ValueError("--kv_pin_s pins a program's KV on one replica for now (a cluster "
@@ -422,6 +432,21 @@ class RunSpec(metaclass=_TakesFlatKeywords):
             raise ValueError(f"--workload={self.workload.arrival}: the disaggregated cluster "
                              "does not run agent programs yet; give --num_replicas instead "
                              "of prefill/decode pools")
+
+
+# The settings of the slower KV tiers that only a tier reads, with their defaults.
+TIER_SETTINGS = ("kv_cache_policy", "kv_cache_policy_opts", "kv_host_link", "kv_disk_link")
+
+
+def _check_tier_settings_unused(limits: LimitsSpec) -> None:
+    """Refuses a tier setting changed from its default on a run without slower tiers: a
+    cache policy with no tier to evict from, a link to no tier, would do nothing."""
+    for name in TIER_SETTINGS:
+        value = getattr(limits, name)
+        if value != spec_field(LimitsSpec, name).default:
+            raise ValueError(f"limits.{name} {value!r} is a setting of the slower KV tiers, "
+                             "and the run has none (the device pool evicts prefix pages LRU): "
+                             "give --kv_host_gb or --kv_host_pages, or drop it")
 
 
 def speculates(spec: "RunSpec") -> bool:

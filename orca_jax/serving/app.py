@@ -5,18 +5,22 @@ events with `stream: true`), `GET /v1/models`, `GET /health`, `GET /metrics`. Wi
 API key, the `/v1` routes need `Authorization: Bearer KEY`.
 
 Sampling fields: `max_tokens` (chat: or `max_completion_tokens`), `temperature`,
-`top_p`, `stop` (a string or a list), `n` (1 only), `stream`,
-`stream_options.include_usage`; extensions as vLLM's: `ignore_eos`, and
-`return_token_ids` (each choice gets `token_ids`, its generated ids). Other fields
-are accepted and ignored.
+`top_p`, `seed` (the request's own sampling seed: the same seed, prompt and settings
+give the same tokens, whatever batch the request shares), `stop` (a string or a list),
+`n` (1 only), `stream` (a JSON boolean), `stream_options.include_usage`; extensions as
+vLLM's: `ignore_eos`, and `return_token_ids` (each choice gets `token_ids`, its
+generated ids). Fields the server cannot honour are taken only at the value that
+asks for nothing (`NEUTRAL`: `logprobs` null, `best_of` 1, `echo` false, ...); any
+other field is refused, so nothing a client asks for is silently dropped.
 
-Errors are OpenAI's shape, `{"error": {"message", "type", "param", "code"}}`: 400
-for bad JSON, a bad field (`param` names it), a prompt over the context or
-`max_tokens` over what is left of it; 401 a wrong key; 404 another model's name;
-429 when the server holds its most requests; 503 while it drains or after its last
-row. A client that disconnects cancels its request (its pages are freed at once);
-one stopped by a stop string or the end-of-sequence token ends early with
-`finish_reason: "stop"`.
+Errors are OpenAI's shape, `{"error": {"message", "type", "param", "code"}}`, every
+one (the framework's 404 and 405 and an unexpected 500 too): 400 for bad JSON, a bad
+or unknown field (`param` names it), a prompt over the context or `max_tokens` over
+what is left of it; 401 a wrong key; 404 another model's name or route; 405 a wrong
+method; 429 when the server holds its most requests (with `Retry-After`); 503 while it
+drains or after its last row. A client that disconnects cancels its request (its
+pages are freed at once); one stopped by a stop string or the end-of-sequence token
+ends early with `finish_reason: "stop"`.
 """
 
 from __future__ import annotations
@@ -31,34 +35,67 @@ import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
+from starlette.exceptions import HTTPException
 
 from orca_jax.serving.live import LiveRun, QueueFull, Submission, Unavailable
 from orca_jax.serving.metrics import ServingMetrics
 from orca_jax.serving.tokenizer import Detokenizer, Tokenizer
 
+# Seconds a client told 429 is asked to wait (`Retry-After`): about the time a batch
+# place takes to free on the tiny model, and the OpenAI SDK's own first back-off.
+RETRY_AFTER_S = 1
+# OpenAI's fields that this server cannot honour, each with the values that ask for
+# nothing (so a client that sends its defaults is served): another value is a 400.
+NEUTRAL: dict[str, tuple[Any, ...]] = {
+    "logprobs": (None, False),  # no log probabilities are computed
+    "top_logprobs": (None, 0),
+    "best_of": (None, 1),  # one answer per request (n = 1)
+    "echo": (None, False),
+    "suffix": (None,),
+    "presence_penalty": (None, 0),
+    "frequency_penalty": (None, 0),
+    "repetition_penalty": (None, 1),  # vLLM's; its benchmark client sends 1.0
+    "logit_bias": (None, {}),
+}
+MAX_SEED = 2**32 - 1  # a request's seed is the engine's per-request uint32
+
 
 class StreamOptions(BaseModel):
-    include_usage: bool = False
+    model_config = ConfigDict(extra="forbid")
+
+    include_usage: StrictBool = False
 
 
 class _Sampling(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    # Unknown fields are refused (400 naming the field), never silently dropped.
+    model_config = ConfigDict(extra="forbid")
 
     model: str
     max_tokens: Optional[int] = Field(None, ge=1)
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
+    seed: Optional[int] = Field(None, ge=0, le=MAX_SEED)
     stop: Optional[Union[str, list[str]]] = None
     n: int = 1
-    stream: bool = False
+    stream: StrictBool = False  # "yes" is not a boolean: 400, not a stream
     stream_options: Optional[StreamOptions] = None
-    ignore_eos: bool = False
-    return_token_ids: bool = False
+    ignore_eos: StrictBool = False
+    return_token_ids: StrictBool = False
+    user: Optional[str] = None  # the client's name for its user: nothing to honour
+    # Taken only at a value in NEUTRAL (checked in `_refuse_unhonoured`).
+    logprobs: Optional[Union[StrictBool, int]] = None
+    best_of: Optional[int] = None
+    echo: Optional[StrictBool] = None
+    presence_penalty: Optional[float] = None
+    frequency_penalty: Optional[float] = None
+    repetition_penalty: Optional[float] = None
+    logit_bias: Optional[dict[str, float]] = None
 
 
 class CompletionRequest(_Sampling):
     prompt: Union[str, list[int], list[str]]
+    suffix: Optional[str] = None
 
 
 class ChatMessage(BaseModel):
@@ -69,6 +106,7 @@ class ChatMessage(BaseModel):
 class ChatRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: Optional[int] = Field(None, ge=1)
+    top_logprobs: Optional[int] = None
 
 
 class ApiError(Exception):
@@ -80,8 +118,8 @@ class ApiError(Exception):
         self.status, self.message, self.param, self.kind, self.code = (
             status, message, param, kind, code)
 
-    def response(self) -> JSONResponse:
-        return JSONResponse(status_code=self.status, content={"error": {
+    def response(self, headers: Optional[dict[str, str]] = None) -> JSONResponse:
+        return JSONResponse(status_code=self.status, headers=headers, content={"error": {
             "message": self.message, "type": self.kind, "param": self.param,
             "code": self.code}})
 
@@ -93,7 +131,38 @@ def _validation_error(error: RequestValidationError) -> ApiError:
         return ApiError(400, f"the body is not valid JSON: {first.get('msg')}")
     location = [str(part) for part in first.get("loc", ()) if part != "body"]
     param = ".".join(location) or None
+    if first.get("type") == "extra_forbidden":
+        return ApiError(400, f"{param}: this server does not take this field (the fields it "
+                        "serves: docs/serving.md)", param=param, code="unsupported_field")
     return ApiError(400, f"{param or 'body'}: {first.get('msg')}", param=param)
+
+
+def _http_error(error: HTTPException) -> ApiError:
+    """The framework's own errors (no such route: 404, a wrong method: 405) as OpenAI's."""
+    kind = "server_error" if error.status_code >= 500 else "invalid_request_error"
+    return ApiError(error.status_code, str(error.detail), kind=kind)
+
+
+def _is_neutral(value: Any, neutral: Any) -> bool:
+    """Whether `value` is `neutral` (a JSON boolean only where a boolean is listed:
+    `False == 0` in Python, not in these fields)."""
+    if neutral is None or isinstance(neutral, bool):
+        return value is neutral
+    if isinstance(neutral, (int, float)):
+        return (isinstance(value, (int, float)) and not isinstance(value, bool)
+                and value == neutral)
+    return value == neutral
+
+
+def _refuse_unhonoured(body: _Sampling) -> None:
+    """A 400 naming the first field of `NEUTRAL` set to a value that asks for something
+    this server does not do."""
+    for name, neutral in NEUTRAL.items():
+        value = getattr(body, name, None)
+        if not any(_is_neutral(value, ok) for ok in neutral):
+            raise ApiError(400, f"{name}: {json.dumps(value)} is not served by this server (it "
+                           f"takes only {' or '.join(json.dumps(ok) for ok in neutral)}); "
+                           "leave the field out", param=name, code="unsupported_value")
 
 
 def create_app(live: LiveRun, tokenizer: Tokenizer, *, model_name: str, max_model_len: int,
@@ -124,17 +193,32 @@ def create_app(live: LiveRun, tokenizer: Tokenizer, *, model_name: str, max_mode
 
     @app.exception_handler(ApiError)
     async def _on_api_error(request: Request, error: ApiError) -> JSONResponse:
-        return error.response()
+        headers = {"Retry-After": str(RETRY_AFTER_S)} if error.status == 429 else None
+        return error.response(headers)
+
+    @app.exception_handler(HTTPException)
+    async def _on_http_error(request: Request, error: HTTPException) -> JSONResponse:
+        return _http_error(error).response(getattr(error, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def _on_unexpected(request: Request, error: Exception) -> JSONResponse:
+        # Starlette logs the traceback after this answer; the client gets OpenAI's shape.
+        return ApiError(500, f"internal error: {type(error).__name__}: {error}",
+                        kind="server_error", code="internal_error").response()
 
     def authorize(request: Request) -> None:
         if api_key is not None and request.headers.get("authorization") != f"Bearer {api_key}":
             raise ApiError(401, "incorrect API key", code="invalid_api_key")
 
     @app.get("/health")
-    async def health() -> Response:
+    async def health() -> JSONResponse:
         if live.error is not None:
-            return Response(status_code=503)
-        return Response(status_code=200)
+            return JSONResponse({"status": "failed", "error": str(live.error)}, status_code=503)
+        if live.draining:
+            return JSONResponse({"status": "draining", "num_outstanding": live.num_outstanding},
+                                status_code=503)
+        return JSONResponse({"status": "ok", "model": model_name,
+                             "num_outstanding": live.num_outstanding})
 
     @app.get("/metrics")
     async def prometheus() -> Response:
@@ -184,6 +268,7 @@ def create_app(live: LiveRun, tokenizer: Tokenizer, *, model_name: str, max_mode
                            f"{model_name!r}", param="model", code="model_not_found")
         if body.n != 1:
             raise ApiError(400, f"n: only n=1 is served, got {body.n}", param="n")
+        _refuse_unhonoured(body)
         if not ids:
             raise ApiError(400, f"{prompt_param}: the prompt is empty", param=prompt_param)
         room = max_model_len - len(ids)
@@ -209,7 +294,7 @@ def create_app(live: LiveRun, tokenizer: Tokenizer, *, model_name: str, max_mode
         loop = asyncio.get_running_loop()
         submission = Submission(prompt_tokens=ids, max_tokens=max_tokens,
                                 temperature=body.temperature, top_p=body.top_p,
-                                on_event=lambda e: loop.call_soon_threadsafe(
+                                seed=body.seed, on_event=lambda e: loop.call_soon_threadsafe(
                                     events.put_nowait, e))
         try:
             row = live.submit(submission)

@@ -62,6 +62,9 @@ class Submission:
     temperature: float
     top_p: float
     on_event: Callback
+    # The request's own sampling seed (uint32); None: one drawn from the run's seed and
+    # the request's row, as an offline run's request gets.
+    seed: Optional[int] = None
 
 
 @dataclasses.dataclass
@@ -131,6 +134,17 @@ class LiveRun:
         return self._outstanding
 
     @property
+    def draining(self) -> bool:
+        """Whether new requests are refused (`refuse_new` or `drain` was called)."""
+        return not self._accepting
+
+    def refuse_new(self) -> None:
+        """From now on `submit` raises `Unavailable`; the requests held run on (the first
+        half of a graceful stop: the server answers 503 while they finish)."""
+        with self._lock:
+            self._accepting = False
+
+    @property
     def num_rows(self) -> int:
         """Rows filled: requests taken since the start."""
         return self._next_row
@@ -144,7 +158,8 @@ class LiveRun:
         """
         with self._lock:
             if not self._accepting or self.error is not None:
-                raise Unavailable("the server is shutting down" if self.error is None
+                raise Unavailable("the server is shutting down (draining the requests it "
+                                  "holds)" if self.error is None
                                   else f"the engine failed: {self.error}")
             if self._next_row >= self.capacity:
                 raise Unavailable(f"the server has served its {self.capacity} requests "
@@ -169,8 +184,7 @@ class LiveRun:
     def drain(self, timeout_s: Optional[float] = None) -> bool:
         """Refuses new requests, waits until every one held is done, stops the engine
         thread. Returns False if `timeout_s` passed first (the thread is stopped anyway)."""
-        with self._lock:
-            self._accepting = False
+        self.refuse_new()
         end = None if timeout_s is None else time.monotonic() + timeout_s
         while self._outstanding and self.error is None and (
                 end is None or time.monotonic() < end):
@@ -246,6 +260,9 @@ class LiveRun:
         sampling = scheduler.sampling
         sampling.temperature[row] = submission.temperature
         sampling.top_p[row] = submission.top_p
+        if submission.seed is not None:
+            # Keys are (seed, position) on the device: the same seed, the same draws.
+            sampling.rng_seeds[row] = submission.seed
         scheduler.submit([row])
         self._active[row] = _Active(submission.on_event, arrival_wall=self.now())
 
