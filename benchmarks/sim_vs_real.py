@@ -16,8 +16,8 @@ temporary folder; each run is one `experiments.run` process (`--jobs` at once).
 
 Metrics, per stage (the requests that arrived in it): TTFT mean and p90, E2E mean and
 p90, TPOT as the set's README defines it from the client's means, `(E2E mean - TTFT
-mean) / (output_len - 1)` (the client's own TPOT re-tokenises the stream), and output
-throughput where the set has it. A held-out set of other runs is scored by this same
+mean) / (output_len - 1)` (the client's own TPOT re-tokenises the stream), and
+throughput in requests/s where the set has it. A held-out set of other runs is scored by this same
 command (`--sim2real` naming its folder, `--runs` its ids).
 
 Without the set (`../shared/sim2real/` is not part of the repository) it says where
@@ -73,7 +73,7 @@ def real_stage(exp_id: str, spec: dict[str, Any], stage: int, tier_a: dict[str, 
         st = tier_a[exp_id]["stages"][stage]
         real = {"ttft_mean": st["ttft"]["mean"], "ttft_p90": st["ttft"]["p90"],
                 "e2e_mean": st["e2e"]["mean"], "e2e_p90": st["e2e"]["p90"],
-                "throughput": st["throughput"]["output_tokens_per_sec"]}
+                "throughput": st["throughput"]["requests_per_sec"]}
     else:
         mine = {r["metric"]: float(r["actual"]) / 1e3 for r in records
                 if r["exp"] == exp_id and r["stage"] == str(stage)}
@@ -116,7 +116,7 @@ def run_command(exp_id: str, spec: dict[str, Any], trace: str, out_dir: str,
 
 def simulated_stages(out_dir: str, spec: dict[str, Any]) -> list[dict[str, float]]:
     """Our figures per stage from a run's requests.jsonl (stages by arrival time)."""
-    arrival, first, finish, generated = [], [], [], []
+    arrival, first, finish = [], [], []
     with open(os.path.join(out_dir, "requests.jsonl")) as f:
         for line in f:
             r = json.loads(line)
@@ -125,8 +125,7 @@ def simulated_stages(out_dir: str, spec: dict[str, Any]) -> list[dict[str, float
             arrival.append(r["arrival_s"])
             first.append(r["first_token_s"])
             finish.append(r["finish_s"])
-            generated.append(r["num_generated"])
-    a, ft, fin, gen = (np.array(x, np.float64) for x in (arrival, first, finish, generated))
+    a, ft, fin = (np.array(x, np.float64) for x in (arrival, first, finish))
     stages, start = [], 0.0
     for rate, duration in spec["stages"]:
         mine = (a >= start) & (a < start + duration)
@@ -136,8 +135,9 @@ def simulated_stages(out_dir: str, spec: dict[str, Any]) -> list[dict[str, float
             "ttft_mean": float(ttft.mean()), "ttft_p90": float(np.percentile(ttft, 90)),
             "e2e_mean": float(e2e.mean()), "e2e_p90": float(np.percentile(e2e, 90)),
             "tpot": float((e2e.mean() - ttft.mean()) / (spec["sp"]["out"] - 1)),
-            # Tokens of the stage's requests over the stage's length, as the client counts.
-            "throughput": float(gen[mine].sum() / duration)})
+            # Requests of the stage finished, over its length (the client's requests/s; its
+            # output tokens/s re-tokenise the stream and undercount).
+            "throughput": float(mine.sum() / duration)})
     return stages
 
 
@@ -186,7 +186,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     errors: dict[str, list[float]] = {m: [] for m in METRICS}
     theirs: dict[str, dict[str, list[float]]] = {s: {} for s in PUBLISHED}
     print(f"\n{'run':4} {'st':>2} {'rate':>5}  " + "  ".join(
-        f"{m:>22}" for m in METRICS) + "   (ours / real / error; seconds, tok/s)")
+        f"{m:>22}" for m in METRICS) + "   (ours / real / error; seconds, requests/s)")
     worst: list[tuple[float, str]] = []
     for exp_id in ids:
         spec = experiments[exp_id]

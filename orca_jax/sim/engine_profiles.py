@@ -138,7 +138,7 @@ VLLM_GRAPH_SIZES = (1, 2, 4, *range(8, 256, 8), *range(256, 513, 16))
 # A100 (50-73% of peak forward; decode at ~80% of HBM).
 _VLLM_ATTENTION = {
     "hopper": AttentionKernels(
-        prefill=_kernel(5.0, 0.85, 0.55), decode=_kernel(5.0, 0.85, 0.55),
+        prefill=_kernel(5.0, 0.85, 0.55), decode=_kernel(5.0, 0.92, 0.55),
         source="vLLM FlashAttention-3 on Hopper (FA3 paper's causal forward; paged decode "
                "fitted to the slope of decode steps in batch, benchmarks/sim_vs_real.py)"),
     "ampere": AttentionKernels(
@@ -152,9 +152,8 @@ _VLLM_ATTENTION = {
 # latency where eager NCCL takes ~50 (the preset's, fitted to NCCL profiles).
 # Bandwidths: NVLink4 (H100) 900 GB/s both ways per GPU, NVLink3 (A100) 600.
 _VLLM_ALLREDUCE = {
-    "hopper": (_allreduce(2, 8.0, 200.0), _allreduce(4, 8.0, 150.0), _allreduce(8, 10.0, 120.0)),
-    "ampere": (_allreduce(2, 10.0, 130.0), _allreduce(4, 10.0, 100.0),
-               _allreduce(8, 12.0, 80.0)),
+    "hopper": (_allreduce(2, 5.0, 200.0), _allreduce(4, 5.0, 150.0), _allreduce(8, 6.0, 120.0)),
+    "ampere": (_allreduce(2, 6.0, 130.0), _allreduce(4, 6.0, 100.0), _allreduce(8, 7.0, 80.0)),
 }
 
 PROFILES: Mapping[str, EngineProfile] = types.MappingProxyType({
@@ -168,7 +167,7 @@ PROFILES: Mapping[str, EngineProfile] = types.MappingProxyType({
         summary="vLLM v1 (0.11-0.15) behind its OpenAI server: FA3 on Hopper, custom "
                 "all-reduce in CUDA graphs (to 512 tokens), async scheduling, its front end",
         step_overhead_s=300e-6,
-        front_end=FrontEnd(delay_s=8e-3, plans_ahead=True),
+        front_end=FrontEnd(delay_s=6e-3, plans_ahead=True),
         graph_sizes=VLLM_GRAPH_SIZES,
         attention=types.MappingProxyType(_VLLM_ATTENTION),
         allreduce=types.MappingProxyType(_VLLM_ALLREDUCE)),
