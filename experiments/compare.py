@@ -22,9 +22,16 @@ comparison.json row: `identical_compiled_steps`, `unequal_settings`,
 * a warning when a setting that changes results (token budget, batch cap, prefix
   caching) differs between policies; `--allow_unequal=token_budget,...` says the
   difference is intended and turns the warning into a note;
-* which runs were arrival-bound: engine busy (`engine_busy_fraction`: step
-  seconds over the run's duration) below 50%, so their throughput is the offered
-  load's, not the policy's capacity (`arrival_bound` in the table).
+* which runs were arrival-bound: served requests within 5% of the rate they came
+  at (`served_req_s` against `offered_req_s`) with the waiting queue empty after
+  half the steps or more (`num_waiting_p50`), whatever the engine's busy fraction,
+  so their throughput is the offered load's, not the policy's capacity (the table
+  says `throughput = offered load`; `orca_jax.results.comparison.arrival_bound`);
+* on the simulator, each policy's padding and its output tok/s and TTFT p50
+  against its own run priced ragged (`--step_padding=ragged`: the pilots that
+  fitted the ladder are those runs; without pilots each policy runs again, ragged),
+  then `ranking unchanged without padding: yes`, or a warning naming the pairs whose
+  order changed (comparison.json: `ragged_output_tok_s`, `ragged_ttft_p50_s`, ...).
 
 Setups, not only policies: `--variants=LABEL:key=value;key=value,LABEL2:...`
 (`experiments.variant_flags`) runs every policy of `--policies` under every
@@ -55,11 +62,11 @@ A row is `POLICY@VARIANT` (comparison.json also has a `variant` field; it is the
 `policy` of each summary.json) and its folder OUT_DIR/VARIANT/POLICY. Every
 variant runs on the one workload the command's flags build (a key that would
 change it is refused), and every variant, whatever cluster, router or engine
-settings it sets, compiles the one ladder fitted by one pilot of the command's own
-setup: so that variants differ by what they set, not by a ladder each fitted to
+settings it sets, compiles the one ladder fitted by the pilots (one per policy) of the
+command's own setup: so that variants differ by what they set, not by a ladder each fitted to
 itself (on the jax engine, the same compiled steps). Only a variant that sets its
 own ladder or token budget runs other sizes (a note says so; a fit:K of its own
-gets its own pilot). Every variant is resolved and its policies and router checked
+gets pilots of its own). Every variant is resolved and its policies and router checked
 before anything runs; a bad key or value is one line naming the variant and the
 key, exit status 2, nothing written.
 
