@@ -6,10 +6,12 @@ Runs `experiments.compare --engine=sim --policies=orca,vllm` (its default worklo
 per `--bucket_ladder` (`default`: the flag unset, i.e. `auto`, fit:16 on the simulator)
 and prints each ladder's bucket count (the compiled steps a real engine warms up) beside
 each policy's `padding_fraction` (padded tokens over all the tokens of the padded
-steps) and, for a fitted ladder, the pilot run's cost in seconds (`pilot_s`: the
-vllm pilot and the fit, wall clock, once per comparison). Then the same fits with the
-pilot's policy varied (the library, not the command line, which always pilots vllm):
-fitted to orca's steps, or to both policies' steps together.
+steps) and, for a fitted ladder, the pilots' cost in seconds (`pilot_s`: one pilot
+per compared policy and the fit, wall clock, once per comparison). Then the same fits
+with the pilot's policy varied (the library, not the command line, which since issue 50
+pilots every compared policy): fitted to orca's steps, or to both policies' steps
+together. `benchmarks/results/bucket_ladders.txt` was made before issue 50 (one vllm
+pilot, no 2x rule).
 """
 
 import dataclasses

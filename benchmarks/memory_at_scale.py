@@ -46,12 +46,13 @@ def _simulate(num_requests: int, policy: str) -> dict[str, int]:
     from experiments import flags as run_flags
     from orca_jax.core.api.policy import make_policy
     from orca_jax.core.loop.scheduler import Scheduler
-    from orca_jax.runner.bucket_pilot import with_fitted_buckets
+    from orca_jax.runner.bucket_pilot import PilotPolicy, with_fitted_buckets
     from orca_jax.runner.build import build_engine, build_workload, scheduler_config
     run_flags.FLAGS(["run", "--engine=sim", f"--num_requests={num_requests}"])
     spec = run_flags.spec_from_flags()
     requests = build_workload(spec)
-    spec, _ = with_fitted_buckets(spec, requests, progress=False)
+    spec, _ = with_fitted_buckets(spec, requests, progress=False,
+                                  policies=[PilotPolicy(policy, policy)])
     config = scheduler_config(spec)
     result = Scheduler(requests, make_policy(policy), build_engine(spec, config), config,
                        log_tokens=False).run(progress=None)

@@ -211,10 +211,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     print("\nmedian absolute error over the (run, stage) pairs:")
     for m in METRICS:
         if errors[m]:
-            target = TARGETS.get(m)
+            median, target = statistics.median(errors[m]), TARGETS.get(m)
             verdict = "" if target is None else (
-                f"  (target <= {target:.0%}: {'met' if statistics.median(errors[m]) <= target else 'NOT met'})")
-            print(f"  {m:11} {statistics.median(errors[m]):6.1%} over {len(errors[m])} pairs, "
+                f"  (target <= {target:.0%}: {'met' if median <= target else 'NOT met'})")
+            print(f"  {m:11} {median:6.1%} over {len(errors[m])} pairs, "
                   f"max {max(errors[m]):6.1%}{verdict}")
     e2e_worst = max(worst)
     print(f"  worst E2E mean: {e2e_worst[1]} at {e2e_worst[0]:.1%} (target <= 30%: "

@@ -22,9 +22,16 @@ comparison.json row: `identical_compiled_steps`, `unequal_settings`,
 * a warning when a setting that changes results (token budget, batch cap, prefix
   caching) differs between policies; `--allow_unequal=token_budget,...` says the
   difference is intended and turns the warning into a note;
-* which runs were arrival-bound: engine busy (`engine_busy_fraction`: step
-  seconds over the run's duration) below 50%, so their throughput is the offered
-  load's, not the policy's capacity (`arrival_bound` in the table).
+* which runs were arrival-bound: served requests within 5% of the rate they came
+  at (`served_req_s` against `offered_req_s`) with the waiting queue empty after
+  half the steps or more (`num_waiting_p50`), whatever the engine's busy fraction,
+  so their throughput is the offered load's, not the policy's capacity (the table
+  says `throughput = offered load`; `orca_jax.results.comparison.arrival_bound`);
+* on the simulator, each policy's padding and its output tok/s and TTFT p50
+  against its own run priced ragged (`--step_padding=ragged`: the pilots that
+  fitted the ladder are those runs; without pilots each policy runs again, ragged),
+  then `ranking unchanged without padding: yes`, or a warning naming the pairs whose
+  order changed (comparison.json: `ragged_output_tok_s`, `ragged_ttft_p50_s`, ...).
 
 Lines under the table count each run's rejected and unfinished requests with their
 reasons (`comparison.left_out_line`): the columns count finished requests only.
@@ -58,11 +65,11 @@ A row is `POLICY@VARIANT` (comparison.json also has a `variant` field; it is the
 `policy` of each summary.json) and its folder OUT_DIR/VARIANT/POLICY. Every
 variant runs on the one workload the command's flags build (a key that would
 change it is refused), and every variant, whatever cluster, router or engine
-settings it sets, compiles the one ladder fitted by one pilot of the command's own
-setup: so that variants differ by what they set, not by a ladder each fitted to
+settings it sets, compiles the one ladder fitted by the pilots (one per policy) of the
+command's own setup: so that variants differ by what they set, not by a ladder each fitted to
 itself (on the jax engine, the same compiled steps). Only a variant that sets its
 own ladder or token budget runs other sizes (a note says so; a fit:K of its own
-gets its own pilot). Every variant is resolved and its policies and router checked
+gets pilots of its own). Every variant is resolved and its policies and router checked
 before anything runs; a bad key or value is one line naming the variant and the
 key, exit status 2, nothing written.
 
@@ -78,6 +85,7 @@ identical but for the measured host time; they still run, as a check.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import statistics
 import textwrap
@@ -98,7 +106,12 @@ with imports_uncollected(freeze=__name__ == "__main__"):
     from orca_jax.results.metrics import format_table
     from orca_jax.results.plots import add_caption, pyplot
     from orca_jax.results.run_folder import check_writable_dir
-    from orca_jax.runner.bucket_pilot import token_sizes
+    from orca_jax.runner.bucket_pilot import (
+        RAGGED_FIELDS,
+        BucketFit,
+        PilotPolicy,
+        token_sizes,
+    )
     from orca_jax.runner.build import (
         build_engine,
         build_workload,
@@ -108,7 +121,7 @@ with imports_uncollected(freeze=__name__ == "__main__"):
     from orca_jax.runner.experiment import run_policy
     from orca_jax.runner.figure_caption import figure_caption
     from orca_jax.runner.settings import RESULT_SETTINGS, SETTINGS
-    from orca_jax.runner.spec import JaxEngineSpec, RunSpec
+    from orca_jax.runner.spec import JaxEngineSpec, RunSpec, SimEngineSpec
 
 flags.adopt_module_key_flags(run_flags)
 flags.adopt_module_key_flags(policy_flags)
@@ -197,9 +210,15 @@ def _cell(value: Any, spread: dict[str, float] | None) -> Any:
     return f"{_number(value)} ({_number(spread['min'])}–{_number(spread['max'])})"
 
 
+# What the table says of an arrival-bound row (comparison.json keeps the bool).
+ARRIVAL_BOUND_CELL = {True: "throughput = offered load", False: "no"}
+
+
 def table_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The rows as the table prints them (see `_cell`)."""
-    return [{key: _cell(value, row.get("spread", {}).get(key)) for key, value in row.items()}
+    """The rows as the table prints them (see `_cell`; `arrival_bound` as
+    `ARRIVAL_BOUND_CELL` says it)."""
+    return [{key: ARRIVAL_BOUND_CELL.get(value, value) if key == "arrival_bound"
+             else _cell(value, row.get("spread", {}).get(key)) for key, value in row.items()}
             for row in rows]
 
 
@@ -234,8 +253,16 @@ def _plot(rows: list[dict], path: str, caption: str) -> Any:
     return fig
 
 
+def more_load(spec: RunSpec) -> str:
+    """How to offer the command's workload more load: --rate, but for a trace, whose
+    arrival times are the file's (--rate does nothing there)."""
+    if spec.workload.arrival in ("trace", "program_trace"):
+        return "lower --trace_time_scale (0.5 replays the trace at twice its rate)"
+    return "raise --rate"
+
+
 def said_equal(rows: Sequence[dict[str, Any]], settings: dict[str, dict[str, Any]],
-               allowed: Sequence[str]) -> tuple[str, list[str]]:
+               allowed: Sequence[str], spec: RunSpec) -> tuple[str, list[str]]:
     """What the comparison held equal: the compiled-steps verdict (`yes`, `no`, `n/a`) and
     the lines printed above the table (that verdict, a warning on unequal settings, the
     arrival-bound runs)."""
@@ -243,9 +270,34 @@ def said_equal(rows: Sequence[dict[str, Any]], settings: dict[str, dict[str, Any
         rows, {label: values["token_budget"] for label, values in settings.items()})
     lines = [line, *comparison.settings_lines(
         comparison.unequal_settings(settings, RESULT_SETTINGS), allowed)]
-    bound = comparison.arrival_bound_line(
-        {row["policy"]: row.get("engine_busy_fraction") for row in rows})
+    bound = comparison.arrival_bound_line(rows, more_load(spec))
     return verdict, lines + ([bound] if bound else [])
+
+
+def ragged_figures(spec: RunSpec, runs: dict[str, tuple[variant_flags.Setup,
+                                                         Optional[BucketFit], LabeledPolicy]],
+                   requests: Sequence[Any]) -> dict[str, dict[str, Any]]:
+    """Each row's figures priced ragged (`--step_padding=ragged`), to rank the policies
+    without padding: its policy's pilot's, where the ladder was fitted to a pilot of its
+    very setup (a pilot is priced ragged), else a ragged run of its own. None for a row
+    whose padding costs nothing or is measured: already ragged, a fixed step time, a cost
+    fit, or the jax engine."""
+    figures = {}
+    for label, (setup, fit, entry) in runs.items():
+        engine = setup.spec.engine
+        if (not isinstance(engine, SimEngineSpec) or engine.step_padding == "ragged"
+                or engine.step_time_ms is not None or engine.cost_fit is not None):
+            continue
+        pilot = (fit.ragged(entry.label)
+                 if fit is not None and variant_flags.pilot_played(spec, setup) else None)
+        if pilot is None:
+            ragged = dataclasses.replace(setup.spec, engine=dataclasses.replace(
+                engine, step_padding="ragged"))
+            summary, _ = run_policy(ragged, entry.spec, entry.options, requests=list(requests),
+                                    progress=False, label=label)
+            pilot = {key: summary.get(key) for key in RAGGED_FIELDS}
+        figures[label] = dict(pilot)
+    return figures
 
 
 @run_flags.clean_errors()
@@ -284,9 +336,10 @@ def _compare(spec: RunSpec, setups: Sequence[variant_flags.Setup],
     # One workload for every setup: a variant may not set what builds it (variant_flags).
     requests = build_workload(spec)
     print(workload_line(spec, requests))
-    # One ladder for every policy, fitted (fit:K) to a pilot of a fixed reference policy, so
-    # that no policy's steps depend on which others are compared.
-    fitted = variant_flags.fit_setups(spec, setups, requests)
+    # One ladder for every policy, fitted (fit:K) to the pilots of all of them, so that no
+    # policy pays for steps only another runs.
+    fitted = variant_flags.fit_setups(spec, setups, requests, [
+        PilotPolicy(entry.label, entry.spec, entry.options) for entry in entries])
     # Each row: (its label, its setup, how its ladder was fitted, its policy).
     runs = {setup.row_label(entry.label): (setup, fit, entry)
             for setup, fit in fitted for entry in entries}
@@ -321,10 +374,14 @@ def _compare(spec: RunSpec, setups: Sequence[variant_flags.Setup],
     rows = [{**row, "policy": label,
              **({} if runs[label][0].variant is None else {"variant": runs[label][0].variant})}
             for row, label in zip(rows, labels)]
-    verdict, lines = said_equal(rows, settings, allowed)
+    verdict, lines = said_equal(rows, settings, allowed, spec)
     lines += variant_flags.ladder_lines([setup for setup, _ in fitted])
+    ragged = ragged_figures(spec, runs, requests)
+    lines += comparison.padding_lines({row["policy"]: row for row in rows}, ragged)
     rows = [{**row, **settings[row["policy"]],
-             "arrival_bound": comparison.arrival_bound(row.get("engine_busy_fraction")),
+             **{f"ragged_{key}": value
+                for key, value in ragged.get(row["policy"], {}).items()},
+             "arrival_bound": comparison.arrival_bound(row),
              "identical_compiled_steps": verdict,
              "unequal_settings": ",".join(comparison.unequal_settings(settings,
                                                                       RESULT_SETTINGS)),

@@ -32,7 +32,7 @@ from experiments.cli_errors import clean_errors, parse_flags, run_command  # noq
 from orca_jax.cluster.planning import registered_planners
 from orca_jax.cluster.rebalancing import registered_rebalancers
 from orca_jax.cluster.routing import registered_routers
-from orca_jax.core.step.bucket_fit import capped_fit_ladder, parse_fit_ladder
+from orca_jax.core.step.bucket_fit import capped_fit_ladder, ladder_gap_error, parse_fit_ladder
 from orca_jax.core.step.packing import ladder_token_sizes
 from orca_jax.results.latest_link import DEFAULT_OUT_DIR, fresh_out_dir, point_latest
 from orca_jax.runner.spec import (
@@ -77,13 +77,15 @@ flags.DEFINE_list("buckets", None, "Step token sizes to pad to, ending at --max_
                   "(default: --bucket_ladder).")
 flags.DEFINE_string("bucket_ladder", "auto", "Step token sizes by rule, unless --buckets gives "
                     "them: pow2 (powers of two), geometric:R (each about R times the last, e.g. "
-                    "1.41), step:N (multiples of N), or fit:K: the K sizes (multiples of 8) that "
-                    "pad least the steps of a pilot run: the simulator on the same workload, "
-                    "limits, model, hardware and cluster, with the fixed reference policy vllm "
-                    "(whatever --policies says, so every policy compared, and every policy at "
-                    "one rate of a sweep, drives the same sizes) on a step:8 ladder; config.json "
-                    "records the sizes (repeat with --buckets=...) and the pilot. Each tops out "
-                    "at --max_num_tokens. auto: fit:16 on --engine=sim (fewer under a budget "
+                    "1.41), step:N (multiples of N), or fit:K: the at most K sizes (multiples of "
+                    "8), none over 2x the one below, that pad least the steps of pilot runs: the "
+                    "simulator on the same whole workload, limits, model, hardware and cluster, "
+                    "priced ragged on a step:8 ladder, one pilot per policy that shares the "
+                    "ladder (run: its policy; compare and sweep: every policy of --policies, so "
+                    "every policy compared drives the same sizes); config.json records the "
+                    "sizes (repeat with --buckets=...) and the pilots. Each tops out at "
+                    "--max_num_tokens; on --engine=sim no size may be over 2x the one below "
+                    "(without --cost_fit). auto: fit:16 on --engine=sim (fewer under a budget "
                     "below 128: one per multiple of 8; pow2 with --cost_fit, which prices only "
                     "its own buckets), pow2 on --engine=jax (each size is a "
                     "compile there, and its clock is not the simulator's).")
@@ -318,9 +320,27 @@ def _buckets(max_num_tokens: int) -> tuple[Optional[tuple[int, ...]], Optional[s
     except ValueError as e:
         raise app.UsageError(f"--bucket_ladder: {e}") from None
     try:
-        return ladder_token_sizes(ladder, max_num_tokens), None
+        sizes = ladder_token_sizes(ladder, max_num_tokens)
     except ValueError as e:
         raise app.UsageError(f"--bucket_ladder: {e}, fit:K (K >= 1) or auto") from None
+    gap = ladder_gap_error(sizes) if FLAGS.engine == "sim" and not FLAGS.cost_fit else None
+    if gap is not None:  # the spec would refuse it naming --buckets, which was not given
+        raise app.UsageError(f"--bucket_ladder={ladder}: {gap} on the simulator")
+    return sizes, None
+
+
+def ladder_reason() -> str:
+    """Why the run has its ladder, from the flags that chose it (`_buckets`)."""
+    if FLAGS.buckets:
+        return "--buckets"
+    if FLAGS.bucket_ladder != "auto":
+        return f"--bucket_ladder={FLAGS.bucket_ladder}"
+    if FLAGS.cost_fit:
+        return "--bucket_ladder=auto: pow2, as a cost fit prices only its calibrated sizes"
+    if FLAGS.engine == "jax":
+        return "--bucket_ladder=auto: pow2 on the jax engine, where each size is a compile"
+    return (f"--bucket_ladder=auto: {AUTO_LADDER['sim']} on the simulator, the sizes that pad "
+            "the policies' own steps least")
 
 
 def _take_renamed_flags() -> None:

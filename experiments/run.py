@@ -30,7 +30,12 @@ with imports_uncollected(freeze=__name__ == "__main__"):
     from orca_jax.results import comparison
     from orca_jax.results.folder_lock import run_lock
     from orca_jax.results.run_folder import check_out_dir
-    from orca_jax.runner.bucket_pilot import token_sizes, with_fitted_buckets
+    from orca_jax.runner.bucket_pilot import (
+        PilotPolicy,
+        ladder_line,
+        token_sizes,
+        with_fitted_buckets,
+    )
     from orca_jax.runner.build import (
         build_workload,
         check_policies,
@@ -105,9 +110,11 @@ def main(argv: list[str]) -> None:
         with run_lock(out_dir) if out_dir is not None else contextlib.nullcontext():
             requests = build_workload(spec)
             print(workload_line(spec, requests))
-            spec, bucket_fit = with_fitted_buckets(spec, requests, progress=True)
-            if bucket_fit is not None:
-                print(bucket_fit.lines())
+            # A single run's ladder is fitted to its own policy's pilot.
+            policy = run_flags.FLAGS.policy
+            spec, bucket_fit = with_fitted_buckets(
+                spec, requests, progress=True, policies=[PilotPolicy(policy, policy, options)])
+            print(ladder_line(spec, bucket_fit, run_flags.ladder_reason()))
             summary, result = run_policy(spec, run_flags.FLAGS.policy, options,
                                          out_dir=out_dir, requests=requests,
                                          bucket_fit=bucket_fit)

@@ -45,7 +45,13 @@ from experiments import flags as run_flags
 from experiments.policy_flags import LABEL, LabeledPolicy
 from orca_jax.core.api.policy import PolicyLoadError
 from orca_jax.core.requests.request import Request
-from orca_jax.runner.bucket_pilot import BucketFit, needs_fit, token_sizes, with_fitted_buckets
+from orca_jax.runner.bucket_pilot import (
+    BucketFit,
+    PilotPolicy,
+    needs_fit,
+    token_sizes,
+    with_fitted_buckets,
+)
 from orca_jax.runner.build import check_policies, scheduler_config
 from orca_jax.runner.settings import effective_settings
 from orca_jax.runner.spec import RunSpec, WorkloadSpec
@@ -324,16 +330,28 @@ def ladder_lines(setups: Sequence[Setup]) -> list[str]:
             + " (each run's config.json lists them)"]
 
 
-def fit_setups(spec: RunSpec, setups: Sequence[Setup], requests: Sequence[Request]
-                ) -> list[tuple[Setup, Optional[BucketFit]]]:
-    """Every setup with its `fit:K` sizes filled in, from one pilot for all of them.
+def pilot_played(spec: RunSpec, setup: Setup) -> bool:
+    """Whether `fit_setups`'s pilots played this very setup (their ragged figures are then
+    its policies' own): it has a ladder or budget of its own (so pilots of its own), or
+    it sets nothing the command's setup does not."""
+    limits = setup.spec.limits
+    if (limits.bucket_ladder, limits.max_num_tokens) != (spec.limits.bucket_ladder,
+                                                          spec.limits.max_num_tokens):
+        return True
+    return dataclasses.replace(setup.spec, limits=dataclasses.replace(
+        limits, token_buckets=spec.limits.token_buckets)) == spec
 
-    The pilot plays the command's own setup (`spec`, whatever the variants change: its
-    cluster, router, engine settings) and every setup that fits the same ladder under
-    the same token budget takes its sizes, so every variant compiles the very same
-    steps: a variant's results differ by what it sets, not by a ladder fitted to it.
-    Only a setup whose ladder or budget differs (whose steps differ anyway) gets a
-    pilot of its own.
+
+def fit_setups(spec: RunSpec, setups: Sequence[Setup], requests: Sequence[Request],
+               policies: Sequence[PilotPolicy]) -> list[tuple[Setup, Optional[BucketFit]]]:
+    """Every setup with its `fit:K` sizes filled in, from one set of pilots for all of them.
+
+    The pilots (one per compared policy, `policies`) play the command's own setup
+    (`spec`, whatever the variants change: its cluster, router, engine settings) and
+    every setup that fits the same ladder under the same token budget takes its sizes,
+    so every variant compiles the very same steps: a variant's results differ by what
+    it sets, not by a ladder fitted to it. Only a setup whose ladder or budget differs
+    (whose steps differ anyway) gets pilots of its own.
     """
     pilots: dict[tuple[Optional[str], int], tuple[RunSpec, Optional[BucketFit]]] = {}
     fitted = []
@@ -343,7 +361,7 @@ def fit_setups(spec: RunSpec, setups: Sequence[Setup], requests: Sequence[Reques
         if key not in pilots and needs_fit(setup.spec):
             own = key == (spec.limits.bucket_ladder, spec.limits.max_num_tokens)
             pilots[key] = with_fitted_buckets(spec if own else setup.spec, requests,
-                                              progress=True)
+                                              policies=policies, progress=True)
             fit = pilots[key][1]
             assert fit is not None
             print(("" if own else f"variant {setup.variant}: ") + fit.lines())

@@ -10,11 +10,14 @@ from pathlib import Path
 # over `duration_s`; `preemptions_per_finished` is `num_preemptions` over `num_finished`;
 # `recomputed_tokens` (and `recomputed_token_fraction`, over the steps' `num_tokens`) is
 # fixed by the decisions the steps' and requests' rows record (the tokens the steps computed
-# beyond each request's own). Left out, so adding them moves no digest and every bit stays
+# beyond each request's own); `offered_req_s` and `served_req_s` (issue 50) are rates over
+# the spans of the requests' `arrival_s` and `finish_s`, `num_waiting_p50` the median of the
+# steps' `num_waiting`. Left out, so adding them moves no digest and every bit stays
 # checked.
 DERIVED_SUMMARY_FIELDS = ("output_tok_s", "total_tok_s", "engine_busy_fraction",
                           "preemptions_per_finished", "recomputed_tokens",
-                          "recomputed_token_fraction")
+                          "recomputed_token_fraction", "offered_req_s", "served_req_s",
+                          "num_waiting_p50")
 # Request columns added after the digests were taken: a program call's `program_id` and
 # `call_index` (issue 28) are the workload's facts about the row's request (its `id` names
 # it), not decisions; left out so the programs setting's digests stay as taken.

@@ -1,5 +1,6 @@
 """compare says what it held equal: identical compiled steps, each policy's effective
-settings, a warning on unequal ones, and which runs were arrival-bound."""
+settings, a warning on unequal ones, and which runs were arrival-bound (their
+throughput the offered load)."""
 
 import json
 
@@ -139,17 +140,54 @@ def test_an_allowed_difference_is_a_note_and_a_misspelt_one_is_refused(tmp_path)
     assert "Traceback" not in bad.stderr and not (tmp_path / "bad").exists()
 
 
-def test_a_run_that_waits_for_arrivals_is_flagged_and_a_loaded_one_is_not(tmp_path):
-    busy = {}
-    for rate in (1, 1000):
+def test_runs_whose_throughput_is_the_offered_load_are_flagged_whatever_their_busy_time(
+        tmp_path):
+    # orca and vllm at 8 req/s keep up alike, their engines busy the whole run (a
+    # continuous-batching engine is busy whenever anything decodes): a busy fraction
+    # would not flag them. At 1,000 req/s they are saturated.
+    rows = {}
+    for rate in (8, 1000):
         out = tmp_path / f"rate{rate}"
-        result = run_module("experiments.compare", "--policies=orca", *SIM, f"--rate={rate}",
-                            f"--out_dir={out}")
-        row = json.loads((out / "comparison.json").read_text())[0]
-        busy[rate] = (row["engine_busy_fraction"], row["arrival_bound"],
-                      "arrival-bound (engine busy < 50% of the run): orca" in result.stdout)
-    assert busy[1][0] < comparison.ARRIVAL_BOUND_BUSY and busy[1][1:] == (True, True)
-    assert busy[1000][0] > comparison.ARRIVAL_BOUND_BUSY and busy[1000][1:] == (False, False)
+        result = run_module("experiments.compare", "--policies=orca,vllm", "--engine=sim",
+                            "--num_requests=200", f"--rate={rate}", f"--out_dir={out}")
+        printed, written = _lines(out, result)
+        rows[rate] = {row["policy"]: row for row in
+                      json.loads((out / "comparison.json").read_text())}
+        rows[rate]["line"] = next((line for line in written
+                                   if line.startswith("arrival-bound")), None)
+        rows[rate]["table"] = (out / "comparison.txt").read_text()
+    light, loaded = rows[8], rows[1000]
+    for policy in ("orca", "vllm"):
+        assert light[policy]["arrival_bound"] is True
+        assert light[policy]["engine_busy_fraction"] > 0.95
+        assert light[policy]["served_req_s"] >= 0.95 * light[policy]["offered_req_s"]
+        assert light[policy]["num_waiting_p50"] == 0
+        assert loaded[policy]["arrival_bound"] is False
+        assert loaded[policy]["served_req_s"] < 0.1 * loaded[policy]["offered_req_s"]
+    assert light["line"].startswith("arrival-bound (served within 5% of the offered rate, "
+                                    "the queue empty after half the steps or more): orca (")
+    assert light["line"].endswith("throughput = offered load, not capacity; raise --rate to "
+                                  "compare capacity")
+    assert light["table"].count("throughput = offered load") == 3  # the line and two rows
+    assert loaded["line"] is None and "throughput = offered load" not in loaded["table"]
+
+
+def test_the_arrival_bound_rule_and_how_it_says_to_offer_more_load():
+    row = {"policy": "a", "offered_req_s": 10.0, "served_req_s": 9.6, "num_waiting_p50": 0.0}
+    assert comparison.arrival_bound(row)
+    assert not comparison.arrival_bound({**row, "served_req_s": 9.4})  # over 5% short
+    assert not comparison.arrival_bound({**row, "num_waiting_p50": 1.0})  # a queue kept
+    assert not comparison.arrival_bound({**row, "offered_req_s": None})  # one request
+    # A trace's arrivals are the file's: --rate does nothing there.
+    from experiments.compare import more_load
+    from orca_jax.runner.spec import RunSpec, WorkloadSpec
+    assert more_load(RunSpec(workload=WorkloadSpec(arrival="trace", trace="t.jsonl"))) == (
+        "lower --trace_time_scale (0.5 replays the trace at twice its rate)")
+    assert more_load(RunSpec()) == "raise --rate"
+    assert comparison.arrival_bound_line([row], more_load(RunSpec(workload=WorkloadSpec(
+        arrival="trace", trace="t.jsonl")))).endswith("lower --trace_time_scale (0.5 replays "
+                                                      "the trace at twice its rate) to "
+                                                      "compare capacity")
 
 
 @pytest.mark.slow

@@ -6,7 +6,7 @@ import pytest
 from cli_runner import read_jsonl, run_module
 
 SIM = ("--engine=sim", "--num_requests=40")
-PILOT_LINE = "sizes fitted (fit:16) to a vllm pilot run's"
+PILOT_LINE = "buckets: fit:16: "  # once per fit, whatever the pilots' count
 
 
 def _compare(out, *args, check=True):
@@ -52,6 +52,8 @@ def test_colocated_two_against_disaggregated_one_plus_one(tmp_path):
     assert result.stdout.count(PILOT_LINE) == 1
     rows = json.loads((out / "comparison.json").read_text())
     assert [row["policy"] for row in rows] == ["vllm@co", "orca@co", "vllm@dis", "orca@dis"]
+    # One ladder fitted to both policies' pilots of the command's own setup.
+    assert _config(out, "co")["bucket_fit"]["pilot_policies"] == ["vllm", "orca"]
     assert "pools" in _config(out, "dis") and "pools" not in _config(out, "co")
     assert _config(out, "co")["bucket_fit"] == _config(out, "dis", "orca")["bucket_fit"]
     assert (_workload(out / "co" / "vllm" / "requests.jsonl")

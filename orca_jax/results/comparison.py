@@ -13,9 +13,12 @@ Reads the runs' summaries (and each policy's effective settings,
 * unequal settings: a warning line naming each result-changing setting
   (`RESULT_SETTINGS`) that differs between policies, with each policy's value,
   unless the user allowed that setting's difference.
-* arrival-bound runs: a policy whose engine was busy less than
-  `ARRIVAL_BOUND_BUSY` of the run waited for requests most of the time; its
-  throughput is the offered load's, not its capacity.
+* arrival-bound runs (`arrival_bound`): a policy that served the requests as fast
+  as they came, with short queues; its throughput is the offered load, not its
+  capacity, whatever its engine's busy fraction.
+* what padding decided (`padding_lines`): each policy's padding and its figures
+  against its figures priced ragged (no padding), and whether the ranking holds
+  without padding.
 * requests left out: a run's rejected and unfinished requests, counted with their
   reasons (`left_out_line`), since the table's columns count finished requests only
   and 10 of 50 requests over the context used to vanish from it without a line.
@@ -31,10 +34,21 @@ from orca_jax.core.requests.request import RequestState
 from orca_jax.core.requests.run_result import RunResult
 
 FINGERPRINT_PREFIX = "compiled_fingerprints."
-# Below this engine busy fraction a run is flagged arrival-bound: its engine idled more
-# than half the run, so every policy that keeps up prints the offered load's throughput
-# (the Azure code trace at 37% busy printed 52.7 tok/s for every policy).
-ARRIVAL_BOUND_BUSY = 0.5
+# A run is arrival-bound when it served requests at least this share of the rate they came
+# at (`served_req_s` over `offered_req_s`: within 5%) ...
+ARRIVAL_BOUND_SERVED = 0.95
+# ... and its queue stayed short: empty after at least half of its steps (`num_waiting_p50`
+# below 1), so the policy admitted everyone waiting at least every other step and had
+# capacity to spare. An engine at capacity keeps a queue, and one past it a growing one. A
+# busy fraction says nothing here: a continuous-batching engine is busy whenever anything
+# decodes (issue 50: orca and vllm at 81% busy printed the offered load alike).
+SHORT_QUEUE = 1.0  # requests waiting after the median step: fewer is short
+# Ranking by these metrics, with and without padding (`padding_lines`): name, whether
+# higher is better, and how the line names it.
+RANK_METRICS = (("output_tok_s", True, "output tok/s"), ("ttft_p50_s", False, "TTFT p50"))
+# Two policies whose figures differ by at most this share of the larger tie: a ranking
+# that changes inside it (or by less than it) is noise, not a verdict.
+RANK_TIE = 0.02
 
 
 def compiled_fingerprints(summary: Mapping[str, Any]) -> dict[int, str]:
@@ -130,20 +144,127 @@ def _value(value: Any) -> str:
     return str(value)
 
 
-def arrival_bound(busy: Optional[float]) -> bool:
-    """Whether a run whose engine was busy `busy` of its duration is arrival-bound."""
-    return busy is not None and busy < ARRIVAL_BOUND_BUSY
+def arrival_bound(summary: Mapping[str, Any]) -> bool:
+    """Whether a run is arrival-bound: it served requests within 5% of the rate they came
+    at (`ARRIVAL_BOUND_SERVED`) and its waiting queue stayed short (`SHORT_QUEUE`), so its
+    throughput is the offered load's, not the policy's capacity.
+
+    Args:
+      summary: the run's summary.json (`offered_req_s`, `served_req_s`,
+        `num_waiting_p50`).
+    """
+    offered, served = summary.get("offered_req_s"), summary.get("served_req_s")
+    waiting = summary.get("num_waiting_p50")
+    if not offered or served is None or waiting is None:
+        return False
+    return served >= ARRIVAL_BOUND_SERVED * offered and waiting < SHORT_QUEUE
 
 
-def arrival_bound_line(busy: Mapping[str, Optional[float]]) -> Optional[str]:
-    """The line naming the arrival-bound policies (None if there are none)."""
-    bound = [f"{label} ({value:.0%} busy)" for label, value in busy.items()
-             if value is not None and arrival_bound(value)]
+def arrival_bound_line(rows: Sequence[Mapping[str, Any]], more_load: str = "raise --rate"
+                       ) -> Optional[str]:
+    """The line naming the arrival-bound policies (None if there are none).
+
+    Args:
+      rows: the runs' summaries, each with its `policy` label.
+      more_load: how to offer this workload more load (`--rate` does nothing to a trace).
+    """
+    bound = [f"{row['policy']} ({row['served_req_s']:.3g} of {row['offered_req_s']:.3g} req/s)"
+             for row in rows if arrival_bound(row)]
     if not bound:
         return None
-    return (f"arrival-bound (engine busy < {ARRIVAL_BOUND_BUSY:.0%} of the run): "
-            f"{', '.join(bound)}: their throughput is the offered load's, not their "
-            "capacity; raise --rate to compare capacity")
+    return (f"arrival-bound (served within {1 - ARRIVAL_BOUND_SERVED:.0%} of the offered rate, "
+            f"the queue empty after half the steps or more): {', '.join(bound)}: "
+            f"throughput = offered load, not capacity; {more_load} to compare capacity")
+
+
+def _order(a: float, b: float, higher: bool) -> int:
+    """1 if `a` is better than `b` by more than `RANK_TIE` of the larger, -1 if worse, else
+    0 (a tie)."""
+    if abs(a - b) <= RANK_TIE * max(abs(a), abs(b)):
+        return 0
+    return 1 if (a > b) == higher else -1
+
+
+def _gap(a: float, b: float) -> float:
+    top = max(abs(a), abs(b))
+    return (a - b) / top if top else 0.0
+
+
+def ranking_changes(padded: Mapping[str, Mapping[str, Any]],
+                    ragged: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """The pairs whose order by a `RANK_METRICS` metric differs with and without padding.
+
+    A pair's order is better, worse or a tie (`RANK_TIE`); it changed when the order
+    differs and the two figures' relative gap moved by more than `RANK_TIE` (so two
+    policies at the edge of a tie do not flip on noise).
+
+    Args:
+      padded: label -> its run's summary (priced with padding).
+      ragged: label -> its figures priced ragged; labels missing here are left out.
+
+    Returns:
+      One phrase per changed pair, e.g. `orca over sarathi by TTFT p50 (2.1x better with
+      padding, 1.01x without)`.
+    """
+    labels = [label for label in padded if label in ragged]
+    changes = []
+    for key, higher, name in RANK_METRICS:
+        for i, a in enumerate(labels):
+            for b in labels[i + 1:]:
+                values = [(padded[a].get(key), padded[b].get(key)),
+                          (ragged[a].get(key), ragged[b].get(key))]
+                if any(v is None for pair in values for v in pair):
+                    continue
+                (pa, pb), (ra, rb) = values
+                if (_order(pa, pb, higher) == _order(ra, rb, higher)
+                        or abs(_gap(pa, pb) - _gap(ra, rb)) <= RANK_TIE):
+                    continue
+                first, second = (a, b) if _order(pa, pb, higher) >= 0 else (b, a)
+                changes.append(f"{first} vs {second} by {name} "
+                               f"({_said(padded, first, second, key)} with padding, "
+                               f"{_said(ragged, first, second, key)} without)")
+    return changes
+
+
+def _said(figures: Mapping[str, Mapping[str, Any]], a: str, b: str, key: str) -> str:
+    return f"{figures[a][key]:.4g} against {figures[b][key]:.4g}"
+
+
+def padding_lines(padded: Mapping[str, Mapping[str, Any]],
+                  ragged: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """What padding did to a comparison: each policy's padding fraction with its output
+    tok/s and TTFT p50 against its own ragged figures, and the ranking verdict
+    (`ranking unchanged without padding: yes`, or a warning naming the pairs that
+    changed, `ranking_changes`). No lines without ragged figures.
+
+    Args:
+      padded: label -> its run's summary.
+      ragged: label -> its figures priced ragged (`output_tok_s`, `ttft_p50_s`).
+    """
+    if not ragged:
+        return []
+    costs = []
+    for label, row in padded.items():
+        if label not in ragged:
+            continue
+        tok, ragged_tok = row.get("output_tok_s"), ragged[label].get("output_tok_s")
+        ttft, ragged_ttft = row.get("ttft_p50_s"), ragged[label].get("ttft_p50_s")
+        parts = [f"{row.get('padding_fraction', 0.0):.1%} of step tokens"]
+        if tok is not None and ragged_tok:
+            parts.append(f"output tok/s {tok / ragged_tok - 1:+.1%}")
+        if ttft is not None and ragged_ttft:
+            parts.append(f"TTFT p50 {ttft / ragged_ttft:.2f}x")
+        costs.append(f"{label} {', '.join(parts)}")
+    lines = ["padding (against each policy's run priced ragged, --step_padding=ragged): "
+             + "; ".join(costs)]
+    changes = ranking_changes(padded, ragged)
+    if changes:
+        lines.append("warning: the ranking depends on padding: " + "; ".join(changes)
+                     + " (each policy's run priced ragged: comparison.json's ragged_*)")
+    else:
+        lines.append("ranking unchanged without padding: yes")
+    return lines
+
 
 
 # Reasons shown per run: the most common kinds (a reason's text with its numbers taken out).
@@ -180,3 +301,4 @@ def left_out_line(label: str, result: RunResult) -> Optional[str]:
     ended = " (the run ended before they did)" if unfinished else ""
     return (f"{label}: {len(rejected)} of {len(state)} requests rejected{why}, {unfinished} "
             f"unfinished{ended}")
+

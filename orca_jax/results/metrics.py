@@ -202,6 +202,12 @@ def run_summary(arrival_s: ArrayLike, first_scheduled_s: ArrayLike, first_token_
     the last finish; throughput is finished requests (`throughput_req_s`), their
     output tokens (`output_tok_s`) and their prompt and output tokens together
     (`total_tok_s`, with `prompt_len`; None without it) per second of it.
+    `offered_req_s` is the rate the requests arrived at, (N - 1) over the span of their
+    arrivals; `served_req_s` the rate they finished at, (finished - 1) over the span of
+    their finishes (None with fewer than two, or a span of 0). An engine that keeps up
+    finishes requests at the rate they come: its finish span is the arrival span give or
+    take the difference of two requests' latencies, where `throughput_req_s` would also
+    count the first request's latency and the last one's drain.
     `throughput_tok_s` is `output_tok_s` under its old name, kept for one release.
     Percentiles (linear interpolation) and means are over finished requests; TPOT
     skips one-token outputs. `itl_p99_s` is the p99 of every inter-token gap of
@@ -261,6 +267,8 @@ def run_summary(arrival_s: ArrayLike, first_scheduled_s: ArrayLike, first_token_
         "duration_s": _float_or_none(duration),
         "throughput_req_s": rate(num_finished),
         "output_tok_s": rate(float(out_len[finished].sum())),
+        "offered_req_s": _rate_over_span(arrival),
+        "served_req_s": _rate_over_span(finish[finished]),
         "total_tok_s": (None if prompt_len is None else rate(float(
             out_len[finished].sum() + np.asarray(prompt_len, np.float64)[finished].sum()))),
         # The old name of `output_tok_s` (deprecated: one release, then gone).
@@ -287,6 +295,15 @@ def run_summary(arrival_s: ArrayLike, first_scheduled_s: ArrayLike, first_token_
     if tenants is not None:
         summary.update(_tenant_summary(tenants, finished, per_request))
     return summary
+
+
+def _rate_over_span(times: NDArray[np.float64]) -> Optional[float]:  # times: [N]
+    """Events per second over the span of their times: (N - 1) / (last - first); None with
+    fewer than two events or a span of 0."""
+    if times.size < 2:
+        return None
+    span = float(times.max() - times.min())
+    return (times.size - 1) / span if span > 0 else None
 
 
 def _tenant_summary(tenants: Sequence[Any], finished: NDArray[np.bool_],

@@ -57,7 +57,8 @@ def summarize_run(result: RunResult, *, ttft_slo_s: Optional[float] = None,
     evicted); `preemptions_per_finished`, `recomputed_tokens` and
     `recomputed_token_fraction` say whether the policy thrashed
     (`orca_jax.results.thrash`); `engine_busy_fraction` is `engine_s_total` over
-    `duration_s` (and over the replicas; `busy_fraction`); a run of several tenants,
+    `duration_s` (and over the replicas; `busy_fraction`); `num_waiting_p50` the waiting
+    queue's length after the median step; a run of several tenants,
     `num_tenants` and the fairness indices.
     With an SLO, `goodput_req_s_per_gpu` is the goodput over `num_gpus` (default:
     one per replica). A disaggregated run also gets `num_prefill_replicas` and its
@@ -121,6 +122,10 @@ def summarize_run(result: RunResult, *, ttft_slo_s: Optional[float] = None,
         "mean_batch_size": (float(result.step_array("num_seqs").astype(np.float64).mean())
                             if num_steps else 0.0),
         "host_us_per_step_median": float(np.median(host) * 1e6),
+        # The waiting queue after the median step (each replica's own, in a cluster): 0
+        # when the policy admitted everyone waiting at least every other step.
+        "num_waiting_p50": (float(np.median(result.step_array("num_waiting")))
+                            if num_steps else 0.0),
         "engine_s_total": float(_sum_in_order(result.step_array("step_s"))),
     })
     summary.update(thrash_figures(result.total_preemptions, summary["num_finished"],

@@ -38,7 +38,7 @@ from orca_jax.results.summary import (
     iter_request_rows,
     summarize_run,
 )
-from orca_jax.runner.bucket_pilot import BucketFit, needs_fit, with_fitted_buckets
+from orca_jax.runner.bucket_pilot import BucketFit, PilotPolicy, needs_fit, with_fitted_buckets
 from orca_jax.runner.build import (
     build_cluster,
     build_engine,
@@ -104,7 +104,7 @@ def run_policy(spec: RunSpec, policy_spec: str, policy_options: Optional[Mapping
         `policy.label`): compare's and sweep's label; default the policy's name.
       bucket_fit: how the spec's `fit:K` sizes were fitted, for config.json, when the
         caller fitted them (compare fits once for every policy); a spec whose sizes are
-        not fitted yet is fitted here (`runner.bucket_pilot`).
+        not fitted yet is fitted here to this policy's own pilot (`runner.bucket_pilot`).
       kv_counts_only: `Scheduler`'s: keep KV page counts only where nothing can read
         pages (the same results, faster), on one replica or a colocated cluster's
         replicas without migration (`Cluster`'s); False keeps the full page table.
@@ -121,7 +121,9 @@ def run_policy(spec: RunSpec, policy_spec: str, policy_options: Optional[Mapping
     try:
         workload = requests if requests is not None else build_workload(spec)
         if needs_fit(spec):
-            spec, bucket_fit = with_fitted_buckets(spec, workload, progress=progress)
+            spec, bucket_fit = with_fitted_buckets(
+                spec, workload, progress=progress,
+                policies=[PilotPolicy(label or policy_spec, policy_spec, policy_options or {})])
         config = scheduler_config(spec)
         if spec.cluster.disaggregated:
             pass  # its pools are built by `run_disaggregated`, in `_run_disaggregated`

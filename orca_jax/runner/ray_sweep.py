@@ -97,7 +97,8 @@ def run_rows_on_ray(executor: SweepExecutor, spec: RunSpec,
     task = ray.remote(num_cpus=1)(_point_task)
     cwd = os.getcwd()
     # Fitted here, in the driver: every policy's task at a rate and seed gets the same fit.
-    specs = PointSpecs(spec, PointWorkloads(spec, build_per_point), variants)
+    specs = PointSpecs(spec, PointWorkloads(spec, build_per_point), variants,
+                       policies=[run for run, _ in rows])
     # Each curve's rows in order; with `saturated` only one row of a curve is in flight.
     CurveId = tuple[str, Optional[str]]  # (policy label, variant)
     queues: dict[CurveId, list[float]] = {}

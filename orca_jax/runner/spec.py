@@ -19,7 +19,11 @@ from orca_jax import _legacy
 from orca_jax.core.api.plugins import parse_options
 from orca_jax.core.kv import KV_LAYOUTS
 from orca_jax.core.kv.config import PREFIX_CACHING_MODES
-from orca_jax.core.step.bucket_fit import max_fitted_sizes, parse_fit_ladder
+from orca_jax.core.step.bucket_fit import (
+    ladder_gap_error,
+    max_fitted_sizes,
+    parse_fit_ladder,
+)
 from orca_jax.runner.cluster_spec import KV_LINK_NAMES, PLANNER_FIELDS, ClusterSpec
 from orca_jax.runner.engine_spec import (
     ATTENTIONS,
@@ -213,11 +217,13 @@ class LimitsSpec:
     page_size: int = knob(16, "Tokens per KV page.")
     max_model_len: Optional[int] = knob(None, "Context limit (None: the model's).")
     token_buckets: Optional[tuple[int, ...]] = knob(None, "Step token sizes to pad to, "
-                                                    "ending at max_num_tokens (None: powers "
-                                                    "of two).")
-    bucket_ladder: Optional[str] = knob(None, "fit:K: token_buckets are fitted to a simulator "
-                                        "pilot run (runner.bucket_pilot), which fills them "
-                                        "in; None: token_buckets as given.")
+                                                    "ending at max_num_tokens, none over 2x "
+                                                    "the one below on the simulator (None: "
+                                                    "powers of two).")
+    bucket_ladder: Optional[str] = knob(None, "fit:K: token_buckets are fitted to simulator "
+                                        "pilot runs of the policies that share them "
+                                        "(runner.bucket_pilot), which fill them in; None: "
+                                        "token_buckets as given.")
     log_step_requests: bool = knob(False, "Write each step's request ids and token counts to "
                                    "steps.jsonl (request_ids, request_tokens).")
     kv_layout: str = knob("paged", "KV pages: paged, or buddy: each reservation one "
@@ -312,6 +318,15 @@ class LimitsSpec:
 
 
 
+def gapless_ladder(engine: EngineSpec) -> bool:
+    """Whether the engine's ladder must have no adjacent sizes more than 2x apart
+    (`bucket_fit.MAX_SIZE_RATIO`): the simulator's, but under a cost fit. On the jax engine
+    each size is a compile and its padding a measured cost, and a cost fit prices only the
+    sizes it was calibrated on; on the simulator a gap is a modelling choice that charges
+    the policies whose steps fall in it (issue 50)."""
+    return isinstance(engine, SimEngineSpec) and engine.cost_fit is None
+
+
 class _TakesFlatKeywords(type):
     """RunSpec's metaclass: a call with 0.1's flat keywords (`RunSpec(engine="sim",
     rate=8.0, max_batch_size=32)`) builds the nested spec they mean, with a
@@ -375,6 +390,11 @@ class RunSpec(metaclass=_TakesFlatKeywords):
             raise ValueError(f"limits.bucket_ladder {self.limits.bucket_ladder!r} is fitted to a "
                              f"simulator pilot run, not for engine {self.engine.kind!r}: give "
                              "its sizes (a sim run's config.json holds them) or a rule")
+        gap = (ladder_gap_error(self.limits.token_buckets) if self.limits.token_buckets
+               and gapless_ladder(self.engine) else None)
+        if gap is not None:
+            raise ValueError(f"limits.token_buckets {self.limits.token_buckets}: {gap} on the "
+                             "simulator")
         if (self.limits.bucket_ladder is not None and isinstance(self.engine, SimEngineSpec)
                 and self.engine.cost_fit is not None):
             raise ValueError(f"limits.bucket_ladder {self.limits.bucket_ladder!r}: a cost fit "

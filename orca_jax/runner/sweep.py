@@ -15,8 +15,8 @@ engine's random weights follow the seed.
 Variants (`variants`: label -> spec) are setups of their own on the sweep's
 workload, as `compare --variants` runs them: every policy is swept under every
 variant, on the very requests of the sweep's own spec at each rate and seed (a
-variant may not change the workload), its ladder fitted by the one pilot of the
-sweep's own spec (`PointSpecs`). A point's key and its line in `points.jsonl`
+variant may not change the workload), its ladder fitted by the pilots of the
+sweep's own spec, one per policy (`PointSpecs`). A point's key and its line in `points.jsonl`
 carry its variant; sweep.json records each variant's settings, so a resumed sweep
 refuses a label that now means another setup.
 """
@@ -315,7 +315,7 @@ def _run_rows_serially(spec: RunSpec, rows: Sequence[tuple[PolicyRun, float]],
     """Runs the rows' missing points in this process, one engine per seed (and variant), and
     one fitted ladder (`fit:K`) per rate and seed, shared by every policy there."""
     workloads = PointWorkloads(spec, build_per_point)
-    specs = PointSpecs(spec, workloads, variants)
+    specs = PointSpecs(spec, workloads, variants, policies=[run for run, _ in rows])
     engines: dict[tuple[Optional[str], int], Engine] = {}
     done: set[tuple[str, Optional[str]]] = set()  # curves past saturation
     for run, rate in rows:

@@ -17,7 +17,7 @@ from orca_jax.core.requests.run_result import RunResult
 from orca_jax.core.step.engine_api import Engine
 from orca_jax.results.sweep_errors import SweepError
 from orca_jax.results.sweep_store import PointKey, curve_label
-from orca_jax.runner.bucket_pilot import BucketFit, needs_fit, with_fitted_buckets
+from orca_jax.runner.bucket_pilot import BucketFit, PilotPolicy, needs_fit, with_fitted_buckets
 from orca_jax.runner.build import build_workload
 from orca_jax.runner.experiment import run_policy
 from orca_jax.runner.spec import RunSpec
@@ -140,11 +140,11 @@ class PointWorkloads:
 
 
 class PointSpecs:
-    """Each point's spec with its `fit:K` sizes, fitted once per rate and seed and shared
-    by every policy there (the pilot's policy is fixed, so the fit is theirs alike).
+    """Each point's spec with its `fit:K` sizes, fitted once per rate and seed to the pilots
+    of every policy of the sweep (`policies`) there, and shared by all of them.
 
     Under variants (`variants`: label -> the variant's spec), as in compare
-    (`experiments.variant_flags.fit_setups`): the pilot plays the sweep's own spec, and
+    (`experiments.variant_flags.fit_setups`): the pilots play the sweep's own spec, and
     every variant with the sweep's ladder and token budget takes its sizes, whatever
     cluster, router or engine settings it sets, so variants differ by what they set and
     not by a ladder fitted to each; a variant with a ladder or budget of its own (whose
@@ -152,8 +152,12 @@ class PointSpecs:
     """
 
     def __init__(self, spec: RunSpec, workloads: PointWorkloads,
-                 variants: Optional[Mapping[str, RunSpec]] = None) -> None:
+                 variants: Optional[Mapping[str, RunSpec]] = None, *,
+                 policies: Sequence[PolicyRun]) -> None:
         self.spec, self.workloads = spec, workloads
+        # One pilot per policy (a curve's label), whatever variants it runs under.
+        labels = {run.label: run for run in policies}
+        self.pilots = [PilotPolicy(run.label, run.spec, run.options) for run in labels.values()]
         self.variants = dict(variants or {})
         # (rate, seed, ladder, budget) -> the pilot's fitted spec and its fit
         self._fits: dict[tuple[float, int, Optional[str], int],
@@ -174,7 +178,8 @@ class PointSpecs:
             own = ladder == (self.spec.limits.bucket_ladder, self.spec.limits.max_num_tokens)
             pilot = point_spec(self.spec, rate, seed) if own else unfitted
             try:
-                self._fits[key] = with_fitted_buckets(pilot, self.workloads.at(rate, seed))
+                self._fits[key] = with_fitted_buckets(pilot, self.workloads.at(rate, seed),
+                                                      policies=self.pilots)
             except Exception:  # noqa: BLE001 -- the point's own run fails on it, recorded
                 self._fits[key] = pilot, None
         fitted, fit = self._fits[key]
