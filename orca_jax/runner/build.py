@@ -309,7 +309,7 @@ def _jax_engine(spec: RunSpec, engine: JaxEngineSpec, config: SchedulerConfig,
     import jax
     import jax.numpy as jnp
 
-    from orca_jax.model import sharding, weights
+    from orca_jax.model import distributed, sharding, weights
     from orca_jax.model.engine import JaxEngine
     from orca_jax.sim import profile_store  # a jax run's only, as the clock: see below
     from orca_jax.sim.profile_store import describe_machine
@@ -365,11 +365,14 @@ def _jax_engine(spec: RunSpec, engine: JaxEngineSpec, config: SchedulerConfig,
              "feed_tokens": engine.overlap and engine.pp == 1}  # another compiled step
     fresh = engine.profile_table == FRESH_TABLE
     table_file = None if fresh else engine.profile_table
+    # Several processes time the grid together (each step is collective), so they must all
+    # read a table or all time it: a store on each host cannot promise that, a file can.
+    store = (profile_store.current()
+             if table_file is None and not distributed.is_multiprocess() else None)
     return ProfiledClock(real, max_model_len=limits.max_model_len, page_size=kv.page_size,
                          pages_per_seq=pages_per_seq, num_pages=kv.num_kv_pages + 1,
                          table_file=table_file, identity=identity, setup=setup,
-                         store=profile_store.current() if table_file is None else None,
-                         fresh=fresh)
+                         store=store, fresh=fresh)
 
 
 def _pipelined_jax_engine(engine: JaxEngineSpec, model: ModelConfig, params: Any,

@@ -71,8 +71,10 @@ from orca_jax.sim.profile_store import ProfileStore, StoredTable, machine_name, 
 from orca_jax.sim.step_profile import measure_grid, profile_grid
 
 _log = logging.getLogger(__name__)
-# Timed passes over the grid at warm-up: the fastest of 5 is within ~1% of an idle
-# machine's under two busy processes on 2 cores (benchmarks/profiled_clock.py).
+# Timed passes over the grid at warm-up, each composition priced by its fastest: with
+# fresh tables beside two busy loops on 2 cores the main job's tok/s moved ~3% (medians;
+# the median of 2 passes, before: -40%, issue 50), and each pass adds ~0.6 s to a
+# first run there (docs/calibration.md).
 NUM_REPEATS = 5
 
 
