@@ -203,7 +203,8 @@ class ProfiledClock(EngineWrapper):
         self.table_loaded = False
         fit = fit_linear(samples, self._grid["page_size"], statistic="min")
         _log.info("profiled clock: fitted in %.1f s", time.perf_counter() - start)
-        if self.store is not None and key is not None:
+        if key is not None:  # timed for the store
+            assert self.store is not None
             table = self.store.save(key, fit, {"kind": "profiled_clock", **self.identity},
                                     machine=machine_name(self.setup))
             self.stored.append(table)
