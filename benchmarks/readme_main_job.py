@@ -3,16 +3,17 @@
 The README's quick start promises that the second run of its main job,
 `python -m experiments.compare`, takes at most half the time of the first,
 because JAX's persistent compilation cache (`--compile_cache`) then holds the
-compiled steps. Each repeat runs that command twice in child processes, as a
-user does, with a fresh temporary `--compile_cache` folder (so the first run
-compiles everything) and a temporary `--out_dir`, and prints the wall time of
+compiled steps and the profiled clock's table. Each repeat runs that command twice
+in child processes, as a user does, with a fresh temporary `--compile_cache` and
+`--profile_store` folder (so the first run compiles everything and times the
+profiled clock's grid) and a temporary `--out_dir`, and prints the wall time of
 each run (process start to exit), their ratio, the machine's load average
 before each run, and from the runs' `summary.json` the compile seconds and
 whether every compiled step came from the cache, and how many steps were loaded
 whole, untraced (`executable_cache`). On a CPU both runs must give every
-request the same output tokens (checked; on a GPU the count is printed); their
-step counts may differ, since the profiled clock times this machine anew in
-each run.
+request the same output tokens (checked; on a GPU the count is printed), and
+their step counts are the same: the second run prices its steps by the table the
+first one stored.
 
     python -m benchmarks.readme_main_job [--repeats 3]
 """
@@ -44,6 +45,7 @@ def run_once(cache: Path, out_dir: Path) -> dict[str, Any]:
     load = _load()
     start = time.perf_counter()
     result = subprocess.run([sys.executable, *COMMAND, f"--compile_cache={cache}",
+                             f"--profile_store={cache.parent / 'profile_store'}",
                              f"--out_dir={out_dir}"], cwd=REPO, capture_output=True, text=True)
     wall_s = time.perf_counter() - start
     if result.returncode != 0:
@@ -69,7 +71,7 @@ def main() -> None:
     print(f"# python -m benchmarks.readme_main_job --repeats {args.repeats}")
     print(f"# {platform.machine()}, {os.cpu_count()} cores, jax {jax.__version__} on "
           f"{jax.default_backend()}; the command: python {' '.join(COMMAND)} "
-          "--compile_cache=TMP/cache --out_dir=TMP/runK")
+          "--compile_cache=TMP/cache --profile_store=TMP/profile_store --out_dir=TMP/runK")
     print("rep  run     wall_s  load_before          policy  compile_s  cache_hit  loaded  "
           "num_steps")
     ratios = []

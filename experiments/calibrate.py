@@ -132,8 +132,7 @@ def run_calibration(spec: RunSpec, policies: Sequence[str], out_dir: str, *,
 
     samples = samples_from_times(grid, times)
     fit = fit_linear(samples, page_size, statistic)
-    residuals = [predict(fit, s) / (s.seconds if statistic == "median" else s.mean_s) - 1
-                 for s in samples]
+    residuals = [predict(fit, s) / s.statistic(statistic) - 1 for s in samples]
     quality = {"num_samples": len(samples), "num_passes": len(times),
                "fit_abs_error_median": float(np.median(np.abs(residuals))),
                "fit_abs_error_max": float(np.max(np.abs(residuals))),
@@ -141,7 +140,8 @@ def run_calibration(spec: RunSpec, policies: Sequence[str], out_dir: str, *,
                "load_average_1m": [load_before, os.getloadavg()[0]]}
     write_jsonl_atomic(os.path.join(out_dir, "profile.jsonl"), (
         {"bucket": sample.bucket.num_tokens, "q_lens": sample.q_lens, "kv_lens": sample.kv_lens,
-         "seconds": sample.seconds, "mean_s": sample.mean_s, "spread": sample.spread,
+         "seconds": sample.seconds, "mean_s": sample.mean_s, "min_s": sample.min_s,
+         "spread": sample.spread,
          "fit_error": residual} for sample, residual in zip(samples, residuals)))
     fit_path = os.path.join(out_dir, "cost_fit.json")
     save_fit(fit_path, fit, {"model": engine_spec.model, "dtype": engine_spec.dtype, "attention":

@@ -64,6 +64,12 @@ flags.DEFINE_string("compile_cache", None, "jax: folder of JAX's persistent comp
                     "(default: $XDG_CACHE_HOME/orca_jax/jax, else ~/.cache/orca_jax/jax); a "
                     "second run with the same model and buckets loads its compiled steps from "
                     "there. 'none' turns it off.")
+flags.DEFINE_string("profile_store", None, "jax, --clock=profiled: folder of the profiled "
+                    "clock's tables, one per machine, model, dtype, buckets, attention and page "
+                    "geometry (default: $XDG_CACHE_HOME/orca_jax/profiled_clock, else "
+                    "~/.cache/orca_jax/profiled_clock); a later command of the same setup "
+                    "reads its table instead of timing steps again, so both price steps alike "
+                    "(--profile_table=fresh re-times it). 'none' keeps no tables.")
 flags.DEFINE_integer("num_processes", 1, "jax: processes of one run (jax.distributed); the "
                      "--tp mesh spans their devices and every process runs the same steps. "
                      "Every process gets the same flags but --process_id.", lower_bound=1)
@@ -433,6 +439,9 @@ def spec_from_flags() -> RunSpec:
             from orca_jax.model import compile_cache
             compile_cache.enable(FLAGS.compile_cache)
             engine = JaxEngineSpec(**_field_values(JaxEngineSpec))
+            if engine.clock == "profiled":  # a process setting too, as the compile cache
+                from orca_jax.sim import profile_store
+                profile_store.enable(FLAGS.profile_store)
         else:
             engine = SimEngineSpec(**_field_values(SimEngineSpec))
         return RunSpec(workload=WorkloadSpec(**workload), engine=engine,

@@ -93,7 +93,7 @@ def test_fit_of_noisy_timings_takes_medians_and_stays_close():
 
 
 def test_fit_needs_three_samples_per_bucket():
-    sample = prof.StepSample(Bucket(16, 16), (1,), (10,), 1e-3, 0.0, 1e-3)
+    sample = prof.StepSample(Bucket(16, 16), (1,), (10,), 1e-3, 0.0, 1e-3, 1e-3)
     with pytest.raises(ValueError, match="bucket Bucket\\(num_tokens=16.*2 samples"):
         cal.fit_linear([sample, sample], page_size=16)
     with pytest.raises(ValueError, match="statistic='p90'"):

@@ -24,6 +24,7 @@ from tests.cli_runner import REPO
 OTHER_RUNS_ONLY = (
     "jax",  # a real engine
     "orca_jax.sim.profiled_clock",  # a real engine's profiled clock (and its step profiler)
+    "orca_jax.sim.profile_store",  # and its tables kept across processes
     "orca_jax.cluster.transfers",  # a cluster's KV handoffs and migrations
     "orca_jax.workloads.prefix_workloads",  # --workload=shared_prefix, conversation
     "orca_jax.workloads.program_traces",  # --workload=program_trace

@@ -31,6 +31,7 @@ from orca_jax.core.requests.request import Request, sort_by_arrival
 from orca_jax.core.step.engine_api import Engine, EngineConfigError
 from orca_jax.core.step.packing import pages_per_seq_for
 from orca_jax.core.step.sampling import SamplingConfig
+from orca_jax.runner.engine_spec import FRESH_TABLE
 from orca_jax.runner.kv_tiers import engine_kv_shape, tier_configs
 from orca_jax.runner.spec import (
     JaxEngineSpec,
@@ -313,9 +314,11 @@ def _jax_engine(spec: RunSpec, engine: JaxEngineSpec, config: SchedulerConfig,
     import jax
     import jax.numpy as jnp
 
-    from orca_jax.model import sharding, weights
+    from orca_jax.model import distributed, sharding, weights
     from orca_jax.model.engine import JaxEngine
-    from orca_jax.sim.profiled_clock import ProfiledClock  # a jax run's only: see below
+    from orca_jax.sim import profile_store  # a jax run's only, as the clock: see below
+    from orca_jax.sim.profile_store import describe_machine
+    from orca_jax.sim.profiled_clock import ProfiledClock
 
     model = model_config(spec)
     dtype = jnp.dtype(engine.dtype)
@@ -353,15 +356,28 @@ def _jax_engine(spec: RunSpec, engine: JaxEngineSpec, config: SchedulerConfig,
             return _speculative_engine(spec, engine, real, params)
     if engine.clock == "wall":
         return real
-    # The profiled clock prices each step by a fit of what it holds, measured at warm-up or
-    # read from --profile_table (then a run in another process prices every step alike).
+    # The profiled clock prices each step by a fit of what it holds, timed at warm-up or
+    # read from the process's table store or --profile_table (then a run in another
+    # process prices every step alike).
     identity = {"model": model.name, "model_sha256": _model_digest(model),
                 "dtype": engine.dtype, "attention": attention, "tp": engine.tp}
     if engine.pp > 1:  # a pipeline's steps are timed through its stages
         identity["pp_layers"] = ",".join(map(str, getattr(real, "stage_layers")))
+    # Not in `identity`: a --profile_table file may be used on another host on purpose.
+    setup = {"machine": describe_machine(jax.default_backend(),
+                                         [d.device_kind for d in jax.devices()],
+                                         jax.__version__),
+             "feed_tokens": engine.overlap and engine.pp == 1}  # another compiled step
+    fresh = engine.profile_table == FRESH_TABLE
+    table_file = None if fresh else engine.profile_table
+    # Several processes time the grid together (each step is collective), so they must all
+    # read a table or all time it: a store on each host cannot promise that, a file can.
+    store = (profile_store.current()
+             if table_file is None and not distributed.is_multiprocess() else None)
     return ProfiledClock(real, max_model_len=limits.max_model_len, page_size=kv.page_size,
                          pages_per_seq=pages_per_seq, num_pages=kv.num_kv_pages + 1,
-                         table_file=engine.profile_table, identity=identity)
+                         table_file=table_file, identity=identity, setup=setup,
+                         store=store, fresh=fresh)
 
 
 def _pipelined_jax_engine(engine: JaxEngineSpec, model: ModelConfig, params: Any,
@@ -489,12 +505,15 @@ def profile_table_record(engine: Engine, out_dir: str, *, write_dir: Optional[st
 
     The table the run used (loaded from, or written to, `--profile_table`), or else
     written now as `profile.json` into `write_dir` (default `out_dir`; a staging folder
-    that becomes `out_dir`), and named by its path in `out_dir`. None for an engine
-    without one.
+    that becomes `out_dir`), and named by its path in `out_dir`: a copy that
+    `--profile_table` repeats the run by, whatever the store holds later. None for an
+    engine without one.
 
     Returns:
-      `{"path", "sha256", "loaded"}`: the file, the hash of its bytes, and whether
-      the run read it (True) or measured it (False).
+      `{"path", "sha256", "loaded", "stored"}`: the file, the hash of its bytes,
+      whether the run read its table (True) or timed it (False), and the stored
+      tables it priced by (`profile_store.StoredTable`: key, store file, when and
+      on what machine it was timed, reused or not; empty without a store).
     """
     # Only a jax run imports the profiled clock (`_jax_engine`, with its step profiler and
     # statistics, ~10 ms a process): an engine of a run that did not import it is none.
@@ -510,7 +529,8 @@ def profile_table_record(engine: Engine, out_dir: str, *, write_dir: Optional[st
         path = os.path.join(out_dir, PROFILE_TABLE_FILE)
     else:
         digest = profiled_clock.table_digest(path)
-    return {"path": os.path.abspath(path), "sha256": digest, "loaded": engine.table_loaded}
+    return {"path": os.path.abspath(path), "sha256": digest, "loaded": engine.table_loaded,
+            "stored": [dataclasses.asdict(table) for table in engine.stored]}
 
 
 def _limits(config: SchedulerConfig) -> dict[str, int]:

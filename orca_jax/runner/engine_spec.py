@@ -28,6 +28,7 @@ ENGINES = ("sim", "jax")
 DTYPES = ("float32", "bfloat16")
 ATTENTIONS = ("auto", "reference", "bucketed", "pallas", "pallas_interpret")
 CLOCKS = ("profiled", "wall")
+FRESH_TABLE = "fresh"  # profile_table: time the grid again, replacing the stored table
 JAX_DRAFTERS = ("none", *DRAFTERS)  # the real engine's speculative drafters (none: off)
 MODEL_PRESETS = tuple(PRESETS)
 HARDWARE_NAMES = (*HARDWARE_PRESETS, *HARDWARE_ALIASES)
@@ -81,11 +82,15 @@ class JaxEngineSpec:
     pp_layers: Optional[str] = _pp_layers_knob()
     pp_balance: bool = _pp_balance_knob()
     profile_table: Optional[str] = knob(
-        None, "clock profiled: the per-bucket table of the profiled clock. If the file exists "
-        "it is read (it must be of the same model, buckets, dtype, attention and page "
-        "geometry), so a run in another process repeats this one's timings bit for bit; if "
-        "not, the table is measured and written there. None: measured, and written to "
-        "profile.json beside the results. config.json names the table and its sha256.")
+        None, "clock profiled: the per-bucket table of the profiled clock. None: the table "
+        "stored for this machine and setup (--profile_store) if there is one, so every "
+        "command on this machine prices steps alike, loaded or idle; else it is timed and "
+        "stored. fresh: timed again, replacing the stored one. A file: read if it exists "
+        "(it must be of the same model, buckets, dtype, attention and page geometry), so a "
+        "run in another process or on another host repeats this one's timings bit for bit; "
+        "if not, the table is timed and written there (./fresh names a file called fresh). "
+        "Each run writes the table it used to profile.json beside its results; config.json "
+        "names it, its sha256 and the stored table's key, time and machine.")
     overlap: bool = knob(True, "Plan and pack step N+1 while step N runs on the device (its "
                          "decodes read N's sampled tokens there; N's tokens come back one "
                          "step late). Plans, steps and tokens are the same with it off; not "

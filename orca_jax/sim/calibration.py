@@ -31,11 +31,11 @@ from numpy.typing import NDArray
 from orca_jax.core.json_files import write_json_atomic
 from orca_jax.core.step.engine_api import Bucket, Engine, EngineWrapper, StepInputs, StepOutput
 from orca_jax.sim import cost_model
-from orca_jax.sim.step_profile import StepSample, reference_tiles
+from orca_jax.sim.step_profile import SAMPLE_STATISTICS, StepSample, reference_tiles
 
 FIT_FORMAT = "orca_jax.cost_fit/1"
 COMPARED_METRICS = ("duration_s", "ttft_mean_s", "tpot_mean_s")
-FIT_STATISTICS = ("median", "mean")
+FIT_STATISTICS = SAMPLE_STATISTICS
 
 
 def _nnls(features: NDArray[np.float64], target: NDArray[np.float64]) -> NDArray[np.float64]:
@@ -63,8 +63,10 @@ def fit_linear(samples: Sequence[StepSample], page_size: int, statistic: str = "
     Args:
       samples: measured compositions (at least 3 per bucket: the model has 3 coefficients).
       page_size: tokens per KV page (sets the KV tile).
-      statistic: fit each composition's `median` (robust to bursts of load) or
-        `mean` (what sums of step times follow when the load is the same later).
+      statistic: fit each composition's `median` (robust to bursts of load),
+        `mean` (what sums of step times follow when the load is the same later) or
+        `min` (what load inflates least: the profiled clock's, for one price of a
+        step whatever the machine was doing while it was timed).
 
     Raises:
       ValueError: a bucket has fewer than 3 samples, or an unknown statistic.
@@ -83,8 +85,7 @@ def fit_linear(samples: Sequence[StepSample], page_size: int, statistic: str = "
                               cost_model.attention_tiles(np.array(g.q_lens), np.array(g.kv_lens),
                                                          q_tile=q_tile, kv_tile=kv_tile)]
                              for g in group])  # [num_samples, 3]
-        seconds = np.array([g.seconds if statistic == "median" else g.mean_s
-                            for g in group])  # [num_samples]
+        seconds = np.array([g.statistic(statistic) for g in group])  # [num_samples]
         coef = _nnls(features / seconds[:, None], np.ones_like(seconds))
         fit[bucket.num_tokens] = cost_model.LinearStepTime(
             base_s=float(coef[0]), per_seq_s=float(coef[1]), per_tile_s=float(coef[2]),

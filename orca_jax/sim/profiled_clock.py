@@ -17,15 +17,30 @@ buckets with short contexts. `ProfiledClock` prices a step by what it holds:
    `stage_layers`) the price is split over the stages by their layers, known at
    dispatch (`dispatch_stages`), so micro-batches stay in flight.
 
+Each composition's price is the fastest of `num_repeats` timed passes (after
+one untimed one): other processes' load can only add to a step's time, so the
+minimum moves least with it (the median of two passes, before, followed the load).
+
 The same step always costs the same within a run. Across processes the table
-is what repeats a run: `table_file` names a file (the `calibration.save_fit`
-format, so it also serves the simulator as a `--cost_fit`) that is loaded if it
-exists — checked against `identity`, what the table was measured for (model,
-dtype, attention, page geometry) and the warmed buckets — and written after
-profiling otherwise; a rerun with it prices every step bit for bit as the first
-run did. That makes it reproducible, not exact: the fit's error against the
-wall clock is what `benchmarks/engine_throughput.py` reports. Nothing here
-imports jax.
+is what repeats a run, two ways:
+
+* `store` (`orca_jax.sim.profile_store`, what commands use by default): the
+  table is kept in a folder of the user's cache under a key of everything that
+  changes a step's time (`identity`, `setup`: the machine and the compiled
+  step's variant, the warmed buckets, the grid and the timing method); a later
+  process with the same key reads it and times nothing, so two commands on one
+  machine price steps identically, loaded or idle. `fresh` times it again and
+  replaces it; a stored table that cannot be used is reported in one line and
+  timed again.
+* `table_file` names a file (the `calibration.save_fit` format, so it also
+  serves the simulator as a `--cost_fit`) that is loaded if it exists — checked
+  against `identity`, what the table was measured for (model, dtype, attention,
+  page geometry) and the warmed buckets, not the machine (another host may price
+  by it) — and written after profiling otherwise; a rerun with it prices every
+  step bit for bit as the first run did.
+
+That makes it reproducible, not exact: the fit's error against the wall clock
+is what `benchmarks/profiled_clock.py` reports. Nothing here imports jax.
 """
 
 from __future__ import annotations
@@ -52,9 +67,15 @@ from orca_jax.core.step.engine_api import (
 )
 from orca_jax.sim.calibration import fit_linear, load_fit, save_fit
 from orca_jax.sim.cost_model import LinearStepTime, real_lengths
-from orca_jax.sim.step_profile import measure_step_times
+from orca_jax.sim.profile_store import ProfileStore, StoredTable, machine_name, table_key
+from orca_jax.sim.step_profile import measure_grid, profile_grid
 
 _log = logging.getLogger(__name__)
+# Timed passes over the grid at warm-up, each composition priced by its fastest: with
+# fresh tables beside two busy loops on 2 cores the main job's tok/s moved ~3% (medians;
+# the median of 2 passes, before: -40%, issue 50), and each pass adds ~0.6 s to a
+# first run there (docs/calibration.md).
+NUM_REPEATS = 5
 
 
 class ProfiledClock(EngineWrapper):
@@ -67,7 +88,7 @@ class ProfiledClock(EngineWrapper):
       pages_per_seq: the engine's page-table width.
       num_pages: pages in the engine's cache, the null page included.
       num_repeats: timed passes over the grid at warm-up (the fit follows each
-        composition's median over them).
+        composition's fastest).
       fit: a fit to price by instead of profiling (`{bucket tokens: LinearStepTime}`,
         e.g. `calibration.load_fit(path)[0]`); it must cover every warmed bucket.
       table_file: the per-bucket table's file: loaded (and checked against
@@ -75,6 +96,14 @@ class ProfiledClock(EngineWrapper):
       identity: what the table is measured for (JSON values: the model, dtype,
         attention, ...); a loaded table must say the same. The grid's geometry
         (context, page size, page-table width, pages) is always part of it.
+      store: where tables are kept across processes (`profile_store.current()`):
+        a warm-up reads the table of its key there, else times the grid and
+        stores it. Not with `fit` or `table_file`.
+      setup: what else changes a step's time, beyond `identity` (JSON values: the
+        machine, `profile_store.describe_machine`, and the compiled step's
+        variant): part of a stored table's key, not checked in a `table_file`.
+      fresh: with `store`: time the grid even where a table is stored, and
+        replace it.
 
     Raises:
       EngineConfigError: `table_file` exists but is no table, or one measured for
@@ -82,19 +111,29 @@ class ProfiledClock(EngineWrapper):
     """
 
     def __init__(self, engine: Engine, *, max_model_len: int, page_size: int,
-                 pages_per_seq: int, num_pages: int, num_repeats: int = 2,
+                 pages_per_seq: int, num_pages: int, num_repeats: int = NUM_REPEATS,
                  fit: Optional[Mapping[int, LinearStepTime]] = None,
                  table_file: Optional[str] = None,
-                 identity: Optional[Mapping[str, Any]] = None) -> None:
+                 identity: Optional[Mapping[str, Any]] = None,
+                 store: Optional[ProfileStore] = None,
+                 setup: Optional[Mapping[str, Any]] = None, fresh: bool = False) -> None:
         if num_repeats < 1:
             raise ValueError(f"ProfiledClock: num_repeats={num_repeats} must be >= 1")
         if fit is not None and table_file is not None:
             raise ValueError("ProfiledClock: give a fit or a table_file, not both")
+        if store is not None and (fit is not None or table_file is not None):
+            raise ValueError("ProfiledClock: a store keeps the tables this clock times; "
+                             "not with a given fit or table_file")
         super().__init__(engine)
         self._grid = dict(max_model_len=max_model_len, page_size=page_size,
                           pages_per_seq=pages_per_seq, num_pages=num_pages)
         self.num_repeats = num_repeats
         self.identity: dict[str, Any] = to_json_value({**dict(identity or {}), **self._grid})
+        self.store, self.fresh = store, fresh
+        self.setup: dict[str, Any] = to_json_value(dict(setup or {}))
+        # The stored tables this clock priced by, one per warm-up that had new buckets.
+        self.stored: list[StoredTable] = []
+        self.num_timed_steps = 0  # steps run to time the grid (none when every table was read)
         self.table_file = table_file
         self.table_loaded = table_file is not None and os.path.exists(table_file)
         if self.table_loaded:
@@ -131,18 +170,46 @@ class ProfiledClock(EngineWrapper):
             raise ValueError(f"ProfiledClock.warmup: the given fit has no price for buckets "
                              f"{[b.num_tokens for b in missing]}; fitted: {sorted(self._fit)}")
         if missing:  # profiled once: a later warm-up of the same buckets (compare) reuses it
-            _log.info("profiled clock: timing a grid of step compositions of %d buckets",
-                      len(missing))
-            start = time.perf_counter()
-            samples = measure_step_times(self.engine, missing, num_repeats=self.num_repeats,
-                                         **self._grid)
-            self._fit.update(fit_linear(samples, self._grid["page_size"]))
-            _log.info("profiled clock: fitted in %.1f s", time.perf_counter() - start)
+            self._fit.update(self._table_of(missing))
             if self.table_file is not None:
                 self.save_table(self.table_file)
         else:
             self.engine.warmup(buckets)
         self._warm = self._warm | frozenset(buckets)
+
+    def _table_of(self, buckets: list[Bucket]) -> dict[int, LinearStepTime]:
+        """The table of `buckets`, read from the store or timed (and stored); the
+        wrapped engine warmed up on them either way."""
+        grid = profile_grid(buckets, **self._grid)
+        key = None
+        if self.store is not None:
+            key = table_key(self.identity, self.setup,
+                            [(b.num_tokens, b.num_seqs) for b in buckets],
+                            [(b.num_tokens, b.num_seqs, q, k) for b, q, k, _ in grid],
+                            self.num_repeats)
+            found = None if self.fresh else self.store.load(key, [b.num_tokens for b in buckets])
+            if found is not None:
+                fit, table = found
+                self.engine.warmup(buckets)
+                self.table_loaded = not self.num_timed_steps
+                self.stored.append(table)
+                _log.info("%s", table.line())
+                return fit
+        _log.info("profiled clock: timing a grid of step compositions of %d buckets",
+                  len(buckets))
+        start = time.perf_counter()
+        samples = measure_grid(self.engine, grid, self.num_repeats)
+        self.num_timed_steps += len(grid) * (1 + self.num_repeats)
+        self.table_loaded = False
+        fit = fit_linear(samples, self._grid["page_size"], statistic="min")
+        _log.info("profiled clock: fitted in %.1f s", time.perf_counter() - start)
+        if key is not None:  # timed for the store
+            assert self.store is not None
+            table = self.store.save(key, fit, {"kind": "profiled_clock", **self.identity},
+                                    machine=machine_name(self.setup))
+            self.stored.append(table)
+            _log.info("%s", table.line())
+        return fit
 
     def save_table(self, path: str) -> str:
         """Writes the per-bucket table (with `identity`) to `path`; returns its sha256."""

@@ -30,9 +30,12 @@ def reference_tiles(bucket: Bucket, page_size: int) -> tuple[int, int]:
     return reference_blocks(bucket.num_tokens, bucket.num_seqs, page_size)
 
 
+SAMPLE_STATISTICS = ("median", "mean", "min")
+
+
 @dataclasses.dataclass(frozen=True)
 class StepSample:
-    """One measured step composition: its real sequences and its median seconds."""
+    """One measured step composition: its real sequences and its seconds over repeats."""
 
     bucket: Bucket
     q_lens: tuple[int, ...]  # [num_seqs] new tokens per sequence
@@ -40,6 +43,13 @@ class StepSample:
     seconds: float  # median over repeats
     spread: float  # (max - min) / median over repeats
     mean_s: float  # mean over repeats
+    min_s: float  # fastest repeat: other processes' load can only add to a step's time
+
+    def statistic(self, name: str) -> float:
+        """The seconds `name` (`median`, `mean` or `min`) of the repeats says."""
+        if name not in SAMPLE_STATISTICS:
+            raise ValueError(f"StepSample: statistic={name!r}, choose one of {SAMPLE_STATISTICS}")
+        return {"median": self.seconds, "mean": self.mean_s, "min": self.min_s}[name]
 
 
 def profile_shapes(bucket: Bucket, max_model_len: int
@@ -121,13 +131,14 @@ def time_grid(engine: Engine, grid: ProfileGrid, num_passes: int) -> list[list[f
 
 
 def samples_from_times(grid: ProfileGrid, times: Sequence[Sequence[float]]) -> list[StepSample]:
-    """One `StepSample` per composition: median, spread and mean over its passes."""
+    """One `StepSample` per composition: median, spread, mean and minimum over its passes."""
     samples = []
     for index, (bucket, q_lens, kv_lens, _) in enumerate(grid):
         runs = [row[index] for row in times]
         median = statistics.median(runs)
         samples.append(StepSample(bucket, q_lens, kv_lens, median,
-                                  (max(runs) - min(runs)) / median, statistics.fmean(runs)))
+                                  (max(runs) - min(runs)) / median, statistics.fmean(runs),
+                                  min(runs)))
     return samples
 
 
@@ -139,10 +150,20 @@ def measure_step_times(engine: Engine, buckets: Sequence[Bucket], *, max_model_l
     The engine must report measured time (a `JaxEngine`).
     One untimed pass over the grid, then `num_repeats` timed passes (`time_grid`).
     """
-    if num_repeats < 1:
-        raise ValueError(f"measure_step_times: num_repeats={num_repeats} must be >= 1")
-    engine.warmup(buckets)
     grid = profile_grid(buckets, max_model_len=max_model_len, page_size=page_size,
                         pages_per_seq=pages_per_seq, num_pages=num_pages)
+    return measure_grid(engine, grid, num_repeats)
+
+
+def measure_grid(engine: Engine, grid: ProfileGrid, num_repeats: int) -> list[StepSample]:
+    """Warms `engine` up on the grid's buckets, runs one untimed pass over `grid`, then
+    `num_repeats` timed ones (`time_grid`): one `StepSample` per composition.
+
+    Raises:
+      ValueError: `num_repeats` < 1.
+    """
+    if num_repeats < 1:
+        raise ValueError(f"measure_step_times: num_repeats={num_repeats} must be >= 1")
+    engine.warmup(list(dict.fromkeys(bucket for bucket, *_ in grid)))
     time_grid(engine, grid, 1)
     return samples_from_times(grid, time_grid(engine, grid, num_repeats))
