@@ -98,7 +98,7 @@ def published_errors(exp_id: str, stage: int, records: list[dict[str, str]]
 
 
 def run_command(exp_id: str, spec: dict[str, Any], trace: str, out_dir: str,
-                profile: str) -> list[str]:
+                profile: str, step_padding: str) -> list[str]:
     """The `experiments.run` command replaying one run."""
     command = [sys.executable, "-m", "experiments.run", "--engine=sim", "--policy=vllm",
                "--workload=trace", f"--trace={trace}", f"--model={spec['model']}",
@@ -106,6 +106,7 @@ def run_command(exp_id: str, spec: dict[str, Any], trace: str, out_dir: str,
                f"--max_num_seqs={spec['max_num_seqs']}",
                f"--max_num_tokens={spec['mnbt']}", "--page_size=16", "--max_model_len=4096",
                "--prefix_caching=on", f"--engine_profile={profile}",
+               f"--step_padding={step_padding}",
                # The profile pads steps its engine's way (vLLM's graph sizes): the ladder is
                # only what the run compiles, so the cheapest one, with no pilot run.
                "--bucket_ladder=pow2", f"--out_dir={out_dir}"]
@@ -141,8 +142,8 @@ def simulated_stages(out_dir: str, spec: dict[str, Any]) -> list[dict[str, float
     return stages
 
 
-def replay(exp_id: str, spec: dict[str, Any], folder: str, work: str,
-           profile: str) -> tuple[str, list[dict[str, float]], float]:
+def replay(exp_id: str, spec: dict[str, Any], folder: str, work: str, profile: str,
+           step_padding: str) -> tuple[str, list[dict[str, float]], float]:
     """Writes the run's trace, replays it, and returns its stages and wall seconds."""
     start = time.perf_counter()
     subprocess.run([sys.executable, os.path.join(folder, "gen_traces.py"), "--outdir", work,
@@ -150,7 +151,7 @@ def replay(exp_id: str, spec: dict[str, Any], folder: str, work: str,
     out_dir = os.path.join(work, f"{exp_id}_out")
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     done = subprocess.run(run_command(exp_id, spec, os.path.join(work, f"{exp_id}.jsonl"),
-                                      out_dir, profile),
+                                      out_dir, profile, step_padding),
                           capture_output=True, text=True, env=env,
                           cwd=os.path.dirname(HERE))
     if done.returncode != 0:
@@ -163,6 +164,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sim2real", default=DEFAULT_SET, help="the set's folder")
     parser.add_argument("--engine_profile", default="vllm")
+    parser.add_argument("--step_padding", default="bucket", choices=("bucket", "ragged"),
+                        help="bucket: as the profile's engine pads (vllm: its graph sizes)")
     parser.add_argument("--runs", default="", help="comma-separated run ids (all: empty)")
     parser.add_argument("--jobs", type=int, default=2, help="runs replayed at once")
     args = parser.parse_args(argv)
@@ -173,12 +176,13 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"sim_vs_real: unknown runs {unknown}; the set has {sorted(experiments)}",
               file=sys.stderr)
         return 2
-    print(f"engine profile {args.engine_profile}; set {args.sim2real}; runs {','.join(ids)}")
+    print(f"engine profile {args.engine_profile}, step padding {args.step_padding}; "
+          f"set {args.sim2real}; runs {','.join(ids)}")
     results: dict[str, list[dict[str, float]]] = {}
     with tempfile.TemporaryDirectory() as work, \
             concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
         futures = [pool.submit(replay, i, experiments[i], args.sim2real, work,
-                               args.engine_profile) for i in ids]
+                               args.engine_profile, args.step_padding) for i in ids]
         for future in concurrent.futures.as_completed(futures):
             exp_id, stages, seconds = future.result()
             results[exp_id] = stages

@@ -49,6 +49,7 @@ from orca_jax.runner.spec import (
 )
 from orca_jax.runner.spec_caps import check_step_tokens
 from orca_jax.runner.spec_fields import spec_field
+from orca_jax.sim.engine_profiles import get_engine_profile
 from orca_jax.workloads.synthetic import parse_length_spec
 
 flags.adopt_module_key_flags(list_flags)  # --list_policies, ... on every command of the run flags
@@ -315,7 +316,8 @@ def _buckets(max_num_tokens: int) -> tuple[Optional[tuple[int, ...]], Optional[s
                                         "integers") from None
     ladder = FLAGS.bucket_ladder
     if ladder == "auto":
-        ladder = "pow2" if FLAGS.cost_fit else AUTO_LADDER[FLAGS.engine]
+        ladder = ("pow2" if FLAGS.cost_fit or _padding_not_the_ladders()
+                  else AUTO_LADDER[FLAGS.engine])
         if ladder == "pow2":
             return None, None  # the library's default: the config (and a sweep's) as before
         # fit:16 needs a budget of 128 tokens: a default must not refuse a smaller one.
@@ -335,6 +337,16 @@ def _buckets(max_num_tokens: int) -> tuple[Optional[tuple[int, ...]], Optional[s
     return sizes, None
 
 
+def _padding_not_the_ladders() -> bool:
+    """Whether the simulator prices no step by its bucket: `--step_padding=ragged`, or an
+    engine profile that pads its own way (vllm: its CUDA graph sizes). A ladder is then
+    only the sizes the run packs to, and fitting one would cost a pilot for nothing."""
+    if FLAGS.engine != "sim":
+        return False
+    return (FLAGS.step_padding == "ragged"
+            or get_engine_profile(FLAGS.engine_profile).graph_sizes is not None)
+
+
 def ladder_reason() -> str:
     """Why the run has its ladder, from the flags that chose it (`_buckets`)."""
     if FLAGS.buckets:
@@ -343,6 +355,10 @@ def ladder_reason() -> str:
         return f"--bucket_ladder={FLAGS.bucket_ladder}"
     if FLAGS.cost_fit:
         return "--bucket_ladder=auto: pow2, as a cost fit prices only its calibrated sizes"
+    if _padding_not_the_ladders():
+        why = ("--step_padding=ragged" if FLAGS.step_padding == "ragged" else
+               f"--engine_profile={FLAGS.engine_profile} pads steps to its engine's graph sizes")
+        return f"--bucket_ladder=auto: pow2, no pilot: {why}, so no step is priced by its bucket"
     if FLAGS.engine == "jax":
         return "--bucket_ladder=auto: pow2 on the jax engine, where each size is a compile"
     return (f"--bucket_ladder=auto: {AUTO_LADDER['sim']} on the simulator, the sizes that pad "
