@@ -208,9 +208,9 @@ def test_a_fitted_ladder_is_fitted_once_per_rate_and_seed_in_the_driver(tmp_path
     fitted = []
     fit = sweep_point.with_fitted_buckets
 
-    def counting(point, requests):
+    def counting(point, requests, **kwargs):
         fitted.append(point.workload.rate)
-        return fit(point, requests)
+        return fit(point, requests, **kwargs)
 
     monkeypatch.setattr(sweep_point, "with_fitted_buckets", counting)
     sweep.run_sweep(spec, policies, [2.0, 8.0], [0], str(tmp_path / "ray"),

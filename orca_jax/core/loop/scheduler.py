@@ -48,7 +48,7 @@ from orca_jax.core.plans.view import SchedulerView
 from orca_jax.core.requests.request import Request, RequestState, sort_by_arrival
 from orca_jax.core.requests.request_table import RequestTable, SpecCounts
 from orca_jax.core.requests.run_record import RunRecord
-from orca_jax.core.step.engine_api import Engine
+from orca_jax.core.step.engine_api import NO_FRONT_END, Engine
 from orca_jax.core.step.packing import SamplingArrays, bucket_config_for
 
 # Plain ints: IntEnum attribute lookups cost a microsecond each on the hot path.
@@ -146,7 +146,10 @@ class Scheduler(SchedulerLoop):
         self.now_s = 0.0
         # When arrivals join the queue, and the rows that may (a cluster's replica: up to
         # its last submission).
-        self.arrival_join = ArrivalJoin(engine.front_end, horizon=0 if submitted_only else n)
+        # (An engine of the duck-typed kind, not an `Engine`, declares no front end.)
+        self.arrival_join = ArrivalJoin(
+            engine.front_end if isinstance(engine, Engine) else NO_FRONT_END,
+            horizon=0 if submitted_only else n)
         self.num_steps = 0
         self._next_arrival = 0
         # More requests may still be submitted: an iteration with nothing to do and nothing
