@@ -1,0 +1,78 @@
+"""The outside soak's reproducers (issue 51), each run as a user runs it: it finishes with
+the right results, or refuses in one line naming the thing with nothing half-written.
+
+The commands run as processes of their own, forked from one that imported the entry
+points once (`forked_cli`), two at a time; each case checks its own outcome.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+SIM = ("--engine=sim",)
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One command: `python -m experiments.run ARGS --out_dir=...`."""
+
+    name: str
+    args: tuple[str, ...]
+    check: Callable[[Path, "object"], None]  # (out_dir, CompletedProcess)
+
+
+def _summary(out_dir: Path) -> dict:
+    return json.loads((out_dir / "summary.json").read_text())
+
+
+def _finished(num_requests: int, **figures) -> Callable[[Path, object], None]:
+    """The run exits 0 and every request finished; `figures`: summary values, each a
+    predicate on the value."""
+    def check(out_dir: Path, result) -> None:
+        assert result.returncode == 0, result.stderr[-3000:]
+        summary = _summary(out_dir)
+        assert summary["num_finished"] == num_requests, summary
+        for name, holds in figures.items():
+            assert holds(summary[name]), (name, summary[name])
+    return check
+
+
+def _cases() -> list[Case]:
+    rebalanced = ("--num_requests=20", "--num_replicas=2", "--rebalancer=load_balance")
+    return [
+        # 1: a rebalancer with prefix caching on (it moves a request that shares cached
+        # pages: the settings after the issue's command make it move one).
+        Case("migration_with_prefix_caching",
+             (*SIM, "--policy=sjf", "--workload=shared_prefix", *rebalanced,
+              "--prefix_caching=on", "--bucket_ladder=pow2", "--rebalancer_opts=gap=0",
+              "--rebalance_interval_s=0.05", "--rate=20", "--max_num_seqs=2"),
+             _finished(20, num_migrations=lambda n: n >= 1, prefix_hit_rate=lambda r: r > 0.3)),
+        # 2: the default ladder's pilot runs `vllm` (which caches) under the run's rebalancer.
+        Case("default_ladder_pilot_with_a_rebalancer",
+             (*SIM, "--policy=sjf", "--workload=shared_prefix", *rebalanced),
+             _finished(20)),
+    ]
+
+
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory):
+    from forked_cli import run_forked
+
+    cases = _cases()
+    outs = tmp_path_factory.mktemp("outs")
+    results = run_forked([("experiments.run", (*case.args, f"--out_dir={outs / case.name}"))
+                          for case in cases], tmp_path_factory.mktemp("streams"),
+                         dict(os.environ, JAX_PLATFORMS="cpu", PYTHONWARNINGS="ignore"))
+    return {case.name: (case, outs / case.name, result) for case, result in zip(cases, results)}
+
+
+@pytest.mark.parametrize("name", [case.name for case in _cases()])
+def test_the_soak_reproducer_finishes_or_refuses_in_one_line(outcomes, name):
+    case, out_dir, result = outcomes[name]
+    case.check(out_dir, result)
