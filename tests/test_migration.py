@@ -393,3 +393,24 @@ def test_a_migrated_request_keeps_its_pages_and_names_them_on_a_caching_target(m
     for replica in cluster.replicas:
         replica.kv.check_consistency()
         assert not replica.kv.num_held.any() and not replica.in_transfer.size
+
+
+@pytest.mark.parametrize("leap", [True, False])
+def test_a_static_batch_member_migrates_and_the_batch_finishes_without_it(leap):
+    # Round robin: 0, 2, 4 on replica 0 form its batch (max_num_seqs 4); 2 leaves it
+    # mid-decode for replica 1 (which runs 1, 3, 5 as its batch, then 2 as a new one).
+    requests = [Request(id=i, arrival_s=0.0, prompt_len=40, output_len=30 + 10 * i)
+                for i in range(6)]
+    config = CONFIG.with_knobs(max_num_seqs=4, num_kv_pages=200, leap=leap)  # 32 a member
+    cluster = _cluster(requests, Scripted(moves=((2, 0, 1),)), policy="static", config=config)
+    result = cluster.run()
+    (log,) = cluster.migrator.log
+    assert (log.request, log.to_replica) == (2, 1)
+    assert (result.state == RequestState.FINISHED).all()
+    np.testing.assert_array_equal(np.bincount(result.token_req, minlength=6),
+                                  [r.output_len for r in requests])
+    assert result.replica.tolist() == [0, 1, 1, 1, 0, 1]
+    # Replica 0's batch (0 and 4 left) was released when its longest, 4, finished.
+    assert result.finish_s[0] == result.finish_s[4]
+    for replica in cluster.replicas:
+        assert not replica.kv.num_held.any() and not replica.in_transfer.size

@@ -57,6 +57,12 @@ def _cases() -> list[Case]:
         Case("default_ladder_pilot_with_a_rebalancer",
              (*SIM, "--policy=sjf", "--workload=shared_prefix", *rebalanced),
              _finished(20)),
+        # 3: `static` after a migration planned the member that left its batch.
+        Case("static_after_a_migration",
+             (*SIM, "--policy=static", *rebalanced, "--rebalancer_opts=gap=0",
+              "--rebalance_interval_s=0.05", "--rate=20", "--max_num_seqs=2",
+              "--bucket_ladder=pow2"),
+             _finished(20, num_migrations=lambda n: n >= 1)),
     ]
 
 
