@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 from pathlib import Path
 from typing import Callable
 
@@ -43,8 +44,37 @@ def _finished(num_requests: int, **figures) -> Callable[[Path, object], None]:
     return check
 
 
+def _error_lines(stderr: str) -> list[str]:
+    """stderr's lines but the noise a library may print (jax's log setup, absl's info)."""
+    return [line for line in stderr.splitlines()
+            if line.strip() and not line.startswith(("WARNING: All log messages before",
+                                                       "E0000", "W0000", "I0000", "I1"))]
+
+
+def _refused(status: int, says: str) -> Callable[[Path, object], None]:
+    """The run exits with `status` and one error line matching `says` (a regex), and
+    leaves no results: no folder, or one marked failed without a summary."""
+    def check(out_dir: Path, result) -> None:
+        lines = _error_lines(result.stderr)
+        assert result.returncode == status, result.stderr[-3000:]
+        assert "Traceback" not in result.stderr, result.stderr[-3000:]
+        assert len(lines) == 1 and re.match(says, lines[0]), lines
+        if out_dir.exists():
+            names = {p.name for p in out_dir.iterdir()}
+            assert "summary.json" not in names, names
+            assert json.loads((out_dir / "status.json").read_text())["status"] == "failed"
+    return check
+
+
+BAD_CACHE = "tests/plugins/bad_cache_policies.py"
+
+
 def _cases() -> list[Case]:
     rebalanced = ("--num_requests=20", "--num_replicas=2", "--rebalancer=load_balance")
+    tiered = ("--policy=vllm", "--workload=shared_prefix", "--num_requests=40",
+              "--prefix_len=fixed:128", "--suffix_len=uniform:16:64",
+              "--output_len=uniform:16:64", "--num_kv_pages=40", "--kv_host_pages=8",
+              "--prefix_caching=on")
     return [
         # 1: a rebalancer with prefix caching on (it moves a request that shares cached
         # pages: the settings after the issue's command make it move one).
@@ -63,6 +93,17 @@ def _cases() -> list[Case]:
               "--rebalance_interval_s=0.05", "--rate=20", "--max_num_seqs=2",
               "--bucket_ladder=pow2"),
              _finished(20, num_migrations=lambda n: n >= 1)),
+        # 4: a cache policy whose victim() names a page its tier does not hold, or None:
+        # one line naming the plugin (under the default ladder, from the pilot).
+        *[Case(f"cache_policy_victim_{plugin}_{ladder or 'default'}",
+               (*SIM, *tiered, f"--kv_cache_policy={BAD_CACHE}:{plugin}",
+                *((f"--bucket_ladder={ladder}",) if ladder else ())),
+               _refused(1, f"error: cache policy '{BAD_CACHE}:{plugin}' broke rule "
+                           f"'victim_not_held': victim\\(\\) returned {returned}, which the "
+                           "host tier does not hold"))
+          for plugin, returned in (("NamesAStranger", "'no-such-page'"),
+                                   ("NamesNothing", "None"))
+          for ladder in ("pow2", None)],
     ]
 
 
