@@ -12,7 +12,7 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Optional
 
 import pytest
 
@@ -26,6 +26,7 @@ class Case:
     name: str
     args: tuple[str, ...]
     check: Callable[[Path, "object"], None]  # (out_dir, CompletedProcess)
+    out_dir: Optional[str] = None  # None: a fresh folder of the test's
 
 
 def _summary(out_dir: Path) -> dict:
@@ -104,6 +105,10 @@ def _cases() -> list[Case]:
           for plugin, returned in (("NamesAStranger", "'no-such-page'"),
                                    ("NamesNothing", "None"))
           for ladder in ("pow2", None)],
+        # 7: a folder where nothing can be created (root's os.access says yes to /proc).
+        *([Case("out_dir_in_proc", (*SIM, "--num_requests=5"),
+                _refused(2, "error: --out_dir /proc/orca_out: cannot create files in /proc: "),
+                out_dir="/proc/orca_out")] if os.path.isdir("/proc/self") else []),
     ]
 
 
@@ -113,10 +118,13 @@ def outcomes(tmp_path_factory):
 
     cases = _cases()
     outs = tmp_path_factory.mktemp("outs")
-    results = run_forked([("experiments.run", (*case.args, f"--out_dir={outs / case.name}"))
-                          for case in cases], tmp_path_factory.mktemp("streams"),
+    folders = [Path(case.out_dir) if case.out_dir else outs / case.name for case in cases]
+    results = run_forked([("experiments.run", (*case.args, f"--out_dir={folder}"))
+                          for case, folder in zip(cases, folders)],
+                         tmp_path_factory.mktemp("streams"),
                          dict(os.environ, JAX_PLATFORMS="cpu", PYTHONWARNINGS="ignore"))
-    return {case.name: (case, outs / case.name, result) for case, result in zip(cases, results)}
+    return {case.name: (case, folder, result)
+            for case, folder, result in zip(cases, folders, results)}
 
 
 @pytest.mark.parametrize("name", [case.name for case in _cases()])
