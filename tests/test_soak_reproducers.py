@@ -105,6 +105,13 @@ def _cases() -> list[Case]:
           for plugin, returned in (("NamesAStranger", "'no-such-page'"),
                                    ("NamesNothing", "None"))
           for ladder in ("pow2", None)],
+        # 6: plas with one seat: a long prompt preempted in its prefill fell back to the
+        # top level and was admitted over the call that preempted it, again and again.
+        Case("plas_one_seat_long_prompts",
+             (*SIM, "--policy=plas", "--max_num_seqs=1", "--max_num_tokens=64",
+              "--num_requests=19", "--prompt_len=fixed:3000", "--num_kv_pages=250",
+              "--bucket_ladder=pow2"),
+             _finished(19, num_preemptions=lambda n: 0 < n <= 19)),
         # 7: a folder where nothing can be created (root's os.access says yes to /proc).
         *([Case("out_dir_in_proc", (*SIM, "--num_requests=5"),
                 _refused(2, "error: --out_dir /proc/orca_out: cannot create files in /proc: "),
