@@ -67,6 +67,21 @@ def _refused(status: int, says: str) -> Callable[[Path, object], None]:
     return check
 
 
+def _check_speculating_steps(out_dir: Path, result, num_requests: int) -> None:
+    _finished(num_requests, num_preemptions=lambda n: n == 0)(out_dir, result)
+    summary = _summary(out_dir)
+    steps = [json.loads(line) for line in (out_dir / "steps.jsonl").read_text().splitlines()]
+    requests = [json.loads(line) for line in (out_dir / "requests.jsonl").read_text().splitlines()]
+    assert all(sum(row["request_tokens"]) == row["num_tokens"] for row in steps)
+    drafted = summary["speculation.drafted_tokens"]
+    accepted = summary["speculation.accepted_tokens"]
+    assert 0 < accepted < drafted
+    # Positions: every prompt token, one a decode step, and every draft verified; the
+    # decode steps are the tokens after the first that were not accepted drafts.
+    positions = sum(r["prompt_len"] + r["output_len"] - 1 for r in requests) - accepted + drafted
+    assert sum(row["num_tokens"] for row in steps) == positions
+
+
 BAD_CACHE = "tests/plugins/bad_cache_policies.py"
 
 
@@ -112,6 +127,11 @@ def _cases() -> list[Case]:
               "--num_requests=19", "--prompt_len=fixed:3000", "--num_kv_pages=250",
               "--bucket_ladder=pow2"),
              _finished(19, num_preemptions=lambda n: 0 < n <= 19)),
+        # 11: a speculating run's steps.jsonl: request_tokens counts positions as num_tokens.
+        Case("speculating_step_rows",
+             (*SIM, "--policy=vllm", "--spec_k=4", "--log_step_requests", "--num_requests=12",
+              "--prefix_caching=off", "--bucket_ladder=pow2"),
+             lambda out_dir, result: _check_speculating_steps(out_dir, result, 12)),
         # 7: a folder where nothing can be created (root's os.access says yes to /proc).
         *([Case("out_dir_in_proc", (*SIM, "--num_requests=5"),
                 _refused(2, "error: --out_dir /proc/orca_out: cannot create files in /proc: "),

@@ -94,8 +94,10 @@ class RunResult:
     # ---------------------------------------------------------- per step
     steps: StepLogs  # [S] each step (a `StepLog`) as steps.jsonl writes it
     step_replica: NDArray[np.int64]  # [S] the replica that ran each step
-    # [S] of [n]: the requests each step computed, and how many tokens each; [S] of [m]: the
-    # requests holding a batch place after it (running, or finished and not yet released).
+    # [S] of [n]: the requests each step computed, and how many positions each (its planned
+    # tokens plus the draft tokens it verified, in a speculating step: they sum to the
+    # step's `num_tokens`); [S] of [m]: the requests holding a batch place after it
+    # (running, or finished and not yet released).
     # None unless the run had `SchedulerConfig.features.log_step_requests`.
     step_requests: Optional[tuple[NDArray[np.int64], ...]]
     step_tokens: Optional[tuple[NDArray[np.int64], ...]]
