@@ -39,6 +39,7 @@ from absl import app, flags
 
 import orca_jax
 from orca_jax.core.api.policy import PolicyLoadError
+from orca_jax.core.kv.cache_policies import CachePolicyError
 from orca_jax.core.plans.plan import PlanError
 from orca_jax.core.step.engine_api import EngineConfigError
 from orca_jax.results.folder_lock import FolderLockedError
@@ -49,8 +50,9 @@ from orca_jax.workloads.traces import TraceError
 USAGE_ERRORS: tuple[type[BaseException], ...] = (
     app.UsageError, flags.Error, PolicyLoadError, TraceError, EngineConfigError, OutDirError,
     FolderLockedError, SweepConfigError, SweepPointsError, SweepError)
-# A plan that breaks a rule; results that could not be written (a full disk).
-RUN_ERRORS: tuple[type[BaseException], ...] = (PlanError, ResultsWriteError)
+# A plan (or a cache policy) that breaks a rule; results that could not be written (a
+# full disk).
+RUN_ERRORS: tuple[type[BaseException], ...] = (PlanError, CachePolicyError, ResultsWriteError)
 USAGE_EXIT, RUN_EXIT, INTERRUPT_EXIT = 2, 1, 130
 CLOSED_PIPE_EXIT = 141  # 128 + SIGPIPE, as a shell reports a command the signal ended
 

@@ -35,7 +35,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import math
-from typing import ClassVar
+from typing import ClassVar, Optional
 
 import numpy as np
 from numpy.typing import NDArray
@@ -62,6 +62,9 @@ class ProgramLevels(Policy):
     num_levels: int = 16
     enable_prefix_caching: bool = True
     prefix_caching_knob: ClassVar[str] = "enable_prefix_caching"
+    # [N] the most service each request has been ranked by (see `attained`).
+    _served: Optional[NDArray[np.float64]] = dataclasses.field(default=None, init=False,
+                                                               repr=False)
 
     @property
     def prefix_caching(self) -> bool:  # the core reads this (see `Policy.prefix_caching`)
@@ -82,9 +85,27 @@ class ProgramLevels(Policy):
     def service(self, view: SchedulerView, ids: NDArray[np.int64]) -> NDArray[np.float64]:
         """`[n]` the service each request is ranked by."""
 
-    def levels(self, view: SchedulerView, ids: NDArray[np.int64]) -> NDArray[np.int64]:
-        """`[n]` each request's level (0 first) from its `service`."""
+    def attained(self, view: SchedulerView, ids: NDArray[np.int64]) -> NDArray[np.float64]:
+        """`[n]` the service each request ranks by: the most its `service` has been.
+
+        Service attained is never taken back. `service` counts a call still in its prompt
+        by the tokens it has computed, which a recompute preemption sets back to 0 (or to
+        its cache hit): a long prompt past `base_quantum` fell to the top level when
+        preempted, was admitted again over the call that preempted it (whose service had
+        grown past its own meanwhile), then preempted again, and the two chased each
+        other with no token gained (19 requests of 3,000-token prompts, one seat: the
+        no-progress rule after 313 preemptions).
+        """
         service = self.service(view, ids)
+        if self._served is None:
+            self._served = np.zeros(len(view.requests), dtype=np.float64)
+        service = np.maximum(service, self._served[ids])
+        self._served[ids] = service
+        return service
+
+    def levels(self, view: SchedulerView, ids: NDArray[np.int64]) -> NDArray[np.int64]:
+        """`[n]` each request's level (0 first) from its `attained` service."""
+        service = self.attained(view, ids)
         ratio = np.maximum(service / self.base_quantum, 1.0)
         level = np.where(service < self.base_quantum, 0,
                          np.floor(np.log(ratio) / math.log(self.quantum_growth)) + 1)

@@ -40,6 +40,9 @@ class SRPT(LengthRanked):
                                              repr=False)
     _promoted_s: Optional[NDArray[np.float64]] = dataclasses.field(  # [N] inf: not promoted
         default=None, init=False, repr=False)
+    # [n] the requests of the last plan `schedule()` returned, in its (rank) order.
+    _planned: NDArray[np.int64] = dataclasses.field(
+        default_factory=lambda: np.zeros(0, np.int64), init=False, repr=False)
 
     def remaining_work(self, view: SchedulerView, ids: NDArray[np.int64]) -> NDArray[np.float64]:
         """`[n]` predicted remaining work of `ids`, in output-token units."""
@@ -62,13 +65,22 @@ class SRPT(LengthRanked):
         one's work fell alike), the question is asked again of the state after them,
         and the starvation clock a skipped `schedule()` does not mark is read only
         with a finite `starvation_s`, which promises nothing. Not after prefills
-        (`stable_after_prefills`): its plan runs in rank order, not `view.running`'s."""
+        (`stable_after_prefills`): its plan runs in rank order, not `view.running`'s.
+
+        The plan repeated is the last one run, in its order, so the running must rank in
+        that order now: the step before may have computed a prompt's last token, whose
+        request's work then fell by its prompt token and its first output token, past a
+        neighbour's (one whose work tied with it, ranked before it by index)."""
         if math.isfinite(self.starvation_s) or self._promoted_s is None:
             return None
         running = view.running
         ids = candidates(view)
         order = ids[np.lexsort((ids, self.remaining_work(view, ids), self._promoted_s[ids]))]
         if not (view.requests.state[order[:running.size]] == RequestState.RUNNING).all():
+            return None
+        # The last plan less the requests finished since (a leap runs it so).
+        planned = self._planned[np.isin(self._planned, running)]
+        if not np.array_equal(order[:running.size], planned):
             return None
         left = int((self._lengths.output_len(view, running)
                     - view.requests.num_generated[running]).min())
@@ -84,4 +96,5 @@ class SRPT(LengthRanked):
         order = ids[np.lexsort((ids, self.remaining_work(view, ids), promoted[ids]))]
         plan = plan_in_order(view, order)
         self._last.mark(view, plan)
+        self._planned = plan.request_ids
         return plan

@@ -55,11 +55,13 @@ class Static(Policy):
         its `min_bucket_tokens` (the shape) the same; `schedule()` notes nothing of a
         finish but the last's. Not after prefills (`stable_after_prefills`), kept
         simple: a batch's prefill steps are few beside its decodes."""
+        self._keep_held(view)
         states = view.requests.state[self._batch]
         return STEADY if (states != RequestState.FINISHED).any() else None
 
     def schedule(self, view: SchedulerView) -> StepPlan:
         release = np.zeros(0, np.int64)
+        self._keep_held(view)
         states = view.requests.state[self._batch]
         if self._batch.size and (states == RequestState.FINISHED).all():
             release, self._batch = self._batch, np.zeros(0, np.int64)
@@ -78,6 +80,18 @@ class Static(Policy):
         # still occupy (and cost) their rows, as in FasterTransformer.
         shape = min(int(self._batch.size), view.max_num_tokens) if self.hold_batch_shape else 0
         return StepPlan(members, tokens, release=release, min_bucket_tokens=shape)
+
+    def _keep_held(self, view: SchedulerView) -> None:
+        """Drops from the batch the members this replica no longer holds: a cluster's
+        rebalancer migrated them (their new replica batches them there). Every other
+        member is waiting, running, busy in a step in flight, or finished awaiting its
+        release here."""
+        if self._batch.size == 0:
+            return
+        here = np.concatenate([view.running, view.waiting, view.busy, view.unreleased])
+        held = np.isin(self._batch, here)
+        if not held.all():
+            self._batch = self._batch[held]
 
     def _form_batch(self, view: SchedulerView) -> np.ndarray:
         cap = min(self.max_num_seqs or view.max_num_seqs, view.max_num_seqs)

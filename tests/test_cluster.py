@@ -345,3 +345,54 @@ def test_a_plan_naming_another_replicas_request_is_refused():
     with pytest.raises(PlanError, match=r"broke rule 'not_held': request_ids: request \d+ "
                                         r"is held by replica \d, not this one \(\d\)"):
         cluster.run()
+
+
+@pytest.mark.parametrize("policy", ["vllm", "sarathi"])
+def test_a_cluster_that_counts_its_tokens_summarizes_as_one_that_logs_them(policy):
+    # A tight pool: preemptions break requests' tokens into runs, which each replica's
+    # tally closes and measures the gaps of.
+    requests = _workload(n=150, rate=300.0, seed=5)
+    config = CONFIG.with_knobs(num_kv_pages=40)
+    runs = {}
+    for log_tokens in (True, False):
+        cluster = Cluster(requests, num_replicas=3, router="least_outstanding",
+                          make_policy=lambda: policies.make_policy(policy),
+                          make_engine=_engine, config=config, log_tokens=log_tokens)
+        runs[log_tokens] = cluster.run()
+    logged, counted = runs[True], runs[False]
+    assert counted.token_req is None and counted.token_time_s is None
+    assert logged.token_req.size == int(counted.token_stats.num_tokens.sum())
+    assert counted.total_preemptions > 0
+    for field in dataclasses.fields(TokenStats):
+        np.testing.assert_array_equal(getattr(counted.token_stats, field.name),
+                                      getattr(logged.token_stats, field.name), field.name)
+    host = lambda summary: {k: v for k, v in summary.items()  # noqa: E731
+                            if not k.startswith("host_")}  # wall time of the host
+    assert host(summarize(counted)) == host(summarize(logged))
+
+
+def test_a_cluster_that_moves_requests_keeps_its_token_log():
+    from orca_jax.cluster.migration import MigrationSpec
+    from orca_jax.cluster.transfers import KVTransferCost
+    from orca_jax.specs.hardware import KVLinkSpec
+
+    cost = KVTransferCost(link=KVLinkSpec(name="test", latency_s=1e-3, bytes_per_s=1e8),
+                          bytes_per_token=1000)
+    cluster = Cluster(_workload(), num_replicas=2, router="round_robin",
+                      make_policy=lambda: policies.make_policy("vllm"), make_engine=_engine,
+                      config=CONFIG, rebalancer="load_balance",
+                      migration=MigrationSpec(cost=cost), log_tokens=False)
+    result = cluster.run()  # a migrated request's gap across its move is in the log
+    assert result.token_req is not None and result.token_req.size == sum(
+        r.output_len for r in _workload())
+
+
+def test_concat_refuses_counted_results_whose_request_spans_two():
+    requests = _workload(n=4)
+    parts = [Scheduler(requests, policies.make_policy("orca"), _engine(), CONFIG,
+                       log_tokens=False).run() for _ in range(2)]
+    with pytest.raises(ValueError, match="is on replicas"):
+        RunResult.concat(parts, router="round_robin")
+    logged = Scheduler(requests, policies.make_policy("orca"), _engine(), CONFIG).run()
+    with pytest.raises(ValueError, match="result 1 has a token log and result 0 has none"):
+        RunResult.concat([parts[0], logged], router="round_robin")

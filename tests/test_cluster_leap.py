@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import policies
-from orca_jax import KVConfig, SchedulerConfig, StepLimits
+from orca_jax import KVConfig, Request, SchedulerConfig, StepLimits
 from orca_jax.cluster.elastic import ScalingSpec
 from orca_jax.cluster.migration import MigrationSpec
 from orca_jax.cluster.replicas import Cluster
@@ -168,3 +168,30 @@ def test_a_blind_router_leaps_in_fewer_leaps_with_the_same_results_as_one_that_i
     # A leap cut by an arrival goes on as the next leap: the same steps, in fewer leaps.
     assert leaped(blind)[0] == leaped(asked)[0]
     assert leaped(blind)[1] < leaped(asked)[1]
+
+
+def test_srpt_leaps_only_over_its_plan_in_the_order_it_ranks_now():
+    # Issue 51: srpt on 3 replicas (least outstanding routes 0, 3 to replica 0; 1, 4 to 1;
+    # 2, 5 to 2). On each, a short request A (16 + 52 tokens) and a long prompt R (241 + 50)
+    # share the first step (A's prompt and 240 of R's); the second computes A's decode and
+    # R's last prompt token, after which R's work (49) ranks before A's (50), tied before
+    # it (51 each, A first by index). A leap repeated the plan in the old order: the rows
+    # listed the same requests the other way round from the second step on.
+    requests = [Request(id=i, arrival_s=0.0, prompt_len=16, output_len=52) for i in range(3)]
+    requests += [Request(id=i, arrival_s=0.0, prompt_len=241, output_len=50) for i in range(3, 6)]
+    config = CONFIG.with_knobs(max_num_seqs=4, log_step_requests=True)
+    runs = []
+    for leap in (False, True):
+        cluster = Cluster(requests, num_replicas=3, router="least_outstanding",
+                          make_policy=lambda: policies.make_policy("srpt"), make_engine=_engine,
+                          config=config.with_knobs(leap=leap))
+        runs.append((cluster, cluster.run()))
+    (_, single), (other, leaped) = runs
+    assert sum(r.executor.leaper.num_leaps for r in other.replicas) > 0
+    assert single.replica.tolist() == [0, 1, 2, 0, 1, 2]
+    rows = [s.tolist() for s in single.step_requests]
+    assert [0, 3] in rows and [3, 0] in rows and [5, 2] in rows  # the turn, step by step
+    assert len(leaped.step_requests) == len(single.step_requests)
+    for a, b in zip(leaped.step_requests, single.step_requests):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(leaped.finish_s, single.finish_s)

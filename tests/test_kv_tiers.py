@@ -8,7 +8,7 @@ import pytest
 
 from orca_jax.core.api.plugins import PolicyLoadError, resolve_cache_policy
 from orca_jax.core.api.policy import make_policy
-from orca_jax.core.kv.cache_policies import ARC, LFU, LRU, make_cache_policy
+from orca_jax.core.kv.cache_policies import ARC, LFU, LRU, CachePolicyError, make_cache_policy
 from orca_jax.core.kv.links import LinkQueue
 from orca_jax.core.kv.preemption import preemption_costs
 from orca_jax.core.loop.scheduler import Scheduler
@@ -219,6 +219,18 @@ def test_a_cache_policy_loads_by_path_and_runs():
                          kv_cache_policy="examples/kv_cache_mru.py:MRU"))
     assert result.kv_tiers["host"]["cache_policy"] == "examples/kv_cache_mru.py:MRU"
     assert result.kv_tiers["host"]["evictions"] > 0
+
+
+@pytest.mark.parametrize("plugin, returned", [("NamesAStranger", "'no-such-page'"),
+                                              ("NamesNothing", "None")])
+def test_a_victim_the_tier_does_not_hold_stops_the_run_naming_the_plugin(plugin, returned):
+    path = f"tests/plugins/bad_cache_policies.py:{plugin}"
+    with pytest.raises(CachePolicyError) as error:
+        run(spec(shared_prefixes(), num_kv_pages=160, kv_host_pages=8, kv_cache_policy=path))
+    assert str(error.value) == (
+        f"cache policy '{path}' broke rule 'victim_not_held': victim() returned {returned}, "
+        "which the host tier does not hold (it holds 8 cached pages; give one of them)")
+    assert error.value.rule == "victim_not_held"
 
 
 def test_prefetch_on_queue_moves_disk_pages_to_the_host_before_admission():

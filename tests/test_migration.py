@@ -353,3 +353,64 @@ def test_describe_policy_names_a_rebalancers_knobs():
     text = describe("priority_isolation")
     assert text.startswith("rebalancer 'priority_isolation'")
     assert "--rebalancer_opts" in text and "headroom: float = 0.2" in text
+
+
+def _conversation_on_replica_1(vocab):
+    # Round robin: 0, 2, 4 on replica 0; 1, 3, 5 on replica 1. Request 2 (one page of
+    # prompt, 100 tokens of answer) migrates to replica 1 while it decodes; request 5
+    # comes to replica 1 after it finished, its prompt request 2's prompt and answer (the
+    # simulator samples `kv_len % vocab`, so the answer is known).
+    prompt = (np.arange(PAGE, dtype=np.int32) * 7 + 3) % vocab
+    answer = (PAGE + np.arange(100, dtype=np.int32)) % vocab
+    other = [(np.arange(24, dtype=np.int32) + 11 * i) % vocab for i in range(4)]
+    return [Request(id=0, arrival_s=0.0, prompt_len=24, output_len=20, prompt_tokens=other[0]),
+            Request(id=1, arrival_s=0.0, prompt_len=24, output_len=20, prompt_tokens=other[1]),
+            Request(id=2, arrival_s=0.0, prompt_len=PAGE, output_len=100, prompt_tokens=prompt),
+            Request(id=3, arrival_s=0.0, prompt_len=24, output_len=5, prompt_tokens=other[2]),
+            Request(id=4, arrival_s=0.0, prompt_len=24, output_len=5, prompt_tokens=other[3]),
+            Request(id=5, arrival_s=5.0, prompt_len=PAGE + 100, output_len=4,
+                    prompt_tokens=np.concatenate([prompt, answer]))]
+
+
+@pytest.mark.parametrize("mode", ["live", "stop_and_copy"])
+def test_a_migrated_request_keeps_its_pages_and_names_them_on_a_caching_target(mode):
+    vocab = _engine().vocab_size
+    requests = _conversation_on_replica_1(vocab)
+    rebalancer = Scripted(moves=((2, 0, 1),))
+    cluster = _cluster(requests, rebalancer, mode=mode,
+                       config=CONFIG.with_knobs(prefix_caching="on"))
+    result = cluster.run()
+    (log,) = cluster.migrator.log
+    assert (log.request, log.to_replica) == (2, 1) and 0 < rebalancer.seen[2] < PAGE + 100
+    assert (result.state == RequestState.FINISHED).all()
+    np.testing.assert_array_equal(np.bincount(result.token_req, minlength=len(requests)),
+                                  [r.output_len for r in requests])
+    # Request 5 finds request 2's pages on replica 1, named there by the answer request 2
+    # generated partly on replica 0: 7 full pages of its 115 computed tokens (the prompt's
+    # one page alone, were the tokens sampled on replica 0 not carried over).
+    assert cluster.replica[5] == 1
+    assert cluster.replicas[1].table.num_cached_tokens[5] == 7 * PAGE
+    for replica in cluster.replicas:
+        replica.kv.check_consistency()
+        assert not replica.kv.num_held.any() and not replica.in_transfer.size
+
+
+@pytest.mark.parametrize("leap", [True, False])
+def test_a_static_batch_member_migrates_and_the_batch_finishes_without_it(leap):
+    # Round robin: 0, 2, 4 on replica 0 form its batch (max_num_seqs 4); 2 leaves it
+    # mid-decode for replica 1 (which runs 1, 3, 5 as its batch, then 2 as a new one).
+    requests = [Request(id=i, arrival_s=0.0, prompt_len=40, output_len=30 + 10 * i)
+                for i in range(6)]
+    config = CONFIG.with_knobs(max_num_seqs=4, num_kv_pages=200, leap=leap)  # 32 a member
+    cluster = _cluster(requests, Scripted(moves=((2, 0, 1),)), policy="static", config=config)
+    result = cluster.run()
+    (log,) = cluster.migrator.log
+    assert (log.request, log.to_replica) == (2, 1)
+    assert (result.state == RequestState.FINISHED).all()
+    np.testing.assert_array_equal(np.bincount(result.token_req, minlength=6),
+                                  [r.output_len for r in requests])
+    assert result.replica.tolist() == [0, 1, 1, 1, 0, 1]
+    # Replica 0's batch (0 and 4 left) was released when its longest, 4, finished.
+    assert result.finish_s[0] == result.finish_s[4]
+    for replica in cluster.replicas:
+        assert not replica.kv.num_held.any() and not replica.in_transfer.size

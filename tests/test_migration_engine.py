@@ -91,7 +91,7 @@ class MoveAfter(Rebalancer):
 
 
 def _cluster(params, rebalancer=None, mode="live", stop_pages=1, overlap=False, devices=None,
-             max_rounds=8):
+             max_rounds=8, requests=_requests, config=CONFIG):
     # The copy's measured wall time on the clock only for stop-and-copy (its one round
     # cannot abort): a live copy's rounds, priced alone, stay far shorter than a step,
     # however busy the machine, so the request never finishes while it moves.
@@ -101,10 +101,10 @@ def _cluster(params, rebalancer=None, mode="live", stop_pages=1, overlap=False, 
     # overlap: each replica plans step N+1 while step N runs (its tokens come back late).
     # devices: replica i's engine on devices[i] (None: both on the default device).
     placed = iter(devices or [None, None])
-    return Cluster(_requests(), num_replicas=2, router="round_robin",
+    return Cluster(requests(), num_replicas=2, router="round_robin",
                    make_policy=lambda: policies.make_policy("vllm"),
                    make_engine=lambda: _engine(params, overlap, next(placed)),
-                   config=CONFIG.with_knobs(overlap=overlap),
+                   config=config.with_knobs(overlap=overlap),
                    rebalancer=rebalancer, migration=migration)
 
 
@@ -176,3 +176,32 @@ def test_without_the_page_copy_the_migrated_tokens_differ(params, unmigrated, mo
     tokens = _tokens(cluster.run())
     assert tokens[0][:3] == unmigrated[0][:3] and tokens[0] != unmigrated[0]
     assert all(tokens[i] == unmigrated[i] for i in (1, 2, 3, 4))
+
+
+def _sharing_requests():
+    # Request 2 comes last (index 4 in arrival order, on replica 0 as 0 and 3 are) and
+    # shares request 0's first two pages (8 tokens) from the prefix cache.
+    prefix = _requests()[0].prompt_tokens[:8]
+    requests = _requests()
+    own = np.arange(3, dtype=np.int32) + 100
+    requests[2] = dataclasses.replace(requests[2], arrival_s=1e-9, prompt_len=11,
+                                      prompt_tokens=np.concatenate([prefix, own]))
+    return requests
+
+
+@pytest.mark.slow
+def test_a_request_sharing_cached_pages_migrates_to_a_caching_replica(params):
+    caching = CONFIG.with_knobs(prefix_caching="on")
+    expected = _tokens(Scheduler(_sharing_requests(), policies.make_policy("vllm"),
+                                 _engine(params), caching).run())
+    rebalancer = MoveAfter(after={4: 2})
+    cluster = _cluster(params, rebalancer, "stop_and_copy", requests=_sharing_requests,
+                       config=caching)
+    result = cluster.run()
+    (moved,) = cluster.migrator.log
+    assert (moved.request, moved.to_replica) == (4, 1) and rebalancer.seen[4][1] == "running"
+    assert cluster.replicas[1].table.num_cached_tokens[4] == 8  # its hit on replica 0
+    assert _tokens(result) == expected
+    for replica in cluster.replicas:
+        replica.kv.check_consistency()
+        assert not replica.in_transfer.size and not replica.kv.num_held.any()

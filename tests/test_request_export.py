@@ -104,15 +104,45 @@ def test_moves_refuse_a_request_in_the_wrong_place():
     assert (b.kv.num_free, b.num_done) == before
 
 
-def test_import_refuses_a_replica_that_shares_cached_pages():
+def test_a_caching_replica_imports_a_request_holding_its_own_pages():
+    # Both prompts start with the same page: on B, request 1's first page is cached when
+    # request 0 arrives there, but request 0 holds its own copy and takes no hit.
+    prefix = np.arange(16, dtype=np.int32) + 100
     requests = [Request(id=i, arrival_s=0.0, prompt_len=40, output_len=8,
-                        prompt_tokens=np.arange(40, dtype=np.int32) + i) for i in range(2)]
+                        prompt_tokens=np.concatenate([prefix, np.arange(24, dtype=np.int32)
+                                                      + 50 * i])) for i in range(2)]
+    a = Scheduler(requests, policies.make_policy("vllm"), _engine(), CONFIG)
+    b = Scheduler(requests, policies.make_policy("vllm"), _engine(), CONFIG,
+                  submitted_only=True)
+    b.submit([1])
+    b.step()
+    a.step()
+    a.step()
+    export = a.export_request(0)
+    assert export.output_tokens == (40, 41)  # the simulator samples kv_len % vocab
+    a.release_request(0, a.now_s)
+    b.import_request(export, a.now_s)
+    assert b.kv.num_held[0] == 3 and b.table.num_computed[0] == 41
+    b.step()  # admitted with its pages: it decodes on, no recompute
+    assert b.table.num_computed[0] == 42 and b.kv.num_held[0] == 3
+    b.run()
+    assert b.table.state[0] == RequestState.FINISHED and b.table.num_generated[0] == 8
+    assert b.table.num_cached_tokens[0] == 0  # its first admission's, on A: nothing cached
+    b.kv.check_consistency()
+    assert not b.kv.num_held.any()
+
+
+def test_a_caching_replica_refuses_an_import_without_token_ids():
+    requests = [Request(id=0, arrival_s=0.0, prompt_len=40, output_len=8,
+                        prompt_tokens=np.arange(40, dtype=np.int32))]
     a = Scheduler(requests, policies.make_policy("vllm"), _engine(), CONFIG)
     b = Scheduler(requests, policies.make_policy("vllm"), _engine(), CONFIG,
                   submitted_only=True)
     a.step()
-    with pytest.raises(ValueError, match="import_request: request 0: prefix caching is active"):
-        b.import_request(a.export_request(0), a.now_s)
+    export = dataclasses.replace(a.export_request(0), output_tokens=None)
+    with pytest.raises(ValueError, match="import_request: request 0: prefix caching is "
+                                         "active here, and its export has no generated"):
+        b.import_request(export, a.now_s)
     assert b.table.state[0] == RequestState.ROUTED_AWAY and b.kv.num_free == 64
 
 

@@ -19,7 +19,13 @@ import pytest
 
 from experiments import flags as run_flags
 from orca_jax.results import run_folder
-from orca_jax.results.run_folder import OutDirError, ResultsWriteError, read_status
+from orca_jax.results.run_folder import (
+    OutDirError,
+    ResultsWriteError,
+    check_out_dir,
+    check_writable_dir,
+    read_status,
+)
 from orca_jax.results.summary import request_rows, step_rows
 from orca_jax.runner import live_results
 from orca_jax.runner.build import build_workload
@@ -204,6 +210,16 @@ def test_an_out_dir_that_cannot_hold_the_results_is_refused_before_the_run(
                    out_dir=str(out), progress=False)
     assert built == []  # the check came first: no workload was built
     assert _leftovers(tmp_path) == []
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc")
+@pytest.mark.parametrize("check", [check_out_dir, check_writable_dir])
+def test_a_folder_no_file_can_be_made_in_is_refused_though_access_says_yes(check):
+    # /proc passes os.access for root; only a write shows that nothing can be created.
+    with pytest.raises(OutDirError, match="^--out_dir /proc/orca_out: cannot create files in "
+                                          "/proc: "):
+        check("/proc/orca_out")
+    assert not any(name.startswith(".orca_jax-probe") for name in os.listdir("/proc"))
 
 
 @pytest.mark.parametrize("command", [

@@ -462,7 +462,8 @@ def _progress_marks(scheduler: Scheduler) -> tuple:
 
 def share_table(requests: Sequence[Request], num_replicas: int,
                 make_policy: Callable[[], Policy], make_engine: Callable[[], Engine],
-                config: SchedulerConfig, *, kv_counts_only: bool = False) -> list[Scheduler]:
+                config: SchedulerConfig, *, kv_counts_only: bool = False,
+                log_tokens: bool = True) -> list[Scheduler]:
     """The `num_replicas` replicas of one pool over `requests`, sharing one request table:
     the first builds it, the others see it as theirs (`RequestTable.for_replica`), so the
     workload's facts and each request's progress are kept once per pool, not once per
@@ -470,12 +471,14 @@ def share_table(requests: Sequence[Request], num_replicas: int,
 
     `kv_counts_only` (each replica's `Scheduler` argument) is the caller's word that no
     replica's pages are read from outside it: no request moves between replicas with
-    its KV (a migration, a prefill-to-decode handoff). Default False: the full pools."""
+    its KV (a migration, a prefill-to-decode handoff). Default False: the full pools.
+    `log_tokens` (each replica's `Scheduler` argument): False counts each replica's
+    tokens into its tally, where no request's tokens span replicas."""
     first = Scheduler(requests, make_policy(), make_engine(), config, submitted_only=True,
-                      kv_counts_only=kv_counts_only)
+                      kv_counts_only=kv_counts_only, log_tokens=log_tokens)
     return [first] + [Scheduler(requests, make_policy(), make_engine(), config,
                                 submitted_only=True, table=first.table.for_replica(index),
-                                kv_counts_only=kv_counts_only)
+                                kv_counts_only=kv_counts_only, log_tokens=log_tokens)
                       for index in range(1, num_replicas)]
 
 

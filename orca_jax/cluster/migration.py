@@ -158,10 +158,6 @@ class Migrator:
         if not rebalancer.name:  # an instance of an unregistered class: name it by its class
             rebalancer.name = type(rebalancer).__name__.lower()
         first = pool.replicas[0]
-        if first.hits is not None:
-            raise ValueError(f"rebalancer {rebalancer.name!r}: prefix caching is active "
-                             f"(policy {first.policy.name!r}); a migrated request's pages are "
-                             "its own: give --prefix_caching=off")
         if not first.config.kv.receives_transfers:
             raise ValueError(f"rebalancer {rebalancer.name!r}: kv_layout "
                              f"{first.config.kv.kv_layout!r}; a migrated request's pages are "

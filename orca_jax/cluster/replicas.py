@@ -66,6 +66,12 @@ class Cluster(EventLoop):
         moves: `Migrator`). A planner starts and drains whole replicas and moves no
         KV; agent programs' pins count pages (and are one replica's only). Default
         False: the full pools.
+      log_tokens: keep every generated token's request and time (`Scheduler`'s; the
+        joined `RunResult.token_req`, 16 bytes a token). False counts each replica's
+        tokens into its own tally, what one replica keeps (`RunResult.token_stats`,
+        joined), where each request's tokens are all on one replica: without a
+        rebalancer or a planner (a migrated or re-routed request's gap between two
+        replicas is in neither's tally), which keep the logs. Default True.
     """
 
     def __init__(self, requests: Sequence[Request], *, num_replicas: int,
@@ -78,7 +84,7 @@ class Cluster(EventLoop):
                  planner: Union[Planner, str, None] = None,
                  planner_options: Optional[Mapping[str, str]] = None,
                  scaling: Optional[ScalingSpec] = None,
-                 kv_counts_only: bool = False) -> None:
+                 kv_counts_only: bool = False, log_tokens: bool = True) -> None:
         if num_replicas < 1:
             raise ValueError(f"num_replicas must be >= 1, got {num_replicas}")
         if isinstance(planner, str):
@@ -101,7 +107,9 @@ class Cluster(EventLoop):
         built = num_replicas if planner is None or scaling is None else scaling.max_replicas
         # Nothing moves a request with its KV between these replicas but a migration.
         self.replicas = share_table(requests, built, make_policy, make_engine, config,
-                                    kv_counts_only=kv_counts_only and rebalancer is None)
+                                    kv_counts_only=kv_counts_only and rebalancer is None,
+                                    log_tokens=(log_tokens or rebalancer is not None
+                                                or planner is not None))
         table = self.replicas[0].table
         rejected = table.state == RequestState.REJECTED  # up front, on every replica
         self._num_rejected = int(np.count_nonzero(rejected))

@@ -17,8 +17,9 @@ whole; until then `--out_dir` holds the previous run untouched. So:
 * a write that fails (disk full) removes the staging folder: `--out_dir` as it
   was, no `.tmp` left, and a `ResultsWriteError` of one line.
 
-`--out_dir` is checked before the run (`check_out_dir`, which creates nothing):
-not a file, creatable and writable, and, if it exists, holding nothing but a
+`--out_dir` is checked before the run (`check_out_dir`, which leaves nothing: a probe
+file it writes beside the folder is removed at once): not a file, creatable and
+writable, and, if it exists, holding nothing but a
 run's results files (JSON and JSON Lines files), so a mistyped `--out_dir=.`
 cannot replace a folder of other things. One run at a time writes into a
 folder: a run holds `OUT_DIR.lock` beside it (`folder_lock.run_lock`, the lock a
@@ -33,6 +34,7 @@ import os
 import re
 import shutil
 import socket
+import tempfile
 import time
 import traceback
 import uuid
@@ -84,11 +86,25 @@ def _check_creatable(out_dir: Union[str, os.PathLike], target: Path) -> None:
         raise OutDirError(f"--out_dir {out_dir}: cannot create it: {ancestor} is a file")
     if not os.access(ancestor, os.W_OK | os.X_OK):
         raise OutDirError(f"--out_dir {out_dir}: {ancestor} is not writable")
+    _probe_writable(out_dir, ancestor)
+
+
+def _probe_writable(out_dir: Union[str, os.PathLike], folder: Path) -> None:
+    """Creates a file in `folder` and removes it at once: `os.access` answers yes to root
+    for any folder, and a read-only or pseudo file system (`/proc`) refuses only the write
+    itself, which would come after the run (the lock, the staging folder)."""
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".orca_jax-probe-", dir=folder)
+    except OSError as error:
+        raise OutDirError(f"--out_dir {out_dir}: cannot create files in {folder}: "
+                          f"{_one_line(error)}") from None
+    os.close(fd)
+    os.unlink(probe)
 
 
 def check_out_dir(out_dir: Union[str, os.PathLike]) -> Path:
-    """Checks that a run's results can go to `out_dir`, before anything runs; creates nothing
-    (a run that is refused later leaves no folder).
+    """Checks that a run's results can go to `out_dir`, before anything runs; leaves nothing
+    (a probe file is removed at once; a run that is refused later leaves no folder).
 
     Args:
       out_dir: the run's folder (created at the end if missing).
@@ -128,6 +144,7 @@ def check_writable_dir(out_dir: Union[str, os.PathLike]) -> Path:
     if target.is_dir():
         if not os.access(target, os.W_OK | os.X_OK):
             raise OutDirError(f"--out_dir {out_dir}: is not writable")
+        _probe_writable(out_dir, target)
     else:
         _check_creatable(out_dir, target)
     return target

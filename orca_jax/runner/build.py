@@ -462,7 +462,9 @@ def build_cluster(spec: RunSpec, policy_spec: str, policy_options: Optional[Mapp
                    rebalancer_options=parse_options(cluster.rebalancer_opts),
                    migration=migration, planner=cluster.planner,
                    planner_options=parse_options(cluster.planner_opts),
-                   scaling=scaling_spec(spec), kv_counts_only=kv_counts_only)
+                   scaling=scaling_spec(spec), kv_counts_only=kv_counts_only,
+                   # As one replica: every token's time only for `--log_token_times`.
+                   log_tokens=spec.log_token_times)
 
 
 def replica_startup_s(spec: RunSpec) -> float:

@@ -38,6 +38,26 @@ PLACEMENTS = ("write_back", "write_through", "drop")
 C = TypeVar("C", bound=type)
 
 
+class CachePolicyError(ValueError):
+    """A cache policy broke its contract during a run (as `PlanError` for a plan): names
+    the policy's class and what it did; the run stops.
+
+    Attributes:
+      policy: the policy's class name (and registered name, if any).
+      rule: a short stable name of the broken rule: `victim_not_held` (`victim()`
+        named a page its tier does not hold, or None).
+      detail: what exactly was wrong.
+    """
+
+    def __init__(self, policy: "CachePolicy", rule: str, detail: str) -> None:
+        cls = type(policy).__qualname__
+        name = policy.name or cls  # a plugin loaded by path is registered as `file.py:Class`
+        self.policy = name if name.endswith(cls) else f"{name} ({cls})"
+        self.rule = rule
+        self.detail = detail
+        super().__init__(f"cache policy '{self.policy}' broke rule '{rule}': {detail}")
+
+
 @dataclasses.dataclass(kw_only=True)
 class CachePolicy(abc.ABC):
     """Which cached page a tier evicts; where evicted pages go; what to prefetch.
@@ -70,7 +90,9 @@ class CachePolicy(abc.ABC):
 
     @abc.abstractmethod
     def victim(self) -> Hashable:
-        """Chooses a page to evict and forgets it (the tier holds at least one)."""
+        """Chooses a page to evict and forgets it (the tier holds at least one): the name
+        of a page the tier holds (one `inserted` and not yet a victim); anything else
+        stops the run with a `CachePolicyError`."""
 
 
 _REGISTRY: dict[str, type] = {}

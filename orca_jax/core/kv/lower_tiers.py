@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Callable, Hashable, Optional, Sequence
 import numpy as np
 from numpy.typing import NDArray
 
-from orca_jax.core.kv.cache_policies import CachePolicy
+from orca_jax.core.kv.cache_policies import CachePolicy, CachePolicyError
 from orca_jax.core.kv.pool import KVPool
 from orca_jax.core.kv.tier_contents import PageContents, swap_keys
 from orca_jax.core.kv.tiers import DEVICE, KVTier, TierChain
@@ -212,6 +212,11 @@ class LinkedTiers(TierChain):
         spilled: list[Hashable] = []
         while target.cached and target.num_used + num_pages > target.capacity_pages:
             name = target.policy.victim()
+            if name is None or name not in target.cached:
+                raise CachePolicyError(
+                    target.policy, "victim_not_held",
+                    f"victim() returned {name!r}, which the {target.name} tier does not hold "
+                    f"(it holds {len(target.cached)} cached pages; give one of them)")
             del target.cached[name]
             self.num_reorders += 1
             target.ready_s.pop(name, None)

@@ -158,8 +158,13 @@ class KVMemory:
         back = self.tiers.away(ids)  # [b] resuming where they were preempted
         if self.hits is not None:  # share the hits before any allocation can evict them
             fresh, first = ids, is_first
-            if back.size:  # a swapped request comes back with its own pages, not hits
-                keep = ~np.isin(ids, back)
+            # A swapped request comes back with its own pages, and a received one (a
+            # migration's) holds them already: neither takes a hit, and its computed
+            # tokens stand.
+            keep = self.pool.num_held[ids] == 0
+            if back.size:
+                keep &= ~np.isin(ids, back)
+            if not keep.all():
                 fresh, first = ids[keep], is_first[keep]
             cached = self.hits.admit(fresh)
             table.num_computed[fresh] = cached

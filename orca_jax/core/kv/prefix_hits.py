@@ -100,8 +100,11 @@ class PrefixHits:
         """The device pages an admission now would share, and the slower tier of each
         of its next pages found there (none without tiers; reads only)."""
         tiers = self.tiers
-        if not self._has_tokens[request] or (tiers is not None and tiers.tier_of[request]):
-            return [], _NONE  # a swapped-out request comes back with its own pages
+        # A swapped-out request comes back with its own pages, and a received one (a
+        # migration, a handoff) waits holding them: neither shares a hit.
+        if (not self._has_tokens[request] or (tiers is not None and tiers.tier_of[request])
+                or self._kv.num_held[request]):
+            return [], _NONE
         known = int(self._table.prompt_len[request] + self._table.num_generated[request])
         cache = self._cache
         memo = self._memo.get(request)
@@ -191,6 +194,19 @@ class PrefixHits:
                 names = self._cache.names(request, len(pages) + len(lower),
                                           self.reader(request))
                 self.tiers.prefetch(names[len(pages):], lower)
+
+    def generated(self, request: int) -> NDArray[np.int32]:  # [num_generated]
+        """The token ids `request` generated here so far (a copy, for its export)."""
+        start = int(self._start[request])
+        return self._generated[start:start + int(self._table.num_generated[request])].copy()
+
+    def receive(self, request: int, tokens: NDArray[np.int32]) -> None:  # [g]
+        """Keeps the token ids a received request generated elsewhere, so that its pages
+        are named by them here (its table row counts them). Its names and memo start
+        afresh: `commit` names every full page it holds at its next step."""
+        start = int(self._start[request])
+        self._generated[start:start + tokens.size] = tokens
+        self.forget(np.array([request], dtype=np.int64))
 
     def record(self, sampled: NDArray[np.int64],  # [s] just sampled, counted in the table
                tokens: NDArray[np.int32]) -> None:  # [s]

@@ -36,8 +36,9 @@ class LoopFeatures:
         (pages are named by token values before the next plan) or `kv_handoff` (the
         transfer carries the first token); else it runs in step.
       log_step_requests: record which requests each step computed, how many tokens
-        each, and which hold a batch place after it (`RunResult.step_requests`,
-        `step_tokens`, `step_held`; memory grows with steps x batch).
+        each (draft tokens included), and which hold a batch place after it
+        (`RunResult.step_requests`, `step_tokens`, `step_held`; memory grows with
+        steps x batch).
       kv_handoff: a finished request keeps its KV pages (in `in_transfer`) until a
         transfer hands them on (`orca_jax.cluster.handoff`: a disaggregated prefill replica).
       leap: run stretches of steady decode steps at once where the policy promises its

@@ -79,7 +79,9 @@ class RequestExport:
       num_cached_tokens: tokens its first admission took from a prefix cache.
       first_scheduled_s, admitted_s, first_token_s, last_token_s: its times (NaN: not yet).
       last_token: its newest known token id.
-      output_tokens: the token ids it generated, or None when the engine has none.
+      output_tokens: the token ids it generated, or None when neither the engine nor a
+        prefix cache keeps them (the simulator's ids, placeholders, are kept for the
+        cache's page names).
       kv_contents: its computed tokens' KV as the sender's engine read it (None: the
         engine keeps no KV, as the simulator).
     """
@@ -195,15 +197,19 @@ def import_request(scheduler: Scheduler, export: RequestExport, at_s: float) -> 
 
     Raises:
       ValueError: the request is held here already, was exported finished, the pool
-        has no room for its pages, or prefix caching is active here (an admission
-        would share cached pages with a request that holds its own); nothing changes.
+        has no room for its pages, or prefix caching is active here and the export has
+        no token ids to name its generated tokens' pages by; nothing changes.
+
+    With prefix caching here the request keeps its own pages (it takes no hit while it
+    holds them: `PrefixHits`), and its full pages are named, by the token ids it
+    generated elsewhere (`export.output_tokens`), at its next step, as any request's.
     """
     request = export.request
     _check_absent(scheduler, request, "import_request")
-    if scheduler.hits is not None:
+    if scheduler.hits is not None and export.output_tokens is None and export.num_generated:
         raise ValueError(f"import_request: request {request}: prefix caching is active "
-                         "here; a received request's pages are its own (turn caching off "
-                         "on the receiver, as a disaggregated decode pool does)")
+                         "here, and its export has no generated token ids to name its "
+                         "pages by")
     if export.state == _FINISHED and export.num_generated >= scheduler.table.output_len[request]:
         raise ValueError(f"import_request: request {request} has its whole answer; "
                          "nothing is left to run")
@@ -230,6 +236,8 @@ def import_request(scheduler: Scheduler, export: RequestExport, at_s: float) -> 
     table.last_token_s[request] = export.last_token_s
     table.last_token[request] = export.last_token
     table.holder[request] = table.replica
+    if scheduler.hits is not None:
+        scheduler.hits.receive(request, np.asarray(export.output_tokens or (), dtype=np.int32))
     scheduler.in_transfer = frozen(scheduler.in_transfer[scheduler.in_transfer != request])
     # Arrival order: a FCFS policy reads the queue as it is.
     scheduler.waiting = frozen(np.sort(np.append(scheduler.waiting, request)))

@@ -360,9 +360,12 @@ class Scheduler(SchedulerLoop):
     def export_request(self, request: int, *, with_kv: bool = True) -> RequestExport:
         """A copy of `request`'s state here (`request_export.export_request`)."""
         self.executor.drain()  # its newest token may still be on the device
-        return request_export.export_request(
-            self, request, None if self._generated is None else self._generated[request],
-            with_kv=with_kv)
+        tokens: Optional[list[int]] = None
+        if self._generated is not None:
+            tokens = self._generated[request]
+        elif self.hits is not None:  # the receiver's cache names its pages by them
+            tokens = self.hits.generated(request).tolist()
+        return request_export.export_request(self, request, tokens, with_kv=with_kv)
 
     def reserve_pages(self, request: int, num_tokens: int) -> bool:
         """Pages for a request about to be imported (`request_export.reserve_pages`)."""

@@ -381,8 +381,9 @@ class SchedulerLoop:
             self.num_steps, result.start_s, ids.size, step.num_real_tokens, num_padded,
             num_padded, result.host_s + update_s, result.step_s, self.running.size,
             self.waiting.size, self.kv.num_free, step.num_cached_tokens)))
-        if self.features.log_step_requests:
-            record.log_step_requests(ids, step.num_tokens,
+        if self.features.log_step_requests:  # each request's positions: drafts included
+            record.log_step_requests(ids, step.num_tokens if step.spec_tokens is None
+                                     else step.num_tokens + step.spec_tokens,
                                      np.concatenate([self.running, self.unreleased]))
         self.num_steps += 1
         if not gained:

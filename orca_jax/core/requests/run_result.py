@@ -94,8 +94,10 @@ class RunResult:
     # ---------------------------------------------------------- per step
     steps: StepLogs  # [S] each step (a `StepLog`) as steps.jsonl writes it
     step_replica: NDArray[np.int64]  # [S] the replica that ran each step
-    # [S] of [n]: the requests each step computed, and how many tokens each; [S] of [m]: the
-    # requests holding a batch place after it (running, or finished and not yet released).
+    # [S] of [n]: the requests each step computed, and how many positions each (its planned
+    # tokens plus the draft tokens it verified, in a speculating step: they sum to the
+    # step's `num_tokens`); [S] of [m]: the requests holding a batch place after it
+    # (running, or finished and not yet released).
     # None unless the run had `SchedulerConfig.features.log_step_requests`.
     step_requests: Optional[tuple[NDArray[np.int64], ...]]
     step_tokens: Optional[tuple[NDArray[np.int64], ...]]
@@ -228,8 +230,10 @@ class RunResult:
         from the replica that served it, the one where it is not ROUTED_AWAY; a
         request rejected up front is rejected on every replica, and its row is
         replica 0's (its replica -1); one a replica's policy rejected is that
-        replica's. Token logs merge in time order (ties keep replica order); steps
-        follow each other replica by replica.
+        replica's. Token logs merge in time order (ties keep replica order), and
+        results that counted their tokens without a log (`TokenTally`) join their
+        counts, where each request's tokens are all in one result; steps follow each
+        other replica by replica.
 
         Args:
           results: one result per replica, each of one scheduler.
@@ -240,16 +244,19 @@ class RunResult:
 
         Raises:
           ValueError: no results, a result of several replicas, results of
-            different workloads, a result without its token log, or a request not
+            different workloads, some with a token log and some without, results
+            without one where a request's tokens are in several, or a request not
             routed to exactly one replica.
         """
         if not results:
             raise ValueError("RunResult.concat: no results to join")
         first = results[0]
+        logs = first.token_req is not None
         for index, result in enumerate(results):
-            if result.token_req is None:
-                raise ValueError(f"RunResult.concat: result {index} has no token log (its "
-                                 "record counted its tokens); join results that log them")
+            if (result.token_req is not None) != logs:
+                raise ValueError(f"RunResult.concat: result {index} "
+                                 f"{'has no' if logs else 'has a'} token log and result 0 "
+                                 f"{'has' if logs else 'has none'}; join results alike")
             if result.num_replicas != 1:
                 raise ValueError(f"RunResult.concat: result {index} already joins "
                                  f"{result.num_replicas} replicas")
@@ -278,11 +285,20 @@ class RunResult:
             _own(joined)
             return joined
 
-        token_req, token_time = _merged_token_logs(results)
-        _own(token_req, token_time)
+        token_req = token_time = None
+        if logs:
+            token_req, token_time = _merged_token_logs(results)
+            _own(token_req, token_time)
         logged = all(r.step_requests is not None for r in results)
         finish_s = served("finish_s")
         finished = np.isfinite(finish_s)  # [N]
+        token_stats = _joined_token_stats(results, finished)
+        if token_stats is None:
+            if not logs:  # counted apart: a request's tokens on two replicas cannot be
+                raise ValueError("RunResult.concat: a request's tokens are on several "
+                                 "results, which counted them without a token log; "
+                                 "join results that log them")
+            token_stats = TokenStats.from_log(token_req, token_time, finished)
         return dataclasses.replace(
             first,
             state=served("state"), first_scheduled_s=served("first_scheduled_s"),
@@ -293,9 +309,9 @@ class RunResult:
             reject_reason=tuple(results[r].reject_reason[i] for i, r in enumerate(serving)),
             output_tokens=(None if first.output_tokens is None else
                            tuple(results[r].output_tokens[i] for i, r in enumerate(serving))),
-            token_req=_frozen(token_req), token_time_s=_frozen(token_time),
-            token_stats=(_joined_token_stats(results, finished)
-                         or TokenStats.from_log(token_req, token_time, finished)),
+            token_req=None if token_req is None else _frozen(token_req),
+            token_time_s=None if token_time is None else _frozen(token_time),
+            token_stats=token_stats,
             steps=StepLogs.concat([r.steps for r in results]),
             step_replica=_frozen(np.repeat(np.arange(len(results)),
                                            [r.num_steps for r in results])),
