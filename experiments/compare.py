@@ -254,10 +254,11 @@ def _plot(rows: list[dict], path: str, caption: str) -> Any:
 
 
 def more_load(spec: RunSpec) -> str:
-    """How to offer the command's workload more load: --rate, but for a trace, whose
-    arrival times are the file's (--rate does nothing there)."""
-    if spec.workload.arrival in ("trace", "program_trace"):
-        return "lower --trace_time_scale (0.5 replays the trace at twice its rate)"
+    """How to offer the command's workload more load: --rate (a trace: rescaled to that
+    mean rate), or for a trace replayed at its own times, --trace_time_scale too."""
+    if spec.workload.arrival in ("trace", "program_trace") and not spec.workload.trace_at_rate:
+        return ("give a higher --rate (the trace rescaled to that mean rate) or lower "
+                "--trace_time_scale (0.5 replays it at twice its rate)")
     return "raise --rate"
 
 

@@ -178,16 +178,18 @@ def test_the_arrival_bound_rule_and_how_it_says_to_offer_more_load():
     assert not comparison.arrival_bound({**row, "served_req_s": 9.4})  # over 5% short
     assert not comparison.arrival_bound({**row, "num_waiting_p50": 1.0})  # a queue kept
     assert not comparison.arrival_bound({**row, "offered_req_s": None})  # one request
-    # A trace's arrivals are the file's: --rate does nothing there.
+    # A trace at its own times: --rate (rescaling it) or --trace_time_scale; a trace
+    # rescaled to --rate: a higher --rate.
     from experiments.compare import more_load
     from orca_jax.runner.spec import RunSpec, WorkloadSpec
-    assert more_load(RunSpec(workload=WorkloadSpec(arrival="trace", trace="t.jsonl"))) == (
-        "lower --trace_time_scale (0.5 replays the trace at twice its rate)")
+    own = RunSpec(workload=WorkloadSpec(arrival="trace", trace="t.jsonl"))
+    assert more_load(own) == ("give a higher --rate (the trace rescaled to that mean rate) or "
+                              "lower --trace_time_scale (0.5 replays it at twice its rate)")
+    assert more_load(RunSpec(workload=WorkloadSpec(arrival="trace", trace="t.jsonl",
+                                                   trace_at_rate=True))) == "raise --rate"
     assert more_load(RunSpec()) == "raise --rate"
-    assert comparison.arrival_bound_line([row], more_load(RunSpec(workload=WorkloadSpec(
-        arrival="trace", trace="t.jsonl")))).endswith("lower --trace_time_scale (0.5 replays "
-                                                      "the trace at twice its rate) to "
-                                                      "compare capacity")
+    assert comparison.arrival_bound_line([row], more_load(own)).endswith(
+        "lower --trace_time_scale (0.5 replays it at twice its rate) to compare capacity")
 
 
 @pytest.mark.slow
