@@ -120,6 +120,7 @@ with imports_uncollected(freeze=__name__ == "__main__"):
     )
     from orca_jax.runner.experiment import run_policy
     from orca_jax.runner.figure_caption import figure_caption
+    from orca_jax.runner.leap_hint import leap_hint
     from orca_jax.runner.settings import RESULT_SETTINGS, SETTINGS
     from orca_jax.runner.spec import JaxEngineSpec, RunSpec, SimEngineSpec
 
@@ -402,6 +403,9 @@ def _compare(spec: RunSpec, setups: Sequence[variant_flags.Setup],
     # The terminal keeps 120 columns: each line wrapped, its continuation indented.
     print("".join(textwrap.fill(line, WIDTH, subsequent_indent="  ", break_on_hyphens=False)
                   + "\n" for line in lines) + shown)
+    hints = {leap_hint(setup.spec, entry.spec) for setup, _, entry in runs.values()}
+    for hint in sorted(hint for hint in hints if hint):  # a plugin planned step by step
+        print(hint)
     write_text_atomic(os.path.join(out, "comparison.txt"), table + "\n")
     print(f"every column: {os.path.join(out, 'comparison.txt')}")
     write_json_atomic(os.path.join(out, "comparison.json"),
