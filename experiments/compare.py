@@ -20,8 +20,10 @@ comparison.json row: `identical_compiled_steps`, `unequal_settings`,
   budget reaching the same buckets; `n/a` on the simulator, which compiles
   nothing (`orca_jax.results.comparison`);
 * a warning when a setting that changes results (token budget, batch cap, prefix
-  caching) differs between policies; `--allow_unequal=token_budget,...` says the
-  difference is intended and turns the warning into a note;
+  caching) differs between policies, offering every fix: the flags that hold it equal
+  (`equalizing_flags`: `--max_num_tokens` or `--max_num_seqs` at the lowest value,
+  `--prefix_caching=on` or `off`), or `--allow_unequal=token_budget,...`, which says
+  the difference is intended and turns the warning into a note;
 * which runs were arrival-bound: served requests within 5% of the rate they came
   at (`served_req_s` against `offered_req_s`) with the waiting queue empty after
   half the steps or more (`num_waiting_p50`), whatever the engine's busy fraction,
@@ -100,6 +102,7 @@ with imports_uncollected(freeze=__name__ == "__main__"):
     from experiments import policy_flags, variant_flags
     from experiments.policy_flags import LabeledPolicy, resolve_policies
     from experiments.terminal_table import WIDTH, fit_table
+    from orca_jax.core.api.policy import resolve_policy_class
     from orca_jax.core.json_files import to_json_value, write_json_atomic, write_text_atomic
     from orca_jax.results import comparison
     from orca_jax.results.folder_lock import run_lock
@@ -263,15 +266,35 @@ def more_load(spec: RunSpec) -> str:
     return "raise --rate"
 
 
+def equalizing_flags(unequal: dict[str, dict[str, Any]], entries: Sequence[LabeledPolicy]
+                     ) -> dict[str, list[str]]:
+    """The run flags that would hold each unequal setting equal for every policy (the
+    warning's fixes): the scheduler's limit at the lowest effective value caps every
+    policy's own knob to it; prefix caching on or off for the whole run (only off where a
+    compared policy cannot plan with shared pages, which `on` would refuse)."""
+    fixes: dict[str, list[str]] = {}
+    for name, flag in (("token_budget", "max_num_tokens"), ("batch_cap", "max_num_seqs")):
+        if name in unequal:
+            fixes[name] = [f"--{flag}={min(unequal[name].values())}"]
+    if "prefix_caching" in unequal:
+        refused = any(resolve_policy_class(entry.spec).prefix_caching_unsupported
+                      for entry in entries)
+        fixes["prefix_caching"] = ["--prefix_caching=off"] if refused else [
+            "--prefix_caching=on", "--prefix_caching=off"]
+    return fixes
+
+
 def said_equal(rows: Sequence[dict[str, Any]], settings: dict[str, dict[str, Any]],
-               allowed: Sequence[str], spec: RunSpec) -> tuple[str, list[str]]:
+               allowed: Sequence[str], spec: RunSpec,
+               entries: Sequence[LabeledPolicy] = ()) -> tuple[str, list[str]]:
     """What the comparison held equal: the compiled-steps verdict (`yes`, `no`, `n/a`) and
-    the lines printed above the table (that verdict, a warning on unequal settings, the
-    arrival-bound runs)."""
+    the lines printed above the table (that verdict, a warning on unequal settings with
+    the flags that would hold them equal, the arrival-bound runs)."""
     verdict, line = comparison.compiled_steps(
         rows, {label: values["token_budget"] for label, values in settings.items()})
-    lines = [line, *comparison.settings_lines(
-        comparison.unequal_settings(settings, RESULT_SETTINGS), allowed)]
+    unequal = comparison.unequal_settings(settings, RESULT_SETTINGS)
+    lines = [line, *comparison.settings_lines(unequal, allowed,
+                                              fixes=equalizing_flags(unequal, entries))]
     bound = comparison.arrival_bound_line(rows, more_load(spec))
     return verdict, lines + ([bound] if bound else [])
 
@@ -376,7 +399,7 @@ def _compare(spec: RunSpec, setups: Sequence[variant_flags.Setup],
     rows = [{**row, "policy": label,
              **({} if runs[label][0].variant is None else {"variant": runs[label][0].variant})}
             for row, label in zip(rows, labels)]
-    verdict, lines = said_equal(rows, settings, allowed, spec)
+    verdict, lines = said_equal(rows, settings, allowed, spec, entries)
     lines += variant_flags.ladder_lines([setup for setup, _ in fitted])
     ragged = ragged_figures(spec, runs, requests)
     lines += comparison.padding_lines({row["policy"]: row for row in rows}, ragged)

@@ -78,6 +78,41 @@ def test_unequal_settings_warn_unless_allowed():
         "warning: settings that change results differ between policies: token_budget "
         "(vllm=2048, sarathi=512); prefix_caching (vllm=on, sarathi=off); if intended, pass "
         "--allow_unequal=token_budget,prefix_caching"]
+    # Every fix offered: the flags that hold each setting equal, then --allow_unequal.
+    from experiments.compare import equalizing_flags
+    from experiments.policy_flags import LabeledPolicy
+    entries = [LabeledPolicy("vllm", "vllm"), LabeledPolicy("sarathi", "sarathi")]
+    fixes = equalizing_flags(unequal, entries)
+    assert fixes == {"token_budget": ["--max_num_tokens=512"],
+                     "prefix_caching": ["--prefix_caching=on", "--prefix_caching=off"]}
+    assert comparison.settings_lines(unequal, (), fixes=fixes) == [
+        "warning: settings that change results differ between policies: token_budget "
+        "(vllm=2048, sarathi=512); prefix_caching (vllm=on, sarathi=off); to hold them equal "
+        "pass --max_num_tokens=512 (token_budget), --prefix_caching=on or "
+        "--prefix_caching=off (prefix_caching); or, if intended, pass "
+        "--allow_unequal=token_budget,prefix_caching"]
+    assert equalizing_flags({"batch_cap": {"a": 8, "b": 64}}, entries) == {
+        "batch_cap": ["--max_num_seqs=8"]}
+    # A compared policy that cannot plan with shared pages: `on` would refuse it.
+    from orca_jax.core.api.policy import Policy, StepPlan
+
+    class Unshared(Policy):
+        prefix_caching_unsupported = "it plans whole contexts"
+
+        def schedule(self, view):
+            return StepPlan([], [])
+
+    import sys
+    import types
+    module = types.ModuleType("unshared_for_test")
+    module.Unshared = Unshared
+    sys.modules["unshared_for_test"] = module
+    try:
+        assert equalizing_flags({"prefix_caching": unequal["prefix_caching"]}, [
+            entries[0], LabeledPolicy("u", "unshared_for_test:Unshared")]) == {
+            "prefix_caching": ["--prefix_caching=off"]}
+    finally:
+        del sys.modules["unshared_for_test"]
     warned, noted = comparison.settings_lines(unequal, ("token_budget",))
     assert warned.startswith("warning:") and "token_budget" not in warned
     assert noted.startswith("unequal settings, allowed by --allow_unequal: token_budget")
@@ -104,6 +139,9 @@ def test_compare_on_the_simulator_warns_of_sarathis_budget_and_vllms_cache(tmp_p
     warning = next(line for line in written if line.startswith("warning:"))
     assert "token_budget (vllm=2048, sarathi=512)" in warning
     assert "prefix_caching (vllm=on, sarathi=off)" in warning
+    assert ("to hold them equal pass --max_num_tokens=512 (token_budget), "
+            "--prefix_caching=on or --prefix_caching=off (prefix_caching); or, if intended, "
+            "pass --allow_unequal=token_budget,prefix_caching") in warning
     assert warning in printed
     assert "identical compiled steps: n/a (simulator" in written[0]
     rows = {row["policy"]: row for row in json.loads((out / "comparison.json").read_text())}
@@ -214,3 +252,4 @@ def test_jax_compare_says_identical_compiled_steps_and_a_smaller_budget_breaks_t
     assert "token_budget (static=32, orca=32, v16=16)" in warning and warning in printed
     assert [row["identical_compiled_steps"] for row in
             json.loads((out / "comparison.json").read_text())] == ["no", "no", "no"]
+
