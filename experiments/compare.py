@@ -328,9 +328,9 @@ def ragged_figures(spec: RunSpec, runs: dict[str, tuple[variant_flags.Setup,
 @run_flags.clean_errors()
 def main(argv: list[str]) -> None:
     del argv
-    spec = run_flags.spec_from_flags()
+    # Each variant checked as resolved, on its own settings (not the command's alone).
+    spec, setups = variant_flags.command_setups()
     entries = resolve_policies(list(run_flags.FLAGS.policies), run_flags.FLAGS.policy_opts)
-    setups = variant_flags.setups_from_flags(spec)
     out, fresh = run_flags.results_folder("compare")
     # Every policy and the router of every setup are built and checked before anything
     # runs (a typo in the last policy's knob fails now, not after the others ran, and
