@@ -142,9 +142,10 @@ flags.DEFINE_list("allow_unequal", [], "Settings that may differ between the com
 # The comparison's fairness columns come right after the policy's name: each policy's
 # effective settings, then whether its run was arrival-bound.
 FAIRNESS_COLUMNS = (*SETTINGS, "engine_busy_fraction", "arrival_bound")
-PLOT_METRICS = (("output_tok_s", "output tokens/s"), ("latency_p50_s", "latency p50 (s)"),
-                ("normalized_latency_mean_s", "normalized latency (s/token)"),
-                ("ttft_p99_s", "TTFT p99 (s)"))
+# The figure's panels: the terminal table's key figures (`terminal_table.KEY_COLUMNS`), at
+# the same percentiles, so the picture and the table say the same.
+PLOT_METRICS = (("output_tok_s", "output tokens/s"), ("ttft_p99_s", "TTFT p99 (s)"),
+                ("tpot_p99_s", "TPOT p99 (s)"), ("latency_p99_s", "latency p99 (s)"))
 # A bar of the figure only when an SLO is set (the summaries then have it).
 SLO_PLOT_METRICS = (("goodput_req_s", "goodput (requests/s within SLO)"),)
 
@@ -257,6 +258,16 @@ def _plot(rows: list[dict], path: str, caption: str) -> Any:
     return fig
 
 
+def compared_line(entries: Sequence[LabeledPolicy], spec: RunSpec) -> str:
+    """The terminal's first line: what is compared, on what (the policies; the workload,
+    its load and lengths; the engine, its model and hardware; the limits), as the
+    figure's caption says it."""
+    limits = spec.limits
+    return (f"compare {' vs '.join(entry.label for entry in entries)}: "
+            f"{figure_caption(spec)}; batch cap {limits.max_num_seqs}, "
+            f"{limits.max_num_tokens} tokens a step")
+
+
 def more_load(spec: RunSpec) -> str:
     """How to offer the command's workload more load: --rate (a trace: rescaled to that
     mean rate), or for a trace replayed at its own times, --trace_time_scale too."""
@@ -358,6 +369,8 @@ def _compare(spec: RunSpec, setups: Sequence[variant_flags.Setup],
     """`main` once every check has passed and it holds the folder's lock."""
     repeats = run_flags.FLAGS.repeats
     out = run_flags.FLAGS.out_dir
+    print(textwrap.fill(compared_line(entries, spec), WIDTH, subsequent_indent="  ",
+                        break_on_hyphens=False))
     # One workload for every setup: a variant may not set what builds it (variant_flags).
     requests = build_workload(spec)
     print(workload_line(spec, requests))

@@ -73,8 +73,12 @@ LENGTH_COLUMNS = {"prefix_len": "prompt_len", "suffix_len": "prompt_len",
 # check. A flag of one of these fields defaults to None (the engine's column) and its help
 # names both columns.
 COMMAND_DEFAULTS: dict[str, dict[str, object]] = {
-    "jax": dict(model="tiny", num_requests=64, rate=40.0, prompt_len="uniform:16:128",
-                output_len="uniform:16:64", max_num_seqs=16, max_num_tokens=256,
+    # The main job's (`compare`, static vs orca): requests queue (160 req/s, past either
+    # policy's capacity) and output lengths vary as a chat's do (lognormal, mean 40, a long
+    # tail), so static's request-level batches hold finished requests' seats until their
+    # longest member ends: what continuous batching is for.
+    "jax": dict(model="tiny", num_requests=64, rate=160.0, prompt_len="uniform:16:128",
+                output_len="lognormal:40:1.0", max_num_seqs=16, max_num_tokens=256,
                 prefix_len="fixed:256", suffix_len="uniform:16:64", num_turns="uniform:1:6"),
     "sim": dict(model="llama3-8b", num_requests=1000, rate=32.0, prompt_len="uniform:32:512",
                 output_len="uniform:1:128", max_num_seqs=64, max_num_tokens=2048,
