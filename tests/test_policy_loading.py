@@ -379,3 +379,26 @@ def test_a_plugin_that_never_leaps_gets_one_hint_line_and_its_opt_in_leaps_exact
     assert leap_hint(RunSpec(), las) is not None
     assert leap_hint(RunSpec(limits=LimitsSpec(count_host_time=True)), las) is None
     assert f"    {OPT_IN}\n" in (ROOT / "docs" / "writing_a_policy.md").read_text()
+
+
+
+def test_knob_docs_come_from_the_attributes_section_as_the_docs_show(tmp_path):
+    """docs/writing_a_policy.md's example of a documented knob, described as it says."""
+    from orca_jax.core.api import plugins
+    doc = (ROOT / "docs" / "writing_a_policy.md").read_text()
+    section = doc[doc.index("### Documenting its knobs"):]
+    code = section[section.index("```python\n") + 10:section.index("```\n", 20)]
+    plugin = tmp_path / "documented.py"
+    plugin.write_text("import dataclasses\n\nfrom orca_jax import Policy, StepPlan\n\n\n"
+                      + code + "\n    def schedule(self, view):\n"
+                      "        return StepPlan([], [])\n")
+    described = plugins.describe(resolve_policy_class(f"{plugin}:LeastAttainedService"),
+                                 "policy")
+    printed = section[section.index("it prints\n\n") + 11:section.index("\n\n(one entry")]
+    assert textwrap.dedent(printed) in described
+    # Without the section, the knob has no doc (an inline comment is not read).
+    bare = tmp_path / "bare.py"
+    bare.write_text(plugin.read_text().replace(
+        "\n    Attributes:\n      max_running: requests that may hold KV pages at once.\n", ""))
+    assert "requests that may hold" not in plugins.describe(
+        resolve_policy_class(f"{bare}:LeastAttainedService"), "policy")
