@@ -104,6 +104,7 @@ def test_config_run_section_is_the_spec_grouped_in_its_parts(tmp_path):
                              "pp": 1, "pp_layers": None, "pp_balance": False,
                              "step_time_ms": 5.0, "cost_fit": None,
                              "step_padding": "bucket", "leap": True,
+                             "engine_profile": "orca_jax",  # the roofline's own profile
                              # speculative decoding off (docs/speculative.md)
                              "spec_acceptance": None, "draft_model": None}  # no jax-only
     assert run["limits"]["max_num_seqs"] == 8 and run["limits"]["max_num_tokens"] == 2048
