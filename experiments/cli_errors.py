@@ -158,6 +158,14 @@ def parse_flags(argv: Sequence[str]) -> list[str]:
         sys.exit(0 if e.code == 1 else e.code)
 
 
+def not_a_command(module: str, holds: str, instead: str) -> NoReturn:
+    """What a helper module run as a command (`python -m MODULE --help`) answers, rather
+    than nothing: one line on stderr saying what it holds and which command to run, exit
+    status 2 (`USAGE_EXIT`)."""
+    _exit(f"error: {module} is not a command: it holds {holds}; run {instead}", USAGE_EXIT)
+    raise AssertionError("not reached: _exit exits")
+
+
 def run_command(main: Callable[[list[str]], Any],
                 flags_parser: Callable[[list[str]], Any] = parse_flags) -> NoReturn:
     """`app.run(main, flags_parser=flags_parser)`, ending quietly on a closed stdout.

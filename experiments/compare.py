@@ -20,8 +20,10 @@ comparison.json row: `identical_compiled_steps`, `unequal_settings`,
   budget reaching the same buckets; `n/a` on the simulator, which compiles
   nothing (`orca_jax.results.comparison`);
 * a warning when a setting that changes results (token budget, batch cap, prefix
-  caching) differs between policies; `--allow_unequal=token_budget,...` says the
-  difference is intended and turns the warning into a note;
+  caching) differs between policies, offering every fix: the flags that hold it equal
+  (`equalizing_flags`: `--max_num_tokens` or `--max_num_seqs` at the lowest value,
+  `--prefix_caching=on` or `off`), or `--allow_unequal=token_budget,...`, which says
+  the difference is intended and turns the warning into a note;
 * which runs were arrival-bound: served requests within 5% of the rate they came
   at (`served_req_s` against `offered_req_s`) with the waiting queue empty after
   half the steps or more (`num_waiting_p50`), whatever the engine's busy fraction,
@@ -100,6 +102,7 @@ with imports_uncollected(freeze=__name__ == "__main__"):
     from experiments import policy_flags, variant_flags
     from experiments.policy_flags import LabeledPolicy, resolve_policies
     from experiments.terminal_table import WIDTH, fit_table
+    from orca_jax.core.api.policy import resolve_policy_class
     from orca_jax.core.json_files import to_json_value, write_json_atomic, write_text_atomic
     from orca_jax.results import comparison
     from orca_jax.results.folder_lock import run_lock
@@ -120,6 +123,7 @@ with imports_uncollected(freeze=__name__ == "__main__"):
     )
     from orca_jax.runner.experiment import run_policy
     from orca_jax.runner.figure_caption import figure_caption
+    from orca_jax.runner.leap_hint import leap_hint
     from orca_jax.runner.settings import RESULT_SETTINGS, SETTINGS
     from orca_jax.runner.spec import JaxEngineSpec, RunSpec, SimEngineSpec
 
@@ -138,9 +142,10 @@ flags.DEFINE_list("allow_unequal", [], "Settings that may differ between the com
 # The comparison's fairness columns come right after the policy's name: each policy's
 # effective settings, then whether its run was arrival-bound.
 FAIRNESS_COLUMNS = (*SETTINGS, "engine_busy_fraction", "arrival_bound")
-PLOT_METRICS = (("output_tok_s", "output tokens/s"), ("latency_p50_s", "latency p50 (s)"),
-                ("normalized_latency_mean_s", "normalized latency (s/token)"),
-                ("ttft_p99_s", "TTFT p99 (s)"))
+# The figure's panels: the terminal table's key figures (`terminal_table.KEY_COLUMNS`), at
+# the same percentiles, so the picture and the table say the same.
+PLOT_METRICS = (("output_tok_s", "output tokens/s"), ("ttft_p99_s", "TTFT p99 (s)"),
+                ("tpot_p99_s", "TPOT p99 (s)"), ("latency_p99_s", "latency p99 (s)"))
 # A bar of the figure only when an SLO is set (the summaries then have it).
 SLO_PLOT_METRICS = (("goodput_req_s", "goodput (requests/s within SLO)"),)
 
@@ -253,23 +258,54 @@ def _plot(rows: list[dict], path: str, caption: str) -> Any:
     return fig
 
 
+def compared_line(entries: Sequence[LabeledPolicy], spec: RunSpec) -> str:
+    """The terminal's first line: what is compared, on what (the policies; the workload,
+    its load and lengths; the engine, its model and hardware; the limits), as the
+    figure's caption says it."""
+    limits = spec.limits
+    return (f"compare {' vs '.join(entry.label for entry in entries)}: "
+            f"{figure_caption(spec)}; batch cap {limits.max_num_seqs}, "
+            f"{limits.max_num_tokens} tokens a step")
+
+
 def more_load(spec: RunSpec) -> str:
-    """How to offer the command's workload more load: --rate, but for a trace, whose
-    arrival times are the file's (--rate does nothing there)."""
-    if spec.workload.arrival in ("trace", "program_trace"):
-        return "lower --trace_time_scale (0.5 replays the trace at twice its rate)"
+    """How to offer the command's workload more load: --rate (a trace: rescaled to that
+    mean rate), or for a trace replayed at its own times, --trace_time_scale too."""
+    if spec.workload.arrival in ("trace", "program_trace") and not spec.workload.trace_at_rate:
+        return ("give a higher --rate (the trace rescaled to that mean rate) or lower "
+                "--trace_time_scale (0.5 replays it at twice its rate)")
     return "raise --rate"
 
 
+def equalizing_flags(unequal: dict[str, dict[str, Any]], entries: Sequence[LabeledPolicy]
+                     ) -> dict[str, list[str]]:
+    """The run flags that would hold each unequal setting equal for every policy (the
+    warning's fixes): the scheduler's limit at the lowest effective value caps every
+    policy's own knob to it; prefix caching on or off for the whole run (only off where a
+    compared policy cannot plan with shared pages, which `on` would refuse)."""
+    fixes: dict[str, list[str]] = {}
+    for name, flag in (("token_budget", "max_num_tokens"), ("batch_cap", "max_num_seqs")):
+        if name in unequal:
+            fixes[name] = [f"--{flag}={min(unequal[name].values())}"]
+    if "prefix_caching" in unequal:
+        refused = any(resolve_policy_class(entry.spec).prefix_caching_unsupported
+                      for entry in entries)
+        fixes["prefix_caching"] = ["--prefix_caching=off"] if refused else [
+            "--prefix_caching=on", "--prefix_caching=off"]
+    return fixes
+
+
 def said_equal(rows: Sequence[dict[str, Any]], settings: dict[str, dict[str, Any]],
-               allowed: Sequence[str], spec: RunSpec) -> tuple[str, list[str]]:
+               allowed: Sequence[str], spec: RunSpec,
+               entries: Sequence[LabeledPolicy] = ()) -> tuple[str, list[str]]:
     """What the comparison held equal: the compiled-steps verdict (`yes`, `no`, `n/a`) and
-    the lines printed above the table (that verdict, a warning on unequal settings, the
-    arrival-bound runs)."""
+    the lines printed above the table (that verdict, a warning on unequal settings with
+    the flags that would hold them equal, the arrival-bound runs)."""
     verdict, line = comparison.compiled_steps(
         rows, {label: values["token_budget"] for label, values in settings.items()})
-    lines = [line, *comparison.settings_lines(
-        comparison.unequal_settings(settings, RESULT_SETTINGS), allowed)]
+    unequal = comparison.unequal_settings(settings, RESULT_SETTINGS)
+    lines = [line, *comparison.settings_lines(unequal, allowed,
+                                              fixes=equalizing_flags(unequal, entries))]
     bound = comparison.arrival_bound_line(rows, more_load(spec))
     return verdict, lines + ([bound] if bound else [])
 
@@ -303,9 +339,9 @@ def ragged_figures(spec: RunSpec, runs: dict[str, tuple[variant_flags.Setup,
 @run_flags.clean_errors()
 def main(argv: list[str]) -> None:
     del argv
-    spec = run_flags.spec_from_flags()
+    # Each variant checked as resolved, on its own settings (not the command's alone).
+    spec, setups = variant_flags.command_setups()
     entries = resolve_policies(list(run_flags.FLAGS.policies), run_flags.FLAGS.policy_opts)
-    setups = variant_flags.setups_from_flags(spec)
     out, fresh = run_flags.results_folder("compare")
     # Every policy and the router of every setup are built and checked before anything
     # runs (a typo in the last policy's knob fails now, not after the others ran, and
@@ -333,6 +369,8 @@ def _compare(spec: RunSpec, setups: Sequence[variant_flags.Setup],
     """`main` once every check has passed and it holds the folder's lock."""
     repeats = run_flags.FLAGS.repeats
     out = run_flags.FLAGS.out_dir
+    print(textwrap.fill(compared_line(entries, spec), WIDTH, subsequent_indent="  ",
+                        break_on_hyphens=False))
     # One workload for every setup: a variant may not set what builds it (variant_flags).
     requests = build_workload(spec)
     print(workload_line(spec, requests))
@@ -374,7 +412,7 @@ def _compare(spec: RunSpec, setups: Sequence[variant_flags.Setup],
     rows = [{**row, "policy": label,
              **({} if runs[label][0].variant is None else {"variant": runs[label][0].variant})}
             for row, label in zip(rows, labels)]
-    verdict, lines = said_equal(rows, settings, allowed, spec)
+    verdict, lines = said_equal(rows, settings, allowed, spec, entries)
     lines += variant_flags.ladder_lines([setup for setup, _ in fitted])
     ragged = ragged_figures(spec, runs, requests)
     lines += comparison.padding_lines({row["policy"]: row for row in rows}, ragged)
@@ -401,6 +439,9 @@ def _compare(spec: RunSpec, setups: Sequence[variant_flags.Setup],
     # The terminal keeps 120 columns: each line wrapped, its continuation indented.
     print("".join(textwrap.fill(line, WIDTH, subsequent_indent="  ", break_on_hyphens=False)
                   + "\n" for line in lines) + shown)
+    hints = {leap_hint(setup.spec, entry.spec) for setup, _, entry in runs.values()}
+    for hint in sorted(hint for hint in hints if hint):  # a plugin planned step by step
+        print(hint)
     write_text_atomic(os.path.join(out, "comparison.txt"), table + "\n")
     print(f"every column: {os.path.join(out, 'comparison.txt')}")
     write_json_atomic(os.path.join(out, "comparison.json"),

@@ -114,6 +114,7 @@ FLAGLESS_FIELDS = {
     "token_buckets": "--buckets (a list) or --bucket_ladder's rule give the sizes",
     "bucket_ladder": "--bucket_ladder resolves 'auto' by engine (AUTO_LADDER)",
     "kv_layout": "set in code: the vLLM-memory reproduction's buddy baselines",
+    "trace_at_rate": "--rate given with a trace (spec_from_flags)",
     "workload": "a part", "engine": "a part", "limits": "a part", "cluster": "a part",
 }
 # Flags named otherwise than their field (the names of 0.1's flags).
@@ -442,6 +443,9 @@ def spec_from_flags() -> RunSpec:
     if FLAGS.workload == "trace":
         # Unset: the trace's own output lengths, and an error where it has none.
         workload["output_len"] = FLAGS.output_len
+    if FLAGS.workload in ("trace", "program_trace"):
+        # --rate given: the trace rescaled to it (as sweep --rates does); unset, its own times.
+        workload["trace_at_rate"] = bool(FLAGS["rate"].present)
     limits = _field_values(LimitsSpec)
     try:  # before a ladder is listed out up to the budget
         check_step_tokens(limits["max_num_tokens"])

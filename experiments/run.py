@@ -43,6 +43,7 @@ with imports_uncollected(freeze=__name__ == "__main__"):
         workload_line,
     )
     from orca_jax.runner.experiment import run_policy
+    from orca_jax.runner.leap_hint import leap_hint
 
 flags.adopt_module_key_flags(run_flags)
 flags.DEFINE_string("policy", "orca", "Policy: a registered name, package.module:Class, or "
@@ -128,6 +129,9 @@ def main(argv: list[str]) -> None:
     # The compiled step shapes beside the padding they leave (config.json holds the sizes).
     print(f"padding: {summary['padding_fraction']:.4f} of the padded step tokens, "
           f"{len(token_sizes(spec))} step sizes")
+    hint = leap_hint(spec, run_flags.FLAGS.policy)
+    if hint:  # a plugin planned step by step: how it may leap
+        print(hint)
     print(f"results in {out_dir}")
 
 

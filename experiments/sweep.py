@@ -100,7 +100,8 @@ def _parse_list(name: str, values: Sequence[str], kind: type) -> list:
 @run_flags.clean_errors()
 def main(argv: list[str]) -> None:
     del argv
-    spec = run_flags.spec_from_flags()
+    # Each variant checked as resolved, on its own settings (not the command's alone).
+    spec, setups = variant_flags.command_setups()
     if spec.workload.arrival == "burst":
         raise app.UsageError("--workload=burst has every request at t=0: there is no rate to "
                              "sweep (use poisson, gamma or a trace)")
@@ -110,7 +111,6 @@ def main(argv: list[str]) -> None:
     entries = resolve_policies(list(FLAGS.policies), FLAGS.policy_opts)
     rates = _parse_list("rates", FLAGS.rates, float)
     seeds = _parse_list("seeds", FLAGS.seeds, int)
-    setups = variant_flags.setups_from_flags(spec)
     # Every policy and the router of every setup load, and every knob is valid, before the
     # first point.
     variant_flags.check_setups(setups, entries)

@@ -14,7 +14,7 @@ import numpy as np
 from absl import app, flags, logging
 
 from experiments.cli_errors import clean_errors, run_command
-from orca_jax.learned import ranker as ranker_lib
+from orca_jax.learned.ranker_config import LOSSES, RankerConfig
 from orca_jax.workloads.traces import TraceError, load_trace
 
 flags.DEFINE_string("out_dir", None, "Directory to save the trained ranker in (orbax).",
@@ -28,9 +28,9 @@ flags.DEFINE_float("train_fraction", 0.8, "Fraction of the requests (first in ar
 flags.DEFINE_integer("num_tasks", 8, "Synthetic workload: number of tasks.", lower_bound=1)
 flags.DEFINE_float("noise_sigma", 0.25, "Synthetic workload: lognormal noise of output lengths.",
                    lower_bound=0.0)
-flags.DEFINE_enum("loss", "listmle", list(ranker_lib.LOSSES), "Ranking loss: listwise (the "
+flags.DEFINE_enum("loss", "listmle", list(LOSSES), "Ranking loss: listwise (the "
                   "paper's) or pairwise logistic.")
-flags.DEFINE_integer("num_steps", ranker_lib.RankerConfig.num_steps, "Optimizer steps.",
+flags.DEFINE_integer("num_steps", RankerConfig.num_steps, "Optimizer steps.",
                      lower_bound=1)
 flags.DEFINE_integer("seed", 0, "Seed of the synthetic workload, initialisation and sampling.")
 FLAGS = flags.FLAGS
@@ -50,6 +50,9 @@ def main(argv: list[str]) -> None:
 
 
 def _main() -> None:
+    # jax, optax and orbax: only to train (--help and a refused flag never load them).
+    from orca_jax.learned import ranker as ranker_lib
+
     if FLAGS.trace:
         requests = load_trace(FLAGS.trace, max_requests=FLAGS.num_requests)
     else:
@@ -62,7 +65,7 @@ def _main() -> None:
         raise app.UsageError(f"--train_fraction={FLAGS.train_fraction} of {len(requests)} "
                              f"requests leaves {len(train)} to train and {len(held_out)} held "
                              "out; both need >= 2")
-    config = ranker_lib.RankerConfig(loss=FLAGS.loss, num_steps=FLAGS.num_steps, seed=FLAGS.seed)
+    config = RankerConfig(loss=FLAGS.loss, num_steps=FLAGS.num_steps, seed=FLAGS.seed)
     ranker = ranker_lib.train_ranker(train, config)
     ranker.save(FLAGS.out_dir)
     truth = np.array([r.output_len for r in held_out])

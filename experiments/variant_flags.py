@@ -263,18 +263,46 @@ class Setup:
                             policy_label)
 
 
-def setups_from_flags(spec: RunSpec) -> list[Setup]:
-    """The setups the command runs: one per variant of `--variants` or `--variants_file`,
-    or the command's own (`spec`, variant None) without either.
+def command_setups() -> tuple[RunSpec, list[Setup]]:
+    """The command's own spec and the setups it runs, each variant checked as resolved.
+
+    A variant is its own settings on the command's flags, checked as such (`variant_specs`):
+    a `tp=8` variant of a model the command's own `--tp=1` cannot hold runs. Where the
+    command's own flags make no valid setup but every variant does, the command's spec is
+    the first variant's: its workload is every variant's (a variant may not change it),
+    and its pilots fit the ladder every variant compiles (`fit_setups`).
 
     Raises:
-      app.UsageError: a variant is refused (`variants_from_flags`, `variant_specs`).
+      app.UsageError: the command's flags are refused and no variant changes what refused
+        them (their own error, as without variants), or a variant is refused (naming it
+        and the key).
     """
     variants = variants_from_flags()
+    base_error: Optional[app.UsageError] = None
+    try:
+        spec: Optional[RunSpec] = run_flags.spec_from_flags()
+    except app.UsageError as error:
+        if not variants:
+            raise
+        spec, base_error = None, error
     if not variants:
-        return [Setup(None, spec)]
-    specs = variant_specs(variants)
-    return [Setup(variant.label, specs[variant.label], variant.source) for variant in variants]
+        assert spec is not None
+        return spec, [Setup(None, spec)]
+    specs: dict[str, RunSpec] = {}
+    errors: list[app.UsageError] = []
+    for variant in variants:  # each alone: which of them the command's error is not fixed by
+        try:
+            specs.update(variant_specs([variant]))
+        except app.UsageError as error:
+            errors.append(error)
+    if errors:
+        if base_error is not None and len(errors) == len(variants) and all(
+                str(error).endswith(str(base_error)) for error in errors):
+            raise base_error  # the command's own flags, whatever the variants set
+        raise errors[0]
+    setups = [Setup(variant.label, specs[variant.label], variant.source)
+              for variant in variants]
+    return (setups[0].spec if spec is None else spec), setups
 
 
 def check_setups(setups: Sequence[Setup], entries: Sequence[LabeledPolicy]
@@ -291,14 +319,18 @@ def check_setups(setups: Sequence[Setup], entries: Sequence[LabeledPolicy]
     """
     settings: dict[str, dict[str, Any]] = {}
     for setup in setups:
-        config = scheduler_config(setup.spec)
         try:
+            config = scheduler_config(setup.spec)  # its own KV pool, on its own GPUs
             built = check_policies(setup.spec, config,
                                    [(entry.spec, entry.options) for entry in entries])
         except PolicyLoadError as e:
             if setup.variant is None:
                 raise
             raise PolicyLoadError(f"{setup.source}: {setup.variant}: {e}") from None
+        except ValueError as e:  # its settings, as resolved, refused (a pool, a fit)
+            if setup.variant is None:
+                raise
+            raise app.UsageError(f"{setup.source}: {setup.variant}: {e}") from None
         for entry, policy in zip(entries, built):
             settings[setup.row_label(entry.label)] = effective_settings(policy, config)
     return settings

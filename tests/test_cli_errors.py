@@ -150,8 +150,14 @@ def _cases(files: Path) -> list[Case]:
              r"engine\.profile_table \('t\.json'\) is the profiled clock's table"),
         Case("draft_other_vocabulary", (*JAX, "--model=small", "--clock=wall", "--drafter=model",
                                         "--draft_model=tiny-draft"), 2,
-             r"--draft_model: engine\.draft_model 'tiny-draft' has vocab_size 512, "
-             r"engine\.model 'small' has 2048"),
+             r"--draft_model: engine\.draft_model 'tiny-draft' has a vocabulary of 512 "
+             r"tokens, the target 'small' 2048: a draft must share the target's vocabulary "
+             r"\(presets that share it: small-draft\)"),
+        Case("sim_draft_other_vocabulary", (*SIM, "--model=llama3-70b", "--tp=4",
+                                            "--draft_model=tinyllama-1.1b"), 2,
+             r"--draft_model: engine\.draft_model 'tinyllama-1\.1b' has a vocabulary of 32000 "
+             r"tokens, the target 'llama3-70b' 128256: a draft must share the target's "
+             r"vocabulary \(presets that share it: llama3\.2-1b, llama3-8b, llama3\.1-8b\)"),
         Case("drafter_model_without_draft", (*JAX, "--clock=wall", "--drafter=model"), 2,
              r"--drafter: engine\.drafter model needs engine\.draft_model"),
         # Checked where the engine is built: this process has one CPU device.
@@ -322,3 +328,14 @@ def test_a_prompt_longer_than_any_context_is_rejected_without_building_its_ids(t
     assert peak_gib < 3.0
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["num_rejected"] == 3 and summary["num_finished"] == 0
+
+
+def test_draft_presets_of_the_8b_and_70b_families_share_their_vocabularies():
+    from orca_jax.specs.model_config import PRESETS, draft_presets
+    # Published sizes: Llama-3.2-1B 1.24B weights (tied), TinyLlama-1.1B 1.10B.
+    assert round(PRESETS["llama3.2-1b"].num_params / 1e9, 2) == 1.24
+    assert round(PRESETS["tinyllama-1.1b"].num_params / 1e9, 2) == 1.10
+    assert draft_presets("llama3-8b") == ["llama3.2-1b"]
+    assert draft_presets("llama3-70b") == ["llama3.2-1b", "llama3-8b", "llama3.1-8b"]
+    assert draft_presets("llama2-70b") == ["tinyllama-1.1b", "llama2-7b"]
+    assert draft_presets("llama3.2-1b") == [] and draft_presets("mistral-7b") == []

@@ -78,6 +78,41 @@ def test_unequal_settings_warn_unless_allowed():
         "warning: settings that change results differ between policies: token_budget "
         "(vllm=2048, sarathi=512); prefix_caching (vllm=on, sarathi=off); if intended, pass "
         "--allow_unequal=token_budget,prefix_caching"]
+    # Every fix offered: the flags that hold each setting equal, then --allow_unequal.
+    from experiments.compare import equalizing_flags
+    from experiments.policy_flags import LabeledPolicy
+    entries = [LabeledPolicy("vllm", "vllm"), LabeledPolicy("sarathi", "sarathi")]
+    fixes = equalizing_flags(unequal, entries)
+    assert fixes == {"token_budget": ["--max_num_tokens=512"],
+                     "prefix_caching": ["--prefix_caching=on", "--prefix_caching=off"]}
+    assert comparison.settings_lines(unequal, (), fixes=fixes) == [
+        "warning: settings that change results differ between policies: token_budget "
+        "(vllm=2048, sarathi=512); prefix_caching (vllm=on, sarathi=off); to hold them equal "
+        "pass --max_num_tokens=512 (token_budget), --prefix_caching=on or "
+        "--prefix_caching=off (prefix_caching); or, if intended, pass "
+        "--allow_unequal=token_budget,prefix_caching"]
+    assert equalizing_flags({"batch_cap": {"a": 8, "b": 64}}, entries) == {
+        "batch_cap": ["--max_num_seqs=8"]}
+    # A compared policy that cannot plan with shared pages: `on` would refuse it.
+    from orca_jax.core.api.policy import Policy, StepPlan
+
+    class Unshared(Policy):
+        prefix_caching_unsupported = "it plans whole contexts"
+
+        def schedule(self, view):
+            return StepPlan([], [])
+
+    import sys
+    import types
+    module = types.ModuleType("unshared_for_test")
+    module.Unshared = Unshared
+    sys.modules["unshared_for_test"] = module
+    try:
+        assert equalizing_flags({"prefix_caching": unequal["prefix_caching"]}, [
+            entries[0], LabeledPolicy("u", "unshared_for_test:Unshared")]) == {
+            "prefix_caching": ["--prefix_caching=off"]}
+    finally:
+        del sys.modules["unshared_for_test"]
     warned, noted = comparison.settings_lines(unequal, ("token_budget",))
     assert warned.startswith("warning:") and "token_budget" not in warned
     assert noted.startswith("unequal settings, allowed by --allow_unequal: token_budget")
@@ -104,6 +139,9 @@ def test_compare_on_the_simulator_warns_of_sarathis_budget_and_vllms_cache(tmp_p
     warning = next(line for line in written if line.startswith("warning:"))
     assert "token_budget (vllm=2048, sarathi=512)" in warning
     assert "prefix_caching (vllm=on, sarathi=off)" in warning
+    assert ("to hold them equal pass --max_num_tokens=512 (token_budget), "
+            "--prefix_caching=on or --prefix_caching=off (prefix_caching); or, if intended, "
+            "pass --allow_unequal=token_budget,prefix_caching") in warning
     assert warning in printed
     assert "identical compiled steps: n/a (simulator" in written[0]
     rows = {row["policy"]: row for row in json.loads((out / "comparison.json").read_text())}
@@ -178,16 +216,18 @@ def test_the_arrival_bound_rule_and_how_it_says_to_offer_more_load():
     assert not comparison.arrival_bound({**row, "served_req_s": 9.4})  # over 5% short
     assert not comparison.arrival_bound({**row, "num_waiting_p50": 1.0})  # a queue kept
     assert not comparison.arrival_bound({**row, "offered_req_s": None})  # one request
-    # A trace's arrivals are the file's: --rate does nothing there.
+    # A trace at its own times: --rate (rescaling it) or --trace_time_scale; a trace
+    # rescaled to --rate: a higher --rate.
     from experiments.compare import more_load
     from orca_jax.runner.spec import RunSpec, WorkloadSpec
-    assert more_load(RunSpec(workload=WorkloadSpec(arrival="trace", trace="t.jsonl"))) == (
-        "lower --trace_time_scale (0.5 replays the trace at twice its rate)")
+    own = RunSpec(workload=WorkloadSpec(arrival="trace", trace="t.jsonl"))
+    assert more_load(own) == ("give a higher --rate (the trace rescaled to that mean rate) or "
+                              "lower --trace_time_scale (0.5 replays it at twice its rate)")
+    assert more_load(RunSpec(workload=WorkloadSpec(arrival="trace", trace="t.jsonl",
+                                                   trace_at_rate=True))) == "raise --rate"
     assert more_load(RunSpec()) == "raise --rate"
-    assert comparison.arrival_bound_line([row], more_load(RunSpec(workload=WorkloadSpec(
-        arrival="trace", trace="t.jsonl")))).endswith("lower --trace_time_scale (0.5 replays "
-                                                      "the trace at twice its rate) to "
-                                                      "compare capacity")
+    assert comparison.arrival_bound_line([row], more_load(own)).endswith(
+        "lower --trace_time_scale (0.5 replays it at twice its rate) to compare capacity")
 
 
 @pytest.mark.slow
@@ -212,3 +252,40 @@ def test_jax_compare_says_identical_compiled_steps_and_a_smaller_budget_breaks_t
     assert "token_budget (static=32, orca=32, v16=16)" in warning and warning in printed
     assert [row["identical_compiled_steps"] for row in
             json.loads((out / "comparison.json").read_text())] == ["no", "no", "no"]
+
+
+def test_the_first_line_says_what_is_compared_and_the_figure_shows_the_table_s_figures(
+        tmp_path):
+    result = run_module("experiments.compare", *SIM, "--rate=20", "--output_len=fixed:9",
+                        f"--out_dir={tmp_path / 'c'}")
+    lines = result.stdout.splitlines()
+    wrapped = lines[:next(i for i, line in enumerate(lines) if line.startswith("workload:"))]
+    assert max(map(len, wrapped)) <= 120 and len(wrapped) == 2  # wrapped as the others
+    first = " ".join(line.strip() for line in wrapped)
+    assert first == ("compare static vs orca: poisson (30 requests, prompts uniform:32:512, "
+                     "outputs fixed:9); engine sim, model llama3-8b, a100; rate 20 req/s; "
+                     "seed 0; batch cap 64, 2048 tokens a step")
+    # The figure's panels are the terminal's columns, at the table's percentiles.
+    from experiments.compare import PLOT_METRICS
+    from experiments.terminal_table import KEY_COLUMNS
+    assert all(metric in KEY_COLUMNS for metric, _ in PLOT_METRICS)
+    assert ("latency_p99_s", "latency p99 (s)") in PLOT_METRICS
+    assert not any(metric.endswith("p50_s") for metric, _ in PLOT_METRICS)
+
+
+@pytest.mark.slow
+def test_the_main_job_s_default_load_shows_what_continuous_batching_is_for(tmp_path):
+    """`python -m experiments.compare` as the README runs it: requests queue (neither
+    policy is arrival-bound) and static's request-level batches waste the seats of their
+    finished members, so orca serves well over static's output tokens/s."""
+    out = tmp_path / "main"
+    result = run_module("experiments.compare", f"--compile_cache={tmp_path / 'cache'}",
+                        f"--profile_store={tmp_path / 'store'}", f"--out_dir={out}")
+    assert " ".join(result.stdout.split()).startswith(
+        "compare static vs orca: poisson (64 requests, prompts uniform:16:128, outputs "
+        "lognormal:40:1.0); engine jax")
+    rows = {row["policy"]: row for row in json.loads((out / "comparison.json").read_text())}
+    assert not rows["static"]["arrival_bound"] and not rows["orca"]["arrival_bound"]
+    # 1.48-1.65x measured on a loaded 2-core CPU (the old default: 1.02x).
+    assert rows["orca"]["output_tok_s"] > 1.25 * rows["static"]["output_tok_s"]
+    assert rows["orca"]["latency_p99_s"] < rows["static"]["latency_p99_s"]

@@ -85,3 +85,24 @@ def test_a_bad_variant_is_one_line_exit_2_and_nothing_written(tmp_path, variants
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and says in lines[0], result.stderr
     assert not out.exists()
+
+
+def test_variants_are_checked_as_resolved_not_against_the_command_s_own_settings(tmp_path):
+    # 70B does not fit one A100 (the command's own --tp=1); each variant sets its own tp.
+    args = ("--policies=vllm", "--model=llama3-70b", "--num_requests=12")
+    out = tmp_path / "tp"
+    result = _compare(out, *args, "--variants=t4:tp=4,t8:tp=8")
+    assert "vllm@t4" in result.stdout and "vllm@t8" in result.stdout
+    assert _config(out, "t4")["run"]["engine"]["tp"] == 4
+    assert _config(out, "t8")["run"]["engine"]["tp"] == 8
+    # A variant that does not fit is named; nothing is written.
+    bad = _compare(tmp_path / "one", *args, "--variants=t4:tp=4,t1:tp=1", check=False)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
+    assert bad.stderr.startswith("error: --variants: t1: --model: engine.model=llama3-70b: "
+                                 "model llama3-70b") and "does not fit on 1 x" in bad.stderr
+    assert not (tmp_path / "one").exists()
+    # No variant fixes it: the command's own error, as without variants.
+    neither = _compare(tmp_path / "none", *args, "--variants=a:max_num_seqs=4,b:max_num_seqs=8",
+                       check=False)
+    assert neither.returncode == 2 and neither.stderr.startswith(
+        "error: --model: engine.model=llama3-70b") and "--variants" not in neither.stderr

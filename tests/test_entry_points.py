@@ -13,16 +13,20 @@ from experiments.cli_errors import CLOSED_PIPE_EXIT
 from tests.cli_runner import REPO, run_module
 
 
-def _entry_points() -> list[str]:
-    """The modules under experiments/ that run as commands (`python -m ...`)."""
+def _entry_points(commands: bool = True) -> list[str]:
+    """The modules under experiments/ that run as commands (`python -m ...`), or with
+    `commands=False` the helpers that answer `python -m` with `not_a_command`."""
     modules = []
     for path in sorted((REPO / "experiments").rglob("*.py")):
-        if 'if __name__ == "__main__":' in path.read_text():
+        text = path.read_text()
+        if ('if __name__ == "__main__":' in text
+                and ("not_a_command(" not in text or path.name == "cli_errors.py") == commands):
             modules.append(".".join(path.relative_to(REPO).with_suffix("").parts))
     return modules
 
 
 ENTRY_POINTS = _entry_points()
+HELPERS = _entry_points(commands=False)
 
 
 def test_the_commands_are_found():
@@ -101,3 +105,28 @@ def test_list_flags_print_the_registered_names_one_per_line(module, listing):
     result = run_module(module, f"--list_{listing}")
     lines = result.stdout.splitlines()
     assert len(lines) == len(set(lines)) and set(lines) == expected
+
+
+def test_a_helper_run_as_a_command_says_which_command_to_run_in_one_line():
+    assert {"experiments.reproduce.slo_scale", "experiments.reproduce.common"} <= set(HELPERS)
+    for module in HELPERS:
+        result = subprocess.run([sys.executable, "-m", module, "--help"], cwd=REPO,
+                                env=dict(os.environ, JAX_PLATFORMS="cpu"), capture_output=True,
+                                text=True, timeout=60)
+        lines = result.stderr.strip().splitlines()
+        assert result.returncode == 2 and len(lines) == 1, (module, result.stderr[-500:])
+        assert lines[0].startswith(f"error: {module} is not a command: it holds ")
+        assert "run python -m experiments.reproduce." in lines[0]
+
+
+def test_train_ranker_help_is_quick_and_loads_neither_jax_nor_orbax():
+    # Its --help took 37 s on a cold machine, importing jax, optax and orbax to train.
+    result = subprocess.run([sys.executable, "-X", "importtime", "-m",
+                             "experiments.train_ranker", "--help"], cwd=REPO,
+                            env=dict(os.environ, JAX_PLATFORMS="cpu"), capture_output=True,
+                            text=True, timeout=30)
+    assert result.returncode == 0 and "--num_steps" in result.stdout
+    imported = {line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines()
+                if line.startswith("import time:")}
+    assert "orca_jax.learned.ranker_config" in imported
+    assert not {"jax", "optax", "orbax", "orbax.checkpoint"} & imported

@@ -35,6 +35,39 @@ def test_run_writes_the_result_contract(tmp_path):
     assert sum(r["status"] == "finished" for r in requests) == summary["num_finished"]
 
 
+def test_rate_with_a_trace_rescales_it_to_that_mean_rate_as_a_sweep_point_does(tmp_path):
+    from orca_jax.runner.build import build_workload
+    from orca_jax.runner.spec import RunSpec, WorkloadSpec
+    from orca_jax.runner.sweep_point import workload_at
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n"
+                     "1.0,10,4\n3.0,12,5\n9.0,8,3\n11.0,9,2\n")
+    out = tmp_path / "run"
+    result = _run("experiments.run", "--policy=orca", "--engine=sim", "--workload=trace",
+                  f"--trace={trace}", "--rate=0.6", f"--out_dir={out}")
+    assert "arrivals rescaled to a mean 0.6 req/s (--rate)" in result.stdout
+    arrivals = sorted(r["arrival_s"] for r in _jsonl(out / "requests.jsonl"))
+    # 3 gaps over a 10 s span is 0.3/s: times x0.5 make it 0.6/s, the pattern kept.
+    assert arrivals == pytest.approx([0.5, 1.5, 4.5, 5.5])
+    config = json.loads((out / "config.json").read_text())
+    assert config["run"]["workload"]["trace_at_rate"] is True
+    # The same requests as a sweep's point at that rate.
+    spec = RunSpec(workload=WorkloadSpec(arrival="trace", trace=str(trace), num_requests=None,
+                                         output_len=None))
+    assert [r.arrival_s for r in workload_at(spec, build_workload(spec), 0.6)] == (
+        pytest.approx(arrivals))
+    # Unset, the file's own times; both knobs of pace at once are refused in one line.
+    _run("experiments.run", "--policy=orca", "--engine=sim", "--workload=trace",
+         f"--trace={trace}", f"--out_dir={tmp_path / 'own'}")
+    assert sorted(r["arrival_s"] for r in _jsonl(tmp_path / "own" / "requests.jsonl")) == [
+        1.0, 3.0, 9.0, 11.0]
+    both = _run("experiments.run", "--engine=sim", "--workload=trace", f"--trace={trace}",
+                "--rate=2", "--trace_time_scale=0.5", f"--out_dir={tmp_path / 'both'}",
+                check=False)
+    assert both.returncode == 2 and "give one" in both.stderr
+    assert both.stderr.strip().count("\n") == 0 and not (tmp_path / "both").exists()
+
+
 def test_old_limit_flags_still_work_with_one_warning_line_each(tmp_path):
     out = tmp_path / "run"
     result = _run("experiments.run", "--policy=orca", "--engine=sim", "--num_requests=10",
@@ -71,6 +104,7 @@ def test_config_run_section_is_the_spec_grouped_in_its_parts(tmp_path):
                              "pp": 1, "pp_layers": None, "pp_balance": False,
                              "step_time_ms": 5.0, "cost_fit": None,
                              "step_padding": "bucket", "leap": True,
+                             "engine_profile": "orca_jax",  # the roofline's own profile
                              # speculative decoding off (docs/speculative.md)
                              "spec_acceptance": None, "draft_model": None}  # no jax-only
     assert run["limits"]["max_num_seqs"] == 8 and run["limits"]["max_num_tokens"] == 2048

@@ -346,3 +346,59 @@ def test_register_refuses_a_non_policy_and_a_taken_name():
 
     with pytest.raises(ValueError, match="router name 'round_robin' is already registered"):
         register_router("round_robin")(Elsewhere)
+
+
+def test_a_plugin_that_never_leaps_gets_one_hint_line_and_its_opt_in_leaps_exactly(tmp_path):
+    from cli_runner import run_module
+
+    from orca_jax.runner.leap_hint import OPT_IN, leap_hint
+    las = "examples/least_attained_service.py:LeastAttainedService"
+    args = ("experiments.run", "--engine=sim", "--num_requests=60", "--rate=20")
+    plain = run_module(*args, f"--policy={las}", f"--out_dir={tmp_path / 'plain'}")
+    hints = [line for line in plain.stdout.splitlines() if line.startswith("hint: ")]
+    assert len(hints) == 1 and OPT_IN in hints[0] and las in hints[0]
+    assert "leaped over 0 of" in plain.stderr
+    # The hint's own line, pasted into the plugin: it leaps, with the same results.
+    source = (ROOT / "examples" / "least_attained_service.py").read_text().replace(
+        '@register("las")\n', "")
+    source += f"\n    {OPT_IN}\n"
+    plugin = tmp_path / "steady_las.py"
+    plugin.write_text(source)
+    leaped = run_module(*args, f"--policy={plugin}:LeastAttainedService",
+                        f"--out_dir={tmp_path / 'leap'}")
+    assert "hint: " not in leaped.stdout and "leaped over 0 of" not in leaped.stderr
+    assert "leaped over " in leaped.stderr
+    stepwise = run_module(*args, f"--policy={plugin}:LeastAttainedService", "--noleap",
+                          f"--out_dir={tmp_path / 'noleap'}")
+    assert "hint: " not in stepwise.stdout  # no leaping to miss
+    assert ((tmp_path / "leap" / "requests.jsonl").read_text()
+            == (tmp_path / "noleap" / "requests.jsonl").read_text()
+            == (tmp_path / "plain" / "requests.jsonl").read_text())
+    # A built-in that promises nothing does so on purpose: no hint; a promising one none.
+    assert leap_hint(RunSpec(), "mlfq") is None and leap_hint(RunSpec(), "orca") is None
+    assert leap_hint(RunSpec(), las) is not None
+    assert leap_hint(RunSpec(limits=LimitsSpec(count_host_time=True)), las) is None
+    assert f"    {OPT_IN}\n" in (ROOT / "docs" / "writing_a_policy.md").read_text()
+
+
+
+def test_knob_docs_come_from_the_attributes_section_as_the_docs_show(tmp_path):
+    """docs/writing_a_policy.md's example of a documented knob, described as it says."""
+    from orca_jax.core.api import plugins
+    doc = (ROOT / "docs" / "writing_a_policy.md").read_text()
+    section = doc[doc.index("### Documenting its knobs"):]
+    code = section[section.index("```python\n") + 10:section.index("```\n", 20)]
+    plugin = tmp_path / "documented.py"
+    plugin.write_text("import dataclasses\n\nfrom orca_jax import Policy, StepPlan\n\n\n"
+                      + code + "\n    def schedule(self, view):\n"
+                      "        return StepPlan([], [])\n")
+    described = plugins.describe(resolve_policy_class(f"{plugin}:LeastAttainedService"),
+                                 "policy")
+    printed = section[section.index("it prints\n\n") + 11:section.index("\n\n(one entry")]
+    assert textwrap.dedent(printed) in described
+    # Without the section, the knob has no doc (an inline comment is not read).
+    bare = tmp_path / "bare.py"
+    bare.write_text(plugin.read_text().replace(
+        "\n    Attributes:\n      max_running: requests that may hold KV pages at once.\n", ""))
+    assert "requests that may hold" not in plugins.describe(
+        resolve_policy_class(f"{bare}:LeastAttainedService"), "policy")

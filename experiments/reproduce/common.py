@@ -281,3 +281,10 @@ def parse_rates(text: str) -> tuple[float, ...]:
     if not rates or any(not r > 0 for r in rates):
         raise ValueError("every rate must be > 0")
     return rates
+
+
+if __name__ == "__main__":  # a helper module: `--help` says so, not nothing
+    from experiments.cli_errors import not_a_command
+    not_a_command("experiments.reproduce.common",
+                  "what the reproductions share",
+                  'python -m experiments.reproduce.orca --help (or another: docs/reproductions.md)')

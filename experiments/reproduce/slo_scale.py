@@ -123,3 +123,10 @@ def plot(curves: Sequence[dict], path: str, *, title: str, caption: str, cols: i
     fig.savefig(path, dpi=80)
     plt.close(fig)
     return True
+
+
+if __name__ == "__main__":  # a helper module: `--help` says so, not nothing
+    from experiments.cli_errors import not_a_command
+    not_a_command('experiments.reproduce.slo_scale',
+                  "the DistServe reproduction's SLO-scale curves",
+                  'python -m experiments.reproduce.distserve --help')

@@ -121,8 +121,17 @@ def unequal_settings(settings: Mapping[str, Mapping[str, Any]],
 
 
 def settings_lines(unequal: Mapping[str, Mapping[str, Any]], allowed: Collection[str],
-                   flag: str = "--allow_unequal") -> list[str]:
-    """The warning (and the note, for the differences `allowed`) on unequal settings."""
+                   flag: str = "--allow_unequal",
+                   fixes: Optional[Mapping[str, Sequence[str]]] = None) -> list[str]:
+    """The warning (and the note, for the differences `allowed`) on unequal settings.
+
+    Args:
+      unequal: setting -> (label -> value), as `unequal_settings` gives them.
+      allowed: the settings whose difference is intended (a note, not a warning).
+      flag: the flag that allows a difference.
+      fixes: setting -> the flags (alternatives) that would hold it equal for every
+        policy; the warning offers them before `flag`.
+    """
     def describe(names: Sequence[str]) -> str:
         return "; ".join(f"{name} (" + ", ".join(f"{label}={_value(v)}" for label, v in
                                                  unequal[name].items()) + ")"
@@ -131,8 +140,11 @@ def settings_lines(unequal: Mapping[str, Mapping[str, Any]], allowed: Collection
     noted = [name for name in unequal if name in allowed]
     lines = []
     if warned:
+        equal = [f"{' or '.join(fixes[name])} ({name})" for name in warned
+                 if fixes and fixes.get(name)]
+        hold = f"to hold them equal pass {', '.join(equal)}; or, " if equal else ""
         lines.append(f"warning: settings that change results differ between policies: "
-                     f"{describe(warned)}; if intended, pass {flag}={','.join(warned)}")
+                     f"{describe(warned)}; {hold}if intended, pass {flag}={','.join(warned)}")
     if noted:
         lines.append(f"unequal settings, allowed by {flag}: {describe(noted)}")
     return lines

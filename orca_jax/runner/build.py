@@ -47,12 +47,13 @@ from orca_jax.sim.pipeline_stages import stage_layers
 from orca_jax.specs.hardware import get_hardware, get_kv_link
 from orca_jax.specs.memory import num_kv_pages_for_memory
 from orca_jax.specs.model_config import ModelConfig, get_model_config
+from orca_jax.workloads.arrival_rate import rescaled_to_rate
 from orca_jax.workloads.synthetic import (
     parse_length_spec,
     synthetic_workload,
     with_prompt_tokens,
 )
-from orca_jax.workloads.traces import load_trace, repeat_trace
+from orca_jax.workloads.traces import TraceError, load_trace, repeat_trace
 
 if TYPE_CHECKING:  # the cluster's loop is imported by the runs that build a cluster only
     from orca_jax.cluster.elastic import ScalingSpec
@@ -71,6 +72,22 @@ def model_config(spec: RunSpec) -> ModelConfig:
     return get_model_config(engine.model)
 
 
+def _at_rate(spec: RunSpec, requests: list[Request]) -> list[Request]:
+    """A trace's requests at the spec's rate where it asks (`trace_at_rate`), else as read.
+
+    Raises:
+      TraceError: the trace's arrivals are all at one time (it has no rate to rescale).
+    """
+    workload = spec.workload
+    if not workload.trace_at_rate:
+        return requests
+    try:
+        return rescaled_to_rate(requests, workload.rate,
+                                programs=workload.arrival == "program_trace")
+    except ValueError as e:
+        raise TraceError(f"--rate={workload.rate:g} with trace {workload.trace}: {e}") from e
+
+
 def build_workload(spec: RunSpec) -> list[Request]:
     """The run's requests (synthetic from the seed, or a trace file).
 
@@ -86,7 +103,7 @@ def build_workload(spec: RunSpec) -> list[Request]:
                               max_requests=workload.num_requests, vocab_size=vocab,
                               block_size=workload.trace_block_size,
                               output_lens=_trace_output_lens(spec))
-        requests = repeat_trace(requests, workload.trace_repeat)
+        requests = repeat_trace(_at_rate(spec, requests), workload.trace_repeat)
         return (with_prompt_tokens(requests, vocab, spec.seed, context=max_model_len(spec))
                 if real else requests)
     # The workloads of other kinds are imported by the runs that build them only.
@@ -106,9 +123,9 @@ def build_workload(spec: RunSpec) -> list[Request]:
             program_count=workload.program_count)
     if workload.arrival == "program_trace":
         from orca_jax.workloads.program_traces import load_program_trace
-        return load_program_trace(workload.trace, max_requests=workload.num_requests,
-                                  vocab_size=vocab, seed=spec.seed,
-                                  time_scale=workload.trace_time_scale)
+        return _at_rate(spec, load_program_trace(
+            workload.trace, max_requests=workload.num_requests, vocab_size=vocab,
+            seed=spec.seed, time_scale=workload.trace_time_scale))
     if workload.arrival == "shared_prefix":
         from orca_jax.workloads.prefix_workloads import shared_prefix_workload
         return shared_prefix_workload(
@@ -154,7 +171,10 @@ def workload_line(spec: RunSpec, requests: Sequence[Request]) -> str:
            f" (its first {workload.num_requests} at most: --num_requests)")
     batch = (", an offline batch: every request submitted at time 0"
              if requests and all(r.arrival_s == 0 for r in requests) else "")
-    return f"workload: {len(requests)} requests from trace {workload.trace}{cut}{batch}"
+    rescaled = (f", arrivals rescaled to a mean {workload.rate:g} req/s (--rate)"
+                if workload.trace_at_rate else "")
+    return (f"workload: {len(requests)} requests from trace {workload.trace}{cut}{batch}"
+            f"{rescaled}")
 
 
 def max_model_len(spec: RunSpec) -> int:

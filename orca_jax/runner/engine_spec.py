@@ -22,7 +22,7 @@ from orca_jax.sim.cost_model import STEP_PADDINGS
 from orca_jax.sim.engine_profiles import DEFAULT_PROFILE, PROFILES
 from orca_jax.sim.pipeline_stages import check_gpus, stage_layers
 from orca_jax.specs.hardware import HARDWARE_ALIASES, HARDWARE_PRESETS, get_hardware
-from orca_jax.specs.model_config import PRESETS, get_model_config
+from orca_jax.specs.model_config import PRESETS, draft_vocabulary_error, get_model_config
 
 ENGINES = ("sim", "jax")
 DTYPES = ("float32", "bfloat16")
@@ -135,11 +135,9 @@ class JaxEngineSpec:
             return
         if self.draft_model is not None:
             draft = get_model_config(self.draft_model)  # fails early, naming the preset
-            if not self.checkpoint and draft.vocab_size != get_model_config(self.model).vocab_size:
-                raise ValueError(f"engine.draft_model {self.draft_model!r} has vocab_size "
-                                 f"{draft.vocab_size}, engine.model {self.model!r} has "
-                                 f"{get_model_config(self.model).vocab_size}: a draft model "
-                                 "needs the target's vocabulary")
+            target = get_model_config(self.model)
+            if not self.checkpoint and draft.vocab_size != target.vocab_size:
+                raise ValueError(draft_vocabulary_error(draft, target, "engine."))
         if self.clock != "wall":
             raise ValueError(f"engine.drafter {self.drafter}: the profiled clock prices the "
                              "target's step alone, not the drafting; use engine.clock wall")
@@ -192,9 +190,10 @@ class SimEngineSpec:
         "makes the simulator speculate (None then: 0.7). docs/speculative.md.")
     draft_model: Optional[str] = knob(
         None, "Speculative decoding: the draft model preset (the target's vocabulary, e.g. "
-        "llama2-7b for llama2-70b) whose decode steps, k per speculating step, are priced on "
-        "the clock on the target's hardware and tp; None: drafting costs nothing (a "
-        "model-free drafter).", presets=MODEL_PRESETS)
+        "llama3.2-1b for llama3-8b or llama3-70b, tinyllama-1.1b for llama2-70b) whose "
+        "decode steps, k per speculating step, are priced on the clock on the target's "
+        "hardware and tp; None: drafting costs nothing (a model-free drafter).",
+        presets=MODEL_PRESETS)
 
     def __post_init__(self) -> None:
         model = get_model_config(self.model)  # fails early, naming the presets
@@ -226,10 +225,7 @@ class SimEngineSpec:
             except ValueError as e:  # naming the presets, and the flag
                 raise ValueError(f"engine.draft_model: {e}") from None
             if draft.vocab_size != model.vocab_size:
-                raise ValueError(f"engine.draft_model {self.draft_model!r} has a vocabulary of "
-                                 f"{draft.vocab_size} tokens, the target {self.model!r} "
-                                 f"{model.vocab_size}: a draft must share the target's "
-                                 "vocabulary")
+                raise ValueError(draft_vocabulary_error(draft, model, "engine."))
             if self.pp > 1:
                 raise ValueError(f"engine.draft_model with engine.pp {self.pp}: speculative "
                                  "decoding is simulated on one pipeline stage for now")

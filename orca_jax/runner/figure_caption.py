@@ -70,6 +70,8 @@ def figure_caption(spec: RunSpec, *, rates: Optional[Sequence[float]] = None,
     workload = spec.workload
     if rates is not None:
         rate = f"rates {', '.join(f'{r:g}' for r in rates)} req/s"
+    elif workload.arrival in ("trace", "program_trace") and workload.trace_at_rate:
+        rate = f"the trace's arrivals rescaled to a mean {workload.rate:g} req/s"
     elif workload.arrival == "trace":
         rate = "the trace's arrival times"
     elif workload.arrival == "burst":

@@ -73,8 +73,12 @@ LENGTH_COLUMNS = {"prefix_len": "prompt_len", "suffix_len": "prompt_len",
 # check. A flag of one of these fields defaults to None (the engine's column) and its help
 # names both columns.
 COMMAND_DEFAULTS: dict[str, dict[str, object]] = {
-    "jax": dict(model="tiny", num_requests=64, rate=40.0, prompt_len="uniform:16:128",
-                output_len="uniform:16:64", max_num_seqs=16, max_num_tokens=256,
+    # The main job's (`compare`, static vs orca): requests queue (160 req/s, past either
+    # policy's capacity) and output lengths vary as a chat's do (lognormal, mean 40, a long
+    # tail), so static's request-level batches hold finished requests' seats until their
+    # longest member ends: what continuous batching is for.
+    "jax": dict(model="tiny", num_requests=64, rate=160.0, prompt_len="uniform:16:128",
+                output_len="lognormal:40:1.0", max_num_seqs=16, max_num_tokens=256,
                 prefix_len="fixed:256", suffix_len="uniform:16:64", num_turns="uniform:1:6"),
     "sim": dict(model="llama3-8b", num_requests=1000, rate=32.0, prompt_len="uniform:32:512",
                 output_len="uniform:1:128", max_num_seqs=64, max_num_tokens=2048,
@@ -113,7 +117,13 @@ class WorkloadSpec:
                                        "trace, None: the whole trace; of conversation: "
                                        "turns).")
     rate: float = knob(4.0, "Arrival rate in requests/s (poisson, gamma, shared_prefix; "
-                       "conversation: conversations/s; programs: programs/s).")
+                       "conversation: conversations/s; programs: programs/s). Given with "
+                       "a trace (trace, program_trace): the trace's arrival times rescaled "
+                       "so its mean rate (N-1 gaps over its span; of program starts) is "
+                       "this, as each point of sweep --rates does; unset, the file's own "
+                       "times (trace_time_scale stretches them instead).")
+    trace_at_rate: bool = knob(False, "Whether a trace's arrivals are rescaled to rate "
+                               "(set by giving --rate with a trace).")
     cv: float = knob(1.0, "Coefficient of variation of gamma inter-arrival gaps.")
     prompt_len: str = knob("uniform:32:512", "Prompt length distribution: fixed:N, "
                            "uniform:LO:HI, lognormal:MEAN:SIGMA, zipf:A:MAX, "
@@ -195,6 +205,13 @@ class WorkloadSpec:
         if self.trace_repeat > 1 and self.arrival != "trace":
             raise ValueError(f"workload.trace_repeat={self.trace_repeat} repeats a trace; "
                              f"arrival is {self.arrival!r}, not 'trace'")
+        if self.trace_at_rate and self.arrival not in ("trace", "program_trace"):
+            raise ValueError(f"workload.trace_at_rate rescales a trace to the rate; arrival "
+                             f"is {self.arrival!r}, whose arrivals follow the rate already")
+        if self.trace_at_rate and self.trace_time_scale != 1.0:
+            raise ValueError(f"workload.trace_time_scale={self.trace_time_scale:g} and a "
+                             f"rate of {self.rate:g}/s both set the trace's pace; give one "
+                             "(--rate: a mean rate, --trace_time_scale: a stretch)")
         if not (math.isfinite(self.trace_time_scale) and self.trace_time_scale > 0):
             raise ValueError(f"workload.trace_time_scale must be a finite number > 0, got "
                              f"{self.trace_time_scale}")

@@ -21,6 +21,7 @@ from orca_jax.runner.bucket_pilot import BucketFit, PilotPolicy, needs_fit, with
 from orca_jax.runner.build import build_workload
 from orca_jax.runner.experiment import run_policy
 from orca_jax.runner.spec import RunSpec
+from orca_jax.workloads.arrival_rate import rescaled_to_rate
 from orca_jax.workloads.programs import rescale_starts
 
 
@@ -79,21 +80,16 @@ def workload_at(spec: RunSpec, base: list[Request], rate: float) -> list[Request
       SweepError: a trace whose arrivals are all at one time (it has no rate).
     """
     programs = spec.workload.arrival in ("programs", "program_trace")
-    # Programs: the rate is of program starts (calls without parents); later calls
-    # arrive as their parents and tool pauses let them, which a rate does not scale.
-    starts = [r for r in base if not r.parents] if programs else base
     if spec.workload.arrival in ("trace", "program_trace"):
-        span = (max(r.arrival_s for r in starts) - min(r.arrival_s for r in starts)
-                if len(starts) >= 2 else 0.0)
-        if span <= 0:
-            raise SweepError(f"trace {spec.workload.trace}: all arrivals at one time (an "
-                             "offline batch has no rate); a rate sweep needs arrivals spread "
-                             "in time")
-        scale = (len(starts) - 1) / span / rate
-    else:
-        scale = 1.0 / rate
+        try:
+            return rescaled_to_rate(base, rate, programs=programs)
+        except ValueError as e:
+            raise SweepError(f"trace {spec.workload.trace}: {e}") from e
     if programs:
-        return rescale_starts(base, scale)
+        # The rate is of program starts (calls without parents); later calls arrive as
+        # their parents and tool pauses let them, which a rate does not scale.
+        return rescale_starts(base, 1.0 / rate)
+    scale = 1.0 / rate  # as before: a stored point's arrivals to the last bit
     return [dataclasses.replace(r, arrival_s=r.arrival_s * scale) for r in base]
 
 

@@ -31,6 +31,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from orca_jax.sim.cost_model import CostModelConfig, roofline_seconds
+from orca_jax.specs.model_config import draft_vocabulary_error
 
 _MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
 DEFAULT_SPEC_ACCEPTANCE = 0.7  # a speculating run's per-token acceptance unless given
@@ -129,6 +130,4 @@ def check_draft(target: CostModelConfig, draft: CostModelConfig) -> None:
     """
     t, d = target.model_config, draft.model_config
     if t.vocab_size != d.vocab_size:
-        raise ValueError(f"draft_model {d.name!r} has a vocabulary of {d.vocab_size} tokens, "
-                         f"the target {t.name!r} {t.vocab_size}: a draft must share the "
-                         "target's vocabulary")
+        raise ValueError(draft_vocabulary_error(d, t))

@@ -149,6 +149,18 @@ PRESETS: dict[str, ModelConfig] = {
     "llama2-70b": ModelConfig(name="llama2-70b", vocab_size=32000, d_model=8192, num_layers=80,
                               num_q_heads=64, num_kv_heads=8, head_dim=128, ffn_dim=28672,
                               max_context=4096),
+    # Small models of the 8B and 70B families' vocabularies, as drafts (and targets):
+    # Llama-3.2-1B shares Llama-3's 128,256-token vocabulary (16 layers, tied embeddings,
+    # LLaMA-3 rope scaling x32 to 128k); TinyLlama-1.1B shares Llama-2's 32,000 (22
+    # layers, GQA with 4 KV heads, 2k context), as their published config.json say.
+    "llama3.2-1b": ModelConfig(name="llama3.2-1b", vocab_size=128256, d_model=2048,
+                               num_layers=16, num_q_heads=32, num_kv_heads=8, head_dim=64,
+                               ffn_dim=8192, rope_theta=500000.0,
+                               rope_scaling=dataclasses.replace(_LLAMA3_SCALING, factor=32.0),
+                               tie_embeddings=True, max_context=131072),
+    "tinyllama-1.1b": ModelConfig(name="tinyllama-1.1b", vocab_size=32000, d_model=2048,
+                                  num_layers=22, num_q_heads=32, num_kv_heads=4, head_dim=64,
+                                  ffn_dim=5632, max_context=2048),
     # Mistral-7B-v0.1 (its 4k sliding window is not modelled: attention sees the whole context).
     "mistral-7b": ModelConfig(name="mistral-7b", vocab_size=32000, d_model=4096, num_layers=32,
                               num_q_heads=32, num_kv_heads=8, head_dim=128, ffn_dim=14336,
@@ -167,6 +179,38 @@ PRESETS: dict[str, ModelConfig] = {
 PRESETS.update({f"{target}-draft": dataclasses.replace(PRESETS[target], name=f"{target}-draft",
                                                        num_layers=1)
                 for target in ("tiny", "small")})
+
+
+# Which presets share one tokenizer (the same token ids, not only as many): a draft must
+# propose the target's tokens. A preset named in none has a vocabulary of its own.
+VOCABULARIES: dict[str, tuple[str, ...]] = {
+    "llama3": ("llama3.2-1b", "llama3-8b", "llama3.1-8b", "llama3-70b"),
+    "llama2": ("tinyllama-1.1b", "llama2-7b", "llama2-70b"),
+    "tiny": ("tiny-draft", "tiny"),
+    "small": ("small-draft", "small"),
+}
+
+
+def draft_presets(target: str) -> list[str]:
+    """The presets that may draft for the preset `target`: of its tokenizer
+    (`VOCABULARIES`) and fewer weights, smallest first (none for an unknown name)."""
+    if target not in PRESETS:
+        return []
+    family = next((names for names in VOCABULARIES.values() if target in names), ())
+    size = PRESETS[target].num_params
+    return sorted((name for name in family if PRESETS[name].num_params < size),
+                  key=lambda name: PRESETS[name].num_params)
+
+
+def draft_vocabulary_error(draft: ModelConfig, target: ModelConfig, where: str = "") -> str:
+    """One line: `draft` cannot draft for `target` (another vocabulary), naming the presets
+    that could (`draft_presets`). `where` leads it (a knob's name)."""
+    fits = draft_presets(target.name)
+    hint = (f"presets that share it: {', '.join(fits)}" if fits
+            else "no preset shares it")
+    return (f"{where}draft_model {draft.name!r} has a vocabulary of {draft.vocab_size} tokens, "
+            f"the target {target.name!r} {target.vocab_size}: a draft must share the "
+            f"target's vocabulary ({hint})")
 
 
 def get_model_config(name: str) -> ModelConfig:
