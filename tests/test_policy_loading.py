@@ -355,8 +355,12 @@ def test_a_plugin_that_never_leaps_gets_one_hint_line_and_its_opt_in_leaps_exact
     las = "examples/least_attained_service.py:LeastAttainedService"
     args = ("experiments.run", "--engine=sim", "--num_requests=60", "--rate=20")
     plain = run_module(*args, f"--policy={las}", f"--out_dir={tmp_path / 'plain'}")
-    hints = [line for line in plain.stdout.splitlines() if line.startswith("hint: ")]
-    assert len(hints) == 1 and OPT_IN in hints[0] and las in hints[0]
+    lines = plain.stdout.splitlines()
+    hints = [i for i, line in enumerate(lines) if line.startswith("hint: ")]
+    assert len(hints) == 1 and las in lines[hints[0]]
+    # Wrapped to 100 columns, the opt-in on a line of its own to paste.
+    hint = lines[hints[0]:lines.index(f"    {OPT_IN}") + 1]
+    assert all(len(line) <= 100 for line in hint[:-1]) and len(hint) <= 6
     assert "leaped over 0 of" in plain.stderr
     # The hint's own line, pasted into the plugin: it leaps, with the same results.
     source = (ROOT / "examples" / "least_attained_service.py").read_text().replace(

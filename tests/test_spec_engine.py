@@ -164,7 +164,7 @@ def test_self_draft_shares_the_targets_first_layer(params):
     (dict(drafter="model"), "engine.drafter model needs engine.draft_model"),
     (dict(drafter="ngram", draft_model="tiny-draft"), "is the model drafter's"),
     (dict(model="small", drafter="model", draft_model="tiny-draft"),
-     "vocab_size 512, engine.model 'small' has 2048"),
+     "vocabulary of 512 tokens, the target 'small' 2048.*presets that share it: small-draft"),
     (dict(drafter="ngram", clock="profiled"), "use engine.clock wall"),
     (dict(drafter="eagle"), "drafter"),
 ])

@@ -10,6 +10,7 @@ opt-in and when it is safe (docs/writing_a_policy.md, "Leaping").
 
 from __future__ import annotations
 
+import textwrap
 from typing import Optional
 
 from orca_jax.core.api.policy import resolve_policy_class
@@ -41,8 +42,10 @@ def leap_hint(spec: RunSpec, policy_spec: str) -> Optional[str]:
     if not leaps_for(spec) or is_built_in(policy_type) or promise_covers_schedule(
             policy_type):
         return None
-    return (f"hint: policy {policy_spec} promises no steady steps, so the simulator planned "
-            f"every step one by one; if its plan stays the same while only decodes happen "
-            f"(it reads no clock, keeps no count between calls, preempts at no page "
-            f"threshold), add `{OPT_IN}` to leap over such steps "
-            "(docs/writing_a_policy.md, Leaping)")
+    prose = (f"hint: policy {policy_spec} promises no steady steps, so the simulator "
+             "planned every step one by one. If its plan stays the same while only decodes "
+             "happen (it reads no clock, keeps no count between calls, preempts at no page "
+             "threshold), add this method to leap over such steps (docs/writing_a_policy.md, "
+             "Leaping):")
+    # Terminal lines of at most 100 columns; the method on a line of its own, to paste.
+    return textwrap.fill(prose, 100, subsequent_indent="  ") + f"\n    {OPT_IN}"
