@@ -337,5 +337,5 @@ def test_draft_presets_of_the_8b_and_70b_families_share_their_vocabularies():
     assert round(PRESETS["tinyllama-1.1b"].num_params / 1e9, 2) == 1.10
     assert draft_presets("llama3-8b") == ["llama3.2-1b"]
     assert draft_presets("llama3-70b") == ["llama3.2-1b", "llama3-8b", "llama3.1-8b"]
-    assert draft_presets("llama2-70b") == ["tinyllama-1.1b", "llama2-7b"]
+    assert draft_presets("llama2-70b") == ["tinyllama-1.1b", "llama2-7b", "codellama-34b"]
     assert draft_presets("llama3.2-1b") == [] and draft_presets("mistral-7b") == []

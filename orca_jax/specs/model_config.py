@@ -149,6 +149,11 @@ PRESETS: dict[str, ModelConfig] = {
     "llama2-70b": ModelConfig(name="llama2-70b", vocab_size=32000, d_model=8192, num_layers=80,
                               num_q_heads=64, num_kv_heads=8, head_dim=128, ffn_dim=28672,
                               max_context=4096),
+    # Code Llama 34B (codellama/CodeLlama-34b-hf's config.json): Llama-2's tokenizer and
+    # 32,000-token vocabulary, GQA with 8 KV heads, rope theta 10^6 for 16k contexts.
+    "codellama-34b": ModelConfig(name="codellama-34b", vocab_size=32000, d_model=8192,
+                                 num_layers=48, num_q_heads=64, num_kv_heads=8, head_dim=128,
+                                 ffn_dim=22016, rope_theta=1000000.0, max_context=16384),
     # Small models of the 8B and 70B families' vocabularies, as drafts (and targets):
     # Llama-3.2-1B shares Llama-3's 128,256-token vocabulary (16 layers, tied embeddings,
     # LLaMA-3 rope scaling x32 to 128k); TinyLlama-1.1B shares Llama-2's 32,000 (22
@@ -185,7 +190,7 @@ PRESETS.update({f"{target}-draft": dataclasses.replace(PRESETS[target], name=f"{
 # propose the target's tokens. A preset named in none has a vocabulary of its own.
 VOCABULARIES: dict[str, tuple[str, ...]] = {
     "llama3": ("llama3.2-1b", "llama3-8b", "llama3.1-8b", "llama3-70b"),
-    "llama2": ("tinyllama-1.1b", "llama2-7b", "llama2-70b"),
+    "llama2": ("tinyllama-1.1b", "llama2-7b", "codellama-34b", "llama2-70b"),
     "tiny": ("tiny-draft", "tiny"),
     "small": ("small-draft", "small"),
 }
