@@ -56,18 +56,20 @@ def trace_path(name: str, given: Optional[str] = None, *, flag: str = "--trace")
 
     Args:
       name: the trace's file name in the traces folder (`SOURCES`' keys).
-      given: the file the user named with `flag`; where not None it is returned as it
-        is (its reader reports a file that is not there).
-      flag: the reproduction's flag that names another file (for the error).
+      given: the file the user named with `flag` (None: `name` in `traces_dir()`).
+      flag: the reproduction's flag that names another file (for the errors).
 
     Returns:
       `given`, else `traces_dir() / name`.
 
     Raises:
-      TraceError: `given` is None and the traces folder holds no `name`: one line naming
-        the file looked for, `$ORCA_JAX_TRACES` and `flag`, and where to get the trace.
+      TraceError: `given` is not a file (before a reproduction's minutes of runs fail on
+        it one by one); or `given` is None and the traces folder holds no `name`: one line
+        naming the file looked for, `$ORCA_JAX_TRACES` and `flag`, and where to get it.
     """
     if given is not None:
+        if not Path(given).is_file():
+            raise TraceError(f"{flag}={given}: no such file")
         return given
     path = traces_dir() / name
     if path.is_file():
