@@ -109,10 +109,12 @@ def test_vllm_batches_more_than_orca_max(tmp_path):
         assert value <= batch[label.split(",")[0]] + 1e-9
 
 
-def test_sarathi_arxiv_workload_reads_the_lengths_file():
-    setup = sarathi.SarathiSetup().for_workload("arxiv", "lengths.csv")
-    assert setup.prompt_len == "empirical:lengths.csv:num_prefill_tokens"
-    assert setup.output_len == "empirical:lengths.csv:num_decode_tokens"
+def test_sarathi_arxiv_workload_reads_the_lengths_file(tmp_path):
+    lengths = tmp_path / "lengths.csv"
+    lengths.write_text("num_prefill_tokens,num_decode_tokens\n30,4\n")
+    setup = sarathi.SarathiSetup().for_workload("arxiv", str(lengths))
+    assert setup.prompt_len == f"empirical:{lengths}:num_prefill_tokens"
+    assert setup.output_len == f"empirical:{lengths}:num_decode_tokens"
     assert setup.rates == sarathi.ARXIV_RATES
     assert sarathi.SarathiSetup().for_workload("synthetic") == sarathi.SarathiSetup()
     with pytest.raises(ValueError, match="workload"):

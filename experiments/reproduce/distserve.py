@@ -20,7 +20,8 @@ moved over NVLink as DistServe places a prefill and a decode instance in one
 node): `synthetic`, Poisson arrivals of long prompts (lognormal, mean 1,500
 tokens) and short answers (mean 150, sigma 0.5 each), DistServe's long-prompt
 regime where a whole prefill stalls the decodes batched with it; and `azure`,
-the Azure LLM inference conversation trace (2023) read in place from `--trace`,
+the Azure LLM inference conversation trace (2023) read in place from `--trace`
+(default: in `$ORCA_JAX_TRACES`, docs/traces.md),
 its first requests with their arrival pattern rescaled to each rate. SLOs:
 TTFT 1 s, and TPOT 15 ms (tight: a decode step of a growing batch) or 50 ms
 (loose). A system's rates stop once fewer than 30% of its requests meet the
@@ -47,6 +48,7 @@ import policies  # noqa: F401  (registers the built-in policies)
 from experiments.cli_errors import clean_errors, run_command
 from experiments.reproduce import slo_scale
 from experiments.reproduce.common import PAPER_STEP_PADDING, figure_path
+from experiments.reproduce.trace_files import AZURE_CONV, flag_help, trace_path
 from orca_jax.core.json_files import to_json_value, write_json_atomic
 from orca_jax.results.metrics import format_table
 from orca_jax.results.summary import summarize
@@ -56,7 +58,6 @@ from orca_jax.runner.spec import ClusterSpec, LimitsSpec, RunSpec, SimEngineSpec
 
 FIGURE = "distserve_goodput.png"  # under --out_dir (docs/figures/ has the documented one)
 SLO_SCALE_FIGURE = "distserve_slo_scale.png"
-AZURE_CONV = "../shared/traces/azure_conv_2023.csv"
 ATTAINMENT_TARGET = 0.9  # DistServe's: 90% of the requests within both SLOs
 # The papers' headline numbers, as their abstracts state them.
 PAPER_CLAIMS = (
@@ -144,7 +145,7 @@ class DistServeSetup:
     max_num_seqs: int = 128
     kv_link: str = "nvlink"
     seed: int = 0
-    trace: str = AZURE_CONV
+    trace: Optional[str] = None  # None: AZURE_CONV in the traces folder (`trace_files`)
     slo_scale_rates: tuple[float, ...] = (1.0, 2.0, 4.0)  # per GPU; () runs no SLO-scale sweep
 
     def workloads(self) -> tuple[Workload, ...]:
@@ -152,7 +153,8 @@ class DistServeSetup:
                          tpot_slos_s=self.tpot_slos_s, prompt_len="lognormal:1500:0.5",
                          output_len="lognormal:150:0.5"),
                 Workload(name="azure", model=self.model, ttft_slo_s=1.0,
-                         tpot_slos_s=self.tpot_slos_s, trace=self.trace))
+                         tpot_slos_s=self.tpot_slos_s,
+                         trace=trace_path(AZURE_CONV, self.trace)))
 
 
 def run(setup: DistServeSetup, out_dir: Optional[str] = None) -> tuple[list[dict], list[dict]]:
@@ -384,7 +386,8 @@ def define_flags() -> None:
             ("slo_scale_figure", None,
              f"the SLO-scale PNG to write (default: OUT_DIR/{SLO_SCALE_FIGURE}; the docs "
              f"show docs/figures/{SLO_SCALE_FIGURE})"),
-            ("trace", AZURE_CONV, "the Azure conversation trace (read in place)")):
+            ("trace", None, flag_help("the Azure conversation trace (read in place)",
+                                      AZURE_CONV))):
         if name not in flags.FLAGS:
             flags.DEFINE_string(name, default, text)
     if "num_requests" not in flags.FLAGS:
@@ -419,7 +422,8 @@ def main(argv: Sequence[str]) -> None:
     rates = _rates("rates", values.rates, allow_empty=False)
     scale_rates = _rates("slo_scale_rates", values.slo_scale_rates, allow_empty=True)
     setup = DistServeSetup(num_requests=values.num_requests, rates=rates,
-                           trace=values.trace, slo_scale_rates=scale_rates)
+                           trace=trace_path(AZURE_CONV, values.trace),  # before any run
+                           slo_scale_rates=scale_rates)
     out_dir = values.out_dir or "runs/reproduce/distserve"
     start = time.perf_counter()
     points, capacity = run(setup, out_dir)

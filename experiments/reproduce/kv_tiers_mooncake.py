@@ -4,7 +4,8 @@
     python -m experiments.reproduce.kv_tiers_mooncake --num_requests=2000   # a quick look
 
 One replica of `llama3.1-8b` on an A100 (simulated), `vllm` with prefix caching, the
-trace at 1/`time_scale` of its rate (as `experiments.reproduce.prefix_caching`):
+trace (`--trace`; default: in `$ORCA_JAX_TRACES`, docs/traces.md) at 1/`time_scale` of
+its rate (as `experiments.reproduce.prefix_caching`):
 
 1. an unbounded device pool: its peak of pages held by requests, and its hit rate;
 2. a device pool of a tenth of that peak, device only: the hit rate falls;
@@ -13,35 +14,39 @@ trace at 1/`time_scale` of its rate (as `experiments.reproduce.prefix_caching`):
    ceiling (0.3736 at page 16);
 4. LRU, LFU and ARC on host tiers of two sizes (a tenth and a third of the working set).
 
-Raw output: `benchmarks/results/kv_tiers_mooncake.txt`.
+The tables go to `--out_dir` (`tiers` and `cache_policies`, `.txt` and `.json`); raw
+output of the documented run: `benchmarks/results/kv_tiers_mooncake.txt`.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any, Optional, Sequence
 
 from absl import flags
 
 from experiments.cli_errors import clean_errors
-from experiments.reproduce.common import parse_flags, run_app
-from experiments.reproduce.prefix_caching import MOONCAKE
-from experiments.terminal_table import format_table
+from experiments.reproduce.common import parse_flags, run_app, write_table
+from experiments.reproduce.trace_files import MOONCAKE, flag_help, trace_path
 from orca_jax.runner.experiment import run_policy
 from orca_jax.runner.spec import LimitsSpec, RunSpec, SimEngineSpec, WorkloadSpec
 from orca_jax.workloads.traces import prefix_cache_ceiling
 
 HIT_RATE = "prefix_hit_rate"
 FLAGS = flags.FlagValues()
-flags.DEFINE_string("trace", MOONCAKE, "the Mooncake conversation trace", flag_values=FLAGS)
+flags.DEFINE_string("out_dir", "runs/reproduce/kv_tiers_mooncake", "the tables",
+                    flag_values=FLAGS)
+flags.DEFINE_string("trace", None, flag_help("the Mooncake conversation trace", MOONCAKE),
+                    flag_values=FLAGS)
 flags.DEFINE_integer("num_requests", None, "its first N requests (None: all)", flag_values=FLAGS)
 flags.DEFINE_float("time_scale", 4.0, "multiplies the trace's arrival times", flag_values=FLAGS)
 flags.DEFINE_integer("max_num_seqs", 64, "the batch cap", flag_values=FLAGS)
 
 
-def spec(num_kv_pages: int, **tiers: Any) -> RunSpec:
+def spec(trace: str, num_kv_pages: int, **tiers: Any) -> RunSpec:
     return RunSpec(
-        workload=WorkloadSpec(arrival="trace", trace=FLAGS.trace,
+        workload=WorkloadSpec(arrival="trace", trace=trace,
                               num_requests=FLAGS.num_requests,
                               trace_time_scale=FLAGS.time_scale),
         engine=SimEngineSpec(model="llama3.1-8b", hardware="a100"),
@@ -49,9 +54,9 @@ def spec(num_kv_pages: int, **tiers: Any) -> RunSpec:
                           max_model_len=131072, **tiers))
 
 
-def run(label: str, num_kv_pages: int, **tiers: Any) -> dict[str, Any]:
+def run(trace: str, label: str, num_kv_pages: int, **tiers: Any) -> dict[str, Any]:
     start = time.perf_counter()
-    summary, result = run_policy(spec(num_kv_pages, **tiers), "vllm",
+    summary, result = run_policy(spec(trace, num_kv_pages, **tiers), "vllm",
                                  {"max_num_seqs": str(FLAGS.max_num_seqs)}, progress=False)
     free = result.steps.column("num_free_pages")
     row = {"run": label, "device_pages": num_kv_pages,
@@ -69,32 +74,41 @@ def run(label: str, num_kv_pages: int, **tiers: Any) -> dict[str, Any]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
-    """The command: the four runs above, printed as they finish.
+    """The command: the four runs above, printed as they finish; the tables written to
+    `--out_dir`.
 
     Args:
       argv: the flags (without the program name); None: the command line's.
     """
     parse_flags(FLAGS, argv)
     with clean_errors():
-        ceiling = prefix_cache_ceiling(FLAGS.trace, page_size=16,
-                                       max_requests=FLAGS.num_requests)
-        working_set = ceiling_pages(FLAGS.trace, FLAGS.num_requests)
-        print(f"trace {FLAGS.trace}: {FLAGS.num_requests or 'all'} requests, ceiling "
+        start = time.perf_counter()
+        trace = trace_path(MOONCAKE, FLAGS.trace)
+        ceiling = prefix_cache_ceiling(trace, page_size=16, max_requests=FLAGS.num_requests)
+        working_set = ceiling_pages(trace, FLAGS.num_requests)
+        os.makedirs(FLAGS.out_dir, exist_ok=True)
+        print(f"trace {trace}: {FLAGS.num_requests or 'all'} requests, ceiling "
               f"{ceiling:.4f}, working set {working_set} pages of 16 tokens", flush=True)
-        unbounded = run("unbounded device", 4_000_000)
+        unbounded = run(trace, "unbounded device", 4_000_000)
         device = max(unbounded["peak_held_pages"] // 10, 1)
-        rows = [unbounded, run("device only, 1/10 of peak", device),
-                run("device + host (working set)", device, kv_host_pages=working_set)]
-        print(format_table(rows, list(rows[0])))
+        rows = [unbounded, run(trace, "device only, 1/10 of peak", device),
+                run(trace, "device + host (working set)", device, kv_host_pages=working_set)]
+        setup = {"trace": trace, "num_requests": FLAGS.num_requests,
+                 "time_scale": FLAGS.time_scale, "max_num_seqs": FLAGS.max_num_seqs,
+                 "ceiling": ceiling, "working_set_pages": working_set}
+        print(write_table(rows, list(rows[0]), FLAGS.out_dir, "tiers", {"setup": setup}))
         host = rows[-1][HIT_RATE]
         print(f"done-when: device-only hit rate {rows[1][HIT_RATE]:.4f}; with a host tier "
               f"{host:.4f} against the ceiling {ceiling:.4f} ({(ceiling - host) / ceiling:+.2%} "
               "short)")
-        table = [run(f"{policy}, host 1/{share}", device, kv_host_pages=working_set // share,
-                     kv_cache_policy=policy)
+        table = [run(trace, f"{policy}, host 1/{share}", device,
+                     kv_host_pages=working_set // share, kv_cache_policy=policy)
                  for share in (10, 3) for policy in ("lru", "lfu", "arc")]
-        print(format_table(table, ["policy", "host_pages", HIT_RATE, "host_hit_tokens",
-                                   "host_read_GB", "stall_s", "ttft_p50_s"]))
+        print(write_table(table, ["policy", "host_pages", HIT_RATE, "host_hit_tokens",
+                                  "host_read_GB", "stall_s", "ttft_p50_s"], FLAGS.out_dir,
+                          "cache_policies", {"setup": setup}))
+        print(f"tables: {FLAGS.out_dir}/tiers.txt, {FLAGS.out_dir}/cache_policies.txt "
+              f"({time.perf_counter() - start:.0f} s)")
 
 
 def ceiling_pages(trace: str, num_requests: Optional[int]) -> int:

@@ -13,10 +13,11 @@ caching, and read the prefix hit rate, throughput and TTFT. SGLang reports up to
 6.4x the throughput of the baseline systems, which had no cross-request KV reuse.
 
 (b) The Mooncake conversation trace (`hash_ids`: which 512-token blocks each
-prompt shares with earlier ones), its first `--num_requests` requests, `vllm` with
-caching: the hit rate against the KV pool size, beside the ceiling an unbounded
-cache reaches (`traces.prefix_cache_ceiling`), then 4 replicas behind the
-`cache_aware`, `least_outstanding` and `prefix_hash` routers (hit rate, TTFT).
+prompt shares with earlier ones; found in `$ORCA_JAX_TRACES`, docs/traces.md), its
+first `--trace_requests` requests, `vllm` with caching: the hit rate against the KV
+pool size, beside the ceiling an unbounded cache reaches
+(`traces.prefix_cache_ceiling`), then 4 replicas behind the `cache_aware`,
+`least_outstanding` and `prefix_hash` routers (hit rate, TTFT).
 Mooncake's prompts average 12k tokens, past LLaMA-3 8B's 8,192 context, so the
 model is `llama3.1-8b` (the same network and cost, a 128k context).
 """
@@ -41,6 +42,7 @@ from experiments.reproduce.common import (
     write_figure_and_report,
     write_table,
 )
+from experiments.reproduce.trace_files import MOONCAKE, flag_help, trace_path
 from orca_jax.results.sweep_store import aggregate
 from orca_jax.runner.experiment import run_policy
 from orca_jax.runner.spec import ClusterSpec, LimitsSpec, RunSpec, SimEngineSpec, WorkloadSpec
@@ -48,7 +50,6 @@ from orca_jax.runner.sweep import SweepExecutor
 from orca_jax.workloads.traces import prefix_cache_ceiling
 
 FIGURE = "prefix_caching_sglang.png"  # under --out_dir (docs/figures/ has the documented one)
-MOONCAKE = "../shared/traces/mooncake_conversation_2025.jsonl"
 RATE = "offered_rate_req_s"
 THROUGHPUT = "throughput_req_s"
 HIT_RATE = "prefix_hit_rate"
@@ -71,7 +72,7 @@ class PrefixCachingSetup:
     # (a)'s pool: a few system prompts' worth (32k tokens), so the order of admission
     # decides which prompts stay cached (the whole A100 pool would hold every one).
     num_kv_pages: int = 2048
-    trace: str = MOONCAKE
+    trace: Optional[str] = None  # None: MOONCAKE in the traces folder (`trace_files`)
     trace_requests: int = 200  # (b): the trace's first N requests
     trace_time_scale: float = 4.0  # (b) one replica: a quarter of the trace's rate
     pool_pages: tuple[int, ...] = (2048, 8192, 32768, 10_000_000)  # the last: unbounded
@@ -99,13 +100,17 @@ class PrefixCachingSetup:
                    router: str = "round_robin", time_scale: float = 1.0) -> RunSpec:
         """(b)'s run: the trace's first N requests on `num_replicas` replicas."""
         return RunSpec(
-            workload=WorkloadSpec(arrival="trace", trace=self.trace,
+            workload=WorkloadSpec(arrival="trace", trace=self.trace_file(),
                                   num_requests=self.trace_requests, trace_time_scale=time_scale),
             engine=SimEngineSpec(model=self.model, hardware="a100",
                                  step_padding=PAPER_STEP_PADDING),
             limits=LimitsSpec(max_num_seqs=self.max_num_seqs, num_kv_pages=num_kv_pages,
                               max_model_len=131072),
             cluster=ClusterSpec(num_replicas=num_replicas, router=router))
+
+    def trace_file(self) -> str:
+        """(b)'s trace: `trace`, else MOONCAKE in the traces folder (`trace_files.trace_path`)."""
+        return trace_path(MOONCAKE, self.trace)
 
 
 def sglang_rows(setup: PrefixCachingSetup, out_dir: str,
@@ -137,7 +142,8 @@ def best_throughput(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
 
 def trace_pool_rows(setup: PrefixCachingSetup) -> list[dict[str, Any]]:
     """(b): the hit rate against the pool size on one replica, and the ceiling."""
-    ceiling = prefix_cache_ceiling(setup.trace, page_size=16, max_requests=setup.trace_requests)
+    ceiling = prefix_cache_ceiling(setup.trace_file(), page_size=16,
+                                   max_requests=setup.trace_requests)
     rows = []
     for pages in setup.pool_pages:
         summary, _ = run_policy(setup.trace_spec(pages, time_scale=setup.trace_time_scale),
@@ -162,7 +168,8 @@ def trace_router_rows(setup: PrefixCachingSetup) -> list[dict[str, Any]]:
 
 
 FLAGS = reproduction_flags("prefix_caching", FIGURE, PrefixCachingSetup)
-flags.DEFINE_string("trace", MOONCAKE, "the Mooncake conversation trace", flag_values=FLAGS)
+flags.DEFINE_string("trace", None, flag_help("(b): the Mooncake conversation trace", MOONCAKE),
+                    flag_values=FLAGS)
 flags.DEFINE_integer("trace_requests", PrefixCachingSetup.trace_requests,
                      "(b): the trace's first N requests", lower_bound=1, flag_values=FLAGS)
 
@@ -176,7 +183,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     args = parse_flags(FLAGS, argv)
     executor = executor_from_flags(args)
     setup = PrefixCachingSetup(num_requests=args.num_requests, rates=args.rates,
-                               trace=args.trace, trace_requests=args.trace_requests)
+                               trace=trace_path(MOONCAKE, args.trace),  # before (a) runs
+                               trace_requests=args.trace_requests)
     os.makedirs(args.out_dir, exist_ok=True)
     start = time.perf_counter()
     rows, curves = sglang_rows(setup, args.out_dir, executor)

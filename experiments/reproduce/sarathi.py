@@ -23,8 +23,9 @@ Two workloads (`--workload`), both with Poisson arrivals and an 8,192-token
 context: `synthetic` (our choice), prompts lognormal with mean 1,500 tokens
 and outputs lognormal with mean 300 (sigma 0.8 each); and `arxiv`, the paper's
 Arxiv-Summarization data set, its prompt and output lengths drawn (each
-independently, with replacement) from the lengths file of
-`../shared/traces/arxiv_summarization_lengths.csv` (`--lengths_file`), as the
+independently, with replacement) from the lengths file
+`arxiv_summarization_lengths.csv` (`--lengths_file`; default: in
+`$ORCA_JAX_TRACES`, docs/traces.md), as the
 paper drew that data set's requests under Poisson arrivals. That file is
 Vidur's processed copy, cut to LLaMA-2's 4,096-token context (prompt mean
 2,588, median 2,730; output mean 291, median 167), so every request fits
@@ -56,6 +57,7 @@ from experiments.reproduce.common import (
     write_figure_and_report,
     write_table,
 )
+from experiments.reproduce.trace_files import ARXIV_LENGTHS, flag_help, trace_path
 from orca_jax.results.sweep_store import Curve, PointKey, aggregate
 from orca_jax.runner.spec import LimitsSpec, RunSpec, SimEngineSpec, WorkloadSpec
 from orca_jax.runner.sweep import SweepExecutor
@@ -69,7 +71,6 @@ THROUGHPUT = "throughput_req_s"
 PAPER_GAIN = {(0.1, "Sarathi 512"): 2.6}
 WORKLOADS = ("synthetic", "arxiv")
 # The paper's Arxiv-Summarization lengths (never copied here: read from the shared traces).
-ARXIV_LENGTHS = "../shared/traces/arxiv_summarization_lengths.csv"
 ARXIV_RATES = (0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0)
 TITLES = {"synthetic": "lognormal lengths", "arxiv": "Arxiv-Summarization lengths"}
 
@@ -93,13 +94,16 @@ class SarathiSetup:
     max_queueing_s: float = 2.0  # median queueing delay a sustained rate must keep
     plot_max_s: float = 1.5
 
-    def for_workload(self, workload: str, lengths_file: str = ARXIV_LENGTHS) -> "SarathiSetup":
+    def for_workload(self, workload: str,
+                     lengths_file: Optional[str] = None) -> "SarathiSetup":
         """This setup on `synthetic` lengths, or on the `arxiv` lengths file (with rates
-        scaled to its longer prompts)."""
+        scaled to its longer prompts; None: ARXIV_LENGTHS in the traces folder,
+        `trace_files.trace_path`)."""
         if workload == "synthetic":
             return self
         if workload != "arxiv":
             raise ValueError(f"workload {workload!r} is not one of {WORKLOADS}")
+        lengths_file = trace_path(ARXIV_LENGTHS, lengths_file, flag="--lengths_file")
         return dataclasses.replace(
             self, rates=ARXIV_RATES if self.rates == SarathiSetup.rates else self.rates,
             prompt_len=f"empirical:{lengths_file}:num_prefill_tokens",
@@ -181,8 +185,8 @@ FLAGS = reproduction_flags("sarathi", FIGURE, SarathiSetup)
 flags.DEFINE_enum("workload", "synthetic", list(WORKLOADS), "synthetic lognormal lengths, or "
                   "the paper's arXiv lengths file (default out_dir and figure get an _arxiv "
                   "suffix)", flag_values=FLAGS)
-flags.DEFINE_string("lengths_file", ARXIV_LENGTHS, "the Arxiv-Summarization lengths CSV of "
-                    "--workload=arxiv", flag_values=FLAGS)
+flags.DEFINE_string("lengths_file", None, flag_help(
+    "the Arxiv-Summarization lengths CSV of --workload=arxiv", ARXIV_LENGTHS), flag_values=FLAGS)
 
 
 def figure_name(workload: str) -> str:
