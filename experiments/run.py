@@ -8,6 +8,7 @@ policy's (or router's) knobs, with their types, defaults and docs, and exits.
 from __future__ import annotations
 
 import contextlib
+import textwrap
 
 from experiments.process_exit import imports_uncollected, without_final_collection
 
@@ -44,6 +45,8 @@ with imports_uncollected(freeze=__name__ == "__main__"):
     )
     from orca_jax.runner.experiment import run_policy
     from orca_jax.runner.leap_hint import leap_hint
+    from orca_jax.runner.spec import SimEngineSpec
+    from orca_jax.sim.engine_profiles import get_engine_profile
 
 flags.adopt_module_key_flags(run_flags)
 flags.DEFINE_string("policy", "orca", "Policy: a registered name, package.module:Class, or "
@@ -116,6 +119,10 @@ def main(argv: list[str]) -> None:
             spec, bucket_fit = with_fitted_buckets(
                 spec, requests, progress=True, policies=[PilotPolicy(policy, policy, options)])
             print(ladder_line(spec, bucket_fit, run_flags.ladder_reason()))
+            if isinstance(spec.engine, SimEngineSpec):  # which engine the simulator prices
+                profile = get_engine_profile(spec.engine.engine_profile)
+                print(textwrap.fill(f"engine profile: {profile.name}: {profile.summary}", 100,
+                                    subsequent_indent="  "))
             summary, result = run_policy(spec, run_flags.FLAGS.policy, options,
                                          out_dir=out_dir, requests=requests,
                                          bucket_fit=bucket_fit)

@@ -69,7 +69,7 @@ class EngineProfile:
 
     Attributes:
       name: the profile's name (`--engine_profile`).
-      summary: one line for the terminal and config.json.
+      summary: one line saying what it prices (a simulated `run` prints it).
       step_overhead_s: seconds per step outside the kernels that the GPU waits for
         (launch gaps, sampling, the host's share the engine does not hide).
       front_end: the serving path in front of the engine (`FrontEnd`).
